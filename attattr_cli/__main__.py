@@ -1,0 +1,3 @@
+from attattr_cli.cli import main
+
+main()

@@ -1,0 +1,75 @@
+"""What every command shares: the error edge, the stderr console, progress bars, parsers."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import AttattrError, OptionError
+
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+out = Console(highlight=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def edge():
+    """Turn library errors into one line on stderr and a non-zero exit, no traceback."""
+    try:
+        yield
+    except AttattrError as exc:
+        err.print(f"Error: {exc}", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
+        raise typer.Exit(130) from None
+
+
+@contextlib.contextmanager
+def progress_bar(description: str, quiet: bool = False):
+    """A rich progress bar on stderr; yields a callback (done, total, label)."""
+    if quiet:
+        yield lambda done, total, label: None
+        return
+    bar = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[label]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=False,
+    )
+    with bar:
+        task = bar.add_task(description, total=None, label="")
+
+        def update(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, label=label)
+
+        yield update
+
+
+def parse_int_list(spec: str | None, name: str) -> list[int] | None:
+    """``0,3,5:8`` -> [0, 3, 5, 6, 7] (negative single indices allowed)."""
+    if spec is None or spec.strip() in ("", "all"):
+        return None
+    values: list[int] = []
+    for piece in spec.split(","):
+        piece = piece.strip()
+        try:
+            if ":" in piece:
+                a, b = piece.split(":", 1)
+                values.extend(range(int(a or 0), int(b)))
+            else:
+                values.append(int(piece))
+        except ValueError:
+            raise OptionError(f"bad {name} '{spec}': '{piece}' is neither an index nor a range such as 0:4") from None
+    return values
+
+
+def command_line() -> list[str]:
+    return ["attattr", *sys.argv[1:]]

@@ -1,0 +1,49 @@
+"""`attattr info`: what a store holds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from ..store import Store
+from .common import edge, out
+
+
+def info(
+    store: Path = typer.Argument(..., help="An attattr HDF5 store."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Print what a store holds: model, options, examples, accuracy, completeness residuals."""
+    with edge():
+        with Store(store) as s:
+            summary = s.summary()
+        if as_json:
+            out.print(json.dumps(summary, indent=2, default=str), markup=False)
+            return
+        prov = summary.pop("provenance")
+        table = Table(title=f"attattr store {store}", show_header=False, title_justify="left")
+        table.add_column("key", style="bold")
+        table.add_column("value")
+        rows = [
+            ("schema", f"{summary.get('schema')} {summary.get('schema_version')}"),
+            ("written by", f"attattr {summary.get('attattr_version')} on {summary.get('created')}"),
+            ("model", f"{prov.get('model')} ({prov.get('model_class')}, {prov.get('num_layers')} layers x {prov.get('num_heads')} heads)"),
+            ("weights sha256", str(prov.get("weights_sha256"))),
+            ("task / data", f"{prov.get('task') or 'generic'} / {prov.get('data')}"),
+            ("labels", ", ".join(prov.get("label_names") or [])),
+            ("options", json.dumps(prov.get("options"), sort_keys=True)),
+            ("kernel / device", f"{prov.get('kernel')} / {prov.get('device')}"),
+            ("examples", f"{summary['examples']} (indices {summary['first_index']}..{summary['last_index']})"),
+            ("tokens", "" if summary["tokens_min"] is None else f"{summary['tokens_min']}..{summary['tokens_max']} (mean {summary['tokens_mean']:.1f})"),
+            ("accuracy", "" if summary["accuracy"] is None else f"{summary['accuracy']:.4f} on {summary['with_gold']} with gold labels"),
+            ("mean |residual| per layer", "" if summary["mean_abs_residual_per_layer"] is None else
+             " ".join(f"{r:.1e}" for r in summary["mean_abs_residual_per_layer"])),
+            ("runs", str(len(prov.get("runs") or []))),
+            ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
+        ]
+        for k, v in rows:
+            table.add_row(k, v)
+        out.print(table)

@@ -1,0 +1,199 @@
+"""Readers for tabular example files: GLUE-style TSV, CSV and JSON lines.
+
+The format is chosen by the file's extension (case-insensitive):
+
+    .tsv            tab-separated, header row, no quoting (``csv.QUOTE_NONE``): GLUE
+                    TSVs hold stray ``"`` characters that are part of the text
+    .csv            comma-separated, header row, standard ``"`` quoting
+    .jsonl .ndjson  one JSON object per line
+    .json           JSON lines as well; a file whose first character is ``[`` is read
+                    as one JSON array of objects
+
+Every file is decoded as UTF-8 (a leading byte-order mark is dropped, as GLUE's
+MRPC files carry one). Blank lines are skipped and are not rows. Every problem is
+reported as a :class:`~attattr_cli.errors.DataError` of one line that names the
+file and, where there is one, the line.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from attattr_cli.errors import DataError
+
+FORMATS = {
+    ".tsv": "tsv",
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+}
+
+
+@dataclass
+class Table:
+    """The rows of one data file, with the file line on which each row starts."""
+
+    path: str
+    columns: list[str]
+    rows: list[dict[str, Any]]
+    lines: list[int | None] = field(default_factory=list)
+
+    def where(self, i: int) -> str:
+        """``'PATH, line N'`` for row ``i`` (``'PATH, item i'`` inside a JSON array)."""
+        line = self.lines[i] if i < len(self.lines) else None
+        return f"{self.path}, line {line}" if line is not None else f"{self.path}, item {i}"
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """``'tsv'``, ``'csv'``, ``'jsonl'`` or ``'json'`` from the extension, else DataError."""
+    name = os.fspath(path)
+    ext = os.path.splitext(name)[1].lower()
+    if ext not in FORMATS:
+        shown = f"'{ext}'" if ext else "no extension"
+        raise DataError(
+            f"{name}: unsupported file type ({shown}); use a .tsv, .csv, .jsonl or .json (JSON lines) file"
+        )
+    return FORMATS[ext]
+
+
+def _read_text(name: str) -> str:
+    if not os.path.exists(name):
+        raise DataError(f"{name}: no such file")
+    if os.path.isdir(name):
+        raise DataError(f"{name}: is a directory, not a data file")
+    try:
+        with open(name, "rb") as fh:
+            raw = fh.read()
+    except OSError as exc:
+        reason = exc.strerror or exc.__class__.__name__
+        raise DataError(f"{name}: cannot read the file ({reason})") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise DataError(f"{name}, line {line}: not valid UTF-8 text (byte 0x{raw[exc.start]:02x})") from None
+    if not text.strip():
+        raise DataError(f"{name}: the file is empty")
+    return text
+
+
+def _read_delimited(name: str, text: str, fmt: str) -> Table:
+    if fmt == "tsv":
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    else:
+        reader = csv.reader(io.StringIO(text, newline=""))
+    columns: list[str] | None = None
+    rows: list[dict[str, Any]] = []
+    lines: list[int] = []
+    previous_end = 0
+    try:
+        for record in reader:
+            start = previous_end + 1
+            previous_end = reader.line_num
+            if not record or all(not cell.strip() for cell in record):
+                continue
+            if columns is None:
+                columns = [cell.strip() for cell in record]
+                seen: set[str] = set()
+                for col in columns:
+                    if col == "":
+                        raise DataError(f"{name}, line {start}: the header has an empty column name")
+                    if col in seen:
+                        raise DataError(f"{name}, line {start}: the header names column '{col}' twice")
+                    seen.add(col)
+                continue
+            if len(record) != len(columns):
+                raise DataError(
+                    f"{name}, line {start}: {len(record)} fields, but the header has {len(columns)}"
+                )
+            rows.append(dict(zip(columns, record)))
+            lines.append(start)
+    except csv.Error as exc:
+        raise DataError(f"{name}, line {reader.line_num}: cannot parse the row ({exc})") from None
+    assert columns is not None  # the text is not blank, so there is a header
+    if not rows:
+        raise DataError(f"{name}: the file has a header but no data rows")
+    return Table(name, columns, rows, lines)
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
+def _add_json_row(table: Table, obj: Any, line: int | None, where: str) -> None:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: expected a JSON object, got {_json_kind(obj)}")
+    for key in obj:
+        if key not in table.columns:
+            table.columns.append(key)
+    table.rows.append(obj)
+    table.lines.append(line)
+
+
+def _read_json_lines(name: str, text: str) -> Table:
+    table = Table(name, [], [], [])
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{name}, line {number}: not valid JSON ({exc.msg})") from None
+        _add_json_row(table, obj, number, f"{name}, line {number}")
+    return table
+
+
+def _read_json_array(name: str, text: str) -> Table:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{name}, line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    if not isinstance(data, list):
+        raise DataError(f"{name}: expected JSON lines or an array of objects")
+    table = Table(name, [], [], [])
+    for i, obj in enumerate(data):
+        # Line numbers are not known inside one JSON document; report the item instead.
+        _add_json_row(table, obj, None, f"{name}, item {i}")
+    return table
+
+
+def read_table(path: str | os.PathLike) -> Table:
+    """Read a TSV, CSV or JSON-lines file into a :class:`Table` (raises DataError)."""
+    name = os.fspath(path)
+    fmt = detect_format(name)
+    text = _read_text(name)
+    if fmt in ("tsv", "csv"):
+        return _read_delimited(name, text, fmt)
+    if fmt == "json" and text.lstrip().startswith("["):
+        table = _read_json_array(name, text)
+    else:
+        table = _read_json_lines(name, text)
+    if not table.rows:
+        raise DataError(f"{name}: the file holds no JSON objects")
+    return table
+
+
+def read_rows(path: str | os.PathLike) -> tuple[list[str], list[dict]]:
+    """The column names and the rows (dicts column -> value) of a data file.
+
+    TSV and CSV values are strings; JSON-lines values are as decoded (the column
+    list is every key in order of first appearance, and a row may lack some).
+    """
+    table = read_table(path)
+    return table.columns, table.rows

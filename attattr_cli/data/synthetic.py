@@ -1,0 +1,170 @@
+"""The built-in synthetic pair-classification task (MNLI-like).
+
+Each example is a premise / hypothesis pair made of pseudo-word "distractors"
+with one planted key word in each segment: a premise word ``P[i]`` and a
+hypothesis word ``Q[k]``.  The label is decided by the *pair* alone:
+
+* ``entailment``    when ``k == i``          (the hypothesis word is the partner),
+* ``contradiction`` when ``k == SIGMA[i]``   (the "opposite" partner; SIGMA has
+                                              no fixed points),
+* ``neutral``       otherwise.
+
+The labels are balanced and, for a neutral example, the hypothesis word is drawn
+uniformly from the four remaining words, so every premise word and every
+hypothesis word occurs equally often with each label: neither word alone says
+anything about the label and a model has to relate the two segments.  The
+positions of the key words are random and recorded in ``Example.meta``::
+
+    {"pair": [premise_word, hypothesis_word],
+     "pair_word_index": [i_in_premise, j_in_hypothesis]}
+
+(word indices within each whitespace-split segment), which is the ground truth
+an attribution method should recover.
+
+Everything is deterministic given the seed (``random.Random``); the training set
+uses :data:`TRAIN_SEED` and the default data set, :func:`heldout`, uses
+:data:`HELDOUT_SEED`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+from pathlib import Path
+
+from attattr_cli.data.types import Example
+from attattr_cli.errors import DataError
+
+LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
+ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
+
+#: Key words of the premise (P) and of the hypothesis (Q).
+PREMISE_WORDS: tuple[str, ...] = ("blick", "daxo", "wugga", "tomver", "fepple", "zorbin")
+HYPOTHESIS_WORDS: tuple[str, ...] = ("kiki", "bouba", "mibbet", "glorp", "snerdy", "vashu")
+
+#: The contradiction partner: premise word i contradicts hypothesis word SIGMA[i].
+#: A fixed permutation without fixed points.
+SIGMA: tuple[int, ...] = (2, 4, 5, 0, 1, 3)
+
+#: Distractor pseudo-words, shared by both segments.
+DISTRACTORS: tuple[str, ...] = (
+    "lomi", "paru", "seka", "tivo", "nabe", "rulo", "mepa", "kosu", "dite", "fano",
+    "gabu", "hime", "jora", "kelu", "lapi", "mosa", "nuti", "pobe", "rika", "sulo",
+    "tane", "vemi", "wabo", "yuke", "zila", "bero", "caso", "duna", "feli", "gomu",
+    "hapa", "jine", "koro", "lume", "mivo", "nesa", "pilu", "rono", "sibe", "tuka",
+    "vola", "wesi", "yamo", "zupe", "bami", "cule", "dora", "fipo", "gesu", "hoka",
+    "juni", "kaze", "lero", "mabu", "nifa", "pesa", "riwo", "soma", "tegi", "vuro",
+)
+
+PREMISE_DISTRACTORS = (5, 12)  # inclusive range of distractor words in a premise
+HYPOTHESIS_DISTRACTORS = (3, 8)  # inclusive range of distractor words in a hypothesis
+
+TRAIN_SEED = 20210202
+HELDOUT_SEED = 7070707
+HELDOUT_SIZE = 200
+
+TSV_COLUMNS = ("premise", "hypothesis", "label", "pair", "pair_word_index")
+
+
+def _check_words() -> None:
+    words = vocabulary()
+    assert len(set(words)) == len(words), "synthetic vocabulary has duplicates"
+    assert all(w.isalpha() and w.islower() for w in words)
+    assert sorted(SIGMA) == list(range(len(PREMISE_WORDS)))
+    assert all(SIGMA[i] != i for i in range(len(SIGMA)))
+
+
+def vocabulary() -> list[str]:
+    """Every word the task uses: premise keys, hypothesis keys, then distractors."""
+    return [*PREMISE_WORDS, *HYPOTHESIS_WORDS, *DISTRACTORS]
+
+
+def label_of(premise_key: int, hypothesis_key: int) -> int:
+    """The label index decided by the pair (indices into PREMISE_WORDS / HYPOTHESIS_WORDS)."""
+    if hypothesis_key == premise_key:
+        return ENTAILMENT
+    if hypothesis_key == SIGMA[premise_key]:
+        return CONTRADICTION
+    return NEUTRAL
+
+
+def _segment(rng: random.Random, key: str, n_range: tuple[int, int]) -> tuple[list[str], int]:
+    n = rng.randint(*n_range)
+    words = rng.sample(DISTRACTORS, n)
+    pos = rng.randint(0, n)
+    words.insert(pos, key)
+    return words, pos
+
+
+def generate(count: int, seed: int, start_index: int = 0) -> list[Example]:
+    """``count`` examples, deterministic given ``seed``; labels balanced (counts differ by <= 1)."""
+    if count < 0:
+        raise ValueError("count must be >= 0")
+    rng = random.Random(seed)
+    n_keys = len(PREMISE_WORDS)
+    labels = [k % len(LABELS) for k in range(count)]
+    rng.shuffle(labels)
+    examples = []
+    for n, label in enumerate(labels):
+        i = rng.randrange(n_keys)
+        if label == ENTAILMENT:
+            k = i
+        elif label == CONTRADICTION:
+            k = SIGMA[i]
+        else:
+            k = rng.choice([x for x in range(n_keys) if x != i and x != SIGMA[i]])
+        assert label_of(i, k) == label
+        premise, pi = _segment(rng, PREMISE_WORDS[i], PREMISE_DISTRACTORS)
+        hypothesis, hj = _segment(rng, HYPOTHESIS_WORDS[k], HYPOTHESIS_DISTRACTORS)
+        examples.append(
+            Example(
+                index=start_index + n,
+                text_a=" ".join(premise),
+                text_b=" ".join(hypothesis),
+                label=label,
+                meta={
+                    "pair": [PREMISE_WORDS[i], HYPOTHESIS_WORDS[k]],
+                    "pair_word_index": [pi, hj],
+                },
+            )
+        )
+    return examples
+
+
+def heldout(count: int = HELDOUT_SIZE) -> list[Example]:
+    """The fixed held-out set (seed :data:`HELDOUT_SEED`): the tool's default data."""
+    return generate(count, HELDOUT_SEED)
+
+
+def train_set(count: int) -> list[Example]:
+    """The training set used for the default model (seed :data:`TRAIN_SEED`)."""
+    return generate(count, TRAIN_SEED)
+
+
+def write(path: str | Path, examples: list[Example]) -> None:
+    """Write ``examples`` as a TSV with a header row.
+
+    Columns: ``premise  hypothesis  label  pair  pair_word_index``; the label is
+    written by name, the two list columns as JSON.
+    """
+    path = Path(path)
+    try:
+        with path.open("w", encoding="utf-8", newline="") as fh:
+            w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+            w.writerow(TSV_COLUMNS)
+            for ex in examples:
+                w.writerow(
+                    [
+                        ex.text_a,
+                        ex.text_b if ex.text_b is not None else "",
+                        LABELS[ex.label] if ex.label is not None else "",
+                        json.dumps(ex.meta.get("pair")),
+                        json.dumps(ex.meta.get("pair_word_index")),
+                    ]
+                )
+    except OSError as e:
+        raise DataError(f"cannot write {path}: {e}") from e
+
+
+_check_words()

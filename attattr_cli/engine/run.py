@@ -1,0 +1,189 @@
+"""A scoring run: model + data + options -> store, resumable. No printing here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import __version__
+from ..data.types import Example
+from ..errors import OptionError
+from ..models.loading import LoadedModel, load
+from ..store import StoreWriter
+from .score import Scorer, ScoreOptions
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class ScoreRequest:
+    out: str
+    model: str | None = None
+    data: str | None = None
+    task: str | None = None
+    examples: str | None = None
+    options: ScoreOptions = field(default_factory=ScoreOptions)
+    device: str = "auto"
+    store_dtype: str = "float32"
+    seed: int = 0
+    command: list[str] = field(default_factory=lambda: list(sys.argv))
+
+
+@dataclass
+class ScoreReport:
+    out: str
+    scored: int
+    skipped: int
+    total: int
+    created: bool
+    kernel: str
+    model: str
+    mean_abs_residual: float | None
+    accuracy: float | None
+
+
+def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
+    """Decide model id, task and examples from the user's three options.
+
+    No model and no data: the built-in default (synthetic task, shipped model).
+    """
+    from ..data import get_task, load_examples, resolve_model_for_task
+    from ..models.default import DEFAULT_MODEL_DIR
+
+    if model is None and data is None and task_name is None:
+        task_name = "synthetic"
+    task = get_task(task_name) if task_name is not None else None
+    if task is not None and task.name == "synthetic" and model is None:
+        model = str(DEFAULT_MODEL_DIR)
+    label_names = _config_labels(model) if task is None and model is not None else None
+    examples, labels = load_examples(data, task, label_names)
+    if model is None:
+        model = resolve_model_for_task(task, None) if task is not None else None
+        if model is None:
+            raise OptionError("--data needs --model (a local model folder or a hub id)")
+    return model, task, examples, labels
+
+
+def _config_labels(model: str) -> list[str] | None:
+    """The model's label names from its config (cheap: no weights), for data without a task."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError):
+        return None  # the model load reports the problem
+    return [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
+
+
+def libraries() -> dict:
+    import h5py
+    import numpy
+    import transformers
+
+    return {
+        "attattr": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "h5py": h5py.__version__,
+        "hdf5": h5py.version.hdf5_version,
+        "numpy": numpy.__version__,
+    }
+
+
+def data_digest(examples: list[Example]) -> str:
+    h = hashlib.sha256()
+    for e in examples:
+        h.update(json.dumps([e.index, e.text_a, e.text_b, e.label], ensure_ascii=False).encode())
+    return h.hexdigest()
+
+
+def score_to_store(req: ScoreRequest, progress: Progress | None = None,
+                   loaded: LoadedModel | None = None) -> ScoreReport:
+    """Score the requested examples into ``req.out``, skipping those already there."""
+    from ..data import parse_examples
+
+    torch.manual_seed(req.seed)
+    model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task)
+    chosen = parse_examples(req.examples, len(examples))
+    if loaded is None:
+        loaded = load(model_id, device=req.device, dtype=req.options.dtype)
+    scorer = Scorer(loaded, req.options, task_labels=labels)
+    picked = [examples[i] for i in chosen]
+    fingerprint = {
+        "model": loaded.model_id,
+        "weights_sha256": loaded.weights_sha256,
+        "options": req.options.fingerprint(loaded.arch.num_layers),
+        "data": f"{task.name if task else 'generic'}:{req.data or 'builtin'}",
+        "data_sha256": data_digest(examples),
+    }
+    provenance = {
+        "model": loaded.model_id,
+        "model_source": loaded.source,
+        "model_revision": loaded.revision or "",
+        "weights_sha256": loaded.weights_sha256,
+        "model_type": loaded.arch.model_type,
+        "model_class": type(loaded.model).__name__,
+        "num_layers": loaded.arch.num_layers,
+        "num_heads": loaded.arch.num_heads,
+        "label_names": loaded.label_names,
+        "task": task.name if task else "",
+        "task_labels": list(labels),
+        "label_mapping": scorer.label_how,
+        "data": req.data or "builtin",
+        "data_sha256": fingerprint["data_sha256"],
+        "options": asdict(req.options),
+        "libraries": libraries(),
+        "seed": req.seed,
+        "device": str(scorer.device),
+        "dtype": req.options.dtype,
+        "kernel": scorer.backend.name,
+        "command": req.command,
+        "store_dtype": req.store_dtype,
+    }
+    # encode everything first: an input that is too long fails before anything is written
+    encoded = {e.index: scorer.encode(e) for e in picked}
+    with StoreWriter(req.out, fingerprint, provenance, store_dtype=req.store_dtype) as writer:
+        todo = [e for e in picked if e.index not in writer.done]
+        writer.log_run({
+            "command": req.command, "kernel": scorer.backend.name, "device": str(scorer.device),
+            "requested": len(picked), "to_score": len(todo),
+        })
+        total = len(todo) * len(scorer.layers)
+        done_units = 0
+        resid, right, golds = [], 0, 0
+        if progress:
+            progress(0, total, "scoring")
+        for e in todo:
+            def tick(_layer, _e=e):
+                nonlocal done_units
+                done_units += 1
+                if progress:
+                    progress(done_units, total, f"example {_e.index}")
+
+            result = scorer.score(e, encoded[e.index], on_layer=tick)
+            writer.write(result)
+            resid.extend(abs(float(r)) for r in result.residual)
+            if result.gold >= 0:
+                golds += 1
+                right += int(result.gold == result.pred)
+        created = writer.created
+    return ScoreReport(
+        out=str(Path(req.out)),
+        scored=len(todo),
+        skipped=len(picked) - len(todo),
+        total=len(picked),
+        created=created,
+        kernel=scorer.backend.name,
+        model=loaded.model_id,
+        mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
+        accuracy=(right / golds) if golds else None,
+    )

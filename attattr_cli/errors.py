@@ -1,0 +1,35 @@
+"""Exception types of the attattr library.
+
+The library raises these and nothing prints or exits; the CLI turns each into a
+single ``Error: ...`` line on stderr and a non-zero exit status.
+"""
+
+
+class AttattrError(Exception):
+    """Base class of every error attattr reports to a user."""
+
+    exit_code = 1
+
+
+class DataError(AttattrError):
+    """A data file is missing, unreadable, lacks columns, or holds unknown labels."""
+
+    exit_code = 2
+
+
+class ModelError(AttattrError):
+    """A model cannot be loaded or is not supported."""
+
+    exit_code = 3
+
+
+class StoreError(AttattrError):
+    """An attribution store is missing, corrupt, from a newer schema, or incompatible."""
+
+    exit_code = 4
+
+
+class OptionError(AttattrError):
+    """Options that contradict each other or name something that does not exist."""
+
+    exit_code = 2

@@ -1,0 +1,137 @@
+"""Loading sequence classifiers (local folders or hub ids) and the facts attattr records."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import ModelError, OptionError
+from .arch import ArchInfo, arch_info
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    model_id: str  # what the user passed (folder or hub id)
+    source: str  # "local" or "hub" or "memory"
+    revision: str | None
+    weights_sha256: str
+    arch: ArchInfo
+
+    @property
+    def label_names(self) -> list[str]:
+        cfg = self.model.config
+        return [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as exc:
+        raise OptionError(f"unknown device '{device}': use auto, cpu, cuda or cuda:N") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise OptionError(f"device '{device}' was asked for but PyTorch sees no CUDA device here")
+    return dev
+
+
+def resolve_dtype(dtype: str) -> torch.dtype:
+    try:
+        return DTYPES[dtype]
+    except KeyError:
+        raise OptionError(f"unknown dtype '{dtype}'; available: {', '.join(DTYPES)}") from None
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """sha256 over the names, dtypes, shapes and bytes of the state dict (any device)."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "memory",
+            revision: str | None = None) -> LoadedModel:
+    """Freeze and switch a model to eval mode, and gather what attattr records about it."""
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return LoadedModel(model, tokenizer, model_id, source, revision, weights_hash(model),
+                       arch_info(model, tokenizer))
+
+
+def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedModel:
+    """Load a sequence classifier and its tokenizer from a local folder or a hub id."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # attattr draws its own progress on stderr
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype)
+    path = Path(model_id).expanduser()
+    local = path.exists()
+    if local and not path.is_dir():
+        raise ModelError(f"--model {model_id} is a file; give the model's folder (with config.json)")
+    if local and not (path / "config.json").exists():
+        raise ModelError(f"--model {model_id} has no config.json: not a transformers model folder")
+    if not local and (model_id.startswith((".", "/", "~")) or model_id.count("/") > 1):
+        raise ModelError(f"--model {model_id}: no such folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path) if local else model_id)
+        model = AutoModelForSequenceClassification.from_pretrained(
+            str(path) if local else model_id, dtype=torch_dtype
+        )
+    except OSError as exc:
+        if local:
+            raise ModelError(f"cannot load model folder {model_id}: {_first_line(exc)}") from exc
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        raise ModelError(
+            f"cannot load '{model_id}' from the hub ({'HF_HUB_OFFLINE=1' if offline else 'no network or no such model'}): "
+            "pass --model with a local model folder"
+        ) from exc
+    except (ValueError, KeyError) as exc:
+        raise ModelError(f"'{model_id}' is not a sequence classifier attattr can load: {_first_line(exc)}") from exc
+    model.to(dev)
+    revision = getattr(model.config, "_commit_hash", None)
+    return prepare(model, tokenizer, str(path.resolve()) if local else model_id,
+                   "local" if local else "hub", revision)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def align_labels(task_labels: list[str] | tuple[str, ...] | None, loaded: LoadedModel) -> tuple[list[int], str]:
+    """Map task label index -> model output index.
+
+    By name where the model's id2label names cover the task's (case-insensitive), else
+    by position when the counts agree. Returns (mapping, how) with how "name" or "index".
+    """
+    model_names = [n.lower() for n in loaded.label_names]
+    if task_labels is None:
+        return list(range(len(model_names))), "index"
+    wanted = [str(n).lower() for n in task_labels]
+    if all(n in model_names for n in wanted):
+        return [model_names.index(n) for n in wanted], "name"
+    if len(wanted) == len(model_names):
+        return list(range(len(wanted))), "index"
+    raise ModelError(
+        f"the model has {len(model_names)} labels ({', '.join(loaded.label_names)}) but the task has "
+        f"{len(wanted)} ({', '.join(task_labels)}); pick the matching --task or model"
+    )

@@ -1,0 +1,229 @@
+"""Attention / attribution ops and the backend selector.
+
+Two backends compute the same things:
+
+* ``torch``: :mod:`attattr_cli.ops.reference`, pure PyTorch, any device and dtype, any
+  additive mask, softcap;
+* ``cuda``: the fused kernels of :mod:`attattr_cli.ops.kernel` (no stored n x n attention
+  probabilities), for CUDA tensors in float32 / float16 / bfloat16 with no mask, a
+  key-padding mask and/or ``causal``.  Inputs it does not support (softcap, a general
+  ``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors, inputs that require grad
+  while grad mode is on) are routed to the reference, so a caller can always use the
+  backend it was given; ``backend.supports(q, mask, softcap)`` says which path runs.
+
+Masks given to a backend: ``None``; a 2-D ``[batch, key_pos]`` additive key-padding mask
+(0 or a large negative such as ``torch.finfo(torch.float32).min``); or any additive mask
+broadcastable to ``[batch, head, query_pos, key_pos]`` with 4 dimensions (a
+``[batch, 1, 1, key_pos]`` one counts as key padding).
+
+``select_backend("auto")`` picks ``cuda`` when the device is CUDA, the kernels are
+available and the environment variable ``ATTATTR_KERNEL`` is not ``torch``.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+
+from attattr_cli.errors import OptionError
+from attattr_cli.ops import kernel, reference
+
+__all__ = [
+    "BACKEND_KINDS",
+    "ENV_VAR",
+    "Backend",
+    "CudaBackend",
+    "TorchBackend",
+    "select_backend",
+]
+
+BACKEND_KINDS = ("auto", "cuda", "torch")
+ENV_VAR = "ATTATTR_KERNEL"
+
+_warned: set[str] = set()
+
+
+def _reference_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """A backend mask in the reference's convention (broadcastable to [B, H, n_q, n_k])."""
+    if mask is not None and mask.dim() == 2:  # key padding [batch, key_pos]
+        return mask[:, None, None, :]
+    return mask
+
+
+def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    causal_mask = torch.zeros(n_q, n_k, dtype=work, device=q.device).masked_fill(~allowed, float("-inf"))
+    return causal_mask if mask is None else mask + causal_mask
+
+
+class Backend:
+    """Computes attention outputs and attributions; see the module docstring."""
+
+    name: str = ""
+
+    def supports(
+        self, q: torch.Tensor, mask: torch.Tensor | None = None, softcap: float | None = None
+    ) -> bool:
+        """True when this backend's own implementation handles these inputs."""
+        raise NotImplementedError
+
+    def attention_forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        causal: bool = False,
+    ) -> torch.Tensor:
+        """``O = softmax(q k^T * scale + mask) v`` ``[batch, head, query_pos, d_head]`` in q's dtype."""
+        raise NotImplementedError
+
+    def attribution_from_grad(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        want_maps: bool = True,
+        causal: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Dict ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H], ``maps`` [B, H, n_q, n_k] (if asked)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<attattr {self.name} backend>"
+
+
+class TorchBackend(Backend):
+    """The pure-PyTorch reference (:mod:`attattr_cli.ops.reference`)."""
+
+    name = "torch"
+
+    def supports(self, q, mask=None, softcap=None) -> bool:
+        return True
+
+    def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
+        return reference.attention_forward(q, k, v, _reference_mask(mask), scale, causal)
+
+    def attribution_from_grad(
+        self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False
+    ):
+        full_mask = _reference_mask(mask)
+        if causal:
+            full_mask = _with_causal(full_mask, q, k)
+        return reference.attribution_from_grad(q, k, v, g, full_mask, scale, softcap, want_maps)
+
+
+class CudaBackend(Backend):
+    """The fused CUDA kernels, falling back to the reference for unsupported inputs."""
+
+    name = "cuda"
+
+    def __init__(self) -> None:
+        self._fallback = TorchBackend()
+
+    def supports(self, q, mask=None, softcap=None) -> bool:
+        return kernel.supports(q, mask, softcap)
+
+    def _use_kernel(self, q, k, mask, softcap, tensors) -> bool:
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return False  # the kernels have no backward
+        return kernel.supports(q, mask, softcap, k)
+
+    def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
+        if self._use_kernel(q, k, mask, None, (q, k, v)):
+            return kernel.attention_forward(q, k, v, mask, scale, causal)
+        return self._fallback.attention_forward(q, k, v, mask, scale, causal)
+
+    def attribution_from_grad(
+        self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False
+    ):
+        if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
+            return kernel.attribution_from_grad(
+                q, k, v, g, mask, scale, softcap, want_maps, causal=causal
+            )
+        return self._fallback.attribution_from_grad(
+            q, k, v, g, mask, scale, softcap, want_maps, causal
+        )
+
+
+_TORCH = TorchBackend()
+_CUDA = CudaBackend()
+
+
+def _env_kind() -> str:
+    value = os.environ.get(ENV_VAR, "").strip().lower()
+    if value and value not in BACKEND_KINDS:
+        raise OptionError(
+            f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a backend; choose one of: "
+            + ", ".join(BACKEND_KINDS)
+        )
+    return value or "auto"
+
+
+def _device(device) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise OptionError(f"not a device: {device!r} ({error})") from None
+
+
+def select_backend(kind: str = "auto", device: torch.device | str | None = None) -> Backend:
+    """The attention backend for ``kind`` ("auto", "cuda" or "torch") on ``device``.
+
+    ``device`` defaults to CUDA when one is visible, else CPU.  "auto" gives "cuda" when the
+    device is CUDA, the kernels are available (built on first use) and ``ATTATTR_KERNEL``
+    is not "torch" (``ATTATTR_KERNEL=cuda`` makes "auto" behave as "cuda"); otherwise
+    "torch", with a warning when a CUDA device is there but the kernels failed.  "cuda"
+    raises :class:`OptionError` with the loader's reason when the kernels cannot be had.
+    """
+    chosen = (kind or "auto").strip().lower() if isinstance(kind, str) else kind
+    if chosen not in BACKEND_KINDS:
+        raise OptionError(
+            f"unknown attention backend {kind!r}; choose one of: " + ", ".join(BACKEND_KINDS)
+        )
+    dev = _device(device)
+    if chosen == "torch":
+        return _TORCH
+    if chosen == "auto":
+        env = _env_kind()
+        if env == "torch":
+            return _TORCH
+        if env == "cuda":
+            chosen = "cuda"
+    if chosen == "cuda":
+        if not kernel.available():
+            raise OptionError(
+                "the cuda attention backend is unavailable: "
+                f"{kernel.unavailable_reason(hint=False)}; choose the torch backend instead"
+            )
+        if dev.type != "cuda":
+            raise OptionError(
+                f"the cuda attention backend needs a CUDA device, got {dev}; "
+                "choose the torch backend instead"
+            )
+        return _CUDA
+    # auto
+    if dev.type != "cuda":
+        return _TORCH
+    if kernel.available():
+        return _CUDA
+    reason = kernel.unavailable_reason()
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(
+            f"attattr: the CUDA kernels are unavailable ({reason}); using the torch backend",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return _TORCH

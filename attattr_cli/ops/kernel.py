@@ -1,0 +1,446 @@
+"""Guarded loader and wrappers of the fused CUDA attention / attribution kernels.
+
+The kernels (``kernels/attattr_attn.cu``, binding ``kernels/attattr_ops.cpp``) are built
+with ``torch.utils.cpp_extension.load`` on first use and cached under
+``~/.cache/attattr/kernels/<torch version>-<cuda version>-<hash>`` (the hash covers the
+sources, the compiler flags and the GPU architecture).  Nothing here raises at import
+time: ask :func:`available` and :func:`unavailable_reason`, or call :func:`build` at
+setup time.
+
+The wrappers mirror :mod:`attattr_cli.ops.reference`:
+
+* :func:`attribution_from_grad` has the signature and return dict of
+  ``reference.attribution_from_grad`` plus ``causal`` (and ``stats`` to reuse the softmax
+  statistics of :func:`attention_forward_with_stats`);
+* :func:`attention_forward` returns ``O = softmax(q k^T * scale + mask) v``.
+
+Supported: CUDA tensors of one dtype among float32, float16, bfloat16; head dims 1..128;
+``mask`` None or an additive key-padding mask ``[batch, key_pos]`` (also accepted as
+``[batch, 1, 1, key_pos]``), finite large negatives (``finfo.min``) for padding; ``causal``
+(key j allowed for query i iff ``j <= i + n_k - n_q``).  Anything else (softcap, a general
+``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors) raises
+:class:`KernelUnsupported`, which :mod:`attattr_cli.ops` routes to the reference.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from attattr_cli.errors import OptionError
+
+__all__ = [
+    "KernelUnavailable",
+    "KernelUnsupported",
+    "MAX_HEAD_DIM",
+    "SUPPORTED_DTYPES",
+    "attention_forward",
+    "attention_forward_with_lse",
+    "attention_forward_with_stats",
+    "attribution_from_grad",
+    "available",
+    "build",
+    "cache_dir",
+    "key_padding_mask",
+    "lse_from_stats",
+    "source_dir",
+    "sources",
+    "supports",
+    "unavailable_reason",
+    "unsupported_reason",
+]
+
+log = logging.getLogger(__name__)
+
+EXTENSION_NAME = "attattr_kernels"
+OP_NAMESPACE = "attattr"
+MAX_HEAD_DIM = 128
+MIN_CAPABILITY = (8, 0)
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+SOURCE_FILES = ("attattr_attn.cu", "attattr_ops.cpp")
+CUDA_CFLAGS = ["-O3", "-lineinfo"]  # torch adds -std=c++20 and the -gencode flags
+CXX_CFLAGS = ["-O3"]
+SILENCE_HINT = "set ATTATTR_KERNEL=torch to silence"
+# Device type the ops are registered for; the CPU emulation test in tests/test_kernels.py
+# points this and OP_NAMESPACE at a CPU build of the same sources.
+_DEVICE_TYPE = "cuda"
+
+
+class KernelUnavailable(OptionError):
+    """The CUDA kernels cannot be used here (no device, CPU build of torch, build failed)."""
+
+
+class KernelUnsupported(OptionError):
+    """The CUDA kernels do not handle these inputs (softcap, general mask, dtype, ...)."""
+
+
+_lock = threading.RLock()
+_state: dict[str, object] = {"tried": False, "loaded": False, "reason": "", "fakes": set()}
+
+
+# ------------------------------------------------------------------ locations
+def source_dir() -> Path:
+    """Folder of the kernel sources: ``$ATTATTR_KERNEL_DIR`` or ``<checkout>/kernels``."""
+    override = os.environ.get("ATTATTR_KERNEL_DIR")
+    if override:
+        return Path(override).expanduser()
+    return Path(__file__).resolve().parents[2] / "kernels"
+
+
+def sources() -> list[Path]:
+    """The files compiled into the extension (.cu first)."""
+    return [source_dir() / name for name in SOURCE_FILES]
+
+
+def _arch_tag() -> str:
+    arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch_list:
+        return "arch:" + arch_list.strip()
+    if torch.version.cuda is not None and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}"
+    return "arch:default"
+
+
+def cache_dir() -> Path:
+    """Build folder: ``~/.cache/attattr/kernels/<torch>-<cuda>-<hash>`` (XDG_CACHE_HOME honoured).
+
+    The hash covers the source bytes, the compiler flags and the target architecture
+    (``TORCH_CUDA_ARCH_LIST`` or the current device's compute capability).
+    """
+    digest = hashlib.sha256()
+    for path in sources():
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes() if path.is_file() else b"<missing>")
+    digest.update(repr((CUDA_CFLAGS, CXX_CFLAGS, _arch_tag())).encode())
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    cuda = torch.version.cuda or "cpu"
+    return base / "attattr" / "kernels" / f"{torch.__version__}-cuda{cuda}-{digest.hexdigest()[:16]}"
+
+
+# ------------------------------------------------------------------ loading
+def _environment_problem(need_device: bool = True) -> str:
+    """Why the kernels cannot be built or run here, with the fix; '' if nothing is wrong."""
+    if torch.version.cuda is None:
+        return (
+            f"PyTorch {torch.__version__} is a CPU-only build (no CUDA); install a CUDA build of "
+            "PyTorch to use the kernels"
+        )
+    missing = [str(p) for p in sources() if not p.is_file()]
+    if missing:
+        return (
+            f"kernel sources not found ({', '.join(missing)}); they ship with a source checkout "
+            "of attattr: set ATTATTR_KERNEL_DIR to the folder holding them"
+        )
+    if not need_device:
+        return ""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    capability = torch.cuda.get_device_capability()
+    if capability < MIN_CAPABILITY:
+        name = torch.cuda.get_device_name()
+        return f"GPU {name} is sm_{capability[0]}{capability[1]}; the kernels need sm_80 or newer"
+    return ""
+
+
+def _library_file(build_dir: Path) -> Path:
+    return build_dir / f"{EXTENSION_NAME}.so"
+
+
+def _compile(verbose: bool = False) -> Path:
+    """Build (or reuse) the extension and load it into the process; returns the .so path."""
+    from torch.utils import cpp_extension
+
+    build_dir = cache_dir()
+    library = _library_file(build_dir)
+    if library.is_file():
+        # Built before (maybe at setup time): load without needing ninja / nvcc.
+        torch.ops.load_library(str(library))
+        return library
+    build_dir.mkdir(parents=True, exist_ok=True)
+    log.info("attattr: building the CUDA kernels into %s (first use; takes a minute or two)", build_dir)
+    cpp_extension.load(
+        name=EXTENSION_NAME,
+        sources=[str(p) for p in sources()],
+        extra_cflags=CXX_CFLAGS,
+        extra_cuda_cflags=CUDA_CFLAGS,
+        build_directory=str(build_dir),
+        is_python_module=False,
+        verbose=verbose,
+    )
+    return library
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return text
+
+
+def _load(need_device: bool = True, verbose: bool = False, retry: bool = False) -> None:
+    with _lock:
+        if _state["loaded"] or (_state["tried"] and not retry):
+            return
+        _state["tried"] = True
+        problem = _environment_problem(need_device)
+        if problem:
+            _state["reason"] = problem
+            return
+        try:
+            _compile(verbose=verbose)
+            _register_fakes(OP_NAMESPACE)
+        except Exception as error:  # noqa: BLE001 - any build / load failure is reported, never raised
+            where = cache_dir()
+            try:
+                where.mkdir(parents=True, exist_ok=True)
+                (where / "build-error.log").write_text(str(error))
+                detail = f" (full log: {where / 'build-error.log'})"
+            except OSError:
+                detail = ""
+            _state["reason"] = f"build or load failed: {_first_line(error)}{detail}"
+            return
+        _state["loaded"] = True
+        _state["reason"] = ""
+
+
+def available() -> bool:
+    """True when the kernels are built, loaded and a suitable CUDA device is visible.
+
+    The first call on a CUDA machine builds the extension (cached on disk).  Never raises.
+    """
+    try:
+        _load()
+    except Exception as error:  # noqa: BLE001 - belt and braces: never raise from here
+        _state["reason"] = f"loader error: {_first_line(error)}"
+        return False
+    return bool(_state["loaded"])
+
+
+def unavailable_reason(hint: bool = True) -> str:
+    """Why :func:`available` is False, with the fix; '' when the kernels are available.
+
+    With ``hint`` the text ends with "; set ATTATTR_KERNEL=torch to silence".
+    """
+    if available():
+        return ""
+    reason = str(_state["reason"]) or "unknown reason"
+    return f"{reason}; {SILENCE_HINT}" if hint else reason
+
+
+def build(verbose: bool = True) -> Path:
+    """Build the extension now (setup time) and return the path of the built library.
+
+    Needs a CUDA build of PyTorch, nvcc and the sources; a GPU only when
+    ``TORCH_CUDA_ARCH_LIST`` is unset (the architecture is then taken from the device).
+    Raises :class:`KernelUnavailable` with the reason on failure.
+    """
+    need_device = not os.environ.get("TORCH_CUDA_ARCH_LIST")
+    _load(need_device=need_device, verbose=verbose, retry=True)
+    if not _state["loaded"]:
+        raise KernelUnavailable(f"attattr CUDA kernels: {_state['reason']}")
+    return _library_file(cache_dir())
+
+
+def _require_loaded() -> None:
+    if _state["loaded"]:  # fast path, also traceable by torch.compile
+        return
+    if not available():
+        raise KernelUnavailable(
+            f"attattr CUDA kernels unavailable: {unavailable_reason(hint=False)}; "
+            "use the torch backend (ATTATTR_KERNEL=torch)"
+        )
+
+
+# ------------------------------------------------------------- fake (meta) impls
+def _register_fakes(namespace: str = OP_NAMESPACE) -> None:
+    """Register the ops' fake implementations (shapes only) for torch.compile / meta tensors."""
+    done: set = _state["fakes"]  # type: ignore[assignment]
+    if namespace in done:
+        return
+
+    def attn_forward_fake(q, k, v, mask, scale, causal, stream=-1):
+        batch, heads, n_q, d_head = q.shape
+        o = q.new_empty((batch, heads, n_q, d_head))
+        stats = q.new_empty((batch, heads, n_q, 2), dtype=torch.float32)
+        return o, stats
+
+    def attr_from_grad_fake(q, k, v, g, mask, stats, scale, causal, want_maps, stream=-1):
+        batch, heads, n_q, _ = q.shape
+        n_k = k.shape[2]
+        maps_shape = (batch, heads, n_q, n_k) if want_maps else (0,)
+        maps = q.new_empty(maps_shape, dtype=torch.float32)
+        head_sum = q.new_empty((batch, n_q, n_k), dtype=torch.float32)
+        head_max = q.new_empty((batch, heads), dtype=torch.float32)
+        return maps, head_sum, head_max
+
+    torch.library.register_fake(f"{namespace}::attn_forward")(attn_forward_fake)
+    torch.library.register_fake(f"{namespace}::attr_from_grad")(attr_from_grad_fake)
+    done.add(namespace)
+
+
+# ------------------------------------------------------------------ wrappers
+def key_padding_mask(mask: torch.Tensor | None, batch: int, n_k: int) -> torch.Tensor | None:
+    """``mask`` as a ``[batch or 1, n_k]`` key-padding mask, or raise KernelUnsupported.
+
+    Accepts ``[B, n_k]`` and ``[B, 1, 1, n_k]`` (B may be 1).
+    """
+    if mask is None:
+        return None
+    shape = tuple(mask.shape)
+    if mask.dim() == 4 and shape[1] == 1 and shape[2] == 1:
+        mask = mask[:, 0, 0, :]
+    if mask.dim() != 2 or mask.shape[0] not in (1, batch) or mask.shape[1] != n_k:
+        raise KernelUnsupported(
+            f"the CUDA kernel takes a key-padding mask [batch, key_pos] = [{batch}, {n_k}] "
+            f"(or [batch, 1, 1, key_pos]); got a mask of shape {list(shape)}; "
+            "a general mask needs the torch backend"
+        )
+    if not mask.is_floating_point():
+        raise KernelUnsupported(f"the mask must be an additive float mask, got dtype {mask.dtype}")
+    return mask
+
+
+def unsupported_reason(
+    q: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    softcap: float | None = None,
+    k: torch.Tensor | None = None,
+) -> str:
+    """Why the kernel cannot take these inputs ('' if it can).  Does not build anything."""
+    if softcap is not None:
+        return "logit soft-capping (softcap) is not supported by the CUDA kernel"
+    if not isinstance(q, torch.Tensor) or q.dim() != 4:
+        return "q must be a 4-D tensor [batch, head, query_pos, d_head]"
+    if q.device.type != _DEVICE_TYPE:
+        return f"the tensors are on {q.device}, not on a CUDA device"
+    if q.dtype not in SUPPORTED_DTYPES:
+        return f"dtype {q.dtype} is not supported by the CUDA kernel (float32, float16, bfloat16)"
+    if not 1 <= q.shape[-1] <= MAX_HEAD_DIM:
+        return f"head dim {q.shape[-1]} is outside 1..{MAX_HEAD_DIM}"
+    if mask is not None:
+        n_k = k.shape[2] if k is not None else mask.shape[-1]
+        try:
+            key_padding_mask(mask, q.shape[0], n_k)
+        except KernelUnsupported as error:
+            return str(error)
+    return ""
+
+
+def supports(
+    q: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    softcap: float | None = None,
+    k: torch.Tensor | None = None,
+) -> bool:
+    """True when the kernel handles these inputs (the kernel being available aside)."""
+    return not unsupported_reason(q, mask, softcap, k)
+
+
+def _check(q, k, mask, softcap=None) -> torch.Tensor | None:
+    reason = unsupported_reason(q, mask, softcap, k)
+    if reason:
+        raise KernelUnsupported(f"{reason}; use the torch backend (ATTATTR_KERNEL=torch)")
+    _require_loaded()
+    return key_padding_mask(mask, q.shape[0], k.shape[2])
+
+
+def _ops():
+    return getattr(torch.ops, OP_NAMESPACE)
+
+
+def _stream(q: torch.Tensor) -> int:
+    """The current CUDA stream as an integer; -1 (resolved by the op) under torch.compile."""
+    if torch.compiler.is_compiling():
+        return -1
+    if q.device.type != "cuda":
+        return 0
+    return torch.cuda.current_stream(q.device).cuda_stream
+
+
+def _scale(q: torch.Tensor, scale: float | None) -> float:
+    return float(q.shape[-1] ** -0.5 if scale is None else scale)
+
+
+def attention_forward_with_stats(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(O, stats)``: O ``[B, H, n_q, d]`` in q's dtype; stats ``[B, H, n_q, 2]`` float32.
+
+    ``stats[..., 0]`` is the row max m of the scaled, masked scores and ``stats[..., 1]``
+    the row sum l of ``exp(s - m)`` ((-inf, 0) for a row with no allowed key, whose O
+    row is 0).  Pass ``stats`` to :func:`attribution_from_grad` to skip recomputing them.
+    """
+    kp = _check(q, k, mask)
+    o, stats = _ops().attn_forward(q, k, v, kp, _scale(q, scale), bool(causal), _stream(q))
+    return o, stats
+
+
+def lse_from_stats(stats: torch.Tensor) -> torch.Tensor:
+    """Row log-sum-exp ``m + log l`` ``[B, H, n_q]`` (+inf for a row with no allowed key)."""
+    m, l = stats[..., 0], stats[..., 1]
+    return torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("inf")))
+
+
+def attention_forward_with_lse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(O, lse)`` with lse the row log-sum-exp ``[B, H, n_q]`` float32."""
+    o, stats = attention_forward_with_stats(q, k, v, mask, scale, causal)
+    return o, lse_from_stats(stats)
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """``O = softmax(q k^T * scale + mask) v`` ``[B, H, n_q, d]`` in q's dtype (fp32 inside)."""
+    return attention_forward_with_stats(q, k, v, mask, scale, causal)[0]
+
+
+def attribution_from_grad(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    want_maps: bool = True,
+    causal: bool = False,
+    stats: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """Fused ``A * (G V^T)`` without storing A; same dict as ``reference.attribution_from_grad``.
+
+    ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H] and (if ``want_maps``) ``maps``
+    [B, H, n_q, n_k], all float32.  ``stats`` from :func:`attention_forward_with_stats`
+    on the same q, k, mask, scale and causal skips the statistics pass.
+    """
+    kp = _check(q, k, mask, softcap)
+    maps, head_sum, head_max = _ops().attr_from_grad(
+        q, k, v, g, kp, stats, _scale(q, scale), bool(causal), bool(want_maps), _stream(q)
+    )
+    result = {"head_sum": head_sum, "head_max": head_max}
+    if want_maps:
+        result["maps"] = maps
+    return result

@@ -1,0 +1,95 @@
+"""Pure-PyTorch attention and attribution ops: the source of truth and the CPU path.
+
+Shapes (TransformerLens style):
+    q:    [batch, head, query_pos, d_head]
+    k, v: [batch, head, key_pos, d_head]   (already repeated for grouped-query attention)
+    mask: additive float mask broadcastable to [batch, head, query_pos, key_pos], or None
+    g:    [batch, head, query_pos, d_head]  sum over integration steps of w_k * dF/dO_k
+
+The attribution of one layer (METHOD.md section 1, "Doing it fast"):
+    Attr = A * (G @ V^T)          with A = softmax(q k^T * scale + mask)
+where the quadrature weights are already folded into G.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def attention_probs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention probabilities ``[batch, head, query_pos, key_pos]`` in the inputs' dtype.
+
+    The softmax runs in float32 at least (as transformers' eager attention does for
+    half precision), then casts back.
+    """
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        scores = scores + mask
+    work = scores.dtype if scores.dtype == torch.float64 else torch.float32
+    return torch.softmax(scores.to(work), dim=-1).to(q.dtype)
+
+
+def attribution_from_grad(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    want_maps: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Attribution of one layer from the summed output gradient ``g``.
+
+    Returns a dict with
+        ``maps``     [batch, head, query_pos, key_pos]  (only if ``want_maps``)
+        ``head_sum`` [batch, query_pos, key_pos]        sum over heads
+        ``head_max`` [batch, head]                      signed max over (i, j) per head
+    All in float32 (float64 if the inputs are float64).
+    """
+    out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    a = attention_probs(q, k, mask, scale, softcap).to(out_dtype)
+    gv = torch.matmul(g.to(out_dtype), v.to(out_dtype).transpose(-1, -2))
+    maps = a * gv
+    result = {
+        "head_sum": maps.sum(dim=1),
+        "head_max": maps.flatten(2).amax(dim=-1),
+    }
+    if want_maps:
+        result["maps"] = maps
+    return result
+
+
+def attention_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    causal: bool = False,
+) -> torch.Tensor:
+    """Attention output ``O = softmax(q k^T * scale + mask) v`` ``[batch, head, query_pos, d_head]``.
+
+    In q's dtype, through :func:`attention_probs` (softmax in float32 at least).
+    ``causal`` masks key j for query i unless ``j <= i + key_pos - query_pos`` (the lower
+    triangle when the lengths agree); a row with no allowed key gives NaN.
+    """
+    if causal:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        causal_mask = torch.zeros(n_q, n_k, dtype=work, device=q.device)
+        causal_mask = causal_mask.masked_fill(~allowed, float("-inf"))
+        mask = causal_mask if mask is None else mask + causal_mask
+    probs = attention_probs(q, k, mask, scale)
+    return torch.matmul(probs, v)

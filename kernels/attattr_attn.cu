@@ -1,0 +1,591 @@
+// Fused attention forward and attention-attribution kernels for attattr.
+//
+// Self-attention attribution (Hao et al., AAAI 2021) of one layer is
+//     Attr = A * (G V^T),   A = softmax(Q K^T * scale + mask)
+// with G the quadrature-weighted sum of dF/dO over the integration steps.  These
+// kernels never store A: it is recomputed tile by tile from Q, K and the row
+// log-sum-exp (flash-attention style), and only the requested outputs are written.
+//
+// This file includes CUDA headers only (no torch / ATen / c10), so that
+// `nvcc -c` works on a machine with a CPU build of PyTorch.  The C++ binding
+// (attattr_ops.cpp) calls the extern "C" launchers at the end of the file.
+//
+// Layout conventions (all sizes and strides in elements):
+//   q, g        [B, H, n_q, d]  any strides for B, H, rows; last dim contiguous
+//   k, v        [B, H, n_k, d]  idem
+//   mask        [B, n_k] float additive key-padding mask (batch stride may be 0), or null
+//   o           [B, H, n_q, d]  (strides given)
+//   stats       [B, H, n_q, 2]  float, contiguous: per row (m, l) with m the max of the
+//               scaled, masked scores and l = sum_j exp(s_j - m), so p_j = exp(s_j - m) / l;
+//               (-inf, 0) for a row with no allowed key (its p and o are 0).  Kept as a
+//               pair, not as lse = m + log l: with a finfo.min padding mask a fully padded
+//               row has m ~ -3.4e38, where m + log l rounds back to m.
+//   maps        [B, H, n_q, n_k] float, contiguous (optional)
+//   head_sum    [B, n_q, n_k]   float, contiguous
+//   head_max    [B, H]          float, contiguous
+// causal: key j is allowed for query i iff j <= i + (n_k - n_q) (bottom-right
+// aligned, as flash-attention; the usual lower triangle when n_q == n_k).
+//
+// Kernel structure (simple over clever, see kernels/README.md):
+//   * 256 threads per block arranged 16 x 16; a 64 x 64 (query x key) score tile;
+//     each thread owns rows ty + 16 i and columns tx + 16 j (i, j < 4).
+//   * Operand tiles are staged in shared memory as float with a +1 row pad
+//     (bank-conflict free for the access pattern), zero-filled past n and d.
+//   * Dot products accumulate in fp32 with plain FMAs (no tensor cores).
+
+#include <cuda_runtime.h>
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdint.h>
+
+namespace attattr {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTY = 16;             // thread grid is kTY x kTY
+constexpr int kBM = 64;             // query rows per tile
+constexpr int kBN = 64;             // key columns per tile
+constexpr int kRows = kBM / kTY;    // rows per thread
+constexpr int kCols = kBN / kTY;    // columns per thread
+constexpr int kMaxHeadDim = 128;
+constexpr size_t kDefaultSmem = 48 * 1024;
+
+struct Strides {
+  long long b, h, n;
+};
+
+// ---------------------------------------------------------------- conversions
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// ------------------------------------------------------------------ reductions
+// Reduce over the 16 lanes that share a row (tid = ty * 16 + tx; the xor offsets
+// 8, 4, 2, 1 only flip tx bits, so they never leave the row group).
+__device__ __forceinline__ float row_max16(float x) {
+#pragma unroll
+  for (int off = kTY / 2; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+__device__ __forceinline__ float row_sum16(float x) {
+#pragma unroll
+  for (int off = kTY / 2; off > 0; off >>= 1) x += __shfl_xor_sync(0xffffffffu, x, off);
+  return x;
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
+  return x;
+}
+
+// atomicMax for float on the usual ordered encoding: non-negative floats order like
+// their int bits, negative floats order reversely to their unsigned bits.
+__device__ __forceinline__ void atomic_max_float(float* addr, float val) {
+  // Fast path (also drops NaN): a stale read is never above the true current max.
+  if (!(val > __ldcg(addr))) return;
+  if (val >= 0.f) {
+    atomicMax(reinterpret_cast<int*>(addr), __float_as_int(val));
+  } else {
+    atomicMin(reinterpret_cast<unsigned int*>(addr), __float_as_uint(val));
+  }
+}
+
+// ------------------------------------------------------------------ tile helpers
+// dst[r][c] (row pitch D + 1) = src[row0 + r][c] as float, zero past n_rows or d.
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const T* __restrict__ src,
+                                          long long row_stride, int row0, int n_rows, int d) {
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
+    const int r = idx / D;
+    const int c = idx - r * D;
+    const int row = row0 + r;
+    float val = 0.f;
+    if (row < n_rows && c < d) val = to_float<T>(src[(long long)row * row_stride + c]);
+    dst[r * (D + 1) + c] = val;
+  }
+}
+
+// s[i][j] = sum_c A[ty + 16 i][c] * B[tx + 16 j][c]  for the 64 x 64 tile.
+template <int D>
+__device__ __forceinline__ void tile_dots(float (&s)[kRows][kCols], const float* __restrict__ a,
+                                          const float* __restrict__ b, int ty, int tx) {
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) s[i][j] = 0.f;
+#pragma unroll 8
+  for (int c = 0; c < D; ++c) {
+    float av[kRows], bv[kCols];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) av[i] = a[(ty + kTY * i) * (D + 1) + c];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) bv[j] = b[(tx + kTY * j) * (D + 1) + c];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) s[i][j] = fmaf(av[i], bv[j], s[i][j]);
+  }
+}
+
+// Last key index + 1 that any row of the query tile starting at q0 may attend to.
+__device__ __forceinline__ int causal_key_end(int q0, int n_q, int n_k) {
+  const int last_row = min(q0 + kBM, n_q) - 1;
+  const long long end = (long long)last_row + (n_k - n_q) + 1;
+  return (int)max(0LL, min((long long)n_k, end));
+}
+
+// -------------------------------------------------------------- forward kernel
+// One block per (query tile, head, batch).  Online softmax over key tiles; writes
+// the row statistics (m, l), and O = softmax(.) V when WITH_O.
+template <typename T, int D, bool WITH_O>
+__global__ void __launch_bounds__(kThreads)
+attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                const float* __restrict__ mask, T* __restrict__ o, float* __restrict__ stats,
+                int H, int n_q, int n_k, int d, float scale, int causal, Strides sq, Strides sk,
+                Strides sv, Strides so, long long mask_sb) {
+  constexpr int kDPer = D / kTY;  // output columns per thread
+  extern __shared__ float smem[];
+  float* s_q = smem;                    // [kBM][D + 1]
+  float* s_kv = s_q + kBM * (D + 1);    // [kBN][D + 1]  K, then V
+  float* s_p = s_kv + kBN * (D + 1);    // [kBM][kBN + 1] (WITH_O only)
+
+  const int tid = threadIdx.x;
+  const int ty = tid / kTY;
+  const int tx = tid % kTY;
+  const int q0 = blockIdx.x * kBM;
+  const int h = blockIdx.y;
+  const int b = blockIdx.z;
+  const int causal_off = n_k - n_q;
+
+  const T* qb = q + b * sq.b + h * sq.h;
+  const T* kb = k + b * sk.b + h * sk.h;
+  const T* vb = v + b * sv.b + h * sv.h;
+  const float* mb = mask != nullptr ? mask + b * mask_sb : nullptr;
+
+  load_tile<T, D, kBM>(s_q, qb, sq.n, q0, n_q, d);
+
+  float m[kRows], l[kRows];
+  float acc[kRows][kDPer];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.f;
+#pragma unroll
+    for (int e = 0; e < kDPer; ++e) acc[i][e] = 0.f;
+  }
+
+  const int k_end = causal ? causal_key_end(q0, n_q, n_k) : n_k;
+  for (int k0 = 0; k0 < k_end; k0 += kBN) {
+    __syncthreads();  // previous tile's readers of s_kv / s_p are done; s_q is visible
+    load_tile<T, D, kBN>(s_kv, kb, sk.n, k0, n_k, d);
+    __syncthreads();
+
+    float s[kRows][kCols];
+    tile_dots<D>(s, s_q, s_kv, ty, tx);
+
+    float bias[kCols];
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      const int c = k0 + tx + kTY * j;
+      bias[j] = (c < n_k && mb != nullptr) ? mb[c] : 0.f;
+    }
+
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = q0 + ty + kTY * i;
+      float tmax = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        const int c = k0 + tx + kTY * j;
+        const bool ok = c < n_k && (!causal || c <= r + causal_off);
+        s[i][j] = ok ? s[i][j] * scale + bias[j] : -INFINITY;
+        tmax = fmaxf(tmax, s[i][j]);
+      }
+      tmax = row_max16(tmax);
+      const float m_new = fmaxf(m[i], tmax);
+      float alpha = 1.f;
+      float psum = 0.f;
+      if (m_new == -INFINITY) {
+        // Nothing allowed so far in this row: keep l = 0, acc = 0.
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) s[i][j] = 0.f;
+      } else {
+        alpha = expf(m[i] - m_new);  // m[i] == -inf gives 0
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+          s[i][j] = expf(s[i][j] - m_new);  // -inf gives 0
+          psum += s[i][j];
+        }
+      }
+      psum = row_sum16(psum);
+      l[i] = l[i] * alpha + psum;
+      m[i] = m_new;
+      if (WITH_O) {
+#pragma unroll
+        for (int e = 0; e < kDPer; ++e) acc[i][e] *= alpha;
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) s_p[(ty + kTY * i) * (kBN + 1) + tx + kTY * j] = s[i][j];
+      }
+    }
+
+    if (WITH_O) {
+      __syncthreads();  // everyone is done with K in s_kv; s_p is complete
+      load_tile<T, D, kBN>(s_kv, vb, sv.n, k0, n_k, d);
+      __syncthreads();
+#pragma unroll 4
+      for (int c = 0; c < kBN; ++c) {
+        float pv[kRows];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) pv[i] = s_p[(ty + kTY * i) * (kBN + 1) + c];
+#pragma unroll
+        for (int e = 0; e < kDPer; ++e) {
+          const float vv = s_kv[c * (D + 1) + tx + kTY * e];
+#pragma unroll
+          for (int i = 0; i < kRows; ++i) acc[i][e] = fmaf(pv[i], vv, acc[i][e]);
+        }
+      }
+    }
+  }
+
+  float* stats_bh = stats + ((long long)b * H + h) * n_q * 2;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = q0 + ty + kTY * i;
+    if (r >= n_q) continue;
+    const bool any = l[i] > 0.f;
+    if (WITH_O) {
+      const float inv = any ? 1.f / l[i] : 0.f;
+      T* orow = o + b * so.b + h * so.h + (long long)r * so.n;
+#pragma unroll
+      for (int e = 0; e < kDPer; ++e) {
+        const int dd = tx + kTY * e;
+        if (dd < d) orow[dd] = from_float<T>(acc[i][e] * inv);
+      }
+    }
+    if (tx == 0) {
+      stats_bh[2 * r] = m[i];
+      stats_bh[2 * r + 1] = l[i];
+    }
+  }
+}
+
+// ---------------------------------------------------------- attribution kernel
+// One block per (key tile, query tile, batch); loops over the heads so the head sum
+// is accumulated in registers (no atomics, deterministic).  For each head:
+//   p_ij  = exp(s_ij * scale + mask_j - m_i) / l_i   (0 where causally excluded)
+//   a_ij  = p_ij * (g_i . v_j)
+// maps (optional) and head_sum are written once per element; head_max by a warp
+// reduction and a float atomicMax (order independent, so still deterministic).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads)
+attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+            const T* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
+            float* __restrict__ maps, float* __restrict__ head_sum, float* __restrict__ head_max,
+            int H, int n_q, int n_k, int d, float scale, int causal, Strides sq, Strides sk,
+            Strides sv, Strides sg, long long mask_sb) {
+  extern __shared__ float smem[];
+  float* s_a = smem;                  // [kBM][D + 1]  Q, then G
+  float* s_b = s_a + kBM * (D + 1);   // [kBN][D + 1]  K, then V
+
+  const int tid = threadIdx.x;
+  const int ty = tid / kTY;
+  const int tx = tid % kTY;
+  const int k0 = blockIdx.x * kBN;
+  const int q0 = blockIdx.y * kBM;
+  const int b = blockIdx.z;
+  const int causal_off = n_k - n_q;
+  // The whole tile lies right of the causal diagonal: every a_ij is 0.
+  const bool skip = causal && k0 >= causal_key_end(q0, n_q, n_k);
+
+  const float* mb = mask != nullptr ? mask + b * mask_sb : nullptr;
+  float bias[kCols];
+  bool col_ok[kCols];
+#pragma unroll
+  for (int j = 0; j < kCols; ++j) {
+    const int c = k0 + tx + kTY * j;
+    col_ok[j] = c < n_k;
+    bias[j] = (col_ok[j] && mb != nullptr) ? mb[c] : 0.f;
+  }
+
+  float hsum[kRows][kCols];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i)
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) hsum[i][j] = 0.f;
+
+  for (int h = 0; h < H; ++h) {
+    float a[kRows][kCols];
+    if (!skip) {  // uniform over the block, so the barriers inside are safe
+      __syncthreads();  // previous head's readers of s_a / s_b are done
+      load_tile<T, D, kBM>(s_a, q + b * sq.b + h * sq.h, sq.n, q0, n_q, d);
+      load_tile<T, D, kBN>(s_b, k + b * sk.b + h * sk.h, sk.n, k0, n_k, d);
+      __syncthreads();
+      float s[kRows][kCols];
+      tile_dots<D>(s, s_a, s_b, ty, tx);
+      __syncthreads();
+      load_tile<T, D, kBM>(s_a, g + b * sg.b + h * sg.h, sg.n, q0, n_q, d);
+      load_tile<T, D, kBN>(s_b, v + b * sv.b + h * sv.h, sv.n, k0, n_k, d);
+      __syncthreads();
+      tile_dots<D>(a, s_a, s_b, ty, tx);  // a = G V^T for now
+
+      const float* stats_bh = stats + ((long long)b * H + h) * n_q * 2;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int r = q0 + ty + kTY * i;
+        // A row without any allowed key (l == 0) or past n_q gets p = exp(-inf) * 0 = 0.
+        float row_m = INFINITY, row_inv_l = 0.f;
+        if (r < n_q) {
+          const float row_l = stats_bh[2 * r + 1];
+          if (row_l > 0.f) {
+            row_m = stats_bh[2 * r];
+            row_inv_l = 1.f / row_l;
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) {
+          const int c = k0 + tx + kTY * j;
+          const bool allowed = !causal || c <= r + causal_off;
+          const float p = allowed ? expf(s[i][j] * scale + bias[j] - row_m) * row_inv_l : 0.f;
+          a[i][j] *= p;
+        }
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i)
+#pragma unroll
+        for (int j = 0; j < kCols; ++j) a[i][j] = 0.f;
+    }
+
+    float local_max = -INFINITY;
+    float* maps_bh = maps != nullptr ? maps + ((long long)b * H + h) * n_q * n_k : nullptr;
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int r = q0 + ty + kTY * i;
+      if (r >= n_q) continue;
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) {
+        if (!col_ok[j]) continue;
+        const int c = k0 + tx + kTY * j;
+        local_max = fmaxf(local_max, a[i][j]);
+        hsum[i][j] += a[i][j];
+        if (maps_bh != nullptr) maps_bh[(long long)r * n_k + c] = a[i][j];
+      }
+    }
+    local_max = warp_max(local_max);
+    if ((tid & 31) == 0 && local_max > -INFINITY) {
+      atomic_max_float(head_max + (long long)b * H + h, local_max);
+    }
+  }
+
+  float* sum_b = head_sum + (long long)b * n_q * n_k;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    const int r = q0 + ty + kTY * i;
+    if (r >= n_q) continue;
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      if (!col_ok[j]) continue;
+      sum_b[(long long)r * n_k + k0 + tx + kTY * j] = hsum[i][j];
+    }
+  }
+}
+
+__global__ void fill_kernel(float* __restrict__ x, long long n, float value) {
+  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = value;
+}
+
+// ------------------------------------------------------------------ launchers
+inline Strides make_strides(const long long* s) { return Strides{s[0], s[1], s[2]}; }
+
+template <typename T, int D>
+cudaError_t launch_forward(const void* q, const void* k, const void* v, const float* mask, void* o,
+                           float* stats, int B, int H, int n_q, int n_k, int d,
+                           const long long* q_str, const long long* k_str,
+                           const long long* v_str, const long long* o_str, long long mask_sb,
+                           float scale, int causal, cudaStream_t stream) {
+  const bool with_o = o != nullptr;
+  const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) +
+                                       (with_o ? (size_t)kBM * (kBN + 1) : 0));
+  const Strides zero{0, 0, 0};
+  const Strides so = with_o ? make_strides(o_str) : zero;
+  const dim3 grid((n_q + kBM - 1) / kBM, H, B);
+  cudaError_t err;
+  if (with_o) {
+    auto kern = attn_fwd_kernel<T, D, true>;
+    if (smem > kDefaultSmem) {
+      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return err;
+    }
+    kern<<<grid, kThreads, smem, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), mask,
+        static_cast<T*>(o), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
+        make_strides(k_str), make_strides(v_str), so, mask_sb);
+  } else {
+    auto kern = attn_fwd_kernel<T, D, false>;
+    if (smem > kDefaultSmem) {
+      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return err;
+    }
+    kern<<<grid, kThreads, smem, stream>>>(
+        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), mask,
+        static_cast<T*>(nullptr), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
+        make_strides(k_str), make_strides(v_str), so, mask_sb);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int D>
+cudaError_t launch_attr(const void* q, const void* k, const void* v, const void* g,
+                        const float* mask, const float* stats, float* maps, float* head_sum,
+                        float* head_max, int B, int H, int n_q, int n_k, int d,
+                        const long long* q_str, const long long* k_str, const long long* v_str,
+                        const long long* g_str, long long mask_sb, float scale, int causal,
+                        cudaStream_t stream) {
+  const long long n_max = (long long)B * H;
+  fill_kernel<<<(unsigned)((n_max + 255) / 256), 256, 0, stream>>>(head_max, n_max, -INFINITY);
+  cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  const size_t smem = sizeof(float) * (size_t)(kBM + kBN) * (D + 1);
+  auto kern = attr_kernel<T, D>;
+  if (smem > kDefaultSmem) {
+    err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
+  }
+  const dim3 grid((n_k + kBN - 1) / kBN, (n_q + kBM - 1) / kBM, B);
+  kern<<<grid, kThreads, smem, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
+      static_cast<const T*>(g), mask, stats, maps, head_sum, head_max, H, n_q, n_k, d, scale,
+      causal, make_strides(q_str), make_strides(k_str), make_strides(v_str), make_strides(g_str),
+      mask_sb);
+  return cudaGetLastError();
+}
+
+// Shape checks shared by both entry points; the binding checks as well.
+inline bool bad_sizes(int B, int H, int n_q, int n_k, int d) {
+  return B <= 0 || H <= 0 || n_q <= 0 || n_k <= 0 || d <= 0 || d > kMaxHeadDim || B > 65535 ||
+         H > 65535 || (n_q + kBM - 1) / kBM > 65535;
+}
+
+template <typename T>
+cudaError_t dispatch_forward(int d, const void* q, const void* k, const void* v,
+                             const float* mask, void* o, float* stats, int B, int H, int n_q,
+                             int n_k, const long long* q_str, const long long* k_str,
+                             const long long* v_str, const long long* o_str, long long mask_sb,
+                             float scale, int causal, cudaStream_t stream) {
+#define ATTATTR_FWD(DD)                                                                       \
+  return launch_forward<T, DD>(q, k, v, mask, o, stats, B, H, n_q, n_k, d, q_str, k_str, v_str, \
+                               o_str, mask_sb, scale, causal, stream)
+  if (d <= 32) ATTATTR_FWD(32);
+  if (d <= 64) ATTATTR_FWD(64);
+  if (d <= 96) ATTATTR_FWD(96);
+  ATTATTR_FWD(128);
+#undef ATTATTR_FWD
+}
+
+template <typename T>
+cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, const void* g,
+                          const float* mask, const float* stats, float* maps, float* head_sum,
+                          float* head_max, int B, int H, int n_q, int n_k,
+                          const long long* q_str, const long long* k_str, const long long* v_str,
+                          const long long* g_str, long long mask_sb, float scale, int causal,
+                          cudaStream_t stream) {
+#define ATTATTR_ATTR(DD)                                                                   \
+  return launch_attr<T, DD>(q, k, v, g, mask, stats, maps, head_sum, head_max, B, H, n_q, n_k, \
+                            d, q_str, k_str, v_str, g_str, mask_sb, scale, causal, stream)
+  if (d <= 32) ATTATTR_ATTR(32);
+  if (d <= 64) ATTATTR_ATTR(64);
+  if (d <= 96) ATTATTR_ATTR(96);
+  ATTATTR_ATTR(128);
+#undef ATTATTR_ATTR
+}
+
+}  // namespace
+}  // namespace attattr
+
+// ------------------------------------------------------------- C entry points
+// dtype: 0 = float32, 1 = float16, 2 = bfloat16.  Strides are {batch, head, row}
+// in elements (the last dimension must be contiguous).  stream is a cudaStream_t.
+// Return 0 on success, else a cudaError_t value (see attattr_error_string).
+
+extern "C" int attattr_attn_forward(int dtype, const void* q, const void* k, const void* v,
+                                    const float* mask, void* o, float* stats, int B, int H,
+                                    int n_q, int n_k, int d, const long long* q_str,
+                                    const long long* k_str, const long long* v_str,
+                                    const long long* o_str, long long mask_sb, float scale,
+                                    int causal, void* stream) {
+  using namespace attattr;
+  if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr) return (int)cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case 0:
+      return (int)dispatch_forward<float>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str, k_str,
+                                          v_str, o_str, mask_sb, scale, causal, st);
+    case 1:
+      return (int)dispatch_forward<__half>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str, k_str,
+                                           v_str, o_str, mask_sb, scale, causal, st);
+    case 2:
+      return (int)dispatch_forward<__nv_bfloat16>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str,
+                                                  k_str, v_str, o_str, mask_sb, scale, causal, st);
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+}
+
+// stats must come from attattr_attn_forward on the same q, k, mask, scale, causal.
+// maps may be null; head_sum and head_max are always written.
+extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
+                                      const void* g, const float* mask, const float* stats,
+                                      float* maps, float* head_sum, float* head_max, int B,
+                                      int H, int n_q, int n_k, int d, const long long* q_str,
+                                      const long long* k_str, const long long* v_str,
+                                      const long long* g_str, long long mask_sb, float scale,
+                                      int causal, void* stream) {
+  using namespace attattr;
+  if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr || head_sum == nullptr ||
+      head_max == nullptr)
+    return (int)cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case 0:
+      return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max, B, H,
+                                        n_q, n_k, q_str, k_str, v_str, g_str, mask_sb, scale,
+                                        causal, st);
+    case 1:
+      return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max, B, H,
+                                         n_q, n_k, q_str, k_str, v_str, g_str, mask_sb, scale,
+                                         causal, st);
+    case 2:
+      return (int)dispatch_attr<__nv_bfloat16>(d, q, k, v, g, mask, stats, maps, head_sum,
+                                                head_max, B, H, n_q, n_k, q_str, k_str, v_str,
+                                                g_str, mask_sb, scale, causal, st);
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+}
+
+extern "C" const char* attattr_error_string(int code) {
+  return cudaGetErrorString(static_cast<cudaError_t>(code));
+}

@@ -1,0 +1,110 @@
+"""Tiny models built from configs (no hub), seeded; shared fixtures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+WORDS = [f"w{i}" for i in range(40)]
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tmp_path_factory):
+    from transformers import BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("tok")
+    (d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]) + "\n")
+    return BertTokenizerFast(str(d / "vocab.txt"), model_max_length=48)
+
+
+def build_model(kind: str, dtype=torch.float32, num_labels: int = 3, layers: int = 3):
+    """A tiny, randomly initialised sequence classifier of the given family."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    vocab = 5 + len(WORDS)
+    common = dict(num_labels=num_labels)
+    if kind == "bert":
+        cfg = tf.BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                            intermediate_size=37, max_position_embeddings=48, **common)
+        model = tf.BertForSequenceClassification(cfg)
+    elif kind == "roberta":
+        cfg = tf.RobertaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                               intermediate_size=37, max_position_embeddings=50, pad_token_id=0, bos_token_id=2,
+                               eos_token_id=3, **common)
+        model = tf.RobertaForSequenceClassification(cfg)
+    elif kind == "electra":
+        cfg = tf.ElectraConfig(vocab_size=vocab, embedding_size=16, hidden_size=32, num_hidden_layers=layers,
+                               num_attention_heads=4, intermediate_size=37, max_position_embeddings=48, **common)
+        model = tf.ElectraForSequenceClassification(cfg)
+    elif kind == "distilbert":
+        cfg = tf.DistilBertConfig(vocab_size=vocab, dim=32, n_layers=layers, n_heads=4, hidden_dim=37,
+                                  max_position_embeddings=48, **common)
+        model = tf.DistilBertForSequenceClassification(cfg)
+    elif kind == "gpt2":
+        cfg = tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=48,
+                            bos_token_id=2, eos_token_id=3, **common)
+        model = tf.GPT2ForSequenceClassification(cfg)
+    elif kind == "llama":
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+                             num_key_value_heads=2, intermediate_size=37, max_position_embeddings=48,
+                             bos_token_id=2, eos_token_id=3, **common)
+        model = tf.LlamaForSequenceClassification(cfg)
+    else:
+        raise ValueError(kind)
+    # random init leaves the classifier nearly uniform; spread it so gradients are not tiny
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)
+    return model.to(dtype).eval()
+
+
+@pytest.fixture
+def loaded_factory(tokenizer):
+    from attattr_cli.models.loading import prepare
+
+    def make(kind="bert", dtype=torch.float32, **kw):
+        return prepare(build_model(kind, dtype, **kw), tokenizer, f"tiny-{kind}")
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A saved tiny BERT folder with sst2-style labels, loadable by path."""
+    d = tmp_path_factory.mktemp("tiny_bert")
+    model = build_model("bert", num_labels=2)
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="session")
+def other_model_dir(tmp_path_factory, tokenizer):
+    """Same shape as tiny_model_dir, other weights."""
+    d = tmp_path_factory.mktemp("tiny_bert_other")
+    model = build_model("bert", num_labels=2)
+    with torch.no_grad():
+        model.classifier.weight.add_(0.5)
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    model.save_pretrained(d)
+    tokenizer.save_pretrained(d)
+    return d
+
+
+@pytest.fixture
+def sst2_small(tmp_path):
+    """A small SST-2-style TSV using the tiny vocabulary."""
+    p = tmp_path / "small.tsv"
+    rows = ["sentence\tlabel"] + [f"{' '.join(WORDS[i:i + 4 + i % 3])}\t{i % 2}" for i in range(8)]
+    p.write_text("\n".join(rows) + "\n")
+    return p

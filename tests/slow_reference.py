@@ -1,0 +1,108 @@
+"""The slow, paper-exact attribution: the procedure of the 2021 reference code.
+
+For target layer l it runs the whole model at batch m (every layer, every step), with
+layer l's attention probabilities replaced by alpha_k * A (A from a clean forward) as
+a tensor that requires grad, takes dF/dP for the full [m, heads, n, n] probabilities,
+and returns A * sum_k w_k dF/dP_k. Nothing of the fast algebra is used. Lives in tests/
+only; bench/ imports it to time the 2021 procedure.
+"""
+
+from __future__ import annotations
+
+import contextvars
+
+import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+_state: contextvars.ContextVar = contextvars.ContextVar("slow_ref", default=None)
+
+
+def _attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    st = _state.get()
+    heads = query.shape[1]
+    if key.shape[1] != heads:
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)
+    mask = attention_mask
+    if mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1:
+        n = query.shape[-2]
+        mask = torch.zeros(n, n, dtype=query.dtype).masked_fill(
+            ~torch.ones(n, n, dtype=torch.bool).tril(), torch.finfo(query.dtype).min)[None, None]
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
+    if mask is not None:
+        scores = scores + mask
+    probs = torch.softmax(scores, dim=-1)
+    layer = st["owner"].get(id(module))
+    if st["mode"] == "record":
+        st["probs"][layer] = probs.detach()
+    elif layer == st["layer"]:
+        base = st["probs"][layer]
+        probs = (st["alphas"].view(-1, 1, 1, 1).to(base.dtype) * base).requires_grad_(True)
+        st["leaf"] = probs
+    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+AttentionInterface.register("attattr_slow_reference", _attn)
+AttentionMaskInterface.register("attattr_slow_reference", eager_mask)
+
+
+def _layers(model):
+    from attattr_cli.models.arch import find_layers
+
+    return find_layers(model)[1]
+
+
+def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, output: str = "prob",
+                     pad_to: int | None = None):
+    """Return {layer: Attr [heads, n, n]} (float64 if the model is) and {layer: F(alpha=0)}.
+
+    ``inputs`` holds batch-1 tensors (input_ids, maybe token_type_ids). With ``pad_to``,
+    the input is right-padded to that length with an attention mask, as the 2021 code did
+    (max_seq_length 128), and the result is cut back to the real length.
+    """
+    n = inputs["input_ids"].shape[1]
+    inputs = dict(inputs)
+    if pad_to is not None and pad_to > n:
+        pad = pad_to - n
+        inputs = {k: torch.nn.functional.pad(v, (0, pad), value=0) for k, v in inputs.items()}
+        inputs["attention_mask"] = torch.cat([torch.ones(1, n, dtype=torch.long),
+                                              torch.zeros(1, pad, dtype=torch.long)], dim=1)
+    owner = {}
+    for i, layer in enumerate(_layers(model)):
+        for sub in layer.modules():
+            owner[id(sub)] = i
+    old = model.config._attn_implementation
+    old_pad = model.config.pad_token_id
+    model.config._attn_implementation = "attattr_slow_reference"
+    if old_pad is None:  # decoder classifiers refuse batches > 1 without a pad token
+        model.config.pad_token_id = -1
+    try:
+        st = {"mode": "record", "probs": {}, "owner": owner, "layer": None}
+        tok = _state.set(st)
+        try:
+            with torch.no_grad():
+                model(**inputs)
+            result, f0s = {}, {}
+            for layer in layers:
+                m = len(alphas)
+                alist = torch.cat([torch.as_tensor(alphas, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+                st.update(mode="attr", layer=layer, alphas=alist, leaf=None)
+                batch = {k: v.expand(m + 1, -1) for k, v in inputs.items()}
+                with torch.enable_grad():
+                    logits = model(**batch).logits
+                    work = logits.double() if logits.dtype != torch.float64 else logits
+                    f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
+                    w = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+                    (grad,) = torch.autograd.grad((f * w).sum(), st["leaf"])
+                a = st["probs"][layer][0]
+                attr = a * grad.sum(0)
+                result[layer] = attr[:, :n, :n]
+                f0s[layer] = float(f[-1].detach())
+        finally:
+            _state.reset(tok)
+    finally:
+        model.config._attn_implementation = old
+        model.config.pad_token_id = old_pad
+    return result, f0s

@@ -1,0 +1,679 @@
+"""Tests of the fused CUDA attention / attribution kernels and the backend selector.
+
+* compile checks that run without a GPU: ``nvcc -c`` of kernels/attattr_attn.cu for
+  sm_80 and sm_90, ``g++ -fsyntax-only`` of the binding kernels/attattr_ops.cpp;
+* the backend selector on CPU;
+* a CPU emulation of the kernels (slow): the .cu and the binding are rebuilt for the CPU
+  with a small shim that runs each thread block as 256 host threads with real barriers,
+  so the kernel logic (tiling, masks, online softmax, reductions, strides, op schema, fake
+  implementations) is checked against the reference without a GPU;
+* GPU tests (``-m gpu``) of the real kernels against the reference; they skip cleanly
+  without CUDA.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from attattr_cli.errors import OptionError
+from attattr_cli.ops import BACKEND_KINDS, CudaBackend, TorchBackend, kernel, reference, select_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+CU = ROOT / "kernels" / "attattr_attn.cu"
+CPP = ROOT / "kernels" / "attattr_ops.cpp"
+NVCC_FLAGS = [
+    "-c",
+    "-std=c++17",
+    "-O3",
+    "-gencode",
+    "arch=compute_80,code=sm_80",
+    "-gencode",
+    "arch=compute_90,code=sm_90",
+]
+
+HAS_CUDA = torch.cuda.is_available()
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+NEG = torch.finfo(torch.float32).min
+
+
+def find_nvcc() -> str | None:
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    candidate = Path("/usr/local/cuda/bin/nvcc")
+    return str(candidate) if candidate.is_file() else None
+
+
+# ----------------------------------------------------------------- compile checks
+def test_cu_has_no_torch_headers():
+    text = CU.read_text()
+    includes = re.findall(r"^\s*#\s*include\s*[<\"]([^>\"]+)[>\"]", text, flags=re.M)
+    assert includes, "no #include found"
+    bad = [inc for inc in includes if inc.split("/")[0] in ("torch", "ATen", "c10", "pybind11")]
+    assert not bad, f"attattr_attn.cu must not include torch headers: {bad}"
+
+
+def test_cu_compiles_with_nvcc(tmp_path):
+    nvcc = find_nvcc()
+    if nvcc is None:
+        pytest.skip("nvcc not found on PATH or in /usr/local/cuda/bin")
+    out = tmp_path / "attattr_attn.o"
+    cmd = [nvcc, *NVCC_FLAGS, str(CU), "-o", str(out)]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    elapsed = time.monotonic() - start
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{log}"
+    assert "warning" not in log.lower(), f"nvcc warnings:\n{log}"
+    assert out.stat().st_size > 0
+    print(f"nvcc compile check took {elapsed:.1f}s")
+
+
+def _torch_includes() -> list[str]:
+    from torch.utils import cpp_extension
+
+    paths = cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]
+    return [arg for path in paths for arg in ("-isystem", path)]
+
+
+def test_cpp_binding_syntax(tmp_path):
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("g++ not found")
+    cmd = [gxx, "-std=c++20", "-fsyntax-only", "-Wall", "-Wextra", *_torch_includes(), str(CPP)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"g++ -fsyntax-only failed:\n{log}"
+    assert "warning" not in log.lower(), log
+
+
+# ----------------------------------------------------------------- selector (CPU)
+@pytest.fixture
+def clean_env(monkeypatch):
+    monkeypatch.delenv("ATTATTR_KERNEL", raising=False)
+    return monkeypatch
+
+
+def test_kernel_module_never_raises_and_explains():
+    ok = kernel.available()
+    assert isinstance(ok, bool)
+    reason = kernel.unavailable_reason()
+    if ok:
+        assert reason == ""
+    else:
+        assert reason and "ATTATTR_KERNEL=torch" in reason
+        assert "ATTATTR_KERNEL" not in kernel.unavailable_reason(hint=False)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only behaviour")
+def test_auto_is_torch_without_cuda(clean_env):
+    backend = select_backend()
+    assert backend.name == "torch"
+    assert select_backend("auto", device="cpu").name == "torch"
+    assert select_backend("AUTO").name == "torch"
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only behaviour")
+def test_cuda_kind_raises_with_reason(clean_env):
+    with pytest.raises(OptionError) as info:
+        select_backend("cuda")
+    message = str(info.value)
+    assert "cuda attention backend is unavailable" in message
+    assert kernel.unavailable_reason(hint=False) in message
+    assert "torch backend" in message
+    assert ("CPU-only build" in message) or ("no CUDA device" in message)
+
+
+def test_torch_kind(clean_env):
+    backend = select_backend("torch")
+    assert backend.name == "torch"
+    assert isinstance(backend, TorchBackend)
+    q = torch.randn(1, 1, 3, 4)
+    assert backend.supports(q, None, softcap=30.0)
+
+
+def test_unknown_kind_lists_choices(clean_env):
+    with pytest.raises(OptionError) as info:
+        select_backend("triton")
+    message = str(info.value)
+    assert "triton" in message
+    for kind in BACKEND_KINDS:
+        assert kind in message
+
+
+def test_bad_env_value(clean_env):
+    clean_env.setenv("ATTATTR_KERNEL", "fast")
+    with pytest.raises(OptionError, match="ATTATTR_KERNEL"):
+        select_backend("auto")
+
+
+def test_env_var_respected(clean_env):
+    # Pretend the kernels are available, so only the env var decides.
+    clean_env.setattr(kernel, "available", lambda: True)
+    assert select_backend("auto", device="cuda").name == "cuda"
+    assert select_backend("auto", device="cpu").name == "torch"
+    clean_env.setenv("ATTATTR_KERNEL", "torch")
+    assert select_backend("auto", device="cuda").name == "torch"
+    assert select_backend("cuda", device="cuda").name == "cuda"  # an explicit kind wins
+    clean_env.setenv("ATTATTR_KERNEL", "cuda")
+    assert select_backend("auto", device="cuda").name == "cuda"
+    with pytest.raises(OptionError, match="needs a CUDA device"):
+        select_backend("auto", device="cpu")
+
+
+def test_auto_warns_when_kernel_fails_on_cuda(clean_env):
+    clean_env.setattr(kernel, "available", lambda: False)
+    clean_env.setattr(kernel, "unavailable_reason", lambda hint=True: "build failed: boom (test)")
+    with pytest.warns(RuntimeWarning, match="build failed: boom"):
+        backend = select_backend("auto", device="cuda")
+    assert backend.name == "torch"
+
+
+def test_cuda_backend_routes_unsupported_to_reference(clean_env):
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(2, 3, 5, 8, dtype=torch.float64) for _ in range(4))
+    backend = CudaBackend()
+    assert not backend.supports(q)  # CPU tensors
+    got = backend.attribution_from_grad(q, k, v, g, softcap=20.0)
+    want = reference.attribution_from_grad(q, k, v, g, softcap=20.0)
+    for key in want:
+        torch.testing.assert_close(got[key], want[key])
+    torch.testing.assert_close(backend.attention_forward(q, k, v), reference.attention_forward(q, k, v))
+
+
+def test_kernel_wrappers_refuse_clearly():
+    q = torch.randn(1, 2, 4, 8)
+    with pytest.raises(kernel.KernelUnsupported, match="softcap"):
+        kernel.attribution_from_grad(q, q, q, q, softcap=30.0)
+    with pytest.raises(kernel.KernelUnsupported, match="not on a CUDA device"):
+        kernel.attention_forward(q, q, q)
+    with pytest.raises(kernel.KernelUnsupported, match="key-padding mask"):
+        kernel.key_padding_mask(torch.zeros(1, 1, 4, 4), 1, 4)
+    with pytest.raises(kernel.KernelUnsupported, match="key-padding mask"):
+        kernel.key_padding_mask(torch.zeros(2, 4), 3, 4)
+    assert kernel.key_padding_mask(torch.zeros(1, 1, 1, 4), 1, 4).shape == (1, 4)
+    assert kernel.key_padding_mask(torch.zeros(3, 4), 3, 4).shape == (3, 4)
+    assert not kernel.supports(q.to(torch.float64))
+
+
+def _causal_truth_mask(pad, n_q, n_k, batch):
+    m = torch.zeros(batch, 1, n_q, n_k, dtype=torch.float64)
+    if pad is not None:
+        m = m + pad.double()[:, None, None, :]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool).tril(n_k - n_q)
+    return m.masked_fill(~allowed, float("-inf"))
+
+
+def test_torch_backend_key_padding_and_causal():
+    torch.manual_seed(1)
+    b, h, n, d = 2, 3, 6, 4
+    q, k, v, g = (torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(4))
+    pad = torch.zeros(b, n, dtype=torch.float64)
+    pad[1, 4:] = NEG
+    backend = TorchBackend()
+    got = backend.attribution_from_grad(q, k, v, g, pad, causal=True)
+    want = reference.attribution_from_grad(q, k, v, g, _causal_truth_mask(pad, n, n, b))
+    for key in want:
+        torch.testing.assert_close(got[key], want[key])
+    # the causal maps are zero above the diagonal
+    assert torch.all(got["maps"].triu(1) == 0)
+    o = backend.attention_forward(q, k, v, pad, causal=True)
+    a = reference.attention_probs(q, k, _causal_truth_mask(pad, n, n, b))
+    torch.testing.assert_close(o, a @ v)
+    # [B, 1, 1, n_k] is the same as [B, n_k]
+    got4 = backend.attribution_from_grad(q, k, v, g, pad[:, None, None, :], causal=True)
+    torch.testing.assert_close(got4["head_sum"], got["head_sum"])
+
+
+def test_reference_attention_forward_matches_sdpa():
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 7, 16) for _ in range(3))
+    o = reference.attention_forward(q, k, v, causal=True)
+    torch.testing.assert_close(o, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+
+# ------------------------------------------------------- CPU emulation of the kernels
+EMU_NAMESPACE = "attattr_emu"
+
+EMU_SHIM = r"""
+// CPU emulation of the CUDA features used by attattr_attn.cu (test harness only).
+// A block runs as blockDim.x host threads; __syncthreads is a std::barrier; warp
+// shuffles go through a block-wide exchange buffer (every call site is block-uniform).
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+using std::max;
+using std::min;
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct emu_index { unsigned x, y, z; };
+static thread_local emu_index threadIdx, blockIdx;
+static thread_local dim3 blockDim;
+static std::barrier<>* emu_bar = nullptr;
+static float* emu_smem = nullptr;
+static float emu_shfl[1024];
+static std::mutex emu_mu;
+static std::mutex emu_launch_mu;
+inline void __syncthreads() { emu_bar->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  const int t = (int)threadIdx.x;
+  emu_shfl[t] = v;
+  __syncthreads();
+  const float r = emu_shfl[(t & ~31) | ((t & 31) ^ lane_mask)];
+  __syncthreads();
+  return r;
+}
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline float __ldcg(const float* p) { std::lock_guard<std::mutex> g(emu_mu); return *p; }
+inline int atomicMax(int* p, int v) {
+  std::lock_guard<std::mutex> g(emu_mu); int o = *p; *p = std::max(o, v); return o;
+}
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+  std::lock_guard<std::mutex> g(emu_mu); unsigned o = *p; *p = std::min(o, v); return o;
+}
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+inline float __half2float(__half h) { _Float16 f; std::memcpy(&f, &h.x, 2); return (float)f; }
+inline __half __float2half_rn(float x) {
+  _Float16 f = (_Float16)x; __half h; std::memcpy(&h.x, &f, 2); return h;
+}
+inline float __bfloat162float(__nv_bfloat16 b) {
+  uint32_t u = (uint32_t)b.x << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float x) {
+  uint32_t u; std::memcpy(&u, &x, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  __nv_bfloat16 b; b.x = (uint16_t)(u >> 16); return b;
+}
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+typedef void* cudaStream_t;
+template <class F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return 0; }
+inline cudaError_t cudaGetLastError() { return 0; }
+inline const char* cudaGetErrorString(cudaError_t e) { return e ? "invalid argument" : "no error"; }
+template <class... KArgs, class... Args>
+void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
+                Args... args) {
+  std::lock_guard<std::mutex> one_launch_at_a_time(emu_launch_mu);
+  const unsigned nt = block.x * block.y * block.z;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        // Poison shared memory so that reading a slot nobody wrote shows up as NaN.
+        std::vector<float> sm(smem / sizeof(float) + 1, std::nanf(""));
+        std::barrier<> bar(nt);
+        emu_bar = &bar;
+        emu_smem = sm.data();
+        std::vector<std::thread> threads;
+        for (unsigned t = 0; t < nt; ++t)
+          threads.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            blockIdx = {x, y, z};
+            blockDim = block;
+            kern(args...);
+          });
+        for (auto& th : threads) th.join();
+      }
+}
+"""
+
+
+def _substitute(text: str, old: str, new: str, what: str) -> str:
+    assert old in text, f"emulation harness out of date: {what!r} not found in the sources"
+    return text.replace(old, new)
+
+
+def _emulation_sources(folder: Path) -> list[Path]:
+    cu = CU.read_text()
+    cu = re.sub(r"#include <cuda[^>]*>\n", "", cu)
+    cu = _substitute(cu, "extern __shared__ float smem[];", "float* smem = emu_smem;", "smem")
+    cu, launches = re.subn(r"(\w+)<<<(.+?)>>>\(", r"emu_launch(\1, \2, ", cu)
+    assert launches >= 2, "emulation harness out of date: kernel launches not found"
+    cpp = CPP.read_text()
+    cpp = _substitute(cpp, "TORCH_LIBRARY(attattr,", f"TORCH_LIBRARY({EMU_NAMESPACE},", "TORCH_LIBRARY")
+    cpp = _substitute(
+        cpp, "TORCH_LIBRARY_IMPL(attattr, CUDA,", f"TORCH_LIBRARY_IMPL({EMU_NAMESPACE}, CPU,", "IMPL"
+    )
+    cpp = re.sub(r"\b\w+\.is_cuda\(\)", "true", cpp)
+    cpp = _substitute(
+        cpp,
+        "c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);\n"
+        "  return impl.getStream(q.device()).native_handle();",
+        "return nullptr;",
+        "resolve_stream",
+    )
+    for name in ("attattr_attn_forward", "attattr_attr_from_grad", "attattr_error_string"):
+        cu = cu.replace(name, "emu_" + name)
+        cpp = cpp.replace(name, "emu_" + name)
+    (folder / "emu_cuda.h").write_text(EMU_SHIM)
+    attn = folder / "emu_attn.cpp"
+    attn.write_text('#include "emu_cuda.h"\n' + cu)
+    ops = folder / "emu_ops.cpp"
+    ops.write_text(cpp)
+    return [ops, attn]
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """The kernels and binding built for the CPU (ops in the attattr_emu namespace)."""
+    if sys.platform != "linux" or shutil.which("g++") is None or shutil.which("ninja") is None:
+        pytest.skip("the CPU emulation needs Linux, g++ and ninja")
+    from torch.utils import cpp_extension
+
+    folder = tmp_path_factory.mktemp("attattr_emu")
+    cpp_extension.load(
+        name="attattr_emu",
+        sources=[str(p) for p in _emulation_sources(folder)],
+        extra_cflags=["-O2", "-w", "-pthread"],
+        extra_ldflags=["-pthread"],
+        extra_include_paths=[str(folder)],
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
+    kernel._register_fakes(EMU_NAMESPACE)
+    return getattr(torch.ops, EMU_NAMESPACE)
+
+
+@pytest.fixture
+def emulated_wrappers(emulated, monkeypatch):
+    """kernel.py's wrappers and CudaBackend running on the CPU emulation."""
+    monkeypatch.setattr(kernel, "OP_NAMESPACE", EMU_NAMESPACE)
+    monkeypatch.setattr(kernel, "_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(kernel, "_require_loaded", lambda: None)
+    return kernel
+
+
+def _inputs(b, h, n_q, n_k, d, dtype, seed=0, strided=True):
+    gen = torch.Generator().manual_seed(seed)
+    if strided:  # q and g as views of [B, n, H, d], like a transformer's activations
+        q = torch.randn(b, n_q, h, d, generator=gen).transpose(1, 2)
+        g = torch.randn(b, n_q, h, d, generator=gen).transpose(1, 2)
+    else:
+        q = torch.randn(b, h, n_q, d, generator=gen)
+        g = torch.randn(b, h, n_q, d, generator=gen)
+    k = torch.randn(b, h, n_k, d, generator=gen)
+    v = torch.randn(b, h, n_k, d, generator=gen)
+    return tuple(t.to(dtype) for t in (q, k, v, g))
+
+
+def _padding(b, n_k, device="cpu", full_row=True):
+    """Key padding: item 0 unpadded, item 1 padded past the middle, item 2 fully padded."""
+    pad = torch.zeros(b, n_k, device=device)
+    if b > 1:
+        pad[1, n_k // 2 + 1 :] = NEG
+    if b > 2 and full_row:
+        pad[2, :] = NEG
+    return pad
+
+
+def _truth(q, k, v, g, pad, causal):
+    """float64 reference from the same (rounded) inputs; rows with no allowed key -> 0."""
+    q64, k64, v64, g64 = (t.double() for t in (q, k, v, g))
+    n_q, n_k = q.shape[2], k.shape[2]
+    m = torch.zeros(q.shape[0], 1, n_q, n_k, dtype=torch.float64, device=q.device)
+    if pad is not None:
+        m = m + pad.double()[:, None, None, :]
+    if causal:
+        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+        m = m.masked_fill(~allowed, float("-inf"))
+    probs = reference.attention_probs(q64, k64, m).nan_to_num(0.0)
+    maps = probs * (g64 @ v64.transpose(-1, -2))
+    return {
+        "o": probs @ v64,
+        "maps": maps,
+        "head_sum": maps.sum(1),
+        "head_max": maps.flatten(2).amax(-1),
+    }
+
+
+EMU_CASES = [
+    # (batch, heads, n_q, n_k, d_head)
+    (1, 2, 1, 1, 32),
+    (3, 2, 7, 7, 64),
+    (3, 2, 70, 70, 80),
+    (2, 2, 65, 65, 128),
+    (1, 2, 5, 70, 48),  # n_q < n_k
+    (1, 2, 70, 5, 64),  # n_q > n_k: with causal, rows without any allowed key
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EMU_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_emulated_kernels_match_reference(emulated, case):
+    b, h, n_q, n_k, d = case
+    scale = d**-0.5
+    for dtype, masked, causal in itertools.product(
+        (torch.float32, torch.bfloat16), (False, True), (False, True)
+    ):
+        if dtype == torch.bfloat16 and n_q * n_k > 1000 and not (masked and causal):
+            continue  # keep the emulation quick; bf16 is covered by the smaller cases
+        q, k, v, g = _inputs(b, h, n_q, n_k, d, dtype, seed=n_q + d)
+        pad = _padding(b, n_k) if masked else None
+        truth = _truth(q, k, v, g, pad, causal)
+        o, stats = emulated.attn_forward(q, k, v, pad, scale, causal, 0)
+        maps, head_sum, head_max = emulated.attr_from_grad(q, k, v, g, pad, None, scale, causal, True, 0)
+        label = f"{dtype} mask={masked} causal={causal}"
+        assert o.dtype == dtype and o.shape == (b, h, n_q, d)
+        assert stats.shape == (b, h, n_q, 2) and stats.dtype == torch.float32
+        o_tol = 1e-5 if dtype == torch.float32 else 1e-2
+        torch.testing.assert_close(o.double(), truth["o"], atol=o_tol * 4, rtol=o_tol, msg=label)
+        for name, got in (("maps", maps), ("head_sum", head_sum), ("head_max", head_max)):
+            assert got.dtype == torch.float32
+            torch.testing.assert_close(got.double(), truth[name], atol=2e-5, rtol=2e-5, msg=f"{label} {name}")
+        # reusing the forward statistics gives the same result, bit for bit
+        maps2, head_sum2, head_max2 = emulated.attr_from_grad(q, k, v, g, pad, stats, scale, causal, False, 0)
+        assert maps2.shape == (0,)
+        assert torch.equal(head_sum2, head_sum) and torch.equal(head_max2, head_max)
+
+
+@pytest.mark.slow
+def test_emulated_wrappers_and_backend(emulated_wrappers):
+    kern = emulated_wrappers
+    q, k, v, g = _inputs(3, 2, 33, 33, 64, torch.float16, seed=5)
+    pad = _padding(3, 33)
+    assert kern.supports(q, pad) and kern.supports(q, pad[:, None, None, :])
+    assert not kern.supports(q, torch.zeros(3, 1, 33, 33))
+    got = kern.attribution_from_grad(q, k, v, g, pad[:, None, None, :], causal=True)
+    truth = _truth(q, k, v, g, pad, True)
+    assert set(got) == {"maps", "head_sum", "head_max"}
+    for name in got:
+        torch.testing.assert_close(got[name].double(), truth[name], atol=2e-5, rtol=2e-5)
+    no_maps = kern.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=True)
+    assert set(no_maps) == {"head_sum", "head_max"}
+    o, lse = kern.attention_forward_with_lse(q, k, v, pad, causal=True)
+    torch.testing.assert_close(o.double(), truth["o"], atol=4e-3, rtol=1e-3)
+    scores = (q.double() @ k.double().transpose(-1, -2)) * 64**-0.5 + _causal_truth_mask(pad, 33, 33, 3)
+    torch.testing.assert_close(lse.double(), torch.logsumexp(scores, -1), atol=1e-4, rtol=1e-5)
+    # the backend: kernel path for supported inputs, reference for a general mask
+    backend = CudaBackend()
+    via_backend = backend.attribution_from_grad(q, k, v, g, pad, causal=True)
+    torch.testing.assert_close(via_backend["head_sum"], got["head_sum"])
+    general = torch.zeros(3, 1, 33, 33)
+    via_reference = backend.attribution_from_grad(q.float(), k.float(), v.float(), g.float(), general)
+    want = reference.attribution_from_grad(q.float(), k.float(), v.float(), g.float(), general)
+    torch.testing.assert_close(via_reference["maps"], want["maps"])
+
+
+@pytest.mark.slow
+def test_emulated_ops_opcheck_and_compile(emulated_wrappers, emulated):
+    q, k, v, g = _inputs(2, 2, 20, 20, 32, torch.float32, seed=7, strided=False)
+    pad = _padding(2, 20)
+    scale = 32**-0.5
+    torch.library.opcheck(emulated.attn_forward.default, (q, k, v, pad, scale, True, 0))
+    torch.library.opcheck(emulated.attr_from_grad.default, (q, k, v, g, pad, None, scale, False, True, 0))
+    torch.library.opcheck(emulated.attr_from_grad.default, (q, k, v, g, None, None, scale, True, False, 0))
+
+    def fn(q, k, v, g, pad):
+        o = kernel.attention_forward(q, k, v, pad, causal=True)
+        attr = kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=True)
+        return o, attr["head_sum"], attr["head_max"]
+
+    eager = fn(q, k, v, g, pad)
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k, v, g, pad)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)
+
+
+# ------------------------------------------------------------------ GPU tests
+@pytest.fixture(scope="module")
+def cuda_kernel():
+    if not HAS_CUDA:
+        pytest.skip("needs a CUDA device")
+    if not kernel.available():
+        pytest.fail(f"the CUDA kernels are unavailable on a CUDA machine: {kernel.unavailable_reason()}")
+    return kernel
+
+
+def _max_err(got: torch.Tensor, truth: torch.Tensor) -> float:
+    return (got.double() - truth).abs().max().item() if truth.numel() else 0.0
+
+
+def _check_precision(name, got, plain, truth, dtype):
+    """fp32: tight; half types: at most 2x plain PyTorch's error (plus a tiny floor)."""
+    err = _max_err(got, truth)
+    err_plain = _max_err(plain, truth)
+    magnitude = truth.abs().max().item() if truth.numel() else 0.0
+    floor = 2e-5 * max(1.0, magnitude)
+    if dtype == torch.float32:
+        assert err <= max(2 * err_plain, floor), f"{name}: kernel err {err:.3g}, torch err {err_plain:.3g}"
+    else:
+        assert err <= 2 * err_plain + floor, f"{name}: kernel err {err:.3g}, torch err {err_plain:.3g}"
+
+
+GPU_NS = [1, 7, 64, 128, 257, 512, 2048]
+GPU_DS = [32, 64, 80, 128]
+GPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
+@pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda t: str(t).split(".")[-1])
+@pytest.mark.parametrize("d", GPU_DS)
+@pytest.mark.parametrize("n", GPU_NS)
+def test_gpu_kernel_matches_reference(cuda_kernel, n, d, dtype, masked, causal):
+    b, h = 3, 2
+    q, k, v, g = (t.cuda() for t in _inputs(b, h, n, n, d, dtype, seed=n * 131 + d))
+    pad = _padding(b, n, device="cuda") if masked else None
+    truth = _truth(q, k, v, g, pad, causal)
+    plain = TorchBackend().attribution_from_grad(q, k, v, g, pad, causal=causal)
+    plain_o = TorchBackend().attention_forward(q, k, v, pad, causal=causal)
+    if causal:  # no row is empty when n_q == n_k, but keep NaN out of the comparison anyway
+        plain = {key: val.nan_to_num(0.0) for key, val in plain.items()}
+    got = cuda_kernel.attribution_from_grad(q, k, v, g, pad, causal=causal)
+    assert got["maps"].dtype == torch.float32 and got["maps"].shape == (b, h, n, n)
+    for name in ("maps", "head_sum", "head_max"):
+        _check_precision(name, got[name], plain[name], truth[name], dtype)
+    lean = cuda_kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=causal)
+    assert "maps" not in lean
+    torch.testing.assert_close(lean["head_sum"], got["head_sum"], rtol=0, atol=0)
+    torch.testing.assert_close(lean["head_max"], got["head_max"], rtol=0, atol=0)
+    o, stats = cuda_kernel.attention_forward_with_stats(q, k, v, pad, causal=causal)
+    assert o.dtype == dtype
+    _check_precision("o", o, plain_o, truth["o"], dtype)
+    reused = cuda_kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=causal, stats=stats)
+    torch.testing.assert_close(reused["head_sum"], got["head_sum"], rtol=0, atol=0)
+
+
+@gpu
+@needs_cuda
+def test_gpu_backend_selection(cuda_kernel, monkeypatch):
+    monkeypatch.delenv("ATTATTR_KERNEL", raising=False)
+    assert select_backend("auto", device="cuda").name == "cuda"
+    monkeypatch.setenv("ATTATTR_KERNEL", "torch")
+    assert select_backend("auto", device="cuda").name == "torch"
+
+
+@gpu
+@needs_cuda
+def test_gpu_noncausal_unequal_lengths_and_causal_empty_rows(cuda_kernel):
+    for n_q, n_k in ((5, 300), (300, 5)):
+        q, k, v, g = (t.cuda() for t in _inputs(2, 3, n_q, n_k, 64, torch.float32, seed=n_q))
+        pad = _padding(2, n_k, device="cuda")
+        for causal in (False, True):
+            truth = _truth(q, k, v, g, pad, causal)
+            got = cuda_kernel.attribution_from_grad(q, k, v, g, pad, causal=causal)
+            for name in ("maps", "head_sum", "head_max"):
+                torch.testing.assert_close(got[name].double(), truth[name], atol=3e-5, rtol=3e-5)
+            o = cuda_kernel.attention_forward(q, k, v, pad, causal=causal)
+            torch.testing.assert_close(o.double(), truth["o"], atol=3e-5, rtol=3e-5)
+
+
+@gpu
+@needs_cuda
+def test_gpu_opcheck(cuda_kernel):
+    q, k, v, g = (t.cuda() for t in _inputs(2, 2, 70, 70, 64, torch.bfloat16, seed=3))
+    pad = _padding(2, 70, device="cuda")
+    torch.library.opcheck(torch.ops.attattr.attn_forward.default, (q, k, v, pad, 0.125, True, -1))
+    torch.library.opcheck(
+        torch.ops.attattr.attr_from_grad.default, (q, k, v, g, pad, None, 0.125, False, True, -1)
+    )
+
+
+@gpu
+@needs_cuda
+def test_gpu_torch_compile(cuda_kernel):
+    q, k, v, g = (t.cuda() for t in _inputs(2, 4, 200, 200, 64, torch.bfloat16, seed=11))
+    pad = _padding(2, 200, device="cuda")
+
+    def fn(q, k, v, g, pad):
+        o = kernel.attention_forward(q, k, v, pad)
+        attr = kernel.attribution_from_grad(q, k, v, g, pad, want_maps=True)
+        return o.float().sum(-1), attr["maps"], attr["head_sum"] * 2, attr["head_max"]
+
+    eager = fn(q, k, v, g, pad)
+    compiled = torch.compile(fn, fullgraph=True)(q, k, v, g, pad)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.slow
+def test_gpu_long_sequence_without_maps(cuda_kernel):
+    n = 8192
+    q, k, v, g = (t.cuda() for t in _inputs(1, 2, n, n, 64, torch.bfloat16, seed=13, strided=False))
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    got = cuda_kernel.attribution_from_grad(q, k, v, g, want_maps=False, causal=True)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    # the head sum (n*n fp32) plus small change; no [H, n, n] intermediate
+    assert peak <= n * n * 4 * 1.1 + (64 << 20)
+    # spot-check a few rows against the float64 truth
+    rows = torch.tensor([0, 1, 4095, 8191], device="cuda")
+    qs, gs = q[:, :, rows], g[:, :, rows]
+    s = (qs.double() @ k.double().transpose(-1, -2)) * 64**-0.5
+    allowed = torch.arange(n, device="cuda")[None, :] <= rows[:, None]
+    s = s.masked_fill(~allowed, float("-inf"))
+    maps = torch.softmax(s, -1) * (gs.double() @ v.double().transpose(-1, -2))
+    torch.testing.assert_close(got["head_sum"][:, rows].double(), maps.sum(1), atol=1e-4, rtol=1e-4)

@@ -1,0 +1,213 @@
+"""Store round trip, resume, crash safety, refusals, merge."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from attattr_cli.engine.run import ScoreRequest, score_to_store
+from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.errors import StoreError
+from attattr_cli.store import Store, StoreWriter, merge
+from attattr_cli.store.schema import EXAMPLES, PARTIAL_PREFIX
+
+
+def _digest(path):
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def _req(out, model_dir, data, examples="0:4", **opts):
+    return ScoreRequest(out=str(out), model=str(model_dir), data=str(data), task="sst2", examples=examples,
+                        options=ScoreOptions(steps=opts.pop("steps", 4), **opts), device="cpu",
+                        command=["test"])
+
+
+def test_round_trip(tmp_path, tiny_model_dir, sst2_small):
+    out = tmp_path / "s.h5"
+    report = score_to_store(_req(out, tiny_model_dir, sst2_small))
+    assert report.scored == 4 and report.created
+    with Store(out) as s:
+        assert s.indices() == [0, 1, 2, 3]
+        e = s.get(2)
+        prov = s.provenance
+        assert s.root_attrs["schema"] == "attattr.store"
+        assert s.schema_version == "1.0"
+    n = len(e.tokens)
+    assert e.attribution.shape == (3, 4, n, n) and e.attention.shape == (3, 4, n, n)
+    assert e.attribution.dtype == np.float32
+    assert e.gold == 0 and e.pred in (0, 1) and e.target == e.pred
+    assert np.isclose(e.probs.sum(), 1)
+    assert e.tokens[0] == "[CLS]" and e.tokens[-1] == "[SEP]"
+    assert abs(e.residual).max() < 0.05 * max(abs(e.f_full - e.f_baseline).max(), 1e-3) + 1e-3
+    assert prov["label_names"] == ["negative", "positive"]
+    assert prov["weights_sha256"] and prov["libraries"]["torch"]
+    assert prov["kernel"] == "torch" and prov["options"]["steps"] == 4
+    assert prov["command"] == ["test"]
+    with h5py.File(out) as f:
+        ds = f[EXAMPLES]["00000002"]["attribution"]
+        assert [d.label for d in ds.dims] == ["layer", "head", "query", "key"]
+        assert ds.compression == "gzip" and ds.chunks == (1, 4, n, n)
+
+
+def test_float16_storage(tmp_path, tiny_model_dir, sst2_small):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    score_to_store(_req(a, tiny_model_dir, sst2_small, examples="0:2"))
+    req = _req(b, tiny_model_dir, sst2_small, examples="0:2")
+    req.store_dtype = "float16"
+    score_to_store(req)
+    with Store(a) as sa, Store(b) as sb:
+        x, y = sa.get(1).attribution, sb.get(1).attribution
+    assert y.dtype == np.float16
+    assert np.allclose(x, y.astype(np.float32), atol=1e-3 * abs(x).max())
+
+
+def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, tiny_model_dir, sst2_small):
+    out = tmp_path / "s.h5"
+    full = tmp_path / "full.h5"
+    score_to_store(_req(full, tiny_model_dir, sst2_small, examples="0:6"))
+
+    seen = {"examples": set()}
+
+    def interrupt(done, total, label):
+        if label.startswith("example"):
+            seen["examples"].add(label)
+        if len(seen["examples"]) > 3:  # stop while the 4th example is half done
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:6"), progress=interrupt)
+    with Store(out) as s:
+        assert s.indices() == [0, 1, 2]
+        before = {i: s.get(i).attribution.copy() for i in s.indices()}
+    report = score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:6"))
+    assert report.skipped == 3 and report.scored == 3
+    with Store(out) as s, Store(full) as f:
+        assert s.indices() == list(range(6))
+        for i in range(3):
+            assert np.array_equal(s.get(i).attribution, before[i])
+        for i in range(6):
+            assert np.allclose(s.get(i).attribution, f.get(i).attribution, atol=1e-6)
+        assert len(s.provenance["runs"]) == 2
+
+
+def test_partial_example_never_reads_as_whole(tmp_path, tiny_model_dir, sst2_small):
+    out = tmp_path / "s.h5"
+    score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:2"))
+    with h5py.File(out, "a") as f:  # what a crash in the middle of writing example 5 leaves
+        g = f[EXAMPLES].create_group(PARTIAL_PREFIX + "00000005")
+        g.create_dataset("tokens", data=np.array(["[CLS]"], dtype=object), dtype=h5py.string_dtype())
+    with Store(out) as s:
+        assert s.indices() == [0, 1]
+        assert 5 not in s.indices()
+    score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:6"))
+    with h5py.File(out) as f:
+        assert not any(n.startswith(PARTIAL_PREFIX) for n in f[EXAMPLES])
+    with Store(out) as s:
+        assert s.indices() == list(range(6))
+        assert s.get(5).tokens[0] == "[CLS]" and len(s.get(5).tokens) > 1
+
+
+def test_other_options_or_model_are_refused_and_store_untouched(tmp_path, tiny_model_dir, other_model_dir, sst2_small):
+    out = tmp_path / "s.h5"
+    score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:2"))
+    digest = _digest(out)
+    with pytest.raises(StoreError, match=r"was made with other options \(steps=4 there, 8 here\)"):
+        score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:4", steps=8))
+    with pytest.raises(StoreError, match=r"was made with another model .*use another --out"):
+        score_to_store(_req(out, other_model_dir, sst2_small, examples="0:4"))
+    other_data = tmp_path / "other.tsv"
+    other_data.write_text("sentence\tlabel\nw1 w2\t0\n")
+    with pytest.raises(StoreError, match="was made from other data"):
+        score_to_store(_req(out, tiny_model_dir, other_data, examples="0:1"))
+    assert _digest(out) == digest
+
+
+def test_corrupt_newer_and_foreign_files_are_refused(tmp_path, tiny_model_dir, sst2_small):
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not hdf5 at all" * 10)
+    with pytest.raises(StoreError, match="exists and is not an HDF5 store; it was left as it is"):
+        score_to_store(_req(junk, tiny_model_dir, sst2_small))
+    assert junk.read_bytes() == b"not hdf5 at all" * 10
+    with pytest.raises(StoreError, match="is not a readable HDF5 store"):
+        Store(junk)
+
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["x"] = [1, 2]
+    with pytest.raises(StoreError, match="is an HDF5 file but not an attattr store"):
+        Store(foreign)
+
+    newer = tmp_path / "newer.h5"
+    score_to_store(_req(newer, tiny_model_dir, sst2_small, examples="0:1"))
+    with h5py.File(newer, "a") as f:
+        f.attrs["schema_version"] = "2.0"
+    digest = _digest(newer)
+    with pytest.raises(StoreError, match=r"has store schema 2.0, newer than this attattr .* upgrade attattr"):
+        Store(newer)
+    with pytest.raises(StoreError, match="newer than this attattr"):
+        score_to_store(_req(newer, tiny_model_dir, sst2_small, examples="0:2"))
+    assert _digest(newer) == digest
+
+    with pytest.raises(StoreError, match="no such store"):
+        Store(tmp_path / "missing.h5")
+    with pytest.raises(StoreError, match="does not exist"):
+        score_to_store(_req(tmp_path / "nodir" / "s.h5", tiny_model_dir, sst2_small))
+
+
+def test_bad_input_leaves_existing_store_untouched(tmp_path, tiny_model_dir, sst2_small):
+    from attattr_cli.errors import DataError
+
+    out = tmp_path / "s.h5"
+    score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:2"))
+    digest = _digest(out)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("sentence\tlabel\nw1 w2\tmaybe\n")
+    with pytest.raises(DataError, match="unknown label 'maybe'"):
+        score_to_store(_req(out, tiny_model_dir, bad))
+    long = tmp_path / "long.tsv"
+    long.write_text("sentence\tlabel\n" + " ".join(["w1"] * 80) + "\t0\n")
+    with pytest.raises(DataError, match="example 0 has 82 tokens; the model takes at most 48"):
+        score_to_store(_req(out, tiny_model_dir, long, examples="0:1"))
+    assert _digest(out) == digest
+    with pytest.raises(DataError, match="has 82 tokens"):
+        score_to_store(_req(tmp_path / "new.h5", tiny_model_dir, long, examples="0:1"))
+    assert not (tmp_path / "new.h5").exists()
+
+
+def test_merge_shards_equals_single_run(tmp_path, tiny_model_dir, sst2_small):
+    single, a, b, merged = (tmp_path / n for n in ("single.h5", "a.h5", "b.h5", "m.h5"))
+    score_to_store(_req(single, tiny_model_dir, sst2_small, examples="0:6"))
+    score_to_store(_req(a, tiny_model_dir, sst2_small, examples="0,2,4"))
+    score_to_store(_req(b, tiny_model_dir, sst2_small, examples="1,3,5,4"))
+    result = merge([a, b], merged)
+    assert result == {"added": 6, "skipped": 1}
+    with Store(merged) as m, Store(single) as s:
+        assert m.indices() == s.indices()
+        for i in s.indices():
+            assert np.allclose(m.get(i).attribution, s.get(i).attribution, atol=1e-6)
+        assert m.fingerprint == s.fingerprint
+    other = tmp_path / "other.h5"
+    score_to_store(_req(other, tiny_model_dir, sst2_small, examples="0:1", steps=3))
+    with pytest.raises(StoreError, match="other options"):
+        merge([a, other], tmp_path / "m2.h5")
+
+
+def test_writer_refuses_unknown_store_dtype(tmp_path):
+    with pytest.raises(StoreError, match="unknown store dtype 'int8'"):
+        StoreWriter(tmp_path / "x.h5", {}, {}, store_dtype="int8")
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_summary(tmp_path, tiny_model_dir, sst2_small):
+    out = tmp_path / "s.h5"
+    score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:3"))
+    with Store(out) as s:
+        summary = s.summary()
+    assert summary["examples"] == 3 and summary["with_gold"] == 3
+    assert 0 <= summary["accuracy"] <= 1
+    assert len(summary["mean_abs_residual_per_layer"]) == 3
+    json.dumps(summary, default=str)
