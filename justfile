@@ -41,7 +41,11 @@ planted: setup
 
 # Compile-check the CUDA sources with nvcc for sm_80 and sm_90 (no GPU needed)
 kernel-check:
-    nvcc -std=c++17 -O3 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c kernels/attattr_attn.cu -o /tmp/attattr_attn.o
+    nvcc -std=c++17 -O3 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c kernels/attattr_attn.cu -o "$(mktemp -d)/attattr_attn.o"
+
+# Build the CUDA extension now instead of on first use (GPU machine)
+kernels-build: setup
+    {{py}} -c "from attattr_cli.ops import kernel; print(kernel.build())"
 
 # On a GPU machine: the kernel tests against the reference
 gpu-test: setup

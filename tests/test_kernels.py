@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 import re
 import shutil
 import subprocess
@@ -130,7 +129,7 @@ def test_cuda_kind_raises_with_reason(clean_env):
     with pytest.raises(OptionError) as info:
         select_backend("cuda")
     message = str(info.value)
-    assert "cuda attention backend is unavailable" in message
+    assert "cuda kernel backend is unavailable" in message
     assert kernel.unavailable_reason(hint=False) in message
     assert "torch backend" in message
     assert ("CPU-only build" in message) or ("no CUDA device" in message)

@@ -30,27 +30,34 @@ def edge():
 
 @contextlib.contextmanager
 def progress_bar(description: str, quiet: bool = False):
-    """A rich progress bar on stderr; yields a callback (done, total, label)."""
-    if quiet:
-        yield lambda done, total, label: None
-        return
-    bar = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[label]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=False,
-    )
-    with bar:
-        task = bar.add_task(description, total=None, label="")
+    """A rich progress bar on stderr, drawn from the first update on (so an error
+    raised before any work leaves stderr with its one line); yields a callback
+    (done, total, label)."""
+    state: dict = {}
 
-        def update(done: int, total: int, label: str) -> None:
-            bar.update(task, completed=done, total=total, label=label)
+    def update(done: int, total: int, label: str) -> None:
+        if quiet:
+            return
+        if "bar" not in state:
+            bar = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[label]}"),
+                TimeElapsedColumn(),
+                TimeRemainingColumn(),
+                console=err,
+            )
+            bar.start()
+            state["bar"] = bar
+            state["task"] = bar.add_task(description, total=total, label="")
+        state["bar"].update(state["task"], completed=done, total=total, label=label)
 
+    try:
         yield update
+    finally:
+        if "bar" in state:
+            state["bar"].stop()
 
 
 def parse_int_list(spec: str | None, name: str) -> list[int] | None:

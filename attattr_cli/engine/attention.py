@@ -95,17 +95,20 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 
     if isinstance(plan, Attribute) and layer == plan.layer:
         q1, k1, v1 = query[:1].detach(), key[:1].detach(), value[:1].detach()
-        m1 = None if mask is None else mask[:1].detach()
+        # inputs are never padded, so a causal module's mask is exactly the causal
+        # pattern: hand the backend the flag instead of an n x n mask (sliding windows
+        # and other patterns keep their mask)
+        causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
+            and q1.shape[-2] == k1.shape[-2]
+        m1 = None if (mask is None or causal) else mask[:1].detach()
         with torch.no_grad():
-            if plan.backend.supports(q1, m1, softcap):
-                ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling)
-            else:
-                probs = reference.attention_probs(q1, k1, m1, scaling, softcap)
-                ctx = torch.matmul(probs, v1)
+            ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
+                if softcap is None else torch.matmul(reference.attention_probs(q1, k1, mask[:1] if mask is not None else None, scaling, softcap), v1)
         alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
         leaf = (alphas * ctx).requires_grad_(True)
         plan.leaf = leaf
-        plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "scale": scaling, "softcap": softcap}
+        plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
+                      "softcap": softcap}
         return leaf.transpose(1, 2), None
 
     # plain attention (fused where PyTorch has it)

@@ -232,7 +232,7 @@ class Scorer:
             f_full=f_full,
             f_baseline=np.asarray(f_base, dtype=np.float64),
             residual=np.asarray(resid, dtype=np.float64),
-            kernel=self.backend.name,
+            kernel=getattr(self, "last_kernel", self.backend.name),
             truncated=enc.truncated,
             meta=dict(example.meta),
             text_a=example.text_a,
@@ -282,12 +282,8 @@ class Scorer:
 
     def _attribute(self, layer: int, g: torch.Tensor) -> dict:
         s = self._saved
-        if self.backend.supports(s["q"], s["mask"], s["softcap"]):
-            return self.backend.attribution_from_grad(
-                s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"]
-            )
-        from ..ops import reference
-
-        return reference.attribution_from_grad(
-            s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"]
+        self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
+        return self.backend.attribution_from_grad(
+            s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
+            causal=s["causal"],
         )

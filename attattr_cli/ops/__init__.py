@@ -163,7 +163,7 @@ def _env_kind() -> str:
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value and value not in BACKEND_KINDS:
         raise OptionError(
-            f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a backend; choose one of: "
+            f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a kernel backend; choose one of: "
             + ", ".join(BACKEND_KINDS)
         )
     return value or "auto"
@@ -190,7 +190,7 @@ def select_backend(kind: str = "auto", device: torch.device | str | None = None)
     chosen = (kind or "auto").strip().lower() if isinstance(kind, str) else kind
     if chosen not in BACKEND_KINDS:
         raise OptionError(
-            f"unknown attention backend {kind!r}; choose one of: " + ", ".join(BACKEND_KINDS)
+            f"unknown kernel backend {kind!r}; choose one of: " + ", ".join(BACKEND_KINDS)
         )
     dev = _device(device)
     if chosen == "torch":
@@ -204,13 +204,14 @@ def select_backend(kind: str = "auto", device: torch.device | str | None = None)
     if chosen == "cuda":
         if not kernel.available():
             raise OptionError(
-                "the cuda attention backend is unavailable: "
-                f"{kernel.unavailable_reason(hint=False)}; choose the torch backend instead"
+                "the cuda kernel backend is unavailable: "
+                f"{kernel.unavailable_reason(hint=False)}; use the torch backend instead "
+                "(--kernel torch)"
             )
         if dev.type != "cuda":
             raise OptionError(
-                f"the cuda attention backend needs a CUDA device, got {dev}; "
-                "choose the torch backend instead"
+                f"the cuda kernel backend needs a CUDA device, got {dev}; "
+                "use the torch backend instead (--kernel torch)"
             )
         return _CUDA
     # auto

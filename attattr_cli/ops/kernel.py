@@ -217,10 +217,17 @@ def available() -> bool:
     """
     try:
         _load()
+        if not _state["loaded"]:
+            return False
+        # Built without a device (build() with TORCH_CUDA_ARCH_LIST): still needs one to run.
+        problem = _environment_problem(need_device=True)
     except Exception as error:  # noqa: BLE001 - belt and braces: never raise from here
         _state["reason"] = f"loader error: {_first_line(error)}"
         return False
-    return bool(_state["loaded"])
+    if problem:
+        _state["reason"] = problem
+        return False
+    return True
 
 
 def unavailable_reason(hint: bool = True) -> str:
