@@ -13,8 +13,16 @@ from ..errors import StoreError
 
 def planted_positions(segment_ids, meta: dict) -> tuple[int, int]:
     """Token positions (premise word, hypothesis word) of the planted pair."""
+    where = meta.get("pair_word_index") if isinstance(meta, dict) else None
+    if isinstance(where, str):  # read back from a TSV column: JSON text
+        import json
+
+        try:
+            where = json.loads(where)
+        except json.JSONDecodeError:
+            where = None
     try:
-        i, j = (int(x) for x in meta["pair_word_index"])
+        i, j = (int(x) for x in where)
     except (KeyError, TypeError, ValueError):
         raise StoreError("example has no planted pair (is it from the synthetic task?)") from None
     seg = np.asarray(segment_ids)

@@ -22,8 +22,9 @@ positions of the key words are random and recorded in ``Example.meta``::
 an attribution method should recover.
 
 Everything is deterministic given the seed (``random.Random``); the training set
-uses :data:`TRAIN_SEED` and the default data set, :func:`heldout`, uses
-:data:`HELDOUT_SEED`.
+(:func:`train_set`) uses :data:`TRAIN_SEED` and also shorter segments, and the
+default data set, :func:`heldout`, uses :data:`HELDOUT_SEED` and the standard
+lengths (premise 5-12 distractors, hypothesis 3-8, plus the key word).
 """
 
 from __future__ import annotations
@@ -59,6 +60,11 @@ DISTRACTORS: tuple[str, ...] = (
 
 PREMISE_DISTRACTORS = (5, 12)  # inclusive range of distractor words in a premise
 HYPOTHESIS_DISTRACTORS = (3, 8)  # inclusive range of distractor words in a hypothesis
+#: The training set also holds shorter segments (down to the bare key words):
+#: they give a from-scratch model a gradient signal early and cut its initial
+#: loss plateau from ~900 to ~400 steps; the model is evaluated on the standard lengths.
+TRAIN_PREMISE_DISTRACTORS = (0, 12)
+TRAIN_HYPOTHESIS_DISTRACTORS = (0, 8)
 
 TRAIN_SEED = 20210202
 HELDOUT_SEED = 7070707
@@ -97,16 +103,37 @@ def _segment(rng: random.Random, key: str, n_range: tuple[int, int]) -> tuple[li
     return words, pos
 
 
-def generate(count: int, seed: int, start_index: int = 0) -> list[Example]:
-    """``count`` examples, deterministic given ``seed``; labels balanced (counts differ by <= 1)."""
+def generate(
+    count: int,
+    seed: int,
+    start_index: int = 0,
+    *,
+    premise_distractors: tuple[int, int] = PREMISE_DISTRACTORS,
+    hypothesis_distractors: tuple[int, int] = HYPOTHESIS_DISTRACTORS,
+) -> list[Example]:
+    """``count`` examples, deterministic given ``seed``; labels balanced (counts differ by <= 1).
+
+    Prefix-stable: ``generate(k, seed)`` is the first ``k`` of ``generate(m, seed)``.
+
+    ``index`` runs from ``start_index``.  The two ranges (inclusive) bound the
+    number of distractor words around the key word of each segment.
+    """
     if count < 0:
         raise ValueError("count must be >= 0")
+    for lo, hi in (premise_distractors, hypothesis_distractors):
+        if not 0 <= lo <= hi <= len(DISTRACTORS):
+            raise ValueError(f"bad distractor range ({lo}, {hi})")
     rng = random.Random(seed)
     n_keys = len(PREMISE_WORDS)
-    labels = [k % len(LABELS) for k in range(count)]
-    rng.shuffle(labels)
+    n_labels = len(LABELS)
     examples = []
-    for n, label in enumerate(labels):
+    block: list[int] = []
+    for n in range(count):
+        # labels come in shuffled blocks of all three: any prefix is balanced, and
+        # generate(k, seed) is a prefix of generate(m, seed) for k <= m
+        if n % n_labels == 0:
+            block = rng.sample(range(n_labels), n_labels)
+        label = block[n % n_labels]
         i = rng.randrange(n_keys)
         if label == ENTAILMENT:
             k = i
@@ -115,8 +142,8 @@ def generate(count: int, seed: int, start_index: int = 0) -> list[Example]:
         else:
             k = rng.choice([x for x in range(n_keys) if x != i and x != SIGMA[i]])
         assert label_of(i, k) == label
-        premise, pi = _segment(rng, PREMISE_WORDS[i], PREMISE_DISTRACTORS)
-        hypothesis, hj = _segment(rng, HYPOTHESIS_WORDS[k], HYPOTHESIS_DISTRACTORS)
+        premise, pi = _segment(rng, PREMISE_WORDS[i], premise_distractors)
+        hypothesis, hj = _segment(rng, HYPOTHESIS_WORDS[k], hypothesis_distractors)
         examples.append(
             Example(
                 index=start_index + n,
@@ -138,8 +165,14 @@ def heldout(count: int = HELDOUT_SIZE) -> list[Example]:
 
 
 def train_set(count: int) -> list[Example]:
-    """The training set used for the default model (seed :data:`TRAIN_SEED`)."""
-    return generate(count, TRAIN_SEED)
+    """The default model's training set: seed :data:`TRAIN_SEED`, segment lengths
+    :data:`TRAIN_PREMISE_DISTRACTORS` / :data:`TRAIN_HYPOTHESIS_DISTRACTORS`."""
+    return generate(
+        count,
+        TRAIN_SEED,
+        premise_distractors=TRAIN_PREMISE_DISTRACTORS,
+        hypothesis_distractors=TRAIN_HYPOTHESIS_DISTRACTORS,
+    )
 
 
 def write(path: str | Path, examples: list[Example]) -> None:
@@ -151,7 +184,7 @@ def write(path: str | Path, examples: list[Example]) -> None:
     path = Path(path)
     try:
         with path.open("w", encoding="utf-8", newline="") as fh:
-            w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_MINIMAL)
+            w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE, quotechar=None)
             w.writerow(TSV_COLUMNS)
             for ex in examples:
                 w.writerow(

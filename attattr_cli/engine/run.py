@@ -14,7 +14,7 @@ import torch
 
 from .. import __version__
 from ..data.types import Example
-from ..errors import OptionError
+from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
 from .score import Scorer, ScoreOptions
@@ -63,7 +63,15 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
     if task is not None and task.name == "synthetic" and model is None:
         model = str(DEFAULT_MODEL_DIR)
     label_names = _config_labels(model) if task is None and model is not None else None
-    examples, labels = load_examples(data, task, label_names)
+    try:
+        examples, labels = load_examples(data, task, label_names)
+    except DataError as exc:
+        if data is None and model is None and task is not None and task.default_model:
+            raise DataError(
+                f"{exc}, and --model with a local folder of a model fine-tuned for {task.name} "
+                f"(the preset's default, {task.default_model}, also comes from the hub)"
+            ) from exc
+        raise
     if model is None:
         model = resolve_model_for_task(task, None) if task is not None else None
         if model is None:

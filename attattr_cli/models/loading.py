@@ -91,11 +91,23 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedM
         raise ModelError(f"--model {model_id} has no config.json: not a transformers model folder")
     if not local and (model_id.startswith((".", "/", "~")) or model_id.count("/") > 1):
         raise ModelError(f"--model {model_id}: no such folder")
+    source = str(path) if local else model_id
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path) if local else model_id)
-        model = AutoModelForSequenceClassification.from_pretrained(
-            str(path) if local else model_id, dtype=torch_dtype
-        )
+        try:
+            # a hub id already in the local cache loads without touching the network
+            tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=not local)
+            model = AutoModelForSequenceClassification.from_pretrained(
+                source, dtype=torch_dtype, local_files_only=not local)
+        except OSError:
+            if local:
+                raise
+            if os.environ.get("HF_HUB_OFFLINE") == "1" or not hub_reachable():
+                raise ModelError(
+                    f"cannot load '{model_id}': it is not in the local cache and the hub is unreachable; "
+                    "pass --model with a local model folder"
+                ) from None
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            model = AutoModelForSequenceClassification.from_pretrained(source, dtype=torch_dtype)
     except OSError as exc:
         if local:
             raise ModelError(f"cannot load model folder {model_id}: {_first_line(exc)}") from exc
@@ -110,6 +122,26 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedM
     revision = getattr(model.config, "_commit_hash", None)
     return prepare(model, tokenizer, str(path.resolve()) if local else model_id,
                    "local" if local else "hub", revision)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A quick TCP probe of the hub endpoint, so that an offline machine gets one clear
+    line at once instead of minutes of retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    try:
+        from huggingface_hub import constants
+
+        url = urlparse(constants.ENDPOINT)
+    except Exception:  # noqa: BLE001 - no hub library, no hub
+        return False
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 def _first_line(exc: Exception) -> str:
