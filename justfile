@@ -51,6 +51,7 @@ kernels-build: setup
 gpu-test: setup
     {{py}} -m pytest -q -m gpu tests/test_kernels.py
 
-# On a GPU machine: the kernel benchmark (time and memory, kernel vs reference)
+# On a GPU machine: the kernel benchmark and the BERT-base scoring benchmark (time and memory)
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
+    {{py}} bench/bench_gpu_score.py

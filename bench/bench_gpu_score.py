@@ -1,0 +1,119 @@
+"""GPU benchmark of `score` on BERT-base (random init from a config), from one run.
+
+For n = 128 and 512 tokens, m = 20, all 12 layers, bf16 by default: seconds per example for
+  attattr --kernel cuda    the fused kernel for the target layer
+  attattr --kernel torch   the pure-PyTorch reference path
+  2021 procedure           every layer at batch m with full probabilities (tests/slow_reference.py)
+and the ratios; then the peak GPU memory of one target layer's attribution (kernel vs
+reference) at n = 2048 and 4096.
+
+Run on a GPU machine: `just gpu-bench` (also runs bench/bench_kernel.py). With
+`--device cpu --ns 32 --mem-ns 64` it runs a small smoke version anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from slow_reference import slow_attribution  # noqa: E402
+
+from attattr_cli.data.types import Example  # noqa: E402
+from attattr_cli.engine.integrate import nodes  # noqa: E402
+from attattr_cli.engine.score import Scorer, ScoreOptions  # noqa: E402
+from attattr_cli.models.loading import prepare  # noqa: E402
+from attattr_cli.ops import select_backend  # noqa: E402
+
+
+def bert_base(device, dtype, layers=12):
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    torch.manual_seed(0)
+    cfg = BertConfig(num_hidden_layers=layers, num_labels=3, max_position_embeddings=8192)
+    model = BertForSequenceClassification(cfg).to(device=device, dtype=dtype).eval()
+    vocab = ROOT / "bench" / ".vocab.txt"
+    if not vocab.exists():
+        vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(1000)]))
+    tok = BertTokenizerFast(str(vocab), model_max_length=8192)
+    return prepare(model, tok, "bert-base (random init)")
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device, repeat=3):
+    fn()  # warm-up (and kernel build)
+    sync(device)
+    t0 = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    sync(device)
+    return (time.perf_counter() - t0) / repeat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--ns", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--mem-ns", type=int, nargs="+", default=[2048, 4096])
+    ap.add_argument("--layers", type=int, default=12)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("bench_gpu_score: no CUDA device here; run it on a GPU machine (just gpu-bench)")
+    dtype = getattr(torch, args.dtype)
+    loaded = bert_base(device, dtype, args.layers)
+    model = loaded.model
+    alphas, weights = nodes("right", args.steps)
+    kinds = ["cuda", "torch"] if device.type == "cuda" else ["torch"]
+    print(f"BERT-base ({args.layers} layers x 12 heads, random init), m = {args.steps}, all layers, {args.dtype}, "
+          f"{torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu'}, torch {torch.__version__}")
+    for n in args.ns:
+        words = " ".join(f"w{i % 1000}" for i in range(n - 2))
+        example = Example(0, words)
+        rows = {}
+        for kind in kinds:
+            scorer = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel=kind))
+            rows[f"attattr --kernel {kind}"] = timed(lambda s=scorer: s.score(example), device)
+        enc = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel="torch")).encode(example)
+        inputs = {"input_ids": torch.tensor([enc.input_ids], device=device),
+                  "token_type_ids": torch.tensor([enc.token_type_ids], device=device)}
+        try:
+            rows["2021 procedure"] = timed(
+                lambda: slow_attribution(model, inputs, range(args.layers), alphas, weights, 0), device, repeat=1)
+        except torch.OutOfMemoryError:
+            rows["2021 procedure"] = float("nan")
+        base = rows[f"attattr --kernel {kinds[0]}"]
+        print(f"n = {n}")
+        for name, secs in rows.items():
+            print(f"  {name:<24} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
+    # memory of one target layer's attribution op
+    print("peak memory of one target layer's attribution (12 heads, d = 64):")
+    for n in args.mem_ns:
+        q, k, v, g = (torch.randn(1, 12, n, 64, device=device, dtype=dtype) for _ in range(4))
+        for kind in kinds:
+            backend = select_backend(kind, device)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                start = torch.cuda.memory_allocated()
+            backend.attribution_from_grad(q, k, v, g, scale=0.125, want_maps=False)
+            sync(device)
+            peak = (torch.cuda.max_memory_allocated() - start) / 2**20 if device.type == "cuda" else float("nan")
+            print(f"  n = {n:<6} {kind:<6} {peak:10.1f} MiB")
+        del q, k, v, g
+
+
+if __name__ == "__main__":
+    main()
