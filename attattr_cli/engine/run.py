@@ -118,6 +118,7 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
                    loaded: LoadedModel | None = None) -> ScoreReport:
     """Score the requested examples into ``req.out``, skipping those already there."""
     from ..data import parse_examples
+    from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
 
     torch.manual_seed(req.seed)
     model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task)
@@ -126,8 +127,10 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
         loaded = load(model_id, device=req.device, dtype=req.options.dtype)
     scorer = Scorer(loaded, req.options, task_labels=labels)
     picked = [examples[i] for i in chosen]
-    fingerprint = {
-        "model": loaded.model_id,
+    builtin_model = Path(model_id).resolve() == DEFAULT_MODEL_DIR.resolve()
+    if builtin_model:
+        loaded.model_id = DEFAULT_MODEL_ID
+    fingerprint = {  # the model is identified by its weights, wherever it was loaded from
         "weights_sha256": loaded.weights_sha256,
         "options": req.options.fingerprint(loaded.arch.num_layers),
         "data": f"{task.name if task else 'generic'}:{req.data or 'builtin'}",
@@ -135,7 +138,8 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     }
     provenance = {
         "model": loaded.model_id,
-        "model_source": loaded.source,
+        "model_path": model_id,
+        "model_source": "builtin" if builtin_model else loaded.source,
         "model_revision": loaded.revision or "",
         "weights_sha256": loaded.weights_sha256,
         "model_type": loaded.arch.model_type,

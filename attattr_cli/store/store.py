@@ -89,9 +89,8 @@ def _fingerprint_mismatch(path: Path, there: dict, here: dict) -> str | None:
         return None
     if there.get("weights_sha256") != here.get("weights_sha256"):
         return (
-            f"{path} was made with another model ({there.get('model')}, weights sha256 "
-            f"{str(there.get('weights_sha256'))[:12]}…; this run: {here.get('model')}, "
-            f"{str(here.get('weights_sha256'))[:12]}…): use another --out"
+            f"{path} was made with another model (weights sha256 {str(there.get('weights_sha256'))[:12]}…;"
+            f" this run's model: {str(here.get('weights_sha256'))[:12]}…): use another --out"
         )
     if there.get("data") != here.get("data"):
         return f"{path} was made from other data ({there.get('data')}; this run: {here.get('data')}): use another --out"
