@@ -33,14 +33,15 @@ def planted_positions(segment_ids, meta: dict) -> tuple[int, int]:
 
 def planted_ranks(attribution: np.ndarray, segment_ids, meta: dict) -> list[int]:
     """Per layer: the 1-based rank of the planted pair among all n*n entries of the
-    head-summed attribution, counting either direction (premise word as query and
+    head-summed attribution (ties ranked against it), counting either direction (premise word as query and
     hypothesis word as key, or the reverse) and taking the better one."""
     p, q = planted_positions(segment_ids, meta)
     ranks = []
     for layer_map in np.asarray(attribution, dtype=np.float64):
         summed = layer_map.sum(axis=0)
         best = max(summed[p, q], summed[q, p])
-        ranks.append(int((summed > best).sum()) + 1)
+        # ties count against the pair: a pair scoring 0 among many zeros is not "found"
+        ranks.append(int((summed >= best).sum()))
     return ranks
 
 

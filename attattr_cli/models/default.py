@@ -57,7 +57,9 @@ def build_tokenizer(vocab_file: str | Path):
     return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=MAX_LENGTH)
 
 
-def build_config(vocab_size: int, dropout: float = 0.0):
+def build_config(
+    vocab_size: int, dropout: float = 0.0, attention_dropout: float | None = None, init_range: float = 0.1
+):
     """The tiny BERT of :data:`MODEL_SHAPE` with the task's three labels.
 
     ``initializer_range`` is 0.1 instead of BERT's 0.02: the task gives no signal
@@ -68,9 +70,9 @@ def build_config(vocab_size: int, dropout: float = 0.0):
 
     return BertConfig(
         vocab_size=vocab_size,
-        initializer_range=0.1,
+        initializer_range=init_range,
         hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout,
+        attention_probs_dropout_prob=dropout if attention_dropout is None else attention_dropout,
         id2label=dict(enumerate(synthetic.LABELS)),
         label2id={name: i for i, name in enumerate(synthetic.LABELS)},
         pad_token_id=0,
@@ -119,6 +121,9 @@ def train_default_model(
     warmup: float = 0.06,
     weight_decay: float = 0.01,
     dropout: float = 0.0,
+    attention_dropout: float | None = 0.1,
+    label_smoothing: float = 0.0,
+    init_range: float = 0.1,
     progress: ProgressFn | None = None,
 ) -> dict[str, Any]:
     """Train the default model on CPU and save it with ``save_pretrained`` into ``out_dir``.
@@ -147,7 +152,9 @@ def train_default_model(
 
         vocab_file = build_vocab_file(out_dir / "vocab.txt")
         tokenizer = build_tokenizer(vocab_file)
-        config = build_config(len(tokenizer.get_vocab()), dropout=dropout)
+        config = build_config(
+            len(tokenizer.get_vocab()), dropout=dropout, attention_dropout=attention_dropout, init_range=init_range
+        )
         model = BertForSequenceClassification(config)
         model.train()
 
@@ -184,14 +191,15 @@ def train_default_model(
                 # trim the common padding of this batch
                 width = int(batch["attention_mask"].sum(1).max())
                 batch = {k: v[:, :width] for k, v in batch.items()}
-                out = model(**batch, labels=labels[idx])
+                logits = model(**batch).logits
+                loss = torch.nn.functional.cross_entropy(logits, labels[idx], label_smoothing=label_smoothing)
                 opt.zero_grad(set_to_none=True)
-                out.loss.backward()
+                loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
                 opt.step()
                 sched.step()
                 step += 1
-                loss_val = float(out.loss.detach())
+                loss_val = float(loss.detach())
                 if progress is not None:
                     progress(step, total, {"epoch": epoch, "loss": loss_val})
         train_seconds = time.perf_counter() - t0
