@@ -5,7 +5,8 @@ randomly initialised 2-way classification head (fine for timing), m = 20, all la
 
   attattr            the fast path (layers below replayed, Attr = A * (G V^T), real length)
   2021 @128          the reference procedure: every layer at batch m with full
-                     probabilities, input padded to 128 tokens (max_seq_length of the 2021 code)
+                     probabilities, input padded to 128 tokens (max_seq_length of the 2021 code),
+                     m rows and no F(0) row (attattr also computes F(0) for its completeness check)
   2021 @real         the same procedure at the real length
 
 Run: `just bench` (or python bench/bench_score.py [--examples N] [--steps M]).
@@ -48,7 +49,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.set_verbosity_error()  # the random head's "newly initialized" report is expected
+    hf_logging.disable_progress_bar()
     folder = minilm_dir()
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(folder)
@@ -80,7 +84,7 @@ def main() -> None:
                 with torch.no_grad():
                     target = int(model(**inputs).logits.argmax())
                 slow_attribution(model, inputs, range(loaded.arch.num_layers), alphas, weights, target,
-                                 pad_to=pad_to)
+                                 pad_to=pad_to, with_baseline=False)
         return go
 
     # agreement check on the first example, then timings

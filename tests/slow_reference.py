@@ -55,9 +55,11 @@ def _layers(model):
 
 
 def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, output: str = "prob",
-                     pad_to: int | None = None):
+                     pad_to: int | None = None, with_baseline: bool = True):
     """Return {layer: Attr [heads, n, n]} (float64 if the model is) and {layer: F(alpha=0)}.
 
+    ``with_baseline`` adds alpha = 0 as one more row (weight 0) to read F(0) for the
+    completeness check; the 2021 code had no such row (the benchmark turns it off).
     ``inputs`` holds batch-1 tensors (input_ids, maybe token_type_ids). With ``pad_to``,
     the input is right-padded to that length with an attention mask, as the 2021 code did
     (max_seq_length 128), and the result is cut back to the real length.
@@ -86,20 +88,21 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
                 model(**inputs)
             result, f0s = {}, {}
             for layer in layers:
+                extra = 1 if with_baseline else 0
                 m = len(alphas)
-                alist = torch.cat([torch.as_tensor(alphas, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+                alist = torch.cat([torch.as_tensor(alphas, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
                 st.update(mode="attr", layer=layer, alphas=alist, leaf=None)
-                batch = {k: v.expand(m + 1, -1) for k, v in inputs.items()}
+                batch = {k: v.expand(m + extra, -1) for k, v in inputs.items()}
                 with torch.enable_grad():
                     logits = model(**batch).logits
                     work = logits.double() if logits.dtype != torch.float64 else logits
                     f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
-                    w = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(1, dtype=torch.float64)])
+                    w = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
                     (grad,) = torch.autograd.grad((f * w).sum(), st["leaf"])
                 a = st["probs"][layer][0]
                 attr = a * grad.sum(0)
                 result[layer] = attr[:, :n, :n]
-                f0s[layer] = float(f[-1].detach())
+                f0s[layer] = float(f[-1].detach()) if with_baseline else float("nan")
         finally:
             _state.reset(tok)
     finally:

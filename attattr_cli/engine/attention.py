@@ -37,9 +37,16 @@ _plan: contextvars.ContextVar[Any] = contextvars.ContextVar("attattr_plan", defa
 
 @dataclass
 class Record:
-    """Clean forward: keep each layer's attention probabilities."""
+    """Clean forward: keep each layer's attention probabilities.
+
+    With ``grad_layers``, the output of those layers' attention gets a zero leaf added
+    (``O + z``), so that one backward of the clean forward gives dF/dO at alpha = 1 for
+    every layer at once (the alpha = 1 step is the same point for every target layer).
+    """
 
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
+    grad_layers: frozenset = frozenset()
+    leaves: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -50,6 +57,7 @@ class Attribute:
     alphas: torch.Tensor  # [chunk]
     backend: Any
     leaf: torch.Tensor | None = None  # [chunk, head, query_pos, d_head], requires grad
+    called: bool = False  # the target layer's attention has run in this pass
     saved: dict[str, Any] = field(default_factory=dict)  # q, k, v, mask of the first copy
 
 
@@ -91,6 +99,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         probs = reference.attention_probs(query, key, mask, scaling, softcap)
         plan.probs[layer] = probs.detach()
         out = torch.matmul(probs, value)
+        if layer in plan.grad_layers:
+            z = torch.zeros_like(out, requires_grad=True)
+            plan.leaves[layer] = z
+            out = out + z
         return out.transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and layer == plan.layer:
@@ -107,6 +119,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
         leaf = (alphas * ctx).requires_grad_(True)
         plan.leaf = leaf
+        plan.called = True
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
                       "softcap": softcap}
         return leaf.transpose(1, 2), None
@@ -203,3 +216,36 @@ def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int)
     finally:
         for layer in patched:
             del layer.forward
+
+
+def _is_projection(module) -> bool:
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
+
+
+@contextlib.contextmanager
+def projections_once(layer: torch.nn.Module, plan: Attribute):
+    """In the target layer, every row of the batch is the same until its attention has
+    run, so the projections called before it (Q, K, V) compute one row and expand it;
+    those called after (output projection, MLP) see the alpha-scaled rows as usual."""
+
+    def wrap(module):
+        original = type(module).forward
+
+        def forward(x, *args, **kwargs):
+            if not plan.called and torch.is_tensor(x) and x.dim() > 1 and x.shape[0] > 1:
+                one = original(module, x[:1], *args, **kwargs)
+                return one.expand(x.shape[0], *one.shape[1:])
+            return original(module, x, *args, **kwargs)
+
+        return forward
+
+    patched = []
+    try:
+        for module in layer.modules():
+            if _is_projection(module):
+                module.forward = wrap(module)
+                patched.append(module)
+        yield
+    finally:
+        for module in patched:
+            del module.forward

@@ -12,6 +12,7 @@ is ever built.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -188,24 +189,35 @@ class Scorer:
                 layer.register_forward_hook(lambda m, a, o, _i=i: outputs.__setitem__(_i, o))
                 for i, layer in enumerate(layer_list)
             ]
-            record = attention.Record()
+            # alpha = 1 is the clean forward for every target layer: when the rule has that
+            # node, one backward of the clean forward gives its gradient for all layers
+            share_one = bool((self.alphas == 1).any()) and bool(self.layers)
+            record = attention.Record(grad_layers=frozenset(self.layers) if share_one else frozenset())
             try:
-                with torch.no_grad(), attention.active(record):
-                    logits = model(**self._inputs(enc, 1)).logits.detach()
+                with torch.set_grad_enabled(share_one), attention.active(record):
+                    logits_g = model(**self._inputs(enc, 1)).logits
             finally:
                 for h in hooks:
                     h.remove()
+            logits = logits_g.detach()
             pred = int(logits[0].argmax())
             gold = -1 if example.label is None else self.label_map[example.label]
             target = self._choose_target(pred, gold, example)
             f_full = float(self._target_value(logits, target)[0])
+            at_one = {}
+            if share_one:
+                wanted = [layer for layer in self.layers if layer in record.leaves]
+                grads = torch.autograd.grad(self._target_value(logits_g, target).sum(), [record.leaves[x] for x in wanted])
+                at_one = dict(zip(wanted, grads))
+                outputs = {i: _detached(o) for i, o in outputs.items()}
+            del logits_g, record.leaves
 
             n_layers = len(layer_list)
             n = len(enc.input_ids)
             attn_all = torch.stack([record.probs[i][0] for i in range(n_layers)]).float().cpu().numpy()
             maps, head_max, f_base, resid = [], [], [], []
             for layer in self.layers:
-                g, f0 = self._integrate(enc, layer, target, layer_list, outputs)
+                g, f0 = self._integrate(enc, layer, target, layer_list, outputs, at_one.get(layer))
                 res = self._attribute(layer, g)
                 m = res["maps"][0]
                 maps.append(m.cpu())
@@ -248,26 +260,30 @@ class Scorer:
             return gold
         return pred
 
-    def _integrate(self, enc: Encoded, layer: int, target: int, layer_list, outputs) -> tuple[torch.Tensor, float]:
-        """G = sum_k w_k dF/dO_k for the target layer, and F with the layer's attention at 0."""
-        alphas, weights = self.alphas, self.weights
-        zero = torch.nonzero(alphas == 0)
-        if len(zero):
-            zero_at = int(zero[0])
-        else:  # the baseline F(0) rides along as one more step of weight 0
-            alphas = torch.cat([alphas, alphas.new_zeros(1)])
-            weights = torch.cat([weights, weights.new_zeros(1)])
-            zero_at = len(alphas) - 1
-        chunk = self.options.step_batch or len(alphas)
+    def _integrate(self, enc: Encoded, layer: int, target: int, layer_list, outputs,
+                   grad_at_one: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+        """G = sum_k w_k dF/dO_k for the target layer, and F with the layer's attention at 0.
+
+        ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward; that node
+        is then not recomputed.
+        """
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        alphas, weights = self.alphas, self.weights
         g_sum = None
+        if grad_at_one is not None:
+            one = alphas == 1
+            g_sum = (grad_at_one.to(acc_dtype) * weights[one].sum().item())
+            alphas, weights = alphas[~one], weights[~one]
+        zero = torch.nonzero(alphas == 0)
+        zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
         replay = outputs.get(layer - 1)
+        chunk = self.options.step_batch or max(len(alphas), 1)
         for start in range(0, len(alphas), chunk):
             a = alphas[start:start + chunk]
             w = weights[start:start + chunk].to(self.device, acc_dtype)
             plan = attention.Attribute(layer, a.to(self.device), self.backend)
-            with attention.replayed_below(layer_list, layer, replay, len(a)), attention.active(plan), torch.enable_grad():
+            with self._pass(layer_list, layer, replay, plan), torch.enable_grad():
                 logits = self.model(**self._inputs(enc, len(a))).logits
                 f = self._target_value(logits, target)
                 if plan.leaf is None:
@@ -275,10 +291,24 @@ class Scorer:
                 (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
             part = g.to(acc_dtype).sum(0, keepdim=True)
             g_sum = part if g_sum is None else g_sum + part
-            if start <= zero_at < start + len(a):
+            if zero_at is not None and start <= zero_at < start + len(a):
                 f0 = float(f[zero_at - start].detach())
             self._saved = plan.saved
+        if zero_at is None:  # F(0): one forward at batch 1, no backward
+            plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend)
+            with self._pass(layer_list, layer, replay, plan), torch.no_grad():
+                f0 = float(self._target_value(self.model(**self._inputs(enc, 1)).logits, target)[0])
+            if g_sum is None or not hasattr(self, "_saved") or self._saved.get("layer") != layer:
+                self._saved = plan.saved
+        self._saved["layer"] = layer
         return g_sum, f0
+
+    @contextlib.contextmanager
+    def _pass(self, layer_list, layer, replay, plan):
+        batch = len(plan.alphas)
+        with attention.replayed_below(layer_list, layer, replay, batch), \
+                attention.projections_once(layer_list[layer], plan), attention.active(plan):
+            yield
 
     def _attribute(self, layer: int, g: torch.Tensor) -> dict:
         s = self._saved
@@ -287,3 +317,11 @@ class Scorer:
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
             causal=s["causal"],
         )
+
+
+def _detached(obj):
+    if torch.is_tensor(obj):
+        return obj.detach()
+    if isinstance(obj, tuple):
+        return tuple(_detached(o) for o in obj)
+    return obj
