@@ -107,7 +107,23 @@ def _fingerprint_mismatch(path: Path, there: dict, here: dict) -> str | None:
     return None
 
 
-class StoreWriter:
+class _OpenFile:
+    """An open h5py file in ``self.f``; closes on ``close()`` or leaving a ``with`` block."""
+
+    f: h5py.File
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.f.id.valid:
+            self.f.close()
+
+
+class StoreWriter(_OpenFile):
     """Appends examples to a store, creating it or resuming it."""
 
     def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,
@@ -163,16 +179,6 @@ class StoreWriter:
         runs.append(dict(info, started=_now()))
         prov.attrs["runs"] = json.dumps(runs)
         self.f.flush()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        if self.f.id.valid:
-            self.f.close()
 
     def write(self, score) -> None:
         """Write one ``ExampleScore`` atomically (see module docstring)."""
@@ -248,7 +254,7 @@ class StoredExample:
     meta: dict
 
 
-class Store:
+class Store(_OpenFile):
     """Read-only view of a store. Use as a context manager or call ``close()``."""
 
     def __init__(self, path: str | os.PathLike):
@@ -263,16 +269,6 @@ class Store:
         except BaseException:
             self.f.close()
             raise
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self) -> None:
-        if self.f.id.valid:
-            self.f.close()
 
     @property
     def schema_version(self) -> str:
