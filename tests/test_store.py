@@ -211,3 +211,43 @@ def test_summary(tmp_path, tiny_model_dir, sst2_small):
     assert 0 <= summary["accuracy"] <= 1
     assert len(summary["mean_abs_residual_per_layer"]) == 3
     json.dumps(summary, default=str)
+
+
+def test_killed_run_leaves_a_readable_store_and_resumes(tmp_path):
+    """SIGKILL in the middle of a run (no chance to clean up), then resume."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "killed.h5"
+    script = (
+        "import sys\n"
+        "from attattr_cli.engine.run import ScoreRequest, score_to_store\n"
+        "from attattr_cli.engine.score import ScoreOptions\n"
+        "def tick(done, total, label):\n"
+        "    print(label, flush=True)\n"
+        f"score_to_store(ScoreRequest(out={str(out)!r}, examples='0:60', options=ScoreOptions(steps=8),"
+        " command=['test']), progress=tick)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    seen = set()
+    for line in proc.stdout:
+        if line.startswith("example"):
+            seen.add(line.split()[1])
+        if len(seen) >= 5:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    with Store(out) as s:
+        kept = s.indices()
+        assert 3 <= len(kept) < 60
+        assert kept == list(range(len(kept)))
+        for i in kept:
+            e = s.get(i)
+            assert e.attribution.shape[0] == 3 and len(e.tokens) == e.attribution.shape[-1]
+    report = score_to_store(ScoreRequest(out=str(out), examples="0:60", options=ScoreOptions(steps=8),
+                                         command=["test"]))
+    assert report.skipped == len(kept) and report.scored == 60 - len(kept)
+    with Store(out) as s:
+        assert s.indices() == list(range(60))
