@@ -16,6 +16,7 @@ setup:
       fi; \
     fi
     {{py}} -m pip install -q -e ".[test]"
+    command -v dot >/dev/null || { command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "note: install Graphviz's dot for PNG/SVG trees (apt-get install graphviz, brew install graphviz)"; }
 
 # Score the built-in default (synthetic task, shipped model) into scores.h5 and describe it
 demo: setup

@@ -9,6 +9,8 @@ from . import demo
 from .info import info
 from .merge import merge
 from .score import score
+from .tree import tree
+from .import_json import import_json
 
 app = typer.Typer(
     name="attattr",
@@ -20,6 +22,8 @@ app = typer.Typer(
 app.command("score")(score)
 app.command("info")(info)
 app.command("merge")(merge)
+app.command("tree")(tree)
+app.command("import-json")(import_json)
 app.add_typer(demo.app, name="demo")
 
 

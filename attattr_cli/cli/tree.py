@@ -1,0 +1,84 @@
+"""`attattr tree`: the attribution tree of one example, as DOT, JSON, PNG or SVG."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..analysis.tree import DEFAULT_TAU, MODES, node_label, render, tree_for_example, tree_to_dot, tree_to_json
+from ..errors import OptionError
+from ..store import Store
+from .common import edge, err, parse_int_list
+
+FORMATS = ("dot", "json", "png", "svg")
+EXTENSIONS = {".dot": "dot", ".gv": "dot", ".json": "json", ".png": "png", ".svg": "svg"}
+
+
+def _format(fmt: Optional[str], out_path: Optional[str]) -> str:
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise OptionError(f"unknown --format '{fmt}'; available: {', '.join(FORMATS)}")
+        return fmt
+    if out_path in (None, "-"):
+        return "dot"
+    ext = Path(out_path).suffix.lower()
+    if ext not in EXTENSIONS:
+        raise OptionError(f"cannot tell the format from '{out_path}': give --format ({', '.join(FORMATS)})")
+    return EXTENSIONS[ext]
+
+
+def tree(
+    store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score` or `attattr import-json`)."),
+    example: int = typer.Option(..., "--example", "-e", help="Index of the example in the store."),
+    tau: float = typer.Option(DEFAULT_TAU, "--tau", help="Keep edges whose layer-normalised score exceeds tau."),
+    lam: Optional[float] = typer.Option(None, "--lambda", help="Cost per edge (the paper's lambda): edges must also score above it. Paper mode only."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to walk, e.g. 0,2 or 6:12 (default: all scored layers)."),
+    compat: str = typer.Option("paper", "--compat", help="paper (default) or reference (the 2021 code's procedure, step for step)."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="dot (default), json, png or svg; inferred from -o's extension."),
+    out_path: Optional[str] = typer.Option(None, "--out", "-o", help="File to write (default: stdout; PNG and SVG need -o when stdout is a terminal)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+) -> None:
+    """Build the attribution tree of one example (Hao et al. 2021, METHOD.md section 3).
+
+    Writes DOT on stdout by default, so `attattr tree scores.h5 --example 3 | dot -Tpng > tree.png`
+    works; PNG and SVG are rendered with Graphviz's dot. Edges point from a token (query) to the
+    token it takes information from (key); arrows show the flow up to the top node.
+    """
+    with edge():
+        fmt = _format(fmt, out_path)
+        to_stdout = out_path in (None, "-")
+        if to_stdout and fmt in ("png", "svg") and sys.stdout.isatty():
+            raise OptionError(f"{fmt.upper()} output goes to a file: give -o tree.{fmt} (or pipe stdout)")
+        if compat not in MODES:
+            raise OptionError(f"unknown --compat '{compat}'; available: {', '.join(MODES)}")
+        with Store(store) as s:
+            e = s.get(example)
+            num_layers = s.provenance.get("num_layers")
+        g = tree_for_example(e, layers=parse_int_list(layers, "--layers"), tau=tau, lam=lam, compat=compat,
+                             num_layers=num_layers if isinstance(num_layers, int) else None)
+        if fmt == "json":
+            data: bytes = (json.dumps(tree_to_json(g), indent=2) + "\n").encode()
+        else:
+            dot = tree_to_dot(g, title=f"{Path(store).name}, example {example}: top node {node_label(g, g.graph['top'])}")
+            data = dot.encode() if fmt == "dot" else render(dot, fmt)
+        if to_stdout:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            try:
+                Path(out_path).write_bytes(data)
+            except OSError as exc:
+                raise OptionError(f"cannot write {out_path}: {exc.strerror or exc}") from None
+        if not quiet:
+            where = "stdout" if to_stdout else out_path
+            err.print(
+                f"example {example}: {g.number_of_nodes()} of {len(g.graph['tokens'])} tokens in the tree, "
+                f"top node {node_label(g, g.graph['top'])}, {g.number_of_edges()} edge{'' if g.number_of_edges() == 1 else 's'} "
+                f"({compat} mode, tau {tau:g}); {fmt} to {where}",
+                markup=False,
+            )
