@@ -16,7 +16,7 @@ setup:
       fi; \
     fi
     {{py}} -m pip install -q -e ".[test]"
-    command -v dot >/dev/null || { command -v apt-get >/dev/null && [ "$(id -u)" = 0 ] && (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null) || echo "note: install Graphviz's dot for PNG/SVG trees (apt-get install graphviz, brew install graphviz)"; }
+    command -v dot >/dev/null || { if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null && command -v apt-get >/dev/null; then sudo -n apt-get update -qq && sudo -n apt-get install -y -qq graphviz >/dev/null; fi; command -v dot >/dev/null || echo "note: Graphviz's dot is missing (PNG/SVG trees and their tests need it): apt-get install graphviz, or brew install graphviz"; }
 
 # Score the built-in default (synthetic task, shipped model) into scores.h5 and describe it
 demo: setup
@@ -39,6 +39,10 @@ bench: setup
 # Planted-pair recovery on the built-in default (the synthetic task's ground truth)
 planted: setup
     {{py}} bench/planted_pairs.py
+
+# How often the attribution tree connects the planted pair on the built-in default
+tree-planted: setup
+    {{py}} bench/tree_planted.py
 
 # Compile-check the CUDA sources with nvcc for sm_80 and sm_90 (no GPU needed)
 kernel-check:

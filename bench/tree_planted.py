@@ -39,7 +39,7 @@ def main() -> None:
                                              command=["bench/tree_planted.py"]))
         print(f"built-in default: {report.total} held-out synthetic examples scored in {time.perf_counter() - t0:.1f} s "
               f"(steps {args.steps}, accuracy {report.accuracy:.3f})")
-    total = both = path_ = direct = top_planted = 0
+    total = both = path_ = direct = top_planted = rooted = 0
     sizes = []
     with Store(path) as s:
         for e in s:
@@ -51,6 +51,9 @@ def main() -> None:
             path_ += int(has_path(g, p, q))
             direct += int(g.has_edge(p, q) or g.has_edge(q, p))
             top_planted += int(g.graph["top"] in (p, q))
+            # --top: rooted at either planted word, does the tree reach the other one?
+            rooted += int(any(b in tree_for_example(e, tau=args.tau, lam=args.lam, compat=args.compat, top=a)
+                              for a, b in ((p, q), (q, p))))
     if not total:
         raise SystemExit("the store holds no examples")
     print(f"trees ({args.compat} mode, tau {args.tau:g}" + ("" if args.lam is None else f", lambda {args.lam:g}")
@@ -59,6 +62,7 @@ def main() -> None:
     print(f"  planted pair connected by a tree path:  {path_ / total:.3f}")
     print(f"  planted pair joined by a direct edge:   {direct / total:.3f}")
     print(f"  top node is a planted token:            {top_planted / total:.3f}")
+    print(f"  rooted (--top) at one planted word, the tree reaches the other: {rooted / total:.3f}")
 
 
 if __name__ == "__main__":

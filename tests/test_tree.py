@@ -86,6 +86,23 @@ def test_known_tree_paper_mode():
     assert has_path(g, 5, 2) and not has_path(g, 5, 0)
 
 
+def test_chosen_top_node():
+    g = build_tree(known(), TOKENS, top=4)
+    assert g.graph["top"] == 4 and g.graph["top_chosen"]
+    # from 4: layer 2 has nothing above tau in row 4; layer 1 gives 4 -> 1; layer 0 gives 4 -> 0, 1 -> 5
+    assert tree_edges(g) == [(4, 1, 1), (4, 0, 0), (1, 5, 0)]
+    check_tree(g, 0.4)
+    assert tree_edges(build_tree(known(), TOKENS, top=-2)) == tree_edges(g)
+    assert tree_from_json(tree_to_json(g)).graph["top_chosen"]
+    assert "top node chosen" in tree_to_dot(g)
+    ref = build_tree(known(), TOKENS, top=4, compat="reference")
+    # layer L-2 = 1 gives the top node's children; in layer 0 queries are scanned in position order
+    assert ref.graph["top"] == 4 and tree_edges(ref) == [(4, 1, 1), (1, 5, 0), (4, 0, 0)]
+    for bad in (0, 6, -7, 2.5):
+        with pytest.raises(OptionError, match="--top"):
+            build_tree(known(), TOKENS, top=bad)
+
+
 def test_heads_are_summed_and_layers_are_labels():
     a = known()
     split = np.stack([a * 0.25, a * 0.75], axis=1)  # [L, 2 heads, n, n]
@@ -273,6 +290,8 @@ def test_cli_errors(store, tmp_path):
     _one_error_line(_run("tree", store, "--example", 7), "(it holds 5 examples: 0..4)")
     _one_error_line(_run("tree", store, "-e", 0, "-o", tmp_path / "t.pdf"), "cannot tell the format from")
     _one_error_line(_run("tree", store, "-e", 0, "--format", "gif"), "unknown --format 'gif'")
+    _one_error_line(_run("tree", store, "-e", 0, "--top", 0), "--top cannot be position 0")
+    _one_error_line(_run("tree", store, "-e", 0, "--top", 999), "--top must be a token position")
     _one_error_line(_run("tree", store, "-e", 0, "--layers", "5"), "layer 5 was not scored for example 0; scored layers: 0, 1, 2")
     _one_error_line(_run("tree", store, "-e", 0, "--compat", "2020"), "unknown --compat '2020'")
     _one_error_line(_run("tree", store, "-e", 0, "--compat", "reference", "--lambda", "0.5"), "not part of the 2021")

@@ -101,12 +101,15 @@ def build_tree(
     lam: float | None = None,
     compat: str = "paper",
     segments: Sequence[int] | None = None,
+    top: int | None = None,
 ) -> nx.DiGraph:
     """The attribution tree of one example.
 
     attribution: [L, H, n, n] (heads are summed) or [L, n, n] (already summed), axis 0 in
     the order of ``layers`` (the layer numbers, default 0..L-1). tokens: the n tokens.
     segments: optional per-token segment ids (0, 1, -1 for special tokens), kept on nodes.
+    top: root the tree at this position instead of the top-node rule (1..n-1; negative
+    numbers count from the end), to ask where one token's information comes from.
 
     Returns a DiGraph with graph attributes ``top``, ``tau``, ``lam``, ``mode``, ``layers``,
     ``tokens``; node attributes ``token``, ``position``, ``layer`` (the layer of the edge
@@ -148,18 +151,28 @@ def build_tree(
     if seg is not None and len(seg) != n:
         raise OptionError(f"{len(seg)} segment ids for {n} tokens")
 
+    chosen = top is not None
+    if chosen:
+        if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or not -n < int(top) < n:
+            raise OptionError(f"--top must be a token position between 1 and {n - 1}, got {top}")
+        top = int(top) % n
+        if top == 0:
+            raise OptionError("--top cannot be position 0: the first query row takes no part in the tree "
+                              "(its scores are not normalised with the others)")
     scores = normalise_layers(summed)
     row = top_node_scores(summed)
     if compat == "paper":
-        top = 1 + int(np.argmax(row[1:]))  # ties: the lowest position
+        if not chosen:
+            top = 1 + int(np.argmax(row[1:]))  # ties: the lowest position
         edges, entry, height = _walk_paper(scores, labels, top, tau if lam is None else max(tau, lam))
     else:
-        ranked = np.argsort(row, kind="stable")[::-1]  # ties: the highest position, as a stable sort gives
-        top = int(ranked[0]) if ranked[0] != 0 else int(ranked[1])
+        if not chosen:
+            ranked = np.argsort(row, kind="stable")[::-1]  # ties: the highest position, as a stable sort gives
+            top = int(ranked[0]) if ranked[0] != 0 else int(ranked[1])
         edges, entry, height = _walk_reference(scores, labels, top, tau)
 
     g = nx.DiGraph(top=top, tau=float(tau), lam=None if lam is None else float(lam), mode=compat,
-                   layers=labels, tokens=tokens)
+                   layers=labels, tokens=tokens, top_chosen=chosen)
     in_tree = [top] + [j for (_, j, _) in edges]
     depth = {top: 0}
     for i, j, _ in edges:
@@ -246,7 +259,8 @@ def _walk_reference(scores, labels, top, tau):
 
 
 def tree_for_example(example, layers: Sequence[int] | None = None, tau: float = DEFAULT_TAU,
-                     lam: float | None = None, compat: str = "paper", num_layers: int | None = None) -> nx.DiGraph:
+                     lam: float | None = None, compat: str = "paper", num_layers: int | None = None,
+                     top: int | None = None) -> nx.DiGraph:
     """The tree of a ``StoredExample``; ``layers`` picks among its scored layers (negative
     numbers count from ``num_layers``, the model's layer count). Default: all scored layers."""
     scored = list(example.layers)
@@ -267,7 +281,7 @@ def tree_for_example(example, layers: Sequence[int] | None = None, tau: float = 
                 chosen.append(actual)
     rows = [scored.index(layer) for layer in chosen]
     g = build_tree(attribution[rows], example.tokens, layers=chosen, tau=tau, lam=lam, compat=compat,
-                   segments=example.segment_ids)
+                   segments=example.segment_ids, top=top)
     g.graph["example"] = int(example.index)
     return g
 
@@ -303,7 +317,8 @@ def tree_to_json(g: nx.DiGraph) -> dict:
     out = {
         "format": JSON_FORMAT, "version": JSON_VERSION,
         "mode": gr["mode"], "tau": gr["tau"], "lambda": gr.get("lam"),
-        "layers": list(gr["layers"]), "top": int(gr["top"]), "tokens": list(gr["tokens"]),
+        "layers": list(gr["layers"]), "top": int(gr["top"]), "top_chosen": bool(gr.get("top_chosen", False)),
+        "tokens": list(gr["tokens"]),
         "nodes": nodes, "edges": edges,
     }
     if "example" in gr:
@@ -316,7 +331,7 @@ def tree_from_json(data: dict) -> nx.DiGraph:
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
         raise OptionError(f"not an attribution tree (expected \"format\": \"{JSON_FORMAT}\")")
     g = nx.DiGraph(top=data["top"], tau=data["tau"], lam=data.get("lambda"), mode=data["mode"],
-                   layers=list(data["layers"]), tokens=list(data["tokens"]))
+                   layers=list(data["layers"]), tokens=list(data["tokens"]), top_chosen=bool(data.get("top_chosen", False)))
     if "example" in data:
         g.graph["example"] = data["example"]
     for node in data["nodes"]:
@@ -363,7 +378,9 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     threshold = gr["tau"] if gr.get("lam") is None else max(gr["tau"], gr["lam"])
     if title is None:
         title = f"attribution tree, top node {node_label(g, top)}"
-    title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}" + ("" if gr.get("lam") is None else f", lambda {gr['lam']:g}")
+    title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
+    title += ", top node chosen" if gr.get("top_chosen") else ""
+    title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
     lines = [
         "digraph attribution_tree {",
         f"  graph [label={_q(title)}, labelloc=t, fontname=\"Helvetica\", "

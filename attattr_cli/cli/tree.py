@@ -37,6 +37,7 @@ def tree(
     tau: float = typer.Option(DEFAULT_TAU, "--tau", help="Keep edges whose layer-normalised score exceeds tau."),
     lam: Optional[float] = typer.Option(None, "--lambda", help="Cost per edge (the paper's lambda): edges must also score above it. Paper mode only."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to walk, e.g. 0,2 or 6:12 (default: all scored layers)."),
+    top: Optional[int] = typer.Option(None, "--top", help="Root the tree at this token position instead of the top-node rule (where does this token's information come from?)."),
     compat: str = typer.Option("paper", "--compat", help="paper (default) or reference (the 2021 code's procedure, step for step)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="dot (default), json, png or svg; inferred from -o's extension."),
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="File to write (default: stdout; PNG and SVG need -o when stdout is a terminal)."),
@@ -59,7 +60,7 @@ def tree(
             e = s.get(example)
             num_layers = s.provenance.get("num_layers")
         g = tree_for_example(e, layers=parse_int_list(layers, "--layers"), tau=tau, lam=lam, compat=compat,
-                             num_layers=num_layers if isinstance(num_layers, int) else None)
+                             num_layers=num_layers if isinstance(num_layers, int) else None, top=top)
         if fmt == "json":
             data: bytes = (json.dumps(tree_to_json(g), indent=2) + "\n").encode()
         else:
