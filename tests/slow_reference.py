@@ -27,15 +27,18 @@ def _attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, 
     mask = attention_mask
     if mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1:
         n = query.shape[-2]
-        mask = torch.zeros(n, n, dtype=query.dtype).masked_fill(
-            ~torch.ones(n, n, dtype=torch.bool).tril(), torch.finfo(query.dtype).min)[None, None]
+        dev = query.device
+        mask = torch.zeros(n, n, dtype=query.dtype, device=dev).masked_fill(
+            ~torch.ones(n, n, dtype=torch.bool, device=dev).tril(), torch.finfo(query.dtype).min)[None, None]
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
     if mask is not None:
         scores = scores + mask
     probs = torch.softmax(scores, dim=-1)
     layer = st["owner"].get(id(module))
-    if st["mode"] == "record":
+    if layer is None:
+        pass
+    elif st["mode"] == "record":
         st["probs"][layer] = probs.detach()
     elif layer == st["layer"]:
         base = st["probs"][layer]
@@ -48,15 +51,27 @@ AttentionInterface.register("attattr_slow_reference", _attn)
 AttentionMaskInterface.register("attattr_slow_reference", eager_mask)
 
 
-def _layers(model):
-    from attattr_cli.models.arch import find_layers
+def _owner(model):
+    """id(module) -> (family, layer): the architecture facts (which attention call is
+    which), nothing of the fast algebra."""
+    from attattr_cli.models.arch import find_families
 
-    return find_layers(model)[1]
+    owner = {}
+    for name, _path, attn, layers in sorted(find_families(model), key=lambda f: f[2] is not None):
+        for i, layer in enumerate(layers):
+            for sub in (layer if attn is None else getattr(layer, attn)).modules():
+                owner[id(sub)] = (name, i)
+    return owner
 
 
 def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, output: str = "prob",
-                     pad_to: int | None = None, with_baseline: bool = True):
+                     pad_to: int | None = None, with_baseline: bool = True, f_of_logits=None,
+                     more_inputs: dict | None = None, family: str | None = None):
     """Return {layer: Attr [heads, n, n]} (float64 if the model is) and {layer: F(alpha=0)}.
+
+    ``family`` picks the attention family of encoder-decoder models (encoder, decoder,
+    cross; default: the first). ``f_of_logits`` maps the model's logits to F per batch row
+    (language-model targets); ``more_inputs`` holds more model inputs (use_cache, logits_to_keep).
 
     ``with_baseline`` adds alpha = 0 as one more row (weight 0) to read F(0) for the
     completeness check; the 2021 code had no such row (the benchmark turns it off).
@@ -71,10 +86,11 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
         inputs = {k: torch.nn.functional.pad(v, (0, pad), value=0) for k, v in inputs.items()}
         inputs["attention_mask"] = torch.cat([torch.ones(1, n, dtype=torch.long),
                                               torch.zeros(1, pad, dtype=torch.long)], dim=1)
-    owner = {}
-    for i, layer in enumerate(_layers(model)):
-        for sub in layer.modules():
-            owner[id(sub)] = i
+    more = dict(more_inputs or {})
+    owner = _owner(model)
+    if family is None:
+        family = sorted(set(owner.values()))[0][0] if len({f for f, _ in owner.values()}) == 1 else "encoder"
+    owner = {k: (v[1] if v[0] == family else None) for k, v in owner.items()}
     old = model.config._attn_implementation
     old_pad = model.config.pad_token_id
     model.config._attn_implementation = "attattr_slow_reference"
@@ -85,7 +101,7 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
         tok = _state.set(st)
         try:
             with torch.no_grad():
-                model(**inputs)
+                model(**inputs, **more)
             result, f0s = {}, {}
             for layer in layers:
                 extra = 1 if with_baseline else 0
@@ -94,9 +110,12 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
                 st.update(mode="attr", layer=layer, alphas=alist, leaf=None)
                 batch = {k: v.expand(m + extra, -1) for k, v in inputs.items()}
                 with torch.enable_grad():
-                    logits = model(**batch).logits
+                    logits = model(**batch, **more).logits
                     work = logits.double() if logits.dtype != torch.float64 else logits
-                    f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
+                    if f_of_logits is not None:
+                        f = f_of_logits(work)
+                    else:
+                        f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
                     w = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
                     (grad,) = torch.autograd.grad((f * w).sum(), st["leaf"])
                 a = st["probs"][layer][0]

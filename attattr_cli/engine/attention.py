@@ -12,6 +12,12 @@ comes here. What it does depends on the active plan:
   as a leaf tensor whose gradient is dF/dO_k, and the layers above run as usual.
 
 Outside a plan (or for layers a plan does not touch) the function is plain attention.
+
+Every attention call is told apart by its *site* ``(family, layer)``: ``("self", i)`` for
+encoder-only and decoder-only models; ``("encoder", i)``, ``("decoder", i)`` and
+``("cross", i)`` for encoder-decoder models (see :mod:`attattr_cli.engine.sites`).
+Grouped-query attention (fewer key/value heads) is handled by repeating K and V per query
+head; rotary positions are applied by the model before its attention function is called.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
-from ..models.arch import find_layers
+from ..models.arch import find_families, find_layers
 from ..ops import reference
 
 IMPLEMENTATION = "attattr"
@@ -44,9 +50,10 @@ class Record:
     every layer at once (the alpha = 1 step is the same point for every target layer).
     """
 
-    probs: dict[int, torch.Tensor] = field(default_factory=dict)
-    grad_layers: frozenset = frozenset()
-    leaves: dict[int, torch.Tensor] = field(default_factory=dict)
+    probs: dict = field(default_factory=dict)  # site -> [1, head, q, k] ("maps") or [1, q, k] ("mean")
+    grad_layers: frozenset = frozenset()  # sites
+    leaves: dict = field(default_factory=dict)  # site -> zero leaf
+    keep: str | None = "maps"  # what of the probabilities to keep: "maps", "mean" or None
 
 
 @dataclass
@@ -56,9 +63,14 @@ class Attribute:
     layer: int
     alphas: torch.Tensor  # [chunk]
     backend: Any
+    family: str = "self"
     leaf: torch.Tensor | None = None  # [chunk, head, query_pos, d_head], requires grad
     called: bool = False  # the target layer's attention has run in this pass
     saved: dict[str, Any] = field(default_factory=dict)  # q, k, v, mask of the first copy
+
+    @property
+    def site(self) -> tuple[str, int]:
+        return (self.family, self.layer)
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -79,6 +91,18 @@ def _causal_fill(module, q, k, mask):
     return mask
 
 
+def _is_causal_mask(mask: torch.Tensor | None) -> bool:
+    """True when an additive mask (every batch row) blocks exactly the keys after the query."""
+    if mask is None:
+        return True
+    n_q, n_k = mask.shape[-2], mask.shape[-1]
+    if n_q != n_k:
+        return False
+    upper = torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device).triu(1)
+    blocked = mask <= torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else ~mask.bool()
+    return bool((blocked == upper).all())
+
+
 def attattr_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Signature of transformers' attention interface; returns (output [b, q, h, d], weights)."""
     plan = _plan.get()
@@ -93,25 +117,34 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~mask, torch.finfo(query.dtype).min
         )
-    layer = None if plan is None else plan_layer_of(module)
+    site = None if plan is None else plan_site_of(module)
+    # where a causal module's mask is exactly the causal pattern (attattr never pads its
+    # inputs), use the flag instead of an n x n mask, so fused attention can run
+    causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
+        and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask)
 
-    if isinstance(plan, Record) and layer is not None:
-        probs = reference.attention_probs(query, key, mask, scaling, softcap)
-        plan.probs[layer] = probs.detach()
-        out = torch.matmul(probs, value)
-        if layer in plan.grad_layers:
+    if isinstance(plan, Record) and site is not None:
+        want_grad = site in plan.grad_layers
+        if plan.keep is not None or softcap is not None:
+            with torch.no_grad():
+                probs = reference.attention_probs(query, key, mask, scaling, softcap)
+            if plan.keep == "maps":
+                plan.probs[site] = probs.detach()
+            elif plan.keep == "mean":
+                plan.probs[site] = probs.detach().float().mean(1)
+        if softcap is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
+                                                 scale=scaling, is_causal=causal)
+        else:
+            out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
+        if want_grad:
             z = torch.zeros_like(out, requires_grad=True)
-            plan.leaves[layer] = z
+            plan.leaves[site] = z
             out = out + z
-        return out.transpose(1, 2).contiguous(), probs
+        return out.transpose(1, 2).contiguous(), None
 
-    if isinstance(plan, Attribute) and layer == plan.layer:
+    if isinstance(plan, Attribute) and site == plan.site:
         q1, k1, v1 = query[:1].detach(), key[:1].detach(), value[:1].detach()
-        # inputs are never padded, so a causal module's mask is exactly the causal
-        # pattern: hand the backend the flag instead of an n x n mask (sliding windows
-        # and other patterns keep their mask)
-        causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
-            and q1.shape[-2] == k1.shape[-2]
         m1 = None if (mask is None or causal) else mask[:1].detach()
         with torch.no_grad():
             ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
@@ -126,7 +159,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 
     # plain attention (fused where PyTorch has it)
     if softcap is None:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
+                                             scale=scaling, is_causal=causal)
         return out.transpose(1, 2).contiguous(), None
     probs = reference.attention_probs(query, key, mask, scaling, softcap)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
@@ -135,12 +169,30 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 AttentionInterface.register(IMPLEMENTATION, attattr_attention)
 AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
 
-_owner: contextvars.ContextVar[dict[int, int] | None] = contextvars.ContextVar("attattr_owner", default=None)
+_owner: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_owner", default=None)
+
+
+def plan_site_of(module) -> tuple[str, int] | None:
+    """The (family, layer) of an attention module while a model is taken over."""
+    owner = _owner.get()
+    return None if owner is None else owner.get(id(module))
 
 
 def plan_layer_of(module) -> int | None:
-    owner = _owner.get()
-    return None if owner is None else owner.get(id(module))
+    site = plan_site_of(module)
+    return None if site is None else site[1]
+
+
+def site_owner(model) -> dict[int, tuple[str, int]]:
+    """id(module) -> (family, layer) for every module inside the model's attention sites."""
+    owner: dict[int, tuple[str, int]] = {}
+    families = find_families(model)
+    for name, _path, attn, layers in sorted(families, key=lambda f: f[2] is not None):
+        for i, layer in enumerate(layers):
+            root = layer if attn is None else getattr(layer, attn)
+            for sub in root.modules():
+                owner[id(sub)] = (name, i)
+    return owner
 
 
 def _set_impl(model, impl: str) -> dict:
@@ -163,10 +215,7 @@ def taken_over(model):
     changed for decoders) even when the block raises.
     """
     _, layers = find_layers(model)
-    owner = {}
-    for i, layer in enumerate(layers):
-        for sub in layer.modules():
-            owner[id(sub)] = i
+    owner = site_owner(model)
     old = _set_impl(model, IMPLEMENTATION)
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)

@@ -24,9 +24,12 @@ from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention
+from .sites import SiteScorer
 from .integrate import RULES, nodes
 
-OUTPUTS = ("prob", "logit")
+OUTPUTS = ("prob", "logit", "logprob")
+KEEPS = ("auto", "maps", "sum", "none")
+AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 
 
 @dataclass
@@ -40,8 +43,24 @@ class ScoreOptions:
     layers: list[int] | None = None  # None: all layers
     dtype: str = "float32"
     truncate: bool = False
-    step_batch: int | None = None  # steps per forward/backward; None: all at once
+    step_batch: int | None = None  # steps per forward/backward; None: fit to memory
     kernel: str = "auto"
+    # attention families to score (None: all; "self" for encoder-only/decoder-only models)
+    family: list[str] | None = None
+    # what is kept per layer: maps (per-head [head, q, k]), sum (head sum [q, k] and per-head
+    # max), none (only the per-head max and top-k); auto: maps up to 512 tokens, else sum
+    keep: str = "auto"
+    top_k: int | None = None  # also keep the k strongest entries (|value|) of each head
+    # language-model targets (a causal LM loaded with lm=True)
+    lm: bool = False
+    target_token: str | None = None  # the next token whose probability is attributed
+    continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
+    position: int | None = None  # position whose next-token distribution holds the target (default: last)
+
+    # fields added after store schema 1.0; left out of the fingerprint at their defaults so
+    # that stores written before them still resume
+    _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
+              "continuation": None, "position": None}
 
     def validate(self, num_layers: int) -> list[int]:
         if self.rule not in RULES:
@@ -52,6 +71,16 @@ class ScoreOptions:
             raise OptionError(f"--steps must be at least 1, got {self.steps}")
         if self.step_batch is not None and self.step_batch < 1:
             raise OptionError(f"--step-batch must be at least 1, got {self.step_batch}")
+        if self.keep not in KEEPS:
+            raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
+        if self.top_k is not None and self.top_k < 1:
+            raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
+        if not self.lm and (self.target_token is not None or self.continuation is not None or self.position is not None):
+            raise OptionError("--target-token, --continuation and --position need --lm (a causal language model)")
+        if self.target_token is not None and self.continuation is not None:
+            raise OptionError("give either --target-token or --continuation, not both")
+        if self.continuation is not None and self.position is not None:
+            raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
         resolve_dtype(self.dtype)
         layers = list(range(num_layers)) if self.layers is None else list(self.layers)
         for layer in layers:
@@ -65,6 +94,9 @@ class ScoreOptions:
         d = asdict(self)
         d.pop("step_batch")
         d.pop("kernel")
+        for key, default in self._LATER.items():
+            if d.get(key) == default:
+                d.pop(key)
         d["layers"] = self.validate(num_layers)
         return d
 
@@ -76,6 +108,30 @@ class Encoded:
     segment_ids: list[int]  # 0, 1 for the segments, -1 for special tokens
     token_type_ids: list[int] | None
     truncated: bool = False
+    lm_positions: list[int] | None = None  # LM: positions whose next token is the target
+    lm_targets: list[int] | None = None  # LM: target token ids (None: the predicted one)
+    decoder_input_ids: list[int] | None = None  # encoder-decoder: the decoder's input
+    decoder_tokens: list[str] | None = None
+
+
+@dataclass
+class FamilyScore:
+    """One attention family's results for one example (see docs/store.md)."""
+
+    name: str
+    layers: list[int]
+    heads: int
+    query_side: str  # "encoder" (the input tokens) or "decoder" (decoder input tokens)
+    key_side: str
+    keep: str  # maps | sum | none
+    attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
+    head_sum: np.ndarray | None  # [layer, q, k] (keep maps or sum)
+    head_max: np.ndarray  # [layer, head]
+    attention: np.ndarray | None  # [all layers, head, q, k] (maps) or [all layers, q, k] head mean (sum)
+    f_baseline: np.ndarray  # [layer]
+    residual: np.ndarray  # [layer]
+    topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
+    topk_value: np.ndarray | None = None  # [layer, head, k]
 
 
 @dataclass
@@ -103,6 +159,10 @@ class ExampleScore:
     meta: dict = field(default_factory=dict)
     text_a: str = ""
     text_b: str | None = None
+    families: dict = field(default_factory=dict)  # name -> FamilyScore
+    decoder_tokens: list[str] | None = None
+    decoder_input_ids: np.ndarray | None = None
+    step_batch: int = 0  # steps per pass used (largest)
 
 
 class Scorer:
@@ -113,16 +173,36 @@ class Scorer:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.options = options
-        self.layers = options.validate(loaded.arch.num_layers)
+        self.arch = loaded.arch
+        self.sites = SiteScorer(self.model, self.arch)
+        self.families = self.sites.choose(options.family)
+        self.layers = options.validate(self.families[0].num_layers)
+        self.layers_of = {f.name: options.validate(f.num_layers) for f in self.families}
+        if options.lm and not getattr(loaded, "lm", False):
+            raise OptionError("--lm needs the model loaded as a causal language model")
+        if getattr(loaded, "lm", False) and not options.lm:
+            raise OptionError("this model was loaded as a language model: score it with --lm")
+        if options.lm and options.target not in ("predicted",):
+            raise OptionError(
+                f"--target '{options.target}' names a class; with --lm the target is the predicted next token,"
+                " --target-token TOKEN or --continuation TEXT"
+            )
         self.device = next(self.model.parameters()).device
         self.dtype = resolve_dtype(options.dtype)
         if next(self.model.parameters()).dtype != self.dtype:
             self.model.to(self.dtype)
         self.backend = select_backend(options.kernel, self.device)
-        self.label_map, self.label_how = align_labels(task_labels, loaded)
-        self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
+        if options.lm:
+            self.label_map, self.label_how = [], "lm"
+            self.task_labels = []
+            self._fixed_target = None
+            self._lm_token = self._one_token(options.target_token) if options.target_token is not None else None
+        else:
+            self.label_map, self.label_how = align_labels(task_labels, loaded)
+            self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
+            self._fixed_target = self._parse_target(options.target)
         self.alphas, self.weights = nodes(options.rule, options.steps)
-        self._fixed_target = self._parse_target(options.target)
+        self.last_step_batch = 0
 
     # -- targets ---------------------------------------------------------------
     def _parse_target(self, target: str) -> int | None:
@@ -141,14 +221,44 @@ class Scorer:
             + ", ".join(self.loaded.label_names)
         )
 
-    def _target_value(self, logits: torch.Tensor, target: int) -> torch.Tensor:
+    def _one_token(self, text: str) -> int:
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1:
+            shown = self.tokenizer.convert_ids_to_tokens(ids)
+            raise OptionError(
+                f"--target-token '{text}' is {len(ids)} tokens for this tokenizer ({' '.join(shown) or 'none'});"
+                " give one token (mind a leading space) or use --continuation"
+            )
+        return int(ids[0])
+
+    def _target_value(self, logits: torch.Tensor, target) -> torch.Tensor:
+        """F per batch row. Classifiers: logits [b, labels], target a label index.
+        LMs: logits [b, positions, vocab] (the kept positions), target a list of token ids,
+        one per kept position; F is their joint probability, summed log-probability or
+        summed logit."""
         work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
+        if self.options.lm:
+            idx = torch.as_tensor(target, device=work.device).view(1, -1, 1).expand(work.shape[0], -1, 1)
+            if self.options.output == "logit":
+                return work.gather(-1, idx).squeeze(-1).sum(-1)
+            logp = torch.log_softmax(work, dim=-1).gather(-1, idx).squeeze(-1).sum(-1)
+            return logp if self.options.output == "logprob" else logp.exp()
         if self.options.output == "logit":
             return work[:, target]
+        if self.options.output == "logprob":
+            return torch.log_softmax(work, dim=-1)[:, target]
         return torch.softmax(work, dim=-1)[:, target]
 
     # -- encoding --------------------------------------------------------------
+    def _check_length(self, n: int, index: int) -> None:
+        limit = self.loaded.arch.max_length
+        if limit is not None and n > limit:
+            raise DataError(f"example {index} has {n} tokens; the model takes at most {limit}"
+                            + ("" if self.options.lm else " (pass --truncate to cut long inputs)"))
+
     def encode(self, example: Example) -> Encoded:
+        if self.options.lm:
+            return self._encode_lm(example)
         tok = self.tokenizer
         limit = self.loaded.arch.max_length
         args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
@@ -156,10 +266,7 @@ class Scorer:
         truncated = False
         if limit is not None and len(enc["input_ids"]) > limit:
             if not self.options.truncate:
-                raise DataError(
-                    f"example {example.index} has {len(enc['input_ids'])} tokens; the model takes at most {limit}"
-                    " (pass --truncate to cut long inputs)"
-                )
+                self._check_length(len(enc["input_ids"]), example.index)
             enc = tok(*args, add_special_tokens=True, truncation=True, max_length=limit)
             truncated = True
         ids = list(enc["input_ids"])
@@ -169,7 +276,38 @@ class Scorer:
         except (ValueError, AttributeError):
             segments = list(enc.get("token_type_ids", [0] * len(ids)))
         tt = list(enc["token_type_ids"]) if "token_type_ids" in enc and "token_type_ids" in tok.model_input_names else None
-        return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, tt, truncated)
+        out = Encoded(ids, tok.convert_ids_to_tokens(ids), segments, tt, truncated)
+        if self.arch.is_encoder_decoder:
+            start = getattr(self.model.config, "decoder_start_token_id", None)
+            if start is None:
+                start = getattr(self.model.config, "eos_token_id", 0)
+            out.decoder_input_ids = [int(start)] + ids[:-1]
+            out.decoder_tokens = tok.convert_ids_to_tokens(out.decoder_input_ids)
+        return out
+
+    def _encode_lm(self, example: Example) -> Encoded:
+        tok = self.tokenizer
+        prompt = list(tok(example.text_a, add_special_tokens=True)["input_ids"])
+        if not prompt:
+            raise DataError(f"example {example.index} has an empty prompt")
+        if self.options.continuation is not None:
+            cont = list(tok(self.options.continuation, add_special_tokens=False)["input_ids"])
+            if not cont:
+                raise OptionError("--continuation is empty for this tokenizer")
+            ids = prompt + cont[:-1]
+            positions = list(range(len(prompt) - 1, len(prompt) - 1 + len(cont)))
+            targets = cont
+        else:
+            ids = prompt
+            p = -1 if self.options.position is None else self.options.position
+            if not -len(ids) <= p < len(ids):
+                raise OptionError(f"--position {p} is outside the prompt of example {example.index} ({len(ids)} tokens)")
+            positions = [p % len(ids)]
+            targets = None if self._lm_token is None else [self._lm_token]
+        self._check_length(len(ids), example.index)
+        segments = [0] * len(ids)
+        return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
+                       lm_positions=positions, lm_targets=targets)
 
     # -- scoring ---------------------------------------------------------------
     def _inputs(self, enc: Encoded, batch: int) -> dict:
@@ -177,56 +315,96 @@ class Scorer:
         inputs = {"input_ids": ids.expand(batch, -1)}
         if enc.token_type_ids is not None:
             inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
+        if self.arch.is_decoder or self.arch.is_encoder_decoder:
+            inputs["use_cache"] = False  # no key/value cache at batch m
+        if enc.lm_positions is not None:
+            inputs["logits_to_keep"] = torch.tensor(enc.lm_positions, device=self.device)
         return inputs
+
+    def keep_for(self, enc: Encoded) -> str:
+        if self.options.keep != "auto":
+            return self.options.keep
+        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        return "maps" if n <= AUTO_MAPS_UP_TO else "sum"
 
     def score(self, example: Example, encoded: Encoded | None = None,
               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
         enc = encoded or self.encode(example)
         model = self.model
-        with attention.taken_over(model) as layer_list:
-            outputs: dict[int, object] = {}
-            hooks = [
-                layer.register_forward_hook(lambda m, a, o, _i=i: outputs.__setitem__(_i, o))
-                for i, layer in enumerate(layer_list)
-            ]
-            # alpha = 1 is the clean forward for every target layer: when the rule has that
-            # node, one backward of the clean forward gives its gradient for all layers
-            share_one = bool((self.alphas == 1).any()) and bool(self.layers)
-            record = attention.Record(grad_layers=frozenset(self.layers) if share_one else frozenset())
-            try:
-                with torch.set_grad_enabled(share_one), attention.active(record):
-                    logits_g = model(**self._inputs(enc, 1)).logits
-            finally:
-                for h in hooks:
-                    h.remove()
+        keep = self.keep_for(enc)
+        targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
+        with attention.taken_over(model):
+            # alpha = 1 is the clean forward for every target site: when the rule has that
+            # node, one backward of the clean forward gives its gradient for all of them
+            share_one = bool((self.alphas == 1).any()) and bool(targets)
+            record = attention.Record(grad_layers=frozenset(targets) if share_one else frozenset(),
+                                      keep={"maps": "maps", "sum": "mean"}.get(keep))
+            with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
+                logits_g = model(**self._inputs(enc, 1)).logits
             logits = logits_g.detach()
-            pred = int(logits[0].argmax())
-            gold = -1 if example.label is None else self.label_map[example.label]
-            target = self._choose_target(pred, gold, example)
+            if self.options.lm:
+                pred = int(logits[0, 0].argmax())
+                gold = -1
+                target = list(enc.lm_targets) if enc.lm_targets is not None else [pred]
+            else:
+                pred = int(logits[0].argmax())
+                gold = -1 if example.label is None else self.label_map[example.label]
+                target = self._choose_target(pred, gold, example)
             f_full = float(self._target_value(logits, target)[0])
             at_one = {}
             if share_one:
-                wanted = [layer for layer in self.layers if layer in record.leaves]
+                wanted = [t for t in targets if t in record.leaves]
                 grads = torch.autograd.grad(self._target_value(logits_g, target).sum(), [record.leaves[x] for x in wanted])
                 at_one = dict(zip(wanted, grads))
-                outputs = {i: _detached(o) for i, o in outputs.items()}
+                clean.outputs = {p: {i: _detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+                if clean.encoder_out is not None:
+                    clean.encoder_out = clean.encoder_out.detach()
             del logits_g, record.leaves
 
-            n_layers = len(layer_list)
-            n = len(enc.input_ids)
-            attn_all = torch.stack([record.probs[i][0] for i in range(n_layers)]).float().cpu().numpy()
-            maps, head_max, f_base, resid = [], [], [], []
-            for layer in self.layers:
-                g, f0 = self._integrate(enc, layer, target, layer_list, outputs, at_one.get(layer))
-                res = self._attribute(layer, g)
-                m = res["maps"][0]
-                maps.append(m.cpu())
-                head_max.append(res["head_max"][0].cpu())
-                f_base.append(f0)
-                resid.append(float(m.sum()) - (f_full - f0))
-                if on_layer is not None:
-                    on_layer(layer)
-        probs = torch.softmax(logits[0].double(), -1)
+            fams = {}
+            self.last_step_batch = 0
+            for fam in self.families:
+                maps, sums, head_max, f_base, resid, tk_i, tk_v = [], [], [], [], [], [], []
+                for layer in self.layers_of[fam.name]:
+                    site = (fam.name, layer)
+                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site))
+                    res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None))
+                    hs = res["head_sum"][0]
+                    if keep == "maps":
+                        maps.append(res["maps"][0].cpu())
+                    if keep in ("maps", "sum"):
+                        sums.append(hs.cpu())
+                    if self.options.top_k is not None:
+                        i_, v_ = _top_k(res["maps"][0], self.options.top_k)
+                        tk_i.append(i_)
+                        tk_v.append(v_)
+                    head_max.append(res["head_max"][0].cpu())
+                    f_base.append(f0)
+                    resid.append(float(hs.double().sum()) - (f_full - f0))
+                    del res, g
+                    if on_layer is not None:
+                        on_layer(layer)
+                fams[fam.name] = self._family_score(fam, keep, record, maps, sums, head_max, f_base, resid,
+                                                    tk_i, tk_v, len(enc.input_ids))
+        first = fams[self.families[0].name]
+        n = len(enc.input_ids)
+        if self.options.lm:
+            pos_logits = logits[0].double()  # [positions, vocab]
+            tgt = torch.as_tensor(target, device=pos_logits.device).view(-1, 1)
+            out_logits = pos_logits.gather(-1, tgt).squeeze(-1)
+            out_probs = torch.softmax(pos_logits, -1).gather(-1, tgt).squeeze(-1)
+            meta = dict(example.meta, lm={
+                "positions": list(enc.lm_positions), "target_ids": [int(t) for t in target],
+                "target_tokens": self.tokenizer.convert_ids_to_tokens([int(t) for t in target]),
+                "predicted_id": pred, "predicted_token": self.tokenizer.convert_ids_to_tokens([pred])[0],
+                "output": self.options.output,
+            })
+            target_id = int(target[0])
+        else:
+            out_logits = logits[0].double()
+            out_probs = torch.softmax(out_logits, -1)
+            meta = dict(example.meta)
+            target_id = target
         return ExampleScore(
             index=example.index,
             tokens=enc.tokens,
@@ -234,21 +412,46 @@ class Scorer:
             segment_ids=np.asarray(enc.segment_ids, dtype=np.int8),
             gold=gold,
             pred=pred,
-            target=target,
-            logits=logits[0].double().cpu().numpy(),
-            probs=probs.cpu().numpy(),
-            layers=list(self.layers),
-            attribution=torch.stack(maps).numpy() if maps else np.zeros((0, 0, n, n), np.float32),
-            attention=attn_all,
-            head_max=torch.stack(head_max).numpy() if head_max else np.zeros((0, 0), np.float32),
+            target=target_id,
+            logits=out_logits.cpu().numpy(),
+            probs=out_probs.cpu().numpy(),
+            layers=list(first.layers),
+            attribution=first.attribution if first.attribution is not None
+            else np.zeros((0, 0, n, n), np.float32),
+            attention=first.attention if first.attention is not None and first.attention.ndim == 4
+            else np.zeros((0, 0, n, n), np.float32),
+            head_max=first.head_max,
             f_full=f_full,
-            f_baseline=np.asarray(f_base, dtype=np.float64),
-            residual=np.asarray(resid, dtype=np.float64),
+            f_baseline=first.f_baseline,
+            residual=first.residual,
             kernel=getattr(self, "last_kernel", self.backend.name),
             truncated=enc.truncated,
-            meta=dict(example.meta),
+            meta=meta,
             text_a=example.text_a,
             text_b=example.text_b,
+            families=fams,
+            decoder_tokens=enc.decoder_tokens,
+            decoder_input_ids=None if enc.decoder_input_ids is None else np.asarray(enc.decoder_input_ids, np.int64),
+            step_batch=self.last_step_batch,
+        )
+
+    def _family_score(self, fam, keep, record, maps, sums, head_max, f_base, resid, tk_i, tk_v, n) -> FamilyScore:
+        all_layers = range(fam.num_layers)
+        attn = None
+        if record.keep is not None:
+            attn = torch.stack([record.probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
+        empty2 = np.zeros((0, fam.num_heads), np.float32)
+        return FamilyScore(
+            name=fam.name, layers=list(self.layers_of[fam.name]), heads=fam.num_heads,
+            query_side=fam.query_side, key_side=fam.key_side, keep=keep,
+            attribution=torch.stack(maps).numpy() if maps else (None if keep != "maps" else np.zeros((0, fam.num_heads, n, n), np.float32)),
+            head_sum=torch.stack(sums).numpy() if sums else None,
+            head_max=torch.stack(head_max).numpy() if head_max else empty2,
+            attention=attn,
+            f_baseline=np.asarray(f_base, dtype=np.float64),
+            residual=np.asarray(resid, dtype=np.float64),
+            topk_index=np.stack(tk_i) if tk_i else None,
+            topk_value=np.stack(tk_v) if tk_v else None,
         )
 
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
@@ -260,13 +463,45 @@ class Scorer:
             return gold
         return pred
 
-    def _integrate(self, enc: Encoded, layer: int, target: int, layer_list, outputs,
+    # -- step micro-batching ------------------------------------------------------
+    def auto_step_batch(self, enc: Encoded, site) -> int:
+        """Steps per pass that fit the free memory of the device (an estimate of the
+        activations kept for the backward through the layers at and above the target)."""
+        if self.options.step_batch is not None:
+            return self.options.step_batch
+        steps = max(len(self.alphas), 1)
+        per_step = self.step_bytes(enc, site)
+        free = _free_memory(self.device)
+        return int(max(1, min(steps, free // max(per_step, 1))))
+
+    def step_bytes(self, enc: Encoded, site) -> int:
+        cfg = self.model.config
+        family, layer = site
+        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        hidden = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or getattr(cfg, "n_embd", 768))
+        inter = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "decoder_ffn_dim", None)
+                    or getattr(cfg, "n_inner", None) or 4 * hidden)
+        fam = self.arch.family(family)
+        above = fam.num_layers - layer
+        if family == "encoder":  # the whole decoder runs above an encoder target
+            above += self.arch.family("decoder").num_layers
+        heads = fam.num_heads
+        el = torch.tensor([], dtype=self.dtype).element_size()
+        fused = self.device.type == "cuda"  # SDPA keeps no n x n probabilities for backward
+        per_layer = n * (14 * hidden + 3 * inter) + (0 if fused else 3 * heads * n * n)
+        kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
+        vocab = int(getattr(cfg, "vocab_size", 0)) if self.options.lm else 0
+        return int(el * above * per_layer + 12 * kept * vocab + 8 * n * hidden)
+
+    def _integrate(self, enc: Encoded, site, target, clean,
                    grad_at_one: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-        """G = sum_k w_k dF/dO_k for the target layer, and F with the layer's attention at 0.
+        """G = sum_k w_k dF/dO_k for the target site, and F with its attention at 0.
 
         ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward; that node
-        is then not recomputed.
+        is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
+        out-of-memory error halves the micro-batch and retries.
         """
+        family, layer = site
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         alphas, weights = self.alphas, self.weights
         g_sum = None
@@ -277,46 +512,80 @@ class Scorer:
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
-        replay = outputs.get(layer - 1)
-        chunk = self.options.step_batch or max(len(alphas), 1)
-        for start in range(0, len(alphas), chunk):
+        chunk = self.auto_step_batch(enc, site) if len(alphas) else 1
+        saved = None
+        start = 0
+        while start < len(alphas):
             a = alphas[start:start + chunk]
             w = weights[start:start + chunk].to(self.device, acc_dtype)
-            plan = attention.Attribute(layer, a.to(self.device), self.backend)
-            with self._pass(layer_list, layer, replay, plan), torch.enable_grad():
-                logits = self.model(**self._inputs(enc, len(a))).logits
-                f = self._target_value(logits, target)
-                if plan.leaf is None:
-                    raise RuntimeError(f"layer {layer}'s attention was not routed through attattr")
-                (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
+            plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
+            try:
+                with self.sites.target_pass(site, clean, plan), torch.enable_grad():
+                    logits = self.model(**self._inputs(enc, len(a)), **self.sites.extra_inputs(site, clean, len(a))).logits
+                    f = self._target_value(logits, target)
+                    if plan.leaf is None:
+                        raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
+                    (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
+            except torch.OutOfMemoryError:
+                if chunk == 1:
+                    raise
+                del plan
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                chunk = max(1, chunk // 2)
+                continue
             part = g.to(acc_dtype).sum(0, keepdim=True)
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
                 f0 = float(f[zero_at - start].detach())
-            self._saved = plan.saved
+            saved = plan.saved
+            self.last_step_batch = max(self.last_step_batch, len(a))
+            start += len(a)
+            del logits, f, g
         if zero_at is None:  # F(0): one forward at batch 1, no backward
-            plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend)
-            with self._pass(layer_list, layer, replay, plan), torch.no_grad():
-                f0 = float(self._target_value(self.model(**self._inputs(enc, 1)).logits, target)[0])
-            if g_sum is None or not hasattr(self, "_saved") or self._saved.get("layer") != layer:
-                self._saved = plan.saved
-        self._saved["layer"] = layer
+            plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend,
+                                       family=family)
+            with self.sites.target_pass(site, clean, plan), torch.no_grad():
+                f0 = float(self._target_value(
+                    self.model(**self._inputs(enc, 1), **self.sites.extra_inputs(site, clean, 1)).logits, target)[0])
+            if saved is None:
+                saved = plan.saved
+        self._saved = saved
         return g_sum, f0
 
-    @contextlib.contextmanager
-    def _pass(self, layer_list, layer, replay, plan):
-        batch = len(plan.alphas)
-        with attention.replayed_below(layer_list, layer, replay, batch), \
-                attention.projections_once(layer_list[layer], plan), attention.active(plan):
-            yield
-
-    def _attribute(self, layer: int, g: torch.Tensor) -> dict:
+    def _attribute(self, g: torch.Tensor, want_maps: bool = True) -> dict:
         s = self._saved
         self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
         return self.backend.attribution_from_grad(
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
-            causal=s["causal"],
+            causal=s["causal"], want_maps=want_maps,
         )
+
+
+def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k entries of largest |value| per head: ([head, k, 2] (query, key), [head, k])."""
+    heads, n_q, n_k = maps.shape
+    flat = maps.reshape(heads, -1)
+    k = min(k, flat.shape[1])
+    idx = flat.abs().topk(k, dim=1).indices
+    vals = flat.gather(1, idx)
+    pos = torch.stack([idx // n_k, idx % n_k], dim=-1)
+    return pos.to(torch.int32).cpu().numpy(), vals.float().cpu().numpy()
+
+
+def _free_memory(device: torch.device) -> int:
+    """Bytes a pass may use: most of the free CUDA memory, or half the available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free * 0.7)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 << 30
 
 
 def _detached(obj):

@@ -5,6 +5,11 @@ thing it must know about an architecture is the ModuleList of its layers (to run
 layers below the target once and to tell which layer an attention call belongs to).
 Known paths are listed here; any other model is searched for the one ModuleList
 whose length is the number of hidden layers.
+
+Encoder-decoder models (BART) have several attention *families*: ``encoder`` (encoder
+self-attention), ``decoder`` (the decoder's causal self-attention) and ``cross`` (decoder
+queries attending to encoder keys). Each is a (layer list, attention submodule) pair,
+kept as data in :data:`FAMILY_PATHS`. Every other model has the one family ``self``.
 """
 
 from __future__ import annotations
@@ -31,8 +36,41 @@ LAYER_PATHS: dict[str, str] = {
     "gemma": "model.layers",
 }
 
+# model_type -> families: (name, dotted path of the layer list, attention submodule or None)
+# (None: every attention call inside the layer belongs to the family). Paths are tried
+# under the task model (``model.``) and under the bare model.
+FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
+    "bart": (("encoder", "model.encoder.layers", None),
+             ("decoder", "model.decoder.layers", "self_attn"),
+             ("cross", "model.decoder.layers", "encoder_attn")),
+    "mbart": (("encoder", "model.encoder.layers", None),
+              ("decoder", "model.decoder.layers", "self_attn"),
+              ("cross", "model.decoder.layers", "encoder_attn")),
+}
+# model_type -> dotted path of the encoder stack of an encoder-decoder model
+ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder"}
+
+# the families' meaning, for messages and docs
+FAMILY_DOC = {
+    "self": "the model's self-attention (encoder-only or decoder-only models)",
+    "encoder": "encoder self-attention of an encoder-decoder model",
+    "decoder": "decoder causal self-attention of an encoder-decoder model",
+    "cross": "cross-attention: decoder queries, encoder keys",
+}
+
 # model types whose position embeddings reserve padding_idx + 1 slots
 POSITION_OFFSET: dict[str, int] = {"roberta": 2, "xlm-roberta": 2, "camembert": 2}
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    name: str
+    layers_path: str
+    attn: str | None  # attention submodule inside each layer (None: the whole layer)
+    num_layers: int
+    num_heads: int
+    query_side: str  # "encoder" (the input tokens) or "decoder" (the decoder input tokens)
+    key_side: str
 
 
 @dataclass(frozen=True)
@@ -43,6 +81,24 @@ class ArchInfo:
     num_heads: int
     is_decoder: bool
     max_length: int | None
+    families: tuple[FamilyInfo, ...] = ()
+    encoder_path: str | None = None  # encoder-decoder models: the encoder stack
+
+    @property
+    def family_names(self) -> list[str]:
+        return [f.name for f in self.families]
+
+    def family(self, name: str) -> FamilyInfo:
+        for f in self.families:
+            if f.name == name:
+                return f
+        raise ModelError(
+            f"the model ({self.model_type}) has no attention family '{name}'; it has: " + ", ".join(self.family_names)
+        )
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.encoder_path is not None
 
 
 def _get(obj, dotted: str):
@@ -59,9 +115,53 @@ def _config_value(config, *names):
     return None
 
 
+def _family_paths(model: torch.nn.Module):
+    """The known families of an encoder-decoder model, with paths resolved, or None."""
+    spec = FAMILY_PATHS.get(getattr(model.config, "model_type", ""))
+    if spec is None:
+        return None
+    out = []
+    for name, path, attn in spec:
+        for full in (path, path[len("model."):] if path.startswith("model.") else path):
+            try:
+                out.append((name, full, attn, _get(model, full)))
+                break
+            except AttributeError:
+                continue
+        else:
+            raise ModelError(f"cannot find the {name} layers ({path}) of model type '{model.config.model_type}'")
+    return out
+
+
+def find_families(model: torch.nn.Module) -> list[tuple[str, str, str | None, torch.nn.ModuleList]]:
+    """[(family, dotted path, attention submodule or None, ModuleList)] of the model."""
+    known = _family_paths(model)
+    if known is not None:
+        return known
+    path, layers = find_layers(model)
+    return [("self", path, None, layers)]
+
+
+def find_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The encoder stack of an encoder-decoder model (None for other models)."""
+    path = ENCODER_PATHS.get(getattr(model.config, "model_type", ""))
+    if path is None:
+        return None
+    for candidate in (path, path[len("model."):] if path.startswith("model.") else path):
+        try:
+            return _get(model, candidate)
+        except AttributeError:
+            continue
+    return None
+
+
 def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
-    """Return (dotted path, ModuleList) of the model's transformer layers."""
+    """Return (dotted path, ModuleList) of the model's transformer layers (for an
+    encoder-decoder model: the first family's, the encoder's)."""
     config = model.config
+    known = _family_paths(model)
+    if known is not None:
+        return known[0][1], known[0][3]
     path = LAYER_PATHS.get(getattr(config, "model_type", ""))
     if path is not None:
         try:
@@ -97,4 +197,18 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     is_decoder = bool(getattr(config, "is_decoder", False)) or model_type in {
         "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma",
     }
-    return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len)
+    families = []
+    for name, fpath, attn, flayers in find_families(model):
+        if name in ("decoder", "cross"):
+            fheads = _config_value(config, "decoder_attention_heads", "num_attention_heads")
+        elif name == "encoder":
+            fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads")
+        else:
+            fheads = heads
+        families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
+                                   "decoder" if name in ("decoder", "cross") else "encoder",
+                                   "decoder" if name == "decoder" else "encoder"))
+    if heads is None:
+        heads = families[0].num_heads
+    encoder = ENCODER_PATHS.get(model_type) if find_encoder(model) is not None else None
+    return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder)

@@ -29,6 +29,7 @@ class LoadedModel:
     revision: str | None
     weights_sha256: str
     arch: ArchInfo
+    lm: bool = False  # loaded as a causal language model (targets are next tokens)
 
     @property
     def label_names(self) -> list[str]:
@@ -66,18 +67,25 @@ def weights_hash(model: torch.nn.Module) -> str:
 
 
 def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "memory",
-            revision: str | None = None) -> LoadedModel:
-    """Freeze and switch a model to eval mode, and gather what attattr records about it."""
+            revision: str | None = None, lm: bool = False) -> LoadedModel:
+    """Freeze and switch a model to eval mode, and gather what attattr records about it.
+
+    ``lm``: the model is a causal language model (``*ForCausalLM``) whose targets are
+    next tokens rather than classes.
+    """
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return LoadedModel(model, tokenizer, model_id, source, revision, weights_hash(model),
-                       arch_info(model, tokenizer))
+                       arch_info(model, tokenizer), lm=lm)
 
 
-def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedModel:
-    """Load a sequence classifier and its tokenizer from a local folder or a hub id."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool = False) -> LoadedModel:
+    """Load a sequence classifier (or, with ``lm``, a causal language model) and its
+    tokenizer from a local folder or a hub id."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # attattr draws its own progress on stderr
@@ -96,7 +104,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedM
         try:
             # a hub id already in the local cache loads without touching the network
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=not local)
-            model = AutoModelForSequenceClassification.from_pretrained(
+            model = auto.from_pretrained(
                 source, dtype=torch_dtype, local_files_only=not local)
         except OSError:
             if local:
@@ -107,7 +115,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedM
                     "pass --model with a local model folder"
                 ) from None
             tokenizer = AutoTokenizer.from_pretrained(source)
-            model = AutoModelForSequenceClassification.from_pretrained(source, dtype=torch_dtype)
+            model = auto.from_pretrained(source, dtype=torch_dtype)
     except OSError as exc:
         if local:
             raise ModelError(f"cannot load model folder {model_id}: {_first_line(exc)}") from exc
@@ -117,11 +125,12 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32") -> LoadedM
             "pass --model with a local model folder"
         ) from exc
     except (ValueError, KeyError) as exc:
-        raise ModelError(f"'{model_id}' is not a sequence classifier attattr can load: {_first_line(exc)}") from exc
+        what = "causal language model" if lm else "sequence classifier"
+        raise ModelError(f"'{model_id}' is not a {what} attattr can load: {_first_line(exc)}") from exc
     model.to(dev)
     revision = getattr(model.config, "_commit_hash", None)
     return prepare(model, tokenizer, str(path.resolve()) if local else model_id,
-                   "local" if local else "hub", revision)
+                   "local" if local else "hub", revision, lm=lm)
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:

@@ -1,0 +1,114 @@
+"""Attention sites and families: which attention calls a run attributes, and how a pass
+for one target site is set up.
+
+A *site* is ``(family, layer)``. Encoder-only and decoder-only models have the one family
+``self``. Encoder-decoder models (BART) have three:
+
+* ``encoder``: encoder self-attention, ``[head, query=input token, key=input token]``;
+* ``decoder``: the decoder's causal self-attention, ``[head, decoder token, decoder token]``;
+* ``cross``: cross-attention, ``[head, query=decoder token, key=input token]``.
+
+For a target site the integration pass must give every step the same input to the target
+layer and recompute only what depends on alpha:
+
+* layers of the target's layer list below the target are replayed from the clean forward;
+* for ``decoder`` and ``cross`` targets the encoder does not depend on alpha at all, so
+  its clean output is handed to the model (``encoder_outputs``) and the encoder never runs;
+* for ``encoder`` targets the whole decoder runs as usual above.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import OptionError
+from ..models.arch import FAMILY_DOC, ArchInfo, FamilyInfo, find_encoder, find_families
+from . import attention
+
+Site = tuple  # (family: str, layer: int)
+
+
+@dataclass
+class Clean:
+    """What the clean forward leaves for the integration passes."""
+
+    outputs: dict  # layer-list path -> {layer index: output of that layer}
+    encoder_out: torch.Tensor | None = None  # [1, n, hidden] for encoder-decoder models
+
+
+class SiteScorer:
+    """The families of one model and the set-up of a pass for one target site."""
+
+    def __init__(self, model: torch.nn.Module, arch: ArchInfo):
+        self.model = model
+        self.arch = arch
+        self._lists = {name: (path, layers) for name, path, _attn, layers in find_families(model)}
+        self.encoder = find_encoder(model)
+
+    # -- families -----------------------------------------------------------------
+    @property
+    def families(self) -> list[FamilyInfo]:
+        return list(self.arch.families)
+
+    def choose(self, wanted: list[str] | None) -> list[FamilyInfo]:
+        """The families to score (None: all), in the model's order."""
+        if wanted is None:
+            return self.families
+        names = self.arch.family_names
+        for w in wanted:
+            if w not in names:
+                have = "; ".join(f"{n} ({FAMILY_DOC.get(n, '')})" for n in names)
+                raise OptionError(f"unknown attention family '{w}' for this {self.arch.model_type} model; it has: {have}")
+        return [f for f in self.families if f.name in wanted]
+
+    def layer_list(self, family: str) -> torch.nn.ModuleList:
+        return self._lists[family][1]
+
+    # -- the clean forward ----------------------------------------------------------
+    @contextlib.contextmanager
+    def capture(self):
+        """Hooks that keep every layer's output (per layer list) and the encoder's output."""
+        clean = Clean(outputs={})
+        hooks = []
+        seen = set()
+        try:
+            for path, layers in self._lists.values():
+                if path in seen:
+                    continue
+                seen.add(path)
+                store = clean.outputs.setdefault(path, {})
+                for i, layer in enumerate(layers):
+                    hooks.append(layer.register_forward_hook(lambda m, a, o, _s=store, _i=i: _s.__setitem__(_i, o)))
+            if self.encoder is not None:
+                def keep_encoder(m, a, o):
+                    clean.encoder_out = o[0] if isinstance(o, (tuple, list)) else o.last_hidden_state
+                hooks.append(self.encoder.register_forward_hook(keep_encoder))
+            yield clean
+        finally:
+            for h in hooks:
+                h.remove()
+
+    # -- one integration pass ---------------------------------------------------------
+    def extra_inputs(self, site: Site, clean: Clean, batch: int) -> dict:
+        """Model inputs a pass for ``site`` needs beyond the token ids."""
+        if site[0] in ("decoder", "cross") and clean.encoder_out is not None:
+            from transformers.modeling_outputs import BaseModelOutput
+
+            hidden = clean.encoder_out.detach()
+            return {"encoder_outputs": BaseModelOutput(last_hidden_state=hidden.expand(batch, *hidden.shape[1:]))}
+        return {}
+
+    @contextlib.contextmanager
+    def target_pass(self, site: Site, clean: Clean, plan):
+        """Replay the layers below the target, compute the target layer's projections once,
+        and route the target's attention through ``plan``."""
+        family, layer = site
+        path, layers = self._lists[family]
+        replay = clean.outputs.get(path, {}).get(layer - 1)
+        batch = len(plan.alphas)
+        with attention.replayed_below(layers, layer, replay, batch), \
+                attention.projections_once(layers[layer], plan), attention.active(plan):
+            yield
