@@ -35,7 +35,7 @@ def test_round_trip(tmp_path, tiny_model_dir, sst2_small):
         e = s.get(2)
         prov = s.provenance
         assert s.root_attrs["schema"] == "attattr.store"
-        assert s.schema_version == "1.0"
+        assert s.schema_version == "1.1"
     n = len(e.tokens)
     assert e.attribution.shape == (3, 4, n, n) and e.attention.shape == (3, 4, n, n)
     assert e.attribution.dtype == np.float32

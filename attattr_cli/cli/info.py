@@ -12,6 +12,18 @@ from ..store import Store
 from .common import edge, out
 
 
+def _families(fams: dict) -> str:
+    """One line per attention family: layers x heads, what is kept, residual."""
+    lines = []
+    for name, d in fams.items():
+        axes = f"{d.get('query')}->{d.get('key')}"
+        topk = f", top-{d['top_k']}" if d.get("top_k") else ""
+        resid = "" if d.get("mean_abs_residual") is None else f", mean |residual| {d['mean_abs_residual']:.1e}"
+        lines.append(f"{name}: {len(d.get('layers') or [])} layers scored x {d.get('heads')} heads ({axes}),"
+                     f" keep {d.get('keep')}{topk}{resid}")
+    return "\n".join(lines)
+
+
 def info(
     store: Path = typer.Argument(..., help="An attattr HDF5 store."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -41,6 +53,7 @@ def info(
             ("accuracy", "" if summary["accuracy"] is None else f"{summary['accuracy']:.4f} on {summary['with_gold']} with gold labels"),
             ("mean |residual| per layer", "" if summary["mean_abs_residual_per_layer"] is None else
              " ".join(f"{r:.1e}" for r in summary["mean_abs_residual_per_layer"])),
+            ("families", _families(summary.get("families") or {})),
             ("runs", str(len(prov.get("runs") or []))),
             ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
         ]

@@ -11,6 +11,7 @@ import typer
 from ..engine.integrate import RULES
 from ..engine.run import ScoreRequest, score_to_store
 from ..engine.score import ScoreOptions
+from ..errors import OptionError
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
 
@@ -32,23 +33,39 @@ def score(
     store_dtype: str = typer.Option("float32", "--store-dtype", help="float32, or float16 to halve the store (values below 6e-8 round to 0)."),
     truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
     seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
+    family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
+    keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head [head, q, k]), sum (head sum [q, k] + per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Also keep the k strongest entries (largest |value|) of each head as (query, key, value)."),
+    lm: bool = typer.Option(False, "--lm", help="The model is a causal language model; the target is a next token (see --prompt, --target-token, --continuation)."),
+    prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="With --lm: a prompt to score (repeat for several); or give --data."),
+    target_token: Optional[str] = typer.Option(None, "--target-token", help="With --lm: attribute the probability of this next token (one token; default: the predicted one)."),
+    continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
+    position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
+    logprob: bool = typer.Option(False, "--logprob", help="Attribute the log-probability instead of the probability."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Score attention attribution (Hao et al. 2021) for every layer and head into an HDF5 store.
 
     With no --model and no --data it runs on the built-in default: a synthetic MNLI-like task
     whose label is decided by a planted token pair, and a small BERT trained on it.
+    Encoder-decoder classifiers (BART) are scored per attention family (encoder, decoder,
+    cross); with --lm a causal language model is scored for a next token or a continuation.
     Prints the store's path on stdout.
     """
     with edge():
+        if logit and logprob:
+            raise OptionError("give --logit or --logprob, not both")
         options = ScoreOptions(
-            steps=steps, rule=rule, target=target, output="logit" if logit else "prob",
+            steps=steps, rule=rule, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
             step_batch=step_batch, kernel=kernel,
+            family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
+            keep=keep, top_k=top_k, lm=lm, target_token=target_token, continuation=continuation,
+            position=position,
         )
         req = ScoreRequest(
             out=str(out_path), model=model, data=data, task=task, examples=examples, options=options,
-            device=device, store_dtype=store_dtype, seed=seed, command=command_line(),
+            device=device, store_dtype=store_dtype, seed=seed, command=command_line(), prompts=prompt or None,
         )
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar:

@@ -41,6 +41,7 @@ def tree(
     compat: str = typer.Option("paper", "--compat", help="paper (default) or reference (the 2021 code's procedure, step for step)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="dot (default), json, png or svg; inferred from -o's extension."),
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="File to write (default: stdout; PNG and SVG need -o when stdout is a terminal)."),
+    family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default) or decoder; cross has no tree."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Build the attribution tree of one example (Hao et al. 2021, METHOD.md section 3).
@@ -56,9 +57,23 @@ def tree(
             raise OptionError(f"{fmt.upper()} output goes to a file: give -o tree.{fmt} (or pipe stdout)")
         if compat not in MODES:
             raise OptionError(f"unknown --compat '{compat}'; available: {', '.join(MODES)}")
+        if family == "cross":
+            raise OptionError(
+                "the attribution tree links tokens of one sequence; the cross family (decoder queries,"
+                " encoder keys) has none: use --family encoder or --family decoder"
+            )
         with Store(store) as s:
-            e = s.get(example)
-            num_layers = s.provenance.get("num_layers")
+            e = s.get(example, family=family)
+            fams = s.provenance.get("families")
+            num_layers = fams[e.family]["layers"] if isinstance(fams, dict) and e.family in fams \
+                else s.provenance.get("num_layers")
+        if e.attribution is None:  # --keep sum: the tree sums heads anyway
+            if e.head_sum is None:
+                raise OptionError(
+                    f"example {example} keeps no attribution maps or head sums (scored with --keep none):"
+                    " score it again with --keep sum or --keep maps"
+                )
+            e.attribution = e.head_sum
         g = tree_for_example(e, layers=parse_int_list(layers, "--layers"), tau=tau, lam=lam, compat=compat,
                              num_layers=num_layers if isinstance(num_layers, int) else None, top=top)
         if fmt == "json":

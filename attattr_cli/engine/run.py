@@ -34,6 +34,7 @@ class ScoreRequest:
     store_dtype: str = "float32"
     seed: int = 0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
+    prompts: list[str] | None = None  # --lm: prompts given on the command line (instead of --data)
 
 
 @dataclass
@@ -79,6 +80,24 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
     return model, task, examples, labels
 
 
+def resolve_lm_inputs(model: str | None, data: str | None, prompts: list[str] | None):
+    """Model id and prompts of a language-model run: --prompt texts, or the text column(s)
+    of --data (a pair becomes one prompt, the two texts joined by a space)."""
+    from ..data import load_examples
+
+    if model is None:
+        raise OptionError("--lm needs --model: a local causal language model folder (or a hub id in the local cache)")
+    if prompts and data:
+        raise OptionError("give --prompt or --data, not both")
+    if prompts:
+        return model, [Example(i, p) for i, p in enumerate(prompts)]
+    if data is None:
+        raise OptionError("--lm needs --prompt TEXT (or --data with a text column)")
+    examples, _ = load_examples(data, None, None)
+    return model, [Example(e.index, e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}", meta=dict(e.meta))
+                   for e in examples]
+
+
 def _config_labels(model: str) -> list[str] | None:
     """The model's label names from its config (cheap: no weights), for data without a task."""
     from transformers import AutoConfig
@@ -121,10 +140,18 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
 
     torch.manual_seed(req.seed)
-    model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task)
+    if req.options.lm:
+        if req.task is not None:
+            raise OptionError("--task presets are classification tasks; with --lm give --prompt or --data")
+        model_id, examples = resolve_lm_inputs(req.model, req.data, req.prompts)
+        task, labels = None, None
+    else:
+        if req.prompts:
+            raise OptionError("--prompt goes with --lm (a causal language model)")
+        model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task)
     chosen = parse_examples(req.examples, len(examples))
     if loaded is None:
-        loaded = load(model_id, device=req.device, dtype=req.options.dtype)
+        loaded = load(model_id, device=req.device, dtype=req.options.dtype, lm=req.options.lm)
     scorer = Scorer(loaded, req.options, task_labels=labels)
     picked = [examples[i] for i in chosen]
     builtin_model = Path(model_id).resolve() == DEFAULT_MODEL_DIR.resolve()
@@ -133,7 +160,8 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     fingerprint = {  # the model is identified by its weights, wherever it was loaded from
         "weights_sha256": loaded.weights_sha256,
         "options": req.options.fingerprint(loaded.arch.num_layers),
-        "data": f"{task.name if task else 'generic'}:{req.data or 'builtin'}",
+        "data": f"{task.name if task else ('lm' if req.options.lm else 'generic')}:"
+                f"{req.data or ('prompt' if req.prompts else 'builtin')}",
         "data_sha256": data_digest(examples),
     }
     provenance = {
@@ -146,9 +174,14 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
         "model_class": type(loaded.model).__name__,
         "num_layers": loaded.arch.num_layers,
         "num_heads": loaded.arch.num_heads,
-        "label_names": loaded.label_names,
+        "families": {f.name: {"layers": f.num_layers, "heads": f.num_heads, "query": f.query_side,
+                              "key": f.key_side, "scored": f.name in scorer.layers_of}
+                     for f in loaded.arch.families},
+        "lm": bool(req.options.lm),
+        "max_length": loaded.arch.max_length or 0,
+        "label_names": [] if req.options.lm else loaded.label_names,
         "task": task.name if task else "",
-        "task_labels": list(labels),
+        "task_labels": list(labels or []),
         "label_mapping": scorer.label_how,
         "data": req.data or "builtin",
         "data_sha256": fingerprint["data_sha256"],
@@ -169,7 +202,7 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
             "command": req.command, "kernel": scorer.backend.name, "device": str(scorer.device),
             "requested": len(picked), "to_score": len(todo),
         })
-        total = len(todo) * len(scorer.layers)
+        total = len(todo) * sum(len(v) for v in scorer.layers_of.values())
         done_units = 0
         resid, right, golds = [], 0, 0
         if progress:

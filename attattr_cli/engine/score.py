@@ -464,12 +464,13 @@ class Scorer:
         return pred
 
     # -- step micro-batching ------------------------------------------------------
-    def auto_step_batch(self, enc: Encoded, site) -> int:
-        """Steps per pass that fit the free memory of the device (an estimate of the
-        activations kept for the backward through the layers at and above the target)."""
+    def auto_step_batch(self, enc: Encoded, site, steps: int | None = None) -> int:
+        """Steps per pass (at most ``steps``, default all) that fit the free memory of the
+        device: an estimate of the activations kept for the backward through the layers
+        at and above the target. ``--step-batch`` overrides it."""
         if self.options.step_batch is not None:
             return self.options.step_batch
-        steps = max(len(self.alphas), 1)
+        steps = max(len(self.alphas) if steps is None else steps, 1)
         per_step = self.step_bytes(enc, site)
         free = _free_memory(self.device)
         return int(max(1, min(steps, free // max(per_step, 1))))
@@ -512,7 +513,7 @@ class Scorer:
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
-        chunk = self.auto_step_batch(enc, site) if len(alphas) else 1
+        chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
         saved = None
         start = 0
         while start < len(alphas):
@@ -532,7 +533,7 @@ class Scorer:
                 del plan
                 if self.device.type == "cuda":
                     torch.cuda.empty_cache()
-                chunk = max(1, chunk // 2)
+                chunk = max(1, (chunk + 1) // 2)
                 continue
             part = g.to(acc_dtype).sum(0, keepdim=True)
             g_sum = part if g_sum is None else g_sum + part

@@ -5,10 +5,11 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
+FAMILIES = "families"  # examples/N/families/<family>/ for every family but "self"
 PROVENANCE = "provenance"
 PARTIAL_PREFIX = ".partial-"
 
@@ -24,7 +25,17 @@ AXES = {
     "head_max": ("layer", "head"),
     "f_baseline": ("layer",),
     "residual": ("layer",),
+    # schema 1.1
+    "head_sum": ("layer", "query", "key"),
+    "attention_mean": ("layer", "query", "key"),
+    "topk_index": ("layer", "head", "rank", "query_key"),
+    "topk_value": ("layer", "head", "rank"),
+    "decoder_tokens": ("decoder_token",),
+    "decoder_input_ids": ("decoder_token",),
 }
+# the datasets of one family (at the example's top level for "self", else under families/)
+FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
+                   "f_baseline", "residual", "topk_index", "topk_value")
 
 STORE_DTYPES = ("float32", "float16")
 

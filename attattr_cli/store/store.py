@@ -25,6 +25,7 @@ from ..errors import StoreError
 from .schema import (
     AXES,
     EXAMPLES,
+    FAMILIES,
     PARTIAL_PREFIX,
     PROVENANCE,
     SCHEMA_MAJOR,
@@ -180,6 +181,31 @@ class StoreWriter(_OpenFile):
         prov.attrs["runs"] = json.dumps(runs)
         self.f.flush()
 
+    def _write_family(self, g, arrays: dict) -> None:
+        """One family's datasets into group ``g`` (absent entries: None)."""
+        big = dict(compression="gzip", compression_opts=4, shuffle=True)
+        for name, value in arrays.items():
+            if value is None:
+                continue
+            arr = np.asarray(value)
+            if name == "layers":
+                g.create_dataset(name, data=arr.astype(np.int32))
+            elif name in ("attribution", "attention"):
+                chunks = (1, *arr.shape[1:]) if arr.size else None
+                g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
+            elif name in ("head_sum", "attention_mean"):
+                chunks = (1, *arr.shape[1:]) if arr.size else None
+                g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
+            elif name == "topk_index":
+                g.create_dataset(name, data=arr.astype(np.int32), **(big if arr.size else {}))
+            elif name in ("head_max", "topk_value"):
+                g.create_dataset(name, data=arr.astype(np.float32))
+            else:
+                g.create_dataset(name, data=arr)
+            for i, label in enumerate(AXES.get(name, ())):
+                if i < arr.ndim:
+                    g[name].dims[i].label = label
+
     def write(self, score) -> None:
         """Write one ``ExampleScore`` atomically (see module docstring)."""
         examples = self.f[EXAMPLES]
@@ -191,23 +217,36 @@ class StoreWriter(_OpenFile):
             del examples[tmp]
         g = examples.create_group(tmp)
         n = len(score.tokens)
-        big = dict(compression="gzip", compression_opts=4, shuffle=True)
         g.create_dataset("tokens", data=np.array(score.tokens, dtype=object), dtype=_STR)
         g.create_dataset("input_ids", data=score.input_ids)
         g.create_dataset("segment_ids", data=score.segment_ids)
         g.create_dataset("logits", data=score.logits)
         g.create_dataset("probs", data=score.probs)
-        for name in ("attribution", "attention"):
-            arr = np.asarray(getattr(score, name))
-            chunks = (1, arr.shape[1], n, n) if arr.size else None
-            g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
-        g.create_dataset("head_max", data=np.asarray(score.head_max, dtype=np.float32))
-        g.create_dataset("f_baseline", data=score.f_baseline)
-        g.create_dataset("residual", data=score.residual)
-        g.create_dataset("layers", data=np.asarray(score.layers, dtype=np.int32))
-        for name, labels in AXES.items():
-            for i, label in enumerate(labels):
-                g[name].dims[i].label = label
+        if getattr(score, "decoder_tokens", None) is not None:
+            g.create_dataset("decoder_tokens", data=np.array(score.decoder_tokens, dtype=object), dtype=_STR)
+            g.create_dataset("decoder_input_ids", data=score.decoder_input_ids)
+        families = getattr(score, "families", None) or {}
+        info = {}
+        if not families:  # an ExampleScore built by hand in the 1.0 shape
+            self._write_family(g, dict(
+                layers=score.layers, attribution=score.attribution, attention=score.attention,
+                head_max=score.head_max, f_baseline=score.f_baseline, residual=score.residual))
+            info["self"] = {"keep": "maps", "heads": int(np.shape(score.head_max)[1]) if np.ndim(score.head_max) == 2 else 0,
+                            "query": "encoder", "key": "encoder"}
+        for name, fs in families.items():
+            where = g if name == "self" else g.require_group(FAMILIES).create_group(name)
+            attention = fs.attention
+            self._write_family(where, dict(
+                layers=fs.layers, attribution=fs.attribution,
+                attention=attention if attention is not None and attention.ndim == 4 else None,
+                attention_mean=attention if attention is not None and attention.ndim == 3 else None,
+                head_sum=fs.head_sum if fs.keep != "maps" else None,
+                head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
+                topk_index=fs.topk_index, topk_value=fs.topk_value))
+            info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
+        a = g.attrs
+        a["families"] = json.dumps(info)
+        a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
         a = g.attrs
         a["index"] = score.index
         a["gold"] = score.gold
@@ -252,6 +291,27 @@ class StoredExample:
     text_a: str
     text_b: str | None
     meta: dict
+    # schema 1.1
+    family: str = "self"
+    families: list = None  # every family this example holds
+    keep: str = "maps"  # maps | sum | none
+    head_sum: np.ndarray | None = None  # [layer, query, key]: the maps summed over heads
+    topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
+    topk_value: np.ndarray | None = None  # [layer, head, k]
+    key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
+    decoder_tokens: list | None = None
+
+    def summed(self) -> np.ndarray | None:
+        """[layer, query, key]: the head sum, from the maps or as stored."""
+        if self.head_sum is not None:
+            return self.head_sum
+        if self.attribution is not None and np.ndim(self.attribution) == 4:
+            return np.asarray(self.attribution).sum(axis=1)
+        return None
+
+
+def _strings(ds) -> list[str]:
+    return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
 
 
 class Store(_OpenFile):
@@ -309,40 +369,84 @@ class Store(_OpenFile):
     def __contains__(self, index: int) -> bool:
         return example_name(index) in self.f[EXAMPLES]
 
-    def get(self, index: int, arrays: bool = True) -> StoredExample:
+    def families_of(self, index: int) -> dict[str, dict]:
+        """{family: {keep, heads, query, key}} of one example (1.0 stores: self only)."""
+        g = self._group(index)
+        info = _attr(g, "families")
+        if info:
+            return json.loads(info)
+        heads = int(g["head_max"].shape[1]) if "head_max" in g and g["head_max"].ndim == 2 else 0
+        return {"self": {"keep": "maps", "heads": heads, "query": "encoder", "key": "encoder"}}
+
+    def families(self) -> list[str]:
+        idx = self.indices()
+        return list(self.families_of(idx[0])) if idx else []
+
+    def _group(self, index: int):
         name = example_name(index)
         if name not in self.f[EXAMPLES]:
             have = self.indices()
             span = f"{have[0]}..{have[-1]}" if have else "none"
             raise StoreError(f"example {index} is not in {self.path} (it holds {len(have)} examples: {span})")
-        g = self.f[EXAMPLES][name]
+        return self.f[EXAMPLES][name]
+
+    def get(self, index: int, arrays: bool = True, family: str | None = None) -> StoredExample:
+        """One example; ``family`` picks the attention family (default: the first one the
+        example holds: ``self``, or ``encoder`` for encoder-decoder models)."""
+        g = self._group(index)
         a = g.attrs
+        fams = self.families_of(index)
+        family = family or next(iter(fams))
+        if family not in fams:
+            raise StoreError(f"example {index} in {self.path} has no attention family '{family}'; it has: {', '.join(fams)}")
+        fg = g if family == "self" else g[FAMILIES][family]
+        finfo = fams[family]
 
-        def arr(key):
-            return g[key][()] if arrays else None
+        def arr(key, big=True):
+            if key not in fg:
+                return None
+            return fg[key][()] if (arrays or not big) else None
 
+        tokens = _strings(g["tokens"])
+        decoder_tokens = _strings(g["decoder_tokens"]) if "decoder_tokens" in g else None
+        segments = g["segment_ids"][()]
+        query_tokens = decoder_tokens if finfo.get("query") == "decoder" and decoder_tokens is not None else tokens
+        key_tokens = decoder_tokens if finfo.get("key") == "decoder" and decoder_tokens is not None else tokens
+        if query_tokens is not tokens:  # the decoder input is the input shifted right by one
+            segments = np.concatenate([[-1], segments[:-1]]).astype(segments.dtype)
+        attention = arr("attention")
+        if attention is None:
+            attention = arr("attention_mean")
         return StoredExample(
             index=int(_attr(g, "index")),
-            tokens=[t.decode() if isinstance(t, bytes) else t for t in g["tokens"][()]],
+            tokens=query_tokens,
             input_ids=g["input_ids"][()],
-            segment_ids=g["segment_ids"][()],
+            segment_ids=segments,
             gold=int(_attr(g, "gold")),
             pred=int(_attr(g, "pred")),
             target=int(_attr(g, "target")),
             logits=g["logits"][()],
             probs=g["probs"][()],
-            layers=[int(x) for x in g["layers"][()]],
+            layers=[int(x) for x in fg["layers"][()]],
             attribution=arr("attribution"),
-            attention=arr("attention"),
-            head_max=g["head_max"][()],
+            attention=attention,
+            head_max=fg["head_max"][()],
             f_full=float(_attr(g, "f_full")),
-            f_baseline=g["f_baseline"][()],
-            residual=g["residual"][()],
+            f_baseline=fg["f_baseline"][()],
+            residual=fg["residual"][()],
             kernel=str(_attr(g, "kernel")),
             truncated=bool(a.get("truncated", False)),
             text_a=str(_attr(g, "text_a", "")),
             text_b=str(_attr(g, "text_b")) if bool(a.get("has_text_b", False)) else None,
             meta=json.loads(_attr(g, "meta", "{}")),
+            family=family,
+            families=list(fams),
+            keep=str(finfo.get("keep", "maps")),
+            head_sum=arr("head_sum"),
+            topk_index=arr("topk_index"),
+            topk_value=arr("topk_value"),
+            key_tokens=key_tokens,
+            decoder_tokens=decoder_tokens,
         )
 
     def __iter__(self) -> Iterable[StoredExample]:
@@ -374,8 +478,30 @@ class Store(_OpenFile):
             "accuracy": (correct / golds) if golds else None,
             "with_gold": golds,
             "mean_abs_residual_per_layer": np.mean(resid, axis=0).tolist() if resid else None,
+            "families": self._family_summary(idx),
             "provenance": prov,
         }
+        return out
+
+    def _family_summary(self, idx: list[int]) -> dict:
+        """{family: {layers, heads, keep, query, key, mean_abs_residual}} over the examples."""
+        out: dict = {}
+        for i in idx:
+            for name, info in self.families_of(i).items():
+                e = self.get(i, arrays=False, family=name)
+                d = out.setdefault(name, {"layers": e.layers, "heads": info.get("heads"), "keep": set(),
+                                          "query": info.get("query"), "key": info.get("key"), "_r": [],
+                                          "top_k": None})
+                d["keep"].add(info.get("keep"))
+                d["_r"].extend(np.abs(e.residual).tolist())
+                g = self._group(i)
+                fg = g if name == "self" else g[FAMILIES][name]
+                if "topk_value" in fg:
+                    d["top_k"] = int(fg["topk_value"].shape[-1])
+        for d in out.values():
+            d["keep"] = ",".join(sorted(d["keep"]))
+            r = d.pop("_r")
+            d["mean_abs_residual"] = float(np.mean(r)) if r else None
         return out
 
 
