@@ -60,3 +60,11 @@ gpu-test: setup
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
     {{py}} bench/bench_gpu_score.py
+
+# Long-context decoder benchmark on CPU: attattr vs the 2021 procedure, Qwen2-style 6-layer decoder, n = 512
+bench-long: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_long_decoder.py --json bench-long.json
+
+# On a GPU machine: Qwen2-0.5B's config (random init) at n = 2048 and 4096, attattr vs the 2021 procedure
+bench-long-gpu: setup
+    {{py}} bench/bench_long_decoder.py --gpu --json bench-long-gpu.json

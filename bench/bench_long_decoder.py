@@ -65,7 +65,8 @@ def _peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str, out: str) -> dict:
+def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str, out: str,
+          config: str = "small", ref_step_batch: int | None = None) -> dict:
     import numpy as np
     import torch
     import transformers as tf
@@ -77,7 +78,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
 
     device = torch.device("cuda" if gpu else "cpu")
     torch.manual_seed(0)
-    cfg = tf.Qwen2Config(**(QWEN2_05B if gpu else CPU_CONFIG))
+    cfg = tf.Qwen2Config(**(QWEN2_05B if config == "qwen2-0.5b" else CPU_CONFIG))
     cfg._attn_implementation = "sdpa"
     tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float64": torch.float64}[dtype]
     model = tf.Qwen2ForCausalLM(cfg).to(device=device, dtype=tdtype)
@@ -107,7 +108,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
             from slow_reference import slow_attribution
 
             alphas, weights = nodes("right", steps)
-            step_batch = steps
+            step_batch = ref_step_batch or steps
             for ids in prompts:
                 inputs = {"input_ids": torch.tensor([ids], device=device)}
                 keep = torch.tensor([n - 1], device=device)
@@ -119,7 +120,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
 
                 t0 = time.perf_counter()
                 ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights, None,
-                                          f_of_logits=f_of_logits, with_baseline=False,
+                                          f_of_logits=f_of_logits, with_baseline=False, step_batch=step_batch,
                                           more_inputs={"use_cache": False, "logits_to_keep": keep})
                 if gpu:
                     torch.cuda.synchronize()
@@ -137,13 +138,15 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
             "peak_bytes": peak, "step_batch": step_batch,
             "device": torch.cuda.get_device_name() if gpu else f"cpu ({torch.get_num_threads()} threads)",
             "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
-            "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size, "steps": steps, "dtype": dtype}
+            "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size, "steps": steps, "dtype": dtype,
+            "config": config}
 
 
 def run_child(method: str, n: int, args, tmp: Path) -> dict:
     out = tmp / f"{method}-{n}.npy"
     cmd = [sys.executable, __file__, "--child", method, "--n", str(n), "--examples", str(args.examples),
-           "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out)] + (["--gpu"] if args.gpu else [])
+           "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out), "--config", args.config] \
+        + (["--gpu"] if args.gpu else []) + (["--ref-step-batch", str(args.ref_step_batch)] if args.ref_step_batch else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -162,13 +165,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--dtype", default=None, help="float32 (CPU default) or bfloat16 (GPU default)")
     ap.add_argument("--methods", default="attattr,2021")
+    ap.add_argument("--config", default=None, choices=["small", "qwen2-0.5b"],
+                    help="model config (default: small on CPU, qwen2-0.5b with --gpu)")
+    ap.add_argument("--ref-step-batch", type=int, default=None,
+                    help="steps per batch for the 2021 procedure (default: all m at once, as the paper's batch)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
+    args.config = args.config or ("qwen2-0.5b" if args.gpu else "small")
     if args.child:
-        print(json.dumps(child(args.child, args.n[0], args.examples, args.steps, args.gpu, args.dtype, args.save)))
+        print(json.dumps(child(args.child, args.n[0], args.examples, args.steps, args.gpu, args.dtype, args.save,
+                               args.config, args.ref_step_batch)))
         return
     import numpy as np
 
@@ -185,7 +194,8 @@ def main() -> None:
                 secs = "-" if r.get("seconds_per_example") is None else f"{r['seconds_per_example']:.1f} s/example"
                 mem = "-" if r.get("peak_bytes") is None else f"+{r['peak_bytes'] / gib:.2f} GiB peak"
                 print(f"n={n:5d} {method:8s} {r['status']:>4s}  {secs}  {mem}  "
-                      f"(step batch {r.get('step_batch')}, {r.get('device', '')})", flush=True)
+                      f"({r.get('config', '')}, {r.get('layers', '?')} layers, step batch {r.get('step_batch')},"
+                      f" {r.get('dtype', '')}, {r.get('device', '')})", flush=True)
             a, b = row.get("attattr"), row.get("2021")
             if a and b and a["status"] == "ok" and b["status"] == "ok":
                 x, y = np.load(a["saved"]).astype(np.float64), np.load(b["saved"]).astype(np.float64)

@@ -42,7 +42,7 @@ def _attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, 
         st["probs"][layer] = probs.detach()
     elif layer == st["layer"]:
         base = st["probs"][layer]
-        probs = (st["alphas"].view(-1, 1, 1, 1).to(base.dtype) * base).requires_grad_(True)
+        probs = (st["alphas"].view(-1, 1, 1, 1).to(device=base.device, dtype=base.dtype) * base).requires_grad_(True)
         st["leaf"] = probs
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
@@ -66,12 +66,15 @@ def _owner(model):
 
 def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, output: str = "prob",
                      pad_to: int | None = None, with_baseline: bool = True, f_of_logits=None,
-                     more_inputs: dict | None = None, family: str | None = None):
+                     more_inputs: dict | None = None, family: str | None = None,
+                     step_batch: int | None = None):
     """Return {layer: Attr [heads, n, n]} (float64 if the model is) and {layer: F(alpha=0)}.
 
     ``family`` picks the attention family of encoder-decoder models (encoder, decoder,
     cross; default: the first). ``f_of_logits`` maps the model's logits to F per batch row
     (language-model targets); ``more_inputs`` holds more model inputs (use_cache, logits_to_keep).
+    ``step_batch`` runs the steps in batches of that many (the 2021 code's batch_size);
+    default: all steps in one batch.
 
     ``with_baseline`` adds alpha = 0 as one more row (weight 0) to read F(0) for the
     completeness check; the 2021 code had no such row (the benchmark turns it off).
@@ -105,21 +108,26 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
             result, f0s = {}, {}
             for layer in layers:
                 extra = 1 if with_baseline else 0
-                m = len(alphas)
                 alist = torch.cat([torch.as_tensor(alphas, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
-                st.update(mode="attr", layer=layer, alphas=alist, leaf=None)
-                batch = {k: v.expand(m + extra, -1) for k, v in inputs.items()}
-                with torch.enable_grad():
-                    logits = model(**batch, **more).logits
-                    work = logits.double() if logits.dtype != torch.float64 else logits
-                    if f_of_logits is not None:
-                        f = f_of_logits(work)
-                    else:
-                        f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
-                    w = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
-                    (grad,) = torch.autograd.grad((f * w).sum(), st["leaf"])
+                wlist = torch.cat([torch.as_tensor(weights, dtype=torch.float64), torch.zeros(extra, dtype=torch.float64)])
+                chunk = step_batch or len(alist)
+                grad = None
+                for start in range(0, len(alist), chunk):  # the 2021 code's batches of steps
+                    a_part, w_part = alist[start:start + chunk], wlist[start:start + chunk]
+                    st.update(mode="attr", layer=layer, alphas=a_part, leaf=None)
+                    batch = {k: v.expand(len(a_part), -1) for k, v in inputs.items()}
+                    with torch.enable_grad():
+                        logits = model(**batch, **more).logits
+                        work = logits.double() if logits.dtype != torch.float64 else logits
+                        if f_of_logits is not None:
+                            f = f_of_logits(work)
+                        else:
+                            f = work[:, target] if output == "logit" else torch.softmax(work, -1)[:, target]
+                        (g,) = torch.autograd.grad((f * w_part.to(f.device)).sum(), st["leaf"])
+                    grad = g.sum(0) if grad is None else grad + g.sum(0)
+                    del g, logits, work
                 a = st["probs"][layer][0]
-                attr = a * grad.sum(0)
+                attr = a * grad
                 result[layer] = attr[:, :n, :n]
                 f0s[layer] = float(f[-1].detach()) if with_baseline else float("nan")
         finally:
