@@ -314,3 +314,17 @@ def test_lm_cli_errors_leave_nothing(gpt2_dir, tmp_path):
     r = _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1", "--target-token", "w1 w2", "--out", out)
     assert r.stderr.strip().startswith("Error: --target-token 'w1 w2' is 2 tokens")
     assert not out.exists()
+
+
+def test_lm_prompts_from_data_file(gpt2_dir, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"text": "w1 w2 w3"}\n{"text": "w4 w5"}\n{"text": "w6 w7 w8 w9"}\n')
+    out = tmp_path / "d.h5"
+    r = _run("score", "--lm", "--model", gpt2_dir, "--data", data, "--examples", "1:3", "--continuation", "w9 w10",
+             "--steps", "2", "--quiet", "--out", out)
+    assert r.exit_code == 0, r.output
+    with Store(out) as s:
+        assert s.indices() == [1, 2]
+        e = s.get(2)
+        assert e.text_a == "w6 w7 w8 w9" and e.tokens == ["[CLS]", "w6", "w7", "w8", "w9", "[SEP]", "w9"]
+        assert e.meta["lm"]["positions"] == [5, 6] and e.logits.shape == (2,)

@@ -317,9 +317,23 @@ class Scorer:
             inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:
             inputs["use_cache"] = False  # no key/value cache at batch m
-        if enc.lm_positions is not None:
+        if enc.lm_positions is not None and self._takes_logits_to_keep():
             inputs["logits_to_keep"] = torch.tensor(enc.lm_positions, device=self.device)
         return inputs
+
+    def _takes_logits_to_keep(self) -> bool:
+        import inspect
+
+        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
+
+    def _logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
+        """The model's logits: [batch, labels] for classifiers, [batch, kept positions, vocab]
+        for LMs (only the positions F needs go through the LM head where the model can)."""
+        inputs = self._inputs(enc, batch)
+        logits = self.model(**inputs, **(extra or {})).logits
+        if enc.lm_positions is not None and "logits_to_keep" not in inputs:
+            logits = logits[:, torch.tensor(enc.lm_positions, device=logits.device)]
+        return logits
 
     def keep_for(self, enc: Encoded) -> str:
         if self.options.keep != "auto":
@@ -340,7 +354,7 @@ class Scorer:
             record = attention.Record(grad_layers=frozenset(targets) if share_one else frozenset(),
                                       keep={"maps": "maps", "sum": "mean"}.get(keep))
             with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
-                logits_g = model(**self._inputs(enc, 1)).logits
+                logits_g = self._logits(enc, 1)
             logits = logits_g.detach()
             if self.options.lm:
                 pred = int(logits[0, 0].argmax())
@@ -522,7 +536,7 @@ class Scorer:
             plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
             try:
                 with self.sites.target_pass(site, clean, plan), torch.enable_grad():
-                    logits = self.model(**self._inputs(enc, len(a)), **self.sites.extra_inputs(site, clean, len(a))).logits
+                    logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
                     f = self._target_value(logits, target)
                     if plan.leaf is None:
                         raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
@@ -548,7 +562,7 @@ class Scorer:
                                        family=family)
             with self.sites.target_pass(site, clean, plan), torch.no_grad():
                 f0 = float(self._target_value(
-                    self.model(**self._inputs(enc, 1), **self.sites.extra_inputs(site, clean, 1)).logits, target)[0])
+                    self._logits(enc, 1, self.sites.extra_inputs(site, clean, 1)), target)[0])
             if saved is None:
                 saved = plan.saved
         self._saved = saved
