@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..engine import distributed
 from ..engine.integrate import RULES
 from ..engine.run import ScoreRequest, score_to_store
 from ..engine.score import ScoreOptions
@@ -33,12 +34,18 @@ def score(
     truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
     seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    keep_shards: bool = typer.Option(False, "--keep-shards", help="Under torchrun: keep each process's shard (OUT.rankK-of-N.h5) after merging them into --out."),
+    dist_timeout: float = typer.Option(3600, "--dist-timeout", help="Under torchrun: seconds a process waits for the others (to start, or to finish their share) before giving up."),
 ) -> None:
     """Score attention attribution (Hao et al. 2021) for every layer and head into an HDF5 store.
 
     With no --model and no --data it runs on the built-in default: a synthetic MNLI-like task
     whose label is decided by a planted token pair, and a small BERT trained on it.
     Prints the store's path on stdout.
+
+    Under torchrun (`torchrun --nproc-per-node N -m attattr_cli score ...`) each process
+    scores a share of the examples, balanced by token count, into its own shard beside
+    --out, and rank 0 merges the shards into --out.
     """
     with edge():
         options = ScoreOptions(
@@ -50,9 +57,13 @@ def score(
             out=str(out_path), model=model, data=data, task=task, examples=examples, options=options,
             device=device, store_dtype=store_dtype, seed=seed, command=command_line(),
         )
+        env = distributed.detect()
+        if env is not None and env.world_size > 1:
+            _score_distributed(req, env, quiet, keep_shards, dist_timeout)
+            return
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar:
-            report = score_to_store(req, progress=bar)
+            report = score_to_store(req, progress=bar, warn=_warn)
         secs = time.perf_counter() - t0
         resid = "" if report.mean_abs_residual is None else f"; mean |completeness residual| {report.mean_abs_residual:.2e}"
         acc = "" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}"
@@ -62,3 +73,38 @@ def score(
             markup=False,
         )
         out.print(report.out, markup=False)
+
+
+def _warn(message: str) -> None:
+    err.print(f"Warning: {message}", markup=False)
+
+
+def _score_distributed(req: ScoreRequest, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
+    """One torchrun process: its share into its shard; rank 0 reports and merges."""
+    lead = env.rank == 0
+
+    def warn(message: str) -> None:
+        err.print(f"Warning: rank {env.rank}: {message}", markup=False)
+
+    with progress_bar(f"score rank 0/{env.world_size}", quiet or not lead) as bar:
+        report = distributed.score_distributed(req, env, progress=bar, warn=warn, keep_shards=keep_shards,
+                                               timeout=timeout)
+    if not lead:
+        return
+    loads = ", ".join(str(t) for t in report.tokens_per_rank)
+    merged = report.merged or {"added": 0, "skipped": 0}
+    err.print(
+        f"scored {report.scored} examples on {env.world_size} processes ({report.skipped} already in the shards,"
+        f" {report.already} already in {req.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
+        f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {req.out}"
+        + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),
+        markup=False,
+    )
+    if report.shards_elsewhere:
+        names = " ".join(report.shards_elsewhere)
+        err.print(
+            f"{len(report.shards_elsewhere)} shards are not on this machine (other machines wrote them to their own"
+            f" disks): copy them here and run: attattr merge {names} --out {req.out}",
+            markup=False,
+        )
+    out.print(report.out, markup=False)

@@ -13,6 +13,7 @@ is ever built.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..data.types import Example
-from ..errors import DataError, OptionError
+from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention
@@ -123,6 +124,9 @@ class Scorer:
         self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
         self.alphas, self.weights = nodes(options.rule, options.steps)
         self._fixed_target = self._parse_target(options.target)
+        self._chunk_limit: int | None = None  # lowered by the out-of-memory back-off, kept for later examples
+        self._warned_oom = False
+        self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
 
     # -- targets ---------------------------------------------------------------
     def _parse_target(self, target: str) -> int | None:
@@ -181,7 +185,24 @@ class Scorer:
 
     def score(self, example: Example, encoded: Encoded | None = None,
               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
+        """Score one example. Step micro-batches that run out of memory are halved and retried
+        (said once through ``self.warn``); memory that runs out anyway raises ResourceError."""
         enc = encoded or self.encode(example)
+        try:
+            return self._score(example, enc, on_layer)
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ResourceError(
+                f"out of memory on {self.device} for example {example.index} ({len(enc.input_ids)} tokens)"
+                " outside the integration steps (the clean forward pass or the attribution maps):"
+                " use a smaller model, --dtype bfloat16, --truncate, or a device with more memory"
+            ) from exc
+
+    def _score(self, example: Example, enc: Encoded,
+               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
         model = self.model
         with attention.taken_over(model) as layer_list:
             outputs: dict[int, object] = {}
@@ -278,22 +299,23 @@ class Scorer:
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
         replay = outputs.get(layer - 1)
-        chunk = self.options.step_batch or max(len(alphas), 1)
-        for start in range(0, len(alphas), chunk):
+        chunk = min(self.options.step_batch or max(len(alphas), 1), self._chunk_limit or max(len(alphas), 1))
+        start = 0
+        while start < len(alphas):
             a = alphas[start:start + chunk]
             w = weights[start:start + chunk].to(self.device, acc_dtype)
-            plan = attention.Attribute(layer, a.to(self.device), self.backend)
-            with self._pass(layer_list, layer, replay, plan), torch.enable_grad():
-                logits = self.model(**self._inputs(enc, len(a))).logits
-                f = self._target_value(logits, target)
-                if plan.leaf is None:
-                    raise RuntimeError(f"layer {layer}'s attention was not routed through attattr")
-                (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-            part = g.to(acc_dtype).sum(0, keepdim=True)
+            try:
+                part, f, saved = self._step_chunk(enc, layer, target, layer_list, replay, a, w)
+            except RuntimeError as exc:  # torch.cuda.OutOfMemoryError is a RuntimeError
+                if not is_out_of_memory(exc):
+                    raise
+                chunk = self._back_off(len(a), exc)
+                continue
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
-                f0 = float(f[zero_at - start].detach())
-            self._saved = plan.saved
+                f0 = float(f[zero_at - start])
+            self._saved = saved
+            start += len(a)
         if zero_at is None:  # F(0): one forward at batch 1, no backward
             plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend)
             with self._pass(layer_list, layer, replay, plan), torch.no_grad():
@@ -302,6 +324,42 @@ class Scorer:
                 self._saved = plan.saved
         self._saved["layer"] = layer
         return g_sum, f0
+
+    def _step_chunk(self, enc: Encoded, layer: int, target: int, layer_list, replay,
+                    a: torch.Tensor, w: torch.Tensor):
+        """One micro-batch of steps: (sum of w_k dF/dO_k over it, F at its alphas, saved Q/K/V)."""
+        acc_dtype = w.dtype
+        plan = attention.Attribute(layer, a.to(self.device), self.backend)
+        with self._pass(layer_list, layer, replay, plan), torch.enable_grad():
+            logits = self.model(**self._inputs(enc, len(a))).logits
+            f = self._target_value(logits, target)
+            if plan.leaf is None:
+                raise RuntimeError(f"layer {layer}'s attention was not routed through attattr")
+            (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
+        return g.to(acc_dtype).sum(0, keepdim=True), f.detach(), plan.saved
+
+    def _back_off(self, size: int, exc: BaseException) -> int:
+        """A micro-batch of ``size`` steps ran out of memory: the next size to try, or ResourceError."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if size <= 1:
+            raise ResourceError(
+                f"out of memory on {self.device} even with one integration step per pass"
+                f" ({self.loaded.arch.num_layers} layers, dtype {self.options.dtype}): use a smaller model,"
+                " --dtype bfloat16, --layers, or a device with more memory"
+            ) from exc
+        smaller = max(size // 2, 1)
+        self._chunk_limit = smaller
+        if not self._warned_oom:
+            self._warned_oom = True
+            message = (f"out of memory with {size} integration steps per pass on {self.device}; "
+                       f"halving the step micro-batch (now {smaller}, and lower if needed). "
+                       "Results do not change; pass --step-batch to start lower.")
+            if self.warn is not None:
+                self.warn(message)
+            else:
+                warnings.warn(message, ResourceWarning, stacklevel=2)
+        return smaller
 
     @contextlib.contextmanager
     def _pass(self, layer_list, layer, replay, plan):
@@ -317,6 +375,14 @@ class Scorer:
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
             causal=s["causal"],
         )
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for torch.cuda.OutOfMemoryError and the RuntimeErrors other backends raise when memory runs out."""
+    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
 
 
 def _detached(obj):

@@ -11,6 +11,7 @@ SCHEMA_MAJOR = 1
 EXAMPLES = "examples"
 PROVENANCE = "provenance"
 PARTIAL_PREFIX = ".partial-"
+SHARD_EXAMPLES = "shard_examples"  # root dataset of a distributed shard: the indices it was given
 
 # dataset name -> axis labels
 AXES = {
