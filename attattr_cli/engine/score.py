@@ -379,10 +379,11 @@ class Scorer:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """True for torch.cuda.OutOfMemoryError and the RuntimeErrors other backends raise when memory runs out."""
-    oom_type = getattr(torch.cuda, "OutOfMemoryError", None)
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     if oom_type is not None and isinstance(exc, oom_type):
         return True
-    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
 
 
 def _detached(obj):
