@@ -151,8 +151,14 @@ class _Group:
             raise DistributedError("this PyTorch build has no torch.distributed")
         if not dist.is_initialized():
             try:
-                dist.init_process_group("gloo", timeout=_dt.timedelta(seconds=timeout),
-                                        rank=env.rank, world_size=env.world_size)
+                wait = _dt.timedelta(seconds=timeout)
+                store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=wait))
+                # torchrun keeps its store across restarts (--max-restarts): keys of an earlier
+                # attempt would point the ranks at processes that are gone
+                attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+                store = dist.PrefixStore(f"attattr/attempt-{attempt}", store)
+                dist.init_process_group("gloo", store=store, timeout=wait, rank=env.rank,
+                                        world_size=env.world_size)
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(
                     f"rank {env.rank} of {env.world_size} could not join the others at {env.master}"
