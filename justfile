@@ -60,3 +60,11 @@ gpu-test: setup
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
     {{py}} bench/bench_gpu_score.py
+
+# score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
+bench-distributed: setup
+    {{py}} bench/bench_distributed.py
+
+# score the built-in default on 2 CPU processes with torchrun into scores-dist.h5
+demo-distributed: setup
+    {{venv}}/bin/torchrun --standalone --nproc-per-node 2 -m attattr_cli score --out scores-dist.h5
