@@ -101,10 +101,12 @@ def _score_distributed(req: ScoreRequest, env, quiet: bool, keep_shards: bool, t
         markup=False,
     )
     if report.shards_elsewhere:
-        names = " ".join(report.shards_elsewhere)
+        n = len(report.shards_elsewhere)
+        names = " ".join(str(distributed.shard_path(req.out, k, env.world_size)) for k in range(env.world_size))
         err.print(
-            f"{len(report.shards_elsewhere)} shards are not on this machine (other machines wrote them to their own"
-            f" disks): copy them here and run: attattr merge {names} --out {req.out}",
+            f"{n} shard{'s are' if n != 1 else ' is'} not on this machine ({' '.join(report.shards_elsewhere)}:"
+            f" other machines wrote {'them' if n != 1 else 'it'} to their own disks): copy {'them' if n != 1 else 'it'}"
+            f" here and run: attattr merge {names} --out {req.out}",
             markup=False,
         )
     out.print(report.out, markup=False)
