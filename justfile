@@ -68,3 +68,11 @@ bench-long: setup
 # On a GPU machine: Qwen2-0.5B's config (random init) at n = 2048 and 4096, attattr vs the 2021 procedure
 bench-long-gpu: setup
     {{py}} bench/bench_long_decoder.py --gpu --json bench-long-gpu.json
+
+# score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
+bench-distributed: setup
+    {{py}} bench/bench_distributed.py
+
+# score the built-in default on 2 CPU processes with torchrun into scores-dist.h5
+demo-distributed: setup
+    {{venv}}/bin/torchrun --standalone --nproc-per-node 2 -m attattr_cli score --out scores-dist.h5

@@ -33,3 +33,15 @@ class OptionError(AttattrError):
     """Options that contradict each other or name something that does not exist."""
 
     exit_code = 2
+
+
+class ResourceError(AttattrError):
+    """The machine cannot do the work: memory runs out even at the smallest batch."""
+
+    exit_code = 5
+
+
+class DistributedError(AttattrError):
+    """The processes of a torchrun launch disagree, time out, or one of them failed."""
+
+    exit_code = 6

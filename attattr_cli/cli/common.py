@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
+import time
 
 import typer
 from rich.console import Console
@@ -21,6 +23,11 @@ def edge():
     try:
         yield
     except AttattrError as exc:
+        if getattr(exc, "collective", False) and os.environ.get("RANK", "0") != "0":
+            # every torchrun rank has it and rank 0 says it; leave rank 0 time to, before
+            # torchrun stops the others on this rank's exit
+            time.sleep(3)
+            raise typer.Exit(exc.exit_code) from None
         err.print(f"Error: {exc}", markup=False)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..engine import distributed
 from ..engine.integrate import RULES
 from ..engine.run import ScoreRequest, score_to_store
 from ..engine.score import ScoreOptions
@@ -43,6 +44,8 @@ def score(
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
     logprob: bool = typer.Option(False, "--logprob", help="Attribute the log-probability instead of the probability."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    keep_shards: bool = typer.Option(False, "--keep-shards", help="Under torchrun: keep each process's shard (OUT.rankK-of-N.h5) after merging them into --out."),
+    dist_timeout: float = typer.Option(3600, "--dist-timeout", help="Under torchrun: seconds a process waits for the others (to start, or to finish their share) before giving up."),
 ) -> None:
     """Score attention attribution (Hao et al. 2021) for every layer and head into an HDF5 store.
 
@@ -51,6 +54,10 @@ def score(
     Encoder-decoder classifiers (BART) are scored per attention family (encoder, decoder,
     cross); with --lm a causal language model is scored for a next token or a continuation.
     Prints the store's path on stdout.
+
+    Under torchrun (`torchrun --nproc-per-node N -m attattr_cli score ...`) each process
+    scores a share of the examples, balanced by token count, into its own shard beside
+    --out, and rank 0 merges the shards into --out.
     """
     with edge():
         if logit and logprob:
@@ -67,9 +74,13 @@ def score(
             out=str(out_path), model=model, data=data, task=task, examples=examples, options=options,
             device=device, store_dtype=store_dtype, seed=seed, command=command_line(), prompts=prompt or None,
         )
+        env = distributed.detect()
+        if env is not None and env.world_size > 1:
+            _score_distributed(req, env, quiet, keep_shards, dist_timeout)
+            return
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar:
-            report = score_to_store(req, progress=bar)
+            report = score_to_store(req, progress=bar, warn=_warn)
         secs = time.perf_counter() - t0
         resid = "" if report.mean_abs_residual is None else f"; mean |completeness residual| {report.mean_abs_residual:.2e}"
         acc = "" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}"
@@ -79,3 +90,40 @@ def score(
             markup=False,
         )
         out.print(report.out, markup=False)
+
+
+def _warn(message: str) -> None:
+    err.print(f"Warning: {message}", markup=False)
+
+
+def _score_distributed(req: ScoreRequest, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
+    """One torchrun process: its share into its shard; rank 0 reports and merges."""
+    lead = env.rank == 0
+
+    def warn(message: str) -> None:
+        err.print(f"Warning: rank {env.rank}: {message}", markup=False)
+
+    with progress_bar(f"score rank 0/{env.world_size}", quiet or not lead) as bar:
+        report = distributed.score_distributed(req, env, progress=bar, warn=warn, keep_shards=keep_shards,
+                                               timeout=timeout)
+    if not lead:
+        return
+    loads = ", ".join(str(t) for t in report.tokens_per_rank)
+    merged = report.merged or {"added": 0, "skipped": 0}
+    err.print(
+        f"scored {report.scored} examples on {env.world_size} processes ({report.skipped} already in the shards,"
+        f" {report.already} already in {req.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
+        f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {req.out}"
+        + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),
+        markup=False,
+    )
+    if report.shards_elsewhere:
+        n = len(report.shards_elsewhere)
+        names = " ".join(str(distributed.shard_path(req.out, k, env.world_size)) for k in range(env.world_size))
+        err.print(
+            f"{n} shard{'s are' if n != 1 else ' is'} not on this machine ({' '.join(report.shards_elsewhere)}:"
+            f" other machines wrote {'them' if n != 1 else 'it'} to their own disks): copy {'them' if n != 1 else 'it'}"
+            f" here and run: attattr merge {names} --out {req.out}",
+            markup=False,
+        )
+    out.print(report.out, markup=False)

@@ -133,9 +133,29 @@ def data_digest(examples: list[Example]) -> str:
     return h.hexdigest()
 
 
-def score_to_store(req: ScoreRequest, progress: Progress | None = None,
-                   loaded: LoadedModel | None = None) -> ScoreReport:
-    """Score the requested examples into ``req.out``, skipping those already there."""
+@dataclass
+class PreparedRun:
+    """Everything a run needs before it writes: the model, the scorer, the chosen examples
+    (encoded), and what the store records. Built by :func:`prepare_run`."""
+
+    req: ScoreRequest
+    loaded: LoadedModel
+    scorer: Scorer
+    picked: list[Example]
+    encoded: dict[int, object]
+    fingerprint: dict
+    provenance: dict
+
+    def tokens(self) -> dict[int, int]:
+        """Token count of every chosen example (the work it costs grows with it)."""
+        return {i: len(e.input_ids) for i, e in self.encoded.items()}
+
+
+def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> PreparedRun:
+    """Load the model and data, choose and encode the examples, and compute the fingerprint.
+
+    Nothing is written. An input that is too long fails here.
+    """
     from ..data import parse_examples
     from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
 
@@ -196,11 +216,29 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     }
     # encode everything first: an input that is too long fails before anything is written
     encoded = {e.index: scorer.encode(e) for e in picked}
-    with StoreWriter(req.out, fingerprint, provenance, store_dtype=req.store_dtype) as writer:
+    return PreparedRun(req, loaded, scorer, picked, encoded, fingerprint, provenance)
+
+
+def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | None = None,
+               progress: Progress | None = None, shard: str = "", run_info: dict | None = None) -> ScoreReport:
+    """Score the prepared examples (or those of ``indices`` among them) into ``out``
+    (default ``prep.req.out``), skipping those already there.
+
+    ``shard`` ("k/n") marks a store written by one of n processes; its ``indices`` are then
+    recorded as the shard's assignment, so that a merge can tell a finished shard from an
+    interrupted one.
+    """
+    req, scorer = prep.req, prep.scorer
+    out = req.out if out is None else out
+    wanted = None if indices is None else set(indices)
+    picked = [e for e in prep.picked if wanted is None or e.index in wanted]
+    assigned = [e.index for e in picked] if shard else None
+    with StoreWriter(out, prep.fingerprint, prep.provenance, store_dtype=req.store_dtype,
+                     shard=shard, assigned=assigned) as writer:
         todo = [e for e in picked if e.index not in writer.done]
         writer.log_run({
             "command": req.command, "kernel": scorer.backend.name, "device": str(scorer.device),
-            "requested": len(picked), "to_score": len(todo),
+            "requested": len(picked), "to_score": len(todo), **(run_info or {}),
         })
         total = len(todo) * sum(len(v) for v in scorer.layers_of.values())
         done_units = 0
@@ -214,7 +252,7 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
                 if progress:
                     progress(done_units, total, f"example {_e.index}")
 
-            result = scorer.score(e, encoded[e.index], on_layer=tick)
+            result = scorer.score(e, prep.encoded[e.index], on_layer=tick)
             writer.write(result)
             resid.extend(abs(float(r)) for r in result.residual)
             if result.gold >= 0:
@@ -222,13 +260,24 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
                 right += int(result.gold == result.pred)
         created = writer.created
     return ScoreReport(
-        out=str(Path(req.out)),
+        out=str(Path(out)),
         scored=len(todo),
         skipped=len(picked) - len(todo),
         total=len(picked),
         created=created,
         kernel=scorer.backend.name,
-        model=loaded.model_id,
+        model=prep.loaded.model_id,
         mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
         accuracy=(right / golds) if golds else None,
     )
+
+
+def score_to_store(req: ScoreRequest, progress: Progress | None = None,
+                   loaded: LoadedModel | None = None, warn: Callable[[str], None] | None = None) -> ScoreReport:
+    """Score the requested examples into ``req.out``, skipping those already there.
+
+    ``warn`` receives the one-time notice of the out-of-memory back-off (default: warnings.warn).
+    """
+    prep = prepare_run(req, loaded)
+    prep.scorer.warn = warn
+    return score_into(prep, progress=progress)

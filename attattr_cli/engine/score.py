@@ -13,6 +13,7 @@ is ever built.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from ..data.types import Example
-from ..errors import DataError, OptionError
+from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention
@@ -203,6 +204,9 @@ class Scorer:
             self._fixed_target = self._parse_target(options.target)
         self.alphas, self.weights = nodes(options.rule, options.steps)
         self.last_step_batch = 0
+        self._chunk_limit: int | None = None  # lowered by the out-of-memory back-off, kept for later examples
+        self._warned_oom = False
+        self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
 
     # -- targets ---------------------------------------------------------------
     def _parse_target(self, target: str) -> int | None:
@@ -343,7 +347,24 @@ class Scorer:
 
     def score(self, example: Example, encoded: Encoded | None = None,
               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
+        """Score one example. Step micro-batches that run out of memory are halved and retried
+        (said once through ``self.warn``); memory that runs out anyway raises ResourceError."""
         enc = encoded or self.encode(example)
+        try:
+            return self._score(example, enc, on_layer)
+        except RuntimeError as exc:
+            if not is_out_of_memory(exc):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ResourceError(
+                f"out of memory on {self.device} for example {getattr(example, "index", "?")} ({len(enc.input_ids)} tokens)"
+                " outside the integration steps (the clean forward pass or the attribution maps):"
+                " use a smaller model, --dtype bfloat16, --truncate, or a device with more memory"
+            ) from exc
+
+    def _score(self, example: Example, enc: Encoded,
+               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
         model = self.model
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
@@ -528,35 +549,27 @@ class Scorer:
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
         chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
+        if self._chunk_limit is not None:
+            chunk = min(chunk, self._chunk_limit)
         saved = None
         start = 0
         while start < len(alphas):
             a = alphas[start:start + chunk]
             w = weights[start:start + chunk].to(self.device, acc_dtype)
-            plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
             try:
-                with self.sites.target_pass(site, clean, plan), torch.enable_grad():
-                    logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
-                    f = self._target_value(logits, target)
-                    if plan.leaf is None:
-                        raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
-                    (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-            except torch.OutOfMemoryError:
-                if chunk == 1:
+                part, f, plan_saved = self._step_chunk(enc, site, target, clean, a, w)
+            except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
+                if not is_out_of_memory(exc):
                     raise
-                del plan
-                if self.device.type == "cuda":
-                    torch.cuda.empty_cache()
-                chunk = max(1, (chunk + 1) // 2)
+                chunk = self._back_off(len(a), exc)
                 continue
-            part = g.to(acc_dtype).sum(0, keepdim=True)
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
-                f0 = float(f[zero_at - start].detach())
-            saved = plan.saved
+                f0 = float(f[zero_at - start])
+            saved = plan_saved
             self.last_step_batch = max(self.last_step_batch, len(a))
             start += len(a)
-            del logits, f, g
+            del f, part
         if zero_at is None:  # F(0): one forward at batch 1, no backward
             plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend,
                                        family=family)
@@ -567,6 +580,42 @@ class Scorer:
                 saved = plan.saved
         self._saved = saved
         return g_sum, f0
+
+    def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
+        """One micro-batch of steps: (sum of w_k dF/dO_k over it, F at its alphas, saved Q/K/V)."""
+        family, layer = site
+        acc_dtype = w.dtype
+        plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
+        with self.sites.target_pass(site, clean, plan), torch.enable_grad():
+            logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
+            f = self._target_value(logits, target)
+            if plan.leaf is None:
+                raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
+            (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
+        return g.to(acc_dtype).sum(0, keepdim=True), f.detach(), plan.saved
+
+    def _back_off(self, size: int, exc: BaseException) -> int:
+        """A micro-batch of ``size`` steps ran out of memory: the next size to try, or ResourceError."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if size <= 1:
+            raise ResourceError(
+                f"out of memory on {self.device} even with one integration step per pass"
+                f" (dtype {self.options.dtype}): use a smaller model,"
+                " --dtype bfloat16, --layers, or a device with more memory"
+            ) from exc
+        smaller = max(size // 2, 1)
+        self._chunk_limit = smaller
+        if not self._warned_oom:
+            self._warned_oom = True
+            message = (f"out of memory with {size} integration steps per pass on {self.device}; "
+                       f"halving the step micro-batch (now {smaller}, and lower if needed). "
+                       "Results do not change; pass --step-batch to start lower.")
+            if self.warn is not None:
+                self.warn(message)
+            else:
+                warnings.warn(message, ResourceWarning, stacklevel=2)
+        return smaller
 
     def _attribute(self, g: torch.Tensor, want_maps: bool = True) -> dict:
         s = self._saved
@@ -601,6 +650,15 @@ def _free_memory(device: torch.device) -> int:
     except OSError:
         pass
     return 4 << 30
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for torch.cuda.OutOfMemoryError and the RuntimeErrors other backends raise when memory runs out."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
 
 
 def _detached(obj):

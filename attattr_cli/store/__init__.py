@@ -1,6 +1,7 @@
 """The HDF5 attribution store: schema, writer, reader, merge."""
 
 from .schema import SCHEMA_NAME, SCHEMA_VERSION
-from .store import Store, StoredExample, StoreWriter, merge
+from .store import ShardCheck, Store, StoredExample, StoreWriter, inspect_shards, merge
 
-__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "Store", "StoredExample", "StoreWriter", "merge"]
+__all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "ShardCheck", "Store", "StoredExample", "StoreWriter", "inspect_shards",
+           "merge"]

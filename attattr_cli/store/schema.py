@@ -12,6 +12,7 @@ EXAMPLES = "examples"
 FAMILIES = "families"  # examples/N/families/<family>/ for every family but "self"
 PROVENANCE = "provenance"
 PARTIAL_PREFIX = ".partial-"
+SHARD_EXAMPLES = "shard_examples"  # root dataset of a distributed shard: the indices it was given
 
 # dataset name -> axis labels
 AXES = {

@@ -29,6 +29,7 @@ from .schema import (
     PARTIAL_PREFIX,
     PROVENANCE,
     SCHEMA_MAJOR,
+    SHARD_EXAMPLES,
     SCHEMA_NAME,
     SCHEMA_VERSION,
     STORE_DTYPES,
@@ -128,7 +129,10 @@ class StoreWriter(_OpenFile):
     """Appends examples to a store, creating it or resuming it."""
 
     def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,
-                 store_dtype: str = "float32", shard: str = ""):
+                 store_dtype: str = "float32", shard: str = "", assigned: list[int] | None = None):
+        """``shard`` ("k/n") and ``assigned`` (the indices that process k of n was given) mark a
+        shard of a distributed run; the assignment lets a merge tell a finished shard from an
+        interrupted one."""
         if store_dtype not in STORE_DTYPES:
             raise StoreError(f"unknown store dtype '{store_dtype}'; available: {', '.join(STORE_DTYPES)}")
         self.path = Path(path)
@@ -171,6 +175,12 @@ class StoreWriter(_OpenFile):
                 prov.attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value)
             prov.attrs["runs"] = "[]"
             f.flush()
+        if assigned is not None:
+            if SHARD_EXAMPLES in self.f:
+                del self.f[SHARD_EXAMPLES]
+            self.f.create_dataset(SHARD_EXAMPLES, data=np.asarray(sorted(assigned), dtype=np.int64))
+            self.f.attrs["shard"] = shard
+            self.f.flush()
         self.done = {int(n) for n in self.f[EXAMPLES] if not n.startswith(PARTIAL_PREFIX)}
         self.created = not existed
 
@@ -505,44 +515,159 @@ class Store(_OpenFile):
         return out
 
 
-def merge(shards: list[str | os.PathLike], out: str | os.PathLike) -> dict:
-    """Join shards written with the same fingerprint into ``out`` (created, or resumed).
+def _merge_mismatch(a: Path, b: Path, fa: dict, fb: dict, verb: str = "with") -> str | None:
+    """One line saying why store ``b`` cannot be merged with (or into) ``a``, or None."""
+    if fa == fb:
+        return None
+    head = f"cannot merge {b.name} {verb} {a.name}: they were made"
+    if fa.get("weights_sha256") != fb.get("weights_sha256"):
+        return (f"{head} with other models (weights sha256 {str(fb.get('weights_sha256'))[:12]}… and "
+                f"{str(fa.get('weights_sha256'))[:12]}…)")
+    if fa.get("data") != fb.get("data") or fa.get("data_sha256") != fb.get("data_sha256"):
+        return (f"{head} from other data ({fb.get('data')}, sha256 {str(fb.get('data_sha256'))[:12]}… and "
+                f"{fa.get('data')}, sha256 {str(fa.get('data_sha256'))[:12]}…)")
+    oa, ob = fa.get("options", {}), fb.get("options", {})
+    diff = [k for k in sorted(set(oa) | set(ob)) if oa.get(k) != ob.get(k)]
+    if diff:
+        return (f"{head} with other options ({', '.join(f'{k}={ob.get(k)}' for k in diff)} and "
+                f"{', '.join(f'{k}={oa.get(k)}' for k in diff)})")
+    diff = [k for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)]
+    return f"{head} with another {', '.join(diff)} ({', '.join(f'{fb.get(k)}' for k in diff)} and {', '.join(f'{fa.get(k)}' for k in diff)})"
 
-    Examples already in ``out`` are kept; an example present in two shards is taken once.
-    Returns {"added": n, "skipped": n}.
-    """
+
+def _span(indices: list[int], limit: int = 8) -> str:
+    shown = ", ".join(str(i) for i in indices[:limit])
+    return shown + (f", … ({len(indices)} in all)" if len(indices) > limit else "")
+
+
+@dataclass
+class ShardCheck:
+    """What :func:`inspect_shards` found: problems that stop a merge, and notes that do not."""
+
+    fingerprint: dict
+    indices: dict[str, list[int]]  # shard path -> complete examples in it
+    overlap: list[int]  # examples present in more than one shard
+    incomplete: dict[str, list[int]]  # shard path -> assigned examples it lacks
+    missing_ranks: list[str]  # "k/n" of distributed shards not given
+
+    def problems(self) -> list[str]:
+        out = []
+        for path, lacking in self.incomplete.items():
+            out.append(f"{Path(path).name} lacks {len(lacking)} of the examples its process was given ({_span(lacking)}):"
+                       " it was interrupted; run the same command again to finish it")
+        if self.missing_ranks:
+            out.append(f"the shards of {', '.join(self.missing_ranks)} are missing"
+                       " (copy them here from the machines that wrote them)")
+        return out
+
+    def notes(self) -> list[str]:
+        if not self.overlap:
+            return []
+        return [f"{len(self.overlap)} example{'s' if len(self.overlap) != 1 else ''} ({_span(self.overlap)})"
+                " in more than one shard; each is taken once, from the first shard that holds it"]
+
+
+def inspect_shards(shards: list[str | os.PathLike]) -> ShardCheck:
+    """Check that shards can be merged: same fingerprint (else StoreError), and report
+    overlapping examples, shards that lack examples they were given, and missing ranks."""
     if not shards:
         raise StoreError("merge needs at least one shard")
+    paths = [Path(p) for p in shards]
+    seen_paths: set[Path] = set()
+    for p in paths:
+        if p.resolve() in seen_paths:
+            raise StoreError(f"{p} is given twice")
+        seen_paths.add(p.resolve())
+    base_fp = None
+    indices: dict[str, list[int]] = {}
+    incomplete: dict[str, list[int]] = {}
+    ranks: dict[int, set[int]] = {}
+    owner: dict[int, str] = {}
+    overlap: set[int] = set()
+    for p in paths:
+        with Store(p) as r:
+            fp = r.fingerprint
+            if base_fp is None:
+                base_fp = fp
+            else:
+                problem = _merge_mismatch(paths[0], p, base_fp, fp)
+                if problem:
+                    raise StoreError(problem)
+            have = r.indices()
+            indices[str(p)] = have
+            for i in have:
+                if i in owner:
+                    overlap.add(i)
+                else:
+                    owner[i] = str(p)
+            shard = str(_attr(r.f, "shard", "") or "")
+            if shard and SHARD_EXAMPLES in r.f:
+                lacking = sorted(set(int(x) for x in r.f[SHARD_EXAMPLES][()]) - set(have))
+                if lacking:
+                    incomplete[str(p)] = lacking
+            if "/" in shard:
+                k, n = (int(x) for x in shard.split("/"))
+                ranks.setdefault(n, set()).add(k)
+    missing = [f"rank {k} of {n}" for n, ks in sorted(ranks.items()) for k in range(n) if k not in ks]
+    return ShardCheck(base_fp, indices, sorted(overlap), incomplete, missing)
+
+
+def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool = True) -> dict:
+    """Join shards written with the same fingerprint into ``out`` (created, or extended).
+
+    Examples already in ``out`` are kept; an example present in two shards is taken once.
+    A new ``out`` is written under a temporary name and renamed when complete; an existing
+    one is extended example by example (each written whole or not at all). With
+    ``partial=False``, shards of a distributed run that lack examples they were given, or
+    missing ranks, are refused (see :func:`inspect_shards`). The merged store's provenance
+    keeps every shard's runs and a "merges" entry. Returns {"added": n, "skipped": n}.
+    """
+    check = inspect_shards(shards)
+    if not partial and check.problems():
+        raise StoreError("cannot merge: " + "; ".join(check.problems()) + " (or merge what is there with --partial)")
+    out = Path(out)
+    if out.is_dir():
+        raise StoreError(f"--out {out} is a directory")
+    if not out.parent.exists():
+        raise StoreError(f"--out {out}: the folder {out.parent} does not exist")
+    if any(out.resolve() == Path(p).resolve() for p in shards):
+        raise StoreError(f"--out {out} is one of the shards: choose another file")
     readers = [Store(p) for p in shards]
+    tmp_path: Path | None = None
     try:
         base = readers[0]
-        for r in readers[1:]:
-            problem = _fingerprint_mismatch(r.path, r.fingerprint, base.fingerprint)
-            if problem:
-                raise StoreError(problem.replace("this run", str(base.path)))
-        out = Path(out)
         if out.exists() and out.stat().st_size > 0:
             target = _open(out, "r+")
             try:
                 _check_schema(target, out)
-                problem = _fingerprint_mismatch(out, json.loads(_attr(target, "fingerprint", "{}")), base.fingerprint)
+                problem = _merge_mismatch(out, base.path, json.loads(_attr(target, "fingerprint", "{}")),
+                                          base.fingerprint, verb="into")
                 if problem:
-                    raise StoreError(problem.replace("this run", str(base.path)))
+                    raise StoreError(problem)
             except BaseException:
                 target.close()
                 raise
         else:
-            target = _open(out, "w")
+            tmp_path = out.with_name(f".{out.name}.merging-{os.getpid()}")
+            target = _open(tmp_path, "w")
             for k, v in base.f.attrs.items():
                 target.attrs[k] = v
             target.attrs["shard"] = ""
             target.attrs["created"] = _now()
             target.create_group(EXAMPLES)
             base.f.copy(base.f[PROVENANCE], target, PROVENANCE)
+            target[PROVENANCE].attrs["runs"] = "[]"
         added = skipped = 0
         try:
             dest = target[EXAMPLES]
+            for name in list(dest):
+                if name.startswith(PARTIAL_PREFIX):
+                    del dest[name]
+            prov = target[PROVENANCE]
+            runs = json.loads(_attr(prov, "runs", "[]"))
+            entry = {"time": _now(), "shards": []}
             for r in readers:
+                shard_added = 0
                 for i in r.indices():
                     name = example_name(i)
                     if name in dest:
@@ -553,10 +678,28 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike) -> dict:
                     target.flush()
                     dest.move(tmp, name)
                     added += 1
+                    shard_added += 1
+                shard = str(_attr(r.f, "shard", "") or "")
+                for run in json.loads(_attr(r.f[PROVENANCE], "runs", "[]")):
+                    run = dict(run, shard=shard or r.path.name)
+                    if run not in runs:
+                        runs.append(run)
+                entry["shards"].append({"file": r.path.name, "shard": shard, "examples": len(r.indices()),
+                                        "added": shard_added})
+            entry.update(added=added, skipped=skipped)
+            prov.attrs["runs"] = json.dumps(runs)
+            merges = json.loads(_attr(prov, "merges", "[]"))
+            merges.append(entry)
+            prov.attrs["merges"] = json.dumps(merges)
             target.flush()
         finally:
             target.close()
+        if tmp_path is not None:
+            os.replace(tmp_path, out)
+            tmp_path = None
         return {"added": added, "skipped": skipped}
     finally:
         for r in readers:
             r.close()
+        if tmp_path is not None and tmp_path.exists():
+            tmp_path.unlink()
