@@ -81,10 +81,14 @@ def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
         num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
         ignore_mismatched_sizes=True,
     )
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialised head" load report: expected here
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"'{model_id}' cannot become a sequence classifier: {str(exc).strip().splitlines()[0]}") from exc
+    finally:
+        hf_logging.set_verbosity(level)
     return model, tokenizer
 
 
