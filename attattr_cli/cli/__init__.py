@@ -11,6 +11,9 @@ from .merge import merge
 from .score import score
 from .tree import tree
 from .import_json import import_json
+from .finetune import finetune
+from .importance import importance
+from .prune import prune
 
 app = typer.Typer(
     name="attattr",
@@ -24,6 +27,9 @@ app.command("info")(info)
 app.command("merge")(merge)
 app.command("tree")(tree)
 app.command("import-json")(import_json)
+app.command("finetune")(finetune)
+app.command("importance")(importance)
+app.command("prune")(prune)
 app.add_typer(demo.app, name="demo")
 
 

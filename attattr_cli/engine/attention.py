@@ -11,6 +11,12 @@ comes here. What it does depends on the active plan:
   computes A and A·V once from the first copy and returns ``alpha_k * (A V)`` for step k
   as a leaf tensor whose gradient is dF/dO_k, and the layers above run as usual.
 
+* ``HeadScale``: head masking (transformers 5 has no ``head_mask``). Each head's output
+  ``A_h V_h`` is multiplied by ``scale[layer, head]`` (or ``scale[example, layer, head]``)
+  before the output projection: 0 removes the head, 1 keeps it. A scale tensor that
+  requires grad gives, by one backward, the head-gate gradients of Michel et al.
+  (``sum A_h * dL/dA_h`` per head), the Taylor importance.
+
 Outside a plan (or for layers a plan does not touch) the function is plain attention.
 
 Every attention call is told apart by its *site* ``(family, layer)``: ``("self", i)`` for
@@ -71,6 +77,29 @@ class Attribute:
     @property
     def site(self) -> tuple[str, int]:
         return (self.family, self.layer)
+
+
+@dataclass
+class HeadScale:
+    """Multiply each head's attention output by a factor.
+
+    scale: ``[layer, head]`` for every example of the batch, or ``[batch, layer, head]``
+    one row per example. Rows of layers the model does not have are an error.
+    """
+
+    scale: torch.Tensor
+
+
+def _head_scale(plan: HeadScale, layer: int, out: torch.Tensor) -> torch.Tensor:
+    """out [batch, head, query, d] times the plan's factors of ``layer``."""
+    s = plan.scale
+    if s.dim() == 2:
+        f = s[layer].view(1, -1, 1, 1)
+    else:
+        f = s[:, layer].view(s.shape[0], -1, 1, 1)
+    if f.shape[1] != out.shape[1]:
+        raise ModelError(f"head mask has {f.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
+    return out * f.to(device=out.device, dtype=out.dtype)
 
 
 def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -156,6 +185,15 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
                       "softcap": softcap}
         return leaf.transpose(1, 2), None
+
+    if isinstance(plan, HeadScale) and layer is not None:
+        if softcap is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
+            probs = None
+        else:
+            probs = reference.attention_probs(query, key, mask, scaling, softcap)
+            out = torch.matmul(probs, value)
+        return _head_scale(plan, layer, out).transpose(1, 2).contiguous(), probs
 
     # plain attention (fused where PyTorch has it)
     if softcap is None:

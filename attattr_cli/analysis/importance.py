@@ -1,0 +1,287 @@
+"""Head importance tables (METHOD.md section 2) and the importance file IMP.h5.
+
+Methods, each a ``[layer, head]`` table (larger = more important):
+
+* ``attr``      (from a store) I_h = E_x[ max_{i,j} Attr_h(A)(i, j) ], the signed max of
+                the paper, read from the store's ``head_max`` (computed in float32 or
+                float64 from the full maps, whatever ``--store-dtype`` was).
+* ``attention`` (from a store) I_h = E_x[ max_{i,j} A_h(i, j) ], the paper's attention
+                score baseline. (The mean of A_h over (i, j) is 1/n for every head,
+                since each row sums to one, so it cannot rank heads.)
+* ``taylor``    (model + data) Michel et al. 2019: I_h = E_x | sum_{i,j} A_h ⊙ dL/dA_h |
+                = E_x | <dL/dO_h, O_h> |, the gradient of the loss L (cross-entropy with
+                the gold label; the predicted label where there is none) with respect
+                to a gate on head h's output, then normalised per layer to unit L2 norm.
+* ``random``    a seeded uniform table; ``--seeds 0,1,2`` stores ``random-0``, ... whose
+                curves ``prune`` averages.
+
+IMP.h5 layout (schema ``attattr.importance`` 1.0)::
+
+    /                 attrs: schema, schema_version, attattr_version, created,
+                      weights_sha256, model, model_type, num_layers, num_heads
+    /methods/<name>   float64 [layer, head]; attrs: method, seed, source, n_examples,
+                      description, created
+    /examples/<name>  int64 [n]: the data rows (store indices) the table was averaged over
+
+No printing here; the CLI draws the heatmap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Sequence
+
+import h5py
+import numpy as np
+import torch
+
+from .. import __version__
+from ..data.types import Example
+from ..errors import OptionError, StoreError
+
+SCHEMA = "attattr.importance"
+SCHEMA_VERSION = "1.0"
+SCHEMA_MAJOR = 1
+STORE_METHODS = ("attr", "attention")
+MODEL_METHODS = ("taylor", "random")
+METHODS = STORE_METHODS + MODEL_METHODS
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Identity:
+    """Which model a table belongs to (by weights, as the store's fingerprint)."""
+
+    weights_sha256: str
+    model: str
+    model_type: str
+    num_layers: int
+    num_heads: int
+
+    def describe(self) -> str:
+        return f"{self.model} ({self.num_layers} layers x {self.num_heads} heads, weights sha256 {self.weights_sha256[:12]}...)"
+
+
+@dataclass
+class Table:
+    name: str  # dataset name: attr, attention, taylor, random-0, ...
+    method: str  # attr, attention, taylor, random
+    values: np.ndarray  # [layer, head]
+    examples: list[int] = field(default_factory=list)
+    seed: int | None = None
+    source: str = ""
+    description: str = ""
+
+
+def identity_of(loaded) -> Identity:
+    from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
+
+    model = loaded.model_id
+    try:
+        if Path(model).resolve() == DEFAULT_MODEL_DIR.resolve():
+            model = DEFAULT_MODEL_ID
+    except OSError:
+        pass
+    return Identity(loaded.weights_sha256, model, loaded.arch.model_type, loaded.arch.num_layers, loaded.arch.num_heads)
+
+
+# ----------------------------------------------------------------------------- methods
+
+
+def parse_methods(spec: str, allowed: Sequence[str]) -> list[str]:
+    names = [m.strip().lower() for m in spec.split(",") if m.strip()]
+    if not names:
+        raise OptionError("--method is empty; give one of " + ", ".join(METHODS))
+    for m in names:
+        if m not in METHODS:
+            raise OptionError(f"unknown importance method '{m}'; available: {', '.join(METHODS)}")
+        if m not in allowed:
+            where = "a store (attattr importance STORE ...)" if m in STORE_METHODS else "--model and --data (no store)"
+            raise OptionError(f"method '{m}' needs {where}")
+    return list(dict.fromkeys(names))
+
+
+def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = None,
+               progress: Progress | None = None) -> tuple[Identity, list[Table]]:
+    """attr / attention tables averaged over the store's examples (or the given indices)."""
+    prov = store.provenance
+    fp = store.fingerprint
+    ident = Identity(str(fp.get("weights_sha256", prov.get("weights_sha256", ""))), str(prov.get("model", "")),
+                     str(prov.get("model_type", "")), int(prov.get("num_layers", 0)), int(prov.get("num_heads", 0)))
+    idx = store.indices() if examples is None else list(examples)
+    if not idx:
+        raise StoreError(f"{store.path} holds no complete example")
+    have = set(store.indices())
+    missing = [i for i in idx if i not in have]
+    if missing:
+        raise StoreError(f"example {missing[0]} is not in {store.path}")
+    L, H = ident.num_layers, ident.num_heads
+    sums = {m: np.zeros((L, H), np.float64) for m in methods}
+    for k, i in enumerate(idx):
+        e = store.get(i, arrays="attention" in methods)
+        if "attr" in methods:
+            if list(e.layers) != list(range(L)):
+                raise StoreError(
+                    f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score without --layers)")
+            sums["attr"] += np.asarray(e.head_max, np.float64)
+        if "attention" in methods:
+            sums["attention"] += np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
+        if progress:
+            progress(k + 1, len(idx), f"example {i}")
+    desc = {
+        "attr": "E_x[max_ij Attr_h(A)] (signed max), from the store's head_max",
+        "attention": "E_x[max_ij A_h]: the attention-score baseline",
+    }
+    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m]) for m in methods]
+    return ident, tables
+
+
+def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None = None, batch_size: int = 32,
+           normalize: bool = True, truncate: bool = False, progress: Progress | None = None) -> Table:
+    """Michel et al.'s head importance: E_x |dL/d gate_h| with L the cross-entropy of the gold label."""
+    from ..engine.heads import Batches, masked
+
+    model = loaded.model
+    L, H = loaded.arch.num_layers, loaded.arch.num_heads
+    batches = Batches(loaded, examples, label_map, batch_size, truncate)
+    total = torch.zeros(L, H, dtype=torch.float64)
+    for k, b in enumerate(batches.batches):
+        n = b.inputs["input_ids"].shape[0]
+        gate = torch.ones(n, L, H, device=batches.device, requires_grad=True)
+        with torch.enable_grad(), masked(model, gate):
+            logits = model(**b.inputs).logits.float()
+            target = torch.where(b.gold >= 0, b.gold, logits.argmax(-1))
+            loss = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
+            (g,) = torch.autograd.grad(loss, gate)
+        total += g.detach().abs().double().sum(0).cpu()
+        if progress:
+            progress(k + 1, len(batches.batches), "")
+    values = total / max(batches.n, 1)
+    if normalize:
+        norm = values.norm(dim=1, keepdim=True)
+        values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return Table("taylor", "taylor", values.numpy(), [e.index for e in examples], None, "",
+                 "E_x|sum A_h * dL/dA_h| (Michel et al. 2019), L = cross-entropy of the gold label"
+                 + (", L2-normalised per layer" if normalize else ""))
+
+
+def random_table(num_layers: int, num_heads: int, seed: int) -> Table:
+    gen = np.random.default_rng(seed)
+    return Table(f"random-{seed}", "random", gen.random((num_layers, num_heads)), [], seed, "",
+                 f"uniform random order, seed {seed}")
+
+
+# ----------------------------------------------------------------------------- the file
+
+
+@dataclass
+class ImportanceFile:
+    path: str
+    identity: Identity
+    tables: dict[str, Table]
+
+    def groups(self) -> dict[str, list[Table]]:
+        """Tables by method, in file order (random-0, random-1, ... together)."""
+        out: dict[str, list[Table]] = {}
+        for t in self.tables.values():
+            out.setdefault(t.method, []).append(t)
+        return out
+
+
+def _a(obj, key, default=None):
+    v = obj.attrs.get(key, default)
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def read(path: str | os.PathLike) -> ImportanceFile:
+    p = Path(path)
+    if not p.exists():
+        raise StoreError(f"no such importance file: {p}")
+    try:
+        f = h5py.File(p, "r")
+    except OSError as exc:
+        raise StoreError(f"{p} is not an HDF5 importance file (attattr importance writes one)") from exc
+    with f:
+        if _a(f, "schema") != SCHEMA:
+            raise StoreError(f"{p} is not an attattr importance file (schema '{_a(f, 'schema')}'; "
+                             "make one with attattr importance)")
+        ver = str(_a(f, "schema_version", "0"))
+        if int(ver.split(".")[0]) > SCHEMA_MAJOR:
+            raise StoreError(f"{p} has importance schema {ver}, newer than this attattr reads ({SCHEMA_VERSION}); upgrade attattr")
+        ident = Identity(str(_a(f, "weights_sha256")), str(_a(f, "model")), str(_a(f, "model_type")),
+                         int(_a(f, "num_layers")), int(_a(f, "num_heads")))
+        tables = {}
+        for name in f.get("methods", {}):
+            d = f["methods"][name]
+            values = d[()]
+            if values.shape != (ident.num_layers, ident.num_heads):
+                raise StoreError(f"{p}: table '{name}' has shape {values.shape}, the file's model "
+                                 f"{ident.num_layers} x {ident.num_heads}")
+            ex = f["examples"][name][()].tolist() if "examples" in f and name in f["examples"] else []
+            seed = _a(d, "seed", -1)
+            tables[name] = Table(name, str(_a(d, "method", name)), values, ex, None if seed is None or int(seed) < 0 else int(seed),
+                                 str(_a(d, "source", "")), str(_a(d, "description", "")))
+    return ImportanceFile(str(p), ident, tables)
+
+
+def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], command: Sequence[str] = ()) -> ImportanceFile:
+    """Add (or replace) tables in ``path``; an existing file must be for the same model.
+
+    Written to a temporary file beside ``path`` and renamed over it, so the old file is
+    intact until the new one is complete.
+    """
+    p = Path(path)
+    merged: dict[str, Table] = {}
+    if p.exists():
+        old = read(p)
+        if old.identity.weights_sha256 != identity.weights_sha256 or \
+                (old.identity.num_layers, old.identity.num_heads) != (identity.num_layers, identity.num_heads):
+            raise StoreError(f"{p} holds importance for another model, {old.identity.describe()}; "
+                             f"this run is for {identity.describe()}; choose another --out")
+        merged.update(old.tables)
+    for t in tables:
+        if t.values.shape != (identity.num_layers, identity.num_heads):
+            raise StoreError(f"table '{t.name}' has shape {t.values.shape}, the model {identity.num_layers} x {identity.num_heads}")
+        merged[t.name] = t
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    os.close(fd)
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    try:
+        with h5py.File(tmp, "w") as f:
+            f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "attattr_version": __version__,
+                            "created": now, "weights_sha256": identity.weights_sha256, "model": identity.model,
+                            "model_type": identity.model_type, "num_layers": identity.num_layers,
+                            "num_heads": identity.num_heads, "command": json.dumps(list(command))})
+            gm, ge = f.create_group("methods"), f.create_group("examples")
+            for t in merged.values():
+                d = gm.create_dataset(t.name, data=np.asarray(t.values, np.float64))
+                d.dims[0].label, d.dims[1].label = "layer", "head"
+                d.attrs.update({"method": t.method, "seed": -1 if t.seed is None else int(t.seed),
+                                "source": t.source, "n_examples": len(t.examples), "description": t.description})
+                ge.create_dataset(t.name, data=np.asarray(t.examples, np.int64))
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return ImportanceFile(str(p), identity, merged)
+
+
+def check_model(imp: ImportanceFile, loaded) -> None:
+    """Refuse an importance file made for another model or another shape."""
+    here = identity_of(loaded)
+    there = imp.identity
+    if (there.num_layers, there.num_heads) != (here.num_layers, here.num_heads):
+        raise StoreError(f"{imp.path} is for a model with {there.num_layers} layers x {there.num_heads} heads; "
+                         f"--model has {here.num_layers} x {here.num_heads}")
+    if there.weights_sha256 != here.weights_sha256:
+        raise StoreError(f"{imp.path} was computed for another model, {there.describe()}; --model is "
+                         f"{here.describe()}")
+
+

@@ -1,0 +1,119 @@
+"""Pictures of head importance and pruning (matplotlib, PNG/SVG/PDF by the file's suffix). No printing."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import OptionError
+
+FORMATS = (".png", ".svg", ".pdf")
+COLORS = {"attr": "tab:blue", "taylor": "tab:green", "attention": "tab:red", "random": "tab:gray"}
+LABELS = {"attr": "attribution", "taylor": "Taylor", "attention": "attention", "random": "random"}
+
+
+def _pyplot():
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise OptionError("--plot needs matplotlib: pip install matplotlib") from None
+    return plt
+
+
+def _save(fig, path: str | Path) -> None:
+    path = Path(path)
+    if path.suffix.lower() not in FORMATS:
+        raise OptionError(f"--plot {path}: use a .png, .svg or .pdf file name")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=150, bbox_inches="tight")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def importance_heatmaps(tables: Sequence, path: str | Path, title: str = "") -> None:
+    """One heatmap per table (layers x heads)."""
+    plt = _pyplot()
+    tables = list(tables)
+    n = max(len(tables), 1)
+    L, H = tables[0].values.shape if tables else (1, 1)
+    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.35 * H + 1.5) * n, 0.35 * L + 1.6), squeeze=False)
+    for ax, t in zip(axes[0], tables):
+        im = ax.imshow(t.values, aspect="auto", cmap="viridis")
+        ax.set_title(t.name, fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(H))
+        ax.set_yticks(range(L))
+        ax.tick_params(labelsize=7)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    _save(fig, path)
+
+
+def _curves_panel(ax, curves: dict) -> None:
+    rates = np.asarray(curves["rates"]) * 100
+    metric = curves["metric"]
+    for name, entry in curves["methods"].items():
+        y = np.asarray(entry[metric])
+        color = COLORS.get(entry.get("method", name))
+        label = LABELS.get(name, name)
+        if "tables" in entry:
+            label += f" (mean of {len(entry['tables'])})"
+            if "accuracy_std" in entry and metric == "accuracy":
+                sd = np.asarray(entry["accuracy_std"])
+                ax.fill_between(rates, y - sd, y + sd, color=color, alpha=0.15, linewidth=0)
+        ax.plot(rates, y, marker="o", markersize=3, label=label, color=color)
+    ax.axhline(curves["baseline"][metric], color="black", linestyle=":", linewidth=1, label="unpruned")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel(metric)
+    ax.set_xticks(rates)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"pruning curves ({curves['n_examples']} examples)", fontsize=10)
+
+
+def _effectiveness_panel(ax, eff: dict) -> None:
+    ks = eff["ks"]
+    styles = {
+        "attr_small_first": ("tab:blue", "-"), "attr_large_first": ("tab:blue", "--"),
+        "attention_small_first": ("tab:red", "-"), "attention_large_first": ("tab:red", "--"),
+    }
+    for name, entry in eff["orders"].items():
+        color, ls = styles.get(name, (None, "-"))
+        ax.plot(ks, entry["accuracy"], marker="o", markersize=3, color=color, linestyle=ls, label=name.replace("_", " "))
+    ax.axhline(eff["baseline_accuracy"], color="black", linestyle=":", linewidth=1, label="unpruned")
+    ax.set_xlabel("heads pruned per layer (per example)")
+    ax.set_ylabel("accuracy (mean over layers)")
+    ax.set_xticks(ks)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"effectiveness ({eff['n_examples']} examples)", fontsize=10)
+
+
+def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
+    """The curves and/or the effectiveness analysis of a CURVES.json result, side by side."""
+    plt = _pyplot()
+    panels = [k for k in ("curves", "effectiveness") if result.get(k)]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.0 * max(len(panels), 1), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], panels):
+        (_curves_panel if key == "curves" else _effectiveness_panel)(ax, result[key])
+    if title:
+        fig.suptitle(title, fontsize=10)
+    _save(fig, path)

@@ -1,0 +1,317 @@
+"""Pruning curves, the effectiveness analysis, and really pruned models (METHOD.md section 2).
+
+* :func:`curves`: for every table of an importance file, one global ranking of all
+  L x H heads; at each rate the least important ``round(rate * L * H)`` heads are masked
+  at once (no re-estimation, no fine-tuning) and the model is evaluated on the same
+  examples, against one unpruned baseline. Random tables (``random-0``, ``random-1``,
+  ...) are evaluated one by one and averaged into ``random``.
+* :func:`effectiveness`: the paper's per-example analysis: for each example and each
+  layer separately, mask the k heads of that layer with the smallest (or largest)
+  attribution of *that example* against the smallest (or largest) attention,
+  k = 2, 4, ..., H; accuracy averaged over the layers.
+* :func:`kept_heads`, :func:`prune_copy`, :func:`save_pruned`: slice the heads out of a
+  BERT-family model (Q/K/V rows, output-projection columns) and save a folder that
+  plain transformers loads (see assets/modeling_attattr_pruned.py and docs/pruning.md).
+
+No printing here.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import ModelError, OptionError
+from .importance import ImportanceFile
+
+Progress = Callable[[int, int, str], None]
+
+SLICEABLE = ("bert", "roberta", "electra")
+REMOTE_FILE = Path(__file__).resolve().parent.parent / "assets" / "modeling_attattr_pruned.py"
+REMOTE_CLASSES = {
+    "bert": "AttattrPrunedBertForSequenceClassification",
+    "roberta": "AttattrPrunedRobertaForSequenceClassification",
+    "electra": "AttattrPrunedElectraForSequenceClassification",
+}
+
+
+# ----------------------------------------------------------------------------- rates, ranking
+
+
+def parse_rates(spec: str) -> list[float]:
+    """``0:1:0.1`` (start:stop:step, stop included) or ``0,0.5,0.7``; each in [0, 1]."""
+    spec = spec.strip()
+    try:
+        if ":" in spec:
+            parts = [float(x) for x in spec.split(":")]
+            if len(parts) != 3 or parts[2] <= 0:
+                raise ValueError
+            a, b, s = parts
+            n = int(math.floor((b - a) / s + 1e-9))
+            rates = [round(a + i * s, 10) for i in range(n + 1)]
+        else:
+            rates = [float(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise OptionError(f"bad --rates '{spec}': give start:stop:step such as 0:1:0.1, or a list such as 0,0.5,0.7") from None
+    if not rates or any(r < 0 or r > 1 for r in rates):
+        raise OptionError(f"bad --rates '{spec}': rates are fractions of the heads, between 0 and 1")
+    return rates
+
+
+def ranking(values: np.ndarray) -> np.ndarray:
+    """Flat head indices (layer * H + head), least important first; ties by index."""
+    return np.argsort(np.asarray(values, np.float64).ravel(), kind="stable")
+
+
+def mask_at(values: np.ndarray, rate: float) -> torch.Tensor:
+    """[layer, head] of 1 (kept) and 0 (masked): the least important round(rate * L * H) heads masked."""
+    L, H = values.shape
+    k = int(round(rate * L * H))
+    m = torch.ones(L * H)
+    m[torch.as_tensor(ranking(values)[:k].copy())] = 0
+    return m.view(L, H)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def metric_name(task_name: str | None) -> str:
+    return "f1" if task_name == "mrpc" else "accuracy"
+
+
+def scores(logits: torch.Tensor, gold: torch.Tensor, task_name: str | None, positive: int = 1) -> dict:
+    """accuracy and the task's metric (F1 of the positive class for MRPC, else accuracy)."""
+    known = gold >= 0
+    pred = logits.argmax(-1)
+    n = int(known.sum())
+    acc = float((pred[known] == gold[known]).float().mean()) if n else float("nan")
+    out = {"accuracy": acc}
+    if metric_name(task_name) == "f1":
+        p, g = pred[known] == positive, gold[known] == positive
+        tp = int((p & g).sum())
+        prec = tp / max(int(p.sum()), 1)
+        rec = tp / max(int(g.sum()), 1)
+        out["f1"] = 2 * prec * rec / (prec + rec) if prec + rec else 0.0
+    return out
+
+
+# ----------------------------------------------------------------------------- curves
+
+
+def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,
+           methods: Sequence[str] | None = None, progress: Progress | None = None) -> dict:
+    """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline."""
+    from ..engine.heads import logits_under
+
+    gold = batches.gold()
+    metric = metric_name(task_name)
+    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+    tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
+                    key=lambda t: (order.get(t.method, len(order)), t.name))
+    if not tables:
+        raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
+    todo = len(tables) * len(rates) + 1
+    done = 0
+    cache: dict[bytes, dict] = {}
+
+    def run(mask: torch.Tensor | None, label: str) -> dict:
+        nonlocal done
+        key = b"none" if mask is None else mask.numpy().tobytes()
+        if key not in cache:
+            logits = logits_under(loaded, batches, mask)
+            cache[key] = scores(logits, gold, task_name)
+        done += 1
+        if progress:
+            progress(done, todo, label)
+        return cache[key]
+
+    baseline = run(None, "baseline")
+    per_table: dict[str, dict] = {}
+    for t in tables:
+        rows = [run(mask_at(t.values, r), f"{t.name} {r:.0%}") for r in rates]
+        per_table[t.name] = {
+            "method": t.method,
+            "accuracy": [x["accuracy"] for x in rows],
+            metric: [x[metric] for x in rows],
+            "heads_masked": [int(round(r * t.values.size)) for r in rates],
+        }
+    result_methods: dict[str, dict] = {}
+    for t in tables:
+        group = [n for n, v in per_table.items() if v["method"] == t.method]
+        if t.method in result_methods:
+            continue
+        if len(group) == 1 and group[0] == t.method:
+            result_methods[t.method] = per_table[group[0]]
+            continue
+        entry = {
+            "method": t.method,
+            "accuracy": np.mean([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
+            metric: np.mean([per_table[n][metric] for n in group], axis=0).tolist(),
+            "accuracy_std": np.std([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
+            "heads_masked": per_table[group[0]]["heads_masked"],
+            "tables": {n: per_table[n] for n in group},
+        }
+        result_methods[t.method] = entry
+    return {
+        "metric": metric,
+        "rates": list(rates),
+        "n_examples": batches.n,
+        "num_layers": int(imp.identity.num_layers),
+        "num_heads": int(imp.identity.num_heads),
+        "baseline": baseline,
+        "methods": result_methods,
+    }
+
+
+# ----------------------------------------------------------------------------- effectiveness
+
+
+def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Sequence[int],
+                  task_name: str | None = None, progress: Progress | None = None) -> dict:
+    """The paper's effectiveness analysis.
+
+    attr, attn: per-example scores [examples, layer, head] in the order of the examples of
+    ``batches`` (attribution head max and attention head max of each example).
+    For each layer l and each k: mask, per example, the k heads of layer l ranked by the
+    example's own score (small first / large first), others intact; accuracy averaged over
+    the layers. Returns the table (orders x ks) and the per-layer accuracies.
+    """
+    from ..engine.heads import logits_under
+
+    n, L, H = attr.shape
+    gold = batches.gold()
+    orders = {
+        "attr_small_first": (attr, False),
+        "attr_large_first": (attr, True),
+        "attention_small_first": (attn, False),
+        "attention_large_first": (attn, True),
+    }
+    total = len(orders) * len(ks) * L
+    done = 0
+    out: dict[str, dict] = {}
+    for name, (score, large) in orders.items():
+        sc = torch.as_tensor(score, dtype=torch.float64)
+        rank = torch.argsort(-sc if large else sc, dim=-1, stable=True)  # [n, L, H]
+        per_layer = np.zeros((len(ks), L))
+        for ki, k in enumerate(ks):
+            for layer in range(L):
+                masks = torch.ones(n, L, H)
+                idx = rank[:, layer, :k]
+                masks[:, layer, :].scatter_(1, idx, 0.0)
+                logits = logits_under(loaded, batches, None, per_example=lambda b, _m=masks: _m[b.positions])
+                per_layer[ki, layer] = scores(logits, gold, task_name)["accuracy"]
+                done += 1
+                if progress:
+                    progress(done, total, f"{name} k={k} layer {layer}")
+        out[name] = {"accuracy": per_layer.mean(1).tolist(), "per_layer": per_layer.tolist()}
+    base = scores(logits_under(loaded, batches, None), gold, task_name)["accuracy"]
+    return {"ks": list(ks), "n_examples": n, "num_layers": L, "num_heads": H, "baseline_accuracy": base,
+            "orders": out}
+
+
+# ----------------------------------------------------------------------------- real pruning
+
+
+def kept_heads(values: np.ndarray, keep: float) -> list[list[int]]:
+    """Per layer, the original indices of the heads kept when the most important
+    ``round(keep * L * H)`` heads (one global ranking) stay."""
+    if not 0 <= keep <= 1:
+        raise OptionError(f"--keep {keep}: a fraction of the heads between 0 and 1")
+    L, H = values.shape
+    mask = mask_at(values, 1 - keep)
+    return [[h for h in range(H) if mask[layer, h] > 0] for layer in range(L)]
+
+
+def _remote():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("attattr_modeling_attattr_pruned", REMOTE_FILE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def check_sliceable(model) -> None:
+    mt = getattr(model.config, "model_type", "")
+    if mt not in SLICEABLE or type(model).__name__ not in (
+            "BertForSequenceClassification", "RobertaForSequenceClassification", "ElectraForSequenceClassification",
+            *REMOTE_CLASSES.values()):
+        raise ModelError(f"--save-model slices heads of BERT-family encoders ({', '.join(SLICEABLE)}); "
+                         f"this model is '{mt}' ({type(model).__name__}). Use the masked curves instead")
+    if getattr(model.config, "attattr_kept_heads", None) is not None:
+        raise ModelError("this model is already pruned by attattr; prune the original model instead")
+
+
+def prune_copy(model, kept: list[list[int]]):
+    """A copy of ``model`` with only the kept heads (weights sliced), for BERT-family encoders."""
+    check_sliceable(model)
+    pruned = copy.deepcopy(model)
+    _remote().prune_model(pruned, kept)
+    pruned.config.attattr_kept_heads = [list(map(int, k)) for k in kept]
+    return pruned
+
+
+def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwrite: bool = False,
+                extra: dict | None = None):
+    """Slice and save into ``out`` (temp folder then rename); returns the pruned model."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise OptionError(f"--save-model {out} exists and is not empty; it was left as it is (choose another)")
+    pruned = prune_copy(model, kept)
+    mt = model.config.model_type
+    pruned.config.auto_map = {"AutoModelForSequenceClassification": f"modeling_attattr_pruned.{REMOTE_CLASSES[mt]}"}
+    pruned.config.architectures = [REMOTE_CLASSES[mt]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        pruned.save_pretrained(tmp, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)
+        (tmp / "PRUNING.json").write_text(json.dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{int(time.time())}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return pruned
+
+
+def load_pruned(folder: str | Path):
+    """Load a folder written by :func:`save_pruned` with plain transformers."""
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(str(folder), trust_remote_code=True).eval()
+
+
+def count_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def time_forward(model, batches, repeats: int = 3) -> float:
+    """Best-of-``repeats`` seconds for one pass over ``batches`` (plain attention, no masking)."""
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for b in batches.batches:
+                model(**b.inputs)
+            best = min(best, time.perf_counter() - t0)
+    return best

@@ -1,0 +1,269 @@
+"""Fine-tuning a sequence classifier (the 2021 code shipped one; users need a model to study).
+
+``finetune`` turns any encoder transformers can load with
+``AutoModelForSequenceClassification`` (a bare ``BertModel`` folder such as
+all-MiniLM-L6-v2, or a classifier) into a classifier for a task, and saves a
+standard model folder (``save_pretrained`` + tokenizer + ``FINETUNE.json`` with
+the recipe and the result). The folder is written under a temporary name next to
+``out`` and renamed into place, so an interrupted run never leaves a half model.
+
+The library never prints: pass ``progress(done, total, label)`` to follow it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from ..data.types import Example
+from ..errors import DataError, ModelError, OptionError
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class FinetuneOptions:
+    epochs: float = 1.0
+    lr: float = 1e-4
+    batch_size: int = 32
+    max_length: int = 128
+    freeze_embeddings: bool = False
+    weight_decay: float = 0.01
+    warmup: float = 0.0  # fraction of the steps with linear warm-up; then linear decay to 0
+    seed: int = 0
+    threads: int = 0  # torch threads during training (0: leave as it is)
+    eval_batch_size: int = 128
+
+
+@dataclass
+class FinetuneReport:
+    out: str
+    train_examples: int
+    steps: int
+    train_seconds: float
+    final_loss: float
+    eval_examples: int
+    eval_accuracy: float | None
+    n_params: int
+    n_trainable: int
+    label_names: list[str]
+    options: dict = field(default_factory=dict)
+
+
+def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
+    """The model (with a fresh head for ``label_names`` unless it already has them) and its tokenizer."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    path = Path(model_id).expanduser()
+    if not path.is_dir() or not (path / "config.json").exists():
+        raise ModelError(f"--model {model_id}: not a local model folder with config.json")
+    names = [str(n) for n in label_names]
+    try:
+        cfg = AutoConfig.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"cannot load model folder {model_id}: {str(exc).strip().splitlines()[0]}") from exc
+    old = [str(cfg.id2label[i]) for i in range(cfg.num_labels)] if getattr(cfg, "id2label", None) else []
+    is_classifier = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
+    same_head = is_classifier and [n.lower() for n in old] == [n.lower() for n in names]
+    torch.manual_seed(seed)  # the new head's initialisation
+    kwargs = {} if same_head else dict(
+        num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)},
+        ignore_mismatched_sizes=True,
+    )
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the "newly initialised head" load report: expected here
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelError(f"'{model_id}' cannot become a sequence classifier: {str(exc).strip().splitlines()[0]}") from exc
+    finally:
+        hf_logging.set_verbosity(level)
+    return model, tokenizer
+
+
+def _encode(tokenizer, examples: Sequence[Example], max_length: int) -> list[dict]:
+    pair = any(e.text_b is not None for e in examples)
+    a = [e.text_a for e in examples]
+    b = [e.text_b or "" for e in examples] if pair else None
+    enc = tokenizer(a, b, truncation=True, max_length=max_length)
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+    return [{k: enc[k][i] for k in keys} for i in range(len(examples))]
+
+
+def _collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    width = max(len(r["input_ids"]) for r in rows)
+    batch = {}
+    for k in rows[0]:
+        fill = pad_id if k == "input_ids" else 0
+        batch[k] = torch.tensor([r[k] + [fill] * (width - len(r[k])) for r in rows], dtype=torch.long)
+    return batch
+
+
+def evaluate(model, tokenizer, examples: Sequence[Example], max_length: int = 128, batch_size: int = 128,
+             progress: Progress | None = None) -> tuple[float, list[int]]:
+    """Accuracy over the examples with a gold label, and the predicted index of every example."""
+    rows = _encode(tokenizer, examples, max_length)
+    pad = tokenizer.pad_token_id or 0
+    was = model.training
+    model.eval()
+    preds: list[int] = []
+    dev = next(model.parameters()).device
+    with torch.no_grad():
+        for s in range(0, len(rows), batch_size):
+            batch = {k: v.to(dev) for k, v in _collate(rows[s:s + batch_size], pad).items()}
+            preds.extend(model(**batch).logits.argmax(-1).tolist())
+            if progress:
+                progress(min(s + batch_size, len(rows)), len(rows), "eval")
+    model.train(was)
+    gold = [(p, e.label) for p, e in zip(preds, examples) if e.label is not None]
+    acc = sum(int(p == g) for p, g in gold) / len(gold) if gold else float("nan")
+    return acc, preds
+
+
+def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> None:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"--out {out} is a file; give a folder to write the model to")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise OptionError(f"--out {out} exists and is not empty; it was left as it is (pass --overwrite or choose another)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "FINETUNE.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+        old = None
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{int(time.time())}"
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def check_out(out: str | Path, overwrite: bool) -> None:
+    """Refuse before training when the result could not be written."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OptionError(f"--out {out} is a file; give a folder to write the model to")
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise OptionError(f"--out {out} exists and is not empty; it was left as it is (pass --overwrite or choose another)")
+
+
+def finetune(
+    model_id: str,
+    train: Sequence[Example],
+    label_names: Sequence[str],
+    out: str | Path,
+    options: FinetuneOptions | None = None,
+    eval_examples: Sequence[Example] | None = None,
+    progress: Progress | None = None,
+    overwrite: bool = False,
+    provenance: dict | None = None,
+) -> FinetuneReport:
+    """Fine-tune ``model_id`` on ``train`` (labels index ``label_names``) and save it to ``out``.
+
+    Plain cross-entropy, AdamW (no decay on biases and LayerNorm), linear warm-up
+    then linear decay to zero, gradient clipping at 1, dynamic padding per batch,
+    batch order seeded by ``options.seed``. Evaluates on ``eval_examples`` (their
+    labels must index the same names) after training.
+    """
+    opt = options or FinetuneOptions()
+    if opt.epochs <= 0 or opt.batch_size < 1 or opt.lr <= 0 or opt.max_length < 2:
+        raise OptionError("--epochs, --lr must be > 0, --batch-size >= 1 and --max-length >= 2")
+    train = [e for e in train if e.label is not None]
+    if not train:
+        raise DataError("no training example has a gold label")
+    bad = [e for e in train if not 0 <= e.label < len(label_names)]
+    if bad:
+        raise DataError(f"example {bad[0].index}: label {bad[0].label} outside 0..{len(label_names) - 1}")
+    check_out(out, overwrite)
+    old_threads = torch.get_num_threads()
+    if opt.threads > 0:
+        torch.set_num_threads(opt.threads)
+    try:
+        model, tokenizer = load_base(model_id, label_names, opt.seed)
+        model.train()
+        if opt.freeze_embeddings:
+            emb = model.get_input_embeddings()
+            base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+            module = getattr(base, "embeddings", None) if base is not None else None
+            for p in (module or emb).parameters():
+                p.requires_grad_(False)
+        rows = _encode(tokenizer, train, opt.max_length)
+        labels = torch.tensor([e.label for e in train])
+        pad = tokenizer.pad_token_id or 0
+        n = len(rows)
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
+        optim = torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay},
+                                   {"params": no_decay, "weight_decay": 0.0}], lr=opt.lr)
+        per_epoch = math.ceil(n / opt.batch_size)
+        total = max(1, math.ceil(per_epoch * opt.epochs))
+        n_warm = int(opt.warmup * total)
+
+        def lr_at(step: int) -> float:
+            if step < n_warm:
+                return (step + 1) / n_warm
+            return max(0.0, (total - step) / max(1, total - n_warm))
+
+        sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
+        gen = torch.Generator().manual_seed(opt.seed)
+        torch.manual_seed(opt.seed)  # dropout
+        t0 = time.perf_counter()
+        step, loss_val, ema = 0, float("nan"), None
+        while step < total:
+            order = torch.randperm(n, generator=gen).tolist()
+            for s in range(0, n, opt.batch_size):
+                if step >= total:
+                    break
+                idx = order[s:s + opt.batch_size]
+                batch = _collate([rows[i] for i in idx], pad)
+                loss = torch.nn.functional.cross_entropy(model(**batch).logits, labels[idx])
+                optim.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                optim.step()
+                sched.step()
+                step += 1
+                loss_val = float(loss.detach())
+                ema = loss_val if ema is None else 0.95 * ema + 0.05 * loss_val
+                if progress:
+                    progress(step, total, f"loss {ema:.3f}")
+        train_seconds = time.perf_counter() - t0
+        model.eval()
+        acc = None
+        n_eval = 0
+        if eval_examples:
+            acc, _ = evaluate(model, tokenizer, eval_examples, opt.max_length, opt.eval_batch_size, progress)
+            n_eval = sum(1 for e in eval_examples if e.label is not None)
+        for p in model.parameters():
+            p.requires_grad_(True)
+        n_params = sum(p.numel() for p in model.parameters())
+        n_train = sum(p.numel() for group in (decay, no_decay) for p in group)
+        report = FinetuneReport(
+            out=str(out), train_examples=n, steps=total, train_seconds=train_seconds, final_loss=loss_val,
+            eval_examples=n_eval, eval_accuracy=acc, n_params=n_params, n_trainable=n_train,
+            label_names=[str(x) for x in label_names], options=asdict(opt),
+        )
+        extra = {"base_model": str(model_id), **asdict(report), **(provenance or {})}
+        _atomic_save(model, tokenizer, Path(out), overwrite, extra)
+    finally:
+        torch.set_num_threads(old_threads)
+    return report
