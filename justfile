@@ -60,3 +60,12 @@ gpu-test: setup
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
     {{py}} bench/bench_gpu_score.py
+
+# Triggers on the built-in default: are they the planted pairs, do they flip the other classes (controls beside)?
+triggers-planted: setup
+    {{py}} bench/triggers_planted.py
+
+# SST-2 triggers from the first 500 training sentences of >= 15 word pieces, attack on the dev set (MODEL: a fine-tuned folder; DATA: the folder of GLUE's train.tsv and dev.tsv)
+triggers-sst2 MODEL DATA: setup
+    {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top 10 --store sst2_train_scores.h5 --out sst2_triggers.json
+    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top 3 --controls 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl

@@ -11,6 +11,8 @@ from .merge import merge
 from .score import score
 from .tree import tree
 from .import_json import import_json
+from .triggers import triggers
+from .attack import attack
 
 app = typer.Typer(
     name="attattr",
@@ -24,6 +26,8 @@ app.command("info")(info)
 app.command("merge")(merge)
 app.command("tree")(tree)
 app.command("import-json")(import_json)
+app.command("triggers")(triggers)
+app.command("attack")(attack)
 app.add_typer(demo.app, name="demo")
 
 
