@@ -240,6 +240,10 @@ def test_cli_builtin_default_end_to_end(tmp_path):
     r = _run("triggers", store, "--out", tmp_path / "t2.json", "--top", "4", "-q")
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "t2.json").read_text())["triggers"] == doc["triggers"]
+    # scoring on the fly into a kept store reads only the selected examples back
+    r = _run("triggers", "--store", store, "--examples", "0:10", "--steps", "4", "--out", tmp_path / "t3.json", "-q")
+    assert r.exit_code == 0, r.output
+    assert json.loads((tmp_path / "t3.json").read_text())["examples"] == 10
 
 
 def test_cli_data_file_untouched_and_errors(tmp_path):

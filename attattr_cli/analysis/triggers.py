@@ -216,13 +216,19 @@ def example_patterns(
 
 
 def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE,
-                        min_tokens: int = 0, special: bool = False) -> list[Pattern]:
-    """Every stored example's patterns (examples with fewer than ``min_tokens`` tokens,
-    special tokens included, are skipped, as the 2021 code skips SST-2 inputs under 15)."""
+                        min_tokens: int = 0, special: bool = False,
+                        indices: Sequence[int] | None = None) -> list[Pattern]:
+    """The patterns of the store's examples (all, or those of ``indices`` that it holds);
+    examples with fewer than ``min_tokens`` tokens, special tokens included, are skipped,
+    as the 2021 code skips SST-2 inputs under 15."""
     out: list[Pattern] = []
-    indices = store.indices()
-    if not indices:
-        raise StoreError(f"{store.path} holds no examples")
+    held = store.indices()
+    if indices is not None:
+        wanted = set(indices)
+        held = [i for i in held if i in wanted]
+    if not held:
+        raise StoreError(f"{store.path} holds no examples" + ("" if indices is None else " of those asked for"))
+    indices = held
     for k, i in enumerate(indices):
         e = store.get(i)
         if len(e.tokens) >= min_tokens:

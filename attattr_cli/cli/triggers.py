@@ -98,12 +98,14 @@ def triggers(
         if not on_the_fly and (model or data or task or examples or keep_store or limit):
             raise OptionError("give either a STORE or --model/--data/--task/--examples to score on the fly, not both")
         tmpdir = None
+        wanted = None
         try:
             if on_the_fly:
                 from ..engine.run import ScoreRequest, score_to_store
                 from ..engine.score import ScoreOptions
 
                 loaded, spec, n = _select_by_length(model, data, task, examples, min_tokens, limit, device, "float32")
+                wanted = [int(x) for x in spec.split(",")]
                 if keep_store is not None:
                     store = keep_store
                 else:
@@ -120,7 +122,7 @@ def triggers(
                 prov = s.provenance
                 labels = prov.get("label_names") or []
                 with progress_bar("triggers", quiet) as bar:
-                    patterns = patterns_from_store(s, progress=bar, min_tokens=min_tokens, special=special)
+                    patterns = patterns_from_store(s, progress=bar, min_tokens=min_tokens, special=special, indices=wanted)
             ranked = aggregate(patterns, labels, rank_by=rank_by)
             chosen = select(ranked, top, per_class, labels)
             source = {
