@@ -262,6 +262,10 @@ def test_cli_data_file_untouched_and_errors(tmp_path):
     _one_error_line(_run("attack", "--triggers", trig, "--out", res, "--position", "middle"), "unknown --position")
     _one_error_line(_run("triggers", tmp_path / "s.h5", "--model", "x", "--out", trig), "not both")
     _one_error_line(_run("triggers", tmp_path / "missing.h5", "--out", trig), "no such store")
+    as_csv = tmp_path / "t.csv"
+    r = _run("triggers", "--data", data, "--task", "synthetic", "--steps", "3", "--out", as_csv, "--top", "2", "-q")
+    assert r.exit_code == 0, r.output
+    assert as_csv.read_text().startswith("rank,class,class_rank,tokens") and as_csv.read_text().count("\n") == 3
     assert res.read_bytes() == before  # a failed run leaves earlier output as it was
 
 
