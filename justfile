@@ -101,3 +101,12 @@ prune-sst2 model="models/sst2-minilm" n="200": setup
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --out prune-sst2/curves.json --plot prune-sst2/curves.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --effectiveness prune-sst2/dev.h5 --out prune-sst2/effectiveness.json --plot prune-sst2/effectiveness.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --methods attr --rates 0.5 --keep 0.5 --save-model prune-sst2/pruned-50 --out prune-sst2/keep50.json
+
+# Triggers on the built-in default: are they the planted pairs, do they flip the other classes (controls beside)?
+triggers-planted: setup
+    {{py}} bench/triggers_planted.py
+
+# SST-2 triggers from the first 500 training sentences of >= 15 word pieces, attack on the dev set (MODEL: a fine-tuned folder; DATA: the folder of GLUE's train.tsv and dev.tsv)
+triggers-sst2 MODEL DATA: setup
+    {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top 10 --store sst2_train_scores.h5 --out sst2_triggers.json
+    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top 3 --controls 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl

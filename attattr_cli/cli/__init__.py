@@ -15,6 +15,9 @@ from .finetune import finetune
 from .importance import importance
 from .prune import prune
 
+from .triggers import triggers
+from .attack import attack
+
 app = typer.Typer(
     name="attattr",
     help="Self-attention attribution (Hao et al., AAAI 2021) for transformers models, into HDF5 stores.",
@@ -30,6 +33,9 @@ app.command("import-json")(import_json)
 app.command("finetune")(finetune)
 app.command("importance")(importance)
 app.command("prune")(prune)
+
+app.command("triggers")(triggers)
+app.command("attack")(attack)
 app.add_typer(demo.app, name="demo")
 
 

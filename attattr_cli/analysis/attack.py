@@ -1,0 +1,499 @@
+"""Inserting triggers into examples and measuring what they do (METHOD.md section 4).
+
+Each example is tokenised as the model sees it (special tokens and all); the tokens of
+a trigger are inserted into the segment they came from at their relative position
+there, as word pieces (the 2021 code inserts word pieces too), so the inserted ids are
+exactly the trigger's tokens. Where the result is longer than the model's maximum, the
+example's own tokens are cut, one at a time from the end of the longer segment, never
+a trigger token; such examples are counted. Then every variant is classified again and
+the accuracy per gold class is compared with the clean examples' (the paper's Table 2).
+
+Position rules (``position``):
+
+- ``relative`` (default): a token at relative position r in [0, 1] (0 the first token of
+  its segment, 1 the last) goes before token round(r * L) of a segment of L tokens
+  (r = 1 appends). Tokens of one trigger keep their order.
+- ``reference``: the 2021 code: with c tokens for the segment, the k-th goes to index
+  round((L + c) * ref_k), one further when it equals the previous one, where
+  ref = (offset + 1) / length of the source segment.
+- ``start``, ``end``: every trigger token at the start or the end of its segment.
+- a number in [0, 1]: every trigger token at that relative position.
+
+A *control* mirrors a trigger (same number of tokens, same segments and positions) with
+tokens drawn at random (seeded) from the tokens of the data, the trigger tokens left out.
+
+Nothing here prints or exits; the data file is only read.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..data.types import Example
+from ..errors import DataError, OptionError
+from ..models.loading import LoadedModel, align_labels
+
+FORMAT = "attattr.attack"
+VERSION = 1
+POSITION_MODES = ("relative", "reference", "start", "end")
+
+Progress = Callable[[int, int, str], None]
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+@dataclass
+class Framed:
+    """One example as the model's tokenizer frames it."""
+
+    ids: list[int]
+    seq: list[int]  # 0 / 1 for the segments, -1 for special tokens
+    types: list[int] | None  # token type ids where the model takes them
+
+    def segment(self, s: int) -> list[int]:
+        return [i for i, x in zip(self.ids, self.seq) if x == s]
+
+
+def frame(tokenizer, example: Example) -> Framed:
+    """Tokenise an example with special tokens (no truncation)."""
+    args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
+    enc = tokenizer(*args, add_special_tokens=True)
+    ids = list(enc["input_ids"])
+    try:
+        seq = [-1 if s is None else int(s) for s in enc.sequence_ids()]
+    except (ValueError, AttributeError):
+        seq = list(enc.get("token_type_ids", [0] * len(ids)))
+    types = (list(enc["token_type_ids"])
+             if "token_type_ids" in enc and "token_type_ids" in tokenizer.model_input_names else None)
+    return Framed(ids, seq, types)
+
+
+@dataclass
+class Variant:
+    """An example with a trigger inserted: the ids the model sees, which are trigger tokens,
+    and whether the example's own text was cut to fit."""
+
+    ids: list[int]
+    types: list[int] | None
+    seq: list[int]
+    is_trigger: list[bool]
+    truncated: bool = False
+    skipped: int = 0  # trigger tokens with no segment to go into
+
+
+# ----------------------------------------------------------------------------- insertion
+
+
+def parse_position(position: str | float) -> str | float:
+    if isinstance(position, (int, float)):
+        value = float(position)
+    elif position in POSITION_MODES:
+        return position
+    else:
+        try:
+            value = float(position)
+        except ValueError:
+            raise OptionError(
+                f"unknown --position '{position}'; use {', '.join(POSITION_MODES)} or a number in [0, 1]"
+            ) from None
+    if not 0.0 <= value <= 1.0:
+        raise OptionError(f"--position {position} is outside [0, 1]")
+    return value
+
+
+def _round(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+def insert_into_segment(seg: list, items: Sequence[tuple[object, float, float]], position: str | float = "relative"
+                        ) -> tuple[list, list[bool]]:
+    """Insert ``items`` (value, relative, reference) into the list ``seg``.
+
+    Returns the new list and a mask of which entries are inserted items.
+    """
+    mode = parse_position(position)
+    L = len(seg)
+    if mode == "reference":
+        out = list(seg)
+        mask = [False] * L
+        c = len(items)
+        prev = -1
+        for value, _rel, ref in items:
+            cur = _round((L + c) * ref)
+            if cur == prev:
+                cur += 1
+            prev = cur
+            cur = min(max(cur, 0), len(out))
+            out.insert(cur, value)
+            mask.insert(cur, True)
+        return out, mask
+    points = []
+    for k, (value, rel, _ref) in enumerate(items):
+        if mode == "start":
+            p = 0
+        elif mode == "end":
+            p = L
+        else:
+            r = rel if mode == "relative" else float(mode)
+            p = _round(min(max(r, 0.0), 1.0) * L)
+        points.append((min(max(p, 0), L), k, value))
+    points.sort(key=lambda x: (x[0], x[1]))
+    out, mask = [], []
+    q = 0
+    for pos in range(L + 1):
+        while q < len(points) and points[q][0] == pos:
+            out.append(points[q][2])
+            mask.append(True)
+            q += 1
+        if pos < L:
+            out.append(seg[pos])
+            mask.append(False)
+    return out, mask
+
+
+def attack_example(framed: Framed, trigger_ids: Sequence[int], segments: Sequence[int], relative: Sequence[float],
+                   reference: Sequence[float] | None = None, position: str | float = "relative",
+                   max_length: int | None = None) -> Variant:
+    """Insert a trigger (ids with their segments and relative positions) into one framed
+    example, then cut the example's own tokens (never the trigger's) to ``max_length``."""
+    reference = list(reference) if reference is not None else [min(max(r, 0.0), 1.0) for r in relative]
+    present = sorted({s for s in framed.seq if s >= 0})
+    # the framed sequence as runs: special tokens stay, each segment is rebuilt
+    new_ids: list[int] = []
+    new_seq: list[int] = []
+    new_types: list[int] = []
+    is_trig: list[bool] = []
+    skipped = sum(1 for s in segments if s not in present)
+    done: set[int] = set()
+    types = framed.types
+    for pos, (tid, s) in enumerate(zip(framed.ids, framed.seq)):
+        if s < 0:
+            new_ids.append(tid)
+            new_seq.append(-1)
+            new_types.append(types[pos] if types is not None else 0)
+            is_trig.append(False)
+            continue
+        if s in done:
+            continue
+        done.add(s)
+        seg = framed.segment(s)
+        seg_type = types[pos] if types is not None else 0
+        items = [(t, r, f) for t, ss, r, f in zip(trigger_ids, segments, relative, reference) if ss == s]
+        ids, mask = insert_into_segment(seg, items, position)
+        new_ids.extend(ids)
+        new_seq.extend([s] * len(ids))
+        new_types.extend([seg_type] * len(ids))
+        is_trig.extend(mask)
+    variant = Variant(new_ids, new_types if types is not None else None, new_seq, is_trig, False, skipped)
+    if max_length is not None and len(variant.ids) > max_length:
+        _truncate(variant, max_length)
+    return variant
+
+
+def _truncate(v: Variant, max_length: int) -> None:
+    """Cut the example's own tokens, the last of the segment with more of them first."""
+    while len(v.ids) > max_length:
+        own: dict[int, list[int]] = {}
+        for pos, (s, t) in enumerate(zip(v.seq, v.is_trigger)):
+            if s >= 0 and not t:
+                own.setdefault(s, []).append(pos)
+        if not own:
+            raise DataError(
+                f"the trigger and the special tokens alone take {len(v.ids)} tokens; the model takes at most {max_length}"
+            )
+        s = max(own, key=lambda k: (len(own[k]), -k))  # the longer segment; ties: the first
+        cut = own[s][-1]
+        for lst in (v.ids, v.seq, v.is_trigger):
+            del lst[cut]
+        if v.types is not None:
+            del v.types[cut]
+        v.truncated = True
+
+
+def clean_variant(framed: Framed, max_length: int | None) -> Variant:
+    v = Variant(list(framed.ids), list(framed.types) if framed.types is not None else None, list(framed.seq),
+                [False] * len(framed.ids))
+    if max_length is not None and len(v.ids) > max_length:
+        _truncate(v, max_length)
+    return v
+
+
+def variant_texts(tokenizer, v: Variant) -> tuple[str, str | None]:
+    """The attacked example as text (each segment decoded)."""
+    segs = sorted({s for s in v.seq if s >= 0})
+    texts = [tokenizer.decode([i for i, s in zip(v.ids, v.seq) if s == k]) for k in segs]
+    return (texts[0] if texts else ""), (texts[1] if len(texts) > 1 else None)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def predict(loaded: LoadedModel, variants: Sequence[Variant], batch_size: int = 64,
+            progress: Callable[[int], None] | None = None) -> np.ndarray:
+    """The model's predicted class (model label index) for each variant."""
+    model = loaded.model
+    device = next(model.parameters()).device
+    pad = getattr(model.config, "pad_token_id", None)
+    if pad is None:
+        pad = getattr(loaded.tokenizer, "pad_token_id", None)
+    if pad is None:
+        batch_size = 1  # nothing to pad with: one at a time
+        pad = 0
+    order = sorted(range(len(variants)), key=lambda i: len(variants[i].ids))
+    preds = np.zeros(len(variants), dtype=np.int64)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            width = max(len(variants[i].ids) for i in chunk)
+            ids = torch.full((len(chunk), width), int(pad), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            types = torch.zeros((len(chunk), width), dtype=torch.long)
+            for r, i in enumerate(chunk):
+                v = variants[i]
+                ids[r, :len(v.ids)] = torch.tensor(v.ids)
+                mask[r, :len(v.ids)] = 1
+                if v.types is not None:
+                    types[r, :len(v.ids)] = torch.tensor(v.types)
+            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            if variants[chunk[0]].types is not None:
+                inputs["token_type_ids"] = types.to(device)
+            logits = model(**inputs).logits
+            preds[chunk] = logits.argmax(-1).cpu().numpy()
+            if progress is not None:
+                progress(len(chunk))
+    return preds
+
+
+# ----------------------------------------------------------------------------- the attack
+
+
+@dataclass
+class Insertion:
+    """A trigger or a control as inserted."""
+
+    name: str
+    kind: str  # "trigger" or "control"
+    tokens: list[str]
+    segments: list[int]
+    relative: list[float]
+    reference: list[float]
+    label: str | None = None  # the class a trigger pushes towards
+    rank: int | None = None
+    class_rank: int | None = None
+    mirrors: str | None = None  # the trigger a control copies the layout of
+    extra: dict = field(default_factory=dict)
+
+
+def from_document(doc: dict, top: int | None = 3) -> list[Insertion]:
+    """The triggers of a triggers JSON to use: the ``top`` best of each class if the file
+    was made with --per-class, else the ``top`` best overall (None: all)."""
+    if top is not None and top < 1:
+        raise OptionError(f"--top must be at least 1, got {top}")
+    chosen = []
+    for t in doc["triggers"]:
+        rank = t.get("class_rank") if doc.get("per_class") else t.get("rank")
+        if top is None or rank is None or rank <= top:
+            chosen.append(t)
+    if not doc.get("per_class") and top is not None:
+        chosen = chosen[:top]
+    out = []
+    for k, t in enumerate(chosen, start=1):
+        out.append(Insertion(
+            name=f"T{k}", kind="trigger", tokens=[str(x) for x in t["tokens"]], segments=[int(s) for s in t["segments"]],
+            relative=[float(r) for r in t["relative"]],
+            reference=[float(r) for r in t.get("reference", t["relative"])],
+            label=t.get("class"), rank=t.get("rank"), class_rank=t.get("class_rank"),
+        ))
+    return out
+
+
+def data_vocabulary(tokenizer, framed: Sequence[Framed], exclude: set[str]) -> list[str]:
+    """The distinct non-special tokens of the data (sorted), without ``exclude``."""
+    seen: set[int] = set()
+    for f in framed:
+        seen.update(i for i, s in zip(f.ids, f.seq) if s >= 0)
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    tokens = tokenizer.convert_ids_to_tokens(sorted(seen - special))
+    return sorted({t for t in tokens if t not in exclude})
+
+
+def make_controls(triggers: Sequence[Insertion], vocabulary: Sequence[str], count: int, seed: int = 0
+                  ) -> list[Insertion]:
+    """``count`` controls; control k mirrors trigger k (cycling) with random tokens."""
+    if count < 0:
+        raise OptionError(f"--controls must be at least 0, got {count}")
+    if count and not triggers:
+        raise OptionError("controls mirror triggers: there are no triggers")
+    rng = random.Random(seed)
+    out = []
+    for k in range(count):
+        t = triggers[k % len(triggers)]
+        if len(vocabulary) < len(t.tokens):
+            raise DataError(f"the data has only {len(vocabulary)} tokens besides the triggers' to draw controls from")
+        tokens = rng.sample(list(vocabulary), len(t.tokens))
+        out.append(Insertion(name=f"C{k + 1}", kind="control", tokens=tokens, segments=list(t.segments),
+                             relative=list(t.relative), reference=list(t.reference), mirrors=t.name))
+    return out
+
+
+def _token_ids(tokenizer, ins: Insertion) -> list[int]:
+    ids = tokenizer.convert_tokens_to_ids(ins.tokens)
+    unk = getattr(tokenizer, "unk_token_id", None)
+    for tok, i in zip(ins.tokens, ids):
+        if i is None or (i == unk and tok != getattr(tokenizer, "unk_token", None)):
+            raise DataError(f"trigger token '{tok}' is not in the model's vocabulary (triggers from another model?)")
+    return list(ids)
+
+
+def _class_index(name: str | None, loaded: LoadedModel) -> int | None:
+    if name is None:
+        return None
+    names = [n.lower() for n in loaded.label_names]
+    return names.index(name.lower()) if name.lower() in names else None
+
+
+def run_attack(
+    loaded: LoadedModel,
+    examples: Sequence[Example],
+    task_labels: Sequence[str] | None,
+    triggers: Sequence[Insertion],
+    *,
+    controls: int | None = None,
+    seed: int = 0,
+    position: str | float = "relative",
+    batch_size: int = 64,
+    keep_texts: bool = False,
+    columns: int = 3,
+    progress: Progress | None = None,
+) -> dict:
+    """Insert every trigger (and ``controls`` controls, default one per trigger) into every
+    example and classify; the result is the ``attattr attack`` JSON document (accuracies
+    as fractions) with the per-class table of the paper's Table 2 under ``table``."""
+    position = parse_position(position)
+    if not examples:
+        raise DataError("no examples to attack")
+    tok = loaded.tokenizer
+    label_map, how = align_labels(task_labels, loaded)
+    class_names = list(task_labels) if task_labels is not None else list(loaded.label_names)
+    max_length = loaded.arch.max_length
+    framed = [frame(tok, e) for e in examples]
+    n_segments = max(len({s for s in f.seq if s >= 0}) for f in framed)
+    for t in triggers:
+        if any(s >= n_segments for s in t.segments):
+            raise OptionError(
+                f"trigger {t.name} ({' '.join(t.tokens)}) has tokens for segment {max(t.segments)}, "
+                f"but the data has {n_segments} segment{'s' if n_segments > 1 else ''}"
+            )
+    trig_ids = [_token_ids(tok, t) for t in triggers]
+    exclude = {x for t in triggers for x in t.tokens}
+    ctrl = make_controls(triggers, data_vocabulary(tok, framed, exclude), len(triggers) if controls is None else controls, seed)
+    ctrl_ids = [_token_ids(tok, c) for c in ctrl]
+    inserts = list(triggers) + ctrl
+    all_ids = trig_ids + ctrl_ids
+
+    gold = np.asarray([label_map[e.label] if e.label is not None else -1 for e in examples])
+    total = len(examples) * (1 + len(inserts))
+    done = 0
+
+    def tick(n):
+        nonlocal done
+        done += n
+        if progress is not None:
+            progress(done, total, "")
+
+    if progress is not None:
+        progress(0, total, "")
+    clean = [clean_variant(f, max_length) for f in framed]
+    before = predict(loaded, clean, batch_size, tick)
+
+    def per_class(pred):
+        out = {}
+        for k, c in enumerate(class_names):
+            sel = gold == label_map[k]
+            n = int(sel.sum())
+            right = int((pred[sel] == gold[sel]).sum())
+            out[c] = {"n": n, "correct": right, "accuracy": (right / n) if n else None}
+        known = gold >= 0
+        out_all = {"n": int(known.sum()), "correct": int((pred[known] == gold[known]).sum())}
+        out_all["accuracy"] = out_all["correct"] / out_all["n"] if out_all["n"] else None
+        return out, out_all
+
+    before_cls, before_all = per_class(before)
+    results = []
+    texts: list[dict] = []
+    for ins, ids in zip(inserts, all_ids):
+        variants = [attack_example(f, ids, ins.segments, ins.relative, ins.reference, position, max_length)
+                    for f in framed]
+        pred = predict(loaded, variants, batch_size, tick)
+        cls, overall = per_class(pred)
+        target = _class_index(ins.label, loaded)
+        row = {
+            "name": ins.name, "kind": ins.kind, "tokens": ins.tokens, "segments": ins.segments,
+            "relative": ins.relative, "class": ins.label, "rank": ins.rank, "class_rank": ins.class_rank,
+            "mirrors": ins.mirrors, "accuracy": {c: v["accuracy"] for c, v in cls.items()},
+            "correct": {c: v["correct"] for c, v in cls.items()}, "overall_accuracy": overall["accuracy"],
+            "flipped": int((pred != before).sum()),
+            "to_class": (float((pred == target).mean()) if target is not None else None),
+            "truncated": sum(v.truncated for v in variants),
+            "skipped_tokens": sum(v.skipped for v in variants),
+        }
+        results.append(row)
+        if keep_texts:
+            for e, v, p in zip(examples, variants, pred):
+                a, b = variant_texts(tok, v)
+                texts.append({"insert": ins.name, "kind": ins.kind, "index": e.index, "text_a": a, "text_b": b,
+                              "gold": class_names[e.label] if e.label is not None else None,
+                              "pred": loaded.label_names[int(p)]})
+    table = summary_table(class_names, label_map, before_cls, results, loaded, columns)
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "model": loaded.model_id,
+        "examples": len(examples),
+        "classes": class_names,
+        "label_mapping": how,
+        "position": position,
+        "seed": seed,
+        "max_length": max_length,
+        "truncated_before": sum(v.truncated for v in clean),
+        "before": before_cls,
+        "overall_before": before_all["accuracy"],
+        "triggers": [r for r in results if r["kind"] == "trigger"],
+        "controls": [r for r in results if r["kind"] == "control"],
+        "table": table,
+    }
+    if keep_texts:
+        doc["texts"] = texts
+    return doc
+
+
+def summary_table(class_names, label_map, before_cls, results, loaded, columns: int = 3) -> list[dict]:
+    """Per gold class: accuracy before, under the triggers that push towards another class
+    (the first ``columns`` by rank, and their mean over all such triggers), and the mean
+    under the controls. A trigger with no known class counts against every class."""
+    rows = []
+    for k, c in enumerate(class_names):
+        model_k = label_map[k]
+        against = [r for r in results if r["kind"] == "trigger" and _class_index(r["class"], loaded) != model_k]
+        ctrl = [r for r in results if r["kind"] == "control"]
+        accs = [r["accuracy"][c] for r in against if r["accuracy"][c] is not None]
+        caccs = [r["accuracy"][c] for r in ctrl if r["accuracy"][c] is not None]
+        rows.append({
+            "class": c,
+            "n": before_cls[c]["n"],
+            "before": before_cls[c]["accuracy"],
+            "triggers": [{"name": r["name"], "tokens": r["tokens"], "class": r["class"], "accuracy": r["accuracy"][c]}
+                         for r in against[:columns]],
+            "trigger_mean": float(np.mean(accs)) if accs else None,
+            "trigger_count": len(accs),
+            "control_mean": float(np.mean(caccs)) if caccs else None,
+            "control_count": len(caccs),
+        })
+    return rows
