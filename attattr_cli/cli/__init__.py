@@ -11,6 +11,7 @@ from .merge import merge
 from .score import score
 from .tree import tree
 from .import_json import import_json
+from .faithfulness import faithfulness
 
 app = typer.Typer(
     name="attattr",
@@ -24,6 +25,7 @@ app.command("info")(info)
 app.command("merge")(merge)
 app.command("tree")(tree)
 app.command("import-json")(import_json)
+app.command("faithfulness")(faithfulness)
 app.add_typer(demo.app, name="demo")
 
 

@@ -47,6 +47,22 @@ class Record:
     probs: dict[int, torch.Tensor] = field(default_factory=dict)
     grad_layers: frozenset = frozenset()
     leaves: dict[int, torch.Tensor] = field(default_factory=dict)
+    keep_graph: bool = False  # also keep the probabilities with their graph in ``live``
+    live: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class Permute:
+    """Counterfactual attention (Jain & Wallace 2019): in layer ``layer`` every batch row
+    b uses the attention probabilities of the clean input with each (head, query) row's
+    weights moved to other keys, ``A'[b, h, i, j] = A[b, h, i, index[b, h, i, j]]``.
+
+    ``index``: [batch, head, query_pos, key_pos] long, a permutation of the key positions
+    in every row. Every other layer computes its attention normally.
+    """
+
+    layer: int
+    index: torch.Tensor
 
 
 @dataclass
@@ -98,12 +114,22 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     if isinstance(plan, Record) and layer is not None:
         probs = reference.attention_probs(query, key, mask, scaling, softcap)
         plan.probs[layer] = probs.detach()
+        if plan.keep_graph:
+            plan.live[layer] = probs
         out = torch.matmul(probs, value)
         if layer in plan.grad_layers:
             z = torch.zeros_like(out, requires_grad=True)
             plan.leaves[layer] = z
             out = out + z
         return out.transpose(1, 2).contiguous(), probs
+
+    if isinstance(plan, Permute) and layer == plan.layer:
+        probs = reference.attention_probs(query, key, mask, scaling, softcap)
+        index = plan.index.to(probs.device)
+        if index.shape[0] != probs.shape[0]:
+            index = index.expand(probs.shape[0], *index.shape[1:])
+        probs = torch.gather(probs, -1, index)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and layer == plan.layer:
         q1, k1, v1 = query[:1].detach(), key[:1].detach(), value[:1].detach()
