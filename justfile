@@ -60,3 +60,11 @@ gpu-test: setup
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
     {{py}} bench/bench_gpu_score.py
+
+# Faithfulness of every token importance method on the built-in default (200 held-out examples)
+faithfulness: setup
+    {{venv}}/bin/attattr faithfulness --examples 0:200 --out faithfulness-default.json --csv faithfulness-default.csv --plot faithfulness-default.png
+
+# Faithfulness on SST-2 dev with a fine-tuned model: just faithfulness-sst2 MODEL_DIR [DEV_TSV]
+faithfulness-sst2 model data="../shared/data/sst2/dev.tsv": setup
+    {{venv}}/bin/attattr faithfulness --model {{model}} --data {{data}} --task sst2 --examples 0:200 --steps 10 --out faithfulness-sst2.json --csv faithfulness-sst2.csv --plot faithfulness-sst2.png

@@ -10,6 +10,12 @@ comes here. What it does depends on the active plan:
   output is replayed from the clean forward, expanded to the batch), the target layer
   computes A and A·V once from the first copy and returns ``alpha_k * (A V)`` for step k
   as a leaf tensor whose gradient is dF/dO_k, and the layers above run as usual.
+* ``Permute``: counterfactual attention for the permutation test (Jain & Wallace 2019):
+  the target layer's probabilities are gathered along the key axis with a given index,
+  one permutation per batch row.
+
+``Record(keep_graph=True)`` also keeps the probabilities with their autograd graph, for
+gradients with respect to the attention of every layer (token importance).
 
 Outside a plan (or for layers a plan does not touch) the function is plain attention.
 """
