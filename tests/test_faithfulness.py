@@ -301,3 +301,7 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
                     "was made with another model")
     assert hashlib.sha256(store.read_bytes()).hexdigest() == digest
     assert report.read_text() == "keep me"
+
+
+def test_report_is_strict_json():
+    assert fa._finite({"a": float("nan"), "b": [1.0, float("inf")], "c": (2,)}) == {"a": None, "b": [1.0, None], "c": [2]}

@@ -187,7 +187,7 @@ def permutation_tvd(runner: ModelRunner, ex: Prepared, layers: Sequence[int], pe
 @dataclass
 class FaithfulnessOptions:
     methods: list[str] = field(default_factory=lambda: list(METHODS))
-    examples: str | None = None  # selection among the store's data indices; None: all
+    examples: str | list[int] | None = None  # data indices (a spec such as 0:200, or a list); None: all
     bins: tuple = BINS
     fractions: tuple = DELETION_FRACTIONS
     permutations: int = 20
@@ -222,13 +222,12 @@ def load_for_store(store, model: str | None = None, device: str = "auto"):
     dtype = (prov.get("options") or {}).get("dtype", "float32")
     model_id = model
     if model_id is None:
-        model_id = str(prov.get("model_path") or "")
-        if prov.get("model_source") == "builtin" or not model_id or (
-                not Path(model_id).exists() and model_id.startswith("/")):
-            if prov.get("model_source") == "builtin":
-                model_id = str(DEFAULT_MODEL_DIR)
-            elif not model_id or not Path(model_id).exists():
-                raise StoreError(f"{store.path} was made with {prov.get('model_path')!r}, which is not here: pass --model")
+        if prov.get("model_source") == "builtin":
+            model_id = str(DEFAULT_MODEL_DIR)
+        else:
+            model_id = str(prov.get("model_path") or prov.get("model") or "")
+            if not model_id or (prov.get("model_source") == "local" and not Path(model_id).exists()):
+                raise StoreError(f"{store.path} was made with the model {model_id or '?'}, which is not here: pass --model")
     loaded = load(model_id, device=device, dtype=dtype)
     want = fp.get("weights_sha256") or prov.get("weights_sha256")
     if want and loaded.weights_sha256 != want:
@@ -278,6 +277,8 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             raise StoreError(f"{store.path} holds no examples")
         if options.examples is None:
             chosen = have
+        elif not isinstance(options.examples, str):
+            chosen = [int(i) for i in options.examples]
         else:
             chosen = parse_examples(options.examples, have[-1] + 1)
         num_layers = loaded.arch.num_layers
@@ -358,7 +359,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
             "median_tvd_median": np.median(t, 0).tolist(),
             "share_below_0.05": (t < 0.05).mean(0).tolist(),
         }
-    return {
+    return _finite({
         "store": path,
         "model": prov.get("model"),
         "task": prov.get("task"),
@@ -371,7 +372,18 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         "methods": methods,
         "permutation": perm,
         "per_example": rows,
-    }
+    })
+
+
+def _finite(obj):
+    """NaN (an undefined tau) becomes None, so the report is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def report_rows(report: dict) -> list[dict]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.console import Console
 from rich.table import Table
 
 from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
@@ -134,7 +135,12 @@ def faithfulness(
                 rep = score_to_store(req, progress=bar)
             if not quiet:
                 err.print(f"store {rep.out}: {rep.scored} examples scored, {rep.skipped} already there", markup=False)
-            model_for_store, select = model, examples
+            from ..data import parse_examples
+            from ..engine.run import resolve_inputs
+
+            _, _, data_examples, _ = resolve_inputs(model, data, task)
+            picked = parse_examples(examples, len(data_examples))
+            model_for_store, select = model, [data_examples[i].index for i in picked]
         else:
             if data is not None or task is not None:
                 raise OptionError("give either a STORE or --model/--data/--task, not both")
@@ -145,7 +151,7 @@ def faithfulness(
             report = evaluate_store(store, fopts, model=model_for_store, device=device, progress=bar)
         report["seconds"] = round(time.perf_counter() - t0, 2)
         report["command"] = command_line()
-        _atomic_write(out_path, (json.dumps(report, indent=1) + "\n").encode())
+        _atomic_write(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         if csv_path is not None:
             _atomic_write(csv_path, _csv(report))
         if plot is not None:
@@ -153,11 +159,12 @@ def faithfulness(
             plot_report(report, tmp)
             os.replace(tmp, plot)
         if not quiet:
-            width = max(err.width, 112)  # the table stays readable when stderr is a pipe or a log
-            err.print(_table(report), width=width)
+            # a terminal's own width; 120 columns when stderr is a pipe or a log file
+            tables = err if err.is_terminal else Console(stderr=True, width=120, highlight=False, soft_wrap=True)
+            tables.print(_table(report))
             perm = _perm_table(report)
             if perm is not None:
-                err.print(perm, width=width)
+                tables.print(perm)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
                       f"token importance kept in {store}", markup=False)
         out.print(str(out_path), markup=False)
