@@ -18,6 +18,8 @@ from .prune import prune
 from .triggers import triggers
 from .attack import attack
 
+from .faithfulness import faithfulness
+
 app = typer.Typer(
     name="attattr",
     help="Self-attention attribution (Hao et al., AAAI 2021) for transformers models, into HDF5 stores.",
@@ -36,6 +38,8 @@ app.command("prune")(prune)
 
 app.command("triggers")(triggers)
 app.command("attack")(attack)
+
+app.command("faithfulness")(faithfulness)
 app.add_typer(demo.app, name="demo")
 
 

@@ -10,6 +10,12 @@ comes here. What it does depends on the active plan:
   output is replayed from the clean forward, expanded to the batch), the target layer
   computes A and A·V once from the first copy and returns ``alpha_k * (A V)`` for step k
   as a leaf tensor whose gradient is dF/dO_k, and the layers above run as usual.
+* ``Permute``: counterfactual attention for the permutation test (Jain & Wallace 2019):
+  the target layer's probabilities are gathered along the key axis with a given index,
+  one permutation per batch row.
+
+``Record(keep_graph=True)`` also keeps the probabilities with their autograd graph, for
+gradients with respect to the attention of every layer (token importance).
 
 * ``HeadScale``: head masking (transformers 5 has no ``head_mask``). Each head's output
   ``A_h V_h`` is multiplied by ``scale[layer, head]`` (or ``scale[example, layer, head]``)
@@ -60,6 +66,27 @@ class Record:
     grad_layers: frozenset = frozenset()  # sites
     leaves: dict = field(default_factory=dict)  # site -> zero leaf
     keep: str | None = "maps"  # what of the probabilities to keep: "maps", "mean" or None
+    keep_graph: bool = False  # also keep the probabilities with their graph in ``live`` (site -> tensor)
+    live: dict = field(default_factory=dict)
+
+
+@dataclass
+class Permute:
+    """Counterfactual attention (Jain & Wallace 2019): at site ``(family, layer)`` every batch
+    row b uses the attention probabilities of the clean input with each (head, query) row's
+    weights moved to other keys, ``A'[b, h, i, j] = A[b, h, i, index[b, h, i, j]]``.
+
+    ``index``: [batch, head, query_pos, key_pos] long, a permutation of the key positions
+    in every row. Every other layer computes its attention normally.
+    """
+
+    layer: int
+    index: torch.Tensor
+    family: str = "self"
+
+    @property
+    def site(self) -> tuple[str, int]:
+        return (self.family, self.layer)
 
 
 @dataclass
@@ -154,23 +181,38 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 
     if isinstance(plan, Record) and site is not None:
         want_grad = site in plan.grad_layers
-        if plan.keep is not None or softcap is not None:
-            with torch.no_grad():
-                probs = reference.attention_probs(query, key, mask, scaling, softcap)
-            if plan.keep == "maps":
-                plan.probs[site] = probs.detach()
-            elif plan.keep == "mean":
-                plan.probs[site] = probs.detach().float().mean(1)
-        if softcap is None:
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
-                                                 scale=scaling, is_causal=causal)
+        if plan.keep_graph:  # probabilities with their graph: gradients with respect to A
+            probs = reference.attention_probs(query, key, mask, scaling, softcap)
+            plan.live[site] = probs
+            if plan.keep is not None:
+                plan.probs[site] = probs.detach() if plan.keep == "maps" else probs.detach().float().mean(1)
+            out = torch.matmul(probs, value)
         else:
-            out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
+            if plan.keep is not None or softcap is not None:
+                with torch.no_grad():
+                    probs = reference.attention_probs(query, key, mask, scaling, softcap)
+                if plan.keep == "maps":
+                    plan.probs[site] = probs.detach()
+                elif plan.keep == "mean":
+                    plan.probs[site] = probs.detach().float().mean(1)
+            if softcap is None:
+                out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
+                                                     scale=scaling, is_causal=causal)
+            else:
+                out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
         if want_grad:
             z = torch.zeros_like(out, requires_grad=True)
             plan.leaves[site] = z
             out = out + z
         return out.transpose(1, 2).contiguous(), None
+
+    if isinstance(plan, Permute) and site == plan.site:
+        probs = reference.attention_probs(query, key, mask, scaling, softcap)
+        index = plan.index.to(probs.device)
+        if index.shape[0] != probs.shape[0]:
+            index = index.expand(probs.shape[0], *index.shape[1:])
+        probs = torch.gather(probs, -1, index)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and site == plan.site:
         q1, k1, v1 = query[:1].detach(), key[:1].detach(), value[:1].detach()
@@ -186,7 +228,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
                       "softcap": softcap}
         return leaf.transpose(1, 2), None
 
-    if isinstance(plan, HeadScale) and layer is not None:
+    if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
+        layer = site[1]
         if softcap is None:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
             probs = None

@@ -358,7 +358,7 @@ class Scorer:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             raise ResourceError(
-                f"out of memory on {self.device} for example {getattr(example, "index", "?")} ({len(enc.input_ids)} tokens)"
+                f"out of memory on {self.device} for example {getattr(example, 'index', '?')} ({len(enc.input_ids)} tokens)"
                 " outside the integration steps (the clean forward pass or the attribution maps):"
                 " use a smaller model, --dtype bfloat16, --truncate, or a device with more memory"
             ) from exc

@@ -1,0 +1,431 @@
+"""Is it an explanation? Faithfulness tests of token importance (METHOD.md section 5).
+
+* Agreement (Jain & Wallace 2019): Kendall tau-b between a method's token scores and
+  leave-one-out, and between them and gradient norms, over each example's content tokens.
+* Erasure (ERASER, DeYoung et al. 2020): with the top-k tokens of a method (k from the
+  bins 1, 5, 10, 20, 50 % of the content tokens, k = max(1, ceil(q n))),
+  comprehensiveness_q = p(x)_t - p(x without the top k)_t and
+  sufficiency_q = p(x)_t - p(only the top k)_t (special tokens always kept); the AOPC
+  versions are their means over the bins (as the ERASER code's ``_instances_aopc``).
+  t is the class the store attributed (the predicted class by default).
+* Deletion curves: p(x without the top round(f n) tokens)_t for f = 0, 0.1, ..., 1, and
+  their area (trapezoid over f); lower means the ranking found what the model uses.
+* Permutation (Jain & Wallace 2019): in one layer, every head's and every query row's
+  attention weights are moved to randomly permuted keys (among the keys the row may see)
+  through attattr's attention function; the total variation distance between the output
+  distributions, TVD = 0.5 sum_c |p_c - p'_c|, is taken per permutation, and the median
+  over permutations is the example's value for that layer.
+
+Pure functions first; :func:`evaluate_store` runs them over a store.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import OptionError, StoreError
+from .token_importance import (
+    METHODS,
+    ModelRunner,
+    Prepared,
+    check_methods,
+    params_for,
+    pool_position,
+)
+
+BINS = (0.01, 0.05, 0.10, 0.20, 0.50)
+DELETION_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(11))
+Progress = Callable[[int, int, str], None]
+
+
+# -- agreement ----------------------------------------------------------------------------
+
+def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
+    """Kendall's tau-b with ties: (C - D) / sqrt((P - T_x) (P - T_y)), P = n(n-1)/2 pairs,
+    T_x, T_y the pairs tied in x, in y. NaN when either vector is constant or n < 2."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError("kendall_tau_b needs two vectors of the same length")
+    n = len(x)
+    if n < 2:
+        return float("nan")
+    iu = np.triu_indices(n, 1)
+    sx = np.sign(x[:, None] - x[None, :])[iu]
+    sy = np.sign(y[:, None] - y[None, :])[iu]
+    untied_x = np.count_nonzero(sx)
+    untied_y = np.count_nonzero(sy)
+    if untied_x == 0 or untied_y == 0:
+        return float("nan")
+    return float((sx * sy).sum() / math.sqrt(untied_x * untied_y))
+
+
+# -- erasure ------------------------------------------------------------------------------
+
+def ranking(scores: np.ndarray, content: np.ndarray) -> np.ndarray:
+    """Content positions from most to least important (ties: earlier position first)."""
+    s = np.asarray(scores, dtype=np.float64)[content]
+    order = np.lexsort((content, -s))
+    return np.asarray(content)[order]
+
+
+def bin_size(q: float, m: int) -> int:
+    """Tokens in an ERASER bin of fraction q of m content tokens: max(1, ceil(q m))."""
+    return min(m, max(1, math.ceil(q * m - 1e-9)))
+
+
+def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
+                    scores: dict[str, np.ndarray], bins: Sequence[float] = BINS,
+                    fractions: Sequence[float] = DELETION_FRACTIONS) -> dict[str, dict]:
+    """Comprehensiveness, sufficiency (per bin and AOPC) and the deletion curve of each
+    method for one example.
+
+    ``predict(keeps)``: the target class probability for each keep-mask (bool [n]; False
+    = erased). All masks of all methods are handed over in one call.
+    """
+    content = np.asarray(content)
+    m = len(content)
+    full = np.ones(n, dtype=bool)
+    special = full.copy()
+    special[content] = False
+    keeps: list[np.ndarray] = [full]
+    slots: dict[str, dict[str, list[int]]] = {}
+    for name, sc in scores.items():
+        order = ranking(sc, content)
+        slot = {"comp": [], "suff": [], "del": []}
+        for q in bins:
+            k = bin_size(q, m)
+            drop = full.copy()
+            drop[order[:k]] = False
+            slot["comp"].append(len(keeps))
+            keeps.append(drop)
+            only = special.copy()
+            only[order[:k]] = True
+            slot["suff"].append(len(keeps))
+            keeps.append(only)
+        for f in fractions:
+            k = int(round(f * m))
+            drop = full.copy()
+            drop[order[:k]] = False
+            slot["del"].append(len(keeps))
+            keeps.append(drop)
+        slots[name] = slot
+    p = np.asarray(predict(keeps), dtype=np.float64)
+    p0 = p[0]
+    out = {}
+    for name, slot in slots.items():
+        comp = [p0 - p[i] for i in slot["comp"]]
+        suff = [p0 - p[i] for i in slot["suff"]]
+        curve = [p[i] for i in slot["del"]]
+        out[name] = {
+            "comprehensiveness": float(np.mean(comp)),
+            "sufficiency": float(np.mean(suff)),
+            "comprehensiveness_bins": [float(c) for c in comp],
+            "sufficiency_bins": [float(s) for s in suff],
+            "deletion_curve": [float(c) for c in curve],
+            "deletion_auc": float(np.trapezoid(curve, fractions)) if len(fractions) > 1 else float("nan"),
+        }
+    return out
+
+
+# -- permutation --------------------------------------------------------------------------
+
+def permutation_index(permutations: int, heads: int, n: int, causal: bool, generator: torch.Generator) -> torch.Tensor:
+    """[permutations, heads, n, n] indices: every row a random permutation of the keys it
+    may attend to (all keys; j <= i for causal attention), the others left in place."""
+    r = torch.rand(permutations, heads, n, n, generator=generator, dtype=torch.float64)
+    if causal:
+        j = torch.arange(n, dtype=torch.float64)
+        future = j[None, :] > j[:, None]
+        r = torch.where(future, 2.0 + j.expand(n, n), r)
+    return r.argsort(-1)
+
+
+def total_variation(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    return 0.5 * np.abs(np.asarray(p) - np.asarray(q)).sum(-1)
+
+
+def permutation_tvd(runner: ModelRunner, ex: Prepared, layers: Sequence[int], permutations: int,
+                    seed: int = 0) -> np.ndarray:
+    """TVD between the output distribution and the distribution with layer l's attention
+    permuted, [len(layers), permutations]."""
+    from ..engine import attention
+
+    model = runner.model
+    loaded = runner.loaded
+    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(ex.index))
+    ids = torch.tensor([list(ex.input_ids)], device=runner.device)
+    tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=runner.device)
+    out = np.zeros((len(layers), permutations))
+    per = max(1, runner.max_tokens // max(ex.n, 1))
+    with attention.taken_over(model), torch.no_grad():
+        base = torch.softmax(model(input_ids=ids, **({} if tt is None else {"token_type_ids": tt})).logits.double(), -1)
+        base = base.cpu().numpy()[0]
+        for li, layer in enumerate(layers):
+            index = permutation_index(permutations, loaded.arch.num_heads, ex.n, loaded.arch.is_decoder, gen)
+            for start in range(0, permutations, per):
+                idx = index[start:start + per]
+                b = idx.shape[0]
+                inputs = {"input_ids": ids.expand(b, -1)}
+                if tt is not None:
+                    inputs["token_type_ids"] = tt.expand(b, -1)
+                with attention.active(attention.Permute(layer, idx.to(runner.device))):
+                    logits = model(**inputs).logits.double()
+                runner.forwards += b
+                out[li, start:start + b] = total_variation(torch.softmax(logits, -1).cpu().numpy(), base)
+    return out
+
+
+# -- over a store ------------------------------------------------------------------------
+
+@dataclass
+class FaithfulnessOptions:
+    methods: list[str] = field(default_factory=lambda: list(METHODS))
+    examples: str | list[int] | None = None  # data indices (a spec such as 0:200, or a list); None: all
+    bins: tuple = BINS
+    fractions: tuple = DELETION_FRACTIONS
+    permutations: int = 20
+    perm_layers: list[int] | None = None  # None: every layer; []: no permutation test
+    erase: str = "remove"
+    seed: int = 0
+
+    def validate(self) -> None:
+        self.methods = check_methods(self.methods)
+        if self.permutations < 0:
+            raise OptionError(f"--permutations must be 0 or more, got {self.permutations}")
+        for q in self.bins:
+            if not 0 < q <= 1:
+                raise OptionError(f"bins are fractions in (0, 1], got {q}")
+
+
+def _mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+    if len(v) == 0:
+        return None, None, 0
+    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
+    return float(v.mean()), se, int(len(v))
+
+
+def load_for_store(store, model: str | None = None, device: str = "auto"):
+    """Load the model a store was made with (or ``model``), and check its weights."""
+    from ..models.default import DEFAULT_MODEL_DIR
+    from ..models.loading import load
+
+    prov = store.provenance
+    fp = store.fingerprint
+    dtype = (prov.get("options") or {}).get("dtype", "float32")
+    model_id = model
+    if model_id is None:
+        if prov.get("model_source") == "builtin":
+            model_id = str(DEFAULT_MODEL_DIR)
+        else:
+            model_id = str(prov.get("model_path") or prov.get("model") or "")
+            if not model_id or (prov.get("model_source") == "local" and not Path(model_id).exists()):
+                raise StoreError(f"{store.path} was made with the model {model_id or '?'}, which is not here: pass --model")
+    loaded = load(model_id, device=device, dtype=dtype)
+    want = fp.get("weights_sha256") or prov.get("weights_sha256")
+    if want and loaded.weights_sha256 != want:
+        raise StoreError(
+            f"{store.path} was made with another model (weights sha256 {str(want)[:12]}…; "
+            f"--model {model_id}: {loaded.weights_sha256[:12]}…)"
+        )
+    return loaded
+
+
+def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
+    tok = loaded.tokenizer
+    args = (stored.text_a,) if stored.text_b is None else (stored.text_a, stored.text_b)
+    enc = tok(*args, add_special_tokens=True)
+    ids = list(enc["input_ids"])
+    stored_ids = [int(i) for i in stored.input_ids]
+    if ids[:len(stored_ids)] != stored_ids:
+        raise StoreError(
+            f"example {stored.index}: the tokenizer of this model does not give the stored tokens; "
+            "was the store made with another tokenizer?"
+        )
+    tt = None
+    if "token_type_ids" in enc and "token_type_ids" in tok.model_input_names:
+        tt = np.asarray(enc["token_type_ids"][:len(stored_ids)], dtype=np.int64)
+    n = len(stored_ids)
+    return Prepared(stored.index, np.asarray(stored_ids, dtype=np.int64), tt, np.asarray(stored.segment_ids),
+                    int(stored.target), pool_position(n, is_decoder))
+
+
+def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | None = None,
+                   device: str = "auto", loaded=None, progress: Progress | None = None) -> dict:
+    """Compute (or read) every method's token importance for the store's examples, store
+    it, and return the faithfulness report (a JSON-able dict)."""
+    from ..data import parse_examples
+    from ..store import TokenImportanceStore
+
+    options.validate()
+    with TokenImportanceStore(path) as store:
+        prov = store.provenance
+        score_opts = prov.get("options") or {}
+        output = score_opts.get("output", "prob")
+        if loaded is None:
+            loaded = load_for_store(store, model, device)
+        runner = ModelRunner(loaded, output=output, erase=options.erase)
+        have = store.indices()
+        if not have:
+            raise StoreError(f"{store.path} holds no examples")
+        if options.examples is None:
+            chosen = have
+        elif not isinstance(options.examples, str):
+            chosen = [int(i) for i in options.examples]
+        else:
+            chosen = parse_examples(options.examples, have[-1] + 1)
+        num_layers = loaded.arch.num_layers
+        perm_layers = list(range(num_layers)) if options.perm_layers is None else sorted(
+            {x % num_layers for x in options.perm_layers})
+        for x in options.perm_layers or []:
+            if not -num_layers <= x < num_layers:
+                raise OptionError(f"layer {x} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
+        needed = list(dict.fromkeys([*options.methods, "loo", "grad"]))
+        per_example = []
+        tvd_medians = []
+        total = len(chosen)
+        if progress:
+            progress(0, total, "")
+        for done, index in enumerate(chosen, 1):
+            stored = store.get(index)
+            ex = _prepare(loaded, stored, loaded.arch.is_decoder)
+            scores: dict[str, np.ndarray] = {}
+            todo = []
+            for m in needed:
+                params = params_for(m, output, options.erase, options.seed, score_opts)
+                have_m = store.stored(index, m, params)
+                if have_m is None:
+                    todo.append(m)
+                else:
+                    scores[m] = np.asarray(have_m, dtype=np.float64)
+            if todo:
+                fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
+                for m, v in fresh.items():
+                    store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts), METHODS[m])
+                    scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
+            content = ex.content
+            row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
+                         "target": int(ex.target), "tau_loo": {}, "tau_grad": {}}
+            for m in options.methods:
+                row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
+                row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
+            er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
+                                 {m: scores[m] for m in options.methods}, options.bins, options.fractions)
+            row["erasure"] = er
+            if options.permutations and perm_layers:
+                tv = permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
+                med = np.median(tv, axis=1)
+                row["permutation_median_tvd"] = [float(v) for v in med]
+                tvd_medians.append(med)
+            per_example.append(row)
+            if progress:
+                progress(done, total, f"example {index}")
+    return _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards)
+
+
+def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards) -> dict:
+    methods = {}
+    for m in options.methods:
+        tl = _mean_se([r["tau_loo"][m] for r in rows])
+        tg = _mean_se([r["tau_grad"][m] for r in rows])
+        comp = _mean_se([r["erasure"][m]["comprehensiveness"] for r in rows])
+        suff = _mean_se([r["erasure"][m]["sufficiency"] for r in rows])
+        auc = _mean_se([r["erasure"][m]["deletion_auc"] for r in rows])
+        methods[m] = {
+            "description": METHODS[m],
+            "tau_loo": tl[0], "tau_loo_se": tl[1], "tau_loo_n": tl[2],
+            "tau_grad": tg[0], "tau_grad_se": tg[1], "tau_grad_n": tg[2],
+            "comprehensiveness": comp[0], "comprehensiveness_se": comp[1],
+            "sufficiency": suff[0], "sufficiency_se": suff[1],
+            "comprehensiveness_bins": np.mean([r["erasure"][m]["comprehensiveness_bins"] for r in rows], 0).tolist(),
+            "sufficiency_bins": np.mean([r["erasure"][m]["sufficiency_bins"] for r in rows], 0).tolist(),
+            "deletion_curve": np.mean([r["erasure"][m]["deletion_curve"] for r in rows], 0).tolist(),
+            "deletion_auc": auc[0],
+        }
+    perm = None
+    if tvd_medians:
+        t = np.asarray(tvd_medians)  # [examples, layers]
+        perm = {
+            "layers": list(perm_layers),
+            "permutations": options.permutations,
+            "median_tvd_mean": t.mean(0).tolist(),
+            "median_tvd_median": np.median(t, 0).tolist(),
+            "share_below_0.05": (t < 0.05).mean(0).tolist(),
+        }
+    return _finite({
+        "store": path,
+        "model": prov.get("model"),
+        "task": prov.get("task"),
+        "target": (prov.get("options") or {}).get("target"),
+        "output": (prov.get("options") or {}).get("output"),
+        "attribution_steps": (prov.get("options") or {}).get("steps"),
+        "examples": len(rows),
+        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+        "forwards": int(forwards),
+        "methods": methods,
+        "permutation": perm,
+        "per_example": rows,
+    })
+
+
+def _finite(obj):
+    """NaN (an undefined tau) becomes None, so the report is strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def report_rows(report: dict) -> list[dict]:
+    """One flat row per method (the CSV and the table)."""
+    rows = []
+    for m, r in report["methods"].items():
+        rows.append({
+            "method": m,
+            "tau_loo": r["tau_loo"], "tau_loo_se": r["tau_loo_se"],
+            "tau_grad": r["tau_grad"], "tau_grad_se": r["tau_grad_se"],
+            "aopc_comprehensiveness": r["comprehensiveness"], "aopc_sufficiency": r["sufficiency"],
+            "deletion_auc": r["deletion_auc"], "examples": report["examples"],
+        })
+    return rows
+
+
+def plot_report(report: dict, path: str | Path) -> None:
+    """Deletion curves per method and the agreement taus, to PNG/SVG/PDF."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fr = report["settings"]["fractions"]
+    for m, r in report["methods"].items():
+        a1.plot(fr, r["deletion_curve"], marker=".", label=m, linestyle="--" if m == "random" else "-")
+    a1.set_xlabel("fraction of content tokens removed (most important first)")
+    a1.set_ylabel("probability of the target class")
+    a1.set_title("deletion curves (lower = more faithful)")
+    a1.legend(fontsize=7)
+    names = list(report["methods"])
+    x = np.arange(len(names))
+    tl = [report["methods"][m]["tau_loo"] or 0 for m in names]
+    tg = [report["methods"][m]["tau_grad"] or 0 for m in names]
+    a2.bar(x - 0.2, tl, 0.4, label="tau with LOO")
+    a2.bar(x + 0.2, tg, 0.4, label="tau with grad")
+    a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
+    a2.axhline(0, color="k", lw=0.5)
+    a2.set_title("Kendall tau-b (mean over examples)")
+    a2.legend(fontsize=7)
+    fig.suptitle(f"{report.get('model')} — {report['examples']} examples", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(str(path))
+    plt.close(fig)

@@ -1,0 +1,325 @@
+"""Token importance: one score per input token from attention, gradients, attribution,
+leave-one-out or chance, so that they can be compared with the same faithfulness tests
+(METHOD.md section 5; docs/faithfulness.md).
+
+Every method returns a float vector of length n (all tokens, special ones included; the
+faithfulness metrics use only the content tokens). "pool" is the position the classifier
+reads: 0 ([CLS]) for encoders, n - 1 for decoders.
+
+========================  ==============================================================
+``attention_last``        last layer's attention, mean over heads, the pool row
+``attention_mean``        mean over layers and heads of the pool row
+``rollout``               attention rollout (Abnar & Zuidema 2020): per layer
+                          0.5 mean_h A + 0.5 I, rows renormalised, multiplied from the
+                          first layer up; the pool row
+``attn_grad``             gradient-weighted attention rollout (Chefer et al. 2021,
+                          "Generic attention-model explainability"): R = I, then per
+                          layer from the bottom R <- R + mean_h relu(dF/dA_h * A_h) R;
+                          the pool row
+``attr``                  attention attribution (Hao et al. 2021), summed over layers,
+                          heads and query rows: the column sum of key token j, i.e. the
+                          part of every layer's effect F(A) - F(0) (completeness) that
+                          flows through attention to token j
+``attr_cls``              attention attribution summed over layers and heads, the pool row
+``grad``                  L2 norm of dF/d(word embedding of token j)
+``input_x_grad``          sum over the embedding dimension of embedding * gradient
+``loo``                   leave-one-out: p(x)_t - p(x without token j)_t for the target
+                          class t; "without" is removal of the word piece (default) or
+                          its replacement by the mask token (``erase="mask"``)
+``random``                uniform(0, 1) from a generator seeded by (seed, example index)
+========================  ==============================================================
+
+F is the store's target output (the predicted class's probability by default, or its
+logit with ``--logit``), the same F as the attribution; ``loo`` and the faithfulness
+metrics always measure the target class's probability.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import OptionError
+from ..models.loading import LoadedModel
+
+METHODS: dict[str, str] = {
+    "attention_last": "last layer's attention, mean over heads, the pooled token's row",
+    "attention_mean": "attention averaged over layers and heads, the pooled token's row",
+    "rollout": "attention rollout (Abnar & Zuidema 2020), 0.5 A + 0.5 I renormalised, the pooled row",
+    "attn_grad": "gradient-weighted attention rollout (Chefer et al. 2021): R += mean_h relu(dF/dA * A) R",
+    "attr": "attention attribution summed over layers, heads and query rows (key-token column sums)",
+    "attr_cls": "attention attribution summed over layers and heads, the pooled token's row",
+    "grad": "L2 norm of dF/d(word embedding)",
+    "input_x_grad": "sum over dimensions of word embedding * dF/d(word embedding)",
+    "loo": "leave-one-out: drop of the target class probability when the token is erased",
+    "random": "seeded uniform random scores (a baseline)",
+}
+ATTRIBUTION_METHODS = ("attr", "attr_cls")
+GRADIENT_METHODS = ("attn_grad", "grad", "input_x_grad")
+ERASE_MODES = ("remove", "mask")
+VERSION = 1
+
+
+def check_methods(methods: Iterable[str]) -> list[str]:
+    """Validate method names (order kept, duplicates dropped)."""
+    out: list[str] = []
+    for m in methods:
+        m = m.strip()
+        if not m:
+            continue
+        if m not in METHODS:
+            raise OptionError(f"unknown token importance method '{m}'; available: {', '.join(METHODS)}")
+        if m not in out:
+            out.append(m)
+    if not out:
+        raise OptionError("no token importance method given; available: " + ", ".join(METHODS))
+    return out
+
+
+# -- pure functions of attention / attribution arrays ----------------------------------
+
+def pool_position(n: int, is_decoder: bool) -> int:
+    return n - 1 if is_decoder else 0
+
+
+def attention_last(attention: np.ndarray, pool: int = 0) -> np.ndarray:
+    """``attention``: [layer, head, query, key] probabilities."""
+    return np.asarray(attention[-1], dtype=np.float64).mean(0)[pool]
+
+
+def attention_mean(attention: np.ndarray, pool: int = 0) -> np.ndarray:
+    return np.asarray(attention, dtype=np.float64).mean((0, 1))[pool]
+
+
+def rollout_matrix(attention: np.ndarray, residual: float = 0.5) -> np.ndarray:
+    """Abnar & Zuidema (2020): R = Â_L ... Â_1 with Â = (1 - r) mean_h A + r I, rows
+    renormalised to sum to one."""
+    att = np.asarray(attention, dtype=np.float64)
+    n = att.shape[-1]
+    eye = np.eye(n)
+    r = eye.copy()
+    for layer in att:
+        a = (1.0 - residual) * layer.mean(0) + residual * eye
+        a = a / a.sum(-1, keepdims=True)
+        r = a @ r
+    return r
+
+
+def rollout(attention: np.ndarray, pool: int = 0, residual: float = 0.5) -> np.ndarray:
+    return rollout_matrix(attention, residual)[pool]
+
+
+def attn_grad_matrix(attention: np.ndarray, grads: np.ndarray) -> np.ndarray:
+    """Chefer et al. (2021), eq. 5-6: Ā_l = mean_h relu(∇A_h ⊙ A_h); R = I; R <- R + Ā_l R
+    from the first layer up."""
+    att = np.asarray(attention, dtype=np.float64)
+    g = np.asarray(grads, dtype=np.float64)
+    n = att.shape[-1]
+    r = np.eye(n)
+    for a, ga in zip(att, g):
+        bar = np.maximum(a * ga, 0.0).mean(0)
+        r = r + bar @ r
+    return r
+
+
+def attn_grad(attention: np.ndarray, grads: np.ndarray, pool: int = 0) -> np.ndarray:
+    return attn_grad_matrix(attention, grads)[pool]
+
+
+def attr_columns(attribution: np.ndarray) -> np.ndarray:
+    """``attribution``: [layer, head, query, key]. Sum over layers, heads and queries."""
+    return np.asarray(attribution, dtype=np.float64).sum((0, 1, 2))
+
+
+def attr_pooled(attribution: np.ndarray, pool: int = 0) -> np.ndarray:
+    return np.asarray(attribution, dtype=np.float64).sum((0, 1))[pool]
+
+
+def random_scores(n: int, seed: int, index: int) -> np.ndarray:
+    return np.random.default_rng([int(seed), int(index)]).random(n)
+
+
+# -- model side ------------------------------------------------------------------------
+
+@dataclass
+class Prepared:
+    """One encoded example with the class whose output is explained."""
+
+    index: int
+    input_ids: np.ndarray  # [n] int64
+    token_type_ids: np.ndarray | None  # [n] or None
+    segment_ids: np.ndarray  # [n]: 0/1 segments, -1 special tokens
+    target: int
+    pool: int
+
+    @property
+    def n(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def content(self) -> np.ndarray:
+        """Positions that the metrics rank and erase: every non-special token (all tokens
+        when the tokenizer marks none as special)."""
+        c = np.flatnonzero(np.asarray(self.segment_ids) >= 0)
+        return c if len(c) else np.arange(self.n)
+
+
+class ModelRunner:
+    """Runs one loaded classifier for token importance and erasure metrics.
+
+    Every forward goes through attattr's attention takeover (plain attention unless a
+    plan is active), so counterfactual attention and ordinary forwards share one path.
+    """
+
+    def __init__(self, loaded: LoadedModel, output: str = "prob", erase: str = "remove",
+                 max_tokens: int = 16384):
+        if erase not in ERASE_MODES:
+            raise OptionError(f"unknown erase mode '{erase}'; available: {', '.join(ERASE_MODES)}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.output = output
+        self.erase = erase
+        self.max_tokens = max_tokens
+        self.device = next(self.model.parameters()).device
+        mask_id = getattr(loaded.tokenizer, "mask_token_id", None)
+        if erase == "mask" and mask_id is None:
+            raise OptionError("--erase mask needs a tokenizer with a mask token; use --erase remove")
+        self.mask_id = mask_id
+        self.forwards = 0  # sequences run (for reports)
+
+    # sequences -------------------------------------------------------------------------
+    def erased(self, ex: Prepared, keep: np.ndarray) -> tuple[tuple, tuple | None]:
+        """The input with the positions where ``keep`` is False erased."""
+        keep = np.asarray(keep, dtype=bool)
+        ids = np.asarray(ex.input_ids)
+        tt = None if ex.token_type_ids is None else np.asarray(ex.token_type_ids)
+        if self.erase == "remove":
+            return tuple(int(i) for i in ids[keep]), None if tt is None else tuple(int(t) for t in tt[keep])
+        ids = ids.copy()
+        ids[~keep] = self.mask_id
+        return tuple(int(i) for i in ids), None if tt is None else tuple(int(t) for t in tt)
+
+    def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray]) -> np.ndarray:
+        """Class probabilities [len(keeps), C] of the example with each keep-mask applied.
+
+        Identical inputs run once; inputs of equal length share a batch (no padding)."""
+        from ..engine import attention
+
+        seqs = [self.erased(ex, k) for k in keeps]
+        unique: dict[tuple, int] = {}
+        for s in seqs:
+            unique.setdefault(s, len(unique))
+        by_len: dict[int, list[tuple]] = {}
+        for s in unique:
+            by_len.setdefault(len(s[0]), []).append(s)
+        results: dict[tuple, np.ndarray] = {}
+        with attention.taken_over(self.model), torch.no_grad():
+            for length, group in by_len.items():
+                if length == 0:
+                    raise OptionError(f"example {ex.index}: erasing every token leaves an empty input")
+                per = max(1, self.max_tokens // max(length, 1))
+                for start in range(0, len(group), per):
+                    chunk = group[start:start + per]
+                    inputs = {"input_ids": torch.tensor([c[0] for c in chunk], device=self.device)}
+                    if chunk[0][1] is not None:
+                        inputs["token_type_ids"] = torch.tensor([c[1] for c in chunk], device=self.device)
+                    logits = self.model(**inputs).logits.double()
+                    self.forwards += len(chunk)
+                    probs = torch.softmax(logits, -1).cpu().numpy()
+                    for c, p in zip(chunk, probs):
+                        results[c] = p
+        return np.stack([results[s] for s in seqs])
+
+    def target_probability(self, ex: Prepared, keeps: Sequence[np.ndarray]) -> np.ndarray:
+        return self.probabilities(ex, keeps)[:, ex.target]
+
+    # methods -----------------------------------------------------------------------------
+    def loo(self, ex: Prepared) -> np.ndarray:
+        """p(x)_t - p(x with token j erased)_t for every position j."""
+        full = np.ones(ex.n, dtype=bool)
+        keeps = [full]
+        for j in range(ex.n):
+            k = full.copy()
+            k[j] = False
+            keeps.append(k)
+        p = self.target_probability(ex, keeps)
+        return p[0] - p[1:]
+
+    def gradients(self, ex: Prepared) -> dict[str, np.ndarray]:
+        """One forward and backward: the attention of every layer, dF/dA of every layer,
+        the word embeddings and dF/d(embeddings)."""
+        from ..engine import attention
+
+        model = self.model
+        ids = torch.tensor([list(ex.input_ids)], device=self.device)
+        emb_layer = model.get_input_embeddings()
+        record = attention.Record(keep_graph=True)
+        with attention.taken_over(model) as layers, torch.enable_grad(), attention.active(record):
+            emb = emb_layer(ids).detach().requires_grad_(True)
+            inputs = {"inputs_embeds": emb}
+            if ex.token_type_ids is not None:
+                inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids)], device=self.device)
+            logits = model(**inputs).logits
+            work = logits.double() if logits.dtype == torch.float64 else logits.float()
+            f = work[0, ex.target] if self.output == "logit" else torch.softmax(work, -1)[0, ex.target]
+            live = [record.live[("self", i)] for i in range(len(layers))]
+            grads = torch.autograd.grad(f, [emb, *live])
+        return {
+            "attention": torch.stack([a[0] for a in live]).detach().double().cpu().numpy(),
+            "attention_grad": torch.stack([g[0] for g in grads[1:]]).double().cpu().numpy(),
+            "embedding": emb[0].detach().double().cpu().numpy(),
+            "embedding_grad": grads[0][0].double().cpu().numpy(),
+        }
+
+    def compute(self, ex: Prepared, methods: Sequence[str], attribution: np.ndarray | None = None,
+                seed: int = 0) -> dict[str, np.ndarray]:
+        """The requested methods' scores for one example ({method: [n] float64})."""
+        out: dict[str, np.ndarray] = {}
+        need_model = any(m in GRADIENT_METHODS or m.startswith("attention_") or m == "rollout" for m in methods)
+        g = self.gradients(ex) if need_model else None
+        for m in methods:
+            if m == "attention_last":
+                out[m] = attention_last(g["attention"], ex.pool)
+            elif m == "attention_mean":
+                out[m] = attention_mean(g["attention"], ex.pool)
+            elif m == "rollout":
+                out[m] = rollout(g["attention"], ex.pool)
+            elif m == "attn_grad":
+                out[m] = attn_grad(g["attention"], g["attention_grad"], ex.pool)
+            elif m == "grad":
+                out[m] = np.linalg.norm(g["embedding_grad"], axis=-1)
+            elif m == "input_x_grad":
+                out[m] = (g["embedding"] * g["embedding_grad"]).sum(-1)
+            elif m in ATTRIBUTION_METHODS:
+                if attribution is None or np.asarray(attribution).size == 0:
+                    raise OptionError(f"method '{m}' needs attention attribution: score the store with all layers")
+                out[m] = attr_columns(attribution) if m == "attr" else attr_pooled(attribution, ex.pool)
+            elif m == "loo":
+                out[m] = self.loo(ex)
+            elif m == "random":
+                out[m] = random_scores(ex.n, seed, ex.index)
+            else:  # pragma: no cover - check_methods guards this
+                raise OptionError(f"unknown method {m}")
+        return out
+
+
+def params_for(method: str, output: str, erase: str, seed: int, score_options: dict | None = None) -> dict:
+    """What defines a stored method's numbers (kept with them in the store)."""
+    p: dict = {"version": VERSION}
+    if method in GRADIENT_METHODS:
+        p["output"] = output
+    if method == "loo":
+        p["erase"] = erase
+    if method == "random":
+        p["seed"] = int(seed)
+    if method in ATTRIBUTION_METHODS and score_options:
+        p["steps"] = score_options.get("steps")
+        p["rule"] = score_options.get("rule")
+        p["output"] = score_options.get("output")
+    return p
+
+
+Progress = Callable[[int, int, str], None]

@@ -1,0 +1,170 @@
+"""`attattr faithfulness`: is it an explanation? Token importance methods side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
+from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
+from ..errors import OptionError
+from .common import command_line, edge, err, out, parse_int_list, progress_bar
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file in the same folder, then rename over ``path``."""
+    if path.is_dir():
+        raise OptionError(f"{path} is a directory")
+    if not path.parent.exists():
+        raise OptionError(f"cannot write {path}: the folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _fmt(v, se=None) -> str:
+    if v is None:
+        return "–"
+    return f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
+
+
+def _table(report: dict) -> Table:
+    t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
+                    f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
+    for col in ("method", "τ with LOO", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for m, r in report["methods"].items():
+        t.add_row(m, _fmt(r["tau_loo"], r["tau_loo_se"]), _fmt(r["tau_grad"], r["tau_grad_se"]),
+                  _fmt(r["comprehensiveness"]), _fmt(r["sufficiency"]), _fmt(r["deletion_auc"]))
+    return t
+
+
+def _perm_table(report: dict) -> Table | None:
+    p = report.get("permutation")
+    if not p:
+        return None
+    t = Table(title=f"permutation test: attention of one layer permuted ({p['permutations']} permutations per example); "
+                    "TVD of the output distributions, median per example", title_justify="left")
+    for col in ("layer", "mean of medians", "median of medians", "examples with median < 0.05"):
+        t.add_column(col, justify="right")
+    for i, layer in enumerate(p["layers"]):
+        t.add_row(str(layer), f"{p['median_tvd_mean'][i]:.4f}", f"{p['median_tvd_median'][i]:.4f}",
+                  f"{100 * p['share_below_0.05'][i]:.1f} %")
+    return t
+
+
+def _csv(report: dict) -> bytes:
+    rows = report_rows(report)
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+    return buf.getvalue().encode()
+
+
+def faithfulness(
+    store: Optional[Path] = typer.Argument(None, help="An attattr store (from `attattr score`); omit it to score --model/--data first."),
+    out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the store's model, or the built-in default)."),
+    data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:200 (default: all)."),
+    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated token importance methods: " + ", ".join(METHODS) + "."),
+    store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
+    steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
+    rule: str = typer.Option("right", "--rule", help="Quadrature rule of the attribution (with --model/--data)."),
+    target: str = typer.Option("predicted", "--target", help="Class to explain: predicted, gold, a label name or index (with --model/--data)."),
+    logit: bool = typer.Option(False, "--logit/--prob", help="Explain the target's logit instead of its probability (gradients and attribution)."),
+    erase: str = typer.Option("remove", "--erase", help="How a token is erased for LOO and the erasure metrics: remove (drop the word piece) or mask (the [MASK] token)."),
+    permutations: int = typer.Option(20, "--permutations", help="Random permutations per example and layer for the permutation test (0: skip it)."),
+    perm_layers: Optional[str] = typer.Option(None, "--perm-layers", help="Layers for the permutation test, e.g. 0,5 (default: all)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random baseline and of the permutations."),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write one CSV row per method."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
+) -> None:
+    """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention
+    attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER).
+
+    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC
+    comprehensiveness and sufficiency, deletion curves; and the permutation test of each layer's
+    attention (total variation distance of the outputs). Token importance is kept in the store.
+    Given a STORE it reads it (and its model); otherwise it first scores --model/--data (or, given
+    neither, the built-in default) into --store. Prints the report's path on stdout.
+    """
+    with edge():
+        chosen = check_methods(methods.split(","))
+        if erase not in ERASE_MODES:
+            raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
+        for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
+            if p is not None and p.suffix.lower() not in kinds:
+                raise OptionError(f"cannot tell the format of {p}: use one of {', '.join(kinds)}")
+        t0 = time.perf_counter()
+        if store is None:
+            from ..engine.run import ScoreRequest, score_to_store
+            from ..engine.score import ScoreOptions
+
+            store = store_out or out_path.with_suffix(".h5")
+            if store.resolve() == out_path.resolve():
+                raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
+            need_attr = any(m in ATTRIBUTION_METHODS for m in chosen)
+            options = ScoreOptions(steps=steps, rule=rule, target=target, output="logit" if logit else "prob",
+                                   layers=None if need_attr else [], truncate=truncate)
+            req = ScoreRequest(out=str(store), model=model, data=data, task=task, examples=examples,
+                               options=options, device=device, command=command_line())
+            with progress_bar("score", quiet) as bar:
+                rep = score_to_store(req, progress=bar)
+            if not quiet:
+                err.print(f"store {rep.out}: {rep.scored} examples scored, {rep.skipped} already there", markup=False)
+            from ..data import parse_examples
+            from ..engine.run import resolve_inputs
+
+            _, _, data_examples, _ = resolve_inputs(model, data, task)
+            picked = parse_examples(examples, len(data_examples))
+            model_for_store, select = model, [data_examples[i].index for i in picked]
+        else:
+            if data is not None or task is not None:
+                raise OptionError("give either a STORE or --model/--data/--task, not both")
+            model_for_store, select = model, examples
+        fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
+                                    perm_layers=parse_int_list(perm_layers, "--perm-layers"), erase=erase, seed=seed)
+        with progress_bar("faithfulness", quiet) as bar:
+            report = evaluate_store(store, fopts, model=model_for_store, device=device, progress=bar)
+        report["seconds"] = round(time.perf_counter() - t0, 2)
+        report["command"] = command_line()
+        _atomic_write(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
+        if csv_path is not None:
+            _atomic_write(csv_path, _csv(report))
+        if plot is not None:
+            tmp = plot.with_name(f".{plot.stem}.tmp{plot.suffix}")
+            plot_report(report, tmp)
+            os.replace(tmp, plot)
+        if not quiet:
+            # a terminal's own width; 120 columns when stderr is a pipe or a log file
+            tables = err if err.is_terminal else Console(stderr=True, width=120, highlight=False, soft_wrap=True)
+            tables.print(_table(report))
+            perm = _perm_table(report)
+            if perm is not None:
+                tables.print(perm)
+            err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
+                      f"token importance kept in {store}", markup=False)
+        out.print(str(out_path), markup=False)
