@@ -604,7 +604,7 @@ class Scorer:
                 f" (dtype {self.options.dtype}): use a smaller model,"
                 " --dtype bfloat16, --layers, or a device with more memory"
             ) from exc
-        smaller = max(size // 2, 1)
+        smaller = max((size + 1) // 2, 1)
         self._chunk_limit = smaller
         if not self._warned_oom:
             self._warned_oom = True
