@@ -23,7 +23,7 @@ TOP = int(os.environ.get("TOP", "12"))
 
 
 def cli(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "attattr_cli", *args], check=True)
+    subprocess.run([sys.executable, "-m", "attattr_cli", *args], check=True, stdout=subprocess.DEVNULL)
 
 
 def relation(tokens: list[str], segments: list[int]) -> str | None:

@@ -291,3 +291,9 @@ def test_cli_single_sentence(tmp_path, tiny_model_dir, sst2_small):
     bad.write_text(json.dumps(doc))
     _one_error_line(_run("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
                          "--triggers", bad, "--out", res), "the data has 1 segment")
+    # triggers of another model's vocabulary are refused
+    doc["triggers"][0]["segments"] = [0] * len(doc["triggers"][0]["segments"])
+    doc["triggers"][0]["tokens"] = ["blick"] * len(doc["triggers"][0]["tokens"])
+    bad.write_text(json.dumps(doc))
+    _one_error_line(_run("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
+                         "--triggers", bad, "--out", res), "'blick' is not in the model's vocabulary")
