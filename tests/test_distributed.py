@@ -269,3 +269,26 @@ def test_oom_at_one_step_is_a_resource_error_with_exit_code_5(tmp_path, monkeypa
     with Store(tmp_path / "y.h5") as s:
         assert s.indices() == []
     assert sizes[-2:] == [3, 1]  # 3 steps (4, alpha = 1 shared), halved to 1, then the end
+
+
+def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    args = ["score", "--out", str(tmp_path / "s.h5"), "--examples", "0:2", "--steps", "2", "-q", "--dist-timeout", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 6
+    assert _error(result) == ("Error: RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT (?:?):"
+                              " start attattr with torchrun, or set all four")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    result = runner.invoke(app, args)
+    assert result.exit_code == 6
+    assert _error(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 2 s)")
+    assert not (tmp_path / "s.h5").exists()

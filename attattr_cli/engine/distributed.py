@@ -150,6 +150,11 @@ class _Group:
         if not dist.is_available():
             raise DistributedError("this PyTorch build has no torch.distributed")
         if not dist.is_initialized():
+            if "?" in env.master:
+                raise DistributedError(
+                    f"RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT ({env.master}):"
+                    " start attattr with torchrun, or set all four"
+                )
             try:
                 wait = _dt.timedelta(seconds=timeout)
                 store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=wait))
@@ -162,7 +167,7 @@ class _Group:
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(
                     f"rank {env.rank} of {env.world_size} could not join the others at {env.master}"
-                    f" within {timeout:g} s: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                    f" (--dist-timeout {timeout:g} s): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                 ) from exc
             self.owned = True
 
