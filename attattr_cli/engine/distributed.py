@@ -296,8 +296,10 @@ def score_distributed(req: ScoreRequest, env: DistEnv, progress: Progress | None
                     continue
                 (visible if set(part) <= here else elsewhere).append(path)
             report.merged = merge([str(p) for p in visible], str(out)) if visible else {"added": 0, "skipped": 0}
-            with Store(out) as s:
-                present = set(s.indices())
+            present: set[int] = set()
+            if out.exists():  # not when every shard is on another machine and --out is new
+                with Store(out) as s:
+                    present = set(s.indices())
             wanted = {e.index for e in prep.picked}
             lacking = sorted(wanted - present)
             report.shards_elsewhere = [str(p) for p in elsewhere]
