@@ -26,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from attattr_cli.engine import distributed  # noqa: E402
 from attattr_cli.store import Store  # noqa: E402
 
 
@@ -58,18 +59,30 @@ def main() -> None:
     ap.add_argument("--examples", type=int, default=200)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--model", help="a model folder (default: the built-in default)")
+    ap.add_argument("--data", help="a data file (default: the built-in synthetic held-out set)")
+    ap.add_argument("--task", help="the data's task preset, e.g. sst2")
     args = ap.parse_args()
     common = ["score", "--examples", f"0:{args.examples}", "--steps", str(args.steps), "--device", "cpu", "-q"]
+    for name in ("model", "data", "task"):
+        if getattr(args, name):
+            common += [f"--{name}", getattr(args, name)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         wall1, score1, _ = run([sys.executable, "-m", "attattr_cli", *common, "--out", "one.h5"], tmp)
         wall2, score2, err = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                                   f"--nproc-per-node={args.nproc}", "-m", "attattr_cli", *common, "--out", "many.h5"], tmp)
         ok, worst = same(tmp / "one.h5", tmp / "many.h5")
+        with Store(tmp / "one.h5") as st:
+            lengths = {i: len(st.get(i, arrays=False).tokens) for i in st.indices()}
     tokens = re.search(r"tokens per process ([\d, ]+) \(imbalance (\d+\.\d+)\)", err)
-    print(f"examples {args.examples}, steps {args.steps}, built-in default model, CPU, 1 thread per process, "
+    print(f"examples {args.examples}, steps {args.steps}, {args.model or 'built-in default model'}, CPU, 1 thread per process, "
           f"{os.cpu_count()} cores")
-    print(f"tokens per process ({args.nproc}): {tokens.group(1)}; token imbalance {tokens.group(2)}")
+    order = sorted(lengths)
+    size = -(-len(order) // args.nproc)
+    by_count = [order[k * size:(k + 1) * size] for k in range(args.nproc)]  # contiguous, equal example counts
+    print(f"tokens per process ({args.nproc}): {tokens.group(1)}; token imbalance {tokens.group(2)} "
+          f"(equal example counts in contiguous blocks would give {distributed.imbalance(lengths, by_count):.4f})")
     print(f"1 process:  scoring {score1:.1f} s, wall {wall1:.1f} s")
     print(f"{args.nproc} processes: scoring and merging {score2:.1f} s, wall {wall2:.1f} s")
     print(f"speed ratio {score1 / score2:.2f}x (scoring), {wall1 / wall2:.2f}x (wall, start-up included)")

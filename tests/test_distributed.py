@@ -270,4 +270,50 @@ def test_oom_at_one_step_is_a_resource_error_with_exit_code_5(tmp_path, monkeypa
     assert lines[1].startswith("Error: out of memory on cpu even with one integration step per pass")
     with Store(tmp_path / "y.h5") as s:
         assert s.indices() == []
-    assert json.loads(json.dumps(sizes)) and sizes[-1] == 1
+    assert sizes[-2:] == [3, 1]  # 3 steps (4, alpha = 1 shared), halved to 1, then the end
+
+
+def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    args = ["score", "--out", str(tmp_path / "s.h5"), "--examples", "0:2", "--steps", "2", "-q", "--dist-timeout", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 6
+    assert _error(result) == ("Error: RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT (?:?):"
+                              " start attattr with torchrun, or set all four")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    result = runner.invoke(app, args)
+    assert result.exit_code == 6
+    assert _error(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 2 s)")
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_provenance_of_hundreds_of_shards_fits_an_hdf5_attribute(tmp_path):
+    from attattr_cli.store.store import _ATTR_LIMIT, _fit_attr, _group_merges, _group_runs
+
+    cmd = ["attattr", "score", "--model", "/very/long/path/" + "x" * 100, "--out", "scores.h5"]
+    runs = [{"command": cmd, "kernel": "cuda", "device": f"cuda:{r % 8}", "requested": 40, "to_score": 40,
+             "rank": r, "world_size": 512, "host": f"node{r // 8}", "started": f"2026-11-23T10:{r % 60:02d}:00+00:00",
+             "shard": f"{r}/512"} for r in range(512)]
+    runs.insert(0, {"command": ["attattr", "score"], "kernel": "torch", "requested": 5, "to_score": 5, "started": "x"})
+    text = _fit_attr(runs, _group_runs)
+    assert len(text) <= _ATTR_LIMIT
+    plain, launch = json.loads(text)
+    assert plain["requested"] == 5
+    assert launch["ranks"] == 512 and launch["requested"] == 512 * 40 and len(launch["hosts"]) == 64
+    assert launch["started"] == "2026-11-23T10:00:00+00:00" and len(launch["devices"]) == 8
+    small = runs[:3]
+    assert json.loads(_fit_attr(small, _group_runs)) == small  # nothing condensed when it fits
+    merges = [{"time": "t", "shards": [{"file": f"s.rank{k}-of-1024.h5", "shard": f"{k}/1024", "examples": 40,
+                                        "added": 40} for k in range(1024)], "added": 40960, "skipped": 0}]
+    assert json.loads(_fit_attr(merges, _group_merges)) == [{"time": "t", "shards": 1024, "added": 40960, "skipped": 0}]
+    with h5py.File(tmp_path / "a.h5", "w") as f:  # and HDF5 takes it
+        f.attrs["runs"] = text

@@ -150,6 +150,11 @@ class _Group:
         if not dist.is_available():
             raise DistributedError("this PyTorch build has no torch.distributed")
         if not dist.is_initialized():
+            if "?" in env.master:
+                raise DistributedError(
+                    f"RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT ({env.master}):"
+                    " start attattr with torchrun, or set all four"
+                )
             try:
                 wait = _dt.timedelta(seconds=timeout)
                 store, _, _ = next(dist.rendezvous("env://", env.rank, env.world_size, timeout=wait))
@@ -162,7 +167,7 @@ class _Group:
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(
                     f"rank {env.rank} of {env.world_size} could not join the others at {env.master}"
-                    f" within {timeout:g} s: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                    f" (--dist-timeout {timeout:g} s): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
                 ) from exc
             self.owned = True
 
@@ -291,8 +296,10 @@ def score_distributed(req: ScoreRequest, env: DistEnv, progress: Progress | None
                     continue
                 (visible if set(part) <= here else elsewhere).append(path)
             report.merged = merge([str(p) for p in visible], str(out)) if visible else {"added": 0, "skipped": 0}
-            with Store(out) as s:
-                present = set(s.indices())
+            present: set[int] = set()
+            if out.exists():  # not when every shard is on another machine and --out is new
+                with Store(out) as s:
+                    present = set(s.indices())
             wanted = {e.index for e in prep.picked}
             lacking = sorted(wanted - present)
             report.shards_elsewhere = [str(p) for p in elsewhere]

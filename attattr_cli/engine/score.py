@@ -556,12 +556,15 @@ class Scorer:
         while start < len(alphas):
             a = alphas[start:start + chunk]
             w = weights[start:start + chunk].to(self.device, acc_dtype)
+            failed = None
             try:
                 part, f, plan_saved = self._step_chunk(enc, site, target, clean, a, w)
             except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_out_of_memory(exc):
                     raise
-                chunk = self._back_off(len(a), exc)
+                failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            if failed is not None:  # out of the except block: the failed pass's tensors are free now
+                chunk = self._back_off(len(a), failed)
                 continue
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
@@ -594,16 +597,17 @@ class Scorer:
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
         return g.to(acc_dtype).sum(0, keepdim=True), f.detach(), plan.saved
 
-    def _back_off(self, size: int, exc: BaseException) -> int:
-        """A micro-batch of ``size`` steps ran out of memory: the next size to try, or ResourceError."""
+    def _back_off(self, size: int, reason: str) -> int:
+        """A micro-batch of ``size`` steps ran out of memory (``reason``): the next size to try,
+        or ResourceError at one step."""
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         if size <= 1:
             raise ResourceError(
                 f"out of memory on {self.device} even with one integration step per pass"
                 f" (dtype {self.options.dtype}): use a smaller model,"
-                " --dtype bfloat16, --layers, or a device with more memory"
-            ) from exc
+                f" --dtype bfloat16, --layers, or a device with more memory ({reason})"
+            )
         smaller = max((size + 1) // 2, 1)
         self._chunk_limit = smaller
         if not self._warned_oom:

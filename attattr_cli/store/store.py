@@ -535,6 +535,51 @@ def _merge_mismatch(a: Path, b: Path, fa: dict, fb: dict, verb: str = "with") ->
     return f"{head} with another {', '.join(diff)} ({', '.join(f'{fb.get(k)}' for k in diff)} and {', '.join(f'{fa.get(k)}' for k in diff)})"
 
 
+# an HDF5 attribute in the default (earliest) file format holds at most 64 KiB
+_ATTR_LIMIT = 60_000
+
+
+def _fit_attr(items: list[dict], shrink) -> str:
+    """JSON of ``items``, condensed by ``shrink`` when hundreds of shards would overflow an attribute."""
+    text = json.dumps(items)
+    if len(text) > _ATTR_LIMIT:
+        text = json.dumps(shrink(items))
+    while len(text) > _ATTR_LIMIT and len(items) > 1:  # last resort: keep the newest
+        items = items[len(items) // 2:]
+        text = json.dumps(shrink(items))
+    return text
+
+
+def _group_runs(runs: list[dict]) -> list[dict]:
+    """One entry per launch instead of one per rank: the runs of a torchrun launch share
+    command and world size; counts are summed, ranks and hosts listed."""
+    out: list[dict] = []
+    index: dict[str, dict] = {}
+    for run in runs:
+        if "rank" not in run:
+            out.append(run)
+            continue
+        key = json.dumps([run.get("command"), run.get("world_size"), run.get("kernel")])
+        g = index.get(key)
+        if g is None:
+            g = {k: v for k, v in run.items() if k not in ("rank", "host", "shard", "requested", "to_score", "device")}
+            g.update(ranks=0, hosts=[], requested=0, to_score=0, devices=[])
+            index[key] = g
+            out.append(g)
+        g["ranks"] += 1
+        g["requested"] += int(run.get("requested", 0))
+        g["to_score"] += int(run.get("to_score", 0))
+        g["started"] = min(g.get("started", run.get("started", "")), run.get("started", ""))
+        for field_, value in (("hosts", run.get("host")), ("devices", run.get("device"))):
+            if value is not None and value not in g[field_]:
+                g[field_].append(value)
+    return out
+
+
+def _group_merges(merges: list[dict]) -> list[dict]:
+    return [dict({k: v for k, v in m.items() if k != "shards"}, shards=len(m.get("shards", []))) for m in merges]
+
+
 def _span(indices: list[int], limit: int = 8) -> str:
     shown = ", ".join(str(i) for i in indices[:limit])
     return shown + (f", … ({len(indices)} in all)" if len(indices) > limit else "")
@@ -687,10 +732,10 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
                 entry["shards"].append({"file": r.path.name, "shard": shard, "examples": len(r.indices()),
                                         "added": shard_added})
             entry.update(added=added, skipped=skipped)
-            prov.attrs["runs"] = json.dumps(runs)
             merges = json.loads(_attr(prov, "merges", "[]"))
             merges.append(entry)
-            prov.attrs["merges"] = json.dumps(merges)
+            prov.attrs["runs"] = _fit_attr(runs, _group_runs)
+            prov.attrs["merges"] = _fit_attr(merges, _group_merges)
             target.flush()
         finally:
             target.close()
