@@ -12,7 +12,8 @@ peak memory is its own:
   leaf that requires grad).
 
 Both compute F from the same logits (only the last position goes through the LM head).
-Printed: time per example, peak memory above the loaded model, their ratios, and the
+Printed: time per example (on CPU also the process's CPU time, steadier than wall time
+on a shared machine), peak memory above the loaded model, their ratios, and the
 agreement (max |difference| / max |value| of the head-summed attribution, all layers).
 
 CPU (default): 6 layers, hidden 384, 6 query heads sharing 2 key/value heads, n = 512.
@@ -91,17 +92,18 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
         base = torch.cuda.memory_allocated()
     else:
         base = _rss()
-    sums, times, status = [], [], "ok"
+    sums, times, cpu_times, status = [], [], [], "ok"
     try:
         if method == "attattr":
             scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum"))
             for i, ids in enumerate(prompts):
                 enc = Encoded(ids, [f"t{t}" for t in ids], [0] * n, None, lm_positions=[n - 1])
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = scorer.score(Example(i, ""), enc)
                 if gpu:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
                 sums.append(r.families["self"].head_sum)
                 step_batch = r.step_batch
         else:
@@ -118,13 +120,14 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
                 def f_of_logits(lg, _p=pred):
                     return torch.softmax(lg[:, 0], -1)[:, _p]
 
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights, None,
                                           f_of_logits=f_of_logits, with_baseline=False, step_batch=step_batch,
                                           more_inputs={"use_cache": False, "logits_to_keep": keep})
                 if gpu:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
                 sums.append(np.stack([ref[i].sum(0).float().cpu().numpy() for i in sorted(ref)]))
                 del ref
     except torch.OutOfMemoryError as exc:
@@ -135,6 +138,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
         np.save(out, sums[0])
     return {"method": method, "n": n, "status": status, "examples": len(times),
             "seconds_per_example": (sum(times) / len(times)) if times else None,
+            "cpu_seconds_per_example": (sum(cpu_times) / len(cpu_times)) if cpu_times else None,
             "peak_bytes": peak, "step_batch": step_batch,
             "device": torch.cuda.get_device_name() if gpu else f"cpu ({torch.get_num_threads()} threads)",
             "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
@@ -192,6 +196,8 @@ def main() -> None:
                 row[method] = r
                 results.append(r)
                 secs = "-" if r.get("seconds_per_example") is None else f"{r['seconds_per_example']:.1f} s/example"
+                if r.get("cpu_seconds_per_example") is not None and not args.gpu:
+                    secs += f" (process CPU {r['cpu_seconds_per_example']:.1f} s)"
                 mem = "-" if r.get("peak_bytes") is None else f"+{r['peak_bytes'] / gib:.2f} GiB peak"
                 print(f"n={n:5d} {method:8s} {r['status']:>4s}  {secs}  {mem}  "
                       f"({r.get('config', '')}, {r.get('layers', '?')} layers, step batch {r.get('step_batch')},"
@@ -200,7 +206,9 @@ def main() -> None:
             if a and b and a["status"] == "ok" and b["status"] == "ok":
                 x, y = np.load(a["saved"]).astype(np.float64), np.load(b["saved"]).astype(np.float64)
                 agree = float(np.abs(x - y).max() / np.abs(y).max())
-                print(f"n={n:5d} 2021/attattr: time {b['seconds_per_example'] / a['seconds_per_example']:.2f}x, "
+                cpu = "" if args.gpu else \
+                    f" (process CPU time {b['cpu_seconds_per_example'] / a['cpu_seconds_per_example']:.2f}x)"
+                print(f"n={n:5d} 2021/attattr: time {b['seconds_per_example'] / a['seconds_per_example']:.2f}x{cpu}, "
                       f"peak memory {b['peak_bytes'] / max(a['peak_bytes'], 1):.2f}x; agreement "
                       f"max|diff|/max|2021| = {agree:.1e}", flush=True)
                 a["agreement"] = agree

@@ -328,3 +328,22 @@ def test_lm_prompts_from_data_file(gpt2_dir, tmp_path):
         e = s.get(2)
         assert e.text_a == "w6 w7 w8 w9" and e.tokens == ["[CLS]", "w6", "w7", "w8", "w9", "[SEP]", "w9"]
         assert e.meta["lm"]["positions"] == [5, 6] and e.logits.shape == (2,)
+
+
+def test_a_1_0_store_still_reads(gpt2_dir, tmp_path, tiny_model_dir, sst2_small):
+    """Examples written before schema 1.1 (no families attribute) read as family self."""
+    out = tmp_path / "old.h5"
+    assert _run("score", "--model", tiny_model_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "2",
+                "--quiet", "--out", out).exit_code == 0
+    with h5py.File(out, "r+") as f:
+        f.attrs["schema_version"] = "1.0"
+        for name in f["examples"]:
+            del f["examples"][name].attrs["families"]
+            del f["examples"][name].attrs["step_batch"]
+    with Store(out) as s:
+        assert s.families() == ["self"]
+        e = s.get(1)
+        assert e.family == "self" and e.keep == "maps" and e.attribution.shape[:2] == (3, 4)
+        assert np.allclose(e.summed(), e.attribution.sum(1))
+        assert s.summary()["families"]["self"]["heads"] == 4
+    assert _run("tree", out, "--example", "1", "--format", "json", "--quiet").exit_code == 0

@@ -12,7 +12,6 @@ is ever built.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
