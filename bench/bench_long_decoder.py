@@ -67,7 +67,8 @@ def _peak_rss() -> int:
 
 
 def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str, out: str,
-          config: str = "small", ref_step_batch: int | None = None) -> dict:
+          config: str = "small", ref_step_batch: int | None = None, step_batch: int | None = None,
+          kernel: str = "auto") -> dict:
     import numpy as np
     import torch
     import transformers as tf
@@ -95,7 +96,8 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
     sums, times, cpu_times, status = [], [], [], "ok"
     try:
         if method == "attattr":
-            scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum"))
+            scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum", step_batch=step_batch,
+                                                 kernel=kernel))
             for i, ids in enumerate(prompts):
                 enc = Encoded(ids, [f"t{t}" for t in ids], [0] * n, None, lm_positions=[n - 1])
                 t0, c0 = time.perf_counter(), time.process_time()
@@ -150,7 +152,8 @@ def run_child(method: str, n: int, args, tmp: Path) -> dict:
     out = tmp / f"{method}-{n}.npy"
     cmd = [sys.executable, __file__, "--child", method, "--n", str(n), "--examples", str(args.examples),
            "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out), "--config", args.config] \
-        + (["--gpu"] if args.gpu else []) + (["--ref-step-batch", str(args.ref_step_batch)] if args.ref_step_batch else [])
+        + (["--gpu"] if args.gpu else []) + (["--ref-step-batch", str(args.ref_step_batch)] if args.ref_step_batch else []) \
+        + (["--step-batch", str(args.step_batch)] if args.step_batch else []) + ["--kernel", args.kernel]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -171,6 +174,9 @@ def main() -> None:
     ap.add_argument("--methods", default="attattr,2021")
     ap.add_argument("--config", default=None, choices=["small", "qwen2-0.5b"],
                     help="model config (default: small on CPU, qwen2-0.5b with --gpu)")
+    ap.add_argument("--step-batch", type=int, default=None,
+                    help="steps per pass for attattr (default: fitted to free memory)")
+    ap.add_argument("--kernel", default="auto", help="attattr's kernel backend: auto, cuda or torch")
     ap.add_argument("--ref-step-batch", type=int, default=None,
                     help="steps per batch for the 2021 procedure (default: all m at once, as the paper's batch)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
@@ -181,7 +187,7 @@ def main() -> None:
     args.config = args.config or ("qwen2-0.5b" if args.gpu else "small")
     if args.child:
         print(json.dumps(child(args.child, args.n[0], args.examples, args.steps, args.gpu, args.dtype, args.save,
-                               args.config, args.ref_step_batch)))
+                               args.config, args.ref_step_batch, args.step_batch, args.kernel)))
         return
     import numpy as np
 

@@ -212,6 +212,9 @@ def test_auto_micro_batching_and_oom_back_off(make, monkeypatch):
     monkeypatch.setattr(score_mod, "_free_memory", lambda device: 1 << 40)
     scorer = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True))
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 8  # all steps fit
+    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 16)  # 8 tokens: 2 steps per pass on CPU
+    assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 2
+    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 2048)
     forward = loaded.model.forward
 
     def flaky(*args, **kwargs):  # out of memory whenever more than 2 steps run at once
