@@ -598,6 +598,8 @@ def _free_memory(device: torch.device) -> int:
     """Bytes a pass may use: most of the free CUDA memory, or half the available RAM."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
+        # blocks PyTorch's caching allocator holds but does not use are free for us too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free * 0.7)
     try:
         with open("/proc/meminfo") as fh:
