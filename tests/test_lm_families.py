@@ -350,3 +350,34 @@ def test_a_1_0_store_still_reads(gpt2_dir, tmp_path, tiny_model_dir, sst2_small)
         assert np.allclose(e.summed(), e.attribution.sum(1))
         assert s.summary()["families"]["self"]["heads"] == 4
     assert _run("tree", out, "--example", "1", "--format", "json", "--quiet").exit_code == 0
+
+
+def test_bart_no_hook_or_patch_survives_an_exception(make):
+    from attattr_cli.engine import attention
+    from attattr_cli.models.arch import find_encoder, find_families
+
+    loaded = make("bart")
+    model = loaded.model
+    before = model.config._attn_implementation
+    scorer = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", family=["cross"]))
+    decoder_layers = find_families(model)[1][3]
+    calls = {"n": 0}
+
+    def boom(module, args, output):
+        calls["n"] += 1
+        if calls["n"] == 2:  # inside the first integration pass
+            raise RuntimeError("boom")
+
+    handle = decoder_layers[1].register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            scorer.score(PAIR)
+    finally:
+        handle.remove()
+    assert model.config._attn_implementation == before
+    modules = [find_encoder(model), *[layer for _n, _p, _a, ls in find_families(model) for layer in ls]]
+    assert all(not m._forward_hooks for m in modules)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert attention._plan.get() is None and attention._owner.get() is None
+    again = scorer.score(PAIR)
+    assert again.families["cross"].attribution.shape[0] == 2
