@@ -28,6 +28,7 @@ intermediate 4864, vocab 151936, rope theta 1e6, max positions 32768) at n = 204
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -93,7 +94,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
         base = torch.cuda.memory_allocated()
     else:
         base = _rss()
-    sums, times, cpu_times, status = [], [], [], "ok"
+    sums, times, cpu_times, status, oom_at = [], [], [], "ok", []
     try:
         if method == "attattr":
             scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum", step_batch=step_batch,
@@ -112,6 +113,7 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
             from slow_reference import slow_attribution
 
             alphas, weights = nodes("right", steps)
+            ladder = ref_step_batch == 0  # auto: halve the batch of steps after an out-of-memory error
             step_batch = ref_step_batch or steps
             for ids in prompts:
                 inputs = {"input_ids": torch.tensor([ids], device=device)}
@@ -122,10 +124,26 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
                 def f_of_logits(lg, _p=pred):
                     return torch.softmax(lg[:, 0], -1)[:, _p]
 
-                t0, c0 = time.perf_counter(), time.process_time()
-                ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights, None,
-                                          f_of_logits=f_of_logits, with_baseline=False, step_batch=step_batch,
-                                          more_inputs={"use_cache": False, "logits_to_keep": keep})
+                while True:
+                    failed = False
+                    if gpu:
+                        torch.cuda.reset_peak_memory_stats()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    try:
+                        ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights,
+                                                  None, f_of_logits=f_of_logits, with_baseline=False,
+                                                  step_batch=step_batch,
+                                                  more_inputs={"use_cache": False, "logits_to_keep": keep})
+                    except torch.OutOfMemoryError:
+                        if not ladder or step_batch == 1:
+                            raise
+                        failed = True
+                    if not failed:
+                        break
+                    oom_at.append(step_batch)
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    step_batch = (step_batch + 1) // 2
                 if gpu:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
@@ -145,14 +163,14 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
             "device": torch.cuda.get_device_name() if gpu else f"cpu ({torch.get_num_threads()} threads)",
             "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
             "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size, "steps": steps, "dtype": dtype,
-            "config": config}
+            "config": config, "oom_at_step_batch": oom_at}
 
 
 def run_child(method: str, n: int, args, tmp: Path) -> dict:
     out = tmp / f"{method}-{n}.npy"
     cmd = [sys.executable, __file__, "--child", method, "--n", str(n), "--examples", str(args.examples),
            "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out), "--config", args.config] \
-        + (["--gpu"] if args.gpu else []) + (["--ref-step-batch", str(args.ref_step_batch)] if args.ref_step_batch else []) \
+        + (["--gpu"] if args.gpu else []) + ["--ref-step-batch", str(args.ref_step_batch)] \
         + (["--step-batch", str(args.step_batch)] if args.step_batch else []) + ["--kernel", args.kernel]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -177,17 +195,20 @@ def main() -> None:
     ap.add_argument("--step-batch", type=int, default=None,
                     help="steps per pass for attattr (default: fitted to free memory)")
     ap.add_argument("--kernel", default="auto", help="attattr's kernel backend: auto, cuda or torch")
-    ap.add_argument("--ref-step-batch", type=int, default=None,
-                    help="steps per batch for the 2021 procedure (default: all m at once, as the paper's batch)")
+    ap.add_argument("--ref-step-batch", default=None,
+                    help="steps per batch for the 2021 procedure (its code's batch_size): a number, 'all' "
+                         "(m at once; CPU default) or 'auto' (m, halved after each out-of-memory error; GPU default)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
     args.config = args.config or ("qwen2-0.5b" if args.gpu else "small")
+    spec = args.ref_step_batch or ("auto" if args.gpu else "all")
+    args.ref_step_batch = {"auto": 0, "all": args.steps}.get(spec) if spec in ("auto", "all") else int(spec)
     if args.child:
         print(json.dumps(child(args.child, args.n[0], args.examples, args.steps, args.gpu, args.dtype, args.save,
-                               args.config, args.ref_step_batch, args.step_batch, args.kernel)))
+                               args.config, int(args.ref_step_batch), args.step_batch, args.kernel)))
         return
     import numpy as np
 
@@ -205,6 +226,9 @@ def main() -> None:
                 if r.get("cpu_seconds_per_example") is not None and not args.gpu:
                     secs += f" (process CPU {r['cpu_seconds_per_example']:.1f} s)"
                 mem = "-" if r.get("peak_bytes") is None else f"+{r['peak_bytes'] / gib:.2f} GiB peak"
+                if r.get("oom_at_step_batch"):
+                    print(f"n={n:5d} {method:8s} out of memory at {', '.join(map(str, r['oom_at_step_batch']))}"
+                          " steps per batch", flush=True)
                 print(f"n={n:5d} {method:8s} {r['status']:>4s}  {secs}  {mem}  "
                       f"({r.get('config', '')}, {r.get('layers', '?')} layers, step batch {r.get('step_batch')},"
                       f" {r.get('dtype', '')}, {r.get('device', '')})", flush=True)
