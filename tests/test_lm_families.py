@@ -259,7 +259,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
         enc, cross = s.get(0), s.get(0, family="cross")
         assert enc.family == "encoder" and enc.attribution.shape[:2] == (2, 4)
         assert cross.tokens == cross.decoder_tokens and cross.key_tokens == enc.tokens
-        assert s.provenance["families"]["cross"]["key"] == "encoder"
+        assert s.provenance["families"]["cross"]["key"] == "input"
         fams = s.summary()["families"]
         assert set(fams) == {"encoder", "decoder", "cross"} and fams["cross"]["keep"] == "maps"
         with pytest.raises(Exception, match="has no attention family 'self'; it has: encoder, decoder, cross"):
@@ -268,7 +268,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
     assert info.exit_code == 0 and "families" in info.output and "cross:" in info.output
     from attattr_cli.cli.info import _families
 
-    assert "cross: 2 layers scored x 4 heads (decoder->encoder), keep maps" in _families(fams)
+    assert "cross: 2 layers scored x 4 heads (decoder->input), keep maps" in _families(fams)
     as_json = json.loads(_run("info", out, "--json").stdout)
     assert as_json["families"]["decoder"]["query"] == "decoder" and as_json["families"]["encoder"]["heads"] == 4
     refused = _run("tree", out, "--example", "0", "--family", "cross")

@@ -123,7 +123,7 @@ class FamilyScore:
     name: str
     layers: list[int]
     heads: int
-    query_side: str  # "encoder" (the input tokens) or "decoder" (decoder input tokens)
+    query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
     key_side: str
     keep: str  # maps | sum | none
     attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
