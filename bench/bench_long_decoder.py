@@ -12,7 +12,8 @@ peak memory is its own:
   leaf that requires grad).
 
 Both compute F from the same logits (only the last position goes through the LM head).
-Printed: time per example, peak memory above the loaded model, their ratios, and the
+Printed: time per example (on CPU also the process's CPU time, steadier than wall time
+on a shared machine), peak memory above the loaded model, their ratios, and the
 agreement (max |difference| / max |value| of the head-summed attribution, all layers).
 
 CPU (default): 6 layers, hidden 384, 6 query heads sharing 2 key/value heads, n = 512.
@@ -27,6 +28,7 @@ intermediate 4864, vocab 151936, rope theta 1e6, max positions 32768) at n = 204
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import resource
@@ -66,7 +68,8 @@ def _peak_rss() -> int:
 
 
 def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str, out: str,
-          config: str = "small", ref_step_batch: int | None = None) -> dict:
+          config: str = "small", ref_step_batch: int | None = None, step_batch: int | None = None,
+          kernel: str = "auto") -> dict:
     import numpy as np
     import torch
     import transformers as tf
@@ -91,23 +94,26 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
         base = torch.cuda.memory_allocated()
     else:
         base = _rss()
-    sums, times, status = [], [], "ok"
+    sums, times, cpu_times, status, oom_at = [], [], [], "ok", []
     try:
         if method == "attattr":
-            scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum"))
+            scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype, lm=True, keep="sum", step_batch=step_batch,
+                                                 kernel=kernel))
             for i, ids in enumerate(prompts):
                 enc = Encoded(ids, [f"t{t}" for t in ids], [0] * n, None, lm_positions=[n - 1])
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 r = scorer.score(Example(i, ""), enc)
                 if gpu:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
                 sums.append(r.families["self"].head_sum)
                 step_batch = r.step_batch
         else:
             from slow_reference import slow_attribution
 
             alphas, weights = nodes("right", steps)
+            ladder = ref_step_batch == 0  # auto: halve the batch of steps after an out-of-memory error
             step_batch = ref_step_batch or steps
             for ids in prompts:
                 inputs = {"input_ids": torch.tensor([ids], device=device)}
@@ -118,13 +124,30 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
                 def f_of_logits(lg, _p=pred):
                     return torch.softmax(lg[:, 0], -1)[:, _p]
 
-                t0 = time.perf_counter()
-                ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights, None,
-                                          f_of_logits=f_of_logits, with_baseline=False, step_batch=step_batch,
-                                          more_inputs={"use_cache": False, "logits_to_keep": keep})
+                while True:
+                    failed = False
+                    if gpu:
+                        torch.cuda.reset_peak_memory_stats()
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    try:
+                        ref, _ = slow_attribution(model, inputs, list(range(cfg.num_hidden_layers)), alphas, weights,
+                                                  None, f_of_logits=f_of_logits, with_baseline=False,
+                                                  step_batch=step_batch,
+                                                  more_inputs={"use_cache": False, "logits_to_keep": keep})
+                    except torch.OutOfMemoryError:
+                        if not ladder or step_batch == 1:
+                            raise
+                        failed = True
+                    if not failed:
+                        break
+                    oom_at.append(step_batch)
+                    gc.collect()
+                    torch.cuda.empty_cache()
+                    step_batch = (step_batch + 1) // 2
                 if gpu:
                     torch.cuda.synchronize()
                 times.append(time.perf_counter() - t0)
+                cpu_times.append(time.process_time() - c0)
                 sums.append(np.stack([ref[i].sum(0).float().cpu().numpy() for i in sorted(ref)]))
                 del ref
     except torch.OutOfMemoryError as exc:
@@ -135,18 +158,20 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
         np.save(out, sums[0])
     return {"method": method, "n": n, "status": status, "examples": len(times),
             "seconds_per_example": (sum(times) / len(times)) if times else None,
+            "cpu_seconds_per_example": (sum(cpu_times) / len(cpu_times)) if cpu_times else None,
             "peak_bytes": peak, "step_batch": step_batch,
             "device": torch.cuda.get_device_name() if gpu else f"cpu ({torch.get_num_threads()} threads)",
             "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
             "kv_heads": cfg.num_key_value_heads, "hidden": cfg.hidden_size, "steps": steps, "dtype": dtype,
-            "config": config}
+            "config": config, "oom_at_step_batch": oom_at}
 
 
 def run_child(method: str, n: int, args, tmp: Path) -> dict:
     out = tmp / f"{method}-{n}.npy"
     cmd = [sys.executable, __file__, "--child", method, "--n", str(n), "--examples", str(args.examples),
            "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out), "--config", args.config] \
-        + (["--gpu"] if args.gpu else []) + (["--ref-step-batch", str(args.ref_step_batch)] if args.ref_step_batch else [])
+        + (["--gpu"] if args.gpu else []) + ["--ref-step-batch", str(args.ref_step_batch)] \
+        + (["--step-batch", str(args.step_batch)] if args.step_batch else []) + ["--kernel", args.kernel]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]
@@ -167,17 +192,23 @@ def main() -> None:
     ap.add_argument("--methods", default="attattr,2021")
     ap.add_argument("--config", default=None, choices=["small", "qwen2-0.5b"],
                     help="model config (default: small on CPU, qwen2-0.5b with --gpu)")
-    ap.add_argument("--ref-step-batch", type=int, default=None,
-                    help="steps per batch for the 2021 procedure (default: all m at once, as the paper's batch)")
+    ap.add_argument("--step-batch", type=int, default=None,
+                    help="steps per pass for attattr (default: fitted to free memory)")
+    ap.add_argument("--kernel", default="auto", help="attattr's kernel backend: auto, cuda or torch")
+    ap.add_argument("--ref-step-batch", default=None,
+                    help="steps per batch for the 2021 procedure (its code's batch_size): a number, 'all' "
+                         "(m at once; CPU default) or 'auto' (m, halved after each out-of-memory error; GPU default)")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     args.dtype = args.dtype or ("bfloat16" if args.gpu else "float32")
     args.config = args.config or ("qwen2-0.5b" if args.gpu else "small")
+    spec = args.ref_step_batch or ("auto" if args.gpu else "all")
+    args.ref_step_batch = {"auto": 0, "all": args.steps}.get(spec) if spec in ("auto", "all") else int(spec)
     if args.child:
         print(json.dumps(child(args.child, args.n[0], args.examples, args.steps, args.gpu, args.dtype, args.save,
-                               args.config, args.ref_step_batch)))
+                               args.config, int(args.ref_step_batch), args.step_batch, args.kernel)))
         return
     import numpy as np
 
@@ -192,7 +223,12 @@ def main() -> None:
                 row[method] = r
                 results.append(r)
                 secs = "-" if r.get("seconds_per_example") is None else f"{r['seconds_per_example']:.1f} s/example"
+                if r.get("cpu_seconds_per_example") is not None and not args.gpu:
+                    secs += f" (process CPU {r['cpu_seconds_per_example']:.1f} s)"
                 mem = "-" if r.get("peak_bytes") is None else f"+{r['peak_bytes'] / gib:.2f} GiB peak"
+                if r.get("oom_at_step_batch"):
+                    print(f"n={n:5d} {method:8s} out of memory at {', '.join(map(str, r['oom_at_step_batch']))}"
+                          " steps per batch", flush=True)
                 print(f"n={n:5d} {method:8s} {r['status']:>4s}  {secs}  {mem}  "
                       f"({r.get('config', '')}, {r.get('layers', '?')} layers, step batch {r.get('step_batch')},"
                       f" {r.get('dtype', '')}, {r.get('device', '')})", flush=True)
@@ -200,7 +236,9 @@ def main() -> None:
             if a and b and a["status"] == "ok" and b["status"] == "ok":
                 x, y = np.load(a["saved"]).astype(np.float64), np.load(b["saved"]).astype(np.float64)
                 agree = float(np.abs(x - y).max() / np.abs(y).max())
-                print(f"n={n:5d} 2021/attattr: time {b['seconds_per_example'] / a['seconds_per_example']:.2f}x, "
+                cpu = "" if args.gpu else \
+                    f" (process CPU time {b['cpu_seconds_per_example'] / a['cpu_seconds_per_example']:.2f}x)"
+                print(f"n={n:5d} 2021/attattr: time {b['seconds_per_example'] / a['seconds_per_example']:.2f}x{cpu}, "
                       f"peak memory {b['peak_bytes'] / max(a['peak_bytes'], 1):.2f}x; agreement "
                       f"max|diff|/max|2021| = {agree:.1e}", flush=True)
                 a["agreement"] = agree

@@ -212,6 +212,9 @@ def test_auto_micro_batching_and_oom_back_off(make, monkeypatch):
     monkeypatch.setattr(score_mod, "_free_memory", lambda device: 1 << 40)
     scorer = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True))
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 8  # all steps fit
+    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 16)  # 8 tokens: 2 steps per pass on CPU
+    assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 2
+    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 2048)
     forward = loaded.model.forward
 
     def flaky(*args, **kwargs):  # out of memory whenever more than 2 steps run at once
@@ -256,7 +259,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
         enc, cross = s.get(0), s.get(0, family="cross")
         assert enc.family == "encoder" and enc.attribution.shape[:2] == (2, 4)
         assert cross.tokens == cross.decoder_tokens and cross.key_tokens == enc.tokens
-        assert s.provenance["families"]["cross"]["key"] == "encoder"
+        assert s.provenance["families"]["cross"]["key"] == "input"
         fams = s.summary()["families"]
         assert set(fams) == {"encoder", "decoder", "cross"} and fams["cross"]["keep"] == "maps"
         with pytest.raises(Exception, match="has no attention family 'self'; it has: encoder, decoder, cross"):
@@ -265,7 +268,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
     assert info.exit_code == 0 and "families" in info.output and "cross:" in info.output
     from attattr_cli.cli.info import _families
 
-    assert "cross: 2 layers scored x 4 heads (decoder->encoder), keep maps" in _families(fams)
+    assert "cross: 2 layers scored x 4 heads (decoder->input), keep maps" in _families(fams)
     as_json = json.loads(_run("info", out, "--json").stdout)
     assert as_json["families"]["decoder"]["query"] == "decoder" and as_json["families"]["encoder"]["heads"] == 4
     refused = _run("tree", out, "--example", "0", "--family", "cross")
@@ -328,3 +331,53 @@ def test_lm_prompts_from_data_file(gpt2_dir, tmp_path):
         e = s.get(2)
         assert e.text_a == "w6 w7 w8 w9" and e.tokens == ["[CLS]", "w6", "w7", "w8", "w9", "[SEP]", "w9"]
         assert e.meta["lm"]["positions"] == [5, 6] and e.logits.shape == (2,)
+
+
+def test_a_1_0_store_still_reads(gpt2_dir, tmp_path, tiny_model_dir, sst2_small):
+    """Examples written before schema 1.1 (no families attribute) read as family self."""
+    out = tmp_path / "old.h5"
+    assert _run("score", "--model", tiny_model_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "2",
+                "--quiet", "--out", out).exit_code == 0
+    with h5py.File(out, "r+") as f:
+        f.attrs["schema_version"] = "1.0"
+        for name in f["examples"]:
+            del f["examples"][name].attrs["families"]
+            del f["examples"][name].attrs["step_batch"]
+    with Store(out) as s:
+        assert s.families() == ["self"]
+        e = s.get(1)
+        assert e.family == "self" and e.keep == "maps" and e.attribution.shape[:2] == (3, 4)
+        assert np.allclose(e.summed(), e.attribution.sum(1))
+        assert s.summary()["families"]["self"]["heads"] == 4
+    assert _run("tree", out, "--example", "1", "--format", "json", "--quiet").exit_code == 0
+
+
+def test_bart_no_hook_or_patch_survives_an_exception(make):
+    from attattr_cli.engine import attention
+    from attattr_cli.models.arch import find_encoder, find_families
+
+    loaded = make("bart")
+    model = loaded.model
+    before = model.config._attn_implementation
+    scorer = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", family=["cross"]))
+    decoder_layers = find_families(model)[1][3]
+    calls = {"n": 0}
+
+    def boom(module, args, output):
+        calls["n"] += 1
+        if calls["n"] == 2:  # inside the first integration pass
+            raise RuntimeError("boom")
+
+    handle = decoder_layers[1].register_forward_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            scorer.score(PAIR)
+    finally:
+        handle.remove()
+    assert model.config._attn_implementation == before
+    modules = [find_encoder(model), *[layer for _n, _p, _a, ls in find_families(model) for layer in ls]]
+    assert all(not m._forward_hooks for m in modules)
+    assert all("forward" not in vars(m) for m in model.modules())
+    assert attention._plan.get() is None and attention._owner.get() is None
+    again = scorer.score(PAIR)
+    assert again.families["cross"].attribution.shape[0] == 2

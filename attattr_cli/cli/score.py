@@ -35,7 +35,7 @@ def score(
     truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
     seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
-    keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head [head, q, k]), sum (head sum [q, k] + per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
+    keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Also keep the k strongest entries (largest |value|) of each head as (query, key, value)."),
     lm: bool = typer.Option(False, "--lm", help="The model is a causal language model; the target is a next token (see --prompt, --target-token, --continuation)."),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="With --lm: a prompt to score (repeat for several); or give --data."),

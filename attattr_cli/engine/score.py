@@ -12,7 +12,6 @@ is ever built.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -31,6 +30,9 @@ from .integrate import RULES, nodes
 OUTPUTS = ("prob", "logit", "logprob")
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
+# on CPU a pass of more rows than this is no faster per row (measured: n = 512, 4 or 19
+# steps per pass take the same CPU time), so the automatic micro-batch stops there
+CPU_TOKENS_PER_PASS = 2048
 
 
 @dataclass
@@ -122,7 +124,7 @@ class FamilyScore:
     name: str
     layers: list[int]
     heads: int
-    query_side: str  # "encoder" (the input tokens) or "decoder" (decoder input tokens)
+    query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
     key_side: str
     keep: str  # maps | sum | none
     attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
@@ -508,7 +510,11 @@ class Scorer:
         steps = max(len(self.alphas) if steps is None else steps, 1)
         per_step = self.step_bytes(enc, site)
         free = _free_memory(self.device)
-        return int(max(1, min(steps, free // max(per_step, 1))))
+        fit = free // max(per_step, 1)
+        if self.device.type == "cpu":
+            n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+            fit = min(fit, max(1, CPU_TOKENS_PER_PASS // n))
+        return int(max(1, min(steps, fit)))
 
     def step_bytes(self, enc: Encoded, site) -> int:
         cfg = self.model.config
@@ -645,6 +651,8 @@ def _free_memory(device: torch.device) -> int:
     """Bytes a pass may use: most of the free CUDA memory, or half the available RAM."""
     if device.type == "cuda":
         free, _total = torch.cuda.mem_get_info(device)
+        # blocks PyTorch's caching allocator holds but does not use are free for us too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free * 0.7)
     try:
         with open("/proc/meminfo") as fh:

@@ -69,7 +69,7 @@ class FamilyInfo:
     attn: str | None  # attention submodule inside each layer (None: the whole layer)
     num_layers: int
     num_heads: int
-    query_side: str  # "encoder" (the input tokens) or "decoder" (the decoder input tokens)
+    query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
     key_side: str
 
 
@@ -206,8 +206,8 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
         else:
             fheads = heads
         families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
-                                   "decoder" if name in ("decoder", "cross") else "encoder",
-                                   "decoder" if name == "decoder" else "encoder"))
+                                   "decoder" if name in ("decoder", "cross") else "input",
+                                   "decoder" if name == "decoder" else "input"))
     if heads is None:
         heads = families[0].num_heads
     encoder = ENCODER_PATHS.get(model_type) if find_encoder(model) is not None else None

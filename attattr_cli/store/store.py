@@ -242,7 +242,7 @@ class StoreWriter(_OpenFile):
                 layers=score.layers, attribution=score.attribution, attention=score.attention,
                 head_max=score.head_max, f_baseline=score.f_baseline, residual=score.residual))
             info["self"] = {"keep": "maps", "heads": int(np.shape(score.head_max)[1]) if np.ndim(score.head_max) == 2 else 0,
-                            "query": "encoder", "key": "encoder"}
+                            "query": "input", "key": "input"}
         for name, fs in families.items():
             where = g if name == "self" else g.require_group(FAMILIES).create_group(name)
             attention = fs.attention
@@ -386,7 +386,7 @@ class Store(_OpenFile):
         if info:
             return json.loads(info)
         heads = int(g["head_max"].shape[1]) if "head_max" in g and g["head_max"].ndim == 2 else 0
-        return {"self": {"keep": "maps", "heads": heads, "query": "encoder", "key": "encoder"}}
+        return {"self": {"keep": "maps", "heads": heads, "query": "input", "key": "input"}}
 
     def families(self) -> list[str]:
         idx = self.indices()
