@@ -270,7 +270,7 @@ def test_oom_at_one_step_is_a_resource_error_with_exit_code_5(tmp_path, monkeypa
     assert lines[1].startswith("Error: out of memory on cpu even with one integration step per pass")
     with Store(tmp_path / "y.h5") as s:
         assert s.indices() == []
-    assert sizes[-2:] == [3, 1]  # 3 steps (4, alpha = 1 shared), halved to 1, then the end
+    assert sizes[-3:] == [3, 2, 1]  # 3 steps (4, alpha = 1 shared), halved rounding up to 2, then 1, then the end
 
 
 def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
