@@ -245,7 +245,7 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
         assert again["methods"][m]["tau_loo"] == pytest.approx(first["methods"][m]["tau_loo"], nan_ok=True)
         assert again["methods"][m]["comprehensiveness"] == pytest.approx(first["methods"][m]["comprehensiveness"])
     assert first["methods"]["loo"]["tau_loo"] == pytest.approx(1.0)
-    assert first["methods"]["random"]["tau_loo_abs"] is not None
+    assert first["methods"]["loo"]["tau_loo_abs"] == pytest.approx(1.0)  # magnitudes against magnitudes
     assert first["methods"]["grad"]["tau_grad"] == pytest.approx(1.0)
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     with pytest.raises(StoreError, match="holds 'random' token importance made with other settings"):
@@ -269,7 +269,7 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
              "--csv", csv, "--plot", png)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(report)
-    assert "τ with LOO" in r.stderr and "τ with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
+    assert "τ with LOO" in r.stderr and "τ |·| with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
     data = json.loads(report.read_text())
     assert data["examples"] == 3 and set(data["methods"]) == set(ti.METHODS)
     assert data["task"] == "synthetic" and len(data["permutation"]["layers"]) == 3

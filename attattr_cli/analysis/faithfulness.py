@@ -1,9 +1,9 @@
 """Is it an explanation? Faithfulness tests of token importance (METHOD.md section 5).
 
-* Agreement (Jain & Wallace 2019): Kendall tau-b between a method's token scores and
-  leave-one-out (signed: the drop of the target probability; and its absolute value,
-  which for two classes is Jain & Wallace's LOO, the TVD of the outputs), and between
-  them and gradient norms, over each example's content tokens.
+* Agreement (Jain & Wallace 2019): Kendall tau-b over each example's content tokens
+  between a method's scores and leave-one-out (signed: the drop of the target
+  probability), between the magnitudes |score| and |LOO| (for two classes |LOO| is
+  Jain & Wallace's LOO, the TVD of the outputs), and between the scores and gradient norms.
 * Erasure (ERASER, DeYoung et al. 2020): with the top-k tokens of a method (k from the
   bins 1, 5, 10, 20, 50 % of the content tokens, k = max(1, ceil(q n))),
   comprehensiveness_q = p(x)_t - p(x without the top k)_t and
@@ -317,7 +317,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                          "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
             for m in options.methods:
                 row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
-                row["tau_loo_abs"][m] = kendall_tau_b(scores[m][content], np.abs(scores["loo"][content]))
+                row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]), np.abs(scores["loo"][content]))
                 row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
             er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
                                  {m: scores[m] for m in options.methods}, options.bins, options.fractions)
@@ -423,7 +423,7 @@ def plot_report(report: dict, path: str | Path) -> None:
     a1.legend(fontsize=7)
     names = list(report["methods"])
     x = np.arange(len(names))
-    for off, key, label in ((-0.27, "tau_loo", "tau with LOO"), (0.0, "tau_loo_abs", "tau with |LOO|"),
+    for off, key, label in ((-0.27, "tau_loo", "tau with LOO"), (0.0, "tau_loo_abs", "tau of |score| with |LOO|"),
                             (0.27, "tau_grad", "tau with grad")):
         a2.bar(x + off, [report["methods"][m].get(key) or 0 for m in names], 0.27, label=label)
     a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)

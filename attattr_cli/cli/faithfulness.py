@@ -47,7 +47,7 @@ def _fmt(v, se=None) -> str:
 def _table(report: dict) -> Table:
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
                     f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
-    for col in ("method", "τ with LOO", "τ with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
+    for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
         t.add_row(m, _fmt(r["tau_loo"], r["tau_loo_se"]), _fmt(r["tau_loo_abs"], r["tau_loo_abs_se"]),
