@@ -306,3 +306,20 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
 
 def test_report_is_strict_json():
     assert fa._finite({"a": float("nan"), "b": [1.0, float("inf")], "c": (2,)}) == {"a": None, "b": [1.0, None], "c": [2]}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "distilbert"])
+def test_every_method_runs_on_other_families(loaded_factory, tokenizer, kind):
+    loaded = loaded_factory(kind)
+    run = ti.ModelRunner(loaded)
+    ex = _example(tokenizer, loaded)
+    if kind != "distilbert" and loaded.arch.is_decoder:
+        assert ex.pool == ex.n - 1
+    methods = [m for m in ti.METHODS if m not in ti.ATTRIBUTION_METHODS]
+    scores = run.compute(ex, methods)
+    assert all(scores[m].shape == (ex.n,) and np.isfinite(scores[m]).all() for m in methods)
+    assert scores["attention_last"].sum() == pytest.approx(1.0)
+    if loaded.arch.is_decoder:  # the last token cannot attend to the future: nothing past it
+        assert scores["rollout"].sum() == pytest.approx(1.0)
+    tv = fa.permutation_tvd(run, ex, [0, loaded.arch.num_layers - 1], 3)
+    assert tv.shape == (2, 3) and (tv >= 0).all() and (tv <= 1).all()

@@ -243,9 +243,12 @@ def load_for_store(store, model: str | None = None, device: str = "auto"):
 def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
     tok = loaded.tokenizer
     args = (stored.text_a,) if stored.text_b is None else (stored.text_a, stored.text_b)
-    enc = tok(*args, add_special_tokens=True)
-    ids = list(enc["input_ids"])
     stored_ids = [int(i) for i in stored.input_ids]
+    if stored.truncated:
+        enc = tok(*args, add_special_tokens=True, truncation=True, max_length=len(stored_ids))
+    else:
+        enc = tok(*args, add_special_tokens=True)
+    ids = list(enc["input_ids"])
     if ids[:len(stored_ids)] != stored_ids:
         raise StoreError(
             f"example {stored.index}: the tokenizer of this model does not give the stored tokens; "
