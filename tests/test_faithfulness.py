@@ -293,6 +293,7 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
     _one_error_line(_run("faithfulness", tmp_path / "none.h5", "--out", report), "no such store")
     _one_error_line(_run("faithfulness", "--out", report, "--erase", "zero"), "unknown --erase 'zero'")
     _one_error_line(_run("faithfulness", "--out", report, "--plot", tmp_path / "p.gif"), "cannot tell the format")
+    _one_error_line(_run("faithfulness", "--out", tmp_path / "no" / "r.json"), "the folder")
     store = tmp_path / "tiny.h5"
     ok = _run("faithfulness", "--out", tmp_path / "tiny.json", "--store", store, "--model", tiny_model_dir,
               "--data", sst2_small, "--task", "sst2", "--examples", "0:2", "--steps", "2", "--permutations", "2", "-q")

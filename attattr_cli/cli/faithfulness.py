@@ -116,6 +116,11 @@ def faithfulness(
         for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
             if p is not None and p.suffix.lower() not in kinds:
                 raise OptionError(f"cannot tell the format of {p}: use one of {', '.join(kinds)}")
+        for p in (out_path, csv_path, plot):  # before any work, not after it
+            if p is not None and p.is_dir():
+                raise OptionError(f"{p} is a directory")
+            if p is not None and not p.parent.exists():
+                raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
         t0 = time.perf_counter()
         if store is None:
             from ..engine.run import ScoreRequest, score_to_store
@@ -157,7 +162,7 @@ def faithfulness(
             plot_report(report, tmp)
             os.replace(tmp, plot)
         if not quiet:
-            # a terminal's own width; 120 columns when stderr is a pipe or a log file
+            # a terminal's own width; 132 columns when stderr is a pipe or a log file
             tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
             tables.print(_table(report))
             perm = _perm_table(report)
