@@ -245,6 +245,7 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
         assert again["methods"][m]["tau_loo"] == pytest.approx(first["methods"][m]["tau_loo"], nan_ok=True)
         assert again["methods"][m]["comprehensiveness"] == pytest.approx(first["methods"][m]["comprehensiveness"])
     assert first["methods"]["loo"]["tau_loo"] == pytest.approx(1.0)
+    assert first["methods"]["loo"]["tau_loo_abs"] == pytest.approx(1.0)  # magnitudes against magnitudes
     assert first["methods"]["grad"]["tau_grad"] == pytest.approx(1.0)
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     with pytest.raises(StoreError, match="holds 'random' token importance made with other settings"):
@@ -268,7 +269,7 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
              "--csv", csv, "--plot", png)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(report)
-    assert "τ with LOO" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
+    assert "τ with LOO" in r.stderr and "τ |·| with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
     data = json.loads(report.read_text())
     assert data["examples"] == 3 and set(data["methods"]) == set(ti.METHODS)
     assert data["task"] == "synthetic" and len(data["permutation"]["layers"]) == 3
@@ -292,6 +293,7 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
     _one_error_line(_run("faithfulness", tmp_path / "none.h5", "--out", report), "no such store")
     _one_error_line(_run("faithfulness", "--out", report, "--erase", "zero"), "unknown --erase 'zero'")
     _one_error_line(_run("faithfulness", "--out", report, "--plot", tmp_path / "p.gif"), "cannot tell the format")
+    _one_error_line(_run("faithfulness", "--out", tmp_path / "no" / "r.json"), "the folder")
     store = tmp_path / "tiny.h5"
     ok = _run("faithfulness", "--out", tmp_path / "tiny.json", "--store", store, "--model", tiny_model_dir,
               "--data", sst2_small, "--task", "sst2", "--examples", "0:2", "--steps", "2", "--permutations", "2", "-q")
@@ -305,3 +307,20 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
 
 def test_report_is_strict_json():
     assert fa._finite({"a": float("nan"), "b": [1.0, float("inf")], "c": (2,)}) == {"a": None, "b": [1.0, None], "c": [2]}
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "distilbert"])
+def test_every_method_runs_on_other_families(loaded_factory, tokenizer, kind):
+    loaded = loaded_factory(kind)
+    run = ti.ModelRunner(loaded)
+    ex = _example(tokenizer, loaded)
+    if kind != "distilbert" and loaded.arch.is_decoder:
+        assert ex.pool == ex.n - 1
+    methods = [m for m in ti.METHODS if m not in ti.ATTRIBUTION_METHODS]
+    scores = run.compute(ex, methods)
+    assert all(scores[m].shape == (ex.n,) and np.isfinite(scores[m]).all() for m in methods)
+    assert scores["attention_last"].sum() == pytest.approx(1.0)
+    if loaded.arch.is_decoder:  # the last token cannot attend to the future: nothing past it
+        assert scores["rollout"].sum() == pytest.approx(1.0)
+    tv = fa.permutation_tvd(run, ex, [0, loaded.arch.num_layers - 1], 3)
+    assert tv.shape == (2, 3) and (tv >= 0).all() and (tv <= 1).all()

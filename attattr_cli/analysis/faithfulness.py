@@ -1,7 +1,9 @@
 """Is it an explanation? Faithfulness tests of token importance (METHOD.md section 5).
 
-* Agreement (Jain & Wallace 2019): Kendall tau-b between a method's token scores and
-  leave-one-out, and between them and gradient norms, over each example's content tokens.
+* Agreement (Jain & Wallace 2019): Kendall tau-b over each example's content tokens
+  between a method's scores and leave-one-out (signed: the drop of the target
+  probability), between the magnitudes |score| and |LOO| (for two classes |LOO| is
+  Jain & Wallace's LOO, the TVD of the outputs), and between the scores and gradient norms.
 * Erasure (ERASER, DeYoung et al. 2020): with the top-k tokens of a method (k from the
   bins 1, 5, 10, 20, 50 % of the content tokens, k = max(1, ceil(q n))),
   comprehensiveness_q = p(x)_t - p(x without the top k)_t and
@@ -241,9 +243,12 @@ def load_for_store(store, model: str | None = None, device: str = "auto"):
 def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
     tok = loaded.tokenizer
     args = (stored.text_a,) if stored.text_b is None else (stored.text_a, stored.text_b)
-    enc = tok(*args, add_special_tokens=True)
-    ids = list(enc["input_ids"])
     stored_ids = [int(i) for i in stored.input_ids]
+    if stored.truncated:
+        enc = tok(*args, add_special_tokens=True, truncation=True, max_length=len(stored_ids))
+    else:
+        enc = tok(*args, add_special_tokens=True)
+    ids = list(enc["input_ids"])
     if ids[:len(stored_ids)] != stored_ids:
         raise StoreError(
             f"example {stored.index}: the tokenizer of this model does not give the stored tokens; "
@@ -312,9 +317,10 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                     scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
             content = ex.content
             row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
-                         "target": int(ex.target), "tau_loo": {}, "tau_grad": {}}
+                         "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
             for m in options.methods:
                 row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
+                row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]), np.abs(scores["loo"][content]))
                 row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
             er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
                                  {m: scores[m] for m in options.methods}, options.bins, options.fractions)
@@ -334,6 +340,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
     methods = {}
     for m in options.methods:
         tl = _mean_se([r["tau_loo"][m] for r in rows])
+        ta = _mean_se([r["tau_loo_abs"][m] for r in rows])
         tg = _mean_se([r["tau_grad"][m] for r in rows])
         comp = _mean_se([r["erasure"][m]["comprehensiveness"] for r in rows])
         suff = _mean_se([r["erasure"][m]["sufficiency"] for r in rows])
@@ -341,6 +348,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         methods[m] = {
             "description": METHODS[m],
             "tau_loo": tl[0], "tau_loo_se": tl[1], "tau_loo_n": tl[2],
+            "tau_loo_abs": ta[0], "tau_loo_abs_se": ta[1],
             "tau_grad": tg[0], "tau_grad_se": tg[1], "tau_grad_n": tg[2],
             "comprehensiveness": comp[0], "comprehensiveness_se": comp[1],
             "sufficiency": suff[0], "sufficiency_se": suff[1],
@@ -393,6 +401,7 @@ def report_rows(report: dict) -> list[dict]:
         rows.append({
             "method": m,
             "tau_loo": r["tau_loo"], "tau_loo_se": r["tau_loo_se"],
+            "tau_loo_abs": r["tau_loo_abs"], "tau_loo_abs_se": r["tau_loo_abs_se"],
             "tau_grad": r["tau_grad"], "tau_grad_se": r["tau_grad_se"],
             "aopc_comprehensiveness": r["comprehensiveness"], "aopc_sufficiency": r["sufficiency"],
             "deletion_auc": r["deletion_auc"], "examples": report["examples"],
@@ -417,10 +426,9 @@ def plot_report(report: dict, path: str | Path) -> None:
     a1.legend(fontsize=7)
     names = list(report["methods"])
     x = np.arange(len(names))
-    tl = [report["methods"][m]["tau_loo"] or 0 for m in names]
-    tg = [report["methods"][m]["tau_grad"] or 0 for m in names]
-    a2.bar(x - 0.2, tl, 0.4, label="tau with LOO")
-    a2.bar(x + 0.2, tg, 0.4, label="tau with grad")
+    for off, key, label in ((-0.27, "tau_loo", "tau with LOO"), (0.0, "tau_loo_abs", "tau of |score| with |LOO|"),
+                            (0.27, "tau_grad", "tau with grad")):
+        a2.bar(x + off, [report["methods"][m].get(key) or 0 for m in names], 0.27, label=label)
     a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
     a2.axhline(0, color="k", lw=0.5)
     a2.set_title("Kendall tau-b (mean over examples)")

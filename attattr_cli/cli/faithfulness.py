@@ -47,10 +47,11 @@ def _fmt(v, se=None) -> str:
 def _table(report: dict) -> Table:
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
                     f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
-    for col in ("method", "τ with LOO", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
+    for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
-        t.add_row(m, _fmt(r["tau_loo"], r["tau_loo_se"]), _fmt(r["tau_grad"], r["tau_grad_se"]),
+        t.add_row(m, _fmt(r["tau_loo"], r["tau_loo_se"]), _fmt(r["tau_loo_abs"], r["tau_loo_abs_se"]),
+                  _fmt(r["tau_grad"], r["tau_grad_se"]),
                   _fmt(r["comprehensiveness"]), _fmt(r["sufficiency"]), _fmt(r["deletion_auc"]))
     return t
 
@@ -91,7 +92,7 @@ def faithfulness(
     steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
     rule: str = typer.Option("right", "--rule", help="Quadrature rule of the attribution (with --model/--data)."),
     target: str = typer.Option("predicted", "--target", help="Class to explain: predicted, gold, a label name or index (with --model/--data)."),
-    logit: bool = typer.Option(False, "--logit/--prob", help="Explain the target's logit instead of its probability (gradients and attribution)."),
+    logit: bool = typer.Option(False, "--logit/--prob", help="Explain the target's logit instead of its probability (gradients and attribution; with --model/--data)."),
     erase: str = typer.Option("remove", "--erase", help="How a token is erased for LOO and the erasure metrics: remove (drop the word piece) or mask (the [MASK] token)."),
     permutations: int = typer.Option(20, "--permutations", help="Random permutations per example and layer for the permutation test (0: skip it)."),
     perm_layers: Optional[str] = typer.Option(None, "--perm-layers", help="Layers for the permutation test, e.g. 0,5 (default: all)."),
@@ -102,14 +103,11 @@ def faithfulness(
     truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
 ) -> None:
-    """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention
-    attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER).
+    """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER).
 
-    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC
-    comprehensiveness and sufficiency, deletion curves; and the permutation test of each layer's
-    attention (total variation distance of the outputs). Token importance is kept in the store.
-    Given a STORE it reads it (and its model); otherwise it first scores --model/--data (or, given
-    neither, the built-in default) into --store. Prints the report's path on stdout.
+    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC comprehensiveness and sufficiency, deletion curves; per layer, the permutation test of the attention (total variation distance of the outputs). Token importance is kept in the store.
+
+    Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
     with edge():
         chosen = check_methods(methods.split(","))
@@ -118,6 +116,11 @@ def faithfulness(
         for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
             if p is not None and p.suffix.lower() not in kinds:
                 raise OptionError(f"cannot tell the format of {p}: use one of {', '.join(kinds)}")
+        for p in (out_path, csv_path, plot):  # before any work, not after it
+            if p is not None and p.is_dir():
+                raise OptionError(f"{p} is a directory")
+            if p is not None and not p.parent.exists():
+                raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
         t0 = time.perf_counter()
         if store is None:
             from ..engine.run import ScoreRequest, score_to_store
@@ -159,8 +162,8 @@ def faithfulness(
             plot_report(report, tmp)
             os.replace(tmp, plot)
         if not quiet:
-            # a terminal's own width; 120 columns when stderr is a pipe or a log file
-            tables = err if err.is_terminal else Console(stderr=True, width=120, highlight=False, soft_wrap=True)
+            # a terminal's own width; 132 columns when stderr is a pipe or a log file
+            tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
             tables.print(_table(report))
             perm = _perm_table(report)
             if perm is not None:
