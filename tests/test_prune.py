@@ -89,6 +89,7 @@ def test_really_pruned_model_reloads_with_the_masked_logits(tmp_path, tiny_model
     assert (out / "model.safetensors").exists() and (out / "modeling_attattr_pruned.py").exists()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["attattr_kept_heads"] == kept
+    assert cfg["architectures"] == ["AttattrPrunedBertForSequenceClassification"]
     reloaded = AutoModelForSequenceClassification.from_pretrained(str(out), trust_remote_code=True).eval()
     assert reloaded.bert.encoder.layer[1].attention.self.query.weight.shape == (3 * 8, 32)
     assert reloaded.bert.encoder.layer[1].attention.output.dense.weight.shape == (32, 3 * 8)
