@@ -225,7 +225,7 @@ def test_importance_cli_store_and_model(tmp_path, tiny_store, tiny_model_dir):
     r = runner.invoke(app, ["importance", str(path), "--out", str(out), "--plot", str(tmp_path / "h.svg")])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(out)
-    assert "attr:" in r.stderr and "layer" in r.stderr
+    assert "attr:" in r.stderr and "L\\H" in r.stderr
     assert (tmp_path / "h.svg").read_text().lstrip().startswith("<?xml")
     r = runner.invoke(app, ["importance", "--model", str(tiny_model_dir), "--data", str(data), "--task", "sst2",
                             "--method", "taylor,random", "--seeds", "0,1,2", "--out", str(out), "-q"])

@@ -89,6 +89,7 @@ def test_really_pruned_model_reloads_with_the_masked_logits(tmp_path, tiny_model
     assert (out / "model.safetensors").exists() and (out / "modeling_attattr_pruned.py").exists()
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["attattr_kept_heads"] == kept
+    assert cfg["architectures"] == ["AttattrPrunedBertForSequenceClassification"]
     reloaded = AutoModelForSequenceClassification.from_pretrained(str(out), trust_remote_code=True).eval()
     assert reloaded.bert.encoder.layer[1].attention.self.query.weight.shape == (3 * 8, 32)
     assert reloaded.bert.encoder.layer[1].attention.output.dense.weight.shape == (32, 3 * 8)
@@ -144,6 +145,9 @@ def test_bad_importance_files_are_refused(tmp_path, tiny_model_dir, other_model_
     _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "junk.h5")]), "not an HDF5 importance file")
     _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "none.h5")]), "no such importance file")
     _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "other.h5"), "--keep", "0.5"]), "--save-model")
+    store = tmp_path / "default.h5"  # a store of the built-in model is not one of --model
+    assert runner.invoke(app, ["score", "--out", str(store), "--examples", "0:2", "--steps", "2", "-q"]).exit_code == 0
+    _one_line_error(runner.invoke(app, args + ["--effectiveness", str(store)]), "another model")
     assert out.read_text() == "{}"
 
 

@@ -269,7 +269,6 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
     pruned = prune_copy(model, kept)
     mt = model.config.model_type
     pruned.config.auto_map = {"AutoModelForSequenceClassification": f"modeling_attattr_pruned.{REMOTE_CLASSES[mt]}"}
-    pruned.config.architectures = [REMOTE_CLASSES[mt]]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
@@ -277,6 +276,9 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
 
         hf_logging.disable_progress_bar()
         pruned.save_pretrained(tmp, safe_serialization=True)
+        cfg = json.loads((tmp / "config.json").read_text())
+        cfg["architectures"] = [REMOTE_CLASSES[mt]]  # save_pretrained writes the in-memory class's name
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)

@@ -88,15 +88,18 @@ def importance(
         if plot is not None:
             from ..analysis.plots import importance_heatmaps
 
-            importance_heatmaps([t for t in written.tables.values() if not (t.method == "random" and t.seed not in (None, seed_list[0]))],
-                                plot, title=ident.model)
+            order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+            shown = [t for t in written.tables.values() if not (t.method == "random" and t.seed not in (None, min(
+                x.seed for x in written.tables.values() if x.method == "random")))]
+            importance_heatmaps(sorted(shown, key=lambda t: (order.get(t.method, 9), t.name)), plot, title=ident.model)
             err.print(f"plot: {plot}", markup=False)
         err.print(f"{out_path}: tables {', '.join(written.tables)} for {ident.describe()}", markup=False)
         out.print(str(out_path), markup=False)
 
 
 def heatmap(table):
-    """A rich table: layers as rows, heads as columns, the cell's colour its rank."""
+    """A rich table: layers as rows, heads as columns; each cell its value in % of the table's
+    largest |value|, coloured by its rank (red: least important, blue: most)."""
     import numpy as np
     from rich.table import Table as RichTable
     from rich.text import Text
@@ -104,16 +107,18 @@ def heatmap(table):
     v = np.asarray(table.values, float)
     L, H = v.shape
     order = v.ravel().argsort(kind="stable").argsort(kind="stable").reshape(L, H) / max(v.size - 1, 1)
-    rt = RichTable(title=f"{table.name}: {table.description}" + (f" ({len(table.examples)} examples)" if table.examples else ""),
-                   show_edge=False, pad_edge=False, padding=(0, 1))
-    rt.add_column("layer", justify="right")
+    top = float(np.abs(v).max()) or 1.0
+    rt = RichTable(title=f"{table.name}: {table.description}" + (f" ({len(table.examples)} examples)" if table.examples else "")
+                   + f"; cells in % of {top:.3g}", show_edge=False, pad_edge=False, padding=(0, 0), collapse_padding=True)
+    rt.add_column("L\\H", justify="right")
     for h in range(H):
-        rt.add_column(str(h), justify="right")
+        rt.add_column(str(h), justify="right", min_width=4)
     for layer in range(L):
         cells = []
         for h in range(H):
             r = order[layer, h]
             red, blue = int(255 * (1 - r)), int(255 * r)
-            cells.append(Text(f"{v[layer, h]:.2g}", style=f"black on rgb({80 + red * 2 // 3},{80 + min(red, blue) // 2},{80 + blue * 2 // 3})"))
+            cells.append(Text(f"{100 * v[layer, h] / top:4.0f}",
+                              style=f"black on rgb({80 + red * 2 // 3},{80 + min(red, blue) // 2},{80 + blue * 2 // 3})"))
         rt.add_row(str(layer), *cells)
     return rt

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -55,11 +54,9 @@ def prune(
     the heads really removed. Prints the CURVES.json path on stdout.
     """
     with edge():
-        import numpy as np
-
         from ..analysis import importance as imp
         from ..analysis import prune as pr
-        from ..engine.heads import Batches, logits_under
+        from ..engine.heads import Batches
         from ..errors import OptionError
 
         if importance_path is None and effectiveness is None:
