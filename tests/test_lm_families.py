@@ -381,3 +381,32 @@ def test_bart_no_hook_or_patch_survives_an_exception(make):
     assert attention._plan.get() is None and attention._owner.get() is None
     again = scorer.score(PAIR)
     assert again.families["cross"].attribution.shape[0] == 2
+
+
+def test_importance_and_prune_take_a_family_and_refuse_the_rest(bart_dir, gpt2_dir, sst2_small, tmp_path):
+    from attattr_cli.analysis import importance as imp
+
+    out = tmp_path / "bart.h5"
+    assert _run("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet",
+                "--out", out).exit_code == 0
+    r = _run("importance", out, "--family", "encoder", "--method", "attr,attention", "--out", tmp_path / "imp.h5", "-q")
+    assert r.exit_code == 0, r.output
+    got = imp.read(tmp_path / "imp.h5").tables["attr"].values
+    with Store(out) as s:
+        direct = np.mean([s.get(i, family="encoder").head_max for i in (0, 1)], axis=0)
+    assert got.shape == (2, 4) and np.allclose(got, direct)
+    for fam in ("decoder", "cross"):
+        r = _run("importance", out, "--family", fam, "--out", tmp_path / f"{fam}.h5", "-q")
+        assert r.exit_code != 0 and not (tmp_path / f"{fam}.h5").exists()
+        assert r.stderr.strip() == (f"Error: head importance and pruning work on self-attention and encoder heads; the {fam}"
+                                    " family of an encoder-decoder model is not supported (use --family encoder)")
+    r = _run("importance", out, "--family", "self", "--out", tmp_path / "x.h5", "-q")
+    assert r.stderr.strip().endswith("has no attention family 'self'; it has: encoder, decoder, cross")
+    lm = tmp_path / "lm.h5"
+    assert _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2 w3", "--keep", "sum", "--steps", "2", "--quiet",
+                "--out", lm).exit_code == 0
+    r = _run("importance", lm, "--method", "attention", "--out", tmp_path / "lm_imp.h5", "-q")
+    assert r.exit_code != 0 and "keeps no per-head attention maps" in r.stderr
+    r = _run("importance", lm, "--method", "attr", "--out", tmp_path / "lm_imp.h5", "-q")
+    assert r.exit_code == 0, r.output
+    assert imp.read(tmp_path / "lm_imp.h5").tables["attr"].values.shape == (2, 4)

@@ -107,9 +107,30 @@ def parse_methods(spec: str, allowed: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+MASKABLE_FAMILIES = ("self", "encoder")
+
+
+def store_family(store, family: str | None = None) -> str:
+    """The attention family importance reads from ``store``: ``family`` if given, else the
+    store's first. Head importance ranks heads attattr can mask and prune, so only
+    self-attention (encoder-only and decoder-only models) and the encoder family of an
+    encoder-decoder model are accepted."""
+    have = store.families()
+    name = family or (have[0] if have else "self")
+    if have and name not in have:
+        raise StoreError(f"{store.path} has no attention family '{name}'; it has: {', '.join(have)}")
+    if name not in MASKABLE_FAMILIES:
+        raise OptionError(
+            f"head importance and pruning work on self-attention and encoder heads; the {name} family of an"
+            " encoder-decoder model is not supported (use --family encoder)")
+    return name
+
+
 def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = None,
-               progress: Progress | None = None) -> tuple[Identity, list[Table]]:
-    """attr / attention tables averaged over the store's examples (or the given indices)."""
+               progress: Progress | None = None, family: str | None = None) -> tuple[Identity, list[Table]]:
+    """attr / attention tables averaged over the store's examples (or the given indices),
+    for one attention family (see :func:`store_family`)."""
+    family = store_family(store, family)
     prov = store.provenance
     fp = store.fingerprint
     ident = Identity(str(fp.get("weights_sha256", prov.get("weights_sha256", ""))), str(prov.get("model", "")),
@@ -124,13 +145,17 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
     L, H = ident.num_layers, ident.num_heads
     sums = {m: np.zeros((L, H), np.float64) for m in methods}
     for k, i in enumerate(idx):
-        e = store.get(i, arrays="attention" in methods)
+        e = store.get(i, arrays="attention" in methods, family=family)
         if "attr" in methods:
             if list(e.layers) != list(range(L)):
                 raise StoreError(
                     f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score without --layers)")
             sums["attr"] += np.asarray(e.head_max, np.float64)
         if "attention" in methods:
+            if e.attention is None or np.ndim(e.attention) != 4:
+                raise StoreError(
+                    f"{store.path} keeps no per-head attention maps (scored with --keep sum or none);"
+                    " the attention method needs them: score with --keep maps, or use --method attr")
             sums["attention"] += np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
         if progress:
             progress(k + 1, len(idx), f"example {i}")

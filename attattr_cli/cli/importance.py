@@ -36,6 +36,7 @@ def importance(
     no_normalize: bool = typer.Option(False, "--no-normalize", help="Taylor: keep the raw values (default: unit L2 norm per layer, as Michel et al.)."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
     truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
+    family: Optional[str] = typer.Option(None, "--family", help="With a STORE of an encoder-decoder model: the attention family (encoder; decoder and cross heads cannot be masked, so they are refused). Default: the store's first."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the tables as heatmaps into FILE.png or FILE.svg."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no heatmap."),
 ) -> None:
@@ -60,8 +61,11 @@ def importance(
                 chosen = parse_int_list(examples, "--examples") if examples else None
                 wanted = [m for m in methods if m in imp.STORE_METHODS]
                 with progress_bar("importance", quiet) as bar:
-                    ident, tables = imp.from_store(st, wanted, chosen, bar)
+                    ident, tables = imp.from_store(st, wanted, chosen, bar, family=family)
         else:
+            if family is not None:
+                raise OptionError("--family goes with a STORE; with --model, Taylor importance covers the heads"
+                                  " attattr masks (self-attention, or the encoder of an encoder-decoder model)")
             methods = imp.parse_methods(method or "taylor,random", imp.MODEL_METHODS)
             if "taylor" in methods:
                 loaded, task_obj, picked, label_map, _ = load_model_data(model, data, task, examples, device)

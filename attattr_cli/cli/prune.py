@@ -147,10 +147,16 @@ def _effectiveness(loaded, store_path, all_examples, picked, label_map, ks, batc
         L, H = loaded.arch.num_layers, loaded.arch.num_heads
         attr = np.zeros((len(idx), L, H))
         attn = np.zeros((len(idx), L, H))
+        from ..analysis.importance import store_family
+
+        family = store_family(st)  # self or encoder: the heads attattr can mask
         for n, i in enumerate(idx):
-            e = st.get(i)
+            e = st.get(i, family=family)
             if list(e.layers) != list(range(L)):
                 raise StoreError(f"{store_path} scored layers {e.layers}; the effectiveness analysis needs every layer")
+            if e.attention is None or np.ndim(e.attention) != 4:
+                raise StoreError(f"{store_path} keeps no per-head attention maps (scored with --keep sum or none);"
+                                 " the effectiveness analysis needs them: score with --keep maps")
             attr[n] = e.head_max
             attn[n] = np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
     by_index = {e.index: e for e in all_examples}
