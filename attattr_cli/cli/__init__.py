@@ -14,10 +14,8 @@ from .import_json import import_json
 from .finetune import finetune
 from .importance import importance
 from .prune import prune
-
 from .triggers import triggers
 from .attack import attack
-
 from .faithfulness import faithfulness
 
 app = typer.Typer(
@@ -35,10 +33,8 @@ app.command("import-json")(import_json)
 app.command("finetune")(finetune)
 app.command("importance")(importance)
 app.command("prune")(prune)
-
 app.command("triggers")(triggers)
 app.command("attack")(attack)
-
 app.command("faithfulness")(faithfulness)
 app.add_typer(demo.app, name="demo")
 
