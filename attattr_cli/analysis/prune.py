@@ -22,7 +22,6 @@ import copy
 import json
 import math
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import ModelError, OptionError
+from ..fileio import swap_dir_in, temp_dir_for
 from .importance import ImportanceFile
 
 Progress = Callable[[int, int, str], None]
@@ -269,8 +269,7 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
     pruned = prune_copy(model, kept)
     mt = model.config.model_type
     pruned.config.auto_map = {"AutoModelForSequenceClassification": f"modeling_attattr_pruned.{REMOTE_CLASSES[mt]}"}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir_for(out)
     try:
         from transformers.utils import logging as hf_logging
 
@@ -283,13 +282,7 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
             tokenizer.save_pretrained(tmp)
         shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)
         (tmp / "PRUNING.json").write_text(json.dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{int(time.time())}"
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

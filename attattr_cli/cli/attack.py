@@ -12,7 +12,7 @@ from rich.table import Table
 from ..analysis.attack import from_document, run_attack
 from ..analysis.triggers import load_triggers
 from .common import edge, err, out, progress_bar
-from .triggers import write_atomic
+from ..fileio import write_atomic
 
 
 def _pct(x) -> str:

@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -18,24 +17,9 @@ from rich.table import Table
 from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
 from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 from ..errors import OptionError
+from ..fileio import write_atomic
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file in the same folder, then rename over ``path``."""
-    if path.is_dir():
-        raise OptionError(f"{path} is a directory")
-    if not path.parent.exists():
-        raise OptionError(f"cannot write {path}: the folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _fmt(v, se=None) -> str:
@@ -154,9 +138,9 @@ def faithfulness(
             report = evaluate_store(store, fopts, model=model_for_store, device=device, progress=bar)
         report["seconds"] = round(time.perf_counter() - t0, 2)
         report["command"] = command_line()
-        _atomic_write(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
+        write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         if csv_path is not None:
-            _atomic_write(csv_path, _csv(report))
+            write_atomic(csv_path, _csv(report))
         if plot is not None:
             tmp = plot.with_name(f".{plot.stem}.tmp{plot.suffix}")
             plot_report(report, tmp)

@@ -2,29 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from ..fileio import write_json
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
 from .importance import load_model_data
 
-
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2)
-            fh.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def prune(
@@ -89,7 +75,7 @@ def prune(
             _report_effectiveness(result["effectiveness"])
         if save_model is not None:
             result["pruned_model"] = _save(loaded, imp_file, keep, keep_method, save_model, batches)
-        _write_json(out_path, result)
+        write_json(out_path, result, make_parents=True)
         if plot is not None:
             from ..analysis.plots import prune_figure
 
@@ -183,8 +169,8 @@ def _save(loaded, imp_file, keep, keep_method, save_model, batches) -> dict:
     values = imp_file.tables[name].values
     kept = pr.kept_heads(values, keep)
     pr.check_sliceable(loaded.model)
-    pruned = pr.save_pruned(loaded.model, loaded.tokenizer, kept, save_model,
-                            extra={"keep": keep, "method": name, "importance": imp_file.path})
+    pr.save_pruned(loaded.model, loaded.tokenizer, kept, save_model,
+                   extra={"keep": keep, "method": name, "importance": imp_file.path})
     reloaded = pr.load_pruned(save_model).to(next(loaded.model.parameters()).device)
     mask = pr.mask_at(values, 1 - keep)
     masked = logits_under(loaded, batches, mask)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 from typing import Optional
@@ -12,29 +11,10 @@ import typer
 
 from ..analysis.triggers import RANKINGS, aggregate, patterns_from_store, select, triggers_csv, triggers_document
 from ..errors import OptionError
+from ..fileio import write_atomic
 from ..store import Store
 from .common import command_line, edge, err, out, progress_bar
 
-
-def write_atomic(path: Path, data: str) -> None:
-    """Write through a temporary file in the same folder and rename: an existing file is
-    replaced whole or not at all."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.exists():
-        raise OptionError(f"cannot write {path}: the folder {folder} does not exist")
-    if path.is_dir():
-        raise OptionError(f"cannot write {path}: it is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OptionError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def _select_by_length(model, data, task, examples, min_tokens, limit, device, dtype):

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ import torch
 
 from ..data.types import Example
 from ..errors import DataError, ModelError, OptionError
+from ..fileio import swap_dir_in, temp_dir_for
 
 Progress = Callable[[int, int, str], None]
 
@@ -137,19 +137,12 @@ def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> N
         raise OptionError(f"--out {out} is a file; give a folder to write the model to")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise OptionError(f"--out {out} exists and is not empty; it was left as it is (pass --overwrite or choose another)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp = temp_dir_for(out)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "FINETUNE.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
-        old = None
-        if out.exists():
-            old = out.parent / f".{out.name}.old-{int(time.time())}"
-            out.rename(old)
-        tmp.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
