@@ -327,13 +327,15 @@ def _strings(ds) -> list[str]:
 class Store(_OpenFile):
     """Read-only view of a store. Use as a context manager or call ``close()``."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, _mode: str = "r"):
         self.path = Path(path)
         if not self.path.exists():
             raise StoreError(f"no such store: {self.path}")
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
-        self.f = _open(self.path, "r")
+        if _mode != "r" and not h5py.is_hdf5(self.path):  # never let h5py touch a file it cannot read
+            raise StoreError(f"{self.path} is not a readable HDF5 store; it was left as it is")
+        self.f = _open(self.path, _mode)
         try:
             _check_schema(self.f, self.path)
         except BaseException:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import StoreError
 from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
-from .store import Store, _check_schema, _now, _open
+from .store import Store, _now
 
 GROUP = "token_importance"
 
@@ -52,21 +52,7 @@ class TokenImportanceStore(Store):
     """A store opened for reading examples and adding token importance vectors."""
 
     def __init__(self, path: str | os.PathLike):
-        from pathlib import Path
-
-        self.path = Path(path)
-        if not self.path.exists():
-            raise StoreError(f"no such store: {self.path}")
-        if self.path.is_dir():
-            raise StoreError(f"{self.path} is a directory, not a store")
-        if not h5py.is_hdf5(self.path):
-            raise StoreError(f"{self.path} is not a readable HDF5 store; it was left as it is")
-        self.f = _open(self.path, "r+")
-        try:
-            _check_schema(self.f, self.path)
-        except BaseException:
-            self.f.close()
-            raise
+        super().__init__(path, _mode="r+")
 
     def stored(self, index: int, method: str, params: dict) -> np.ndarray | None:
         """The stored vector when it was made with ``params``; None when absent.
