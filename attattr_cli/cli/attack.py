@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..analysis.attack import from_document, run_attack
 from ..analysis.triggers import load_triggers
-from .common import edge, err, out, progress_bar
+from .common import TASK_HELP, edge, err, out, progress_bar
 from ..fileio import write_atomic
 
 
@@ -24,7 +24,7 @@ def attack(
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="Result JSON (default: stdout)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL to attack (default: the built-in synthetic held-out set); only read."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges to attack, e.g. 0:500 (default: all)."),
     top: int = typer.Option(3, "--top", "-k", help="Use the K best triggers (of each class if the file was made with --per-class)."),
     controls: Optional[int] = typer.Option(None, "--controls", help="Random-token controls, each mirroring a trigger's layout (default: one per trigger)."),

@@ -11,10 +11,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..data.tasks import TASKS
 from ..errors import AttattrError, OptionError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
+
+# --task's help in every command, from the task registry (a new preset shows up everywhere)
+TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
 
 
 @contextlib.contextmanager

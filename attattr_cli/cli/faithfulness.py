@@ -18,7 +18,7 @@ from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_re
 from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 from ..errors import OptionError
 from ..fileio import write_atomic
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 
@@ -69,7 +69,7 @@ def faithfulness(
     out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the store's model, or the built-in default)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:200 (default: all)."),
     methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated token importance methods: " + ", ".join(METHODS) + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),

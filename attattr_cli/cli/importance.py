@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def load_model_data(model, data, task, examples, device="auto"):
@@ -29,7 +29,7 @@ def importance(
     method: Optional[str] = typer.Option(None, "--method", help="attr, attention (from STORE), taylor, random (from --model/--data); a comma list (default: attr,attention with a store, taylor,random without)."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Examples to average over, e.g. 0:200 (data rows; store indices with a STORE). Default: all."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Seeds of the random tables (one table random-SEED each)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples per forward/backward pass (taylor)."),

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ..fileio import write_json
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 from .importance import load_model_data
 
 
@@ -18,7 +18,7 @@ def prune(
     importance_path: Optional[Path] = typer.Option(None, "--importance", "-i", help="Importance file from attattr importance: one curve per method in it."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Evaluation TSV, CSV or JSONL (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Evaluation rows, e.g. 0:500 (default: all)."),
     rates: str = typer.Option("0:1:0.1", "--rates", help="Fractions of all heads to prune: start:stop:step (stop included) or a list."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Only these methods of the importance file (comma list; default: all)."),

@@ -13,14 +13,14 @@ from ..engine.integrate import RULES
 from ..engine.run import ScoreRequest, score_to_store
 from ..engine.score import ScoreOptions
 from ..errors import OptionError
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def score(
     out_path: Path = typer.Option(..., "--out", "-o", help="HDF5 store to write; an existing store is resumed."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT, or the task's preset model)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set, or the task's hub dev split)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:100 or 3,7,9 (default: all)."),
     steps: int = typer.Option(20, "--steps", help="Integration steps m."),
     rule: str = typer.Option("right", "--rule", help="Quadrature: " + "; ".join(f"{k}: {v}" for k, v in RULES.items()) + "."),

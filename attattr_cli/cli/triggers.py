@@ -13,7 +13,7 @@ from ..analysis.triggers import RANKINGS, aggregate, patterns_from_store, select
 from ..errors import OptionError
 from ..fileio import write_atomic
 from ..store import Store
-from .common import command_line, edge, err, out, progress_bar
+from .common import TASK_HELP, command_line, edge, err, out, progress_bar
 
 
 
@@ -55,7 +55,7 @@ def triggers(
     limit: Optional[int] = typer.Option(None, "--limit", help="On the fly: score only the first N selected examples that pass --min-tokens."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Score on the fly with this model (default: the built-in synthetic-task BERT)."),
     data: Optional[str] = typer.Option(None, "--data", "-d", help="Score on the fly on this TSV, CSV or JSONL (default: the built-in synthetic set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help="Task preset: sst2, mnli, rte, mrpc, snli, qnli, synthetic."),
+    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges to score, e.g. 0:500 (default: all)."),
     steps: int = typer.Option(20, "--steps", help="Integration steps when scoring on the fly."),
     keep_store: Optional[Path] = typer.Option(None, "--store", help="On the fly: score into this store (kept, and resumed if it exists) instead of a temporary one."),
