@@ -23,8 +23,9 @@ def tokenizer(tmp_path_factory):
     return BertTokenizerFast(str(d / "vocab.txt"), model_max_length=48)
 
 
-def build_model(kind: str, dtype=torch.float32, num_labels: int = 3, layers: int = 3):
-    """A tiny, randomly initialised sequence classifier of the given family."""
+def build_model(kind: str, dtype=torch.float32, num_labels: int = 3, layers: int = 3, lm: bool = False):
+    """A tiny, randomly initialised sequence classifier of the given family (gpt2 and llama
+    with ``lm``: the causal language model instead; bart: an encoder-decoder classifier)."""
     import transformers as tf
 
     torch.manual_seed(0)
@@ -50,12 +51,18 @@ def build_model(kind: str, dtype=torch.float32, num_labels: int = 3, layers: int
     elif kind == "gpt2":
         cfg = tf.GPT2Config(vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=48,
                             bos_token_id=2, eos_token_id=3, **common)
-        model = tf.GPT2ForSequenceClassification(cfg)
+        model = tf.GPT2LMHeadModel(cfg) if lm else tf.GPT2ForSequenceClassification(cfg)
     elif kind == "llama":
         cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
                              num_key_value_heads=2, intermediate_size=37, max_position_embeddings=48,
                              bos_token_id=2, eos_token_id=3, **common)
-        model = tf.LlamaForSequenceClassification(cfg)
+        model = tf.LlamaForCausalLM(cfg) if lm else tf.LlamaForSequenceClassification(cfg)
+    elif kind == "bart":
+        cfg = tf.BartConfig(vocab_size=vocab, d_model=32, encoder_layers=layers, decoder_layers=layers,
+                            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
+                            decoder_ffn_dim=37, max_position_embeddings=48, pad_token_id=0, bos_token_id=2,
+                            eos_token_id=3, decoder_start_token_id=3, forced_eos_token_id=None, **common)
+        model = tf.BartForSequenceClassification(cfg)
     else:
         raise ValueError(kind)
     # random init leaves the classifier nearly uniform; spread it so gradients are not tiny

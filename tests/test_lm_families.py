@@ -21,6 +21,7 @@ from attattr_cli.engine.score import Scorer, ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from attattr_cli.models.loading import prepare
 from attattr_cli.store import Store
+from conftest import build_model
 from slow_reference import slow_attribution
 
 PAIR = Example(0, "w1 w2 w3 w4 w5", "w6 w7 w8", label=1)
@@ -29,32 +30,13 @@ runner = CliRunner()
 
 
 def build(kind: str, dtype=torch.float64, layers: int = 2):
-    import transformers as tf
-
-    torch.manual_seed(0)
+    """conftest's tiny models: BART as a two-class classifier, GPT-2 and Llama (rotary
+    positions, 4 query heads sharing 2 key/value heads) as causal LMs."""
+    model = build_model(kind, dtype, num_labels=2, layers=layers, lm=kind != "bart")
     if kind == "bart":
-        cfg = tf.BartConfig(vocab_size=45, d_model=32, encoder_layers=layers, decoder_layers=layers,
-                            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
-                            decoder_ffn_dim=37, max_position_embeddings=48, pad_token_id=0, bos_token_id=2,
-                            eos_token_id=3, decoder_start_token_id=3, forced_eos_token_id=None, num_labels=2)
-        model = tf.BartForSequenceClassification(cfg)
         model.config.id2label = {0: "negative", 1: "positive"}
         model.config.label2id = {"negative": 0, "positive": 1}
-    elif kind == "gpt2":
-        cfg = tf.GPT2Config(vocab_size=45, n_embd=32, n_layer=layers, n_head=4, n_positions=48,
-                            bos_token_id=2, eos_token_id=3)
-        model = tf.GPT2LMHeadModel(cfg)
-    elif kind == "llama":  # rotary positions, 4 query heads sharing 2 key/value heads
-        cfg = tf.LlamaConfig(vocab_size=45, hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
-                             num_key_value_heads=2, intermediate_size=37, max_position_embeddings=48,
-                             bos_token_id=2, eos_token_id=3)
-        model = tf.LlamaForCausalLM(cfg)
-    else:
-        raise ValueError(kind)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(1.5)
-    return model.to(dtype).eval()
+    return model
 
 
 @pytest.fixture
@@ -229,20 +211,21 @@ def test_auto_micro_batching_and_oom_back_off(make, monkeypatch):
 
 
 # -- the store and the commands ------------------------------------------------------------
-@pytest.fixture
-def bart_dir(tmp_path, tokenizer):
-    d = tmp_path / "bart"
-    build("bart", torch.float32).save_pretrained(d)
+def _saved(kind, tmp_path, tokenizer):
+    d = tmp_path / kind
+    build(kind, torch.float32).save_pretrained(d)
     tokenizer.save_pretrained(d)
     return d
+
+
+@pytest.fixture
+def bart_dir(tmp_path, tokenizer):
+    return _saved("bart", tmp_path, tokenizer)
 
 
 @pytest.fixture
 def gpt2_dir(tmp_path, tokenizer):
-    d = tmp_path / "gpt2"
-    build("gpt2", torch.float32).save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return _saved("gpt2", tmp_path, tokenizer)
 
 
 def _run(*args):
