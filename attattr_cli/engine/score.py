@@ -12,6 +12,7 @@ is ever built.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -205,6 +206,8 @@ class Scorer:
             self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
             self._fixed_target = self._parse_target(options.target)
         self.alphas, self.weights = nodes(options.rule, options.steps)
+        # LMs that can run only the needed positions through their head (checked once, not per pass)
+        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.last_step_batch = 0
         self._chunk_limit: int | None = None  # lowered by the out-of-memory back-off, kept for later examples
         self._warned_oom = False
@@ -323,14 +326,9 @@ class Scorer:
             inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:
             inputs["use_cache"] = False  # no key/value cache at batch m
-        if enc.lm_positions is not None and self._takes_logits_to_keep():
+        if enc.lm_positions is not None and self._takes_logits_to_keep:
             inputs["logits_to_keep"] = torch.tensor(enc.lm_positions, device=self.device)
         return inputs
-
-    def _takes_logits_to_keep(self) -> bool:
-        import inspect
-
-        return "logits_to_keep" in inspect.signature(self.model.forward).parameters
 
     def _logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
         """The model's logits: [batch, labels] for classifiers, [batch, kept positions, vocab]
