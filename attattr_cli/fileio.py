@@ -3,6 +3,7 @@ not at all, a model folder is swapped in only once complete."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -11,6 +12,24 @@ import time
 from pathlib import Path
 
 from .errors import OptionError
+
+
+@contextlib.contextmanager
+def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool = True):
+    """Yield a fresh temporary path beside ``path`` to write the result to; when the block
+    ends without error it is renamed over ``path``, otherwise removed (``path`` untouched).
+    ``suffix`` keeps a file name extension for writers that read it (matplotlib)."""
+    path = Path(path)
+    if make_parents:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool = False) -> None:
@@ -23,20 +42,14 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
         raise OptionError(f"cannot write {path}: the folder {folder} does not exist")
     if path.is_dir():
         raise OptionError(f"cannot write {path}: it is a directory")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
-        if isinstance(data, str):
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-                fh.write(data)
-        else:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-        os.replace(tmp, path)
+        with replaced(path, make_parents=False) as tmp:
+            if isinstance(data, str):
+                tmp.write_text(data, encoding="utf-8", newline="")
+            else:
+                tmp.write_bytes(data)
     except OSError as exc:
         raise OptionError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def write_json(path: str | os.PathLike, obj, indent: int = 2, make_parents: bool = False, **dump) -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -43,6 +42,7 @@ import torch
 from .. import __version__
 from ..data.types import Example
 from ..errors import OptionError, StoreError
+from ..fileio import replaced
 
 SCHEMA = "attattr.importance"
 SCHEMA_VERSION = "1.0"
@@ -274,11 +274,8 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
         if t.values.shape != (identity.num_layers, identity.num_heads):
             raise StoreError(f"table '{t.name}' has shape {t.values.shape}, the model {identity.num_layers} x {identity.num_heads}")
         merged[t.name] = t
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
     now = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    try:
+    with replaced(p) as tmp:
         with h5py.File(tmp, "w") as f:
             f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "attattr_version": __version__,
                             "created": now, "weights_sha256": identity.weights_sha256, "model": identity.model,
@@ -291,10 +288,6 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
                 d.attrs.update({"method": t.method, "seed": -1 if t.seed is None else int(t.seed),
                                 "source": t.source, "n_examples": len(t.examples), "description": t.description})
                 ge.create_dataset(t.name, data=np.asarray(t.examples, np.int64))
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return ImportanceFile(str(p), identity, merged)
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from ..errors import OptionError
+from ..fileio import replaced
 
 FORMATS = (".png", ".svg", ".pdf")
 COLORS = {"attr": "tab:blue", "taylor": "tab:green", "attention": "tab:red", "random": "tab:gray"}
@@ -31,15 +30,9 @@ def _save(fig, path: str | Path) -> None:
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise OptionError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=path.suffix, dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=150, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        with replaced(path, suffix=path.suffix) as tmp:
+            fig.savefig(tmp, dpi=150, bbox_inches="tight")
     finally:
         import matplotlib.pyplot as plt
 

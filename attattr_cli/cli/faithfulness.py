@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import time
 from pathlib import Path
 from typing import Optional
@@ -17,7 +16,7 @@ from rich.table import Table
 from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
 from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 from ..errors import OptionError
-from ..fileio import write_atomic
+from ..fileio import replaced, write_atomic
 from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 
 
@@ -142,9 +141,8 @@ def faithfulness(
         if csv_path is not None:
             write_atomic(csv_path, _csv(report))
         if plot is not None:
-            tmp = plot.with_name(f".{plot.stem}.tmp{plot.suffix}")
-            plot_report(report, tmp)
-            os.replace(tmp, plot)
+            with replaced(plot, suffix=plot.suffix) as tmp:
+                plot_report(report, tmp)
         if not quiet:
             # a terminal's own width; 132 columns when stderr is a pipe or a log file
             tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
