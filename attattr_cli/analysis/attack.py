@@ -37,6 +37,7 @@ import torch
 
 from ..data.types import Example
 from ..errors import DataError, OptionError
+from ..engine.batching import pad_rows
 from ..models.loading import LoadedModel, align_labels
 
 FORMAT = "attattr.attack"
@@ -251,20 +252,15 @@ def predict(loaded: LoadedModel, variants: Sequence[Variant], batch_size: int = 
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             chunk = order[start:start + batch_size]
-            width = max(len(variants[i].ids) for i in chunk)
-            ids = torch.full((len(chunk), width), int(pad), dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            types = torch.zeros((len(chunk), width), dtype=torch.long)
-            for r, i in enumerate(chunk):
+            with_types = variants[chunk[0]].types is not None
+            rows = []
+            for i in chunk:
                 v = variants[i]
-                ids[r, :len(v.ids)] = torch.tensor(v.ids)
-                mask[r, :len(v.ids)] = 1
-                if v.types is not None:
-                    types[r, :len(v.ids)] = torch.tensor(v.types)
-            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-            if variants[chunk[0]].types is not None:
-                inputs["token_type_ids"] = types.to(device)
-            logits = model(**inputs).logits
+                row = {"input_ids": v.ids, "attention_mask": [1] * len(v.ids)}
+                if with_types:
+                    row["token_type_ids"] = v.types if v.types is not None else [0] * len(v.ids)
+                rows.append(row)
+            logits = model(**pad_rows(rows, int(pad), device)).logits
             preds[chunk] = logits.argmax(-1).cpu().numpy()
             if progress is not None:
                 progress(len(chunk))

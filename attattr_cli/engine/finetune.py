@@ -25,6 +25,7 @@ import torch
 from ..data.types import Example
 from ..errors import DataError, ModelError, OptionError
 from ..fileio import swap_dir_in, temp_dir_for
+from .batching import pad_rows
 
 Progress = Callable[[int, int, str], None]
 
@@ -101,15 +102,6 @@ def _encode(tokenizer, examples: Sequence[Example], max_length: int) -> list[dic
     return [{k: enc[k][i] for k in keys} for i in range(len(examples))]
 
 
-def _collate(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    width = max(len(r["input_ids"]) for r in rows)
-    batch = {}
-    for k in rows[0]:
-        fill = pad_id if k == "input_ids" else 0
-        batch[k] = torch.tensor([r[k] + [fill] * (width - len(r[k])) for r in rows], dtype=torch.long)
-    return batch
-
-
 def evaluate(model, tokenizer, examples: Sequence[Example], max_length: int = 128, batch_size: int = 128,
              progress: Progress | None = None) -> tuple[float, list[int]]:
     """Accuracy over the examples with a gold label, and the predicted index of every example."""
@@ -121,7 +113,7 @@ def evaluate(model, tokenizer, examples: Sequence[Example], max_length: int = 12
     dev = next(model.parameters()).device
     with torch.no_grad():
         for s in range(0, len(rows), batch_size):
-            batch = {k: v.to(dev) for k, v in _collate(rows[s:s + batch_size], pad).items()}
+            batch = {k: v.to(dev) for k, v in pad_rows(rows[s:s + batch_size], pad).items()}
             preds.extend(model(**batch).logits.argmax(-1).tolist())
             if progress:
                 progress(min(s + batch_size, len(rows)), len(rows), "eval")
@@ -227,7 +219,7 @@ def finetune(
                 if step >= total:
                     break
                 idx = order[s:s + opt.batch_size]
-                batch = _collate([rows[i] for i in idx], pad)
+                batch = pad_rows([rows[i] for i in idx], pad)
                 loss = torch.nn.functional.cross_entropy(model(**batch).logits, labels[idx])
                 optim.zero_grad(set_to_none=True)
                 loss.backward()

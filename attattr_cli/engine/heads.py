@@ -17,6 +17,7 @@ import torch
 from ..data.types import Example
 from ..errors import DataError
 from . import attention
+from .batching import pad_rows
 
 Progress = Callable[[int, int, str], None]
 
@@ -65,12 +66,7 @@ class Batches:
         self.batches: list[Batch] = []
         for s in range(0, len(rows), batch_size):
             chunk = rows[s:s + batch_size]
-            width = max(len(r[1]["input_ids"]) for r in chunk)
-            inputs = {}
-            for k in chunk[0][1]:
-                fill = pad if k == "input_ids" else 0
-                inputs[k] = torch.tensor([r[1][k] + [fill] * (width - len(r[1][k])) for r in chunk],
-                                         dtype=torch.long, device=self.device)
+            inputs = pad_rows([r[1] for r in chunk], pad, self.device)
             self.batches.append(Batch([r[0] for r in chunk], inputs,
                                       torch.tensor([r[2] for r in chunk], device=self.device)))
 
