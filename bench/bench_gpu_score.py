@@ -27,7 +27,8 @@ from slow_reference import slow_attribution  # noqa: E402
 
 from attattr_cli.data.types import Example  # noqa: E402
 from attattr_cli.engine.integrate import nodes  # noqa: E402
-from attattr_cli.engine.score import Scorer, ScoreOptions  # noqa: E402
+from attattr_cli.engine.scorer import Scorer  # noqa: E402
+from attattr_cli.engine.options import ScoreOptions  # noqa: E402
 from attattr_cli.models.loading import prepare  # noqa: E402
 from attattr_cli.ops import select_backend  # noqa: E402
 

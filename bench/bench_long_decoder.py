@@ -76,7 +76,9 @@ def child(method: str, n: int, examples: int, steps: int, gpu: bool, dtype: str,
 
     from attattr_cli.data.types import Example
     from attattr_cli.engine.integrate import nodes
-    from attattr_cli.engine.score import Encoded, Scorer, ScoreOptions
+    from attattr_cli.engine.encoding import Encoded
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.models.loading import prepare
 
     device = torch.device("cuda" if gpu else "cpu")

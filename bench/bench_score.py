@@ -28,7 +28,8 @@ from slow_reference import slow_attribution  # noqa: E402
 
 from attattr_cli.data import get_task, load_examples  # noqa: E402
 from attattr_cli.engine.integrate import nodes  # noqa: E402
-from attattr_cli.engine.score import Scorer, ScoreOptions  # noqa: E402
+from attattr_cli.engine.scorer import Scorer  # noqa: E402
+from attattr_cli.engine.options import ScoreOptions  # noqa: E402
 from attattr_cli.models.loading import prepare  # noqa: E402
 
 

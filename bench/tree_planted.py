@@ -18,7 +18,7 @@ from pathlib import Path
 from attattr_cli.analysis.planted import planted_positions
 from attattr_cli.analysis.tree import has_path, tree_for_example
 from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.store import Store
 
 

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from attattr_cli.cli import app
 from attattr_cli.engine import distributed
 from attattr_cli.engine.run import ScoreRequest, prepare_run, score_into, score_to_store
-from attattr_cli.engine.score import Scorer, ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DistributedError, ResourceError
 from attattr_cli.store import Store
 from attattr_cli.store.schema import SHARD_EXAMPLES

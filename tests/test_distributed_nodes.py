@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from attattr_cli.cli import app
 from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 from test_distributed import STEPS, assert_same_examples
 from torchrun_util import ROOT
 

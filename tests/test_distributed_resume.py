@@ -9,7 +9,7 @@ import pytest
 
 from attattr_cli.engine import distributed
 from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.store import Store
 from attattr_cli.store.schema import SHARD_EXAMPLES
 from test_distributed import STEPS, assert_same_examples

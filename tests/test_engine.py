@@ -8,7 +8,8 @@ import torch
 from attattr_cli.data.types import Example
 from attattr_cli.engine import attention
 from attattr_cli.engine.integrate import nodes
-from attattr_cli.engine.score import Scorer, ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from slow_reference import slow_attribution
 

@@ -156,7 +156,7 @@ def test_taylor_equals_a_direct_computation(tiny_model_dir, sst2_small):
 @pytest.fixture(scope="module")
 def tiny_store(tmp_path_factory, tiny_model_dir):
     from attattr_cli.engine.run import ScoreRequest, score_to_store
-    from attattr_cli.engine.score import ScoreOptions
+    from attattr_cli.engine.options import ScoreOptions
 
     d = tmp_path_factory.mktemp("store")
     data = d / "small.tsv"

@@ -15,9 +15,10 @@ from typer.testing import CliRunner
 
 from attattr_cli.cli import app
 from attattr_cli.data.types import Example
-from attattr_cli.engine import score as score_mod
+from attattr_cli.engine import memory as memory_mod, options as options_mod
 from attattr_cli.engine.integrate import nodes
-from attattr_cli.engine.score import Scorer, ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from attattr_cli.models.loading import prepare
 from attattr_cli.store import Store
@@ -178,7 +179,7 @@ def test_keep_sum_none_and_top_k_agree_with_maps(make):
 def test_keep_auto_switches_to_sum_above_the_limit(make, monkeypatch):
     loaded = make("gpt2")
     assert Scorer(loaded, ScoreOptions(steps=2, lm=True)).score(PROMPT).families["self"].keep == "maps"
-    monkeypatch.setattr(score_mod, "AUTO_MAPS_UP_TO", 4)
+    monkeypatch.setattr(options_mod, "AUTO_MAPS_UP_TO", 4)
     fs = Scorer(loaded, ScoreOptions(steps=2, lm=True)).score(PROMPT).families["self"]
     assert fs.keep == "sum" and fs.attribution is None and fs.head_sum is not None
 
@@ -186,17 +187,17 @@ def test_keep_auto_switches_to_sum_above_the_limit(make, monkeypatch):
 def test_auto_micro_batching_and_oom_back_off(make, monkeypatch):
     loaded = make("llama")
     whole = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True, step_batch=8)).score(PROMPT)
-    monkeypatch.setattr(score_mod, "_free_memory", lambda device: 1)  # nothing fits: one step per pass
+    monkeypatch.setattr(memory_mod, "free_memory", lambda device: 1)  # nothing fits: one step per pass
     small = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True))
     tiny = small.score(PROMPT)
     assert tiny.step_batch == 1
     assert np.abs(tiny.attribution - whole.attribution).max() < 1e-12
-    monkeypatch.setattr(score_mod, "_free_memory", lambda device: 1 << 40)
+    monkeypatch.setattr(memory_mod, "free_memory", lambda device: 1 << 40)
     scorer = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True))
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 8  # all steps fit
-    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 16)  # 8 tokens: 2 steps per pass on CPU
+    monkeypatch.setattr(memory_mod, "CPU_TOKENS_PER_PASS", 16)  # 8 tokens: 2 steps per pass on CPU
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 2
-    monkeypatch.setattr(score_mod, "CPU_TOKENS_PER_PASS", 2048)
+    monkeypatch.setattr(memory_mod, "CPU_TOKENS_PER_PASS", 2048)
     forward = loaded.model.forward
 
     def flaky(*args, **kwargs):  # out of memory whenever more than 2 steps run at once

@@ -7,7 +7,7 @@ import pytest
 
 from attattr_cli.analysis.planted import planted_positions, planted_ranks, planted_recovery
 from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import StoreError
 from attattr_cli.store import Store
 

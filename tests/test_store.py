@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import StoreError
 from attattr_cli.store import Store, StoreWriter, merge
 from attattr_cli.store.schema import EXAMPLES, PARTIAL_PREFIX
@@ -224,7 +224,7 @@ def test_killed_run_leaves_a_readable_store_and_resumes(tmp_path):
     script = (
         "import sys\n"
         "from attattr_cli.engine.run import ScoreRequest, score_to_store\n"
-        "from attattr_cli.engine.score import ScoreOptions\n"
+        "from attattr_cli.engine.options import ScoreOptions\n"
         "def tick(done, total, label):\n"
         "    print(label, flush=True)\n"
         f"score_to_store(ScoreRequest(out={str(out)!r}, examples='0:60', options=ScoreOptions(steps=8),"

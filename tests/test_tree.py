@@ -235,7 +235,7 @@ def test_missing_dot_says_how_to_install(monkeypatch, tmp_path):
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     from attattr_cli.engine.run import ScoreRequest, score_to_store
-    from attattr_cli.engine.score import ScoreOptions
+    from attattr_cli.engine.options import ScoreOptions
 
     p = tmp_path_factory.mktemp("tree") / "s.h5"
     score_to_store(ScoreRequest(out=str(p), examples="0:5", options=ScoreOptions(steps=4), command=["test"]))

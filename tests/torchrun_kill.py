@@ -18,7 +18,7 @@ import os
 import signal
 from pathlib import Path
 
-from attattr_cli.engine.score import Scorer
+from attattr_cli.engine.scorer import Scorer
 from attattr_cli.store import StoreWriter
 
 RANK = int(os.environ.get("RANK", "0"))

@@ -236,7 +236,7 @@ def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path,
                 store_dtype: str = "float32") -> ImportReport:
     """Write one example of a 2021 run into the store ``out`` (created, or extended when it
     was made from the same tokens file and model name)."""
-    from ..engine.score import ExampleScore
+    from ..engine.results import ExampleScore
     from ..store import StoreWriter
 
     attr_path, tokens_path = Path(attr_path), Path(tokens_path)

@@ -107,7 +107,7 @@ def faithfulness(
         t0 = time.perf_counter()
         if store is None:
             from ..engine.run import ScoreRequest, score_to_store
-            from ..engine.score import ScoreOptions
+            from ..engine.options import ScoreOptions
 
             store = store_out or out_path.with_suffix(".h5")
             if store.resolve() == out_path.resolve():

@@ -11,7 +11,7 @@ import typer
 from ..engine import distributed
 from ..engine.integrate import RULES
 from ..engine.run import ScoreRequest, score_to_store
-from ..engine.score import ScoreOptions
+from ..engine.options import ScoreOptions
 from ..errors import OptionError
 from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
 

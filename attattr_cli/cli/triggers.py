@@ -82,7 +82,7 @@ def triggers(
         try:
             if on_the_fly:
                 from ..engine.run import ScoreRequest, score_to_store
-                from ..engine.score import ScoreOptions
+                from ..engine.options import ScoreOptions
 
                 loaded, spec, n = _select_by_length(model, data, task, examples, min_tokens, limit, device, "float32")
                 wanted = [int(x) for x in spec.split(",")]

@@ -17,7 +17,8 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
-from .score import Scorer, ScoreOptions
+from .options import ScoreOptions
+from .scorer import Scorer
 
 Progress = Callable[[int, int, str], None]
 

@@ -13,8 +13,6 @@ is ever built.
 from __future__ import annotations
 
 import inspect
-import warnings
-from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -24,149 +22,13 @@ from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
-from . import attention
+from . import attention, memory, options as options_mod
+from .encoding import Encoded, decoder_start_of, encode, too_long
+from .integrate import nodes
+from .memory import BackOff, is_out_of_memory
+from .options import ScoreOptions
+from .results import ExampleScore, FamilyScore
 from .sites import SiteScorer
-from .integrate import RULES, nodes
-
-OUTPUTS = ("prob", "logit", "logprob")
-KEEPS = ("auto", "maps", "sum", "none")
-AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
-# on CPU a pass of more rows than this is no faster per row (measured: n = 512, 4 or 19
-# steps per pass take the same CPU time), so the automatic micro-batch stops there
-CPU_TOKENS_PER_PASS = 2048
-
-
-@dataclass
-class ScoreOptions:
-    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` changes them)."""
-
-    steps: int = 20
-    rule: str = "right"
-    target: str = "predicted"  # predicted | gold | a label name | a label index
-    output: str = "prob"  # prob | logit
-    layers: list[int] | None = None  # None: all layers
-    dtype: str = "float32"
-    truncate: bool = False
-    step_batch: int | None = None  # steps per forward/backward; None: fit to memory
-    kernel: str = "auto"
-    # attention families to score (None: all; "self" for encoder-only/decoder-only models)
-    family: list[str] | None = None
-    # what is kept per layer: maps (per-head [head, q, k]), sum (head sum [q, k] and per-head
-    # max), none (only the per-head max and top-k); auto: maps up to 512 tokens, else sum
-    keep: str = "auto"
-    top_k: int | None = None  # also keep the k strongest entries (|value|) of each head
-    # language-model targets (a causal LM loaded with lm=True)
-    lm: bool = False
-    target_token: str | None = None  # the next token whose probability is attributed
-    continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
-    position: int | None = None  # position whose next-token distribution holds the target (default: last)
-
-    # fields added after store schema 1.0; left out of the fingerprint at their defaults so
-    # that stores written before them still resume
-    _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
-              "continuation": None, "position": None}
-
-    def validate(self, num_layers: int) -> list[int]:
-        if self.rule not in RULES:
-            raise OptionError(f"unknown rule '{self.rule}'; available: {', '.join(RULES)}")
-        if self.output not in OUTPUTS:
-            raise OptionError(f"unknown output '{self.output}'; available: {', '.join(OUTPUTS)}")
-        if self.steps < 1:
-            raise OptionError(f"--steps must be at least 1, got {self.steps}")
-        if self.step_batch is not None and self.step_batch < 1:
-            raise OptionError(f"--step-batch must be at least 1, got {self.step_batch}")
-        if self.keep not in KEEPS:
-            raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
-        if self.top_k is not None and self.top_k < 1:
-            raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
-        if not self.lm and (self.target_token is not None or self.continuation is not None or self.position is not None):
-            raise OptionError("--target-token, --continuation and --position need --lm (a causal language model)")
-        if self.target_token is not None and self.continuation is not None:
-            raise OptionError("give either --target-token or --continuation, not both")
-        if self.continuation is not None and self.position is not None:
-            raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
-        resolve_dtype(self.dtype)
-        layers = list(range(num_layers)) if self.layers is None else list(self.layers)
-        for layer in layers:
-            if not -num_layers <= layer < num_layers:
-                raise OptionError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
-        layers = sorted({layer % num_layers for layer in layers})
-        return layers
-
-    def fingerprint(self, num_layers: int) -> dict:
-        """The options that must agree for two runs to share a store."""
-        d = asdict(self)
-        d.pop("step_batch")
-        d.pop("kernel")
-        for key, default in self._LATER.items():
-            if d.get(key) == default:
-                d.pop(key)
-        d["layers"] = self.validate(num_layers)
-        return d
-
-
-@dataclass
-class Encoded:
-    input_ids: list[int]
-    tokens: list[str]
-    segment_ids: list[int]  # 0, 1 for the segments, -1 for special tokens
-    token_type_ids: list[int] | None
-    truncated: bool = False
-    lm_positions: list[int] | None = None  # LM: positions whose next token is the target
-    lm_targets: list[int] | None = None  # LM: target token ids (None: the predicted one)
-    decoder_input_ids: list[int] | None = None  # encoder-decoder: the decoder's input
-    decoder_tokens: list[str] | None = None
-
-
-@dataclass
-class FamilyScore:
-    """One attention family's results for one example (see docs/store.md)."""
-
-    name: str
-    layers: list[int]
-    heads: int
-    query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
-    key_side: str
-    keep: str  # maps | sum | none
-    attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
-    head_sum: np.ndarray | None  # [layer, q, k] (keep maps or sum)
-    head_max: np.ndarray  # [layer, head]
-    attention: np.ndarray | None  # [all layers, head, q, k] (maps) or [all layers, q, k] head mean (sum)
-    f_baseline: np.ndarray  # [layer]
-    residual: np.ndarray  # [layer]
-    topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
-    topk_value: np.ndarray | None = None  # [layer, head, k]
-
-
-@dataclass
-class ExampleScore:
-    """Everything the store keeps about one example. Arrays are numpy, float32 (or float64)."""
-
-    index: int
-    tokens: list[str]
-    input_ids: np.ndarray  # [n]
-    segment_ids: np.ndarray  # [n]
-    gold: int  # model label index, -1 if unknown
-    pred: int
-    target: int
-    logits: np.ndarray  # [labels]
-    probs: np.ndarray  # [labels]
-    layers: list[int]
-    attribution: np.ndarray  # [layer, head, query_pos, key_pos] for `layers`
-    attention: np.ndarray  # [layer, head, query_pos, key_pos] for all layers
-    head_max: np.ndarray  # [layer, head]
-    f_full: float  # F at alpha = 1
-    f_baseline: np.ndarray  # [layer] F with the layer's attention at 0
-    residual: np.ndarray  # [layer] sum Attr - (F(A) - F(0))
-    kernel: str
-    truncated: bool = False
-    meta: dict = field(default_factory=dict)
-    text_a: str = ""
-    text_b: str | None = None
-    families: dict = field(default_factory=dict)  # name -> FamilyScore
-    decoder_tokens: list[str] | None = None
-    decoder_input_ids: np.ndarray | None = None
-    step_batch: int = 0  # steps per pass used (largest)
 
 
 class Scorer:
@@ -209,8 +71,7 @@ class Scorer:
         # LMs that can run only the needed positions through their head (checked once, not per pass)
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.last_step_batch = 0
-        self._chunk_limit: int | None = None  # lowered by the out-of-memory back-off, kept for later examples
-        self._warned_oom = False
+        self._back_off = BackOff(self.device, options.dtype)  # its lowered size is kept for later examples
         self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
 
     # -- targets ---------------------------------------------------------------
@@ -262,37 +123,13 @@ class Scorer:
     def _check_length(self, n: int, index: int) -> None:
         limit = self.loaded.arch.max_length
         if limit is not None and n > limit:
-            raise DataError(f"example {index} has {n} tokens; the model takes at most {limit}"
-                            + ("" if self.options.lm else " (pass --truncate to cut long inputs)"))
+            raise too_long(index, n, limit, hint=not self.options.lm)
 
     def encode(self, example: Example) -> Encoded:
         if self.options.lm:
             return self._encode_lm(example)
-        tok = self.tokenizer
-        limit = self.loaded.arch.max_length
-        args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
-        enc = tok(*args, add_special_tokens=True)
-        truncated = False
-        if limit is not None and len(enc["input_ids"]) > limit:
-            if not self.options.truncate:
-                self._check_length(len(enc["input_ids"]), example.index)
-            enc = tok(*args, add_special_tokens=True, truncation=True, max_length=limit)
-            truncated = True
-        ids = list(enc["input_ids"])
-        try:
-            seq = enc.sequence_ids()
-            segments = [-1 if s is None else int(s) for s in seq]
-        except (ValueError, AttributeError):
-            segments = list(enc.get("token_type_ids", [0] * len(ids)))
-        tt = list(enc["token_type_ids"]) if "token_type_ids" in enc and "token_type_ids" in tok.model_input_names else None
-        out = Encoded(ids, tok.convert_ids_to_tokens(ids), segments, tt, truncated)
-        if self.arch.is_encoder_decoder:
-            start = getattr(self.model.config, "decoder_start_token_id", None)
-            if start is None:
-                start = getattr(self.model.config, "eos_token_id", 0)
-            out.decoder_input_ids = [int(start)] + ids[:-1]
-            out.decoder_tokens = tok.convert_ids_to_tokens(out.decoder_input_ids)
-        return out
+        return encode(self.tokenizer, example, self.loaded.arch.max_length, self.options.truncate,
+                      decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None)
 
     def _encode_lm(self, example: Example) -> Encoded:
         tok = self.tokenizer
@@ -343,7 +180,7 @@ class Scorer:
         if self.options.keep != "auto":
             return self.options.keep
         n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        return "maps" if n <= AUTO_MAPS_UP_TO else "sum"
+        return "maps" if n <= options_mod.AUTO_MAPS_UP_TO else "sum"
 
     def score(self, example: Example, encoded: Encoded | None = None,
               on_layer: Callable[[int], None] | None = None) -> ExampleScore:
@@ -505,33 +342,15 @@ class Scorer:
         at and above the target. ``--step-batch`` overrides it."""
         if self.options.step_batch is not None:
             return self.options.step_batch
-        steps = max(len(self.alphas) if steps is None else steps, 1)
-        per_step = self.step_bytes(enc, site)
-        free = _free_memory(self.device)
-        fit = free // max(per_step, 1)
-        if self.device.type == "cpu":
-            n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-            fit = min(fit, max(1, CPU_TOKENS_PER_PASS // n))
-        return int(max(1, min(steps, fit)))
+        steps = len(self.alphas) if steps is None else steps
+        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        return memory.steps_that_fit(self.step_bytes(enc, site), steps, n, self.device)
 
     def step_bytes(self, enc: Encoded, site) -> int:
-        cfg = self.model.config
-        family, layer = site
+        """Estimated bytes one integration step of ``site`` keeps (see ``memory.step_bytes``)."""
         n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        hidden = int(getattr(cfg, "hidden_size", None) or getattr(cfg, "d_model", None) or getattr(cfg, "n_embd", 768))
-        inter = int(getattr(cfg, "intermediate_size", None) or getattr(cfg, "decoder_ffn_dim", None)
-                    or getattr(cfg, "n_inner", None) or 4 * hidden)
-        fam = self.arch.family(family)
-        above = fam.num_layers - layer
-        if family == "encoder":  # the whole decoder runs above an encoder target
-            above += self.arch.family("decoder").num_layers
-        heads = fam.num_heads
-        el = torch.tensor([], dtype=self.dtype).element_size()
-        fused = self.device.type == "cuda"  # SDPA keeps no n x n probabilities for backward
-        per_layer = n * (14 * hidden + 3 * inter) + (0 if fused else 3 * heads * n * n)
         kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
-        vocab = int(getattr(cfg, "vocab_size", 0)) if self.options.lm else 0
-        return int(el * above * per_layer + 12 * kept * vocab + 8 * n * hidden)
+        return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
 
     def _integrate(self, enc: Encoded, site, target, clean,
                    grad_at_one: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
@@ -553,8 +372,7 @@ class Scorer:
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
         chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
-        if self._chunk_limit is not None:
-            chunk = min(chunk, self._chunk_limit)
+        chunk = self._back_off.cap(chunk)
         saved = None
         start = 0
         while start < len(alphas):
@@ -568,7 +386,7 @@ class Scorer:
                     raise
                 failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             if failed is not None:  # out of the except block: the failed pass's tensors are free now
-                chunk = self._back_off(len(a), failed)
+                chunk = self._back_off.halve(len(a), failed, self.warn)
                 continue
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
@@ -601,30 +419,6 @@ class Scorer:
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
         return g.to(acc_dtype).sum(0, keepdim=True), f.detach(), plan.saved
 
-    def _back_off(self, size: int, reason: str) -> int:
-        """A micro-batch of ``size`` steps ran out of memory (``reason``): the next size to try,
-        or ResourceError at one step."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-        if size <= 1:
-            raise ResourceError(
-                f"out of memory on {self.device} even with one integration step per pass"
-                f" (dtype {self.options.dtype}): use a smaller model,"
-                f" --dtype bfloat16, --layers, or a device with more memory ({reason})"
-            )
-        smaller = max((size + 1) // 2, 1)
-        self._chunk_limit = smaller
-        if not self._warned_oom:
-            self._warned_oom = True
-            message = (f"out of memory with {size} integration steps per pass on {self.device}; "
-                       f"halving the step micro-batch (now {smaller}, and lower if needed). "
-                       "Results do not change; pass --step-batch to start lower.")
-            if self.warn is not None:
-                self.warn(message)
-            else:
-                warnings.warn(message, ResourceWarning, stacklevel=2)
-        return smaller
-
     def _attribute(self, g: torch.Tensor, want_maps: bool = True) -> dict:
         s = self._saved
         self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
@@ -644,31 +438,6 @@ def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     pos = torch.stack([idx // n_k, idx % n_k], dim=-1)
     return pos.to(torch.int32).cpu().numpy(), vals.float().cpu().numpy()
 
-
-def _free_memory(device: torch.device) -> int:
-    """Bytes a pass may use: most of the free CUDA memory, or half the available RAM."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        # blocks PyTorch's caching allocator holds but does not use are free for us too
-        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free * 0.7)
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
-    except OSError:
-        pass
-    return 4 << 30
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """True for torch.cuda.OutOfMemoryError and the RuntimeErrors other backends raise when memory runs out."""
-    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    if oom_type is not None and isinstance(exc, oom_type):
-        return True
-    text = str(exc).lower()
-    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
 
 
 def _detached(obj):

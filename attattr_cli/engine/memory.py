@@ -1,0 +1,109 @@
+"""Memory: how much a pass may use, how many integration steps fit in one pass, and the
+out-of-memory back-off of the step micro-batching (halve and retry, say so once)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable
+
+import torch
+
+from ..errors import ResourceError
+
+# on CPU a pass of more rows than this is no faster per row (measured: n = 512, 4 or 19
+# steps per pass take the same CPU time), so the automatic micro-batch stops there
+CPU_TOKENS_PER_PASS = 2048
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes a pass may use: most of the free CUDA memory, or half the available RAM."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        # blocks PyTorch's caching allocator holds but does not use are free for us too
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free * 0.7)
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for torch.cuda.OutOfMemoryError and the RuntimeErrors other backends raise when memory runs out."""
+    oom_type = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    if oom_type is not None and isinstance(exc, oom_type):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "not enough memory" in text)
+
+
+def step_bytes(config, arch, site: tuple[str, int], n: int, dtype: torch.dtype, device: torch.device,
+               kept: int = 1, lm: bool = False) -> int:
+    """Estimated bytes one integration step of ``site`` (family, layer) keeps for the backward
+    through the layers at and above it, for ``n`` tokens (``kept`` LM positions)."""
+    family, layer = site
+    hidden = int(getattr(config, "hidden_size", None) or getattr(config, "d_model", None)
+                 or getattr(config, "n_embd", 768))
+    inter = int(getattr(config, "intermediate_size", None) or getattr(config, "decoder_ffn_dim", None)
+                or getattr(config, "n_inner", None) or 4 * hidden)
+    fam = arch.family(family)
+    above = fam.num_layers - layer
+    if family == "encoder":  # the whole decoder runs above an encoder target
+        above += arch.family("decoder").num_layers
+    heads = fam.num_heads
+    el = torch.tensor([], dtype=dtype).element_size()
+    fused = device.type == "cuda"  # SDPA keeps no n x n probabilities for backward
+    per_layer = n * (14 * hidden + 3 * inter) + (0 if fused else 3 * heads * n * n)
+    vocab = int(getattr(config, "vocab_size", 0)) if lm else 0
+    return int(el * above * per_layer + 12 * kept * vocab + 8 * n * hidden)
+
+
+def steps_that_fit(per_step: int, steps: int, n: int, device: torch.device) -> int:
+    """Steps per pass (at most ``steps``) whose ``per_step`` bytes fit the free memory of
+    ``device``; on CPU also at most :data:`CPU_TOKENS_PER_PASS` tokens per pass."""
+    fit = free_memory(device) // max(per_step, 1)
+    if device.type == "cpu":
+        fit = min(fit, max(1, CPU_TOKENS_PER_PASS // n))
+    return int(max(1, min(max(steps, 1), fit)))
+
+
+class BackOff:
+    """The step micro-batch's out-of-memory back-off: the lowered size is kept for later
+    layers and examples, and the first halving is said once through ``warn``."""
+
+    def __init__(self, device: torch.device, dtype_name: str):
+        self.device = device
+        self.dtype_name = dtype_name
+        self.limit: int | None = None
+        self.warned = False
+
+    def cap(self, size: int) -> int:
+        return size if self.limit is None else min(size, self.limit)
+
+    def halve(self, size: int, reason: str, warn: Callable[[str], None] | None = None) -> int:
+        """A micro-batch of ``size`` steps ran out of memory (``reason``): the next size to try,
+        or ResourceError at one step."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if size <= 1:
+            raise ResourceError(
+                f"out of memory on {self.device} even with one integration step per pass"
+                f" (dtype {self.dtype_name}): use a smaller model,"
+                f" --dtype bfloat16, --layers, or a device with more memory ({reason})"
+            )
+        smaller = max((size + 1) // 2, 1)
+        self.limit = smaller
+        if not self.warned:
+            self.warned = True
+            message = (f"out of memory with {size} integration steps per pass on {self.device}; "
+                       f"halving the step micro-batch (now {smaller}, and lower if needed). "
+                       "Results do not change; pass --step-batch to start lower.")
+            if warn is not None:
+                warn(message)
+            else:
+                warnings.warn(message, ResourceWarning, stacklevel=2)
+        return smaller

@@ -1,0 +1,87 @@
+"""What defines a scoring run: :class:`ScoreOptions` and the accepted values of its fields.
+
+Imports neither torch nor transformers (the rules and dtypes are looked up when validating).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..errors import OptionError
+
+OUTPUTS = ("prob", "logit", "logprob")
+KEEPS = ("auto", "maps", "sum", "none")
+AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
+
+
+@dataclass
+class ScoreOptions:
+    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` changes them)."""
+
+    steps: int = 20
+    rule: str = "right"
+    target: str = "predicted"  # predicted | gold | a label name | a label index
+    output: str = "prob"  # prob | logit
+    layers: list[int] | None = None  # None: all layers
+    dtype: str = "float32"
+    truncate: bool = False
+    step_batch: int | None = None  # steps per forward/backward; None: fit to memory
+    kernel: str = "auto"
+    # attention families to score (None: all; "self" for encoder-only/decoder-only models)
+    family: list[str] | None = None
+    # what is kept per layer: maps (per-head [head, q, k]), sum (head sum [q, k] and per-head
+    # max), none (only the per-head max and top-k); auto: maps up to 512 tokens, else sum
+    keep: str = "auto"
+    top_k: int | None = None  # also keep the k strongest entries (|value|) of each head
+    # language-model targets (a causal LM loaded with lm=True)
+    lm: bool = False
+    target_token: str | None = None  # the next token whose probability is attributed
+    continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
+    position: int | None = None  # position whose next-token distribution holds the target (default: last)
+
+    # fields added after store schema 1.0; left out of the fingerprint at their defaults so
+    # that stores written before them still resume
+    _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
+              "continuation": None, "position": None}
+
+    def validate(self, num_layers: int) -> list[int]:
+        """Check the options against a model of ``num_layers`` layers; the chosen layers, sorted."""
+        from ..models.loading import resolve_dtype
+        from .integrate import RULES
+
+        if self.rule not in RULES:
+            raise OptionError(f"unknown rule '{self.rule}'; available: {', '.join(RULES)}")
+        if self.output not in OUTPUTS:
+            raise OptionError(f"unknown output '{self.output}'; available: {', '.join(OUTPUTS)}")
+        if self.steps < 1:
+            raise OptionError(f"--steps must be at least 1, got {self.steps}")
+        if self.step_batch is not None and self.step_batch < 1:
+            raise OptionError(f"--step-batch must be at least 1, got {self.step_batch}")
+        if self.keep not in KEEPS:
+            raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
+        if self.top_k is not None and self.top_k < 1:
+            raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
+        if not self.lm and (self.target_token is not None or self.continuation is not None or self.position is not None):
+            raise OptionError("--target-token, --continuation and --position need --lm (a causal language model)")
+        if self.target_token is not None and self.continuation is not None:
+            raise OptionError("give either --target-token or --continuation, not both")
+        if self.continuation is not None and self.position is not None:
+            raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
+        resolve_dtype(self.dtype)
+        layers = list(range(num_layers)) if self.layers is None else list(self.layers)
+        for layer in layers:
+            if not -num_layers <= layer < num_layers:
+                raise OptionError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
+        layers = sorted({layer % num_layers for layer in layers})
+        return layers
+
+    def fingerprint(self, num_layers: int) -> dict:
+        """The options that must agree for two runs to share a store."""
+        d = asdict(self)
+        d.pop("step_batch")
+        d.pop("kernel")
+        for key, default in self._LATER.items():
+            if d.get(key) == default:
+                d.pop(key)
+        d["layers"] = self.validate(num_layers)
+        return d

@@ -1,0 +1,58 @@
+"""What one scored example holds: :class:`ExampleScore` and its per-family :class:`FamilyScore`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class FamilyScore:
+    """One attention family's results for one example (see docs/store.md)."""
+
+    name: str
+    layers: list[int]
+    heads: int
+    query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
+    key_side: str
+    keep: str  # maps | sum | none
+    attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
+    head_sum: np.ndarray | None  # [layer, q, k] (keep maps or sum)
+    head_max: np.ndarray  # [layer, head]
+    attention: np.ndarray | None  # [all layers, head, q, k] (maps) or [all layers, q, k] head mean (sum)
+    f_baseline: np.ndarray  # [layer]
+    residual: np.ndarray  # [layer]
+    topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
+    topk_value: np.ndarray | None = None  # [layer, head, k]
+
+
+@dataclass
+class ExampleScore:
+    """Everything the store keeps about one example. Arrays are numpy, float32 (or float64)."""
+
+    index: int
+    tokens: list[str]
+    input_ids: np.ndarray  # [n]
+    segment_ids: np.ndarray  # [n]
+    gold: int  # model label index, -1 if unknown
+    pred: int
+    target: int
+    logits: np.ndarray  # [labels]
+    probs: np.ndarray  # [labels]
+    layers: list[int]
+    attribution: np.ndarray  # [layer, head, query_pos, key_pos] for `layers`
+    attention: np.ndarray  # [layer, head, query_pos, key_pos] for all layers
+    head_max: np.ndarray  # [layer, head]
+    f_full: float  # F at alpha = 1
+    f_baseline: np.ndarray  # [layer] F with the layer's attention at 0
+    residual: np.ndarray  # [layer] sum Attr - (F(A) - F(0))
+    kernel: str
+    truncated: bool = False
+    meta: dict = field(default_factory=dict)
+    text_a: str = ""
+    text_b: str | None = None
+    families: dict = field(default_factory=dict)  # name -> FamilyScore
+    decoder_tokens: list[str] | None = None
+    decoder_input_ids: np.ndarray | None = None
+    step_batch: int = 0  # steps per pass used (largest)
