@@ -45,3 +45,13 @@ class DistributedError(AttattrError):
     """The processes of a torchrun launch disagree, time out, or one of them failed."""
 
     exit_code = 6
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-blank line of an exception's message (its type's name when it has none),
+    for one-line error messages that wrap another library's error."""
+    text = str(exc).strip()
+    for line in text.splitlines():
+        if line.strip():
+            return line.strip()
+    return type(exc).__name__

@@ -33,11 +33,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-import torch
 
 from ..data.types import Example
 from ..errors import DataError, OptionError
-from ..engine.batching import pad_rows
+from ..engine.batching import classify, pad_id_of
+from ..engine.encoding import encode
 from ..models.loading import LoadedModel, align_labels
 
 FORMAT = "attattr.attack"
@@ -64,16 +64,8 @@ class Framed:
 
 def frame(tokenizer, example: Example) -> Framed:
     """Tokenise an example with special tokens (no truncation)."""
-    args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
-    enc = tokenizer(*args, add_special_tokens=True)
-    ids = list(enc["input_ids"])
-    try:
-        seq = [-1 if s is None else int(s) for s in enc.sequence_ids()]
-    except (ValueError, AttributeError):
-        seq = list(enc.get("token_type_ids", [0] * len(ids)))
-    types = (list(enc["token_type_ids"])
-             if "token_type_ids" in enc and "token_type_ids" in tokenizer.model_input_names else None)
-    return Framed(ids, seq, types)
+    enc = encode(tokenizer, example, tokens=False)
+    return Framed(enc.input_ids, enc.segment_ids, enc.token_type_ids)
 
 
 @dataclass
@@ -239,32 +231,16 @@ def variant_texts(tokenizer, v: Variant) -> tuple[str, str | None]:
 def predict(loaded: LoadedModel, variants: Sequence[Variant], batch_size: int = 64,
             progress: Callable[[int], None] | None = None) -> np.ndarray:
     """The model's predicted class (model label index) for each variant."""
-    model = loaded.model
-    device = next(model.parameters()).device
-    pad = getattr(model.config, "pad_token_id", None)
-    if pad is None:
-        pad = getattr(loaded.tokenizer, "pad_token_id", None)
-    if pad is None:
-        batch_size = 1  # nothing to pad with: one at a time
-        pad = 0
-    order = sorted(range(len(variants)), key=lambda i: len(variants[i].ids))
-    preds = np.zeros(len(variants), dtype=np.int64)
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
-            with_types = variants[chunk[0]].types is not None
-            rows = []
-            for i in chunk:
-                v = variants[i]
-                row = {"input_ids": v.ids, "attention_mask": [1] * len(v.ids)}
-                if with_types:
-                    row["token_type_ids"] = v.types if v.types is not None else [0] * len(v.ids)
-                rows.append(row)
-            logits = model(**pad_rows(rows, int(pad), device)).logits
-            preds[chunk] = logits.argmax(-1).cpu().numpy()
-            if progress is not None:
-                progress(len(chunk))
-    return preds
+    with_types = any(v.types is not None for v in variants)
+    rows = []
+    for v in variants:
+        row = {"input_ids": v.ids, "attention_mask": [1] * len(v.ids)}
+        if with_types:
+            row["token_type_ids"] = v.types if v.types is not None else [0] * len(v.ids)
+        rows.append(row)
+    logits = classify(loaded.model, rows, pad_id_of(loaded.model, loaded.tokenizer), batch_size,
+                      None if progress is None else lambda _done, _total, b: progress(len(b.positions)))
+    return logits.argmax(-1).numpy().astype(np.int64) if len(variants) else np.zeros(0, dtype=np.int64)
 
 
 # ----------------------------------------------------------------------------- the attack

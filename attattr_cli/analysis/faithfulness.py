@@ -241,22 +241,21 @@ def load_for_store(store, model: str | None = None, device: str = "auto"):
 
 
 def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
-    tok = loaded.tokenizer
-    args = (stored.text_a,) if stored.text_b is None else (stored.text_a, stored.text_b)
+    from ..data.types import Example
+    from ..engine.encoding import encode
+
     stored_ids = [int(i) for i in stored.input_ids]
-    if stored.truncated:
-        enc = tok(*args, add_special_tokens=True, truncation=True, max_length=len(stored_ids))
-    else:
-        enc = tok(*args, add_special_tokens=True)
-    ids = list(enc["input_ids"])
+    enc = encode(loaded.tokenizer, Example(stored.index, stored.text_a, stored.text_b),
+                 len(stored_ids) if stored.truncated else None, truncate=True, tokens=False)
+    ids = enc.input_ids
     if ids[:len(stored_ids)] != stored_ids:
         raise StoreError(
             f"example {stored.index}: the tokenizer of this model does not give the stored tokens; "
             "was the store made with another tokenizer?"
         )
     tt = None
-    if "token_type_ids" in enc and "token_type_ids" in tok.model_input_names:
-        tt = np.asarray(enc["token_type_ids"][:len(stored_ids)], dtype=np.int64)
+    if enc.token_type_ids is not None:
+        tt = np.asarray(enc.token_type_ids[:len(stored_ids)], dtype=np.int64)
     n = len(stored_ids)
     return Prepared(stored.index, np.asarray(stored_ids, dtype=np.int64), tt, np.asarray(stored.segment_ids),
                     int(stored.target), pool_position(n, is_decoder))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import __version__
+from ..engine.provenance import libraries
 from ..errors import DataError
 
 SOURCE = "import-2021"
@@ -223,13 +222,6 @@ def _softmax(x: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
-def _libraries() -> dict:
-    import h5py
-
-    return {"attattr": __version__, "python": platform.python_version(), "h5py": h5py.__version__,
-            "hdf5": h5py.version.hdf5_version, "numpy": np.__version__}
-
-
 def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path, model: str | None = None,
                 example: int | None = None, labels: Sequence[str] | None = None,
                 attention_path: str | Path | None = None, command: list[str] | None = None,
@@ -336,7 +328,7 @@ def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path,
         "data": str(tokens_path),
         "data_sha256": tokens_sha,
         "options": options,
-        "libraries": _libraries(),
+        "libraries": libraries(frameworks=False),
         "seed": -1,
         "device": "",
         "dtype": "float32",

@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from ..errors import AttattrError, DistributedError, OptionError, StoreError
+from ..errors import AttattrError, DistributedError, OptionError, StoreError, first_line
 from .run import PreparedRun, Progress, ScoreReport, ScoreRequest, prepare_run, score_into
 
 DEFAULT_TIMEOUT = 3600
@@ -167,7 +167,7 @@ class _Group:
             except (RuntimeError, ValueError) as exc:
                 raise DistributedError(
                     f"rank {env.rank} of {env.world_size} could not join the others at {env.master}"
-                    f" (--dist-timeout {timeout:g} s): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                    f" (--dist-timeout {timeout:g} s): {first_line(exc)}"
                 ) from exc
             self.owned = True
 
@@ -178,7 +178,7 @@ class _Group:
         except RuntimeError as exc:
             raise DistributedError(
                 f"rank {self.env.rank} lost the other processes (one failed, was killed, or took longer than"
-                f" --dist-timeout): {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                f" --dist-timeout): {first_line(exc)}"
             ) from exc
         return out
 
@@ -187,7 +187,7 @@ class _Group:
         try:
             self.dist.broadcast_object_list(box, src=0)
         except RuntimeError as exc:
-            raise DistributedError(f"rank {self.env.rank} lost rank 0: {str(exc).splitlines()[0]}") from exc
+            raise DistributedError(f"rank {self.env.rank} lost rank 0: {first_line(exc)}") from exc
         return box[0]
 
     def together(self, step: Callable[[], object]):

@@ -13,9 +13,7 @@ The library never prints: pass ``progress(done, total, label)`` to follow it.
 from __future__ import annotations
 
 import json
-import math
 import shutil
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,9 +21,11 @@ from typing import Callable, Sequence
 import torch
 
 from ..data.types import Example
-from ..errors import DataError, ModelError, OptionError
+from ..errors import DataError, ModelError, OptionError, first_line
 from ..fileio import swap_dir_in, temp_dir_for
-from .batching import pad_rows
+from .batching import accuracy, classify, pad_id_of
+from .encoding import encode
+from .training import train_classifier
 
 Progress = Callable[[int, int, str], None]
 
@@ -73,7 +73,7 @@ def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
         cfg = AutoConfig.from_pretrained(str(path))
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"cannot load model folder {model_id}: {str(exc).strip().splitlines()[0]}") from exc
+        raise ModelError(f"cannot load model folder {model_id}: {first_line(exc)}") from exc
     old = [str(cfg.id2label[i]) for i in range(cfg.num_labels)] if getattr(cfg, "id2label", None) else []
     is_classifier = any(a.endswith("ForSequenceClassification") for a in (cfg.architectures or []))
     same_head = is_classifier and [n.lower() for n in old] == [n.lower() for n in names]
@@ -87,40 +87,25 @@ def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
     try:
         model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32, **kwargs)
     except (OSError, ValueError, KeyError) as exc:
-        raise ModelError(f"'{model_id}' cannot become a sequence classifier: {str(exc).strip().splitlines()[0]}") from exc
+        raise ModelError(f"'{model_id}' cannot become a sequence classifier: {first_line(exc)}") from exc
     finally:
         hf_logging.set_verbosity(level)
     return model, tokenizer
 
 
 def _encode(tokenizer, examples: Sequence[Example], max_length: int) -> list[dict]:
-    pair = any(e.text_b is not None for e in examples)
-    a = [e.text_a for e in examples]
-    b = [e.text_b or "" for e in examples] if pair else None
-    enc = tokenizer(a, b, truncation=True, max_length=max_length)
-    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
-    return [{k: enc[k][i] for k in keys} for i in range(len(examples))]
+    return [encode(tokenizer, e, max_length, truncate=True, tokens=False).model_inputs() for e in examples]
 
 
 def evaluate(model, tokenizer, examples: Sequence[Example], max_length: int = 128, batch_size: int = 128,
              progress: Progress | None = None) -> tuple[float, list[int]]:
     """Accuracy over the examples with a gold label, and the predicted index of every example."""
     rows = _encode(tokenizer, examples, max_length)
-    pad = tokenizer.pad_token_id or 0
-    was = model.training
-    model.eval()
-    preds: list[int] = []
-    dev = next(model.parameters()).device
-    with torch.no_grad():
-        for s in range(0, len(rows), batch_size):
-            batch = {k: v.to(dev) for k, v in pad_rows(rows[s:s + batch_size], pad).items()}
-            preds.extend(model(**batch).logits.argmax(-1).tolist())
-            if progress:
-                progress(min(s + batch_size, len(rows)), len(rows), "eval")
-    model.train(was)
-    gold = [(p, e.label) for p, e in zip(preds, examples) if e.label is not None]
-    acc = sum(int(p == g) for p, g in gold) / len(gold) if gold else float("nan")
-    return acc, preds
+    logits = classify(model, rows, pad_id_of(model, tokenizer), batch_size,
+                      None if progress is None else
+                      lambda done, total, _b: progress(min(done * batch_size, len(rows)), len(rows), "eval"))
+    preds = logits.argmax(-1).tolist() if rows else []
+    return accuracy(preds, [e.label for e in examples]), preds
 
 
 def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> None:
@@ -190,48 +175,20 @@ def finetune(
             for p in (module or emb).parameters():
                 p.requires_grad_(False)
         rows = _encode(tokenizer, train, opt.max_length)
-        labels = torch.tensor([e.label for e in train])
-        pad = tokenizer.pad_token_id or 0
         n = len(rows)
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
-        optim = torch.optim.AdamW([{"params": decay, "weight_decay": opt.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=opt.lr)
-        per_epoch = math.ceil(n / opt.batch_size)
-        total = max(1, math.ceil(per_epoch * opt.epochs))
-        n_warm = int(opt.warmup * total)
-
-        def lr_at(step: int) -> float:
-            if step < n_warm:
-                return (step + 1) / n_warm
-            return max(0.0, (total - step) / max(1, total - n_warm))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(optim, lr_at)
-        gen = torch.Generator().manual_seed(opt.seed)
         torch.manual_seed(opt.seed)  # dropout
-        t0 = time.perf_counter()
-        step, loss_val, ema = 0, float("nan"), None
-        while step < total:
-            order = torch.randperm(n, generator=gen).tolist()
-            for s in range(0, n, opt.batch_size):
-                if step >= total:
-                    break
-                idx = order[s:s + opt.batch_size]
-                batch = pad_rows([rows[i] for i in idx], pad)
-                loss = torch.nn.functional.cross_entropy(model(**batch).logits, labels[idx])
-                optim.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-                optim.step()
-                sched.step()
-                step += 1
-                loss_val = float(loss.detach())
-                ema = loss_val if ema is None else 0.95 * ema + 0.05 * loss_val
-                if progress:
-                    progress(step, total, f"loss {ema:.3f}")
-        train_seconds = time.perf_counter() - t0
+        smooth = None
+
+        def on_step(step: int, total: int, _epoch: int, loss: float) -> None:
+            nonlocal smooth
+            smooth = loss if smooth is None else 0.95 * smooth + 0.05 * loss
+            if progress:
+                progress(step, total, f"loss {smooth:.3f}")
+
+        trained = train_classifier(model, rows, [e.label for e in train], pad_id=tokenizer.pad_token_id or 0,
+                                   epochs=opt.epochs, batch_size=opt.batch_size, lr=opt.lr,
+                                   weight_decay=opt.weight_decay, warmup=opt.warmup, seed=opt.seed, on_step=on_step)
+        total, loss_val, train_seconds = trained.steps, trained.final_loss, trained.seconds
         model.eval()
         acc = None
         n_eval = 0
@@ -241,7 +198,7 @@ def finetune(
         for p in model.parameters():
             p.requires_grad_(True)
         n_params = sum(p.numel() for p in model.parameters())
-        n_train = sum(p.numel() for group in (decay, no_decay) for p in group)
+        n_train = trained.n_trainable
         report = FinetuneReport(
             out=str(out), train_examples=n, steps=total, train_seconds=train_seconds, final_loss=loss_val,
             eval_examples=n_eval, eval_accuracy=acc, n_params=n_params, n_trainable=n_train,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -12,12 +11,12 @@ from typing import Callable
 
 import torch
 
-from .. import __version__
 from ..data.types import Example
 from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
 from .options import ScoreOptions
+from .provenance import libraries
 from .scorer import Scorer
 
 Progress = Callable[[int, int, str], None]
@@ -108,23 +107,6 @@ def _config_labels(model: str) -> list[str] | None:
     except (OSError, ValueError):
         return None  # the model load reports the problem
     return [str(cfg.id2label[i]) for i in range(cfg.num_labels)]
-
-
-def libraries() -> dict:
-    import h5py
-    import numpy
-    import transformers
-
-    return {
-        "attattr": __version__,
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "transformers": transformers.__version__,
-        "h5py": h5py.__version__,
-        "hdf5": h5py.version.hdf5_version,
-        "numpy": numpy.__version__,
-    }
 
 
 def data_digest(examples: list[Example]) -> str:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..data.types import Example
-from ..errors import DataError, OptionError, ResourceError
+from ..errors import DataError, OptionError, ResourceError, first_line
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention, memory, options as options_mod
@@ -384,7 +384,7 @@ class Scorer:
             except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
                 if not is_out_of_memory(exc):
                     raise
-                failed = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                failed = first_line(exc)
             if failed is not None:  # out of the except block: the failed pass's tensors are free now
                 chunk = self._back_off.halve(len(a), failed, self.warn)
                 continue

@@ -14,7 +14,6 @@ The library never prints: pass ``progress`` to follow training.
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from pathlib import Path
@@ -80,34 +79,32 @@ def build_config(
     )
 
 
-def _encode(tokenizer, examples):
-    enc = tokenizer(
-        [ex.text_a for ex in examples],
-        [ex.text_b for ex in examples],
-        padding="longest",
-        truncation=True,
-        max_length=MAX_LENGTH,
-        return_tensors="pt",
-    )
-    return enc
+def _encode(tokenizer, examples) -> list[dict]:
+    from ..engine.encoding import encode
+
+    return [encode(tokenizer, ex, MAX_LENGTH, truncate=True, tokens=False).model_inputs() for ex in examples]
 
 
 def evaluate(model, tokenizer, examples, batch_size: int = 256) -> float:
     """Accuracy of ``model`` on ``examples`` (labels as indices)."""
-    import torch
+    from ..engine.batching import accuracy, classify
 
-    was_training = model.training
-    model.eval()
-    correct = 0
-    with torch.no_grad():
-        for s in range(0, len(examples), batch_size):
-            chunk = examples[s : s + batch_size]
-            enc = _encode(tokenizer, chunk)
-            pred = model(**enc).logits.argmax(-1)
-            gold = torch.tensor([ex.label for ex in chunk])
-            correct += int((pred == gold).sum())
-    model.train(was_training)
-    return correct / max(len(examples), 1)
+    logits = classify(model, _encode(tokenizer, examples), tokenizer.pad_token_id or 0, batch_size)
+    return accuracy(logits.argmax(-1).tolist(), [ex.label for ex in examples]) if len(examples) else 0.0
+
+
+def is_builtin(model_path: str | Path) -> bool:
+    """Whether ``model_path`` is the folder of the built-in model."""
+    try:
+        return Path(model_path).resolve() == DEFAULT_MODEL_DIR.resolve()
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+def display_id(model_path: str | Path) -> str:
+    """The name a model is recorded and shown under: :data:`DEFAULT_MODEL_ID` for the
+    built-in model's folder (wherever the package is installed), else ``model_path`` as given."""
+    return DEFAULT_MODEL_ID if is_builtin(model_path) else str(model_path)
 
 
 def train_default_model(
@@ -140,6 +137,8 @@ def train_default_model(
     from transformers import BertForSequenceClassification
     from transformers.utils import logging as hf_logging
 
+    from ..engine.training import train_classifier
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -159,49 +158,16 @@ def train_default_model(
         model.train()
 
         train = synthetic.train_set(train_size)
-        enc = _encode(tokenizer, train)  # one padding for all: the texts are short
-        labels = torch.tensor([ex.label for ex in train])
-        n = len(train)
+        rows = _encode(tokenizer, train)
 
-        decay, no_decay = [], []
-        for name, p in model.named_parameters():
-            (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-        opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr,
-        )
-        steps_per_epoch = math.ceil(n / batch_size)
-        total = steps_per_epoch * epochs
-        n_warm = max(1, int(warmup * total))
+        def on_step(step: int, total: int, epoch: int, loss: float) -> None:
+            if progress is not None:
+                progress(step, total, {"epoch": epoch, "loss": loss})
 
-        def lr_at(step: int) -> float:  # linear warmup, then linear decay to 0
-            if step < n_warm:
-                return (step + 1) / n_warm
-            return max(0.0, (total - step) / max(1, total - n_warm))
-
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-        gen = torch.Generator().manual_seed(seed)
-        step = 0
-        loss_val = float("nan")
-        for epoch in range(epochs):
-            order = torch.randperm(n, generator=gen)
-            for s in range(0, n, batch_size):
-                idx = order[s : s + batch_size]
-                batch = {k: v[idx] for k, v in enc.items()}
-                # trim the common padding of this batch
-                width = int(batch["attention_mask"].sum(1).max())
-                batch = {k: v[:, :width] for k, v in batch.items()}
-                logits = model(**batch).logits
-                loss = torch.nn.functional.cross_entropy(logits, labels[idx], label_smoothing=label_smoothing)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                opt.step()
-                sched.step()
-                step += 1
-                loss_val = float(loss.detach())
-                if progress is not None:
-                    progress(step, total, {"epoch": epoch, "loss": loss_val})
+        trained = train_classifier(model, rows, [ex.label for ex in train], pad_id=tokenizer.pad_token_id or 0,
+                                   epochs=epochs, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                                   warmup=warmup, seed=seed, label_smoothing=label_smoothing, on_step=on_step)
+        total, loss_val = trained.steps, trained.final_loss
         train_seconds = time.perf_counter() - t0
 
         model.eval()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelError, OptionError
+from ..errors import ModelError, OptionError, first_line
 from .arch import ArchInfo, arch_info
 
 DTYPES = {
@@ -118,7 +118,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
             model = auto.from_pretrained(source, dtype=torch_dtype)
     except OSError as exc:
         if local:
-            raise ModelError(f"cannot load model folder {model_id}: {_first_line(exc)}") from exc
+            raise ModelError(f"cannot load model folder {model_id}: {first_line(exc)}") from exc
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise ModelError(
             f"cannot load '{model_id}' from the hub ({'HF_HUB_OFFLINE=1' if offline else 'no network or no such model'}): "
@@ -126,7 +126,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
         ) from exc
     except (ValueError, KeyError) as exc:
         what = "causal language model" if lm else "sequence classifier"
-        raise ModelError(f"'{model_id}' is not a {what} attattr can load: {_first_line(exc)}") from exc
+        raise ModelError(f"'{model_id}' is not a {what} attattr can load: {first_line(exc)}") from exc
     model.to(dev)
     revision = getattr(model.config, "_commit_hash", None)
     return prepare(model, tokenizer, str(path.resolve()) if local else model_id,
@@ -151,11 +151,6 @@ def hub_reachable(timeout: float = 3.0) -> bool:
             return True
     except OSError:
         return False
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
 
 
 def align_labels(task_labels: list[str] | tuple[str, ...] | None, loaded: LoadedModel) -> tuple[list[int], str]:

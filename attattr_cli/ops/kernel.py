@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from attattr_cli.errors import OptionError
+from attattr_cli.errors import OptionError, first_line
 
 __all__ = [
     "KernelUnavailable",
@@ -176,14 +176,6 @@ def _compile(verbose: bool = False) -> Path:
     return library
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return text
-
-
 def _load(need_device: bool = True, verbose: bool = False, retry: bool = False) -> None:
     with _lock:
         if _state["loaded"] or (_state["tried"] and not retry):
@@ -204,7 +196,7 @@ def _load(need_device: bool = True, verbose: bool = False, retry: bool = False) 
                 detail = f" (full log: {where / 'build-error.log'})"
             except OSError:
                 detail = ""
-            _state["reason"] = f"build or load failed: {_first_line(error)}{detail}"
+            _state["reason"] = f"build or load failed: {first_line(error)}{detail}"
             return
         _state["loaded"] = True
         _state["reason"] = ""
@@ -222,7 +214,7 @@ def available() -> bool:
         # Built without a device (build() with TORCH_CUDA_ARCH_LIST): still needs one to run.
         problem = _environment_problem(need_device=True)
     except Exception as error:  # noqa: BLE001 - belt and braces: never raise from here
-        _state["reason"] = f"loader error: {_first_line(error)}"
+        _state["reason"] = f"loader error: {first_line(error)}"
         return False
     if problem:
         _state["reason"] = problem
