@@ -110,10 +110,7 @@ def evaluate(model, tokenizer, examples: Sequence[Example], max_length: int = 12
 
 def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> None:
     out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise OptionError(f"--out {out} is a file; give a folder to write the model to")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise OptionError(f"--out {out} exists and is not empty; it was left as it is (pass --overwrite or choose another)")
+    check_out(out, overwrite)
     tmp = temp_dir_for(out)
     try:
         model.save_pretrained(tmp)
