@@ -184,7 +184,8 @@ def test_merge_shards_equals_single_run(tmp_path, tiny_model_dir, sst2_small):
     score_to_store(_req(a, tiny_model_dir, sst2_small, examples="0,2,4"))
     score_to_store(_req(b, tiny_model_dir, sst2_small, examples="1,3,5,4"))
     result = merge([a, b], merged)
-    assert result == {"added": 6, "skipped": 1}
+    assert (result["added"], result["skipped"]) == (6, 1)
+    assert [(d["file"], d["examples"], d["added"]) for d in result["shards"]] == [("a.h5", 3, 3), ("b.h5", 4, 3)]
     with Store(merged) as m, Store(single) as s:
         assert m.indices() == s.indices()
         for i in s.indices():

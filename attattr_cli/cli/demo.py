@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from .common import edge, err, out, progress_bar
+from .common import Command, Group, edge, err, out, progress_bar
 
-app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True)
+app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True, cls=Group)
 
 
-@app.command("train")
+@app.command("train", cls=Command)
 def train(
     out_dir: Path = typer.Option(Path("default_model"), "--out", "-o", help="Folder to write the model to."),
     seed: int = typer.Option(0, "--seed", help="Training seed."),
@@ -31,7 +31,7 @@ def train(
         out.print(str(out_dir), markup=False)
 
 
-@app.command("data")
+@app.command("data", cls=Command)
 def data(
     out_file: Path = typer.Option(..., "--out", "-o", help="TSV file to write."),
     count: int = typer.Option(200, "--count", help="Number of examples."),

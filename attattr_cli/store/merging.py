@@ -150,7 +150,8 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
     one is extended example by example (each written whole or not at all). With
     ``partial=False``, shards of a distributed run that lack examples they were given, or
     missing ranks, are refused (see :func:`inspect_shards`). The merged store's provenance
-    keeps every shard's runs and a "merges" entry. Returns {"added": n, "skipped": n}.
+    keeps every shard's runs and a "merges" entry. Returns {"added": n, "skipped": n, "shards":
+    [{"file", "shard", "examples", "added"} per shard]}.
     """
     check = inspect_shards(shards)
     if not partial and check.problems():
@@ -225,7 +226,7 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
         if tmp_path is not None:
             os.replace(tmp_path, out)
             tmp_path = None
-        return {"added": added, "skipped": skipped}
+        return {"added": added, "skipped": skipped, "shards": entry["shards"]}
     finally:
         for r in readers:
             r.close()

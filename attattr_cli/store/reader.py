@@ -106,6 +106,17 @@ class Store(OpenFile):
             out[key] = value
         return out
 
+    def num_layers(self, family: str = "self") -> int | None:
+        """How many layers the model has (in ``family``, for encoder-decoder models), from the
+        provenance; None if the store does not say (e.g. imported from the 2021 code)."""
+        prov = self.provenance
+        fams = prov.get("families")
+        if isinstance(fams, dict) and isinstance(fams.get(family), dict):
+            n = fams[family].get("layers")
+        else:
+            n = prov.get("num_layers")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
     def indices(self) -> list[int]:
         g = self.f[EXAMPLES]
         return sorted(
