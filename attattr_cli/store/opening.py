@@ -71,7 +71,6 @@ def check_schema(f: h5py.File, path: Path) -> None:
         raise StoreError(f"{path} is damaged: it lacks the '{EXAMPLES}' or '{PROVENANCE}' group")
 
 
-
 class OpenFile:
     """An open h5py file in ``self.f``; closes on ``close()`` or leaving a ``with`` block."""
 
