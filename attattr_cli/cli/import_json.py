@@ -21,6 +21,7 @@ def import_json(
     attention: Optional[Path] = typer.Option(None, "--attention", help="The matching attention file (att_score_zero_base_expI.json); default: none, the store's attention is empty."),
     labels: Optional[str] = typer.Option(None, "--labels", help="Label names in the model's order, comma-separated (default: inferred from pred and pred_logits)."),
     store_dtype: str = typer.Option("float32", "--store-dtype", help="float32, or float16 to halve the store."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
     example_e: Optional[int] = typer.Option(None, "-e", hidden=True, help="Old spelling of --example."),
 ) -> None:
     """Import one example of a 2021 AttAttr run (its attribution JSON lines and tokens file) into a store.
@@ -37,7 +38,9 @@ def import_json(
             labels=[x.strip() for x in labels.split(",")] if labels else None,
             attention_path=attention, command=command_line(), store_dtype=store_dtype,
         )
-        if report.already:
+        if quiet:
+            pass
+        elif report.already:
             err.print(f"example {report.index} is already in {report.out}; nothing written", markup=False)
         else:
             err.print(
