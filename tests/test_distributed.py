@@ -185,7 +185,7 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
 
     c = _shard(tmp_path, "c.h5", tiny_model_dir, sst2_small, [0, 1], 1, 2, steps=STEPS + 1)
     bad = runner.invoke(app, ["merge", str(a), str(c), "--out", str(tmp_path / "x.h5")])
-    assert _error(bad) == f"Error: cannot merge c.h5 with a.h5: they were made with other options (steps={STEPS + 1} and steps={STEPS})"
+    assert _error(bad) == f"Error: cannot merge c.h5 with a.h5: they were made with other options (steps={STEPS + 1} in c.h5, {STEPS} in a.h5)"
     assert bad.exit_code == 4 and not (tmp_path / "x.h5").exists()
 
     d = _shard(tmp_path, "d.h5", other_model_dir, sst2_small, [6], 0, 0)
@@ -298,7 +298,7 @@ def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
 
 
 def test_provenance_of_hundreds_of_shards_fits_an_hdf5_attribute(tmp_path):
-    from attattr_cli.store.store import _ATTR_LIMIT, _fit_attr, _group_merges, _group_runs
+    from attattr_cli.store.merging import _ATTR_LIMIT, _fit_attr, _group_merges, _group_runs
 
     cmd = ["attattr", "score", "--model", "/very/long/path/" + "x" * 100, "--out", "scores.h5"]
     runs = [{"command": cmd, "kernel": "cuda", "device": f"cuda:{r % 8}", "requested": 40, "to_score": 40,

@@ -184,7 +184,8 @@ def test_merge_shards_equals_single_run(tmp_path, tiny_model_dir, sst2_small):
     score_to_store(_req(a, tiny_model_dir, sst2_small, examples="0,2,4"))
     score_to_store(_req(b, tiny_model_dir, sst2_small, examples="1,3,5,4"))
     result = merge([a, b], merged)
-    assert result == {"added": 6, "skipped": 1}
+    assert (result["added"], result["skipped"]) == (6, 1)
+    assert [(d["file"], d["examples"], d["added"]) for d in result["shards"]] == [("a.h5", 3, 3), ("b.h5", 4, 3)]
     with Store(merged) as m, Store(single) as s:
         assert m.indices() == s.indices()
         for i in s.indices():
@@ -251,3 +252,62 @@ def test_killed_run_leaves_a_readable_store_and_resumes(tmp_path):
     assert report.skipped == len(kept) and report.scored == 60 - len(kept)
     with Store(out) as s:
         assert s.indices() == list(range(60))
+
+
+# -- how two fingerprints differ ---------------------------------------------------------
+
+_FP = {"weights_sha256": "a" * 64, "data": "dev.tsv", "data_sha256": "1" * 64, "options": {"steps": 4, "rule": "right"},
+       "store_dtype": "float32"}
+
+
+def test_fingerprint_difference_names_each_kind():
+    from attattr_cli.store import fingerprint_difference
+
+    assert fingerprint_difference(_FP, dict(_FP)) is None
+    model = fingerprint_difference(_FP, dict(_FP, weights_sha256="b" * 64, data="x.tsv"))
+    assert model.kind == "model"  # the model comes first, whatever else differs
+    assert model.explain() == "with another model (weights sha256 aaaaaaaaaaaa… there, bbbbbbbbbbbb… here)"
+    assert model.explain("in a.h5", "in b.h5", plural=True).startswith("with other models (weights sha256 aaaa")
+    data = fingerprint_difference(_FP, dict(_FP, data="train.tsv", options={"steps": 8}))
+    assert (data.kind, data.keys) == ("data", ("data",))
+    assert data.explain() == "from other data (dev.tsv there; train.tsv here)"
+    contents = fingerprint_difference(_FP, dict(_FP, data_sha256="2" * 64))
+    assert (contents.kind, contents.keys) == ("data", ("data_sha256",))
+    assert contents.explain() == "from other data (dev.tsv, sha256 111111111111… there; dev.tsv, sha256 222222222222… here)"
+    options = fingerprint_difference(_FP, dict(_FP, options={"steps": 8, "rule": "left"}))
+    assert (options.kind, options.keys) == ("options", ("rule", "steps"))
+    assert options.explain() == "with other options (rule='right' there, 'left' here; steps=4 there, 8 here)"
+    added = fingerprint_difference(_FP, dict(_FP, options={"steps": 4, "rule": "right", "top_k": 3}))
+    assert added.explain() == "with other options (top_k=None there, 3 here)"
+    field = fingerprint_difference(_FP, dict(_FP, store_dtype="float16"))
+    assert (field.kind, field.keys) == ("field", ("store_dtype",))
+    assert field.explain("on rank 0", "on rank 1") == "with other settings (store_dtype='float32' on rank 0, 'float16' on rank 1)"
+
+
+def test_writer_and_merge_explain_the_difference(tmp_path):
+    from types import SimpleNamespace
+
+    from attattr_cli.store import check_fingerprint
+
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    prov = {"num_layers": 1, "num_heads": 1}
+    for path, fp in ((a, _FP), (b, dict(_FP, options={"steps": 8, "rule": "right"}))):
+        with StoreWriter(path, fp, prov, store_dtype="float32") as w:
+            n = 3
+            w.write(SimpleNamespace(
+                index=0, tokens=["[CLS]", "x", "[SEP]"], input_ids=np.arange(n), segment_ids=np.zeros(n, np.int64),
+                logits=np.zeros(2), probs=np.full(2, 0.5), layers=[0], attribution=np.ones((1, 1, n, n)),
+                attention=np.ones((1, 1, n, n)), head_max=np.ones((1, 1)), f_baseline=np.zeros(1),
+                residual=np.zeros(1), gold=0, pred=0, target=0, f_full=0.5, kernel="torch", truncated=False,
+                text_a="x", text_b=None, meta={}))
+    with pytest.raises(StoreError) as info:
+        check_fingerprint(a, _FP, dict(_FP, options={"steps": 8, "rule": "right"}))
+    assert str(info.value) == f"{a} was made with other options (steps=4 there, 8 here): use the same options or another --out"
+    with pytest.raises(StoreError) as info:
+        StoreWriter(a, dict(_FP, weights_sha256="c" * 64), prov)
+    assert str(info.value) == (f"{a} was made with another model (weights sha256 aaaaaaaaaaaa… there, cccccccccccc… here):"
+                               " use another --out")
+    with pytest.raises(StoreError) as info:
+        merge([a, b], tmp_path / "m.h5")
+    assert str(info.value) == "cannot merge b.h5 with a.h5: they were made with other options (steps=8 in b.h5, 4 in a.h5)"
+    assert not (tmp_path / "m.h5").exists()

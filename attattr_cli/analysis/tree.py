@@ -1,4 +1,4 @@
-"""Attribution trees (Hao et al. 2021, METHOD.md section 3), as networkx graphs, JSON and DOT.
+"""Attribution trees (Hao et al. 2021; docs/method.md), as networkx graphs, JSON and DOT.
 
 For one example, the heads of each layer are summed, a^l = sum_h Attr_h (n x n, query x
 key), and each layer is normalised by its largest entry outside the first query row
@@ -28,12 +28,14 @@ the parent. The graph holds only the tokens in the tree. Nothing here prints or 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import networkx as nx
 import numpy as np
 
 from ..errors import AttattrError, OptionError, StoreError
+
+if TYPE_CHECKING:  # networkx is imported where a graph is made, so importing this module stays quick
+    import networkx as nx
 
 MODES = ("paper", "reference")
 DEFAULT_TAU = 0.4
@@ -171,6 +173,8 @@ def build_tree(
             top = int(ranked[0]) if ranked[0] != 0 else int(ranked[1])
         edges, entry, height = _walk_reference(scores, labels, top, tau)
 
+    import networkx as nx
+
     g = nx.DiGraph(top=top, tau=float(tau), lam=None if lam is None else float(lam), mode=compat,
                    layers=labels, tokens=tokens, top_chosen=chosen)
     in_tree = [top] + [j for (_, j, _) in edges]
@@ -296,6 +300,8 @@ def has_path(g: nx.DiGraph, a: int, b: int) -> bool:
     """Whether one of the two tokens is an ancestor of the other in the tree."""
     if a not in g or b not in g:
         return False
+    import networkx as nx
+
     return nx.has_path(g, a, b) or nx.has_path(g, b, a)
 
 
@@ -330,6 +336,8 @@ def tree_from_json(data: dict) -> nx.DiGraph:
     """The inverse of :func:`tree_to_json`."""
     if not isinstance(data, dict) or data.get("format") != JSON_FORMAT:
         raise OptionError(f"not an attribution tree (expected \"format\": \"{JSON_FORMAT}\")")
+    import networkx as nx
+
     g = nx.DiGraph(top=data["top"], tau=data["tau"], lam=data.get("lambda"), mode=data["mode"],
                    layers=list(data["layers"]), tokens=list(data["tokens"]), top_chosen=bool(data.get("top_chosen", False)))
     if "example" in data:

@@ -1,4 +1,9 @@
-"""The `attattr` command line: thin commands over the library."""
+"""The `attattr` command line: thin commands over the library.
+
+Importing this module must stay quick (no torch, no transformers): commands that need them
+import them when they run, so `attattr --help`, `--version`, `info`, `tree`, `merge` and
+`triggers STORE` start in a fraction of a second (tests/test_startup.py checks it).
+"""
 
 from __future__ import annotations
 
@@ -6,37 +11,34 @@ import typer
 
 from .. import __version__
 from . import demo
+from .attack import attack
+from .common import EXIT_CODES_HELP, Command, Group
+from .faithfulness import faithfulness
+from .finetune import finetune
+from .import_json import import_json
+from .importance import importance
 from .info import info
 from .merge import merge
+from .prune import prune
 from .score import score
 from .tree import tree
-from .import_json import import_json
-from .finetune import finetune
-from .importance import importance
-from .prune import prune
 from .triggers import triggers
-from .attack import attack
-from .faithfulness import faithfulness
+
 
 app = typer.Typer(
     name="attattr",
     help="Self-attention attribution (Hao et al., AAAI 2021) for transformers models, into HDF5 stores.",
+    epilog=EXIT_CODES_HELP,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    cls=Group,
 )
-app.command("score")(score)
-app.command("info")(info)
-app.command("merge")(merge)
-app.command("tree")(tree)
-app.command("import-json")(import_json)
-app.command("finetune")(finetune)
-app.command("importance")(importance)
-app.command("prune")(prune)
-app.command("triggers")(triggers)
-app.command("attack")(attack)
-app.command("faithfulness")(faithfulness)
-app.add_typer(demo.app, name="demo")
+for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tree", tree),
+                        ("import-json", import_json), ("finetune", finetune), ("importance", importance),
+                        ("prune", prune), ("triggers", triggers), ("attack", attack),
+                        ("faithfulness", faithfulness)):
+    app.command(_name, cls=Command)(_command)
+app.add_typer(demo.app, name="demo", cls=Group)
 
 
 def _version(value: bool):

@@ -9,8 +9,6 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from ..analysis.attack import from_document, run_attack
-from ..analysis.triggers import load_triggers
 from .common import TASK_HELP, edge, err, out, progress_bar
 from ..fileio import write_atomic
 
@@ -41,6 +39,9 @@ def attack(
 
     The table goes to stderr, the JSON to --out (or stdout). The data file is only read.
     """
+    from ..analysis.attack import from_document, run_attack
+    from ..analysis.triggers import load_triggers
+
     with edge():
         from ..data import parse_examples
         from ..engine.run import resolve_inputs

@@ -1,4 +1,5 @@
-"""What every command shares: the error edge, the stderr console, progress bars, parsers."""
+"""What every command shares: the error edge and exit codes, the stderr console, progress
+(a rich bar on a terminal, plain lines otherwise), help without type tags on flags, parsers."""
 
 from __future__ import annotations
 
@@ -9,13 +10,29 @@ import time
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from typer.core import TyperCommand, TyperGroup
 
 from ..data.tasks import TASKS
 from ..errors import AttattrError, OptionError
 
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
+
+# exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C
+EXIT_CODES = {
+    0: "success",
+    1: "other error",
+    2: "bad data or options",
+    3: "model cannot be loaded or is not supported",
+    4: "store missing, damaged or made otherwise",
+    5: "out of memory",
+    6: "torchrun processes failed or disagree",
+    130: "interrupted (what was written is kept)",
+}
+EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES.items()) + "."
+
+# seconds between plain progress lines when stderr is not a terminal (a log file, a pipe)
+PLAIN_EVERY = 10.0
 
 # --task's help in every command, from the task registry (a new preset shows up everywhere)
 TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
@@ -39,36 +56,117 @@ def edge():
         raise typer.Exit(130) from None
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class _PlainProgress:
+    """Progress as plain lines on stderr, one every ``every`` seconds and one at the end:
+    ``score: 40/200 (20%), 2.1/s, ETA 1m16s, <label>``. For a log file or a pipe, where a
+    rich bar would be silent until the end (or fill the file with redraws)."""
+
+    def __init__(self, description: str, every: float):
+        self.description, self.every = description, every
+        self.start = self.last = None
+        self.first_done = 0
+        self.state: tuple[int, int, str] | None = None
+        self.printed: tuple[int, int] | None = None
+
+    def update(self, done: int, total: int, label: str) -> None:
+        now = time.monotonic()
+        if self.start is None:
+            self.start, self.last, self.first_done = now, now, done
+        self.state = (done, total, label)
+        if now - self.last >= self.every or (total and done >= total):
+            self.print(now)
+
+    def print(self, now: float) -> None:
+        done, total, label = self.state
+        if self.printed == (done, total):
+            return
+        self.last, self.printed = now, (done, total)
+        elapsed = now - self.start
+        rate = (done - self.first_done) / elapsed if elapsed > 0 else 0.0
+        parts = [f"{self.description}: {done}/{total}" + (f" ({100 * done / total:.0f}%)" if total else "")]
+        if rate > 0:
+            parts.append(f"{rate:.3g}/s")
+            if total and done < total:
+                parts.append(f"ETA {_duration((total - done) / rate)}")
+        else:
+            parts.append(f"{_duration(elapsed)} elapsed")
+        if label:
+            parts.append(label)
+        err.print(", ".join(parts), markup=False, highlight=False)
+
+    def stop(self) -> None:
+        if self.state is not None:
+            self.print(time.monotonic())
+
+
 @contextlib.contextmanager
 def progress_bar(description: str, quiet: bool = False):
-    """A rich progress bar on stderr, drawn from the first update on (so an error
-    raised before any work leaves stderr with its one line); yields a callback
-    (done, total, label)."""
+    """Progress on stderr, drawn from the first update on (so an error raised before any
+    work leaves stderr with its one line); yields a callback (done, total, label). A rich bar
+    when stderr is a terminal, else a plain line every PLAIN_EVERY seconds and at the end."""
     state: dict = {}
 
     def update(done: int, total: int, label: str) -> None:
         if quiet:
             return
         if "bar" not in state:
-            bar = Progress(
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[label]}"),
-                TimeElapsedColumn(),
-                TimeRemainingColumn(),
-                console=err,
-            )
-            bar.start()
-            state["bar"] = bar
-            state["task"] = bar.add_task(description, total=total, label="")
-        state["bar"].update(state["task"], completed=done, total=total, label=label)
+            if not err.is_terminal:
+                state["bar"] = _PlainProgress(description, PLAIN_EVERY)
+            else:
+                from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                                           TimeRemainingColumn)
+
+                bar = Progress(
+                    TextColumn("[bold]{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn("{task.fields[label]}"),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=err,
+                )
+                bar.start()
+                state["bar"] = bar
+                state["task"] = bar.add_task(description, total=total, label="")
+        if "task" in state:
+            state["bar"].update(state["task"], completed=done, total=total, label=label)
+        else:
+            state["bar"].update(done, total, label)
 
     try:
         yield update
     finally:
         if "bar" in state:
             state["bar"].stop()
+
+
+def _untagged(params: list) -> list:
+    """On/off flags take no value: show no type tag (`<bool>`) beside them in help."""
+    for p in params:
+        if getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class Group(TyperGroup):
+    """The root and `demo` command groups (help: flags without type tags)."""
+
+    def get_params(self, ctx):
+        return _untagged(super().get_params(ctx))
+
+
+class Command(TyperCommand):
+    """Every command (help: flags without type tags)."""
+
+    def get_params(self, ctx):
+        return _untagged(super().get_params(ctx))
 
 
 def parse_int_list(spec: str | None, name: str) -> list[int] | None:

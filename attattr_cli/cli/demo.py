@@ -6,16 +6,16 @@ from pathlib import Path
 
 import typer
 
-from .common import edge, err, out, progress_bar
+from .common import Command, Group, edge, err, out, progress_bar
 
-app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True)
+app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True, cls=Group)
 
 
-@app.command("train")
+@app.command("train", cls=Command)
 def train(
     out_dir: Path = typer.Option(Path("default_model"), "--out", "-o", help="Folder to write the model to."),
     seed: int = typer.Option(0, "--seed", help="Training seed."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
 ) -> None:
     """Retrain the default model (a small BERT on the synthetic task) on CPU."""
     with edge():
@@ -23,15 +23,16 @@ def train(
 
         with progress_bar("train", quiet) as bar:
             metrics = train_default_model(out_dir, seed=seed, progress=lambda s, t, info: bar(s, t, f"loss {info.get('loss', 0):.3f}" if "loss" in info else ""))
-        err.print(
-            f"held-out accuracy {metrics['heldout_accuracy']:.4f} after {metrics['train_seconds']:.1f} s "
-            f"({metrics['n_params']} parameters)",
-            markup=False,
-        )
+        if not quiet:
+            err.print(
+                f"held-out accuracy {metrics['heldout_accuracy']:.4f} after {metrics['train_seconds']:.1f} s "
+                f"({metrics['n_params']} parameters)",
+                markup=False,
+            )
         out.print(str(out_dir), markup=False)
 
 
-@app.command("data")
+@app.command("data", cls=Command)
 def data(
     out_file: Path = typer.Option(..., "--out", "-o", help="TSV file to write."),
     count: int = typer.Option(200, "--count", help="Number of examples."),

@@ -13,11 +13,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
-from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
+
+# analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
+# torch (tests/test_startup.py checks that they agree)
+METHODS = ("attention_last", "attention_mean", "rollout", "attn_grad", "attr", "attr_cls", "grad", "input_x_grad",
+           "loo", "random")
 
 
 
@@ -54,6 +57,8 @@ def _perm_table(report: dict) -> Table | None:
 
 
 def _csv(report: dict) -> bytes:
+    from ..analysis.faithfulness import report_rows
+
     rows = report_rows(report)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
@@ -92,6 +97,9 @@ def faithfulness(
 
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
+    from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report
+    from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, check_methods
+
     with edge():
         chosen = check_methods(methods.split(","))
         if erase not in ERASE_MODES:

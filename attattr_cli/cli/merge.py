@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import typer
@@ -15,6 +16,8 @@ def merge(
     shards: list[Path] = typer.Argument(..., help="Shard stores written with the same model, data and options (e.g. scores.rank*-of-4.h5)."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Store to create or extend."),
     partial: bool = typer.Option(False, "--partial", help="Merge what is there even if a torchrun shard was interrupted or a rank's shard is not given."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (out, added, skipped, shards, notes, problems) instead of the path."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No notes or summary on stderr (errors still)."),
 ) -> None:
     """Merge shard stores into one (same model, data and options required).
 
@@ -22,13 +25,20 @@ def merge(
     disk) are checked for completeness: a shard that lacks examples its process was given, or
     a rank whose shard is not given, is refused unless --partial. An example in several shards
     is taken once. A new --out is written under a temporary name and renamed when complete.
+    Prints --out's path on stdout (with --json, a summary).
     """
     with edge():
         check = inspect_shards([str(s) for s in shards])
-        for note in check.notes():
+        notes, problems = check.notes(), check.problems() if partial else []
+        for note in [] if quiet else notes:
             err.print(f"Note: {note}", markup=False)
-        for problem in check.problems() if partial else []:
+        for problem in problems:
             err.print(f"Warning: {problem}; merging what is there (--partial)", markup=False)
         result = merge_stores([str(s) for s in shards], str(out_path), partial=partial)
-        err.print(f"merged {result['added']} examples ({result['skipped']} already present)", markup=False)
-        out.print(str(out_path), markup=False)
+        if not quiet:
+            err.print(f"merged {result['added']} examples ({result['skipped']} already present)", markup=False)
+        if as_json:
+            summary = dict(out=str(out_path), **result, notes=notes, problems=problems)
+            out.print(json.dumps(summary, indent=2), markup=False)
+        else:
+            out.print(str(out_path), markup=False)

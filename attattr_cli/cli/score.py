@@ -8,12 +8,17 @@ from typing import Optional
 
 import typer
 
-from ..engine import distributed
-from ..engine.integrate import RULES
-from ..engine.run import ScoreRequest, score_to_store
-from ..engine.options import ScoreOptions
 from ..errors import OptionError
 from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
+
+# engine.integrate.RULES, written out so that `attattr --help` need not import torch
+# (tests/test_startup.py checks that they agree)
+RULES = {
+    "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
+    "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
+    "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
+    "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
+}
 
 
 def score(
@@ -59,6 +64,10 @@ def score(
     scores a share of the examples, balanced by token count, into its own shard beside
     --out, and rank 0 merges the shards into --out.
     """
+    from ..engine import distributed
+    from ..engine.run import ScoreRequest, score_to_store
+    from ..engine.options import ScoreOptions
+
     with edge():
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
@@ -96,8 +105,10 @@ def _warn(message: str) -> None:
     err.print(f"Warning: {message}", markup=False)
 
 
-def _score_distributed(req: ScoreRequest, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
+def _score_distributed(req, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
     """One torchrun process: its share into its shard; rank 0 reports and merges."""
+    from ..engine import distributed
+
     lead = env.rank == 0
 
     def warn(message: str) -> None:

@@ -31,26 +31,39 @@ def _format(fmt: Optional[str], out_path: Optional[str]) -> str:
     return EXTENSIONS[ext]
 
 
+def _one(value, alias, name: str, alias_name: str):
+    """An option given under its name or its old spelling (not both)."""
+    if value is not None and alias is not None and value != alias:
+        raise OptionError(f"give {name} once ({alias_name} is its old spelling)")
+    return value if value is not None else alias
+
+
 def tree(
     store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score` or `attattr import-json`)."),
-    example: int = typer.Option(..., "--example", "-e", help="Index of the example in the store."),
+    example: Optional[int] = typer.Option(None, "--example", "-n", help="Index of the example in the store (required)."),
     tau: float = typer.Option(DEFAULT_TAU, "--tau", help="Keep edges whose layer-normalised score exceeds tau."),
     lam: Optional[float] = typer.Option(None, "--lambda", help="Cost per edge (the paper's lambda): edges must also score above it. Paper mode only."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to walk, e.g. 0,2 or 6:12 (default: all scored layers)."),
-    top: Optional[int] = typer.Option(None, "--top", help="Root the tree at this token position instead of the top-node rule (where does this token's information come from?)."),
+    root: Optional[int] = typer.Option(None, "--root", help="Root the tree at this token position instead of the top-node rule (where does this token's information come from?)."),
     compat: str = typer.Option("paper", "--compat", help="paper (default) or reference (the 2021 code's procedure, step for step)."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="dot (default), json, png or svg; inferred from -o's extension."),
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="File to write (default: stdout; PNG and SVG need -o when stdout is a terminal)."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default) or decoder; cross has no tree."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+    example_e: Optional[int] = typer.Option(None, "-e", hidden=True, help="Old spelling of --example."),
+    top: Optional[int] = typer.Option(None, "--top", hidden=True, help="Old spelling of --root."),
 ) -> None:
-    """Build the attribution tree of one example (Hao et al. 2021, METHOD.md section 3).
+    """Build the attribution tree of one example (Hao et al. 2021; docs/method.md).
 
-    Writes DOT on stdout by default, so `attattr tree scores.h5 --example 3 | dot -Tpng > tree.png`
+    Writes DOT on stdout by default, so `attattr tree scores.h5 -n 3 | dot -Tpng > tree.png`
     works; PNG and SVG are rendered with Graphviz's dot. Edges point from a token (query) to the
     token it takes information from (key); arrows show the flow up to the top node.
     """
     with edge():
+        example = _one(example, example_e, "--example", "-e")
+        if example is None:
+            raise OptionError("give the example to draw: --example N (-n N)")
+        root = _one(root, top, "--root", "--top")
         fmt = _format(fmt, out_path)
         to_stdout = out_path in (None, "-")
         if to_stdout and fmt in ("png", "svg") and sys.stdout.isatty():
@@ -64,9 +77,7 @@ def tree(
             )
         with Store(store) as s:
             e = s.get(example, family=family)
-            fams = s.provenance.get("families")
-            num_layers = fams[e.family]["layers"] if isinstance(fams, dict) and e.family in fams \
-                else s.provenance.get("num_layers")
+            num_layers = s.num_layers(e.family)
         if e.attribution is None:  # --keep sum: the tree sums heads anyway
             if e.head_sum is None:
                 raise OptionError(
@@ -75,7 +86,7 @@ def tree(
                 )
             e.attribution = e.head_sum
         g = tree_for_example(e, layers=parse_int_list(layers, "--layers"), tau=tau, lam=lam, compat=compat,
-                             num_layers=num_layers if isinstance(num_layers, int) else None, top=top)
+                             num_layers=num_layers, top=root)
         if fmt == "json":
             data: bytes = (json.dumps(tree_to_json(g), indent=2) + "\n").encode()
         else:

@@ -28,6 +28,7 @@ from typing import Callable
 import torch
 
 from ..errors import AttattrError, DistributedError, OptionError, StoreError, first_line
+from ..store.fingerprint import fingerprint_difference
 from .run import PreparedRun, Progress, ScoreReport, ScoreRequest, prepare_run, score_into
 
 DEFAULT_TIMEOUT = 3600
@@ -223,22 +224,14 @@ class _Group:
             self.dist.destroy_process_group()
 
 
-def _fingerprint_difference(a: dict, b: dict) -> str:
-    keys = [k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return ", ".join(f"{k}: {str(b.get(k))[:40]} here, {str(a.get(k))[:40]} on rank 0" for k in keys)
-
-
 def _already_in(out: Path, fingerprint: dict) -> list[int]:
     """Examples in an existing --out (rank 0 reads it; a mismatched store is refused)."""
-    from ..store import Store
-    from ..store.store import _fingerprint_mismatch
+    from ..store import Store, check_fingerprint
 
     if not out.exists() or out.stat().st_size == 0:
         return []
     with Store(out) as s:
-        problem = _fingerprint_mismatch(out, s.fingerprint, fingerprint)
-        if problem:
-            raise StoreError(problem)
+        check_fingerprint(out, s.fingerprint, fingerprint)
         return s.indices()
 
 
@@ -261,9 +254,10 @@ def score_distributed(req: ScoreRequest, env: DistEnv, progress: Progress | None
 
         def same_inputs():
             if fps[env.rank] != fps[0]:
+                how = fingerprint_difference(fps[0], fps[env.rank]).explain("on rank 0", f"on rank {env.rank}")
                 raise DistributedError(
-                    f"rank {env.rank} loaded other inputs than rank 0 ({_fingerprint_difference(fps[0], fps[env.rank])}):"
-                    " give every machine the same model, data and options"
+                    f"rank {env.rank} loaded other inputs than rank 0, {how}: give every machine the same model,"
+                    " data and options"
                 )
 
         group.together(same_inputs)

@@ -20,7 +20,8 @@ import numpy as np
 
 from ..errors import StoreError
 from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
-from .store import Store, _now
+from .opening import utc_now
+from .reader import Store
 
 GROUP = "token_importance"
 
@@ -89,7 +90,7 @@ class TokenImportanceStore(Store):
         ds.attrs["method"] = method
         ds.attrs["description"] = description
         ds.attrs["params"] = json.dumps(params, sort_keys=True)
-        ds.attrs["written"] = _now()
+        ds.attrs["written"] = utc_now()
         self.f.flush()
         ti.move(tmp, method)
         self.f.flush()

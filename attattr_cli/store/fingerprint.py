@@ -1,0 +1,84 @@
+"""How two run fingerprints differ, in words.
+
+A fingerprint (written into every store) holds what decides the numbers: ``weights_sha256``
+(the model), ``data`` and ``data_sha256`` (the input file), ``options`` (a dict of scoring
+options) and a few more fields (``store_dtype``, ...). Resuming a store, merging shards and
+checking the ranks of a torchrun launch all refuse fingerprints that differ, and all say how
+with :func:`fingerprint_difference`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text[:12] + "…" if len(text) > 12 else text
+
+
+@dataclass(frozen=True)
+class FingerprintDifference:
+    """The most telling difference between two fingerprints.
+
+    ``kind`` is "model" (other weights), "data" (another file or other contents), "options"
+    (``keys`` lists the options that differ) or "field" (``keys`` lists other fields that differ,
+    such as ``store_dtype``).
+    ``first``/``second`` hold the differing values of each fingerprint, by key.
+    """
+
+    kind: str
+    keys: tuple[str, ...]
+    first: dict
+    second: dict
+
+    def explain(self, first: str = "there", second: str = "here", plural: bool = False) -> str:
+        """A phrase that completes "... was made " / "... were made ", naming each value with its
+        label: ``with other options (steps=4 there, 8 here)``. ``plural`` for two things at once
+        ("with other models" instead of "with another model")."""
+        a, b = self.first, self.second
+
+        def pair(key: str, show=repr) -> str:
+            return f"{key}={show(a.get(key))} {first}, {show(b.get(key))} {second}"
+
+        if self.kind == "model":
+            what = "other models" if plural else "another model"
+            return (f"with {what} (weights sha256 {_short(a.get('weights_sha256'))} {first},"
+                    f" {_short(b.get('weights_sha256'))} {second})")
+        if self.kind == "data":
+            def data(d: dict) -> str:
+                return f"{d.get('data')}, sha256 {_short(d.get('data_sha256'))}" if "data_sha256" in self.keys \
+                    else str(d.get("data"))
+            return f"from other data ({data(a)} {first}; {data(b)} {second})"
+        if self.kind == "options":
+            return f"with other options ({'; '.join(pair(k) for k in self.keys)})"
+        return f"with other settings ({'; '.join(pair(k) for k in self.keys)})"
+
+
+def fingerprint_difference(first: dict, second: dict) -> FingerprintDifference | None:
+    """How ``second`` differs from ``first``, or None if they are equal. One kind is reported, in
+    this order: the model, the data, the options (all differing options), any other field."""
+    if first == second:
+        return None
+
+    def differ(a: dict, b: dict, keys=None) -> tuple[str, ...]:
+        keys = sorted(set(a) | set(b)) if keys is None else keys
+        return tuple(k for k in keys if a.get(k) != b.get(k))
+
+    if differ(first, second, ["weights_sha256"]):
+        return FingerprintDifference("model", ("weights_sha256",), _pick(first, ["weights_sha256"]),
+                                     _pick(second, ["weights_sha256"]))
+    keys = differ(first, second, ["data", "data_sha256"])
+    if keys:
+        both = ["data", "data_sha256"]
+        return FingerprintDifference("data", keys, _pick(first, both), _pick(second, both))
+    oa, ob = first.get("options") or {}, second.get("options") or {}
+    keys = differ(oa, ob)
+    if keys:
+        return FingerprintDifference("options", keys, _pick(oa, keys), _pick(ob, keys))
+    keys = differ(first, second)
+    return FingerprintDifference("field", keys, _pick(first, keys), _pick(second, keys))
+
+
+def _pick(d: dict, keys) -> dict:
+    return {k: d.get(k) for k in keys}

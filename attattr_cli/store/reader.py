@@ -1,0 +1,266 @@
+"""Reading a store: ``Store`` (read-only view) and ``StoredExample`` (one example, one family)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import h5py
+import numpy as np
+
+from ..errors import StoreError
+from .opening import OpenFile, check_schema, open_file, read_attr
+from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
+
+
+@dataclass
+class StoredExample:
+    index: int
+    tokens: list[str]
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    gold: int
+    pred: int
+    target: int
+    logits: np.ndarray
+    probs: np.ndarray
+    layers: list[int]
+    attribution: np.ndarray
+    attention: np.ndarray
+    head_max: np.ndarray
+    f_full: float
+    f_baseline: np.ndarray
+    residual: np.ndarray
+    kernel: str
+    truncated: bool
+    text_a: str
+    text_b: str | None
+    meta: dict
+    # schema 1.1
+    family: str = "self"
+    families: list = None  # every family this example holds
+    keep: str = "maps"  # maps | sum | none
+    head_sum: np.ndarray | None = None  # [layer, query, key]: the maps summed over heads
+    topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
+    topk_value: np.ndarray | None = None  # [layer, head, k]
+    key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
+    decoder_tokens: list | None = None
+
+    def summed(self) -> np.ndarray | None:
+        """[layer, query, key]: the head sum, from the maps or as stored."""
+        if self.head_sum is not None:
+            return self.head_sum
+        if self.attribution is not None and np.ndim(self.attribution) == 4:
+            return np.asarray(self.attribution).sum(axis=1)
+        return None
+
+
+def _strings(ds) -> list[str]:
+    return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
+
+
+class Store(OpenFile):
+    """Read-only view of a store. Use as a context manager or call ``close()``."""
+
+    def __init__(self, path: str | os.PathLike, _mode: str = "r"):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise StoreError(f"no such store: {self.path}")
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a directory, not a store")
+        if _mode != "r" and not h5py.is_hdf5(self.path):  # never let h5py touch a file it cannot read
+            raise StoreError(f"{self.path} is not a readable HDF5 store; it was left as it is")
+        self.f = open_file(self.path, _mode)
+        try:
+            check_schema(self.f, self.path)
+        except BaseException:
+            self.f.close()
+            raise
+
+    @property
+    def schema_version(self) -> str:
+        return str(read_attr(self.f, "schema_version"))
+
+    @property
+    def fingerprint(self) -> dict:
+        return json.loads(read_attr(self.f, "fingerprint", "{}"))
+
+    @property
+    def root_attrs(self) -> dict[str, Any]:
+        return {k: read_attr(self.f, k) for k in self.f.attrs}
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        prov = self.f[PROVENANCE]
+        out = {}
+        for key in prov.attrs:
+            value = read_attr(prov, key)
+            if isinstance(value, str) and value[:1] in "[{":
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError:
+                    pass
+            out[key] = value
+        return out
+
+    def num_layers(self, family: str = "self") -> int | None:
+        """How many layers the model has (in ``family``, for encoder-decoder models), from the
+        provenance; None if the store does not say (e.g. imported from the 2021 code)."""
+        prov = self.provenance
+        fams = prov.get("families")
+        if isinstance(fams, dict) and isinstance(fams.get(family), dict):
+            n = fams[family].get("layers")
+        else:
+            n = prov.get("num_layers")
+        return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+    def indices(self) -> list[int]:
+        g = self.f[EXAMPLES]
+        return sorted(
+            int(name) for name in g
+            if not name.startswith(PARTIAL_PREFIX) and bool(g[name].attrs.get("complete", False))
+        )
+
+    def __len__(self) -> int:
+        return len(self.indices())
+
+    def __contains__(self, index: int) -> bool:
+        return example_name(index) in self.f[EXAMPLES]
+
+    def families_of(self, index: int) -> dict[str, dict]:
+        """{family: {keep, heads, query, key}} of one example (1.0 stores: self only)."""
+        g = self._group(index)
+        info = read_attr(g, "families")
+        if info:
+            return json.loads(info)
+        heads = int(g["head_max"].shape[1]) if "head_max" in g and g["head_max"].ndim == 2 else 0
+        return {"self": {"keep": "maps", "heads": heads, "query": "input", "key": "input"}}
+
+    def families(self) -> list[str]:
+        idx = self.indices()
+        return list(self.families_of(idx[0])) if idx else []
+
+    def _group(self, index: int):
+        name = example_name(index)
+        if name not in self.f[EXAMPLES]:
+            have = self.indices()
+            span = f"{have[0]}..{have[-1]}" if have else "none"
+            raise StoreError(f"example {index} is not in {self.path} (it holds {len(have)} examples: {span})")
+        return self.f[EXAMPLES][name]
+
+    def get(self, index: int, arrays: bool = True, family: str | None = None) -> StoredExample:
+        """One example; ``family`` picks the attention family (default: the first one the
+        example holds: ``self``, or ``encoder`` for encoder-decoder models)."""
+        g = self._group(index)
+        a = g.attrs
+        fams = self.families_of(index)
+        family = family or next(iter(fams))
+        if family not in fams:
+            raise StoreError(f"example {index} in {self.path} has no attention family '{family}'; it has: {', '.join(fams)}")
+        fg = g if family == "self" else g[FAMILIES][family]
+        finfo = fams[family]
+
+        def arr(key, big=True):
+            if key not in fg:
+                return None
+            return fg[key][()] if (arrays or not big) else None
+
+        tokens = _strings(g["tokens"])
+        decoder_tokens = _strings(g["decoder_tokens"]) if "decoder_tokens" in g else None
+        segments = g["segment_ids"][()]
+        query_tokens = decoder_tokens if finfo.get("query") == "decoder" and decoder_tokens is not None else tokens
+        key_tokens = decoder_tokens if finfo.get("key") == "decoder" and decoder_tokens is not None else tokens
+        if query_tokens is not tokens:  # the decoder input is the input shifted right by one
+            segments = np.concatenate([[-1], segments[:-1]]).astype(segments.dtype)
+        attention = arr("attention")
+        if attention is None:
+            attention = arr("attention_mean")
+        return StoredExample(
+            index=int(read_attr(g, "index")),
+            tokens=query_tokens,
+            input_ids=g["input_ids"][()],
+            segment_ids=segments,
+            gold=int(read_attr(g, "gold")),
+            pred=int(read_attr(g, "pred")),
+            target=int(read_attr(g, "target")),
+            logits=g["logits"][()],
+            probs=g["probs"][()],
+            layers=[int(x) for x in fg["layers"][()]],
+            attribution=arr("attribution"),
+            attention=attention,
+            head_max=fg["head_max"][()],
+            f_full=float(read_attr(g, "f_full")),
+            f_baseline=fg["f_baseline"][()],
+            residual=fg["residual"][()],
+            kernel=str(read_attr(g, "kernel")),
+            truncated=bool(a.get("truncated", False)),
+            text_a=str(read_attr(g, "text_a", "")),
+            text_b=str(read_attr(g, "text_b")) if bool(a.get("has_text_b", False)) else None,
+            meta=json.loads(read_attr(g, "meta", "{}")),
+            family=family,
+            families=list(fams),
+            keep=str(finfo.get("keep", "maps")),
+            head_sum=arr("head_sum"),
+            topk_index=arr("topk_index"),
+            topk_value=arr("topk_value"),
+            key_tokens=key_tokens,
+            decoder_tokens=decoder_tokens,
+        )
+
+    def __iter__(self) -> Iterable[StoredExample]:
+        for i in self.indices():
+            yield self.get(i)
+
+    def summary(self) -> dict[str, Any]:
+        """What ``attattr info`` shows."""
+        idx = self.indices()
+        lengths, correct, golds, resid = [], 0, 0, []
+        for i in idx:
+            e = self.get(i, arrays=False)
+            lengths.append(len(e.tokens))
+            if e.gold >= 0:
+                golds += 1
+                correct += int(e.gold == e.pred)
+            resid.append(np.abs(e.residual))
+        prov = self.provenance
+        out = {
+            "path": str(self.path),
+            "size_bytes": self.path.stat().st_size,
+            **{k: v for k, v in self.root_attrs.items() if k != "fingerprint"},
+            "examples": len(idx),
+            "first_index": idx[0] if idx else None,
+            "last_index": idx[-1] if idx else None,
+            "tokens_min": int(min(lengths)) if lengths else None,
+            "tokens_mean": float(np.mean(lengths)) if lengths else None,
+            "tokens_max": int(max(lengths)) if lengths else None,
+            "accuracy": (correct / golds) if golds else None,
+            "with_gold": golds,
+            "mean_abs_residual_per_layer": np.mean(resid, axis=0).tolist() if resid else None,
+            "families": self._family_summary(idx),
+            "provenance": prov,
+        }
+        return out
+
+    def _family_summary(self, idx: list[int]) -> dict:
+        """{family: {layers, heads, keep, query, key, mean_abs_residual}} over the examples."""
+        out: dict = {}
+        for i in idx:
+            for name, info in self.families_of(i).items():
+                e = self.get(i, arrays=False, family=name)
+                d = out.setdefault(name, {"layers": e.layers, "heads": info.get("heads"), "keep": set(),
+                                          "query": info.get("query"), "key": info.get("key"), "_r": [],
+                                          "top_k": None})
+                d["keep"].add(info.get("keep"))
+                d["_r"].extend(np.abs(e.residual).tolist())
+                g = self._group(i)
+                fg = g if name == "self" else g[FAMILIES][name]
+                if "topk_value" in fg:
+                    d["top_k"] = int(fg["topk_value"].shape[-1])
+        for d in out.values():
+            d["keep"] = ",".join(sorted(d["keep"]))
+            r = d.pop("_r")
+            d["mean_abs_residual"] = float(np.mean(r)) if r else None
+        return out
