@@ -364,3 +364,22 @@ def load_triggers(path) -> dict:
     if not doc.get("triggers"):
         raise OptionError(f"{p} holds no triggers")
     return doc
+
+
+def select_by_length(tokenizer, rows: Sequence, chosen: Sequence[int], min_tokens: int = 0,
+                     limit: int | None = None) -> list[int]:
+    """The indices among ``chosen`` (positions in ``rows``) whose example has at least
+    ``min_tokens`` tokens, special tokens included; the first ``limit`` of them."""
+    if min_tokens <= 0 and limit is None:
+        return list(chosen)
+    keep = []
+    for i in chosen:
+        e = rows[i]
+        args = (e.text_a,) if e.text_b is None else (e.text_a, e.text_b)
+        if len(tokenizer(*args, add_special_tokens=True)["input_ids"]) >= min_tokens:
+            keep.append(i)
+            if limit is not None and len(keep) >= limit:
+                break
+    if not keep:
+        raise OptionError(f"no selected example has at least {min_tokens} tokens")
+    return keep
