@@ -94,6 +94,10 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
     return m, task_obj, picked, label_map, rows, labels
 
 
+def _cmd(command) -> list[str]:
+    return list(command) if command else list(API_COMMAND)
+
+
 def _spec(examples) -> str | None:
     if examples is None or isinstance(examples, str):
         return examples
@@ -119,7 +123,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           steps_per_pass: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
           dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
-          continuation: str | None = None, position: int | None = None, progress=False, warn=None):
+          continuation: str | None = None, position: int | None = None, progress=False, command=None, warn=None):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -166,7 +170,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
         with using(model, device=device, dtype=dtype, lm=is_lm) as m, progress_for(progress, "score") as bar:
             req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=_spec(examples),
                                options=options, device=device, store_dtype=store_dtype, seed=seed,
-                               command=list(API_COMMAND), inputs=exs, label_names=names)
+                               command=_cmd(command), inputs=exs, label_names=names)
             report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn)
             if out is not None:
                 return report
@@ -226,7 +230,7 @@ class Importance:
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
                seeds: Sequence[int] = (0, 1, 2), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
-               progress=False) -> Importance:
+               progress=False, command=None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``
     (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
     unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
@@ -271,7 +275,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if "random" in wanted:
         tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
     if out is not None:
-        written = imp.write(out, ident, tables, list(API_COMMAND))
+        written = imp.write(out, ident, tables, _cmd(command))
         return Importance(written.identity, written.tables, str(out))
     return Importance(ident, {t.name: t for t in tables})
 
@@ -395,7 +399,7 @@ class PruneResult:
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
           methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,
           keep_method: str | None = None, effectiveness=None, ks=None, device: str = "auto",
-          truncate: bool = False, out=None, progress=False) -> PruneResult:
+          truncate: bool = False, out=None, progress=False, command=None) -> PruneResult:
     """Mask the least important heads at each rate (a fraction of all heads) and evaluate, for
     every table of ``importance`` (an :class:`Importance`, or an importance file's path);
     ``rates`` "start:stop:step", a comma string or a list. ``effectiveness``: a store of the
@@ -435,7 +439,7 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
             "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
             "task": task_name or "generic", "data": data or ("memory" if inputs is not None else "builtin"),
             "examples": _spec(examples) or "all",
-            "importance": (imp_file.path if imp_file is not None else None), "command": list(API_COMMAND),
+            "importance": (imp_file.path if imp_file is not None else None), "command": _cmd(command),
         })
         batches = Batches(loaded, picked, label_map, batch_size, truncate)
         if imp_file is not None:
@@ -464,6 +468,7 @@ class TriggersResult:
     triggers: list
     patterns: list
     document: dict
+    distinct: int = 0  # distinct triggers before top_k
 
     def to_dict(self) -> dict:
         """The triggers JSON document (what ``attattr triggers`` writes)."""
@@ -483,7 +488,7 @@ class TriggersResult:
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int = 20,
              top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
              min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
-             progress=False) -> TriggersResult:
+             progress=False, command=None) -> TriggersResult:
     """Adversarial triggers from attention attribution (Hao et al. 2021, section 4). From
     ``source`` (a store path, an open store, or results of :func:`score`), or scored on the fly
     from model and data/inputs (into ``store`` when given, else a temporary one). ``top_k``
@@ -515,7 +520,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             else:
                 path = Path(store)
             score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
-                  steps=steps, device=device, progress=progress)
+                  steps=steps, device=device, progress=progress, command=command)
             source = path
         st, close = _open(source)
         try:
@@ -531,14 +536,14 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
             "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
             "task": prov.get("task"), "data": prov.get("data"),
-            "options": prov.get("options"), "min_tokens": min_tokens, "special": special, "command": list(API_COMMAND),
+            "options": prov.get("options"), "min_tokens": min_tokens, "special": special, "command": _cmd(command),
         }
         doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
                                 source=src, patterns=patterns)
     finally:
         if tmp is not None:
             tmp.cleanup()
-    res = TriggersResult(chosen_t, patterns, doc)
+    res = TriggersResult(chosen_t, patterns, doc, len(ranked))
     if out is not None:
         p = Path(out)
         write_atomic(p, triggers_csv(chosen_t) if p.suffix.lower() == ".csv" else res.to_json() + "\n")
@@ -664,7 +669,7 @@ class FaithfulnessResult:
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
                  steps: int = 20, rule: str = "right", target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
-                 device: str = "auto", truncate: bool = False, out=None, progress=False) -> FaithfulnessResult:
+                 device: str = "auto", truncate: bool = False, out=None, progress=False, command=None) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
@@ -697,7 +702,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             m = loaded_model or as_model(model, device=device)
             score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, target=target,
                   output=output, layers=None if need_attr else [], truncate=truncate, device=device,
-                  progress=progress)
+                  progress=progress, command=command)
             from ..data import parse_examples
             from ..engine.run import resolve_inputs
 
@@ -719,7 +724,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         else:
             with progress_for(progress, "faithfulness") as bar:
                 report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar)
-        report["command"] = list(API_COMMAND)
+        report["command"] = _cmd(command)
         res = FaithfulnessResult(report, None if tmp is not None else str(store))
     finally:
         if tmp is not None:
@@ -737,7 +742,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
 def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=None, max_examples: int | None = None,
              epochs: float = 1.0, lr: float = 1e-4, warmup: float = 0.0, batch_size: int = 32, max_length: int = 128,
              freeze_embeddings: bool = False, weight_decay: float = 0.01, threads: int = 0, seed: int = 0,
-             overwrite: bool = False, progress=False):
+             overwrite: bool = False, progress=False, command=None):
     """Fine-tune a sequence classifier (a folder or hub id; None: the built-in default on the
     synthetic task's training set, evaluated on its held-out set) on ``data`` and save a
     standard model folder to ``out``. Returns the ``FinetuneReport`` (steps, seconds, final
@@ -782,7 +787,7 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
                               freeze_embeddings=freeze_embeddings, weight_decay=weight_decay, warmup=warmup,
                               seed=seed, threads=threads)
     provenance = {"task": task_obj.name if task_obj else "generic", "data": data or "builtin",
-                  "eval_data": eval_data or ("builtin" if evals else ""), "command": list(API_COMMAND)}
+                  "eval_data": eval_data or ("builtin" if evals else ""), "command": _cmd(command)}
     with progress_for(progress, "finetune") as bar:
         return run_finetune(str(model), train, labels, out, options, evals, bar, overwrite, provenance)
 
@@ -798,10 +803,10 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
 
 
 def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,
-                labels: Sequence[str] | None = None, attention_path=None, store_dtype: str = "float32"):
+                labels: Sequence[str] | None = None, attention_path=None, store_dtype: str = "float32", command=None):
     """Import one example of the 2021 code's output (its attribution matrices and tokens
     file) into the store ``out``; returns the import report."""
     from ..analysis.legacy import import_2021 as run_import
 
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
-                      attention_path=attention_path, command=list(API_COMMAND), store_dtype=store_dtype)
+                      attention_path=attention_path, command=_cmd(command), store_dtype=store_dtype)
