@@ -707,7 +707,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             from ..engine.run import resolve_inputs
 
             mid, names = _model_arg(m)
-            _, _, rows, _ = resolve_inputs(mid, data, task, names)
+            _, _, rows, _ = resolve_inputs(mid, data, _default_task(mid, data, task, None), names)
             select = [rows[i].index for i in parse_examples(_spec(examples), len(rows))]
             loaded_model = m
         else:
