@@ -89,15 +89,15 @@ prune-demo: setup
     mkdir -p prune-demo
     {{venv}}/bin/attattr score --out prune-demo/scores.h5 --examples 0:50 -q
     {{venv}}/bin/attattr importance prune-demo/scores.h5 --out prune-demo/imp.h5 -q
-    {{venv}}/bin/attattr importance --method taylor,random --seeds 0,1,2 --out prune-demo/imp.h5 --plot prune-demo/importance.png -q
+    {{venv}}/bin/attattr importance --methods taylor,random --seeds 0,1,2 --out prune-demo/imp.h5 --plot prune-demo/importance.png -q
     {{venv}}/bin/attattr prune --importance prune-demo/imp.h5 --effectiveness prune-demo/scores.h5 --keep 0.5 --save-model prune-demo/pruned --out prune-demo/curves.json --plot prune-demo/curves.png
 
 # The SST-2 pruning study of docs/pruning.md on a model from finetune-sst2 (CPU: about an hour, mostly scoring)
 prune-sst2 model="models/sst2-minilm" n="200": setup
     mkdir -p prune-sst2
     {{venv}}/bin/attattr score --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --steps 20 --target gold --out prune-sst2/dev.h5
-    {{venv}}/bin/attattr importance prune-sst2/dev.h5 --method attr,attention --out prune-sst2/imp.h5
-    {{venv}}/bin/attattr importance --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --method taylor,random --seeds 0,1,2 --out prune-sst2/imp.h5 --plot prune-sst2/importance.png
+    {{venv}}/bin/attattr importance prune-sst2/dev.h5 --methods attr,attention --out prune-sst2/imp.h5
+    {{venv}}/bin/attattr importance --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods taylor,random --seeds 0,1,2 --out prune-sst2/imp.h5 --plot prune-sst2/importance.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --out prune-sst2/curves.json --plot prune-sst2/curves.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --effectiveness prune-sst2/dev.h5 --out prune-sst2/effectiveness.json --plot prune-sst2/effectiveness.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --methods attr --rates 0.5 --keep 0.5 --save-model prune-sst2/pruned-50 --out prune-sst2/keep50.json
