@@ -306,3 +306,13 @@ def test_errors_are_typed_and_name_arguments(builtin, cli_store):
             aa.tree(s[0], compat="other")
         with pytest.raises(OptionError, match="example index"):
             s["a"]  # noqa: B018
+
+
+def test_help_texts_written_out_agree_with_the_library():
+    from attattr_cli.analysis.token_importance import METHODS
+    from attattr_cli.cli.faithfulness import METHODS_HELP
+    from attattr_cli.cli.score import RULES_HELP
+    from attattr_cli.engine.integrate import RULES
+
+    assert RULES_HELP == "; ".join(f"{k}: {v}" for k, v in RULES.items())
+    assert METHODS_HELP == ", ".join(METHODS)

@@ -10,11 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report, report_rows
-from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
@@ -28,7 +24,15 @@ def _fmt(v, se=None) -> str:
     return f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
 
 
-def _table(report: dict) -> Table:
+# the names of analysis.token_importance.METHODS (a test checks they agree), written here so
+# that `attattr --help` does not import torch
+METHODS_HELP = "attention_last, attention_mean, rollout, attn_grad, attr, attr_cls, grad, input_x_grad, loo, random"
+
+
+def _table(report: dict):
+    from rich.table import Table
+
+
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
                     f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
     for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
@@ -40,7 +44,9 @@ def _table(report: dict) -> Table:
     return t
 
 
-def _perm_table(report: dict) -> Table | None:
+def _perm_table(report: dict):
+    from rich.table import Table
+
     p = report.get("permutation")
     if not p:
         return None
@@ -55,6 +61,8 @@ def _perm_table(report: dict) -> Table | None:
 
 
 def _csv(report: dict) -> bytes:
+    from ..analysis.faithfulness import report_rows
+
     rows = report_rows(report)
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=list(rows[0]))
@@ -71,7 +79,7 @@ def faithfulness(
     data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
     task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:200 (default: all)."),
-    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated token importance methods: " + ", ".join(METHODS) + "."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods (default: all): " + METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
     steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
     rule: str = typer.Option("right", "--rule", help="Quadrature rule of the attribution (with --model/--data)."),
@@ -95,9 +103,11 @@ def faithfulness(
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
     with edge():
+        from ..analysis.faithfulness import plot_report, report_rows
+        from ..analysis.token_importance import ERASE_MODES, METHODS, check_methods
         from ..api import faithfulness as run
 
-        chosen = check_methods(methods.split(","))
+        chosen = check_methods(methods.split(",") if methods else list(METHODS))
         if erase not in ERASE_MODES:
             raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
         for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
@@ -132,6 +142,8 @@ def faithfulness(
             options.print_rows(report_rows(report), "json")
         if not quiet and not as_json:
             # a terminal's own width; 132 columns when stderr is a pipe or a log file
+            from rich.console import Console
+
             tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
             tables.print(_table(report))
             perm = _perm_table(report)

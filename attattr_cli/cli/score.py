@@ -8,13 +8,16 @@ from typing import Optional
 
 import typer
 
-from ..engine import distributed
-from ..engine.integrate import RULES
-from ..engine.run import ScoreRequest, score_to_store
-from ..engine.score import ScoreOptions
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
+
+
+# engine.integrate.RULES in words (a test checks they agree), here so that `attattr --help`
+# does not import torch
+RULES_HELP = ("right: right Riemann sum, alpha = k/m for k = 1..m (the paper); left: left Riemann sum,"
+              " alpha = k/m for k = 0..m-1 (the 2021 reference code); midpoint: midpoint rule, alpha = (k - 1/2)/m;"
+              " gauss: Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)")
 
 
 def score(
@@ -24,7 +27,7 @@ def score(
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples(),
     steps: int = typer.Option(20, "--steps", help="Integration steps m."),
-    rule: str = typer.Option("right", "--rule", help="Quadrature: " + "; ".join(f"{k}: {v}" for k, v in RULES.items()) + "."),
+    rule: str = typer.Option("right", "--rule", help="Quadrature: " + RULES_HELP + "."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
@@ -62,6 +65,10 @@ def score(
     --out, and rank 0 merges the shards into --out.
     """
     with edge():
+        from ..engine import distributed
+        from ..engine.run import ScoreRequest, score_to_store
+        from ..engine.score import ScoreOptions
+
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
         score_options = ScoreOptions(
@@ -101,8 +108,10 @@ def _warn(message: str) -> None:
     err.print(f"Warning: {message}", markup=False)
 
 
-def _score_distributed(req: ScoreRequest, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
+def _score_distributed(req, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
     """One torchrun process: its share into its shard; rank 0 reports and merges."""
+    from ..engine import distributed
+
     lead = env.rank == 0
 
     def warn(message: str) -> None:
