@@ -61,9 +61,9 @@ def parse_rates(spec: str) -> list[float]:
         else:
             rates = [float(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise OptionError(f"bad --rates '{spec}': give start:stop:step such as 0:1:0.1, or a list such as 0,0.5,0.7") from None
+        raise OptionError(f"bad rates '{spec}' (--rates): give start:stop:step such as 0:1:0.1, or a list such as 0,0.5,0.7") from None
     if not rates or any(r < 0 or r > 1 for r in rates):
-        raise OptionError(f"bad --rates '{spec}': rates are fractions of the heads, between 0 and 1")
+        raise OptionError(f"bad rates '{spec}' (--rates): rates are fractions of the heads, between 0 and 1")
     return rates
 
 
@@ -225,7 +225,7 @@ def kept_heads(values: np.ndarray, keep: float) -> list[list[int]]:
     """Per layer, the original indices of the heads kept when the most important
     ``round(keep * L * H)`` heads (one global ranking) stay."""
     if not 0 <= keep <= 1:
-        raise OptionError(f"--keep {keep}: a fraction of the heads between 0 and 1")
+        raise OptionError(f"keep_heads (--keep-heads) {keep}: a fraction of the heads between 0 and 1")
     L, H = values.shape
     mask = mask_at(values, 1 - keep)
     return [[h for h in range(H) if mask[layer, h] > 0] for layer in range(L)]
@@ -245,7 +245,7 @@ def check_sliceable(model) -> None:
     if mt not in SLICEABLE or type(model).__name__ not in (
             "BertForSequenceClassification", "RobertaForSequenceClassification", "ElectraForSequenceClassification",
             *REMOTE_CLASSES.values()):
-        raise ModelError(f"--save-model slices heads of BERT-family encoders ({', '.join(SLICEABLE)}); "
+        raise ModelError(f"saving a pruned model (save_model, --save-model) slices heads of BERT-family encoders ({', '.join(SLICEABLE)}); "
                          f"this model is '{mt}' ({type(model).__name__}). Use the masked curves instead")
     if getattr(model.config, "attattr_kept_heads", None) is not None:
         raise ModelError("this model is already pruned by attattr; prune the original model instead")
@@ -265,7 +265,7 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
     """Slice and save into ``out`` (temp folder then rename); returns the pruned model."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise OptionError(f"--save-model {out} exists and is not empty; it was left as it is (choose another)")
+        raise OptionError(f"--save-model {out} exists and is not empty; it was left as it is (choose another save_model / --save-model)")
     pruned = prune_copy(model, kept)
     mt = model.config.model_type
     pruned.config.auto_map = {"AutoModelForSequenceClassification": f"modeling_attattr_pruned.{REMOTE_CLASSES[mt]}"}

@@ -294,7 +294,7 @@ def select(triggers: list[Trigger], top: int | None, per_class: bool,
     """The ``top`` best overall, or with ``per_class`` the ``top`` best of each class
     (classes in label order; ranks kept)."""
     if top is not None and top < 1:
-        raise OptionError(f"--top must be at least 1, got {top}")
+        raise OptionError(f"top_k (--top-k) must be at least 1, got {top}")
     if not per_class:
         return triggers[:top] if top else list(triggers)
     order = list(label_names or []) + sorted({t.label for t in triggers} - set(label_names or []))

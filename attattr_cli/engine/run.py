@@ -80,7 +80,7 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None, l
     if model is None:
         model = resolve_model_for_task(task, None) if task is not None else None
         if model is None:
-            raise OptionError("--data needs --model (a local model folder or a hub id)")
+            raise OptionError("data needs a model (--data needs --model): a local model folder or a hub id")
     return model, task, examples, labels
 
 
