@@ -121,6 +121,8 @@ def test_importance_matches_the_cli(builtin, cli_store, tmp_path):
     # the attr table is E_x max Attr_h: the mean of the examples' head maxima
     with aa.open_store(cli_store) as s:
         np.testing.assert_allclose(api["attr"], np.mean([e.head_max for e in s], axis=0), rtol=1e-6)
+    in_memory = aa.importance(aa.score(builtin, examples="0:3", steps=4), methods="attr")
+    np.testing.assert_array_equal(in_memory["attr"], api["attr"])
     assert api.ranking("attr")[0] == tuple(np.unravel_index(np.argmax(api["attr"]), api["attr"].shape))
 
 

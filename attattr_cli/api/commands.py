@@ -303,7 +303,10 @@ class _InMemory:
         self.results = {int(e.index): e for e in results}
         self.path = "results"
         first = results[0]
-        self.provenance = {"label_names": list(first.label_names or []), "num_layers": None, "num_heads": None}
+        shape = np.shape(first.head_max)
+        self.provenance = {"label_names": list(first.label_names or []), "model": "results",
+                           "num_layers": int(max(first.layers) + 1) if len(first.layers) else int(shape[0]),
+                           "num_heads": int(shape[1])}
         self.fingerprint = {}
 
     def indices(self) -> list[int]:

@@ -70,11 +70,13 @@ def attack(
 
 def _rows(result: dict) -> list[dict]:
     rows = []
+    cols = max((len(r["triggers"]) for r in result["table"]), default=0)
     for row in result["table"]:
         d = {"class": row["class"], "n": row["n"], "before": row["before"]}
-        for k, x in enumerate(row["triggers"], 1):
-            d[f"trigger_{k}"] = x["name"]
-            d[f"trigger_{k}_accuracy"] = x["accuracy"]
+        for k in range(cols):
+            x = row["triggers"][k] if k < len(row["triggers"]) else {}
+            d[f"trigger_{k + 1}"] = x.get("name")
+            d[f"trigger_{k + 1}_accuracy"] = x.get("accuracy")
         d["trigger_mean"] = row["trigger_mean"]
         d["control_mean"] = row["control_mean"]
         rows.append(d)
