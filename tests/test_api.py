@@ -318,3 +318,35 @@ def test_help_texts_written_out_agree_with_the_library():
 
     assert RULES_HELP == "; ".join(f"{k}: {v}" for k, v in RULES.items())
     assert METHODS_HELP == ", ".join(METHODS)
+
+
+def test_cli_conventions_new_names_old_spellings_hidden(cli_store, tmp_path):
+    import re
+
+    def names(*cmd):
+        r = runner.invoke(app, [*cmd, "--help"], terminal_width=200)
+        return set(re.findall(r"(--[a-z][a-z-]*)", r.output))
+
+    for cmd, new, old in [(("score",), "--steps-per-pass", "--step-batch"), (("importance",), "--methods", "--method"),
+                          (("prune",), "--keep-heads", "--keep"), (("triggers",), "--top-k", "--top"),
+                          (("attack",), "--top-k", "--top")]:
+        shown = names(*cmd)
+        assert new in shown and old not in shown, cmd
+    for cmd in ("importance", "prune", "triggers", "attack", "faithfulness", "score", "finetune"):
+        shown = names(cmd)
+        assert {"--quiet", "--device"} <= shown or cmd == "finetune", cmd
+        if cmd not in ("score", "finetune"):
+            assert "--json" in shown, cmd
+    # the old spellings still work, with the same result
+    a = _cli("score", "--out", tmp_path / "a.h5", "--examples", "0:1", "--steps", "2", "--steps-per-pass", "1", "-q")
+    b = _cli("score", "--out", tmp_path / "b.h5", "--examples", "0:1", "--steps", "2", "--step-batch", "1", "-q")
+    with aa.open_store(a.stdout.strip()) as sa, aa.open_store(b.stdout.strip()) as sb:
+        np.testing.assert_array_equal(sa[0].attribution, sb[0].attribution)
+    # --json: the table on stdout instead of the path, the same numbers as the file
+    r = _cli("importance", cli_store, "--methods", "attr", "--out", tmp_path / "i.h5", "--json", "-q")
+    rows = json.loads(r.stdout)
+    values = aa.importance(cli_store, methods="attr")["attr"]
+    assert len(rows) == values.size
+    assert all(values[x["layer"], x["head"]] == pytest.approx(x["value"]) for x in rows)
+    r = _cli("importance", cli_store, "--method", "attr", "--out", tmp_path / "j.h5", "--csv", "-q")
+    assert r.stdout.splitlines()[0] == "table,layer,head,value" and len(r.stdout.splitlines()) == values.size + 1
