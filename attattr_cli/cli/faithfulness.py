@@ -14,7 +14,7 @@ import typer
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
-from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
 
 
@@ -75,10 +75,10 @@ def _csv(report: dict) -> bytes:
 def faithfulness(
     store: Optional[Path] = typer.Argument(None, help="An attattr store (from `attattr score`); omit it to score --model/--data first."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the store's model, or the built-in default)."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
-    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:200 (default: all)."),
+    model: Optional[str] = options.model("Local model folder or hub id (default: the store's model, or the built-in default)."),
+    data: Optional[str] = options.data(),
+    task: Optional[str] = options.task(),
+    examples: Optional[str] = options.examples(),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods (default: all): " + METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
     steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
@@ -91,8 +91,8 @@ def faithfulness(
     seed: int = typer.Option(0, "--seed", help="Seed of the random baseline and of the permutations."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write one CSV row per method."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
+    device: str = options.device(),
+    truncate: bool = options.truncate(),
     as_json: bool = options.as_json(),
     quiet: bool = options.quiet(),
 ) -> None:

@@ -8,15 +8,15 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import TASK_HELP, command_line, edge, err, out, progress_bar
+from .common import command_line, edge, err, out, progress_bar
 
 
 def finetune(
     out_dir: Path = typer.Option(..., "--out", "-o", help="Model folder to write (written under a temporary name, then renamed)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder: a bare encoder (e.g. a BertModel) or a classifier (default: the built-in synthetic-task BERT)."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="Training TSV, CSV or JSONL (default: the built-in synthetic training set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP[:-1] + " (columns and label names)."),
-    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Training rows to use, e.g. 0:10000 (default: all)."),
+    model: Optional[str] = options.model("Local model folder: a bare encoder (e.g. a BertModel) or a classifier (default: the built-in synthetic-task BERT)."),
+    data: Optional[str] = options.data("Training TSV, CSV or JSONL (default: the built-in synthetic training set)."),
+    task: Optional[str] = options.task(),
+    examples: Optional[str] = options.examples("Training rows to use, e.g. 0:10000 (default: all)."),
     max_examples: Optional[int] = typer.Option(None, "--max-examples", help="Use at most the first N selected training rows."),
     eval_data: Optional[str] = typer.Option(None, "--eval-data", help="Evaluation file, same columns (default: none; the synthetic held-out set for the built-in task)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Passes over the training rows (fractions allowed)."),
