@@ -76,6 +76,8 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
     from ..engine.run import resolve_inputs
     from ..models.loading import align_labels
 
+    if model is not None and not isinstance(model, (str, Path)):
+        model = as_model(model)  # once: wrapping a (model, tokenizer) pair hashes its weights
     model_id, names = _model_arg(model)
     task = _default_task(model_id, data, task, inputs)
     if inputs is not None:
@@ -152,6 +154,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
         family = [f.strip() for f in family.split(",") if f.strip()]
     if isinstance(layers, int):
         layers = [layers]
+    if model is not None and not isinstance(model, (str, Path)):
+        model = as_model(model, lm=bool(lm))  # once: wrapping a (model, tokenizer) pair hashes its weights
     is_lm = bool(lm) or (isinstance(model, Model) and model.loaded.lm)
     exs = to_examples(inputs) if inputs is not None else None
     model_id, names = _model_arg(model)
