@@ -6,11 +6,16 @@
 >>> res[0].top(5)
 
 Layered above analysis/, engine/ and store/; every command of the CLI calls into it.
+model.py: load_model, Model, the context that leaves a caller's model as it was, progress;
+results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
+resolution; scoring.py: score; heads.py: importance, predict, prune; triggers.py: triggers,
+attack; tools.py: faithfulness, finetune, merge, import_2021.
 """
 
-from .commands import (AttackResult, FaithfulnessResult, Importance, Predictions, PruneResult, TriggersResult,
-                       attack, faithfulness, finetune, import_2021, importance, merge, model_and_data, predict, prune,
-                       score, to_examples, triggers)
+from .heads import Importance, Predictions, PruneResult, importance, predict, prune
+from .scoring import score
+from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge
+from .triggers import AttackResult, TriggersResult, attack, triggers
 from .model import Model, load_model
 from .results import Attribution, Interaction, Results, StoreView, Tree, open_store, tree
 
