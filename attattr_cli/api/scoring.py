@@ -54,7 +54,13 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     exs = to_examples(inputs) if inputs is not None else None
     model_id, names = _model_arg(model)
     if not is_lm:
+        if target_token is not None or continuation is not None or position is not None:
+            raise OptionError("target_token, continuation and position go with a causal language model"
+                              " (load_model(..., lm=True))")
         task = _default_task(model_id, data, task, exs)
+    elif target not in ("predicted",):
+        raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
+                          " target_token or continuation")
     options = ScoreOptions(steps=steps, rule=rule, target=target, output=output,
                            layers=None if layers is None else list(layers), dtype=dtype, truncate=truncate,
                            step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
