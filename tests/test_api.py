@@ -353,3 +353,29 @@ def test_cli_conventions_new_names_old_spellings_hidden(cli_store, tmp_path):
     assert all(values[x["layer"], x["head"]] == pytest.approx(x["value"]) for x in rows)
     r = _cli("importance", cli_store, "--method", "attr", "--out", tmp_path / "j.h5", "--csv", "-q")
     assert r.stdout.splitlines()[0] == "table,layer,head,value" and len(r.stdout.splitlines()) == values.size + 1
+
+
+def test_model_results_and_progress_bar(builtin, cli_store, capsys):
+    assert builtin.id == "attattr/synthetic-nli-bert" and builtin.config.num_labels == len(builtin.label_names)
+    assert (builtin.num_layers, builtin.num_heads) == (builtin.config.num_hidden_layers,
+                                                        builtin.config.num_attention_heads)
+    assert aa.load_model(builtin) is builtin
+    imp = aa.importance(cli_store, methods="attr", progress=True)
+    assert json.loads(imp.to_json())["tables"]["attr"]["values"] == imp["attr"].tolist()
+    trig = aa.triggers(cli_store, top_k=2)
+    lines = trig.to_csv().splitlines()
+    assert len(lines) == 1 + len(trig.triggers) and json.loads(trig.to_json()) == trig.to_dict()
+    with pytest.raises(OptionError, match="progress must be"):
+        aa.importance(cli_store, methods="attr", progress="yes")
+
+
+def test_readme_python_example_is_short_and_uses_the_public_api():
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python"):]
+    code = section[section.index("```python") + len("```python"):].split("```")[0].strip().splitlines()
+    assert len(code) <= 15
+    used = set(re.findall(r"\baa\.([a-z_0-9]+)\(", "\n".join(code)))
+    assert used and used <= set(aa.__all__)
+    assert {"load_model", "score", "importance", "prune", "triggers", "attack"} <= used
