@@ -119,7 +119,7 @@ def faithfulness(
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
         t0 = time.perf_counter()
-        if store is None and store_out is not None and store_out.resolve() == out_path.resolve():
+        if store is None and (store_out or out_path.with_suffix(".h5")).resolve() == out_path.resolve():
             raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
         if store is not None and (data is not None or task is not None):
             raise OptionError("give either a STORE or --model/--data/--task, not both")
