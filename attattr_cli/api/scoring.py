@@ -31,7 +31,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
 
     ``output`` is prob, logit or logprob; ``keep`` auto, maps, sum or none; ``top_k`` also keeps
     each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once (the
-    numbers do not depend on it). A causal language model (``load_model(..., lm=True)``)
+    numbers do not depend on it). Results in memory hold exactly what a store written with the
+    same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
     attributes the next token (``target_token``) or a ``continuation``.
     """
     from ..engine.run import ScoreRequest, score_to_store
