@@ -89,18 +89,18 @@ prune-demo: setup
     mkdir -p prune-demo
     {{venv}}/bin/attattr score --out prune-demo/scores.h5 --examples 0:50 -q
     {{venv}}/bin/attattr importance prune-demo/scores.h5 --out prune-demo/imp.h5 -q
-    {{venv}}/bin/attattr importance --method taylor,random --seeds 0,1,2 --out prune-demo/imp.h5 --plot prune-demo/importance.png -q
-    {{venv}}/bin/attattr prune --importance prune-demo/imp.h5 --effectiveness prune-demo/scores.h5 --keep 0.5 --save-model prune-demo/pruned --out prune-demo/curves.json --plot prune-demo/curves.png
+    {{venv}}/bin/attattr importance --methods taylor,random --seeds 0,1,2 --out prune-demo/imp.h5 --plot prune-demo/importance.png -q
+    {{venv}}/bin/attattr prune --importance prune-demo/imp.h5 --effectiveness prune-demo/scores.h5 --keep-heads 0.5 --save-model prune-demo/pruned --out prune-demo/curves.json --plot prune-demo/curves.png
 
 # The SST-2 pruning study of docs/pruning.md on a model from finetune-sst2 (CPU: about an hour, mostly scoring)
 prune-sst2 model="models/sst2-minilm" n="200": setup
     mkdir -p prune-sst2
     {{venv}}/bin/attattr score --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --steps 20 --target gold --out prune-sst2/dev.h5
-    {{venv}}/bin/attattr importance prune-sst2/dev.h5 --method attr,attention --out prune-sst2/imp.h5
-    {{venv}}/bin/attattr importance --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --method taylor,random --seeds 0,1,2 --out prune-sst2/imp.h5 --plot prune-sst2/importance.png
+    {{venv}}/bin/attattr importance prune-sst2/dev.h5 --methods attr,attention --out prune-sst2/imp.h5
+    {{venv}}/bin/attattr importance --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods taylor,random --seeds 0,1,2 --out prune-sst2/imp.h5 --plot prune-sst2/importance.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --out prune-sst2/curves.json --plot prune-sst2/curves.png
     {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --effectiveness prune-sst2/dev.h5 --out prune-sst2/effectiveness.json --plot prune-sst2/effectiveness.png
-    {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --methods attr --rates 0.5 --keep 0.5 --save-model prune-sst2/pruned-50 --out prune-sst2/keep50.json
+    {{venv}}/bin/attattr prune --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --importance prune-sst2/imp.h5 --methods attr --rates 0.5 --keep-heads 0.5 --save-model prune-sst2/pruned-50 --out prune-sst2/keep50.json
 
 # Triggers on the built-in default: are they the planted pairs, do they flip the other classes (controls beside)?
 triggers-planted: setup
@@ -108,8 +108,8 @@ triggers-planted: setup
 
 # SST-2 triggers from the first 500 training sentences of >= 15 word pieces, attack on the dev set (MODEL: a fine-tuned folder; DATA: the folder of GLUE's train.tsv and dev.tsv)
 triggers-sst2 MODEL DATA: setup
-    {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top 10 --store sst2_train_scores.h5 --out sst2_triggers.json
-    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top 3 --controls 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl
+    {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top-k 10 --store sst2_train_scores.h5 --out sst2_triggers.json
+    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top-k 3 --controls 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl
 
 # Faithfulness of every token importance method on the built-in default (200 held-out examples)
 faithfulness: setup

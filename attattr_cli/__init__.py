@@ -1,6 +1,32 @@
 """attattr: self-attention attribution (Hao et al., AAAI 2021) for transformers models.
 
-The library surface; the command-line interface lives in ``attattr_cli.cli``.
+The library is the product: ``import attattr_cli as aa`` gives ``aa.load_model``,
+``aa.score``, ``aa.open_store``, ``aa.tree``, ``aa.importance``, ``aa.prune``, ``aa.predict``,
+``aa.triggers``, ``aa.attack``, ``aa.faithfulness``, ``aa.finetune``, ``aa.merge`` and
+``aa.import_2021`` (see docs/api.md). They are imported lazily, so ``import attattr_cli``
+stays cheap (no torch until a function is used). The command-line interface lives in
+``attattr_cli.cli`` and calls these functions.
 """
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "Attribution", "AttackResult", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
+    "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
+    "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
+    "triggers", "__version__",
+]
+
+
+def __getattr__(name: str):
+    if name in __all__ and name != "__version__":
+        from . import api
+
+        value = getattr(api, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'attattr_cli' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -173,7 +173,7 @@ def run_child(method: str, n: int, args, tmp: Path) -> dict:
     cmd = [sys.executable, __file__, "--child", method, "--n", str(n), "--examples", str(args.examples),
            "--steps", str(args.steps), "--dtype", args.dtype, "--save", str(out), "--config", args.config] \
         + (["--gpu"] if args.gpu else []) + ["--ref-step-batch", str(args.ref_step_batch)] \
-        + (["--step-batch", str(args.step_batch)] if args.step_batch else []) + ["--kernel", args.kernel]
+        + (["--steps-per-pass", str(args.step_batch)] if args.step_batch else []) + ["--kernel", args.kernel]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = (proc.stderr.strip().splitlines() or ["?"])[-1]

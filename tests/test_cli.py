@@ -50,7 +50,7 @@ def test_every_command_has_help_and_is_in_the_readme():
 
 def test_score_on_builtin_default_and_info(tmp_path):
     out = tmp_path / "s.h5"
-    result = _run("score", "--out", out, "--examples", "0:3", "--steps", "4", "--quiet")
+    result = _run("score", "--out", out, "--examples", "0:3", "--steps", "4")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(out)
     assert "scored 3 examples (0 already in the store)" in result.stderr
@@ -60,7 +60,7 @@ def test_score_on_builtin_default_and_info(tmp_path):
         assert prov["task"] == "synthetic" and prov["model_type"] == "bert"
         e = s.get(0)
         assert e.meta["pair"] and e.text_b
-    again = _run("score", "--out", out, "--examples", "0:4", "--steps", "4", "--quiet")
+    again = _run("score", "--out", out, "--examples", "0:4", "--steps", "4")
     assert again.exit_code == 0 and "scored 1 examples (3 already in the store)" in again.stderr
     info = _run("info", out)
     assert info.exit_code == 0

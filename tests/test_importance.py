@@ -239,7 +239,7 @@ def test_importance_cli_store_and_model(tmp_path, tiny_store, tiny_model_dir):
 
 def test_finetune_builtin_default_and_refusals(tmp_path):
     out = tmp_path / "ft"
-    r = runner.invoke(app, ["finetune", "--out", str(out), "--epochs", "0.1", "--seed", "1", "-q"])
+    r = runner.invoke(app, ["finetune", "--out", str(out), "--epochs", "0.1", "--seed", "1"])
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(out)
     assert "eval accuracy" in r.stderr

@@ -80,15 +80,9 @@ class Table:
 
 
 def identity_of(loaded) -> Identity:
-    from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
+    from ..models.default import display_id
 
-    model = loaded.model_id
-    try:
-        if Path(model).resolve() == DEFAULT_MODEL_DIR.resolve():
-            model = DEFAULT_MODEL_ID
-    except OSError:
-        pass
-    return Identity(loaded.weights_sha256, model, loaded.arch.model_type, loaded.arch.num_layers, loaded.arch.num_heads)
+    return Identity(loaded.weights_sha256, display_id(loaded.model_id), loaded.arch.model_type, loaded.arch.num_layers, loaded.arch.num_heads)
 
 
 # ----------------------------------------------------------------------------- methods
@@ -97,7 +91,7 @@ def identity_of(loaded) -> Identity:
 def parse_methods(spec: str, allowed: Sequence[str]) -> list[str]:
     names = [m.strip().lower() for m in spec.split(",") if m.strip()]
     if not names:
-        raise OptionError("--method is empty; give one of " + ", ".join(METHODS))
+        raise OptionError("methods (--methods) is empty; give one of " + ", ".join(METHODS))
     for m in names:
         if m not in METHODS:
             raise OptionError(f"unknown importance method '{m}'; available: {', '.join(METHODS)}")
@@ -149,13 +143,13 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
         if "attr" in methods:
             if list(e.layers) != list(range(L)):
                 raise StoreError(
-                    f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score without --layers)")
+                    f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score them all)")
             sums["attr"] += np.asarray(e.head_max, np.float64)
         if "attention" in methods:
             if e.attention is None or np.ndim(e.attention) != 4:
                 raise StoreError(
-                    f"{store.path} keeps no per-head attention maps (scored with --keep sum or none);"
-                    " the attention method needs them: score with --keep maps, or use --method attr")
+                    f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
+                    " the attention method needs them: score with keep maps, or use the attr method")
             sums["attention"] += np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
         if progress:
             progress(k + 1, len(idx), f"example {i}")
@@ -268,7 +262,7 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
         if old.identity.weights_sha256 != identity.weights_sha256 or \
                 (old.identity.num_layers, old.identity.num_heads) != (identity.num_layers, identity.num_heads):
             raise StoreError(f"{p} holds importance for another model, {old.identity.describe()}; "
-                             f"this run is for {identity.describe()}; choose another --out")
+                             f"this run is for {identity.describe()}; choose another output file")
         merged.update(old.tables)
     for t in tables:
         if t.values.shape != (identity.num_layers, identity.num_heads):
@@ -297,9 +291,9 @@ def check_model(imp: ImportanceFile, loaded) -> None:
     there = imp.identity
     if (there.num_layers, there.num_heads) != (here.num_layers, here.num_heads):
         raise StoreError(f"{imp.path} is for a model with {there.num_layers} layers x {there.num_heads} heads; "
-                         f"--model has {here.num_layers} x {here.num_heads}")
+                         f"the model given has {here.num_layers} x {here.num_heads}")
     if there.weights_sha256 != here.weights_sha256:
-        raise StoreError(f"{imp.path} was computed for another model, {there.describe()}; --model is "
+        raise StoreError(f"{imp.path} was computed for another model, {there.describe()}; the model given is "
                          f"{here.describe()}")
 
 

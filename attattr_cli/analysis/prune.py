@@ -61,9 +61,9 @@ def parse_rates(spec: str) -> list[float]:
         else:
             rates = [float(x) for x in spec.split(",") if x.strip()]
     except ValueError:
-        raise OptionError(f"bad --rates '{spec}': give start:stop:step such as 0:1:0.1, or a list such as 0,0.5,0.7") from None
+        raise OptionError(f"bad rates '{spec}' (--rates): give start:stop:step such as 0:1:0.1, or a list such as 0,0.5,0.7") from None
     if not rates or any(r < 0 or r > 1 for r in rates):
-        raise OptionError(f"bad --rates '{spec}': rates are fractions of the heads, between 0 and 1")
+        raise OptionError(f"bad rates '{spec}' (--rates): rates are fractions of the heads, between 0 and 1")
     return rates
 
 
@@ -225,7 +225,7 @@ def kept_heads(values: np.ndarray, keep: float) -> list[list[int]]:
     """Per layer, the original indices of the heads kept when the most important
     ``round(keep * L * H)`` heads (one global ranking) stay."""
     if not 0 <= keep <= 1:
-        raise OptionError(f"--keep {keep}: a fraction of the heads between 0 and 1")
+        raise OptionError(f"keep_heads (--keep-heads) {keep}: a fraction of the heads between 0 and 1")
     L, H = values.shape
     mask = mask_at(values, 1 - keep)
     return [[h for h in range(H) if mask[layer, h] > 0] for layer in range(L)]
@@ -245,7 +245,7 @@ def check_sliceable(model) -> None:
     if mt not in SLICEABLE or type(model).__name__ not in (
             "BertForSequenceClassification", "RobertaForSequenceClassification", "ElectraForSequenceClassification",
             *REMOTE_CLASSES.values()):
-        raise ModelError(f"--save-model slices heads of BERT-family encoders ({', '.join(SLICEABLE)}); "
+        raise ModelError(f"saving a pruned model (save_model, --save-model) slices heads of BERT-family encoders ({', '.join(SLICEABLE)}); "
                          f"this model is '{mt}' ({type(model).__name__}). Use the masked curves instead")
     if getattr(model.config, "attattr_kept_heads", None) is not None:
         raise ModelError("this model is already pruned by attattr; prune the original model instead")
@@ -265,7 +265,7 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
     """Slice and save into ``out`` (temp folder then rename); returns the pruned model."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise OptionError(f"--save-model {out} exists and is not empty; it was left as it is (choose another)")
+        raise OptionError(f"--save-model {out} exists and is not empty; it was left as it is (choose another save_model / --save-model)")
     pruned = prune_copy(model, kept)
     mt = model.config.model_type
     pruned.config.auto_map = {"AutoModelForSequenceClassification": f"modeling_attattr_pruned.{REMOTE_CLASSES[mt]}"}
@@ -310,3 +310,88 @@ def time_forward(model, batches, repeats: int = 3) -> float:
                 model(**b.inputs)
             best = min(best, time.perf_counter() - t0)
     return best
+
+
+# ----------------------------------------------------------------------------- over a store, saving
+
+
+def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map, ks: Sequence[int] | None = None,
+                             batch_size: int = 64, truncate: bool = False, task_name: str | None = None,
+                             progress: Progress | None = None) -> dict:
+    """The effectiveness analysis on the examples of the store at ``store_path`` that are among
+    ``picked``: per-example attribution (head_max) against per-example attention, read from the
+    store, which must hold the model's per-head maps of every layer. ``ks`` default 2, 4, ..., H."""
+    from ..engine.heads import Batches
+    from ..engine.run import data_digest
+    from ..errors import StoreError
+    from ..store import Store
+    from .importance import store_family
+
+    with Store(store_path) as st:
+        fp = st.fingerprint
+        if fp.get("weights_sha256") != loaded.weights_sha256:
+            raise StoreError(f"{store_path} was scored with another model than the one given (weights differ)")
+        if fp.get("data_sha256") not in (None, data_digest(all_examples)):
+            raise StoreError(f"{store_path} was scored on other data than the data given; give the data it was scored on")
+        wanted = {e.index for e in picked}
+        idx = [i for i in st.indices() if i in wanted]
+        if not idx:
+            raise StoreError(f"{store_path} holds none of the selected examples")
+        L, H = loaded.arch.num_layers, loaded.arch.num_heads
+        attr = np.zeros((len(idx), L, H))
+        attn = np.zeros((len(idx), L, H))
+        family = store_family(st)  # self or encoder: the heads attattr can mask
+        for n, i in enumerate(idx):
+            e = st.get(i, family=family)
+            if list(e.layers) != list(range(L)):
+                raise StoreError(f"{store_path} scored layers {e.layers}; the effectiveness analysis needs every layer")
+            if e.attention is None or np.ndim(e.attention) != 4:
+                raise StoreError(f"{store_path} keeps no per-head attention maps (scored with keep sum or none);"
+                                 " the effectiveness analysis needs them: score with keep maps")
+            attr[n] = e.head_max
+            attn[n] = np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
+    by_index = {e.index: e for e in all_examples}
+    chosen = [by_index[i] for i in idx]
+    k_list = list(ks) if ks else (list(range(2, H + 1, 2)) or [H])
+    if k_list[-1] != H and not ks:
+        k_list.append(H)
+    batches = Batches(loaded, chosen, label_map, batch_size, truncate)
+    return effectiveness(loaded, batches, attr, attn, k_list, task_name, progress) | {"store": str(store_path)}
+
+
+def save_and_compare(loaded, imp: ImportanceFile, keep: float, keep_method: str | None, folder: str | Path,
+                     batches) -> dict:
+    """Save a model with only the fraction ``keep`` of its heads (the most important by the
+    table ``keep_method``, default attr or the file's first) into ``folder``, reload it, and
+    compare it with the head-masked model on ``batches``: logits, parameters, time."""
+    from ..engine.heads import logits_under
+
+    names = list(imp.tables)
+    name = keep_method or ("attr" if "attr" in names else names[0])
+    if name not in imp.tables:
+        raise OptionError(f"keep method {name}: {imp.path} has {', '.join(names)}")
+    values = imp.tables[name].values
+    kept = kept_heads(values, keep)
+    check_sliceable(loaded.model)
+    save_pruned(loaded.model, loaded.tokenizer, kept, folder,
+                extra={"keep": keep, "method": name, "importance": imp.path})
+    reloaded = load_pruned(folder).to(next(loaded.model.parameters()).device)
+    mask = mask_at(values, 1 - keep)
+    masked = logits_under(loaded, batches, mask)
+    with torch.no_grad():
+        real = torch.empty_like(masked)
+        for b in batches.batches:
+            real[b.positions] = reloaded(**b.inputs).logits.float().cpu()
+    diff = float((masked - real).abs().max()) if masked.numel() else 0.0
+    full_params, pruned_params = count_params(loaded.model), count_params(reloaded)
+    t_full = time_forward(loaded.model, batches)
+    t_pruned = time_forward(reloaded, batches)
+    return {
+        "folder": str(folder), "method": name, "keep": keep,
+        "heads_kept": sum(len(k) for k in kept), "heads_total": int(values.size), "kept_heads": kept,
+        "params_unpruned": full_params, "params_pruned": pruned_params,
+        "seconds_unpruned": t_full, "seconds_pruned": t_pruned, "speedup": t_full / t_pruned if t_pruned else None,
+        "max_abs_logit_diff_vs_masked": diff,
+        "agreement_vs_masked": float((masked.argmax(-1) == real.argmax(-1)).float().mean()) if masked.numel() else 1.0,
+        "n_examples": batches.n,
+    }

@@ -294,7 +294,7 @@ def select(triggers: list[Trigger], top: int | None, per_class: bool,
     """The ``top`` best overall, or with ``per_class`` the ``top`` best of each class
     (classes in label order; ranks kept)."""
     if top is not None and top < 1:
-        raise OptionError(f"--top must be at least 1, got {top}")
+        raise OptionError(f"top_k (--top-k) must be at least 1, got {top}")
     if not per_class:
         return triggers[:top] if top else list(triggers)
     order = list(label_names or []) + sorted({t.label for t in triggers} - set(label_names or []))
@@ -364,3 +364,22 @@ def load_triggers(path) -> dict:
     if not doc.get("triggers"):
         raise OptionError(f"{p} holds no triggers")
     return doc
+
+
+def select_by_length(tokenizer, rows: Sequence, chosen: Sequence[int], min_tokens: int = 0,
+                     limit: int | None = None) -> list[int]:
+    """The indices among ``chosen`` (positions in ``rows``) whose example has at least
+    ``min_tokens`` tokens, special tokens included; the first ``limit`` of them."""
+    if min_tokens <= 0 and limit is None:
+        return list(chosen)
+    from ..engine.encoding import encode
+
+    keep = []
+    for i in chosen:
+        if len(encode(tokenizer, rows[i], tokens=False).input_ids) >= min_tokens:
+            keep.append(i)
+            if limit is not None and len(keep) >= limit:
+                break
+    if not keep:
+        raise OptionError(f"no selected example has at least {min_tokens} tokens")
+    return keep

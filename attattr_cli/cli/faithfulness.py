@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
-from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
+from . import options
+from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
 # analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
 # torch (tests/test_startup.py checks that they agree)
@@ -30,7 +29,13 @@ def _fmt(v, se=None) -> str:
     return f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
 
 
-def _table(report: dict) -> Table:
+METHODS_HELP = ", ".join(METHODS)
+
+
+def _table(report: dict):
+    from rich.table import Table
+
+
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
                     f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
     for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
@@ -42,7 +47,9 @@ def _table(report: dict) -> Table:
     return t
 
 
-def _perm_table(report: dict) -> Table | None:
+def _perm_table(report: dict):
+    from rich.table import Table
+
     p = report.get("permutation")
     if not p:
         return None
@@ -71,11 +78,11 @@ def _csv(report: dict) -> bytes:
 def faithfulness(
     store: Optional[Path] = typer.Argument(None, help="An attattr store (from `attattr score`); omit it to score --model/--data first."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the store's model, or the built-in default)."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
-    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:200 (default: all)."),
-    methods: str = typer.Option(",".join(METHODS), "--methods", help="Comma-separated token importance methods: " + ", ".join(METHODS) + "."),
+    model: Optional[str] = options.model("Local model folder or hub id (default: the store's model, or the built-in default)."),
+    data: Optional[str] = options.data(),
+    task: Optional[str] = options.task(),
+    examples: Optional[str] = options.examples(),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods (default: all): " + METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
     steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
     rule: str = typer.Option("right", "--rule", help="Quadrature rule of the attribution (with --model/--data)."),
@@ -87,9 +94,10 @@ def faithfulness(
     seed: int = typer.Option(0, "--seed", help="Seed of the random baseline and of the permutations."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write one CSV row per method."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no table."),
+    device: str = options.device(),
+    truncate: bool = options.truncate(),
+    as_json: bool = options.as_json(),
+    quiet: bool = options.quiet(),
 ) -> None:
     """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER).
 
@@ -97,11 +105,12 @@ def faithfulness(
 
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
-    from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store, plot_report
-    from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, check_methods
-
     with edge():
-        chosen = check_methods(methods.split(","))
+        from ..analysis.faithfulness import plot_report, report_rows
+        from ..analysis.token_importance import ERASE_MODES, check_methods
+        from ..api import faithfulness as run
+
+        chosen = check_methods(methods.split(",") if methods else list(METHODS))
         if erase not in ERASE_MODES:
             raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
         for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
@@ -113,46 +122,31 @@ def faithfulness(
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
         t0 = time.perf_counter()
-        if store is None:
-            from ..engine.run import ScoreRequest, score_to_store
-            from ..engine.options import ScoreOptions
-
-            store = store_out or out_path.with_suffix(".h5")
-            if store.resolve() == out_path.resolve():
-                raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
-            need_attr = any(m in ATTRIBUTION_METHODS for m in chosen)
-            options = ScoreOptions(steps=steps, rule=rule, target=target, output="logit" if logit else "prob",
-                                   layers=None if need_attr else [], truncate=truncate)
-            req = ScoreRequest(out=str(store), model=model, data=data, task=task, examples=examples,
-                               options=options, device=device, command=command_line())
-            with progress_bar("score", quiet) as bar:
-                rep = score_to_store(req, progress=bar)
-            if not quiet:
-                err.print(f"store {rep.out}: {rep.scored} examples scored, {rep.skipped} already there", markup=False)
-            from ..data import parse_examples
-            from ..engine.run import resolve_inputs
-
-            _, _, data_examples, _ = resolve_inputs(model, data, task)
-            picked = parse_examples(examples, len(data_examples))
-            model_for_store, select = model, [data_examples[i].index for i in picked]
-        else:
-            if data is not None or task is not None:
-                raise OptionError("give either a STORE or --model/--data/--task, not both")
-            model_for_store, select = model, examples
-        fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
-                                    perm_layers=parse_int_list(perm_layers, "--perm-layers"), erase=erase, seed=seed)
+        if store is None and (store_out or out_path.with_suffix(".h5")).resolve() == out_path.resolve():
+            raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
+        if store is not None and (data is not None or task is not None):
+            raise OptionError("give either a STORE or --model/--data/--task, not both")
         with progress_bar("faithfulness", quiet) as bar:
-            report = evaluate_store(store, fopts, model=model_for_store, device=device, progress=bar)
+            res = run(store, model=model, data=data, task=task, examples=examples, methods=chosen,
+                      score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
+                      steps=steps, rule=rule, target=target, output="logit" if logit else "prob", erase=erase,
+                      permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
+                      device=device, truncate=truncate, progress=bar, command=command_line())
+        report = res.report
+        store = res.store
         report["seconds"] = round(time.perf_counter() - t0, 2)
-        report["command"] = command_line()
         write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         if csv_path is not None:
             write_atomic(csv_path, _csv(report))
         if plot is not None:
             with replaced(plot, suffix=plot.suffix) as tmp:
                 plot_report(report, tmp)
-        if not quiet:
+        if as_json:
+            options.print_rows(report_rows(report), "json")
+        if not quiet and not as_json:
             # a terminal's own width; 132 columns when stderr is a pipe or a log file
+            from rich.console import Console
+
             tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
             tables.print(_table(report))
             perm = _perm_table(report)
@@ -160,4 +154,5 @@ def faithfulness(
                 tables.print(perm)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
                       f"token importance kept in {store}", markup=False)
-        out.print(str(out_path), markup=False)
+        if not as_json:
+            out.print(str(out_path), markup=False)

@@ -7,98 +7,67 @@ from typing import Optional
 
 import typer
 
-from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
-
-
-def load_model_data(model, data, task, examples, device="auto"):
-    """(loaded model, task, picked examples, label map) the way `score` resolves them."""
-    from ..data import parse_examples
-    from ..engine.run import resolve_inputs
-    from ..models.loading import align_labels, load
-
-    model_id, task_obj, all_examples, labels = resolve_inputs(model, data, task)
-    chosen = parse_examples(examples, len(all_examples))
-    loaded = load(model_id, device=device)
-    label_map, _ = align_labels(labels, loaded)
-    return loaded, task_obj, [all_examples[i] for i in chosen], label_map, all_examples
+from . import options
+from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def importance(
-    store: Optional[Path] = typer.Argument(None, help="An attribution store (attattr score) for --method attr / attention."),
+    store: Optional[Path] = typer.Argument(None, help="An attribution store (attattr score) for --methods attr / attention."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Importance file (HDF5) to write; an existing one for the same model gets the new tables added."),
-    method: Optional[str] = typer.Option(None, "--method", help="attr, attention (from STORE), taylor, random (from --model/--data); a comma list (default: attr,attention with a store, taylor,random without)."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT)."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
-    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Examples to average over, e.g. 0:200 (data rows; store indices with a STORE). Default: all."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="attr, attention (from STORE), taylor, random (from --model/--data); a comma list (default: attr,attention with a store, taylor,random without)."),
+    method_old: Optional[str] = options.hidden("--method", None),
+    model: Optional[str] = options.model(),
+    data: Optional[str] = options.data(),
+    task: Optional[str] = options.task(),
+    examples: Optional[str] = options.examples("Examples to average over, e.g. 0:200 (data rows; store indices with a STORE). Default: all."),
     seeds: str = typer.Option("0,1,2", "--seeds", help="Seeds of the random tables (one table random-SEED each)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples per forward/backward pass (taylor)."),
     no_normalize: bool = typer.Option(False, "--no-normalize", help="Taylor: keep the raw values (default: unit L2 norm per layer, as Michel et al.)."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
+    device: str = options.device(),
+    truncate: bool = options.truncate(),
     family: Optional[str] = typer.Option(None, "--family", help="With a STORE of an encoder-decoder model: the attention family (encoder; decoder and cross heads cannot be masked, so they are refused). Default: the store's first."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the tables as heatmaps into FILE.png or FILE.svg."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no heatmap."),
+    as_json: bool = options.as_json(),
+    as_csv: bool = options.as_csv(),
+    quiet: bool = options.quiet(),
 ) -> None:
     """Rank attention heads: attribution (E_x max Attr_h, from a store), attention, Taylor, random.
 
     With no STORE, --model and --data give Taylor and random tables; with neither, the
-    built-in default model and synthetic task. Prints the importance file's path on stdout.
+    built-in default model and synthetic task. Prints the importance file's path on stdout
+    (--json/--csv: the tables, one row per layer and head).
     """
     with edge():
-        from ..analysis import importance as imp
-        from ..errors import OptionError
+        from ..api import importance as run
 
         seed_list = parse_int_list(seeds, "--seeds") or [0]
-        tables = []
-        if store is not None:
-            from ..store import Store
-
-            if model is not None or data is not None or task is not None:
-                raise OptionError("give either a STORE or --model/--data/--task, not both")
-            methods = imp.parse_methods(method or "attr,attention", imp.STORE_METHODS + ("random",))
-            with Store(store) as st:
-                chosen = parse_int_list(examples, "--examples") if examples else None
-                wanted = [m for m in methods if m in imp.STORE_METHODS]
-                with progress_bar("importance", quiet) as bar:
-                    ident, tables = imp.from_store(st, wanted, chosen, bar, family=family)
-        else:
-            if family is not None:
-                raise OptionError("--family goes with a STORE; with --model, Taylor importance covers the heads"
-                                  " attattr masks (self-attention, or the encoder of an encoder-decoder model)")
-            methods = imp.parse_methods(method or "taylor,random", imp.MODEL_METHODS)
-            if "taylor" in methods:
-                loaded, task_obj, picked, label_map, _ = load_model_data(model, data, task, examples, device)
-            else:
-                from ..models.loading import load
-                from ..engine.run import resolve_inputs
-
-                model_id, _, _, _ = resolve_inputs(model, data, task)
-                loaded, picked = load(model_id, device=device), []
-            ident = imp.identity_of(loaded)
-            if "taylor" in methods:
-                with progress_bar("taylor", quiet) as bar:
-                    t = imp.taylor(loaded, picked, label_map, batch_size, not no_normalize, truncate, bar)
-                t.source = f"{data or 'builtin'}"
-                tables.append(t)
-        if "random" in methods:
-            tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
-        written = imp.write(out_path, ident, tables, command_line())
-        if not quiet:
-            for t in tables:
-                if t.method == "random" and t.seed != seed_list[0]:
-                    continue
+        with progress_bar("importance", quiet) as bar:
+            result = run(store, model=model, data=data, task=task, examples=examples,
+                         methods=options.pick(methods, method_old), seeds=seed_list, batch_size=batch_size,
+                         normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
+                         progress=bar, command=command_line())
+        tables = list(result.tables.values())
+        first_random = min((t.seed for t in tables if t.method == "random" and t.seed is not None), default=None)
+        shown = [t for t in tables if not (t.method == "random" and t.seed not in (None, first_random))]
+        if not quiet and not (as_json or as_csv):
+            for t in shown:
                 err.print(heatmap(t))
         if plot is not None:
             from ..analysis.plots import importance_heatmaps
 
             order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-            shown = [t for t in written.tables.values() if not (t.method == "random" and t.seed not in (None, min(
-                x.seed for x in written.tables.values() if x.method == "random")))]
-            importance_heatmaps(sorted(shown, key=lambda t: (order.get(t.method, 9), t.name)), plot, title=ident.model)
-            err.print(f"plot: {plot}", markup=False)
-        err.print(f"{out_path}: tables {', '.join(written.tables)} for {ident.describe()}", markup=False)
-        out.print(str(out_path), markup=False)
+            importance_heatmaps(sorted(shown, key=lambda t: (order.get(t.method, 9), t.name)), plot,
+                                title=result.identity.model)
+            if not quiet:
+                err.print(f"plot: {plot}", markup=False)
+        if not quiet:
+            err.print(f"{out_path}: tables {', '.join(result.tables)} for {result.identity.describe()}", markup=False)
+        if as_json or as_csv:
+            rows = [{"table": t.name, "layer": layer, "head": h, "value": float(t.values[layer, h])}
+                    for t in tables for layer in range(t.values.shape[0]) for h in range(t.values.shape[1])]
+            options.print_rows(rows, "json" if as_json else "csv")
+        else:
+            out.print(str(out_path), markup=False)
 
 
 def heatmap(table):

@@ -9,7 +9,9 @@ from typing import Optional
 import typer
 
 from ..errors import OptionError
-from .common import TASK_HELP, command_line, edge, err, out, parse_int_list, progress_bar
+from . import options
+from .common import command_line, edge, err, out, parse_int_list, progress_bar
+
 
 # engine.integrate.RULES, written out so that `attattr --help` need not import torch
 # (tests/test_startup.py checks that they agree)
@@ -19,25 +21,27 @@ RULES = {
     "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
     "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
 }
+RULES_HELP = "; ".join(f"{k}: {v}" for k, v in RULES.items())
 
 
 def score(
     out_path: Path = typer.Option(..., "--out", "-o", help="HDF5 store to write; an existing store is resumed."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Local model folder or hub id (default: the built-in synthetic-task BERT, or the task's preset model)."),
-    data: Optional[str] = typer.Option(None, "--data", "-d", help="TSV, CSV or JSONL file (default: the built-in synthetic held-out set, or the task's hub dev split)."),
-    task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
-    examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:100 or 3,7,9 (default: all)."),
+    model: Optional[str] = options.model("Local model folder or hub id (default: the built-in synthetic-task BERT, or the task's preset model)."),
+    data: Optional[str] = options.data("TSV, CSV or JSONL file (default: the built-in synthetic held-out set, or the task's hub dev split)."),
+    task: Optional[str] = options.task(),
+    examples: Optional[str] = options.examples(),
     steps: int = typer.Option(20, "--steps", help="Integration steps m."),
-    rule: str = typer.Option("right", "--rule", help="Quadrature: " + "; ".join(f"{k}: {v}" for k, v in RULES.items()) + "."),
+    rule: str = typer.Option("right", "--rule", help="Quadrature: " + RULES_HELP + "."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
-    step_batch: Optional[int] = typer.Option(None, "--step-batch", help="Steps per forward/backward pass (default: all at once); any value gives the same result."),
-    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N."),
+    step_batch: Optional[int] = typer.Option(None, "--steps-per-pass", help="Integration steps per forward/backward pass (default: fit to memory); any value gives the same result."),
+    step_batch_old: Optional[int] = options.hidden("--step-batch", None),
+    device: str = options.device(),
     dtype: str = typer.Option("float32", "--dtype", help="Compute dtype: float32, float64, bfloat16, float16."),
     kernel: str = typer.Option("auto", "--kernel", help="auto (CUDA kernel where built and on GPU), cuda, or torch (the reference)."),
     store_dtype: str = typer.Option("float32", "--store-dtype", help="float32, or float16 to halve the store (values below 6e-8 round to 0)."),
-    truncate: bool = typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them."),
+    truncate: bool = options.truncate(),
     seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
     keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
@@ -48,7 +52,7 @@ def score(
     continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
     logprob: bool = typer.Option(False, "--logprob", help="Attribute the log-probability instead of the probability."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    quiet: bool = options.quiet(),
     keep_shards: bool = typer.Option(False, "--keep-shards", help="Under torchrun: keep each process's shard (OUT.rankK-of-N.h5) after merging them into --out."),
     dist_timeout: float = typer.Option(3600, "--dist-timeout", help="Under torchrun: seconds a process waits for the others (to start, or to finish their share) before giving up."),
 ) -> None:
@@ -69,18 +73,22 @@ def score(
     from ..engine.options import ScoreOptions
 
     with edge():
+        from ..engine import distributed
+        from ..engine.run import ScoreRequest, score_to_store
+        from ..engine.options import ScoreOptions
+
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
-        options = ScoreOptions(
+        score_options = ScoreOptions(
             steps=steps, rule=rule, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
-            step_batch=step_batch, kernel=kernel,
+            step_batch=options.pick(step_batch, step_batch_old), kernel=kernel,
             family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
             keep=keep, top_k=top_k, lm=lm, target_token=target_token, continuation=continuation,
             position=position,
         )
         req = ScoreRequest(
-            out=str(out_path), model=model, data=data, task=task, examples=examples, options=options,
+            out=str(out_path), model=model, data=data, task=task, examples=examples, options=score_options,
             device=device, store_dtype=store_dtype, seed=seed, command=command_line(), prompts=prompt or None,
         )
         env = distributed.detect()
@@ -91,6 +99,9 @@ def score(
         with progress_bar("score", quiet) as bar:
             report = score_to_store(req, progress=bar, warn=_warn)
         secs = time.perf_counter() - t0
+        if quiet:
+            out.print(report.out, markup=False)
+            return
         resid = "" if report.mean_abs_residual is None else f"; mean |completeness residual| {report.mean_abs_residual:.2e}"
         acc = "" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}"
         err.print(

@@ -35,6 +35,8 @@ class ScoreRequest:
     seed: int = 0
     command: list[str] = field(default_factory=lambda: list(sys.argv))
     prompts: list[str] | None = None  # --lm: prompts given on the command line (instead of --data)
+    inputs: list[Example] | None = None  # examples given in memory (the Python API) instead of data/task rows
+    label_names: list[str] | None = None  # the model's label names when it is already loaded (no config to read)
 
 
 @dataclass
@@ -50,10 +52,11 @@ class ScoreReport:
     accuracy: float | None
 
 
-def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
+def resolve_inputs(model: str | None, data: str | None, task_name: str | None, label_names: list[str] | None = None):
     """Decide model id, task and examples from the user's three options.
 
     No model and no data: the built-in default (synthetic task, shipped model).
+    ``label_names``: the model's, when it is already loaded (else read from its config).
     """
     from ..data import get_task, load_examples, resolve_model_for_task
     from ..models.default import DEFAULT_MODEL_DIR
@@ -63,7 +66,8 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
     task = get_task(task_name) if task_name is not None else None
     if task is not None and task.name == "synthetic" and model is None:
         model = str(DEFAULT_MODEL_DIR)
-    label_names = _config_labels(model) if task is None and model is not None else None
+    if label_names is None:
+        label_names = _config_labels(model) if task is None and model is not None else None
     try:
         examples, labels = load_examples(data, task, label_names)
     except DataError as exc:
@@ -76,7 +80,7 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None):
     if model is None:
         model = resolve_model_for_task(task, None) if task is not None else None
         if model is None:
-            raise OptionError("--data needs --model (a local model folder or a hub id)")
+            raise OptionError("data needs a model (--data needs --model): a local model folder or a hub id")
     return model, task, examples, labels
 
 
@@ -140,10 +144,27 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
     Nothing is written. An input that is too long fails here.
     """
     from ..data import parse_examples
-    from ..models.default import DEFAULT_MODEL_DIR, DEFAULT_MODEL_ID
+    from ..models.default import DEFAULT_MODEL_DIR, display_id, is_builtin
 
     torch.manual_seed(req.seed)
-    if req.options.lm:
+    if req.inputs is not None:
+        from ..data import get_task
+
+        if req.data is not None or req.prompts:
+            raise OptionError("give examples in memory or a data file, not both")
+        task = get_task(req.task) if req.task is not None else None
+        labels = None if req.options.lm or task is None else list(task.labels)
+        examples = list(req.inputs)
+        if loaded is None:
+            if req.model is None:
+                if req.options.lm:
+                    raise OptionError("a language model is needed: pass model")
+                model_id = str(DEFAULT_MODEL_DIR)
+            else:
+                model_id = req.model
+        else:
+            model_id = req.model or loaded.model_id
+    elif req.options.lm:
         if req.task is not None:
             raise OptionError("--task presets are classification tasks; with --lm give --prompt or --data")
         model_id, examples = resolve_lm_inputs(req.model, req.data, req.prompts)
@@ -151,20 +172,20 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
     else:
         if req.prompts:
             raise OptionError("--prompt goes with --lm (a causal language model)")
-        model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task)
+        model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task, req.label_names)
     chosen = parse_examples(req.examples, len(examples))
     if loaded is None:
         loaded = load(model_id, device=req.device, dtype=req.options.dtype, lm=req.options.lm)
     scorer = Scorer(loaded, req.options, task_labels=labels)
     picked = [examples[i] for i in chosen]
-    builtin_model = Path(model_id).resolve() == DEFAULT_MODEL_DIR.resolve()
+    builtin_model = is_builtin(model_id)
     if builtin_model:
-        loaded.model_id = DEFAULT_MODEL_ID
+        loaded.model_id = display_id(model_id)
     fingerprint = {  # the model is identified by its weights, wherever it was loaded from
         "weights_sha256": loaded.weights_sha256,
         "options": req.options.fingerprint(loaded.arch.num_layers),
         "data": f"{task.name if task else ('lm' if req.options.lm else 'generic')}:"
-                f"{req.data or ('prompt' if req.prompts else 'builtin')}",
+                f"{req.data or ('prompt' if req.prompts else 'memory' if req.inputs is not None else 'builtin')}",
         "data_sha256": data_digest(examples),
     }
     provenance = {
@@ -186,7 +207,7 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
         "task": task.name if task else "",
         "task_labels": list(labels or []),
         "label_mapping": scorer.label_how,
-        "data": req.data or "builtin",
+        "data": req.data or ("memory" if req.inputs is not None else "builtin"),
         "data_sha256": fingerprint["data_sha256"],
         "options": asdict(req.options),
         "libraries": libraries(),

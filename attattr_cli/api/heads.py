@@ -1,0 +1,251 @@
+"""Heads: ``importance``, ``predict`` with heads masked, ``prune``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import OptionError
+from .inputs import _check_min, _cmd, _open, _spec, _write_json, model_and_data
+from .model import progress_for, using
+
+
+# ----------------------------------------------------------------------------- importance
+
+
+@dataclass
+class Importance:
+    """Head importance tables: ``tables`` maps a name (attr, attention, taylor, random-0, ...) to
+    a table whose ``values`` is a numpy [layer, head] array; ``identity`` the model they belong
+    to; ``path`` the importance file when one was written."""
+
+    identity: Any
+    tables: dict
+    path: str | None = None
+
+    @property
+    def values(self) -> dict[str, np.ndarray]:
+        """Name -> [layer, head] numpy array."""
+        return {k: np.asarray(t.values) for k, t in self.tables.items()}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.tables:
+            raise OptionError(f"no table '{name}'; there are: {', '.join(self.tables)}")
+        return np.asarray(self.tables[name].values)
+
+    def ranking(self, name: str) -> list[tuple[int, int]]:
+        """(layer, head) from the most to the least important by table ``name``."""
+        v = self[name]
+        order = np.argsort(-v.ravel(), kind="stable")
+        return [tuple(int(x) for x in np.unravel_index(i, v.shape)) for i in order]
+
+    def as_file(self):
+        """The tables as an ``analysis.importance.ImportanceFile`` (what pruning reads)."""
+        from ..analysis.importance import ImportanceFile
+
+        return ImportanceFile(self.path or "memory", self.identity, dict(self.tables))
+
+    def to_dict(self) -> dict:
+        """JSON-able: the model's identity and every table's values."""
+        return {"identity": asdict(self.identity), "path": self.path,
+                "tables": {k: {"method": t.method, "values": np.asarray(t.values).tolist(), "examples": list(t.examples),
+                               "seed": t.seed, "source": t.source, "description": t.description}
+                           for k, t in self.tables.items()}}
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
+               seeds: Sequence[int] = (0, 1, 2), batch_size: int = 32, normalize: bool = True,
+               truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
+               progress=False, command=None) -> Importance:
+    """Rank attention heads. From a store (``source``: a path or an open store): ``attr``
+    (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
+    unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
+    ``methods`` a list or comma string (default attr,attention with a store, taylor,random
+    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
+    from ..analysis import importance as imp
+
+    if isinstance(methods, (list, tuple)):
+        methods = ",".join(methods)
+    seed_list = list(seeds) or [0]
+    _check_min("batch_size", batch_size)
+    tables = []
+    if source is not None:
+        if model is not None or data is not None or task is not None or inputs is not None:
+            raise OptionError("give either a store or model/data/task, not both")
+        wanted = imp.parse_methods(methods or "attr,attention", imp.STORE_METHODS + ("random",))
+        st, close = _open(source)
+        try:
+            chosen = None
+            if examples is not None:
+                from ..data import parse_examples
+
+                have = st.indices()
+                chosen = parse_examples(_spec(examples), (max(have) + 1) if have else 0)
+            with progress_for(progress, "importance") as bar:
+                ident, tables = imp.from_store(st, [m for m in wanted if m in imp.STORE_METHODS], chosen, bar,
+                                               family=family)
+        finally:
+            close()
+    else:
+        if family is not None:
+            raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
+        wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS)
+        m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+        with using(m) as m:
+            ident = imp.identity_of(m.loaded)
+            if "taylor" in wanted:
+                with progress_for(progress, "taylor") as bar:
+                    t = imp.taylor(m.loaded, picked, label_map, batch_size, normalize, truncate, bar)
+                t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
+                tables.append(t)
+    if "random" in wanted:
+        tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
+    if out is not None:
+        written = imp.write(out, ident, tables, _cmd(command))
+        return Importance(written.identity, written.tables, str(out))
+    return Importance(ident, {t.name: t for t in tables})
+
+
+# ----------------------------------------------------------------------------- predict with masked heads
+
+
+@dataclass
+class Predictions:
+    """Class predictions: ``logits`` and ``probabilities`` [example, class] (numpy),
+    ``predictions`` (class names), ``gold`` (model class indices, -1 unknown), ``accuracy``
+    (over examples with a gold label, None without)."""
+
+    logits: np.ndarray
+    probabilities: np.ndarray
+    predictions: list[str]
+    gold: np.ndarray
+    label_names: list[str]
+
+    @property
+    def accuracy(self) -> float | None:
+        """Fraction right among the examples with a gold label."""
+        known = self.gold >= 0
+        if not known.any():
+            return None
+        return float((self.logits.argmax(-1)[known] == self.gold[known]).mean())
+
+
+def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mask=None, batch_size: int = 64,
+            truncate: bool = False, device: str = "auto") -> Predictions:
+    """Classify ``inputs`` (or data/task rows), optionally with attention heads masked: ``mask``
+    a [layer, head] array of 0 (head off) and 1 (on), or scales in between. Returns
+    :class:`Predictions`."""
+    import torch
+
+    from ..engine.heads import Batches, logits_under
+
+    _check_min("batch_size", batch_size)
+    m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+    with using(m) as m:
+        scale = None
+        if mask is not None:
+            scale = torch.as_tensor(np.asarray(mask, np.float32))
+            want = (m.num_layers, m.num_heads)
+            if tuple(scale.shape) != want:
+                raise OptionError(f"mask must have shape {want} (layers, heads), got {tuple(scale.shape)}")
+        batches = Batches(m.loaded, picked, label_map, batch_size, truncate)
+        logits = logits_under(m.loaded, batches, scale).float()
+        gold = batches.gold().numpy()
+        probs = torch.softmax(logits, -1).numpy()
+        names = m.label_names
+    return Predictions(logits.numpy(), probs, [names[int(i)] for i in logits.argmax(-1)], gold, names)
+
+
+# ----------------------------------------------------------------------------- prune
+
+
+@dataclass
+class PruneResult:
+    """What pruning measured: ``curves`` (per method the metric at each rate, against the
+    unpruned ``baseline``), ``effectiveness`` (the per-example analysis), ``pruned_model``
+    (a saved model with heads removed), each None when not asked for; ``info`` the rest
+    of the CURVES.json document."""
+
+    curves: dict | None = None
+    effectiveness: dict | None = None
+    pruned_model: dict | None = None
+    info: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The CURVES.json document."""
+        d = dict(self.info)
+        for k in ("curves", "effectiveness", "pruned_model"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
+          methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,
+          keep_method: str | None = None, effectiveness=None, ks=None, device: str = "auto",
+          truncate: bool = False, out=None, progress=False, command=None) -> PruneResult:
+    """Mask the least important heads at each rate (a fraction of all heads) and evaluate, for
+    every table of ``importance`` (an :class:`Importance`, or an importance file's path);
+    ``rates`` "start:stop:step", a comma string or a list. ``effectiveness``: a store of the
+    model on the data: the paper's per-example analysis (``ks`` heads per layer). ``keep_heads``
+    with ``save_model``: save a model with only that fraction of heads. ``out``: write the
+    JSON document. Returns :class:`PruneResult`."""
+    from ..analysis import importance as imp
+    from ..analysis import prune as pr
+    from ..engine.heads import Batches
+
+    if importance is None and effectiveness is None:
+        raise OptionError("nothing to do: give importance (curves) and/or effectiveness (a store)")
+    if (keep_heads is None) != (save_model is None):
+        raise OptionError("keep_heads and save_model go together")
+    if keep_heads is not None and importance is None:
+        raise OptionError("keep_heads needs importance to rank the heads")
+    _check_min("batch_size", batch_size)
+    rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
+    if importance is None:
+        imp_file = None
+    elif isinstance(importance, Importance):
+        imp_file = importance.as_file()
+    else:
+        imp_file = imp.read(importance)
+    if isinstance(methods, str):
+        methods = [x.strip() for x in methods.split(",") if x.strip()]
+    if isinstance(ks, str):
+        ks = [int(x) for x in ks.split(",") if x.strip()]
+    m, task_obj, picked, label_map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+    with using(m) as m:
+        loaded = m.loaded
+        if imp_file is not None:
+            imp.check_model(imp_file, loaded)
+        task_name = task_obj.name if task_obj else None
+        ident = imp.identity_of(loaded)
+        res = PruneResult(info={
+            "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
+            "task": task_name or "generic", "data": data or ("memory" if inputs is not None else "builtin"),
+            "examples": _spec(examples) or "all",
+            "importance": (imp_file.path if imp_file is not None else None), "command": _cmd(command),
+        })
+        batches = Batches(loaded, picked, label_map, batch_size, truncate)
+        if imp_file is not None:
+            with progress_for(progress, "prune") as bar:
+                res.curves = pr.curves(loaded, batches, imp_file, rate_list, task_name, methods, bar)
+        if effectiveness is not None:
+            with progress_for(progress, "effectiveness") as bar:
+                res.effectiveness = pr.effectiveness_from_store(loaded, effectiveness, rows, picked, label_map, ks,
+                                                                batch_size, truncate, task_name, bar)
+        if save_model is not None:
+            res.pruned_model = pr.save_and_compare(loaded, imp_file, keep_heads, keep_method, save_model, batches)
+    if out is not None:
+        _write_json(out, res.to_dict())
+    return res

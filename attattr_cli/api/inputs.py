@@ -1,0 +1,153 @@
+"""What the API functions share: inputs as examples, the model and data resolved the way
+``score`` does, stores or results opened for reading, small argument checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OptionError, StoreError
+from .model import as_model
+from .results import Attribution, Results, StoreView
+
+API_COMMAND = ["python", "attattr_cli.api"]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def to_examples(inputs) -> list:
+    """Texts, (first, second) pairs, dicts with text_a/text_b/label, or ``Example`` objects, as
+    a list of ``Example`` (indices 0, 1, ... unless the examples carry their own)."""
+    from ..data.types import Example
+
+    if isinstance(inputs, (str, Example)) or (isinstance(inputs, tuple) and len(inputs) == 2
+                                              and all(isinstance(x, str) for x in inputs)):
+        inputs = [inputs]
+    out = []
+    for i, x in enumerate(inputs):
+        if isinstance(x, Example):
+            out.append(x)
+        elif isinstance(x, str):
+            out.append(Example(i, x))
+        elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x):
+            out.append(Example(i, x[0], x[1]))
+        elif isinstance(x, dict) and "text_a" in x:
+            out.append(Example(int(x.get("index", i)), x["text_a"], x.get("text_b"), x.get("label")))
+        else:
+            raise OptionError(f"inputs[{i}] must be a text, a (text, text) pair or an Example, not {type(x).__name__}")
+    if not out:
+        raise OptionError("inputs is empty")
+    if len({e.index for e in out}) != len(out):
+        raise OptionError("inputs have repeated indices")
+    return out
+
+
+def _model_arg(model) -> tuple[str | None, list[str] | None]:
+    """(model id for resolving data, label names when already loaded) of a model argument."""
+    if model is None or isinstance(model, (str, Path)):
+        return (None if model is None else str(model)), None
+    m = as_model(model)
+    return (m.path or "memory"), (None if m.loaded.lm else m.label_names)
+
+
+def _default_task(model_id: str | None, data, task, inputs):
+    """With no inputs, data or task: the synthetic task for the built-in model; else an error."""
+    if inputs is not None or data is not None or task is not None or model_id is None:
+        return task
+    from ..models.default import DEFAULT_MODEL_DIR
+
+    if model_id != "memory" and Path(model_id).exists() and Path(model_id).resolve() == DEFAULT_MODEL_DIR.resolve():
+        return "synthetic"
+    raise OptionError("give inputs (texts or pairs), data or task for this model")
+
+
+def model_and_data(model=None, data=None, task=None, examples=None, inputs=None, *, device: str = "auto",
+                   dtype: str = "float32"):
+    """The one place models and data are resolved the way ``score`` does: returns
+    (Model, task or None, picked examples, label map, all examples, task label names)."""
+    from ..data import get_task, parse_examples
+    from ..engine.run import resolve_inputs
+    from ..models.loading import align_labels
+
+    if model is not None and not isinstance(model, (str, Path)):
+        model = as_model(model)  # once: wrapping a (model, tokenizer) pair hashes its weights
+    model_id, names = _model_arg(model)
+    task = _default_task(model_id, data, task, inputs)
+    if inputs is not None:
+        if data is not None:
+            raise OptionError("give inputs or data, not both")
+        rows = to_examples(inputs)
+        task_obj = get_task(task) if task is not None else None
+        labels = list(task_obj.labels) if task_obj is not None else None
+    else:
+        resolved, task_obj, rows, labels = resolve_inputs(model_id, data, task, names)
+        if model is None:
+            model = resolved
+    picked = [rows[i] for i in parse_examples(examples, len(rows))]
+    m = as_model(model, device=device, dtype=dtype)
+    label_map, _ = align_labels(labels, m.loaded)
+    return m, task_obj, picked, label_map, rows, labels
+
+
+def _cmd(command) -> list[str]:
+    return list(command) if command else list(API_COMMAND)
+
+
+def _spec(examples) -> str | None:
+    if examples is None or isinstance(examples, str):
+        return examples
+    return ",".join(str(int(i)) for i in examples)
+
+
+def _check_min(name: str, value, least: int = 1) -> None:
+    if value is not None and value < least:
+        raise OptionError(f"{name} must be at least {least}, got {value}")
+
+
+def _write_json(path, doc: dict) -> None:
+    from ..fileio import write_json
+
+    write_json(Path(path), doc, make_parents=True)
+
+
+def _open(source):
+    """(a Store-like reader, its closer) for a path, a StoreView, a Store or a Results list."""
+    from ..store import Store
+
+    if isinstance(source, StoreView):
+        return source.store, (lambda: None)
+    if isinstance(source, Store):
+        return source, (lambda: None)
+    if isinstance(source, Results) or (isinstance(source, list) and source and isinstance(source[0], Attribution)):
+        return _InMemory(source), (lambda: None)
+    if isinstance(source, (str, Path)):
+        st = Store(source)
+        return st, st.close
+    raise OptionError(f"source must be a store path, an open store or results of score(), not {type(source).__name__}")
+
+
+class _InMemory:
+    """Results of :func:`score` read like a store (for importance and triggers)."""
+
+    def __init__(self, results):
+        self.results = {int(e.index): e for e in results}
+        self.path = "results"
+        first = results[0]
+        shape = np.shape(first.head_max)
+        self.provenance = {"label_names": list(first.label_names or []), "model": "results",
+                           "num_layers": int(max(first.layers) + 1) if len(first.layers) else int(shape[0]),
+                           "num_heads": int(shape[1])}
+        self.fingerprint = {}
+
+    def indices(self) -> list[int]:
+        return sorted(self.results)
+
+    def families(self) -> list[str]:
+        return list(dict.fromkeys(e.family for e in self.results.values()))
+
+    def get(self, index: int, arrays: bool = True, family: str | None = None):
+        if index not in self.results:
+            raise StoreError(f"example {index} is not in the results")
+        return self.results[index]

@@ -1,0 +1,304 @@
+"""What the API returns for examples: one attribution per example, stores, trees."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+
+from ..errors import OptionError, StoreError
+from ..store import Store, StoredExample
+
+
+class Interaction(NamedTuple):
+    """One attribution entry: ``layer``, ``head`` (-1 when only the head sum is kept), the
+    ``query`` and ``key`` positions and tokens, and its ``value``."""
+
+    layer: int
+    head: int
+    query: int
+    key: int
+    query_token: str
+    key_token: str
+    value: float
+
+
+@dataclass
+class Attribution(StoredExample):
+    """The attribution of one example, as :func:`score` returns it and ``store[i]`` reads it.
+
+    Arrays are numpy: ``attribution`` [layer, head, query, key] (the scored ``layers``),
+    ``attention`` [all layers, head, query, key], ``residual`` [layer] (sum of the attribution
+    minus F(A) - F(0): the completeness check), ``head_max`` [layer, head], ``logits`` and
+    ``probs`` [classes]. ``gold``, ``pred`` and ``target`` are class indices (-1: unknown);
+    ``prediction``, ``gold_label`` and ``target_label`` their names. With ``keep="sum"`` the
+    maps are ``None`` and ``head_sum`` [layer, query, key] holds their sum over heads.
+    """
+
+    label_names: list | None = None
+
+    @classmethod
+    def from_stored(cls, e: StoredExample, label_names=None) -> "Attribution":
+        """The same example with the API's conveniences."""
+        values = {f.name: getattr(e, f.name) for f in fields(StoredExample)}
+        return cls(**values, label_names=list(label_names or []))
+
+    def _name(self, i) -> str | None:
+        if i is None or int(i) < 0:
+            return None
+        names = self.label_names or []
+        return names[int(i)] if int(i) < len(names) else str(int(i))
+
+    @property
+    def prediction(self) -> str | None:
+        """The predicted class's name."""
+        return self._name(self.pred)
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """The class probabilities (numpy), in ``label_names`` order."""
+        return np.asarray(self.probs)
+
+    @property
+    def gold_label(self) -> str | None:
+        """The gold class's name, or None when unknown."""
+        return self._name(self.gold)
+
+    @property
+    def target_label(self) -> str | None:
+        """The name of the class whose probability was attributed."""
+        return self._name(self.target)
+
+    @property
+    def text(self):
+        """The input: a string, or a (first, second) pair."""
+        return self.text_a if self.text_b is None else (self.text_a, self.text_b)
+
+    def top(self, k: int = 10) -> list[Interaction]:
+        """The ``k`` strongest interactions (largest attribution), strongest first, as
+        :class:`Interaction` rows (layer, head, query, key, query_token, key_token, value)."""
+        if k < 1:
+            raise OptionError(f"k must be at least 1, got {k}")
+        keys = self.key_tokens or self.tokens
+        layers = list(self.layers)
+        if self.attribution is not None and np.ndim(self.attribution) == 4:
+            a, by_head = np.asarray(self.attribution), True
+        elif self.head_sum is not None:
+            a, by_head = np.asarray(self.head_sum)[:, None], False
+        elif self.topk_index is not None:
+            rows = []
+            idx, val = np.asarray(self.topk_index), np.asarray(self.topk_value)
+            for li in range(idx.shape[0]):
+                for h in range(idx.shape[1]):
+                    for j in range(idx.shape[2]):
+                        q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
+                        rows.append(Interaction(layers[li], h, q, kk, self.tokens[q], keys[kk], float(val[li, h, j])))
+            return sorted(rows, key=lambda r: -r.value)[:k]
+        else:
+            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
+        flat = a.reshape(-1)
+        k = min(k, flat.size)
+        best = np.argpartition(-flat, k - 1)[:k]
+        best = best[np.argsort(-flat[best], kind="stable")]
+        out = []
+        for b in best:
+            li, h, q, kk = np.unravel_index(int(b), a.shape)
+            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), self.tokens[q], keys[kk],
+                                   float(flat[b])))
+        return out
+
+    def token_importance(self) -> np.ndarray:
+        """Per (key) token: the attribution summed over layers, heads and queries."""
+        s = self.summed()
+        if s is None:
+            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
+        return np.asarray(s, np.float64).sum(axis=(0, 1))
+
+    def __repr__(self) -> str:
+        text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
+        return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}, "
+                f"layers={list(self.layers)}, text={text[:60]!r})")
+
+
+class Results(list):
+    """A list of :class:`Attribution`, one per input in order, as :func:`score` returns them."""
+
+    def __repr__(self) -> str:
+        return f"Results({len(self)} examples)"
+
+
+def read_all(path, label_names=None) -> Results:
+    """Every example of the store at ``path`` as :class:`Attribution` objects (arrays read)."""
+    with Store(path) as st:
+        names = label_names if label_names is not None else st.provenance.get("label_names") or []
+        return Results(Attribution.from_stored(st.get(i), names) for i in st.indices())
+
+
+class StoreView:
+    """An open attribution store: ``store[i]`` is the example whose index is ``i`` (as
+    ``--example i``), ``len(store)``, iteration in index order, ``store.indices``,
+    ``store.info()`` (what ``attattr info --json`` prints), ``store.provenance``.
+    Close it with ``close()`` or use it in a ``with`` block."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self._store = Store(self.path)
+        self.label_names = list(self._store.provenance.get("label_names") or [])
+
+    @property
+    def store(self) -> Store:
+        """The underlying reader (``attattr_cli.store.Store``)."""
+        return self._store
+
+    @property
+    def indices(self) -> list[int]:
+        """The indices of the examples held, ascending."""
+        return list(self._store.indices())
+
+    @property
+    def provenance(self) -> dict:
+        """Where the numbers come from: model, data, options, libraries, runs."""
+        return self._store.provenance
+
+    @property
+    def fingerprint(self) -> dict:
+        """What must agree for another run to add to this store."""
+        return self._store.fingerprint
+
+    def info(self) -> dict:
+        """The store's summary (the JSON of ``attattr info --json``)."""
+        return self._store.summary()
+
+    def get(self, index: int, family: str | None = None) -> Attribution:
+        """The example ``index`` (of one attention ``family`` of an encoder-decoder model)."""
+        return Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
+
+    def __getitem__(self, index: int) -> Attribution:
+        if not isinstance(index, (int, np.integer)):
+            raise OptionError(f"store[i] takes an example index, not {type(index).__name__}")
+        return self.get(int(index))
+
+    def __len__(self) -> int:
+        return len(self._store)
+
+    def __contains__(self, index) -> bool:
+        return index in self._store
+
+    def __iter__(self) -> Iterator[Attribution]:
+        for i in self.indices:
+            yield self.get(i)
+
+    def close(self) -> None:
+        """Close the file."""
+        self._store.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StoreView({str(self.path)!r}, {len(self)} examples)"
+
+
+def open_store(path) -> StoreView:
+    """Open an attribution store for reading (see :class:`StoreView`)."""
+    return StoreView(path)
+
+
+class Tree:
+    """An attribution tree (Hao et al. 2021, section 3): ``graph`` (a networkx DiGraph whose
+    edges point from a token to the token it takes information from), ``edges`` as
+    (parent, child, layer) rows, ``top`` (the root position); ``to_dot()``, ``to_json()``,
+    ``render("png"|"svg")`` (Graphviz's dot) and ``save(path)`` (format from the extension)."""
+
+    def __init__(self, graph, title: str | None = None):
+        self.graph = graph
+        self.title = title
+
+    @property
+    def top(self) -> int:
+        """The position of the tree's root token."""
+        return int(self.graph.graph["top"])
+
+    @property
+    def edges(self) -> list[tuple[int, int, int]]:
+        """(parent, child, layer) in the order the edges were added."""
+        from ..analysis.tree import tree_edges
+
+        return tree_edges(self.graph)
+
+    def to_dot(self) -> str:
+        """The tree in Graphviz DOT."""
+        from ..analysis.tree import tree_to_dot
+
+        return tree_to_dot(self.graph, title=self.title)
+
+    def to_json(self) -> str:
+        """The tree as JSON text (nodes, edges, settings)."""
+        from ..analysis.tree import tree_to_json
+
+        return json.dumps(tree_to_json(self.graph), indent=2)
+
+    def to_dict(self) -> dict:
+        """The tree as a JSON-able dict."""
+        from ..analysis.tree import tree_to_json
+
+        return tree_to_json(self.graph)
+
+    def render(self, fmt: str = "svg") -> bytes:
+        """The drawing as PNG or SVG bytes (needs Graphviz's ``dot``)."""
+        from ..analysis.tree import render
+
+        if fmt not in ("png", "svg"):
+            raise OptionError(f"fmt must be png or svg, got '{fmt}'")
+        return render(self.to_dot(), fmt)
+
+    def save(self, path) -> Path:
+        """Write the tree to ``path``: .dot/.gv, .json, .png or .svg."""
+        from ..fileio import write_atomic
+
+        p = Path(path)
+        ext = p.suffix.lower()
+        if ext in (".dot", ".gv"):
+            data = self.to_dot()
+        elif ext == ".json":
+            data = self.to_json() + "\n"
+        elif ext in (".png", ".svg"):
+            data = self.render(ext[1:])
+        else:
+            raise OptionError(f"cannot tell the format of {p}: use .dot, .json, .png or .svg")
+        write_atomic(p, data)
+        return p
+
+    def __repr__(self) -> str:
+        g = self.graph
+        return f"Tree(top={self.top}, {g.number_of_nodes()} nodes, {g.number_of_edges()} edges)"
+
+
+def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,
+         compat: str = "paper", num_layers: int | None = None) -> Tree:
+    """The attribution tree of one example (an :class:`Attribution`, e.g. ``store[3]`` or
+    ``score(...)[0]``): edges whose layer-normalised score exceeds ``tau`` (default 0.4);
+    ``lam`` the paper's cost per edge; ``layers`` a subset of the scored layers; ``root`` a token
+    position to root the tree at instead of the top-node rule; ``compat`` paper or reference."""
+    from ..analysis.tree import DEFAULT_TAU, MODES, node_label, tree_for_example
+
+    if compat not in MODES:
+        raise OptionError(f"unknown compat '{compat}'; available: {', '.join(MODES)}")
+    if getattr(example, "family", "self") == "cross":
+        raise OptionError("the attribution tree links tokens of one sequence; the cross family has none")
+    if example.attribution is None:
+        if example.head_sum is None:
+            raise OptionError(f"example {example.index} keeps no attribution maps or head sums (keep='none')")
+        import copy
+
+        example = copy.copy(example)
+        example.attribution = example.head_sum
+    g = tree_for_example(example, layers=layers, tau=DEFAULT_TAU if tau is None else tau, lam=lam, compat=compat,
+                         num_layers=num_layers, top=root)
+    return Tree(g, title=f"example {example.index}: top node {node_label(g, g.graph['top'])}")

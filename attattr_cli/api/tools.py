@@ -1,0 +1,193 @@
+"""``faithfulness``, ``finetune``, ``merge`` and ``import_2021``."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import OptionError
+from .inputs import _check_min, _cmd, _default_task, _model_arg, _spec
+from .model import Model, as_model, progress_for, using
+from .scoring import score
+
+
+# ----------------------------------------------------------------------------- faithfulness
+
+
+@dataclass
+class FaithfulnessResult:
+    """The faithfulness report: ``report`` (per method: Kendall tau with leave-one-out and with
+    gradients, AOPC comprehensiveness and sufficiency, deletion AUC; per example; the
+    permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept."""
+
+    report: dict
+    store: str
+
+    @property
+    def methods(self) -> dict:
+        """Per method its summary numbers."""
+        return self.report["methods"]
+
+    @property
+    def rows(self) -> list[dict]:
+        """One flat row per method (the CSV)."""
+        from ..analysis.faithfulness import report_rows
+
+        return report_rows(self.report)
+
+    def to_dict(self) -> dict:
+        """The JSON report."""
+        return self.report
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.report, indent=1, allow_nan=False)
+
+
+def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
+                 steps: int = 20, rule: str = "right", target: str = "predicted", output: str = "prob",
+                 erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
+                 device: str = "auto", truncate: bool = False, out=None, progress=False, command=None) -> FaithfulnessResult:
+    """Faithfulness of token importance (attention, rollout, attention x gradient, attention
+    attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
+    with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
+    or a temporary file). Token importance is kept in the store. ``out``: write the JSON report.
+    Returns :class:`FaithfulnessResult`."""
+    from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
+    from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
+
+    if isinstance(methods, str):
+        methods = methods.split(",")
+    chosen = check_methods(list(methods) if methods else list(METHODS))
+    if erase not in ERASE_MODES:
+        raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
+    if isinstance(perm_layers, int):
+        perm_layers = [perm_layers]
+    tmp = None
+    try:
+        loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
+        if store is None:
+            if score_store is not None:
+                store = Path(score_store)
+            elif out is not None:
+                store = Path(out).with_suffix(".h5")
+                if store.resolve() == Path(out).resolve():
+                    raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
+            else:
+                tmp = tempfile.TemporaryDirectory(prefix="attattr-faithfulness-")
+                store = Path(tmp.name) / "scores.h5"
+            need_attr = any(m in ATTRIBUTION_METHODS for m in chosen)
+            m = loaded_model or as_model(model, device=device)
+            score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, target=target,
+                  output=output, layers=None if need_attr else [], truncate=truncate, device=device,
+                  progress=progress, command=command)
+            from ..data import parse_examples
+            from ..engine.run import resolve_inputs
+
+            mid, names = _model_arg(m)
+            _, _, rows, _ = resolve_inputs(mid, data, _default_task(mid, data, task, None), names)
+            select = [rows[i].index for i in parse_examples(_spec(examples), len(rows))]
+            loaded_model = m
+        else:
+            if data is not None or task is not None:
+                raise OptionError("give either a store or model/data/task, not both")
+            select = examples
+        fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
+                                    perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
+                                    seed=seed)
+        model_id = str(model) if isinstance(model, (str, Path)) else None
+        if loaded_model is not None:
+            with using(loaded_model) as mm, progress_for(progress, "faithfulness") as bar:
+                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar)
+        else:
+            with progress_for(progress, "faithfulness") as bar:
+                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar)
+        report["command"] = _cmd(command)
+        res = FaithfulnessResult(report, None if tmp is not None else str(store))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    if out is not None:
+        from ..fileio import write_atomic
+
+        write_atomic(Path(out), (res.to_json() + "\n").encode())
+    return res
+
+
+# ----------------------------------------------------------------------------- finetune, merge, import
+
+
+def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=None, max_examples: int | None = None,
+             epochs: float = 1.0, lr: float = 1e-4, warmup: float = 0.0, batch_size: int = 32, max_length: int = 128,
+             freeze_embeddings: bool = False, weight_decay: float = 0.01, threads: int = 0, seed: int = 0,
+             overwrite: bool = False, progress=False, command=None):
+    """Fine-tune a sequence classifier (a folder or hub id; None: the built-in default on the
+    synthetic task's training set, evaluated on its held-out set) on ``data`` and save a
+    standard model folder to ``out``. Returns the ``FinetuneReport`` (steps, seconds, final
+    loss, eval accuracy, parameters)."""
+    from ..data import get_task, load_examples, parse_examples, synthetic
+    from ..engine.finetune import FinetuneOptions, check_out
+    from ..engine.finetune import finetune as run_finetune
+    from ..models.default import DEFAULT_MODEL_DIR
+
+    if isinstance(model, Model):
+        if model.path is None:
+            raise OptionError("finetune starts from a saved model: give its folder or hub id")
+        model = model.path
+    if model is not None and not isinstance(model, (str, Path)):
+        raise OptionError("finetune starts from a saved model: give its folder or hub id")
+    check_out(out, overwrite)
+    if model is None and data is None and task is None:
+        task = "synthetic"
+    task_obj = get_task(task) if task else None
+    if task_obj is not None and task_obj.builtin:
+        if data is not None:
+            raise OptionError("the synthetic task trains on the built-in set; leave out data")
+        model = str(model or DEFAULT_MODEL_DIR)
+        train_all = synthetic.train_set(2000)
+        labels = tuple(synthetic.LABELS)
+        evals = synthetic.heldout() if eval_data is None else None
+    else:
+        if data is None:
+            raise OptionError("a model to fine-tune needs data (a training file), or leave out both for the built-in task")
+        if model is None:
+            raise OptionError("data needs a model (a local model folder to fine-tune)")
+        train_all, labels = load_examples(data, task_obj)
+        evals = None
+    if eval_data is not None:
+        evals, _ = load_examples(eval_data, task_obj, list(labels))
+    chosen = parse_examples(_spec(examples), len(train_all))
+    if max_examples is not None:
+        _check_min("max_examples", max_examples)
+        chosen = chosen[:max_examples]
+    train = [train_all[i] for i in chosen]
+    options = FinetuneOptions(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
+                              freeze_embeddings=freeze_embeddings, weight_decay=weight_decay, warmup=warmup,
+                              seed=seed, threads=threads)
+    provenance = {"task": task_obj.name if task_obj else "generic", "data": data or "builtin",
+                  "eval_data": eval_data or ("builtin" if evals else ""), "command": _cmd(command)}
+    with progress_for(progress, "finetune") as bar:
+        return run_finetune(str(model), train, labels, out, options, evals, bar, overwrite, provenance)
+
+
+def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
+    """Merge stores (shards of one run, or runs with the same fingerprint) into ``out``;
+    returns what was added and skipped."""
+    from ..store import merge as merge_stores
+
+    if isinstance(shards, (str, Path)):
+        raise OptionError("shards must be a list of store paths")
+    return merge_stores([str(s) for s in shards], out, partial=partial)
+
+
+def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,
+                labels: Sequence[str] | None = None, attention_path=None, store_dtype: str = "float32", command=None):
+    """Import one example of the 2021 code's output (its attribution matrices and tokens
+    file) into the store ``out``; returns the import report."""
+    from ..analysis.legacy import import_2021 as run_import
+
+    return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
+                      attention_path=attention_path, command=_cmd(command), store_dtype=store_dtype)

@@ -1,0 +1,190 @@
+"""``triggers`` from attention attribution, and the ``attack`` that inserts them."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import OptionError
+from .inputs import _check_min, _cmd, _open, model_and_data
+from .model import progress_for, using
+from .scoring import score
+
+
+# ----------------------------------------------------------------------------- triggers
+
+
+@dataclass
+class TriggersResult:
+    """Adversarial triggers: ``triggers`` (ranked ``Trigger`` objects: tokens, segments,
+    relative positions, count, strength, the class they push towards), ``patterns`` (the
+    per-example top entries they come from), ``document`` (the triggers JSON)."""
+
+    triggers: list
+    patterns: list
+    document: dict
+    distinct: int = 0  # distinct triggers before top_k
+
+    def to_dict(self) -> dict:
+        """The triggers JSON document (what ``attattr triggers`` writes)."""
+        return self.document
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.document, indent=2, ensure_ascii=False)
+
+    def to_csv(self) -> str:
+        """One CSV row per trigger."""
+        from ..analysis.triggers import triggers_csv
+
+        return triggers_csv(self.triggers)
+
+
+def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int = 20,
+             top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
+             min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
+             progress=False, command=None) -> TriggersResult:
+    """Adversarial triggers from attention attribution (Hao et al. 2021, section 4). From
+    ``source`` (a store path, an open store, or results of :func:`score`), or scored on the fly
+    from model and data/inputs (into ``store`` when given, else a temporary one). ``top_k``
+    keeps the k best (of each class with ``per_class``); ``rank_by`` count, total or mean.
+    ``out``: write JSON (or CSV when it ends in .csv). Returns :class:`TriggersResult`."""
+    from ..analysis.triggers import (RANKINGS, aggregate, patterns_from_store, select, select_by_length,
+                                     triggers_csv, triggers_document)
+    from ..fileio import write_atomic
+
+    if rank_by not in RANKINGS:
+        raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
+    _check_min("top_k", top_k)
+    _check_min("steps", steps)
+    on_the_fly = source is None
+    if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
+                           or inputs is not None or store is not None or limit is not None):
+        raise OptionError("give either a store (source) or model/data/task/examples to score on the fly, not both")
+    tmp = None
+    wanted = None
+    try:
+        if on_the_fly:
+            m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+            positions = {id(e): k for k, e in enumerate(rows)}
+            chosen = select_by_length(m.tokenizer, rows, [positions[id(e)] for e in picked], min_tokens, limit)
+            wanted = [rows[i].index for i in chosen]
+            if store is None:
+                tmp = tempfile.TemporaryDirectory(prefix="attattr-triggers-")
+                path = Path(tmp.name) / "scores.h5"
+            else:
+                path = Path(store)
+            score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
+                  steps=steps, device=device, progress=progress, command=command)
+            source = path
+        st, close = _open(source)
+        try:
+            prov = st.provenance
+            labels = prov.get("label_names") or []
+            with progress_for(progress, "triggers") as bar:
+                patterns = patterns_from_store(st, progress=bar, min_tokens=min_tokens, special=special, indices=wanted)
+        finally:
+            close()
+        ranked = aggregate(patterns, labels, rank_by=rank_by)
+        chosen_t = select(ranked, top_k, per_class, labels)
+        src = {
+            "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
+            "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
+            "task": prov.get("task"), "data": prov.get("data"),
+            "options": prov.get("options"), "min_tokens": min_tokens, "special": special, "command": _cmd(command),
+        }
+        doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
+                                source=src, patterns=patterns)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    res = TriggersResult(chosen_t, patterns, doc, len(ranked))
+    if out is not None:
+        p = Path(out)
+        write_atomic(p, triggers_csv(chosen_t) if p.suffix.lower() == ".csv" else res.to_json() + "\n")
+    return res
+
+
+# ----------------------------------------------------------------------------- attack
+
+
+@dataclass
+class AttackResult:
+    """The attack's outcome: ``document`` (the ``attattr attack`` JSON: per gold class the
+    accuracy before and under each trigger and control, flips), with shortcuts ``table`` (the
+    paper's Table 2 rows), ``before`` (overall accuracy before), ``rows`` (one per trigger
+    and control), ``texts`` (the attacked examples, when ``keep_texts``)."""
+
+    document: dict
+    texts: list | None = None
+
+    @property
+    def table(self) -> list[dict]:
+        """Per gold class: n, accuracy before, under each trigger, their mean, the controls' mean."""
+        return self.document["table"]
+
+    @property
+    def before(self) -> float | None:
+        """Overall accuracy before any insertion."""
+        return self.document["overall_before"]
+
+    @property
+    def rows(self) -> list[dict]:
+        """One row per trigger, then per control: tokens, accuracy per class, flipped, ..."""
+        return self.document["triggers"] + self.document["controls"]
+
+    def to_dict(self) -> dict:
+        """The JSON document."""
+        return self.document
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.document, indent=2, ensure_ascii=False)
+
+
+def _insertions(triggers, top_k):
+    from ..analysis.attack import Insertion, from_document
+    from ..analysis.triggers import load_triggers
+
+    if isinstance(triggers, TriggersResult):
+        return from_document(triggers.document, top_k), None
+    if isinstance(triggers, dict):
+        return from_document(triggers, top_k), None
+    if isinstance(triggers, (str, Path)):
+        return from_document(load_triggers(triggers), top_k), str(triggers)
+    if isinstance(triggers, (list, tuple)) and all(isinstance(t, Insertion) for t in triggers):
+        return list(triggers), None
+    raise OptionError("triggers must be a triggers file, its JSON as a dict, a TriggersResult or a list of Insertion")
+
+
+def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
+           controls: int | None = None, seed: int = 0, position="relative", batch_size: int = 64,
+           keep_texts: bool = False, device: str = "auto", out=None, progress=False) -> AttackResult:
+    """Insert triggers (a :class:`TriggersResult`, a triggers file or its dict; the ``top_k``
+    best, of each class when made per class) into every example at their relative position
+    in their segment, classify again, and compare per gold class with the accuracy before and
+    with random-token ``controls`` of the same layout (default one per trigger). ``out``:
+    write the JSON. Returns :class:`AttackResult`."""
+    from ..analysis.attack import run_attack
+
+    if triggers is None:
+        raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
+    _check_min("batch_size", batch_size)
+    _check_min("top_k", top_k)
+    chosen, path = _insertions(triggers, top_k)
+    m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
+    with using(m) as m, progress_for(progress, "attack") as bar:
+        doc = run_attack(m.loaded, picked, labels, chosen, controls=controls, seed=seed, position=position,
+                         batch_size=batch_size, keep_texts=keep_texts, progress=bar)
+    doc["data"] = data or ("memory" if inputs is not None else "builtin")
+    doc["task"] = task_obj.name if task_obj else ""
+    doc["triggers_file"] = path
+    texts = doc.pop("texts", None)
+    res = AttackResult(doc, texts)
+    if out is not None:
+        from ..fileio import write_atomic
+
+        write_atomic(Path(out), res.to_json() + "\n")
+    return res

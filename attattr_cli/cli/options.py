@@ -1,0 +1,97 @@
+"""Typer options shared by the commands, declared once: the model and data options, the
+device, quiet, and the table formats. Each is a function so that a command can word the help
+for its own use; the names and short forms are the same everywhere (see docs/api.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from .common import TASK_HELP, out
+
+MODEL_HELP = "Local model folder or hub id (default: the built-in synthetic-task BERT)."
+DATA_HELP = "TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."
+EXAMPLES_HELP = "Indices and ranges, e.g. 0:100 or 3,7,9 (default: all)."
+
+
+def model(help: str = MODEL_HELP) -> Optional[str]:
+    """``--model/-m``."""
+    return typer.Option(None, "--model", "-m", help=help)
+
+
+def data(help: str = DATA_HELP) -> Optional[str]:
+    """``--data/-d``."""
+    return typer.Option(None, "--data", "-d", help=help)
+
+
+def task() -> Optional[str]:
+    """``--task/-t``."""
+    return typer.Option(None, "--task", "-t", help=TASK_HELP)
+
+
+def examples(help: str = EXAMPLES_HELP) -> Optional[str]:
+    """``--examples/-e``."""
+    return typer.Option(None, "--examples", "-e", help=help)
+
+
+def device() -> str:
+    """``--device``."""
+    return typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
+
+
+def truncate() -> bool:
+    """``--truncate``."""
+    return typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them.")
+
+
+def quiet() -> bool:
+    """``-q/--quiet``: no progress bar, no tables or summary on stderr."""
+    return typer.Option(False, "--quiet", "-q", help="No progress bar and no tables or summary on stderr.")
+
+
+def as_json() -> bool:
+    """``--json``: the table on stdout as JSON instead of the output's path."""
+    return typer.Option(False, "--json", help="Print the table on stdout as JSON (instead of the output's path).")
+
+
+def as_csv() -> bool:
+    """``--csv``: the table on stdout as CSV instead of the output's path."""
+    return typer.Option(False, "--csv", help="Print the table on stdout as CSV (instead of the output's path).")
+
+
+def hidden(name: str, kind=None, *short: str):
+    """An old spelling kept as a hidden alias."""
+    return typer.Option(kind, name, *short, hidden=True)
+
+
+def pick(new, old, default=None):
+    """The value of an option given under its new name or its old (hidden) one."""
+    if old is not None and (new is None or new == default):
+        return old
+    return new
+
+
+def print_rows(rows: list[dict], fmt: str) -> None:
+    """Rows on stdout as JSON (a list of objects) or CSV (a header and one line per row)."""
+    if fmt == "json":
+        out.file.write(json.dumps(rows, indent=2, ensure_ascii=False, default=_plain) + "\n")
+        return
+    import csv
+    import io
+
+    buf = io.StringIO()
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    w = csv.DictWriter(buf, fieldnames=keys, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in keys})
+    out.file.write(buf.getvalue())
+
+
+def _plain(x):
+    try:
+        return x.tolist()
+    except AttributeError:
+        return str(x)
