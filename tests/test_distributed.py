@@ -147,7 +147,7 @@ def test_torchrun_refuses_a_store_of_other_options_with_one_error_line(tmp_path)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error: ")]
     assert errors == [f"Error: s.h5 was made with other options (steps={STEPS} there, {STEPS + 1} here):"
-                      " use the same options or another --out"]
+                      " use the same options or another output store"]
     assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.h5"]
 
@@ -220,7 +220,7 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
     same = runner.invoke(app, ["merge", str(p), str(p), "--out", str(tmp_path / "pp.h5")])
     assert _error(same) == f"Error: {p} is given twice"
     into_shard = runner.invoke(app, ["merge", str(p), str(q), "--out", str(q)])
-    assert _error(into_shard) == f"Error: --out {q} is one of the shards: choose another file"
+    assert _error(into_shard) == f"Error: {q} is one of the shards: choose another file"
 
 
 # -- out-of-memory back-off ----------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_other_options_or_model_are_refused_and_store_untouched(tmp_path, tiny_m
     digest = _digest(out)
     with pytest.raises(StoreError, match=r"was made with other options \(steps=4 there, 8 here\)"):
         score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:4", steps=8))
-    with pytest.raises(StoreError, match=r"was made with another model .*use another --out"):
+    with pytest.raises(StoreError, match=r"was made with another model .*use another output store"):
         score_to_store(_req(out, other_model_dir, sst2_small, examples="0:4"))
     other_data = tmp_path / "other.tsv"
     other_data.write_text("sentence\tlabel\nw1 w2\t0\n")
@@ -302,11 +302,11 @@ def test_writer_and_merge_explain_the_difference(tmp_path):
                 text_a="x", text_b=None, meta={}))
     with pytest.raises(StoreError) as info:
         check_fingerprint(a, _FP, dict(_FP, options={"steps": 8, "rule": "right"}))
-    assert str(info.value) == f"{a} was made with other options (steps=4 there, 8 here): use the same options or another --out"
+    assert str(info.value) == f"{a} was made with other options (steps=4 there, 8 here): use the same options or another output store"
     with pytest.raises(StoreError) as info:
         StoreWriter(a, dict(_FP, weights_sha256="c" * 64), prov)
     assert str(info.value) == (f"{a} was made with another model (weights sha256 aaaaaaaaaaaa… there, cccccccccccc… here):"
-                               " use another --out")
+                               " use another output store")
     with pytest.raises(StoreError) as info:
         merge([a, b], tmp_path / "m.h5")
     assert str(info.value) == "cannot merge b.h5 with a.h5: they were made with other options (steps=8 in b.h5, 4 in a.h5)"

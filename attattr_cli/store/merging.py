@@ -158,11 +158,11 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
         raise StoreError("cannot merge: " + "; ".join(check.problems()) + " (or merge what is there with --partial)")
     out = Path(out)
     if out.is_dir():
-        raise StoreError(f"--out {out} is a directory")
+        raise StoreError(f"{out} is a directory, not a store")
     if not out.parent.exists():
-        raise StoreError(f"--out {out}: the folder {out.parent} does not exist")
+        raise StoreError(f"cannot create {out}: the folder {out.parent} does not exist")
     if any(out.resolve() == Path(p).resolve() for p in shards):
-        raise StoreError(f"--out {out} is one of the shards: choose another file")
+        raise StoreError(f"{out} is one of the shards: choose another file")
     readers = [Store(p) for p in shards]
     tmp_path: Path | None = None
     try:

@@ -31,14 +31,14 @@ from .schema import (
 )
 
 
-_HINTS = {"options": "use the same options or another --out"}
+_HINTS = {"options": "use the same options or another output store"}
 
 
 def check_fingerprint(path: Path, there: dict, here: dict) -> None:
     """Refuse to add to the store at ``path`` (fingerprint ``there``) a run with fingerprint ``here``."""
     difference = fingerprint_difference(there, here)
     if difference is not None:
-        hint = _HINTS.get(difference.kind, "use another --out")
+        hint = _HINTS.get(difference.kind, "use another output store")
         raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")
 
 
@@ -57,9 +57,9 @@ class StoreWriter(OpenFile):
         fingerprint = dict(fingerprint, store_dtype=store_dtype)
         self.fingerprint = fingerprint
         if self.path.is_dir():
-            raise StoreError(f"--out {self.path} is a directory")
+            raise StoreError(f"{self.path} is a directory, not a store")
         if not self.path.parent.exists():
-            raise StoreError(f"--out {self.path}: the folder {self.path.parent} does not exist")
+            raise StoreError(f"cannot create {self.path}: the folder {self.path.parent} does not exist")
         existed = self.path.exists() and self.path.stat().st_size > 0
         if existed:
             if not h5py.is_hdf5(self.path):
