@@ -14,8 +14,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..data.tasks import TASKS
 from ..errors import AttattrError, OptionError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # ":100:" stays as typed
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 # --task's help in every command, from the task registry (a new preset shows up everywhere)
 TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."

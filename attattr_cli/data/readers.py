@@ -122,6 +122,16 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
     return Table(name, columns, rows, lines)
 
 
+def json_problem(exc: Exception) -> str:
+    """What made ``json.loads`` fail, in a few words: its own message for a syntax error,
+    else the limit that was hit (nesting too deep for the parser, a number too long)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "arrays or objects nested too deeply"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
 def _json_kind(value: Any) -> str:
     if isinstance(value, list):
         return "an array"
@@ -153,8 +163,8 @@ def _read_json_lines(name: str, text: str) -> Table:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{name}, line {number}: not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{name}, line {number}: not valid JSON ({json_problem(exc)})") from None
         _add_json_row(table, obj, number, f"{name}, line {number}")
     return table
 
@@ -164,6 +174,8 @@ def _read_json_array(name: str, text: str) -> Table:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{name}, line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{name}: not valid JSON ({json_problem(exc)})") from None
     if not isinstance(data, list):
         raise DataError(f"{name}: expected JSON lines or an array of objects")
     table = Table(name, [], [], [])
