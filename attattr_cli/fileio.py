@@ -99,11 +99,18 @@ def temp_dir_for(out: str | os.PathLike) -> Path:
 
 
 def swap_dir_in(tmp: Path, out: str | os.PathLike) -> None:
-    """Move the complete folder ``tmp`` to ``out`` with the usual folder mode; an existing
+    """Move the complete folder ``tmp`` to ``out``, its folders and files given the usual
+    modes (it is a result written by attattr, nothing in it executable); an existing
     ``out`` is moved aside first and removed only after the new one is in place (a symbolic
     link there, dangling or not, is replaced: its target is left as it is)."""
     out = Path(out)
-    tmp.chmod(folder_mode())
+    files, folders = file_mode(), folder_mode()
+    for where, _subdirs, names in os.walk(tmp):
+        # some writers (safetensors) leave private files: the whole folder gets the usual modes
+        os.chmod(where, folders)
+        for name in names:
+            if not os.path.islink(os.path.join(where, name)):
+                os.chmod(os.path.join(where, name), files)
     old = None
     if out.exists() or out.is_symlink():
         old = out.parent / f".{out.name}.old-{int(time.time())}-{os.getpid()}"
