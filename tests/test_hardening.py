@@ -238,3 +238,18 @@ def test_import_json_on_deeply_nested_files_is_one_error_line(tmp_path):
 def test_error_text_keeps_colon_codes(tmp_path):
     line = _one_error_line(_run("score", "--examples", "a", "--out", tmp_path / "x.h5"), "0:100:2")
     assert "\N{HUNDRED POINTS SYMBOL}" not in line
+
+
+def test_names_from_the_file_cannot_split_the_error_line(tmp_path):
+    from attattr_cli.data import get_task, load_examples
+
+    p = tmp_path / "odd.jsonl"
+    p.write_text('{"label": "0", "\\n": "0"}\n')
+    with pytest.raises(DataError) as info:
+        load_examples(str(p), None, None)
+    assert "\n" not in str(info.value) and "columns found: label, \\n" in str(info.value)
+    q = tmp_path / "odd.csv"
+    q.write_text('sentence,label\nfine,"x\ny"\n')
+    with pytest.raises(DataError) as info:
+        load_examples(str(q), get_task("sst2"), ("negative", "positive"))
+    assert "\n" not in str(info.value) and "unknown label 'x\\ny'" in str(info.value)

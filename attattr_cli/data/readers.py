@@ -105,7 +105,7 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
                     if col == "":
                         raise DataError(f"{name}, line {start}: the header has an empty column name")
                     if col in seen:
-                        raise DataError(f"{name}, line {start}: the header names column '{col}' twice")
+                        raise DataError(f"{name}, line {start}: the header names column '{shown(col)}' twice")
                     seen.add(col)
                 continue
             if len(record) != len(columns):
@@ -120,6 +120,15 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
     if not rows:
         raise DataError(f"{name}: the file has a header but no data rows")
     return Table(name, columns, rows, lines)
+
+
+def shown(value: Any) -> str:
+    """``value`` as text for a one-line message: line breaks, tabs and other control
+    characters escaped (``\\n``), so a column name or label from the file cannot split it."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def json_problem(exc: Exception) -> str:
