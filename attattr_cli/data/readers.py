@@ -116,7 +116,8 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
             lines.append(start)
     except csv.Error as exc:
         raise DataError(f"{name}, line {reader.line_num}: cannot parse the row ({exc})") from None
-    assert columns is not None  # the text is not blank, so there is a header
+    if columns is None:  # text, but every row empty (",\n")
+        raise DataError(f"{name}: the file holds only empty rows, no header")
     if not rows:
         raise DataError(f"{name}: the file has a header but no data rows")
     return Table(name, columns, rows, lines)
