@@ -255,7 +255,7 @@ def test_names_from_the_file_cannot_split_the_error_line(tmp_path):
     assert "\n" not in str(info.value) and "unknown label 'x\\ny'" in str(info.value)
 
 
-@pytest.mark.parametrize("name, text", [("empty.csv", ",\n"), ("empty.tsv", "\t\t\n \t\n")])
+@pytest.mark.parametrize("name, text", [("empty.csv", ",\n"), ("quoted.csv", "\"\",\" \"\n,\n")])
 def test_a_file_of_empty_rows_is_a_data_error(tmp_path, name, text):
     (tmp_path / name).write_text(text)
     with pytest.raises(DataError, match=f"{name}: the file holds only empty rows, no header"):
