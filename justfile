@@ -27,6 +27,10 @@ demo: setup
 test: setup
     {{py}} -m pytest -q
 
+# Fuzz the data readers, the store opener and the 2021 importer longer than CI does (N inputs per test, fresh ones each run)
+fuzz n="2000": setup
+    ATTATTR_FUZZ_EXAMPLES={{n}} {{py}} -m pytest -q -rxs tests/test_fuzz.py
+
 # Retrain the default model into attattr_cli/assets/default_model (about a minute on 2 cores)
 train-default: setup
     {{venv}}/bin/attattr demo train --out attattr_cli/assets/default_model

@@ -1,5 +1,12 @@
 """Writing results so that nothing already written is lost: a file is replaced whole or
-not at all, a model folder is swapped in only once complete."""
+not at all, a model folder is swapped in only once complete.
+
+Every output is built under a private temporary name in the output's own folder and
+renamed over the output at the end. A symbolic link at the output's name is replaced by
+the new file or folder (the rename replaces the link itself): a link is never written
+through and a dangling one never followed. The finished output gets the usual mode under
+the user's umask (files 0666 & ~umask, folders 0777 & ~umask, as ``open`` and ``mkdir``
+would give), while the temporary one keeps its private mode until the rename."""
 
 from __future__ import annotations
 
@@ -14,11 +21,36 @@ from pathlib import Path
 from .errors import OptionError
 
 
+def umask() -> int:
+    """The process's umask, read without changing it where the system allows."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # elsewhere the only way to read it is to set it
+    os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0666 under the umask."""
+    return 0o666 & ~umask()
+
+
+def folder_mode() -> int:
+    """The mode a new folder gets from ``mkdir``: 0777 under the umask."""
+    return 0o777 & ~umask()
+
+
 @contextlib.contextmanager
 def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool = True):
     """Yield a fresh temporary path beside ``path`` to write the result to; when the block
-    ends without error it is renamed over ``path``, otherwise removed (``path`` untouched).
-    ``suffix`` keeps a file name extension for writers that read it (matplotlib)."""
+    ends without error it gets the usual file mode and is renamed over ``path`` (a link
+    there is replaced, not followed), otherwise removed (``path`` untouched). ``suffix``
+    keeps a file name extension for writers that read it (matplotlib)."""
     path = Path(path)
     if make_parents:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -26,6 +58,7 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
     os.close(fd)
     try:
         yield Path(tmp)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -33,14 +66,15 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool = False) -> None:
-    """Write ``data`` through a temporary file in the same folder and rename it over ``path``."""
+    """Write ``data`` through a temporary file in the same folder and rename it over ``path``
+    (a symbolic link at ``path`` is replaced by the file, its target left as it is)."""
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)
     if not folder.exists():
         raise OptionError(f"cannot write {path}: the folder {folder} does not exist")
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise OptionError(f"cannot write {path}: it is a directory")
     try:
         with replaced(path, make_parents=False) as tmp:
@@ -65,13 +99,30 @@ def temp_dir_for(out: str | os.PathLike) -> Path:
 
 
 def swap_dir_in(tmp: Path, out: str | os.PathLike) -> None:
-    """Move the complete folder ``tmp`` to ``out``; an existing ``out`` is moved aside first
-    and removed only after the new one is in place."""
+    """Move the complete folder ``tmp`` to ``out``, its folders and files given the usual
+    modes (it is a result written by attattr, nothing in it executable); an existing
+    ``out`` is moved aside first and removed only after the new one is in place (a symbolic
+    link there, dangling or not, is replaced: its target is left as it is)."""
     out = Path(out)
+    files, folders = file_mode(), folder_mode()
+    for where, _subdirs, names in os.walk(tmp):
+        # some writers (safetensors) leave private files: the whole folder gets the usual modes
+        os.chmod(where, folders)
+        for name in names:
+            if not os.path.islink(os.path.join(where, name)):
+                os.chmod(os.path.join(where, name), files)
     old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{int(time.time())}"
+    if out.exists() or out.is_symlink():
+        old = out.parent / f".{out.name}.old-{int(time.time())}-{os.getpid()}"
         out.rename(old)
-    tmp.rename(out)
+    try:
+        tmp.rename(out)
+    except BaseException:
+        if old is not None:
+            old.rename(out)
+        raise
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink()

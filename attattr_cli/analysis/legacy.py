@@ -25,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..data.readers import json_problem
 from ..engine.provenance import libraries
 from ..errors import DataError
 
@@ -75,8 +76,9 @@ def read_matrices(path: str | Path) -> np.ndarray:
             continue
         try:
             value = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}, line {k}: not JSON ({exc.msg}); expected one [heads][n][n] list per line") from None
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{path}, line {k}: not JSON ({json_problem(exc)}); "
+                            "expected one [heads][n][n] list per line") from None
         try:
             arr = np.asarray(value, dtype=np.float64)
         except (ValueError, TypeError):
@@ -100,16 +102,16 @@ def read_tokens_file(path: str | Path) -> list[dict]:
     try:
         data = json.loads(text)
         entries = data if isinstance(data, list) else [data]
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         entries = []
         for k, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
             try:
                 entries.append(json.loads(line))
-            except json.JSONDecodeError as exc:
+            except (ValueError, RecursionError) as exc:
                 raise DataError(
-                    f"{path}, line {k}: not JSON ({exc.msg}); expected the 2021 tokens file "
+                    f"{path}, line {k}: not JSON ({json_problem(exc)}); expected the 2021 tokens file "
                     "(a JSON list of {index, tokens, pred, golden}) or JSON lines"
                 ) from None
     if not entries:

@@ -15,8 +15,8 @@ from typer.core import TyperCommand, TyperGroup
 from ..data.tasks import TASKS
 from ..errors import AttattrError, OptionError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True)
-out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # ":100:" stays as typed
+out = Console(highlight=False, soft_wrap=True, emoji=False)
 
 # exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C
 EXIT_CODES = {

@@ -11,6 +11,7 @@ import typer
 
 from ..analysis.tree import DEFAULT_TAU, MODES, node_label, render, tree_for_example, tree_to_dot, tree_to_json
 from ..errors import OptionError
+from ..fileio import write_atomic
 from ..store import Store
 from .common import edge, err, parse_int_list
 
@@ -98,7 +99,7 @@ def tree(
             sys.stdout.buffer.flush()
         else:
             try:
-                Path(out_path).write_bytes(data)
+                write_atomic(out_path, data)
             except OSError as exc:
                 raise OptionError(f"cannot write {out_path}: {exc.strerror or exc}") from None
         if not quiet:

@@ -105,7 +105,7 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
                     if col == "":
                         raise DataError(f"{name}, line {start}: the header has an empty column name")
                     if col in seen:
-                        raise DataError(f"{name}, line {start}: the header names column '{col}' twice")
+                        raise DataError(f"{name}, line {start}: the header names column '{shown(col)}' twice")
                     seen.add(col)
                 continue
             if len(record) != len(columns):
@@ -116,10 +116,30 @@ def _read_delimited(name: str, text: str, fmt: str) -> Table:
             lines.append(start)
     except csv.Error as exc:
         raise DataError(f"{name}, line {reader.line_num}: cannot parse the row ({exc})") from None
-    assert columns is not None  # the text is not blank, so there is a header
+    if columns is None:  # text, but every row empty (",\n")
+        raise DataError(f"{name}: the file holds only empty rows, no header")
     if not rows:
         raise DataError(f"{name}: the file has a header but no data rows")
     return Table(name, columns, rows, lines)
+
+
+def shown(value: Any) -> str:
+    """``value`` as text for a one-line message: line breaks, tabs and other control
+    characters escaped (``\\n``), so a column name or label from the file cannot split it."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def json_problem(exc: Exception) -> str:
+    """What made ``json.loads`` fail, in a few words: its own message for a syntax error,
+    else the limit that was hit (nesting too deep for the parser, a number too long)."""
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "arrays or objects nested too deeply"
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 def _json_kind(value: Any) -> str:
@@ -153,8 +173,8 @@ def _read_json_lines(name: str, text: str) -> Table:
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{name}, line {number}: not valid JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:
+            raise DataError(f"{name}, line {number}: not valid JSON ({json_problem(exc)})") from None
         _add_json_row(table, obj, number, f"{name}, line {number}")
     return table
 
@@ -164,6 +184,8 @@ def _read_json_array(name: str, text: str) -> Table:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"{name}, line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise DataError(f"{name}: not valid JSON ({json_problem(exc)})") from None
     if not isinstance(data, list):
         raise DataError(f"{name}: expected JSON lines or an array of objects")
     table = Table(name, [], [], [])

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from attattr_cli.data.types import Example
 from attattr_cli.errors import DataError
+from attattr_cli.fileio import replaced
 
 LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
@@ -183,7 +184,7 @@ def write(path: str | Path, examples: list[Example]) -> None:
     """
     path = Path(path)
     try:
-        with path.open("w", encoding="utf-8", newline="") as fh:
+        with replaced(path, make_parents=False) as tmp, tmp.open("w", encoding="utf-8", newline="") as fh:
             w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE, quotechar=None)
             w.writerow(TSV_COLUMNS)
             for ex in examples:

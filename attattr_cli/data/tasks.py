@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-from attattr_cli.data.readers import Table, read_table
+from attattr_cli.data.readers import Table, read_table, shown
 from attattr_cli.data.types import Example
 from attattr_cli.errors import DataError, OptionError
 
@@ -248,7 +248,7 @@ class _LabelSpace:
             valid = f"{', '.join(names)} (or 0..{len(names) - 1})"
         else:
             valid = "none known"
-        return DataError(f"{where}: unknown label '{value}'; valid labels: {valid}")
+        return DataError(f"{where}: unknown label '{shown(value)}'; valid labels: {valid}")
 
     def parse(self, value: Any, where: str) -> int | None:
         if value is None:
@@ -279,7 +279,7 @@ class _LabelSpace:
     def _by_name(self, value: Any, text: str, where: str) -> int:
         if self.source is None:
             raise DataError(
-                f"{where}: label '{value}' is a name, but no label names are known; "
+                f"{where}: label '{shown(value)}' is a name, but no label names are known; "
                 f"pass --task NAME or use a model whose config names its labels"
             )
         key = normalize_label(text)
@@ -314,7 +314,7 @@ def _alternatives(cands: Sequence[str]) -> str:
 
 def _resolve_columns(table: Table, task: Task) -> tuple[str, str | None, str | None]:
     cols = table.columns
-    found = ", ".join(cols) if cols else "none"
+    found = ", ".join(shown(c) for c in cols) if cols else "none"
     label_col = _find_column(cols, task.label_columns)
     if task.is_generic:
         for a, b in GENERIC_PAIRS:
@@ -358,7 +358,7 @@ def _meta_value(value: Any) -> str:
 def _text(row: dict, col: str, where: str) -> str:
     value = row.get(col)
     if value is None:
-        raise DataError(f"{where}: no value in column '{col}'")
+        raise DataError(f"{where}: no value in column '{shown(col)}'")
     return value if isinstance(value, str) else _meta_value(value)
 
 

@@ -1,0 +1,262 @@
+"""Outputs replace a symbolic link instead of writing through it, get the usual mode under
+the umask, hostile JSON is one error line, and error text is printed as typed."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attattr_cli.cli import app
+from attattr_cli.data.readers import read_table
+from attattr_cli.errors import DataError
+from attattr_cli.fileio import replaced, swap_dir_in, temp_dir_for, write_atomic, write_json
+
+runner = CliRunner()
+
+DEEP = "[" * 100000 + "]" * 100000
+
+
+def _run(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def _one_error_line(result, text):
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    assert text in lines[0], lines[0]
+    return lines[0]
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A small real store of the built-in default (2 examples, 2 steps)."""
+    p = tmp_path_factory.mktemp("harden") / "s.h5"
+    result = _run("score", "--out", p, "--examples", "0:2", "--steps", 2, "-q")
+    assert result.exit_code == 0, result.output
+    return p
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, restored after."""
+    old = os.umask(0o022)
+    os.umask(old)
+
+    def set_mask(mask: int) -> None:
+        os.umask(mask)
+
+    yield set_mask
+    os.umask(old)
+
+
+# -- symbolic links -------------------------------------------------------------------
+
+
+def test_a_link_to_another_file_is_replaced_not_written_through(tmp_path):
+    other = tmp_path / "precious.txt"
+    other.write_text("keep me\n")
+    link = tmp_path / "out.json"
+    link.symlink_to(other)
+    write_json(link, {"a": 1})
+    assert other.read_text() == "keep me\n"
+    assert not link.is_symlink() and json.loads(link.read_text()) == {"a": 1}
+
+
+def test_a_dangling_link_is_replaced_by_a_file(tmp_path):
+    link = tmp_path / "out.csv"
+    link.symlink_to(tmp_path / "elsewhere" / "target.csv")
+    write_atomic(link, "a,b\n1,2\n")
+    assert not link.is_symlink() and link.read_text() == "a,b\n1,2\n"
+    assert not (tmp_path / "elsewhere").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.csv"]  # no temp file left
+
+
+def test_a_link_to_a_folder_is_replaced_by_the_file(tmp_path):
+    folder = tmp_path / "d"
+    folder.mkdir()
+    link = tmp_path / "out.json"
+    link.symlink_to(folder)
+    write_atomic(link, "{}\n")
+    assert folder.is_dir() and not any(folder.iterdir())
+    assert not link.is_symlink() and link.read_text() == "{}\n"
+
+
+def test_a_real_folder_is_refused(tmp_path):
+    from attattr_cli.errors import OptionError
+
+    (tmp_path / "out.json").mkdir()
+    with pytest.raises(OptionError, match="is a directory"):
+        write_atomic(tmp_path / "out.json", "{}\n")
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_model_folder_replaces_a_link(tmp_path, dangling):
+    target = tmp_path / "target"
+    if not dangling:
+        target.mkdir()
+        (target / "weights.bin").write_bytes(b"old")
+    link = tmp_path / "model"
+    link.symlink_to(target)
+    tmp = temp_dir_for(link)
+    (tmp / "config.json").write_text("{}")
+    swap_dir_in(tmp, link)
+    assert not link.is_symlink() and (link / "config.json").read_text() == "{}"
+    if dangling:
+        assert not target.exists()
+    else:
+        assert (target / "weights.bin").read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["model"] + ([] if dangling else ["target"]))
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_tree_output_link(store, tmp_path, dangling):
+    other = tmp_path / "other.json"
+    if not dangling:
+        other.write_text("not yours\n")
+    link = tmp_path / "link.json"
+    link.symlink_to(other)
+    result = _run("tree", store, "--example", 0, "-o", link, "-q")
+    assert result.exit_code == 0, result.output
+    assert not link.is_symlink() and json.loads(link.read_text())["example"] == 0
+    if dangling:
+        assert not other.exists()
+    else:
+        assert other.read_text() == "not yours\n"
+
+
+def test_failed_write_leaves_the_output_and_no_temp_file(tmp_path):
+    out = tmp_path / "out.png"
+    out.write_bytes(b"old picture")
+    with pytest.raises(RuntimeError):
+        with replaced(out, suffix=".png") as tmp:
+            tmp.write_bytes(b"half")
+            raise RuntimeError("the plot failed")
+    assert out.read_bytes() == b"old picture"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.png"]
+
+
+# -- file modes -----------------------------------------------------------------------
+
+
+MODES = [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700), (0o002, 0o664, 0o775)]
+
+
+@pytest.mark.parametrize("mask, file_mode, folder_mode", MODES)
+def test_files_get_the_usual_mode(tmp_path, umask, mask, file_mode, folder_mode):
+    from attattr_cli.analysis import importance as imp
+    from attattr_cli.analysis.plots import importance_heatmaps
+
+    umask(mask)
+    write_json(tmp_path / "curves.json", {"x": [1, 2]})
+    write_atomic(tmp_path / "triggers.csv", "a,b\n")
+    table = imp.Table("attr", "attr", np.arange(6, dtype=float).reshape(2, 3))
+    imp.write(tmp_path / "imp.h5", imp.Identity("0" * 64, "m", "bert", 2, 3), [table])
+    importance_heatmaps([table], tmp_path / "importance.png")
+    for name in ("curves.json", "triggers.csv", "imp.h5", "importance.png"):
+        assert _mode(tmp_path / name) == file_mode, (name, oct(_mode(tmp_path / name)))
+    # the private mode is the temp file's only; replacing keeps giving the usual one
+    write_json(tmp_path / "curves.json", {"x": [3]})
+    assert _mode(tmp_path / "curves.json") == file_mode
+    tmp = temp_dir_for(tmp_path / "model")
+    assert _mode(tmp) == 0o700  # private while it is being built
+    swap_dir_in(tmp, tmp_path / "model")
+    assert _mode(tmp_path / "model") == folder_mode
+
+
+@pytest.mark.parametrize("mask, file_mode, folder_mode", MODES[:2])
+def test_pruned_model_folder_and_tree_modes(tmp_path, umask, loaded_factory, store, mask, file_mode, folder_mode):
+    from attattr_cli.analysis import prune as pr
+
+    loaded = loaded_factory("bert")
+    umask(mask)
+    out = tmp_path / "pruned"
+    pr.save_pruned(loaded.model, loaded.tokenizer, [[0, 1], [2], [3]], out)
+    assert _mode(out) == folder_mode
+    for f in out.iterdir():
+        assert _mode(f) == file_mode, (f.name, oct(_mode(f)))
+    assert _run("tree", store, "--example", 1, "-o", tmp_path / "t.json", "-q").exit_code == 0
+    assert _mode(tmp_path / "t.json") == file_mode
+
+
+# -- hostile JSON ---------------------------------------------------------------------
+
+
+def test_deeply_nested_jsonl_line_is_a_data_error(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text('{"sentence": "fine", "label": 0}\n' + DEEP + "\n")
+    with pytest.raises(DataError, match=r"deep\.jsonl, line 2: not valid JSON \(arrays or objects nested too deeply\)"):
+        read_table(p)
+    q = tmp_path / "deep.json"
+    q.write_text("[" + DEEP + "]")
+    with pytest.raises(DataError, match=r"deep\.json: not valid JSON \(arrays or objects nested too deeply\)"):
+        read_table(q)
+
+
+def test_over_long_number_is_a_data_error(tmp_path):
+    p = tmp_path / "long.jsonl"
+    p.write_text('{"sentence": "x", "label": ' + "9" * 5000 + "}\n")
+    with pytest.raises(DataError, match=r"long\.jsonl, line 1: not valid JSON \(.*\)"):
+        read_table(p)
+
+
+def test_score_on_deeply_nested_data_is_one_error_line(tmp_path):
+    p = tmp_path / "deep.jsonl"
+    p.write_text(DEEP + "\n")
+    result = _run("score", "--data", p, "--out", tmp_path / "s.h5")
+    _one_error_line(result, "deep.jsonl, line 1: not valid JSON (arrays or objects nested too deeply)")
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_import_json_on_deeply_nested_files_is_one_error_line(tmp_path):
+    deep = tmp_path / "attr_zero_base_exp0.json"
+    deep.write_text(DEEP + "\n")
+    tokens = tmp_path / "tokens_and_pred_1.json"
+    tokens.write_text(json.dumps([{"index": 0, "tokens": ["[CLS]", "a", "[SEP]"], "pred": 0, "golden": 0}]))
+    _one_error_line(_run("import-json", deep, tokens, "--out", tmp_path / "a.h5"),
+                    f"{deep}, line 1: not JSON (arrays or objects nested too deeply)")
+    one = tmp_path / "attr_zero_base_exp1.json"
+    one.write_text(json.dumps([[[1.0, 0.0, 0.0]] * 3]) + "\n")
+    _one_error_line(_run("import-json", one, deep, "--out", tmp_path / "b.h5"),
+                    f"{deep}, line 1: not JSON (arrays or objects nested too deeply)")
+    assert not (tmp_path / "a.h5").exists() and not (tmp_path / "b.h5").exists()
+
+
+# -- text as typed ----------------------------------------------------------------------
+
+
+def test_error_text_keeps_colon_codes(tmp_path):
+    line = _one_error_line(_run("score", "--examples", "a", "--out", tmp_path / "x.h5"), "0:100:2")
+    assert "\N{HUNDRED POINTS SYMBOL}" not in line
+
+
+def test_names_from_the_file_cannot_split_the_error_line(tmp_path):
+    from attattr_cli.data import get_task, load_examples
+
+    p = tmp_path / "odd.jsonl"
+    p.write_text('{"label": "0", "\\n": "0"}\n')
+    with pytest.raises(DataError) as info:
+        load_examples(str(p), None, None)
+    assert "\n" not in str(info.value) and "columns found: label, \\n" in str(info.value)
+    q = tmp_path / "odd.csv"
+    q.write_text('sentence,label\nfine,"x\ny"\n')
+    with pytest.raises(DataError) as info:
+        load_examples(str(q), get_task("sst2"), ("negative", "positive"))
+    assert "\n" not in str(info.value) and "unknown label 'x\\ny'" in str(info.value)
+
+
+@pytest.mark.parametrize("name, text", [("empty.csv", ",\n"), ("quoted.csv", "\"\",\" \"\n,\n")])
+def test_a_file_of_empty_rows_is_a_data_error(tmp_path, name, text):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(DataError, match=f"{name}: the file holds only empty rows, no header"):
+        read_table(tmp_path / name)
