@@ -254,9 +254,9 @@ def find_toolkit() -> Toolkit | None:
 
 def _use_toolkit(toolkit: Toolkit) -> None:
     """Point torch.utils.cpp_extension at ``toolkit`` (it reads CUDA_HOME once, at import)."""
+    os.environ["CUDA_HOME"] = str(toolkit.root)
     from torch.utils import cpp_extension
 
-    os.environ["CUDA_HOME"] = str(toolkit.root)
     cpp_extension.CUDA_HOME = str(toolkit.root)
 
 
@@ -313,8 +313,6 @@ def _library_file(build_dir: Path) -> Path:
 
 def _compile(verbose: bool = False) -> Path:
     """Build (or reuse) the extension and load it into the process; returns the .so path."""
-    from torch.utils import cpp_extension
-
     build_dir = cache_dir()
     library = _library_file(build_dir)
     if not library.is_file() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
@@ -328,8 +326,10 @@ def _compile(verbose: bool = False) -> Path:
         raise KernelUnavailable(
             "no CUDA toolkit found (nvcc): set CUDA_HOME to the toolkit folder, e.g. /usr/local/cuda"
         )
-    _use_toolkit(toolkit)
+    _use_toolkit(toolkit)  # before cpp_extension's import-time guess, and after it
     log.info("attattr: using the %s", toolkit.describe())
+    from torch.utils import cpp_extension
+
     build_dir.mkdir(parents=True, exist_ok=True)
     log.info("attattr: building the CUDA kernels into %s (first use; takes a minute or two)", build_dir)
     cpp_extension.load(
