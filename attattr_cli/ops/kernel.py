@@ -614,7 +614,18 @@ def attribution_from_grad(
     ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H] and (if ``want_maps``) ``maps``
     [B, H, n_q, n_k], all float32.  ``stats`` from :func:`attention_forward_with_stats`
     on the same q, k, mask, scale and causal skips the statistics pass.
+
+    The kernel computes in float32 whatever the input dtype.  When ``g`` is wider than
+    q, k, v (the engine accumulates the integral in float32 while a bfloat16 model
+    gives bfloat16 q, k, v), q, k, v are upcast to ``g``'s dtype rather than ``g`` rounded
+    down, so the integral keeps its precision.
     """
+    dtypes = {t.dtype for t in (q, k, v, g)}
+    if len(dtypes) > 1:
+        work = g.dtype if g.dtype in SUPPORTED_DTYPES else q.dtype
+        for t in (q, k, v):
+            work = torch.promote_types(work, t.dtype)
+        q, k, v, g = (t.to(work) for t in (q, k, v, g))
     kp = _check(q, k, mask, softcap)
     maps, head_sum, head_max = _ops().attr_from_grad(
         q, k, v, g, kp, stats, _scale(q, scale), bool(causal), bool(want_maps), _stream(q)
