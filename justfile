@@ -45,7 +45,7 @@ tree-planted: setup
     {{py}} bench/tree_planted.py
 
 # Compile the CUDA sources with nvcc for sm_80 and sm_90 (no GPU needed): registers, spills, shared memory; fails on a spill
-kernel-check:
+kernel-check: setup
     PYTHONPATH="$PWD" {{py}} kernels/ptxas_table.py --strict
 
 # Build the CUDA extension now instead of on first use: just kernels-build ARCH="8.0 9.0" builds without a GPU

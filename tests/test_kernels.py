@@ -745,6 +745,26 @@ def test_gpu_kernel_matches_reference(cuda_kernel, n, d, dtype, masked, causal):
 
 @gpu
 @needs_cuda
+@pytest.mark.parametrize("n", [128, 512])
+def test_gpu_head_groups_deterministic(cuda_kernel, n):
+    """BERT-base shapes, where the heads are split into groups: bit-for-bit repeatable and
+    equal (to float32 rounding of the group sums) to the float64 truth."""
+    q, k, v, g = (t.cuda() for t in _inputs(1, 12, n, n, 64, torch.bfloat16, seed=n))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = kernel.attribution_grid(1, 12, n, n, sms)
+    first = cuda_kernel.attribution_from_grad(q, k, v, g)
+    again = cuda_kernel.attribution_from_grad(q, k, v, g)
+    for name in first:
+        assert torch.equal(first[name], again[name]), name
+    truth = _truth(q, k, v, g, None, False)
+    for name in first:
+        torch.testing.assert_close(first[name].double(), truth[name], atol=2e-5, rtol=2e-5)
+    if n == 128:
+        assert plan["blocks"] >= 48
+
+
+@gpu
+@needs_cuda
 def test_gpu_backend_selection(cuda_kernel, monkeypatch):
     monkeypatch.delenv("ATTATTR_KERNEL", raising=False)
     assert select_backend("auto", device="cuda").name == "cuda"
