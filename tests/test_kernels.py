@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -100,6 +101,16 @@ def test_arch_lists():
     assert not kernel._arch_covers("8.0;9.0", (10, 0))
     assert kernel._arch_covers("8.0;9.0+PTX", (10, 0))  # PTX is JIT-compiled forward
     assert not kernel._arch_covers("9.0", (8, 0))
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU-build behaviour")
+def test_build_without_cuda_torch_explains(monkeypatch):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    with pytest.raises(OptionError, match="architecture list"):
+        kernel.build(verbose=False, arch_list="sm_90")
+    with pytest.raises(kernel.KernelUnavailable, match="CPU-only build"):
+        kernel.build(verbose=False, arch_list="8.0 9.0")
+    assert "TORCH_CUDA_ARCH_LIST" not in os.environ  # set for the build only
 
 
 def test_attribution_grid_fills_the_gpu():

@@ -418,13 +418,21 @@ def build(verbose: bool = True, arch_list: str | None = None) -> Path:
     toolkit (:func:`find_toolkit`), ninja and a host C++ compiler.  Raises
     :class:`KernelUnavailable` with the reason on failure.
     """
-    if arch_list:
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch_list:  # for this build only: cpp_extension reads it from the environment
         os.environ["TORCH_CUDA_ARCH_LIST"] = normalize_arch_list(arch_list)
-    need_device = not os.environ.get("TORCH_CUDA_ARCH_LIST")
-    _load(need_device=need_device, verbose=verbose, retry=True)
-    if not _state["loaded"]:
-        raise KernelUnavailable(f"attattr CUDA kernels: {_state['reason']}")
-    return _state.get("library") or _library_file(cache_dir())  # type: ignore[return-value]
+    try:
+        need_device = not os.environ.get("TORCH_CUDA_ARCH_LIST")
+        _load(need_device=need_device, verbose=verbose, retry=True)
+        if not _state["loaded"]:
+            raise KernelUnavailable(f"attattr CUDA kernels: {_state['reason']}")
+        return _state.get("library") or _library_file(cache_dir())  # type: ignore[return-value]
+    finally:
+        if arch_list:
+            if previous is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
 
 
 def _require_loaded() -> None:
