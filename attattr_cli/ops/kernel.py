@@ -141,7 +141,11 @@ def _arch_covers(arch_list: str, capability: tuple[int, int]) -> bool:
 def _arch_tag() -> str:
     arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if arch_list:
-        return "arch-" + normalize_arch_list(arch_list).replace(";", "_").replace("+", "-")
+        try:
+            arch_list = normalize_arch_list(arch_list)
+        except OptionError:  # e.g. torch's named lists ("Ampere"): kept, made file-name safe
+            return "archname-" + re.sub(r"[^\w.]+", "_", arch_list.strip())
+        return "arch-" + arch_list.replace(";", "_").replace("+", "-")
     if torch.version.cuda is not None and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return f"sm_{major}{minor}"
