@@ -48,13 +48,27 @@ planted: setup
 tree-planted: setup
     {{py}} bench/tree_planted.py
 
-# Compile-check the CUDA sources with nvcc for sm_80 and sm_90 (no GPU needed)
-kernel-check:
-    nvcc -std=c++17 -O3 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c kernels/attattr_attn.cu -o "$(mktemp -d)/attattr_attn.o"
+# Compile the CUDA sources with nvcc for sm_80 and sm_90 (no GPU needed): registers, spills, shared memory; fails on a spill
+kernel-check: setup
+    PYTHONPATH="$PWD" {{py}} kernels/ptxas_table.py --strict
 
-# Build the CUDA extension now instead of on first use (GPU machine)
-kernels-build: setup
-    {{py}} -c "from attattr_cli.ops import kernel; print(kernel.build())"
+# Build the CUDA extension now instead of on first use: just kernels-build ARCH="8.0 9.0" builds without a GPU
+kernels-build ARCH="": setup
+    {{py}} -c "import sys; from attattr_cli.ops import kernel; t = kernel.find_toolkit(); print('using the ' + t.describe() if t else 'no CUDA toolkit found', file=sys.stderr); print(kernel.build(arch_list=sys.argv[1] or None))" "{{ARCH}}"
+
+# Build and link the extension with a CUDA build of torch in .venv-cuda (~5.4 GB, made on first use), load it in a fresh process, check ops, fakes, opcheck
+kernel-link ARCH="8.0 9.0":
+    if [ ! -x .venv-cuda/bin/python ]; then \
+      avail=$(df -Pk . | awk 'NR==2 {print $4}'); \
+      if [ "$avail" -lt 8000000 ]; then echo "kernel-link: .venv-cuda needs about 6 GB free here, $((avail / 1000000)) GB left" >&2; exit 1; fi; \
+      python3 -m venv .venv-cuda; \
+    fi
+    .venv-cuda/bin/python -c "import numpy, torch; assert torch.version.cuda" 2>/dev/null || .venv-cuda/bin/python -m pip install -q torch==2.14.1 numpy
+    XDG_CACHE_HOME="$PWD/.venv-cuda/cache" PYTHONPATH="$PWD" .venv-cuda/bin/python kernels/link_check.py --arch "{{ARCH}}"
+
+# Predicted time per example on named GPUs (analytic cost model), e.g. just cost-model --config minilm --n 64 --measure
+cost-model *ARGS: setup
+    {{py}} bench/cost_model.py {{ARGS}}
 
 # On a GPU machine: the kernel tests against the reference
 gpu-test: setup

@@ -4,8 +4,9 @@ For n = 128 and 512 tokens, m = 20, all 12 layers, bf16 by default: seconds per 
   attattr --kernel cuda    the fused kernel for the target layer
   attattr --kernel torch   the pure-PyTorch reference path
   2021 procedure           every layer at batch m with full probabilities (tests/slow_reference.py)
-and the ratios; then the peak GPU memory of one target layer's attribution (kernel vs
-reference) at n = 2048 and 4096.
+and the ratios, beside bench/cost_model.py's time at peak when the GPU is one it knows;
+then the peak GPU memory of one target layer's attribution (kernel vs reference) at
+n = 2048 and 4096.
 
 Run on a GPU machine: `just gpu-bench` (also runs bench/bench_kernel.py). With
 `--device cpu --ns 32 --mem-ns 64` it runs a small smoke version anywhere.
@@ -24,6 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from slow_reference import slow_attribution  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+import cost_model  # noqa: E402
 
 from attattr_cli.data.types import Example  # noqa: E402
 from attattr_cli.engine.integrate import nodes  # noqa: E402
@@ -59,6 +63,18 @@ def timed(fn, device, repeat=3):
         fn()
     sync(device)
     return (time.perf_counter() - t0) / repeat
+
+
+def known_gpu(device):
+    """The cost model's entry for this device, or None."""
+    if device.type != "cuda":
+        return None
+    tokens = set(torch.cuda.get_device_name(device).lower().replace("-", " ").split())
+    for gpu in cost_model.GPUS:  # "NVIDIA A100-SXM4-80GB" -> A100, "NVIDIA GeForce RTX 4090" -> RTX-4090
+        key = gpu.name.lower().removeprefix("rtx-").split("-")[0]
+        if key in tokens:
+            return gpu
+    return None
 
 
 def main() -> None:
@@ -97,6 +113,15 @@ def main() -> None:
             rows["2021 procedure"] = float("nan")
         base = rows[f"attattr --kernel {kinds[0]}"]
         print(f"n = {n}")
+        gpu = known_gpu(device)
+        if gpu is not None:
+            h, f, _, heads, _ = cost_model.PRESETS["bert-base"]
+            elt = 2 if dtype in (torch.bfloat16, torch.float16) else 4
+            parts = cost_model.costs(h, f, args.layers, heads, n, args.steps, "right", True, elt)
+            t = cost_model.gpu_times(parts, gpu, elt == 2, n, heads, args.layers)
+            print(f"  {'cost model at peak':<24} {t['linear'] + t['attention'] + t['kernel']:9.4f} s/example"
+                  f"   ({gpu.name}: linear {1e3 * t['linear']:.2f} ms, attention {1e3 * t['attention']:.2f} ms,"
+                  f" kernel {1e3 * t['kernel']:.3f} ms)")
         for name, secs in rows.items():
             print(f"  {name:<24} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
     # memory of one target layer's attribution op

@@ -87,12 +87,13 @@ def main(argv=None) -> int:
         return 1
 
     device = torch.device("cuda")
-    print(f"# {torch.cuda.get_device_name(device)}, torch {torch.__version__}, "
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    print(f"# {torch.cuda.get_device_name(device)} ({sms} SMs), torch {torch.__version__}, "
           f"batch {args.batch}, heads {args.heads}, d_head {args.dim}"
           f"{', key-padding mask' if args.mask else ''}")
     kernel_modes = {"both": [True, False], "yes": [True], "no": [False]}[args.maps]
     header = (f"{'dtype':>5} {'n':>6} {'maps':>5} | {'ref ms':>9} {'kern ms':>9} {'speedup':>8} | "
-              f"{'ref MiB':>10} {'kern MiB':>10} {'mem ratio':>9}")
+              f"{'ref MiB':>10} {'kern MiB':>10} {'mem ratio':>9} | {'blocks':>7}")
     print(header)
     print("-" * len(header))
     for dname in args.dtypes:
@@ -117,6 +118,7 @@ def main(argv=None) -> int:
             except torch.cuda.OutOfMemoryError:
                 ref_ms, ref_mem = float("nan"), -1
                 torch.cuda.empty_cache()
+            blocks = kernel.attribution_grid(args.batch, args.heads, n, n, sms)["blocks"]
             for want_maps in kernel_modes:
                 def kern_call(want_maps=want_maps):
                     return kernel.attribution_from_grad(q, k, v, g, pad, want_maps=want_maps)
@@ -128,11 +130,12 @@ def main(argv=None) -> int:
                 ref_mib = fmt_mib(ref_mem) if ref_mem >= 0 else "OOM"
                 print(f"{dname:>5} {n:>6} {('yes' if want_maps else 'no'):>5} | {ref_ms:>9.3f} "
                       f"{kern_ms:>9.3f} {speedup:>7.2f}x | {ref_mib:>10} {fmt_mib(kern_mem):>10} "
-                      f"{ratio:>8.2f}x", flush=True)
+                      f"{ratio:>8.2f}x | {blocks:>7}", flush=True)
             del q, k, v, g, pad
             torch.cuda.empty_cache()
     print("\nref = attattr_cli.ops.reference.attribution_from_grad (always builds the maps); "
-          "kern = attattr_cli.ops.kernel.attribution_from_grad; speedup and mem ratio = ref / kern.")
+          "kern = attattr_cli.ops.kernel.attribution_from_grad; speedup and mem ratio = ref / kern; "
+          "blocks = the attribution kernel's grid (head groups x tiles x batch).")
     return 0
 
 

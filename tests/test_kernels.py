@@ -1,7 +1,8 @@
 """Tests of the fused CUDA attention / attribution kernels and the backend selector.
 
-* compile checks that run without a GPU: ``nvcc -c`` of kernels/attattr_attn.cu for
-  sm_80 and sm_90, ``g++ -fsyntax-only`` of the binding kernels/attattr_ops.cpp;
+* compile checks that run without a GPU: ``nvcc -c`` of attattr_cli/kernels/attattr_attn.cu
+  for sm_80 and sm_90, ``g++ -fsyntax-only`` of the binding attattr_cli/kernels/attattr_ops.cpp
+  (the register / spill check is tests/test_ptxas.py);
 * the backend selector on CPU;
 * a CPU emulation of the kernels (slow): the .cu and the binding are rebuilt for the CPU
   with a small shim that runs each thread block as 256 host threads with real barriers,
@@ -13,7 +14,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import os
 import re
 import shutil
 import subprocess
@@ -29,8 +32,8 @@ from attattr_cli.errors import OptionError
 from attattr_cli.ops import BACKEND_KINDS, CudaBackend, TorchBackend, kernel, reference, select_backend
 
 ROOT = Path(__file__).resolve().parents[1]
-CU = ROOT / "kernels" / "attattr_attn.cu"
-CPP = ROOT / "kernels" / "attattr_ops.cpp"
+CU = ROOT / "attattr_cli" / "kernels" / "attattr_attn.cu"
+CPP = ROOT / "attattr_cli" / "kernels" / "attattr_ops.cpp"
 NVCC_FLAGS = [
     "-c",
     "-std=c++17",
@@ -48,11 +51,80 @@ NEG = torch.finfo(torch.float32).min
 
 
 def find_nvcc() -> str | None:
-    found = shutil.which("nvcc")
-    if found:
-        return found
-    candidate = Path("/usr/local/cuda/bin/nvcc")
-    return str(candidate) if candidate.is_file() else None
+    toolkit = kernel.find_toolkit()
+    return str(toolkit.nvcc) if toolkit is not None else None
+
+
+def test_sources_ship_in_the_package():
+    assert kernel.source_dir() == ROOT / "attattr_cli" / "kernels"
+    assert [p.name for p in kernel.sources()] == ["attattr_attn.cu", "attattr_ops.cpp"]
+    assert all(p.is_file() for p in kernel.sources())
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert '"kernels/*.cu"' in pyproject and '"kernels/*.cpp"' in pyproject
+
+
+def test_toolkit_found_through_a_wrapper_script(tmp_path, monkeypatch):
+    real = tmp_path / "cuda-99.1"
+    (real / "bin").mkdir(parents=True)
+    (real / "include").mkdir()
+    (real / "include" / "cuda_runtime.h").write_text("")
+    nvcc = real / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\necho fake\n")
+    nvcc.chmod(0o755)
+    wrappers = tmp_path / "wrappers"
+    wrappers.mkdir()
+    wrapper = wrappers / "nvcc"
+    wrapper.write_text(f'#!/bin/sh\nexec {nvcc} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setenv("PATH", str(wrappers))
+    found = kernel.find_toolkit()
+    assert found is not None and found.root == real and found.nvcc == nvcc
+    assert str(wrapper) in found.how and str(real) in found.describe()
+    # CUDA_PATH, then CUDA_HOME, win over PATH
+    other = tmp_path / "other"
+    (other / "bin").mkdir(parents=True)
+    (other / "bin" / "nvcc").write_text("")
+    monkeypatch.setenv("CUDA_PATH", str(other))
+    assert kernel.find_toolkit().root == other and "CUDA_PATH" in kernel.find_toolkit().how
+    monkeypatch.setenv("CUDA_HOME", str(real))
+    assert kernel.find_toolkit().root == real and "CUDA_HOME" in kernel.find_toolkit().how
+
+
+def test_arch_lists():
+    assert kernel.normalize_arch_list("8.0 9.0") == "8.0;9.0"
+    assert kernel.normalize_arch_list(" 8.0,8.6;9.0+PTX ") == "8.0;8.6;9.0+PTX"
+    with pytest.raises(OptionError, match="architecture list"):
+        kernel.normalize_arch_list("sm_80")
+    assert kernel._arch_covers("8.0;9.0", (8, 9))  # sm_80 code runs on sm_89
+    assert not kernel._arch_covers("8.0;9.0", (10, 0))
+    assert kernel._arch_covers("8.0;9.0+PTX", (10, 0))  # PTX is JIT-compiled forward
+    assert not kernel._arch_covers("9.0", (8, 0))
+
+
+@pytest.mark.skipif(torch.version.cuda is not None, reason="checks the CPU-build behaviour")
+def test_build_without_cuda_torch_explains(monkeypatch):
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    with pytest.raises(OptionError, match="architecture list"):
+        kernel.build(verbose=False, arch_list="sm_90")
+    with pytest.raises(kernel.KernelUnavailable, match="CPU-only build"):
+        kernel.build(verbose=False, arch_list="8.0 9.0")
+    assert "TORCH_CUDA_ARCH_LIST" not in os.environ  # set for the build only
+
+
+def test_attribution_grid_fills_the_gpu():
+    """BERT-base (12 heads) on a 132-SM GPU: the head groups give >= 48 blocks at n = 128."""
+    grid = {n: kernel.attribution_grid(1, 12, n, n, sms=132) for n in (128, 512, 4096)}
+    assert grid[128]["blocks"] >= 48 and grid[128]["heads_per_group"] == 1
+    assert grid[512]["blocks"] >= 132  # at least one block per SM
+    assert grid[4096] == {"heads_per_group": 12, "groups": 1, "blocks": 4096, "workspace_floats": 0}
+    for n, plan in grid.items():
+        tiles = (-(-n // 64)) ** 2
+        assert plan["blocks"] == tiles * plan["groups"]
+        assert plan["groups"] * plan["heads_per_group"] >= 12 > (plan["groups"] - 1) * plan["heads_per_group"]
+        # the second pass's workspace stays small (a few MB)
+        assert plan["workspace_floats"] * 4 <= 8 << 20
 
 
 # ----------------------------------------------------------------- compile checks
@@ -62,22 +134,6 @@ def test_cu_has_no_torch_headers():
     assert includes, "no #include found"
     bad = [inc for inc in includes if inc.split("/")[0] in ("torch", "ATen", "c10", "pybind11")]
     assert not bad, f"attattr_attn.cu must not include torch headers: {bad}"
-
-
-def test_cu_compiles_with_nvcc(tmp_path):
-    nvcc = find_nvcc()
-    if nvcc is None:
-        pytest.skip("nvcc not found on PATH or in /usr/local/cuda/bin")
-    out = tmp_path / "attattr_attn.o"
-    cmd = [nvcc, *NVCC_FLAGS, str(CU), "-o", str(out)]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
-    elapsed = time.monotonic() - start
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{log}"
-    assert "warning" not in log.lower(), f"nvcc warnings:\n{log}"
-    assert out.stat().st_size > 0
-    print(f"nvcc compile check took {elapsed:.1f}s")
 
 
 def _torch_includes() -> list[str]:
@@ -236,6 +292,23 @@ def test_torch_backend_key_padding_and_causal():
     torch.testing.assert_close(got4["head_sum"], got["head_sum"])
 
 
+def test_reference_upcasts_half_inputs_to_float32():
+    """A bfloat16 model's q, k, v with the float32 integral G: everything after the inputs'
+    own rounding is float32 (scores, softmax, G V^T), as if the inputs were upcast first."""
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 3, 9, 16).to(torch.bfloat16) for _ in range(3))
+    g = torch.randn(2, 3, 9, 16)
+    pad = torch.zeros(2, 1, 1, 9)
+    pad[1, ..., 6:] = NEG
+    got = reference.attribution_from_grad(q, k, v, g, pad)
+    want = reference.attribution_from_grad(q.float(), k.float(), v.float(), g, pad)
+    for key in want:
+        assert got[key].dtype == torch.float32
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+    truth = _truth(q, k, v, g, pad[:, 0, 0], False)
+    torch.testing.assert_close(got["maps"].double(), truth["maps"], atol=1e-5, rtol=1e-5)
+
+
 def test_reference_attention_forward_matches_sdpa():
     torch.manual_seed(2)
     q, k, v = (torch.randn(2, 3, 7, 16) for _ in range(3))
@@ -250,11 +323,14 @@ EMU_SHIM = r"""
 // CPU emulation of the CUDA features used by attattr_attn.cu (test harness only).
 // A block runs as blockDim.x host threads; __syncthreads is a std::barrier; warp
 // shuffles go through a block-wide exchange buffer (every call site is block-uniform).
+// The device has $ATTATTR_EMU_SMS multiprocessors (default 4); every launch's grid is
+// logged for emu_launches().
 #pragma once
 #include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -272,7 +348,8 @@ struct dim3 {
 };
 struct emu_index { unsigned x, y, z; };
 static thread_local emu_index threadIdx, blockIdx;
-static thread_local dim3 blockDim;
+static thread_local dim3 blockDim, gridDim;
+static std::vector<unsigned> emu_grid_log;
 static std::barrier<>* emu_bar = nullptr;
 static float* emu_smem = nullptr;
 static float emu_shfl[1024];
@@ -289,13 +366,6 @@ inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
-inline float __ldcg(const float* p) { std::lock_guard<std::mutex> g(emu_mu); return *p; }
-inline int atomicMax(int* p, int v) {
-  std::lock_guard<std::mutex> g(emu_mu); int o = *p; *p = std::max(o, v); return o;
-}
-inline unsigned atomicMin(unsigned* p, unsigned v) {
-  std::lock_guard<std::mutex> g(emu_mu); unsigned o = *p; *p = std::min(o, v); return o;
-}
 struct __half { uint16_t x; };
 struct __nv_bfloat16 { uint16_t x; };
 inline float __half2float(__half h) { _Float16 f; std::memcpy(&f, &h.x, 2); return (float)f; }
@@ -313,6 +383,20 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };
+inline cudaError_t cudaGetDevice(int* d) { *d = 0; return 0; }
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr, int) {
+  const char* sms = std::getenv("ATTATTR_EMU_SMS");
+  *value = sms != nullptr ? std::atoi(sms) : 4;
+  return 0;
+}
+extern "C" int emu_launches(unsigned* out, int max_launches) {
+  const int n = (int)emu_grid_log.size() / 3;
+  for (int i = 0; i < n && i < max_launches; ++i)
+    for (int c = 0; c < 3; ++c) out[3 * i + c] = emu_grid_log[3 * i + c];
+  emu_grid_log.clear();
+  return n;
+}
 typedef void* cudaStream_t;
 template <class F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return 0; }
 inline cudaError_t cudaGetLastError() { return 0; }
@@ -321,6 +405,7 @@ template <class... KArgs, class... Args>
 void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
                 Args... args) {
   std::lock_guard<std::mutex> one_launch_at_a_time(emu_launch_mu);
+  emu_grid_log.insert(emu_grid_log.end(), {grid.x, grid.y, grid.z});
   const unsigned nt = block.x * block.y * block.z;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
@@ -336,6 +421,7 @@ void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
             threadIdx = {t, 0, 0};
             blockIdx = {x, y, z};
             blockDim = block;
+            gridDim = grid;
             kern(args...);
           });
         for (auto& th : threads) th.join();
@@ -368,7 +454,7 @@ def _emulation_sources(folder: Path) -> list[Path]:
         "return nullptr;",
         "resolve_stream",
     )
-    for name in ("attattr_attn_forward", "attattr_attr_from_grad", "attattr_error_string"):
+    for name in ("attattr_attn_forward", "attattr_attr_from_grad", "attattr_attr_plan", "attattr_error_string"):
         cu = cu.replace(name, "emu_" + name)
         cpp = cpp.replace(name, "emu_" + name)
     (folder / "emu_cuda.h").write_text(EMU_SHIM)
@@ -398,7 +484,16 @@ def emulated(tmp_path_factory):
         verbose=False,
     )
     kernel._register_fakes(EMU_NAMESPACE)
-    return getattr(torch.ops, EMU_NAMESPACE)
+    ops = getattr(torch.ops, EMU_NAMESPACE)
+    ops.library = ctypes.CDLL(str(folder / "attattr_emu.so"))
+    return ops
+
+
+def _launch_grids(emulated) -> list[tuple[int, int, int]]:
+    """The grids of the emulated launches since the last call."""
+    out = (ctypes.c_uint * 300)()
+    count = emulated.library.emu_launches(out, 100)
+    return [tuple(out[3 * i : 3 * i + 3]) for i in range(min(count, 100))]
 
 
 @pytest.fixture
@@ -461,6 +556,7 @@ EMU_CASES = [
     (2, 2, 65, 65, 128),
     (1, 2, 5, 70, 48),  # n_q < n_k
     (1, 2, 70, 5, 64),  # n_q > n_k: with causal, rows without any allowed key
+    (2, 5, 40, 40, 32),  # 3 head groups of 2, 2 and 1 heads (4 emulated SMs)
 ]
 
 
@@ -488,9 +584,58 @@ def test_emulated_kernels_match_reference(emulated, case):
             assert got.dtype == torch.float32
             torch.testing.assert_close(got.double(), truth[name], atol=2e-5, rtol=2e-5, msg=f"{label} {name}")
         # reusing the forward statistics gives the same result, bit for bit
+        _launch_grids(emulated)
         maps2, head_sum2, head_max2 = emulated.attr_from_grad(q, k, v, g, pad, stats, scale, causal, False, 0)
         assert maps2.shape == (0,)
         assert torch.equal(head_sum2, head_sum) and torch.equal(head_max2, head_max)
+        # the launches: the attribution grid of the plan, then the second pass(es)
+        plan = kernel.attribution_grid(b, h, n_q, n_k, sms=4)
+        grids = _launch_grids(emulated)
+        assert grids[0] == (-(-n_k // 64), -(-n_q // 64), b * plan["groups"])
+        assert len(grids) == (3 if plan["groups"] > 1 else 2)
+
+
+def _plan(emulated, b, h, n_q, n_k, sms):
+    per_group, workspace, partials = ctypes.c_int(), ctypes.c_longlong(), ctypes.c_longlong()
+    code = emulated.library.emu_attattr_attr_plan(
+        b, h, n_q, n_k, sms, ctypes.byref(per_group), ctypes.byref(workspace), ctypes.byref(partials)
+    )
+    assert code == 0
+    return per_group.value, workspace.value, partials.value
+
+
+@pytest.mark.slow
+def test_emulated_plan_matches_python_mirror(emulated):
+    for b, h, n, sms in itertools.product((1, 3, 40000), (1, 2, 12, 16), (1, 64, 65, 128, 512, 4096), (1, 108, 132)):
+        want = kernel.attribution_grid(b, h, n, n, sms)
+        per_group, workspace, partials = _plan(emulated, b, h, n, n, sms)
+        assert (per_group, workspace) == (want["heads_per_group"], want["workspace_floats"]), (b, h, n, sms)
+        assert partials == b * h * (-(-n // 64)) ** 2
+
+
+@pytest.mark.slow
+def test_emulated_bert_base_grid_fills_132_sms(emulated, monkeypatch):
+    """A 128-token BERT-base example: 48 attribution blocks on 132 SMs, still exact."""
+    monkeypatch.setenv("ATTATTR_EMU_SMS", "132")
+    b, h, n, d = 1, 12, 128, 64
+    q, k, v, g = _inputs(b, h, n, n, d, torch.float32, seed=21)
+    pad = torch.zeros(b, n)
+    pad[0, 100:] = NEG
+    o, stats = emulated.attn_forward(q, k, v, pad, d**-0.5, False, 0)
+    _launch_grids(emulated)
+    maps, head_sum, head_max = emulated.attr_from_grad(q, k, v, g, pad, stats, d**-0.5, False, True, 0)
+    grids = _launch_grids(emulated)
+    attr_grid = grids[0]
+    assert attr_grid == (2, 2, 12) and attr_grid[0] * attr_grid[1] * attr_grid[2] >= 48
+    truth = _truth(q, k, v, g, pad, False)
+    for name, got in (("maps", maps), ("head_sum", head_sum), ("head_max", head_max)):
+        torch.testing.assert_close(got.double(), truth[name], atol=2e-5, rtol=2e-5, msg=name)
+    # one SM: one group (no workspace), the same numbers
+    monkeypatch.setenv("ATTATTR_EMU_SMS", "1")
+    _, head_sum1, head_max1 = emulated.attr_from_grad(q, k, v, g, pad, stats, d**-0.5, False, False, 0)
+    assert _launch_grids(emulated)[0] == (2, 2, 1)
+    torch.testing.assert_close(head_sum1, head_sum, atol=1e-6, rtol=1e-6)
+    assert torch.equal(head_max1, head_max)
 
 
 @pytest.mark.slow
@@ -507,6 +652,12 @@ def test_emulated_wrappers_and_backend(emulated_wrappers):
         torch.testing.assert_close(got[name].double(), truth[name], atol=2e-5, rtol=2e-5)
     no_maps = kern.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=True)
     assert set(no_maps) == {"head_sum", "head_max"}
+    # half q, k, v with a float32 G (the engine's bf16 path): q, k, v are upcast, G kept
+    g32 = g.float() + 1e-3 * torch.randn(g.shape, generator=torch.Generator().manual_seed(9))
+    mixed = kern.attribution_from_grad(q, k, v, g32, pad, causal=True)
+    truth32 = _truth(q, k, v, g32, pad, True)
+    for name in mixed:
+        torch.testing.assert_close(mixed[name].double(), truth32[name], atol=2e-5, rtol=2e-5)
     o, lse = kern.attention_forward_with_lse(q, k, v, pad, causal=True)
     torch.testing.assert_close(o.double(), truth["o"], atol=4e-3, rtol=1e-3)
     scores = (q.double() @ k.double().transpose(-1, -2)) * 64**-0.5 + _causal_truth_mask(pad, 33, 33, 3)
@@ -601,6 +752,26 @@ def test_gpu_kernel_matches_reference(cuda_kernel, n, d, dtype, masked, causal):
     _check_precision("o", o, plain_o, truth["o"], dtype)
     reused = cuda_kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=causal, stats=stats)
     torch.testing.assert_close(reused["head_sum"], got["head_sum"], rtol=0, atol=0)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n", [128, 512])
+def test_gpu_head_groups_deterministic(cuda_kernel, n):
+    """BERT-base shapes, where the heads are split into groups: bit-for-bit repeatable and
+    equal (to float32 rounding of the group sums) to the float64 truth."""
+    q, k, v, g = (t.cuda() for t in _inputs(1, 12, n, n, 64, torch.bfloat16, seed=n))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    plan = kernel.attribution_grid(1, 12, n, n, sms)
+    first = cuda_kernel.attribution_from_grad(q, k, v, g)
+    again = cuda_kernel.attribution_from_grad(q, k, v, g)
+    for name in first:
+        assert torch.equal(first[name], again[name]), name
+    truth = _truth(q, k, v, g, None, False)
+    for name in first:
+        torch.testing.assert_close(first[name].double(), truth[name], atol=2e-5, rtol=2e-5)
+    if n == 128:
+        assert plan["blocks"] >= 48
 
 
 @gpu

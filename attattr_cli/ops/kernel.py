@@ -1,11 +1,17 @@
 """Guarded loader and wrappers of the fused CUDA attention / attribution kernels.
 
-The kernels (``kernels/attattr_attn.cu``, binding ``kernels/attattr_ops.cpp``) are built
-with ``torch.utils.cpp_extension.load`` on first use and cached under
-``~/.cache/attattr/kernels/<torch version>-<cuda version>-<hash>`` (the hash covers the
-sources, the compiler flags and the GPU architecture).  Nothing here raises at import
-time: ask :func:`available` and :func:`unavailable_reason`, or call :func:`build` at
-setup time.
+The kernels (``attattr_cli/kernels/attattr_attn.cu``, binding
+``attattr_cli/kernels/attattr_ops.cpp``, shipped as package data) are built with
+``torch.utils.cpp_extension.load`` on first use and cached under
+``~/.cache/attattr/kernels/<torch version>-<cuda version>-<hash>/<arch>`` (the hash covers
+the sources and the compiler flags; ``<arch>`` is the architecture list).  Nothing here
+raises at import time: ask :func:`available` and :func:`unavailable_reason`, or call
+:func:`build` at setup time (``build(arch_list="8.0 9.0")`` works without a GPU).
+
+The CUDA toolkit is found by :func:`find_toolkit`: ``CUDA_HOME``, ``CUDA_PATH``, then
+``nvcc`` on ``PATH`` resolved through symbolic links and wrapper scripts (a
+``/usr/local/bin/nvcc`` that only ``exec``-s the real one would otherwise make PyTorch
+guess ``/usr/local`` and fail to link ``-lcudart``), then ``/usr/local/cuda``.
 
 The wrappers mirror :mod:`attattr_cli.ops.reference`:
 
@@ -27,7 +33,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
+import shutil
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -45,8 +54,12 @@ __all__ = [
     "attribution_from_grad",
     "available",
     "build",
+    "Toolkit",
+    "attribution_grid",
     "cache_dir",
+    "find_toolkit",
     "key_padding_mask",
+    "normalize_arch_list",
     "lse_from_stats",
     "source_dir",
     "sources",
@@ -85,11 +98,11 @@ _state: dict[str, object] = {"tried": False, "loaded": False, "reason": "", "fak
 
 # ------------------------------------------------------------------ locations
 def source_dir() -> Path:
-    """Folder of the kernel sources: ``$ATTATTR_KERNEL_DIR`` or ``<checkout>/kernels``."""
+    """Folder of the kernel sources: ``$ATTATTR_KERNEL_DIR`` or the package's ``kernels/``."""
     override = os.environ.get("ATTATTR_KERNEL_DIR")
     if override:
         return Path(override).expanduser()
-    return Path(__file__).resolve().parents[2] / "kernels"
+    return Path(__file__).resolve().parents[1] / "kernels"
 
 
 def sources() -> list[Path]:
@@ -97,30 +110,179 @@ def sources() -> list[Path]:
     return [source_dir() / name for name in SOURCE_FILES]
 
 
+def normalize_arch_list(arch_list: str) -> str:
+    """``"8.0 9.0"``, ``"8.0,9.0"`` or ``"8.0;9.0+PTX"`` as torch's ``"8.0;9.0+PTX"``.
+
+    Raises :class:`OptionError` on anything that is not a list of ``X.Y`` (``+PTX``).
+    """
+    parts = [part for part in re.split(r"[\s,;]+", arch_list.strip()) if part]
+    bad = [part for part in parts if not re.fullmatch(r"\d+\.\d+a?(\+PTX)?", part)]
+    if not parts or bad:
+        raise OptionError(
+            f"not a CUDA architecture list: {arch_list!r}; give compute capabilities such as "
+            '"8.0 9.0" (sm_80 and sm_90), optionally with +PTX'
+        )
+    return ";".join(parts)
+
+
+def _arch_covers(arch_list: str, capability: tuple[int, int]) -> bool:
+    """True when a build for ``arch_list`` runs on a device of ``capability``.
+
+    Machine code for X.Y runs on X.Z with Z >= Y; PTX for X.Y on anything >= X.Y.
+    """
+    for part in arch_list.split(";"):
+        ptx = part.endswith("+PTX")
+        major, minor = (int(x) for x in part.removesuffix("+PTX").rstrip("a").split("."))
+        if (major, minor) <= capability and (ptx or major == capability[0]):
+            return True
+    return False
+
+
 def _arch_tag() -> str:
     arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
     if arch_list:
-        return "arch:" + arch_list.strip()
+        try:
+            arch_list = normalize_arch_list(arch_list)
+        except OptionError:  # e.g. torch's named lists ("Ampere"): kept, made file-name safe
+            return "archname-" + re.sub(r"[^\w.]+", "_", arch_list.strip())
+        return "arch-" + arch_list.replace(";", "_").replace("+", "-")
     if torch.version.cuda is not None and torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         return f"sm_{major}{minor}"
-    return "arch:default"
+    return "arch-default"
 
 
-def cache_dir() -> Path:
-    """Build folder: ``~/.cache/attattr/kernels/<torch>-<cuda>-<hash>`` (XDG_CACHE_HOME honoured).
-
-    The hash covers the source bytes, the compiler flags and the target architecture
-    (``TORCH_CUDA_ARCH_LIST`` or the current device's compute capability).
-    """
+def _build_root() -> Path:
     digest = hashlib.sha256()
     for path in sources():
         digest.update(path.name.encode())
         digest.update(path.read_bytes() if path.is_file() else b"<missing>")
-    digest.update(repr((CUDA_CFLAGS, CXX_CFLAGS, _arch_tag())).encode())
+    digest.update(repr((CUDA_CFLAGS, CXX_CFLAGS)).encode())
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     cuda = torch.version.cuda or "cpu"
     return base / "attattr" / "kernels" / f"{torch.__version__}-cuda{cuda}-{digest.hexdigest()[:16]}"
+
+
+def cache_dir() -> Path:
+    """Build folder ``~/.cache/attattr/kernels/<torch>-<cuda>-<hash>/<arch>`` (XDG_CACHE_HOME honoured).
+
+    The hash covers the source bytes and the compiler flags; ``<arch>`` is
+    ``TORCH_CUDA_ARCH_LIST`` (``arch-8.0_9.0``) or the current device (``sm_90``).
+    """
+    return _build_root() / _arch_tag()
+
+
+def _prebuilt_for_device() -> Path | None:
+    """A library built earlier for an architecture list that covers the current device."""
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return None
+    capability = torch.cuda.get_device_capability()
+    root = _build_root()
+    if not root.is_dir():
+        return None
+    for folder in sorted(root.glob("arch-*")):
+        library = _library_file(folder)
+        arch_list = folder.name.removeprefix("arch-").replace("_", ";").replace("-PTX", "+PTX")
+        try:
+            covers = _arch_covers(arch_list, capability)
+        except ValueError:
+            continue
+        if library.is_file() and covers:
+            return library
+    return None
+
+
+# ------------------------------------------------------------------ toolkit
+@dataclass(frozen=True)
+class Toolkit:
+    """A CUDA toolkit: its root (``CUDA_HOME``), its real nvcc and how it was found."""
+
+    root: Path
+    nvcc: Path
+    how: str
+
+    def describe(self) -> str:
+        return f"CUDA toolkit {self.root} (nvcc {self.nvcc}; {self.how})"
+
+
+def _script_target(path: Path) -> Path | None:
+    """The nvcc a small wrapper script runs (``exec /opt/cuda/bin/nvcc "$@"``), if any."""
+    try:
+        if path.stat().st_size > 64 * 1024:
+            return None
+        head = path.read_bytes()[:2]
+        if head != b"#!":
+            return None
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    for token in re.findall(r"[\"']?(/[^\s\"']*/nvcc)\b", text):
+        candidate = Path(token)
+        if candidate.is_file() and candidate.resolve() != path.resolve():
+            return candidate
+    return None
+
+
+def _resolve_nvcc(path: Path) -> Path:
+    """``path`` through symbolic links and up to four levels of wrapper scripts."""
+    current = path.resolve()
+    for _ in range(4):
+        target = _script_target(current)
+        if target is None:
+            return current
+        current = target.resolve()
+    return current
+
+
+def find_toolkit() -> Toolkit | None:
+    """The CUDA toolkit to build with, or None.  Order: ``CUDA_HOME``, ``CUDA_PATH``, nvcc
+    on ``PATH`` (through links and wrapper scripts), ``/usr/local/cuda``."""
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value:
+            root = Path(value).expanduser()
+            nvcc = root / "bin" / "nvcc"
+            if nvcc.is_file():
+                return Toolkit(root, nvcc, f"from ${var}")
+    on_path = shutil.which("nvcc")
+    if on_path:
+        real = _resolve_nvcc(Path(on_path))
+        if real.parent.name == "bin" and (real.parent.parent / "include" / "cuda_runtime.h").is_file():
+            how = "nvcc on PATH" if real == Path(on_path) else f"nvcc on PATH, {on_path} -> {real}"
+            return Toolkit(real.parent.parent, real, how)
+    default = Path("/usr/local/cuda")
+    if (default / "bin" / "nvcc").is_file():
+        return Toolkit(default.resolve(), (default / "bin" / "nvcc").resolve(), "default location")
+    return None
+
+
+def _use_toolkit(toolkit: Toolkit) -> None:
+    """Point torch.utils.cpp_extension at ``toolkit`` (it reads CUDA_HOME once, at import)."""
+    os.environ["CUDA_HOME"] = str(toolkit.root)
+    from torch.utils import cpp_extension
+
+    cpp_extension.CUDA_HOME = str(toolkit.root)
+
+
+def attribution_grid(batch: int, heads: int, n_q: int, n_k: int, sms: int) -> dict[str, int]:
+    """The attribution kernel's launch plan on a GPU with ``sms`` multiprocessors.
+
+    Mirrors ``attattr_attr_plan`` in ``attattr_attn.cu`` (a test compares the two): the
+    grid is ``(ceil(n_k / 64), ceil(n_q / 64), batch * groups)``; the heads are split into
+    groups only until there are 2 blocks per SM.  Returns ``heads_per_group``, ``groups``,
+    ``blocks`` and ``workspace_floats`` (the second pass's scratch, 0 with one group).
+    """
+    base = -(-n_k // 64) * -(-n_q // 64) * batch
+    target = 2 * max(sms, 1)
+    groups = min(max(-(-target // base), 1), heads, max(65535 // batch, 1))
+    per_group = -(-heads // groups)
+    groups = -(-heads // per_group)
+    return {
+        "heads_per_group": per_group,
+        "groups": groups,
+        "blocks": base * groups,
+        "workspace_floats": batch * groups * n_q * n_k if groups > 1 else 0,
+    }
 
 
 # ------------------------------------------------------------------ loading
@@ -134,8 +296,9 @@ def _environment_problem(need_device: bool = True) -> str:
     missing = [str(p) for p in sources() if not p.is_file()]
     if missing:
         return (
-            f"kernel sources not found ({', '.join(missing)}); they ship with a source checkout "
-            "of attattr: set ATTATTR_KERNEL_DIR to the folder holding them"
+            f"kernel sources not found ({', '.join(missing)}); they ship inside the attattr "
+            "package (attattr_cli/kernels): reinstall attattr or set ATTATTR_KERNEL_DIR to a "
+            "folder holding them"
         )
     if not need_device:
         return ""
@@ -154,14 +317,23 @@ def _library_file(build_dir: Path) -> Path:
 
 def _compile(verbose: bool = False) -> Path:
     """Build (or reuse) the extension and load it into the process; returns the .so path."""
-    from torch.utils import cpp_extension
-
     build_dir = cache_dir()
     library = _library_file(build_dir)
+    if not library.is_file() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        library = _prebuilt_for_device() or library
     if library.is_file():
         # Built before (maybe at setup time): load without needing ninja / nvcc.
         torch.ops.load_library(str(library))
         return library
+    toolkit = find_toolkit()
+    if toolkit is None:
+        raise KernelUnavailable(
+            "no CUDA toolkit found (nvcc): set CUDA_HOME to the toolkit folder, e.g. /usr/local/cuda"
+        )
+    _use_toolkit(toolkit)  # before cpp_extension's import-time guess, and after it
+    log.info("attattr: using the %s", toolkit.describe())
+    from torch.utils import cpp_extension
+
     build_dir.mkdir(parents=True, exist_ok=True)
     log.info("attattr: building the CUDA kernels into %s (first use; takes a minute or two)", build_dir)
     cpp_extension.load(
@@ -186,7 +358,7 @@ def _load(need_device: bool = True, verbose: bool = False, retry: bool = False) 
             _state["reason"] = problem
             return
         try:
-            _compile(verbose=verbose)
+            _state["library"] = _compile(verbose=verbose)
             _register_fakes(OP_NAMESPACE)
         except Exception as error:  # noqa: BLE001 - any build / load failure is reported, never raised
             where = cache_dir()
@@ -233,18 +405,30 @@ def unavailable_reason(hint: bool = True) -> str:
     return f"{reason}; {SILENCE_HINT}" if hint else reason
 
 
-def build(verbose: bool = True) -> Path:
+def build(verbose: bool = True, arch_list: str | None = None) -> Path:
     """Build the extension now (setup time) and return the path of the built library.
 
-    Needs a CUDA build of PyTorch, nvcc and the sources; a GPU only when
-    ``TORCH_CUDA_ARCH_LIST`` is unset (the architecture is then taken from the device).
-    Raises :class:`KernelUnavailable` with the reason on failure.
+    ``arch_list`` (e.g. ``"8.0 9.0"``) sets ``TORCH_CUDA_ARCH_LIST`` for this process and
+    builds for those architectures without a GPU; with neither it nor the variable set
+    the architecture is taken from the device.  Needs a CUDA build of PyTorch, a CUDA
+    toolkit (:func:`find_toolkit`), ninja and a host C++ compiler.  Raises
+    :class:`KernelUnavailable` with the reason on failure.
     """
-    need_device = not os.environ.get("TORCH_CUDA_ARCH_LIST")
-    _load(need_device=need_device, verbose=verbose, retry=True)
-    if not _state["loaded"]:
-        raise KernelUnavailable(f"attattr CUDA kernels: {_state['reason']}")
-    return _library_file(cache_dir())
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if arch_list:  # for this build only: cpp_extension reads it from the environment
+        os.environ["TORCH_CUDA_ARCH_LIST"] = normalize_arch_list(arch_list)
+    try:
+        need_device = not os.environ.get("TORCH_CUDA_ARCH_LIST")
+        _load(need_device=need_device, verbose=verbose, retry=True)
+        if not _state["loaded"]:
+            raise KernelUnavailable(f"attattr CUDA kernels: {_state['reason']}")
+        return _state.get("library") or _library_file(cache_dir())  # type: ignore[return-value]
+    finally:
+        if arch_list:
+            if previous is None:
+                os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+            else:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = previous
 
 
 def _require_loaded() -> None:
@@ -434,7 +618,18 @@ def attribution_from_grad(
     ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H] and (if ``want_maps``) ``maps``
     [B, H, n_q, n_k], all float32.  ``stats`` from :func:`attention_forward_with_stats`
     on the same q, k, mask, scale and causal skips the statistics pass.
+
+    The kernel computes in float32 whatever the input dtype.  When ``g`` is wider than
+    q, k, v (the engine accumulates the integral in float32 while a bfloat16 model
+    gives bfloat16 q, k, v), q, k, v are upcast to ``g``'s dtype rather than ``g`` rounded
+    down, so the integral keeps its precision.
     """
+    dtypes = {t.dtype for t in (q, k, v, g)}
+    if len(dtypes) > 1:
+        work = g.dtype if g.dtype in SUPPORTED_DTYPES else q.dtype
+        for t in (q, k, v):
+            work = torch.promote_types(work, t.dtype)
+        q, k, v, g = (t.to(work) for t in (q, k, v, g))
     kp = _check(q, k, mask, softcap)
     maps, head_sum, head_max = _ops().attr_from_grad(
         q, k, v, g, kp, stats, _scale(q, scale), bool(causal), bool(want_maps), _stream(q)

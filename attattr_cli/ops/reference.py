@@ -6,7 +6,7 @@ Shapes (TransformerLens style):
     mask: additive float mask broadcastable to [batch, head, query_pos, key_pos], or None
     g:    [batch, head, query_pos, d_head]  sum over integration steps of w_k * dF/dO_k
 
-The attribution of one layer (METHOD.md section 1, "Doing it fast"):
+The attribution of one layer (docs/method.md, "Doing it fast"):
     Attr = A * (G @ V^T)          with A = softmax(q k^T * scale + mask)
 where the quadrature weights are already folded into G.
 """
@@ -55,11 +55,19 @@ def attribution_from_grad(
         ``maps``     [batch, head, query_pos, key_pos]  (only if ``want_maps``)
         ``head_sum`` [batch, query_pos, key_pos]        sum over heads
         ``head_max`` [batch, head]                      signed max over (i, j) per head
-    All in float32 (float64 if the inputs are float64).
+    All in float32 (float64 if any input is float64).
+
+    Half-precision inputs (a model run in bfloat16 / float16) are upcast first, so the
+    scores, the softmax, ``G V^T`` and the product are computed and accumulated in float32:
+    the only low-precision rounding left is that of the inputs themselves.
     """
-    out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    a = attention_probs(q, k, mask, scale, softcap).to(out_dtype)
-    gv = torch.matmul(g.to(out_dtype), v.to(out_dtype).transpose(-1, -2))
+    wide = torch.float64 in (q.dtype, k.dtype, v.dtype, g.dtype)
+    out_dtype = torch.float64 if wide else torch.float32
+    q, k, v, g = (t.to(out_dtype) for t in (q, k, v, g))
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(out_dtype)
+    a = attention_probs(q, k, mask, scale, softcap)
+    gv = torch.matmul(g, v.transpose(-1, -2))
     maps = a * gv
     result = {
         "head_sum": maps.sum(dim=1),

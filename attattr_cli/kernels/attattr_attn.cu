@@ -23,12 +23,20 @@
 //   maps        [B, H, n_q, n_k] float, contiguous (optional)
 //   head_sum    [B, n_q, n_k]   float, contiguous
 //   head_max    [B, H]          float, contiguous
+//   workspace   [B, G, n_q, n_k] float: per head group partial head sums (G > 1 only)
+//   partials    [B, H, tiles]   float: per (head, score tile) maxima, reduced to head_max
 // causal: key j is allowed for query i iff j <= i + (n_k - n_q) (bottom-right
 // aligned, as flash-attention; the usual lower triangle when n_q == n_k).
 //
 // Kernel structure (simple over clever, see kernels/README.md):
 //   * 256 threads per block arranged 16 x 16; a 64 x 64 (query x key) score tile;
 //     each thread owns rows ty + 16 i and columns tx + 16 j (i, j < 4).
+//   * The attribution grid is (key tile, query tile, batch x head group): each block
+//     loops over the heads of its group; with more than one group the head sum goes
+//     through a workspace and a second pass adds the groups in a fixed order.  No float
+//     atomics anywhere, so every output is bit-for-bit reproducible.
+//   * __launch_bounds__(256, 2): at most 128 registers per thread, two blocks per SM as
+//     far as registers go (without the hint ptxas capped one kernel at 64 and spilled).
 //   * Operand tiles are staged in shared memory as float with a +1 row pad
 //     (bank-conflict free for the access pattern), zero-filled past n and d.
 //   * Dot products accumulate in fp32 with plain FMAs (no tensor cores).
@@ -50,6 +58,10 @@ constexpr int kRows = kBM / kTY;    // rows per thread
 constexpr int kCols = kBN / kTY;    // columns per thread
 constexpr int kMaxHeadDim = 128;
 constexpr size_t kDefaultSmem = 48 * 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kMinBlocksPerSM = 2;
+// The attribution grid aims at this many blocks per SM before it splits the heads.
+constexpr int kTargetBlocksPerSM = 2;
 
 struct Strides {
   long long b, h, n;
@@ -97,18 +109,6 @@ __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, off));
   return x;
-}
-
-// atomicMax for float on the usual ordered encoding: non-negative floats order like
-// their int bits, negative floats order reversely to their unsigned bits.
-__device__ __forceinline__ void atomic_max_float(float* addr, float val) {
-  // Fast path (also drops NaN): a stale read is never above the true current max.
-  if (!(val > __ldcg(addr))) return;
-  if (val >= 0.f) {
-    atomicMax(reinterpret_cast<int*>(addr), __float_as_int(val));
-  } else {
-    atomicMin(reinterpret_cast<unsigned int*>(addr), __float_as_uint(val));
-  }
 }
 
 // ------------------------------------------------------------------ tile helpers
@@ -159,7 +159,7 @@ __device__ __forceinline__ int causal_key_end(int q0, int n_q, int n_k) {
 // One block per (query tile, head, batch).  Online softmax over key tiles; writes
 // the row statistics (m, l), and O = softmax(.) V when WITH_O.
 template <typename T, int D, bool WITH_O>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                 const float* __restrict__ mask, T* __restrict__ o, float* __restrict__ stats,
                 int H, int n_q, int n_k, int d, float scale, int causal, Strides sq, Strides sk,
@@ -291,29 +291,38 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 }
 
 // ---------------------------------------------------------- attribution kernel
-// One block per (key tile, query tile, batch); loops over the heads so the head sum
-// is accumulated in registers (no atomics, deterministic).  For each head:
+// Grid (key tile, query tile, batch * groups); block z = b * groups + group handles the
+// heads [group * heads_per_group, min(H, (group + 1) * heads_per_group)).  For each head:
 //   p_ij  = exp(s_ij * scale + mask_j - m_i) / l_i   (0 where causally excluded)
 //   a_ij  = p_ij * (g_i . v_j)
-// maps (optional) and head_sum are written once per element; head_max by a warp
-// reduction and a float atomicMax (order independent, so still deterministic).
+// maps (optional) are written once per element.  The group's head sum is accumulated in
+// registers and written once to sum_out + blockIdx.z * n_q * n_k: head_sum itself when
+// there is one group, else the workspace that head_sum_reduce_kernel adds up.  Each
+// head's maximum over the tile goes to partials[(b * H + h) * tiles + tile], reduced by
+// head_max_reduce_kernel.  No atomics: every output is deterministic.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
-            float* __restrict__ maps, float* __restrict__ head_sum, float* __restrict__ head_max,
-            int H, int n_q, int n_k, int d, float scale, int causal, Strides sq, Strides sk,
-            Strides sv, Strides sg, long long mask_sb) {
+            float* __restrict__ maps, float* __restrict__ sum_out, float* __restrict__ partials,
+            int H, int heads_per_group, int n_q, int n_k, int d, float scale, int causal,
+            Strides sq, Strides sk, Strides sv, Strides sg, long long mask_sb) {
   extern __shared__ float smem[];
   float* s_a = smem;                  // [kBM][D + 1]  Q, then G
   float* s_b = s_a + kBM * (D + 1);   // [kBN][D + 1]  K, then V
+  float* s_red = s_b + kBN * (D + 1); // [kWarps]      per-warp maxima
 
   const int tid = threadIdx.x;
   const int ty = tid / kTY;
   const int tx = tid % kTY;
   const int k0 = blockIdx.x * kBN;
   const int q0 = blockIdx.y * kBM;
-  const int b = blockIdx.z;
+  const int groups = (H + heads_per_group - 1) / heads_per_group;
+  const int b = blockIdx.z / groups;
+  const int h_begin = (blockIdx.z - b * groups) * heads_per_group;
+  const int h_end = min(H, h_begin + heads_per_group);
+  const long long tiles = (long long)gridDim.x * gridDim.y;
+  const long long tile = (long long)blockIdx.y * gridDim.x + blockIdx.x;
   const int causal_off = n_k - n_q;
   // The whole tile lies right of the causal diagonal: every a_ij is 0.
   const bool skip = causal && k0 >= causal_key_end(q0, n_q, n_k);
@@ -334,7 +343,7 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
 #pragma unroll
     for (int j = 0; j < kCols; ++j) hsum[i][j] = 0.f;
 
-  for (int h = 0; h < H; ++h) {
+  for (int h = h_begin; h < h_end; ++h) {
     float a[kRows][kCols];
     if (!skip) {  // uniform over the block, so the barriers inside are safe
       __syncthreads();  // previous head's readers of s_a / s_b are done
@@ -392,13 +401,20 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
         if (maps_bh != nullptr) maps_bh[(long long)r * n_k + c] = a[i][j];
       }
     }
+    // Block maximum: warps, then thread 0 over the warps (fixed order).
     local_max = warp_max(local_max);
-    if ((tid & 31) == 0 && local_max > -INFINITY) {
-      atomic_max_float(head_max + (long long)b * H + h, local_max);
+    __syncthreads();  // thread 0 has read the previous head's s_red
+    if ((tid & 31) == 0) s_red[tid / 32] = local_max;
+    __syncthreads();
+    if (tid == 0) {
+      float block_max = s_red[0];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) block_max = fmaxf(block_max, s_red[w]);
+      partials[((long long)b * H + h) * tiles + tile] = block_max;
     }
   }
 
-  float* sum_b = head_sum + (long long)b * n_q * n_k;
+  float* sum_b = sum_out + (long long)blockIdx.z * n_q * n_k;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     const int r = q0 + ty + kTY * i;
@@ -411,9 +427,47 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   }
 }
 
-__global__ void fill_kernel(float* __restrict__ x, long long n, float value) {
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = value;
+// Second pass, head groups > 1: head_sum[b, e] = sum over g of workspace[b, g, e], in the
+// order g = 0, 1, ... (deterministic).
+__global__ void head_sum_reduce_kernel(const float* __restrict__ workspace,
+                                       float* __restrict__ head_sum, int B, int groups,
+                                       long long per_item) {
+  const long long total = (long long)B * per_item;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    const long long b = idx / per_item;
+    const long long e = idx - b * per_item;
+    const float* src = workspace + b * groups * per_item + e;
+    float acc = 0.f;
+    for (int grp = 0; grp < groups; ++grp) acc += src[grp * per_item];
+    head_sum[idx] = acc;
+  }
+}
+
+// head_max[bh] = max over the tiles of partials[bh, tile]; one warp per (b, h).
+__global__ void head_max_reduce_kernel(const float* __restrict__ partials,
+                                       float* __restrict__ head_max, long long BH,
+                                       long long tiles) {
+  const long long bh = (long long)blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x & 31;
+  float best = -INFINITY;
+  if (bh < BH) {
+    for (long long t = lane; t < tiles; t += 32) best = fmaxf(best, partials[bh * tiles + t]);
+  }
+  best = warp_max(best);  // every lane of the block takes part (the shuffle needs them all)
+  if (bh < BH && lane == 0) head_max[bh] = best;
+}
+
+// Heads per group for the attribution grid: split the heads only as far as needed to give
+// every SM kTargetBlocksPerSM blocks (the workspace of the split stays a few MB).
+inline int attr_heads_per_group(int B, int H, int n_q, int n_k, int sms) {
+  const long long base = (long long)((n_k + kBN - 1) / kBN) * ((n_q + kBM - 1) / kBM) * B;
+  const long long target = (long long)kTargetBlocksPerSM * (sms > 0 ? sms : 1);
+  long long groups = (target + base - 1) / base;
+  groups = groups < 1 ? 1 : (groups > H ? H : groups);
+  const long long max_groups = 65535 / B;  // grid z = B * groups
+  if (groups > max_groups) groups = max_groups < 1 ? 1 : max_groups;
+  return (int)((H + groups - 1) / groups);
 }
 
 // ------------------------------------------------------------------ launchers
@@ -459,27 +513,40 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
 template <typename T, int D>
 cudaError_t launch_attr(const void* q, const void* k, const void* v, const void* g,
                         const float* mask, const float* stats, float* maps, float* head_sum,
-                        float* head_max, int B, int H, int n_q, int n_k, int d,
-                        const long long* q_str, const long long* k_str, const long long* v_str,
-                        const long long* g_str, long long mask_sb, float scale, int causal,
-                        cudaStream_t stream) {
-  const long long n_max = (long long)B * H;
-  fill_kernel<<<(unsigned)((n_max + 255) / 256), 256, 0, stream>>>(head_max, n_max, -INFINITY);
-  cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess) return err;
-
-  const size_t smem = sizeof(float) * (size_t)(kBM + kBN) * (D + 1);
+                        float* head_max, float* workspace, float* partials, int heads_per_group,
+                        int B, int H, int n_q, int n_k, int d, const long long* q_str,
+                        const long long* k_str, const long long* v_str, const long long* g_str,
+                        long long mask_sb, float scale, int causal, cudaStream_t stream) {
+  const int groups = (H + heads_per_group - 1) / heads_per_group;
+  const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) + kWarps);
   auto kern = attr_kernel<T, D>;
+  cudaError_t err;
   if (smem > kDefaultSmem) {
     err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return err;
   }
-  const dim3 grid((n_k + kBN - 1) / kBN, (n_q + kBM - 1) / kBM, B);
+  const dim3 grid((n_k + kBN - 1) / kBN, (n_q + kBM - 1) / kBM, B * groups);
+  float* sum_out = groups > 1 ? workspace : head_sum;
   kern<<<grid, kThreads, smem, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<const T*>(g), mask, stats, maps, head_sum, head_max, H, n_q, n_k, d, scale,
-      causal, make_strides(q_str), make_strides(k_str), make_strides(v_str), make_strides(g_str),
-      mask_sb);
+      static_cast<const T*>(g), mask, stats, maps, sum_out, partials, H, heads_per_group, n_q,
+      n_k, d, scale, causal, make_strides(q_str), make_strides(k_str), make_strides(v_str),
+      make_strides(g_str), mask_sb);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+
+  const long long per_item = (long long)n_q * n_k;
+  if (groups > 1) {
+    const long long blocks = ((long long)B * per_item + kThreads - 1) / kThreads;
+    head_sum_reduce_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), kThreads, 0, stream>>>(
+        workspace, head_sum, B, groups, per_item);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const long long BH = (long long)B * H;
+  const long long tiles = (long long)grid.x * grid.y;
+  head_max_reduce_kernel<<<(unsigned)((BH + kWarps - 1) / kWarps), kThreads, 0, stream>>>(
+      partials, head_max, BH, tiles);
   return cudaGetLastError();
 }
 
@@ -508,13 +575,15 @@ cudaError_t dispatch_forward(int d, const void* q, const void* k, const void* v,
 template <typename T>
 cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, const void* g,
                           const float* mask, const float* stats, float* maps, float* head_sum,
-                          float* head_max, int B, int H, int n_q, int n_k,
+                          float* head_max, float* workspace, float* partials,
+                          int heads_per_group, int B, int H, int n_q, int n_k,
                           const long long* q_str, const long long* k_str, const long long* v_str,
                           const long long* g_str, long long mask_sb, float scale, int causal,
                           cudaStream_t stream) {
 #define ATTATTR_ATTR(DD)                                                                   \
-  return launch_attr<T, DD>(q, k, v, g, mask, stats, maps, head_sum, head_max, B, H, n_q, n_k, \
-                            d, q_str, k_str, v_str, g_str, mask_sb, scale, causal, stream)
+  return launch_attr<T, DD>(q, k, v, g, mask, stats, maps, head_sum, head_max, workspace,      \
+                            partials, heads_per_group, B, H, n_q, n_k, d, q_str, k_str, v_str, \
+                            g_str, mask_sb, scale, causal, stream)
   if (d <= 32) ATTATTR_ATTR(32);
   if (d <= 64) ATTATTR_ATTR(64);
   if (d <= 96) ATTATTR_ATTR(96);
@@ -554,33 +623,67 @@ extern "C" int attattr_attn_forward(int dtype, const void* q, const void* k, con
   }
 }
 
+// The attribution launch plan for B x H heads of n_q x n_k on a GPU with `sms`
+// multiprocessors (sms <= 0: ask the current device).  Sets the heads per block
+// (heads_per_group), the float32 workspace size (B * groups * n_q * n_k when the heads are
+// split into more than one group, else 0) and the size of the partial maxima
+// (B * H * tiles); the caller allocates both and passes them to attattr_attr_from_grad.
+// The grid is (ceil(n_k / 64), ceil(n_q / 64), B * groups).
+extern "C" int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* heads_per_group,
+                                 long long* workspace_floats, long long* partial_floats) {
+  using namespace attattr;
+  if (B <= 0 || H <= 0 || n_q <= 0 || n_k <= 0 || heads_per_group == nullptr ||
+      workspace_floats == nullptr || partial_floats == nullptr)
+    return (int)cudaErrorInvalidValue;
+  if (sms <= 0) {
+    int device = 0;
+    cudaError_t err = cudaGetDevice(&device);
+    if (err != cudaSuccess) return (int)err;
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return (int)err;
+  }
+  const int hpg = attr_heads_per_group(B, H, n_q, n_k, sms);
+  const long long groups = (H + hpg - 1) / hpg;
+  const long long tiles = (long long)((n_k + kBN - 1) / kBN) * ((n_q + kBM - 1) / kBM);
+  *heads_per_group = hpg;
+  *workspace_floats = groups > 1 ? (long long)B * groups * n_q * n_k : 0;
+  *partial_floats = (long long)B * H * tiles;
+  return 0;
+}
+
 // stats must come from attattr_attn_forward on the same q, k, mask, scale, causal.
-// maps may be null; head_sum and head_max are always written.
+// maps may be null; head_sum and head_max are always written.  heads_per_group, workspace
+// and partials as given by attattr_attr_plan (workspace may be null when it asked for 0).
 extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
                                       const void* g, const float* mask, const float* stats,
-                                      float* maps, float* head_sum, float* head_max, int B,
-                                      int H, int n_q, int n_k, int d, const long long* q_str,
-                                      const long long* k_str, const long long* v_str,
-                                      const long long* g_str, long long mask_sb, float scale,
-                                      int causal, void* stream) {
+                                      float* maps, float* head_sum, float* head_max,
+                                      float* workspace, float* partials, int heads_per_group,
+                                      int B, int H, int n_q, int n_k, int d,
+                                      const long long* q_str, const long long* k_str,
+                                      const long long* v_str, const long long* g_str,
+                                      long long mask_sb, float scale, int causal, void* stream) {
   using namespace attattr;
   if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr || head_sum == nullptr ||
-      head_max == nullptr)
+      head_max == nullptr || partials == nullptr || heads_per_group < 1)
+    return (int)cudaErrorInvalidValue;
+  const long long groups = (H + heads_per_group - 1) / heads_per_group;
+  if ((groups > 1 && workspace == nullptr) || (long long)B * groups > 65535)
     return (int)cudaErrorInvalidValue;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case 0:
-      return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max, B, H,
-                                        n_q, n_k, q_str, k_str, v_str, g_str, mask_sb, scale,
-                                        causal, st);
+      return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
+                                        workspace, partials, heads_per_group, B, H, n_q, n_k,
+                                        q_str, k_str, v_str, g_str, mask_sb, scale, causal, st);
     case 1:
-      return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max, B, H,
-                                         n_q, n_k, q_str, k_str, v_str, g_str, mask_sb, scale,
-                                         causal, st);
+      return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
+                                         workspace, partials, heads_per_group, B, H, n_q, n_k,
+                                         q_str, k_str, v_str, g_str, mask_sb, scale, causal, st);
     case 2:
       return (int)dispatch_attr<__nv_bfloat16>(d, q, k, v, g, mask, stats, maps, head_sum,
-                                                head_max, B, H, n_q, n_k, q_str, k_str, v_str,
-                                                g_str, mask_sb, scale, causal, st);
+                                                head_max, workspace, partials, heads_per_group,
+                                                B, H, n_q, n_k, q_str, k_str, v_str, g_str,
+                                                mask_sb, scale, causal, st);
     default:
       return (int)cudaErrorInvalidValue;
   }

@@ -41,10 +41,13 @@ int attattr_attn_forward(int dtype, const void* q, const void* k, const void* v,
                          int d, const long long* q_str, const long long* k_str,
                          const long long* v_str, const long long* o_str, long long mask_sb,
                          float scale, int causal, void* stream);
+int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* heads_per_group,
+                      long long* workspace_floats, long long* partial_floats);
 int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
                            const void* g, const float* mask, const float* stats, float* maps,
-                           float* head_sum, float* head_max, int B, int H, int n_q, int n_k,
-                           int d, const long long* q_str, const long long* k_str,
+                           float* head_sum, float* head_max, float* workspace, float* partials,
+                           int heads_per_group, int B, int H, int n_q, int n_k, int d,
+                           const long long* q_str, const long long* k_str,
                            const long long* v_str, const long long* g_str, long long mask_sb,
                            float scale, int causal, void* stream);
 const char* attattr_error_string(int code);
@@ -229,12 +232,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
     check_launch(code, "attention statistics");
   }
 
+  // Heads per block and scratch sizes for this device (see attattr_attr_plan).
+  int heads_per_group = 0;
+  long long workspace_floats = 0, partial_floats = 0;
+  check_launch(attattr_attr_plan(dims.B, dims.H, dims.n_q, dims.n_k, 0, &heads_per_group,
+                                 &workspace_floats, &partial_floats),
+               "attribution plan");
+  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_floats)}, f32);
+  at::Tensor partials = at::empty({static_cast<int64_t>(partial_floats)}, f32);
   const int code = attattr_attr_from_grad(
       dtype_code(q.scalar_type()), q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
       m.defined() ? m.data_ptr<float>() : nullptr, stats.data_ptr<float>(),
       want_maps ? maps.data_ptr<float>() : nullptr, head_sum.data_ptr<float>(),
-      head_max.data_ptr<float>(), dims.B, dims.H, dims.n_q, dims.n_k, dims.d, sq.s, sk.s, sv.s,
-      sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, st);
+      head_max.data_ptr<float>(), workspace_floats > 0 ? workspace.data_ptr<float>() : nullptr,
+      partials.data_ptr<float>(), heads_per_group, dims.B, dims.H, dims.n_q, dims.n_k, dims.d,
+      sq.s, sk.s, sv.s, sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, st);
   check_launch(code, "attribution");
   return {maps, head_sum, head_max};
 }

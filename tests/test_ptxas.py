@@ -1,0 +1,94 @@
+"""ptxas resource check of the CUDA kernels (needs nvcc only, no GPU, no CUDA PyTorch).
+
+One ``nvcc -c -Xptxas -v`` of attattr_cli/kernels/attattr_attn.cu for sm_80 and sm_90
+(about a minute and a half on 2 cores): it must compile without warnings, and every
+kernel, dtype and head dim must have no spill and a register count that lets at least
+two 256-thread blocks share an SM (<= 128 registers).  kernels/README.md holds the table
+(``python kernels/ptxas_table.py`` prints it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from attattr_cli.ops import kernel, ptxas
+
+ROOT = Path(__file__).resolve().parents[1]
+CU = ROOT / "attattr_cli" / "kernels" / "attattr_attn.cu"
+
+LOG_SAMPLE = """\
+ptxas info    : Compiling entry function '_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelIfLi64ELb1EEEvPKT_' for 'sm_90'
+ptxas info    : Function properties for _ZN7attattr12_GLOBAL__N_115attn_fwd_kernelIfLi64ELb1EEEvPKT_
+    16 bytes stack frame, 16 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 552 bytes cmem[0]
+ptxas info    : Compiling entry function '_ZN7attattr12_GLOBAL__N_111attr_kernelI13__nv_bfloat16Li128EEEvPKT_' for 'sm_80'
+ptxas info    : Function properties for _ZN7attattr12_GLOBAL__N_111attr_kernelI13__nv_bfloat16Li128EEEvPKT_
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 127 registers, used 1 barriers, 32 bytes smem, 552 bytes cmem[0]
+"""
+
+
+def test_parse_a_ptxas_log():
+    rows = ptxas.parse(LOG_SAMPLE)
+    assert [(r.kernel, r.dtype, r.head_dim, r.arch) for r in rows] == [
+        ("attn_fwd_kernel+O", "float32", 64, "90"),
+        ("attr_kernel", "bfloat16", 128, "80"),
+    ]
+    assert (rows[0].registers, rows[0].spills, rows[0].stack) == (64, 16, 16)
+    assert (rows[1].registers, rows[1].spills, rows[1].static_smem) == (127, 0, 32)
+    summary = ptxas.summary_rows(rows)
+    assert summary[1]["smem"] == (128 * 129 + 8) * 4 + 32
+
+
+def test_blocks_per_sm():
+    assert ptxas.blocks_per_sm(128, 0, "80")[0] == 2  # 128 x 256 x 2 = 65536 registers
+    assert ptxas.blocks_per_sm(129, 0, "80")[0] == 1  # rounded up to 136 per thread
+    assert ptxas.blocks_per_sm(64, 0, "90")[0] == 4
+    # 82,688 bytes of shared memory: 2 blocks on an A100 (164 KB), 2 on an H100 (228 KB)
+    assert ptxas.blocks_per_sm(116, 82688, "80") == (2, 2)
+    assert ptxas.blocks_per_sm(116, 82688, "90") == (2, 2)
+
+
+@pytest.fixture(scope="module")
+def usage():
+    toolkit = kernel.find_toolkit()
+    if toolkit is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda): no ptxas check")
+    code, log = ptxas.compile_report(CU, str(toolkit.nvcc))
+    assert code == 0, f"nvcc failed:\n{log}"
+    return log, ptxas.parse(log)
+
+
+def test_compiles_without_warnings(usage):
+    log, _ = usage
+    assert "warning" not in log.lower(), log
+
+
+def test_no_spills_and_two_blocks_per_sm(usage):
+    _, rows = usage
+    kernels = {(r.kernel, r.dtype, r.head_dim, r.arch) for r in rows}
+    # 3 dtypes x 4 head dims x (attr, fwd, fwd+O) + 2 reductions, for each architecture
+    assert len(kernels) == 2 * (3 * 4 * 3 + 2), sorted(kernels)
+    spilled = [r for r in rows if r.spills or r.stack]
+    assert not spilled, "spills: " + "; ".join(
+        f"{r.kernel} {r.dtype} D={r.head_dim} sm_{r.arch}: {r.spills} bytes" for r in spilled
+    )
+    crowded = [r for r in rows if ptxas.blocks_per_sm(r.registers, 0, r.arch)[0] < 2]
+    assert not crowded, "fewer than 2 blocks per SM by registers: " + "; ".join(
+        f"{r.kernel} {r.dtype} D={r.head_dim} sm_{r.arch}: {r.registers} registers" for r in crowded
+    )
+
+
+def test_readme_table_is_current(usage):
+    """kernels/README.md's table is the one this compiler prints (registers may drift
+    with the nvcc version, so only the kernel rows, spills and shared memory are compared)."""
+    _, rows = usage
+    readme = (ROOT / "kernels" / "README.md").read_text()
+    for row in ptxas.summary_rows(rows):
+        prefix = f"| {row['kernel']} | {row['head_dim'] or '-'} | {row['arch']} |"
+        lines = [line for line in readme.splitlines() if line.startswith(prefix)]
+        assert lines, f"kernels/README.md lacks the row {prefix}"
+        cells = [cell.strip() for cell in lines[0].strip("|").split("|")]
+        assert cells[4] == str(row["spill_bytes"]) and cells[5] == f"{row['smem']:,}", lines[0]
