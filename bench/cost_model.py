@@ -153,11 +153,8 @@ def measure_cpu(h: int, f: int, layers: int, heads: int, n: int, m: int, rule: s
     from attattr_cli.data.types import Example
     from attattr_cli.models.loading import prepare
 
-    try:
-        from attattr_cli.engine.options import ScoreOptions
-        from attattr_cli.engine.scorer import Scorer
-    except ImportError:  # before the engine split
-        from attattr_cli.engine.score import Scorer, ScoreOptions
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)

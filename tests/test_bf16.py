@@ -26,10 +26,7 @@ import torch
 from attattr_cli.engine.run import ScoreRequest, score_to_store
 from attattr_cli.store import Store
 
-try:  # the engine's options move to engine/options.py
-    from attattr_cli.engine.options import ScoreOptions
-except ImportError:  # pragma: no cover - before that split
-    from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 
 SST2_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "sst2" / "dev.tsv"
 LAYER_TOL = 0.08
