@@ -11,7 +11,44 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 WORDS = [f"w{i}" for i in range(40)]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
+# data sets shared between checkouts live next to the repository, in ../shared/data
+SHARED = REPO.parent / "shared"
+
+
+def shared_data(*parts: str) -> Path:
+    """The file ``../shared/data/<parts>`` next to the repository; skips the calling test
+    with the path in the reason when it is absent (a checkout without the shared data)."""
+    path = SHARED.joinpath("data", *parts)
+    if not path.is_file():
+        pytest.skip(f"{Path('..', 'shared', 'data', *parts)} is absent (the shared GLUE data next to the repository)")
+    return path
+
+
+def run_cli(*args):
+    """``attattr ARGS`` in-process through Typer's CliRunner (arguments may be paths or numbers)."""
+    from typer.testing import CliRunner
+
+    from attattr_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result, *needles: str) -> str:
+    """Assert that a command failed with exactly one line on stderr, ``Error: ...``, holding
+    every needle, and no traceback anywhere; return that line.
+
+    ``result`` is a CliRunner result or a ``subprocess.CompletedProcess`` run with ``text=True``.
+    """
+    code = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    assert code != 0, f"expected a failure, got exit code {code}: {result.stdout}{result.stderr}"
+    lines = [line for line in (result.stderr or "").strip().splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
+    assert lines[0].startswith("Error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert "Traceback" not in (result.stdout or "") + (result.stderr or ""), result.stderr
+    return lines[0]
 
 
 @pytest.fixture(scope="session")
