@@ -152,3 +152,19 @@ def sst2_small(tmp_path):
     rows = ["sentence\tlabel"] + [f"{' '.join(WORDS[i:i + 4 + i % 3])}\t{i % 2}" for i in range(8)]
     p.write_text("\n".join(rows) + "\n")
     return p
+
+
+DIST_STEPS = 4  # integration steps of the torchrun tests (test_distributed*.py)
+
+
+@pytest.fixture(scope="session")
+def single(tmp_path_factory):
+    """The built-in default scored in one process, examples 0:40, DIST_STEPS steps: the store
+    every torchrun test compares its merged result with (built once per session)."""
+    from attattr_cli.engine.run import ScoreRequest, score_to_store
+    from attattr_cli.engine.score import ScoreOptions
+
+    out = tmp_path_factory.mktemp("single") / "single.h5"
+    score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=DIST_STEPS), device="cpu",
+                                command=["test"]))
+    return out

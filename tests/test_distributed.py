@@ -20,11 +20,11 @@ from attattr_cli.engine.score import Scorer, ScoreOptions
 from attattr_cli.errors import DistributedError, ResourceError
 from attattr_cli.store import Store
 from attattr_cli.store.schema import SHARD_EXAMPLES
-from conftest import one_error_line
+from conftest import DIST_STEPS, one_error_line
 from torchrun_util import torchrun
 
 runner = CliRunner()
-STEPS = 4
+STEPS = DIST_STEPS
 
 
 def assert_same_examples(merged: Path, single: Path, indices: list[int]) -> None:
@@ -41,15 +41,6 @@ def assert_same_examples(merged: Path, single: Path, indices: list[int]) -> None
             np.testing.assert_allclose(a.residual, b.residual, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(a.f_baseline, b.f_baseline, rtol=1e-5, atol=1e-6)
             assert a.f_full == pytest.approx(b.f_full, abs=1e-6)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """One process, the built-in default, examples 0:40."""
-    out = tmp_path_factory.mktemp("single") / "single.h5"
-    score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=STEPS), device="cpu",
-                                command=["test"]))
-    return out
 
 
 # -- the split -------------------------------------------------------------------------
