@@ -168,3 +168,14 @@ def single(tmp_path_factory):
     score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=DIST_STEPS), device="cpu",
                                 command=["test"]))
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a CUDA device, every test marked ``gpu`` is skipped here, with one reason that
+    says what they are and where they run (``-rs`` then lists them together)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (the GPU kernel tests: `just gpu-test` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
