@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread: the tests' models are tiny (hidden size 32), so a second thread only
+# adds synchronisation, and on a busy 2-core machine it spins; set before torch is imported
+# so that the commands the tests start in subprocesses inherit it. An explicit
+# OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"].isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 sys.path.insert(0, str(Path(__file__).parent))
 
