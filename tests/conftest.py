@@ -2,16 +2,63 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
-import pytest
-import torch
+# One intra-op thread: the tests' models are tiny (hidden size 32), so a second thread only
+# adds synchronisation, and on a busy 2-core machine it spins; set before torch is imported
+# so that the commands the tests start in subprocesses inherit it. An explicit
+# OMP_NUM_THREADS wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if os.environ["OMP_NUM_THREADS"].isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 WORDS = [f"w{i}" for i in range(40)]
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+REPO = Path(__file__).resolve().parents[1]
+# data sets shared between checkouts live next to the repository, in ../shared/data
+SHARED = REPO.parent / "shared"
+
+
+def shared_data(*parts: str) -> Path:
+    """The file ``../shared/data/<parts>`` next to the repository; skips the calling test
+    with the path in the reason when it is absent (a checkout without the shared data)."""
+    path = SHARED.joinpath("data", *parts)
+    if not path.is_file():
+        pytest.skip(f"{Path('..', 'shared', 'data', *parts)} is absent (the shared GLUE data next to the repository)")
+    return path
+
+
+def run_cli(*args):
+    """``attattr ARGS`` in-process through Typer's CliRunner (arguments may be paths or numbers)."""
+    from typer.testing import CliRunner
+
+    from attattr_cli.cli import app
+
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def one_error_line(result, *needles: str) -> str:
+    """Assert that a command failed with exactly one line on stderr, ``Error: ...``, holding
+    every needle, and no traceback anywhere; return that line.
+
+    ``result`` is a CliRunner result or a ``subprocess.CompletedProcess`` run with ``text=True``.
+    """
+    code = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    assert code != 0, f"expected a failure, got exit code {code}: {result.stdout}{result.stderr}"
+    lines = [line for line in (result.stderr or "").strip().splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got {len(lines)}:\n{result.stderr}"
+    assert lines[0].startswith("Error: "), lines[0]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    assert "Traceback" not in (result.stdout or "") + (result.stderr or ""), result.stderr
+    return lines[0]
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +162,30 @@ def sst2_small(tmp_path):
     rows = ["sentence\tlabel"] + [f"{' '.join(WORDS[i:i + 4 + i % 3])}\t{i % 2}" for i in range(8)]
     p.write_text("\n".join(rows) + "\n")
     return p
+
+
+DIST_STEPS = 4  # integration steps of the torchrun tests (test_distributed*.py)
+
+
+@pytest.fixture(scope="session")
+def single(tmp_path_factory):
+    """The built-in default scored in one process, examples 0:40, DIST_STEPS steps: the store
+    every torchrun test compares its merged result with (built once per session)."""
+    from attattr_cli.engine.run import ScoreRequest, score_to_store
+    from attattr_cli.engine.score import ScoreOptions
+
+    out = tmp_path_factory.mktemp("single") / "single.h5"
+    score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=DIST_STEPS), device="cpu",
+                                command=["test"]))
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a CUDA device, every test marked ``gpu`` is skipped here, with one reason that
+    says what they are and where they run (``-rs`` then lists them together)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (the GPU kernel tests: `just gpu-test` on a GPU machine)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

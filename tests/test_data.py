@@ -21,8 +21,7 @@ from attattr_cli.data import (
     resolve_model_for_task,
 )
 from attattr_cli.errors import DataError, OptionError
-
-SHARED = Path("/work/shared/data")
+from conftest import shared_data
 
 
 def write(path: Path, text: str) -> str:
@@ -501,9 +500,8 @@ def test_hub_rows_are_converted(monkeypatch):
 # ----------------------------------------------------------------------------- real GLUE files
 
 
-@pytest.mark.skipif(not (SHARED / "sst2" / "dev.tsv").is_file(), reason="/work/shared/data is absent")
 def test_real_sst2_dev():
-    examples, names = load_examples(str(SHARED / "sst2" / "dev.tsv"), get_task("sst2"))
+    examples, names = load_examples(str(shared_data("sst2", "dev.tsv")), get_task("sst2"))
     assert len(examples) == 872
     assert names == ("negative", "positive")
     assert {e.label for e in examples} == {0, 1}
@@ -512,11 +510,10 @@ def test_real_sst2_dev():
     assert examples[0].text_a == "one long string of cliches ."
 
 
-@pytest.mark.skipif(not (SHARED / "rte" / "dev.tsv").is_file(), reason="/work/shared/data is absent")
 def test_real_rte_dev():
     # This copy is the `datasets` export: integer labels (0 entailment, 1 not_entailment)
     # and an `idx` column, which goes into meta.
-    examples, names = load_examples(str(SHARED / "rte" / "dev.tsv"), get_task("rte"))
+    examples, names = load_examples(str(shared_data("rte", "dev.tsv")), get_task("rte"))
     assert len(examples) == 277
     assert names == ("entailment", "not_entailment")
     assert {e.label for e in examples} == {0, 1}

@@ -21,10 +21,11 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DistributedError, ResourceError
 from attattr_cli.store import Store
 from attattr_cli.store.schema import SHARD_EXAMPLES
+from conftest import DIST_STEPS, one_error_line
 from torchrun_util import torchrun
 
 runner = CliRunner()
-STEPS = 4
+STEPS = DIST_STEPS
 
 
 def assert_same_examples(merged: Path, single: Path, indices: list[int]) -> None:
@@ -41,15 +42,6 @@ def assert_same_examples(merged: Path, single: Path, indices: list[int]) -> None
             np.testing.assert_allclose(a.residual, b.residual, rtol=1e-5, atol=1e-6)
             np.testing.assert_allclose(a.f_baseline, b.f_baseline, rtol=1e-5, atol=1e-6)
             assert a.f_full == pytest.approx(b.f_full, abs=1e-6)
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    """One process, the built-in default, examples 0:40."""
-    out = tmp_path_factory.mktemp("single") / "single.h5"
-    score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=STEPS), device="cpu",
-                                command=["test"]))
-    return out
 
 
 # -- the split -------------------------------------------------------------------------
@@ -162,13 +154,6 @@ def _shard(tmp_path, name, model, data, indices, k, n, steps=STEPS):
     return tmp_path / name
 
 
-def _error(result) -> str:
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert result.exit_code != 0 and lines[-1].startswith("Error: "), result.output
-    assert "Traceback" not in result.output
-    return lines[-1]
-
-
 def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_model_dir, other_model_dir, sst2_small):
     a = _shard(tmp_path, "a.h5", tiny_model_dir, sst2_small, [0, 2, 4], 0, 2)
     b = _shard(tmp_path, "b.h5", tiny_model_dir, sst2_small, [1, 3, 5], 1, 2)
@@ -185,15 +170,15 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
 
     c = _shard(tmp_path, "c.h5", tiny_model_dir, sst2_small, [0, 1], 1, 2, steps=STEPS + 1)
     bad = runner.invoke(app, ["merge", str(a), str(c), "--out", str(tmp_path / "x.h5")])
-    assert _error(bad) == f"Error: cannot merge c.h5 with a.h5: they were made with other options (steps={STEPS + 1} in c.h5, {STEPS} in a.h5)"
+    assert one_error_line(bad) == f"Error: cannot merge c.h5 with a.h5: they were made with other options (steps={STEPS + 1} in c.h5, {STEPS} in a.h5)"
     assert bad.exit_code == 4 and not (tmp_path / "x.h5").exists()
 
     d = _shard(tmp_path, "d.h5", other_model_dir, sst2_small, [6], 0, 0)
     bad = runner.invoke(app, ["merge", str(d), "--out", str(out)])
-    assert _error(bad).startswith("Error: cannot merge d.h5 into m.h5: they were made with other models")
+    assert one_error_line(bad).startswith("Error: cannot merge d.h5 into m.h5: they were made with other models")
 
     missing = runner.invoke(app, ["merge", str(a), "--out", str(tmp_path / "y.h5")])
-    assert _error(missing) == ("Error: cannot merge: the shards of rank 1 of 2 are missing (copy them here from the"
+    assert one_error_line(missing) == ("Error: cannot merge: the shards of rank 1 of 2 are missing (copy them here from the"
                                " machines that wrote them) (or merge what is there with --partial)")
     assert not (tmp_path / "y.h5").exists()
 
@@ -203,7 +188,7 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
         del f[SHARD_EXAMPLES]
         f[SHARD_EXAMPLES] = np.array([1, 3, 5])
     cut = runner.invoke(app, ["merge", str(a), str(e), "--out", str(tmp_path / "z.h5")])
-    assert "e.h5 lacks 2 of the examples its process was given (3, 5): it was interrupted" in _error(cut)
+    assert "e.h5 lacks 2 of the examples its process was given (3, 5): it was interrupted" in one_error_line(cut)
     assert not (tmp_path / "z.h5").exists()
     part = runner.invoke(app, ["merge", str(a), str(e), "--out", str(tmp_path / "z.h5"), "--partial"])
     assert part.exit_code == 0 and "Warning: e.h5 lacks 2" in part.stderr
@@ -218,9 +203,12 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
     assert "Note: 1 example (2) in more than one shard; each is taken once, from the first shard that holds it" in both.stderr
     assert "merged 4 examples (1 already present)" in both.stderr
     same = runner.invoke(app, ["merge", str(p), str(p), "--out", str(tmp_path / "pp.h5")])
-    assert _error(same) == f"Error: {p} is given twice"
+    assert one_error_line(same) == f"Error: {p} is given twice"
     into_shard = runner.invoke(app, ["merge", str(p), str(q), "--out", str(q)])
-    assert _error(into_shard) == f"Error: {q} is one of the shards: choose another file"
+    # merge notes the overlap of p and q (as above) before it looks at --out: one Error line, the last
+    lines = into_shard.stderr.strip().splitlines()
+    assert into_shard.exit_code != 0 and [line for line in lines if line.startswith("Error: ")] == lines[-1:]
+    assert lines[-1] == f"Error: {q} is one of the shards: choose another file"
 
 
 # -- out-of-memory back-off ----------------------------------------------------------------
@@ -284,8 +272,8 @@ def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
     args = ["score", "--out", str(tmp_path / "s.h5"), "--examples", "0:2", "--steps", "2", "-q", "--dist-timeout", "2"]
     result = runner.invoke(app, args)
     assert result.exit_code == 6
-    assert _error(result) == ("Error: RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT (?:?):"
-                              " start attattr with torchrun, or set all four")
+    assert one_error_line(result) == ("Error: RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT (?:?):"
+                                      " start attattr with torchrun, or set all four")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -293,7 +281,7 @@ def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(port))
     result = runner.invoke(app, args)
     assert result.exit_code == 6
-    assert _error(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 2 s)")
+    assert one_error_line(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 2 s)")
     assert not (tmp_path / "s.h5").exists()
 
 

@@ -12,8 +12,6 @@ import sys
 from typer.testing import CliRunner
 
 from attattr_cli.cli import app
-from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.options import ScoreOptions
 from test_distributed import STEPS, assert_same_examples
 from torchrun_util import ROOT
 
@@ -26,7 +24,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_machines_without_a_shared_disk(tmp_path):
+def test_two_machines_without_a_shared_disk(tmp_path, single):
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     env.pop("RANK", None)
@@ -51,9 +49,6 @@ def test_two_machines_without_a_shared_disk(tmp_path):
             " copy it here and run: attattr merge s.rank0-of-2.h5 s.rank1-of-2.h5 --out s.h5") in err0
     assert (nodes[0] / "s.rank0-of-2.h5").exists() and (nodes[1] / "s.rank1-of-2.h5").exists()
 
-    single = tmp_path / "single.h5"
-    score_to_store(ScoreRequest(out=str(single), examples=f"0:{N}", options=ScoreOptions(steps=STEPS), device="cpu",
-                                command=["test"]))
     runner = CliRunner()
     shards = [nodes[0] / "s.rank0-of-2.h5", nodes[0] / "s.rank1-of-2.h5"]
     # before the copy: rank 1's shard is missing

@@ -8,24 +8,14 @@ from pathlib import Path
 import pytest
 
 from attattr_cli.engine import distributed
-from attattr_cli.engine.run import ScoreRequest, score_to_store
-from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.store import Store
 from attattr_cli.store.schema import SHARD_EXAMPLES
 from test_distributed import STEPS, assert_same_examples
 from torchrun_util import torchrun
 
 HELPER = Path(__file__).with_name("torchrun_kill.py")
-N = 40
+N = 40  # the examples of conftest's `single` store
 KILL_AFTER = 5
-
-
-@pytest.fixture(scope="module")
-def single(tmp_path_factory):
-    out = tmp_path_factory.mktemp("single") / "single.h5"
-    score_to_store(ScoreRequest(out=str(out), examples=f"0:{N}", options=ScoreOptions(steps=STEPS), device="cpu",
-                                command=["test"]))
-    return out
 
 
 def _scored(log: Path, rank: int) -> list[int]:

@@ -10,26 +10,13 @@ import math
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from attattr_cli.analysis import faithfulness as fa
 from attattr_cli.analysis import token_importance as ti
-from attattr_cli.cli import app
 from attattr_cli.errors import OptionError, StoreError
 from attattr_cli.store import Store, TokenImportanceStore, merge, read_token_importance
+from conftest import one_error_line, run_cli
 
-runner = CliRunner()
-
-
-def _run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(result, text):
-    assert result.exit_code != 0
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ") and text in lines[0], lines[0]
 
 
 # -- Kendall tau-b ------------------------------------------------------------------------
@@ -222,7 +209,7 @@ def test_gradient_methods_and_loo_against_direct_computation(loaded_factory, tok
 def scored(tmp_path_factory):
     d = tmp_path_factory.mktemp("faith")
     out = d / "s.h5"
-    r = _run("score", "--out", out, "--examples", "0:3", "--steps", "2", "-q")
+    r = run_cli("score", "--out", out, "--examples", "0:3", "--steps", "2", "-q")
     assert r.exit_code == 0, r.output
     return out
 
@@ -265,8 +252,8 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
     report = tmp_path / "r.json"
     csv = tmp_path / "r.csv"
     png = tmp_path / "r.png"
-    r = _run("faithfulness", "--out", report, "--examples", "0:3", "--steps", "2", "--permutations", "3",
-             "--csv", csv, "--plot", png)
+    r = run_cli("faithfulness", "--out", report, "--examples", "0:3", "--steps", "2", "--permutations", "3",
+                "--csv", csv, "--plot", png)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(report)
     assert "τ with LOO" in r.stderr and "τ |·| with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
@@ -277,7 +264,7 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     store = tmp_path / "r.h5"
     again = tmp_path / "again.json"
-    r2 = _run("faithfulness", store, "--out", again, "--permutations", "3", "--methods", "attr,random", "-q")
+    r2 = run_cli("faithfulness", store, "--out", again, "--permutations", "3", "--methods", "attr,random", "-q")
     assert r2.exit_code == 0, r2.output
     d2 = json.loads(again.read_text())
     assert list(d2["methods"]) == ["attr", "random"]
@@ -288,19 +275,19 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
 def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, other_model_dir, sst2_small):
     report = tmp_path / "r.json"
     report.write_text("keep me")
-    _one_error_line(_run("faithfulness", "--out", report, "--methods", "attention,grad"),
-                    "unknown token importance method 'attention'")
-    _one_error_line(_run("faithfulness", tmp_path / "none.h5", "--out", report), "no such store")
-    _one_error_line(_run("faithfulness", "--out", report, "--erase", "zero"), "unknown --erase 'zero'")
-    _one_error_line(_run("faithfulness", "--out", report, "--plot", tmp_path / "p.gif"), "cannot tell the format")
-    _one_error_line(_run("faithfulness", "--out", tmp_path / "no" / "r.json"), "the folder")
+    one_error_line(run_cli("faithfulness", "--out", report, "--methods", "attention,grad"),
+                   "unknown token importance method 'attention'")
+    one_error_line(run_cli("faithfulness", tmp_path / "none.h5", "--out", report), "no such store")
+    one_error_line(run_cli("faithfulness", "--out", report, "--erase", "zero"), "unknown --erase 'zero'")
+    one_error_line(run_cli("faithfulness", "--out", report, "--plot", tmp_path / "p.gif"), "cannot tell the format")
+    one_error_line(run_cli("faithfulness", "--out", tmp_path / "no" / "r.json"), "the folder")
     store = tmp_path / "tiny.h5"
-    ok = _run("faithfulness", "--out", tmp_path / "tiny.json", "--store", store, "--model", tiny_model_dir,
-              "--data", sst2_small, "--task", "sst2", "--examples", "0:2", "--steps", "2", "--permutations", "2", "-q")
+    ok = run_cli("faithfulness", "--out", tmp_path / "tiny.json", "--store", store, "--model", tiny_model_dir,
+                 "--data", sst2_small, "--task", "sst2", "--examples", "0:2", "--steps", "2", "--permutations", "2", "-q")
     assert ok.exit_code == 0, ok.output
     digest = hashlib.sha256(store.read_bytes()).hexdigest()
-    _one_error_line(_run("faithfulness", store, "--model", other_model_dir, "--out", report),
-                    "was made with another model")
+    one_error_line(run_cli("faithfulness", store, "--model", other_model_dir, "--out", report),
+                   "was made with another model")
     assert hashlib.sha256(store.read_bytes()).hexdigest() == digest
     assert report.read_text() == "keep me"
 

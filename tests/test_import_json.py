@@ -7,14 +7,12 @@ import json
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from attattr_cli.analysis.legacy import infer_labels, read_matrices, segment_ids_of
-from attattr_cli.cli import app
 from attattr_cli.errors import DataError
 from attattr_cli.store import Store
+from conftest import one_error_line, run_cli
 
-runner = CliRunner()
 
 TOKENS = {
     0: ["[CLS]", "the", "cat", "[SEP]", "a", "pet", "[SEP]"],
@@ -51,21 +49,9 @@ def files(tmp_path):
     return {"tokens": tokens, "a0": a0, "a1": a1, "att1": att, "dir": tmp_path}
 
 
-def _run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(result, text):
-    assert result.exit_code != 0
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert text in lines[0], lines[0]
-    assert "Traceback" not in result.output
-
-
 def test_import_round_trip_and_tree(files):
     out = files["dir"] / "imported.h5"
-    result = _run("import-json", files["a1"], files["tokens"], "--out", out, "--model", "bert-base-cased-mnli")
+    result = run_cli("import-json", files["a1"], files["tokens"], "--out", out, "--model", "bert-base-cased-mnli")
     assert result.exit_code == 0, result.output
     assert result.stdout.strip() == str(out)
     assert "imported example 1 (7 tokens, 3 layers x 2 heads" in result.stderr
@@ -89,62 +75,62 @@ def test_import_round_trip_and_tree(files):
         np.testing.assert_allclose(e.head_max, _attr(1).reshape(3, 2, -1).max(-1), rtol=1e-6)
         assert s.fingerprint["data_sha256"] == hashlib.sha256(files["tokens"].read_bytes()).hexdigest()
         s.summary()  # readable by `attattr info`
-    tree = _run("tree", out, "--example", 1, "--compat", "reference", "--format", "json")
+    tree = run_cli("tree", out, "--example", 1, "--compat", "reference", "--format", "json")
     assert tree.exit_code == 0, tree.output
     data = json.loads(tree.stdout)
     assert data["tokens"] == TOKENS[1] and data["mode"] == "reference"
-    assert _run("info", out).exit_code == 0
+    assert run_cli("info", out).exit_code == 0
 
 
 def test_more_examples_join_the_store(files):
     out = files["dir"] / "s.h5"
-    assert _run("import-json", files["a1"], files["tokens"], "-o", out, "--attention", files["att1"]).exit_code == 0
+    assert run_cli("import-json", files["a1"], files["tokens"], "-o", out, "--attention", files["att1"]).exit_code == 0
     # a file without the expN name needs --example
     plain = files["a0"].rename(files["dir"] / "scores.jsonl")
-    _one_error_line(_run("import-json", plain, files["tokens"], "-o", out), "give --example")
-    again = _run("import-json", plain, files["tokens"], "-o", out, "--example", 0)
+    one_error_line(run_cli("import-json", plain, files["tokens"], "-o", out), "give --example")
+    again = run_cli("import-json", plain, files["tokens"], "-o", out, "--example", 0)
     assert again.exit_code == 0, again.output
     with Store(out) as s:
         assert s.indices() == [0, 1]
         np.testing.assert_allclose(s.get(1).attention, np.abs(_attr(1)) / 10, rtol=1e-6)
         assert s.get(0).attention.shape == (0, 0, 7, 7)
         assert len(s.provenance["runs"]) == 2  # the refused call wrote nothing
-    same = _run("import-json", files["a1"], files["tokens"], "-o", out)
+    same = run_cli("import-json", files["a1"], files["tokens"], "-o", out)
     assert same.exit_code == 0 and "already in" in same.stderr
 
 
 def test_bad_files_are_one_line_errors(files):
     d, tok = files["dir"], files["tokens"]
     out = d / "s.h5"
-    _one_error_line(_run("import-json", d / "nothing.json", tok, "-o", out), "nothing.json: no such file")
+    one_error_line(run_cli("import-json", d / "nothing.json", tok, "-o", out), "nothing.json: no such file")
     bad = d / "attr_zero_base_exp1_bad.json"
     bad.write_text(json.dumps(_attr(1)[0].tolist()) + "\n{not json\n")
-    _one_error_line(_run("import-json", bad, tok, "-o", out), "line 2: not JSON")
+    one_error_line(run_cli("import-json", bad, tok, "-o", out), "line 2: not JSON")
     bad.write_text("[[[1, 2], [3]]]\n")
-    _one_error_line(_run("import-json", bad, tok, "-o", out), "line 1: not a [heads][n][n] list of numbers")
+    one_error_line(run_cli("import-json", bad, tok, "-o", out), "line 1: not a [heads][n][n] list of numbers")
     bad.write_text("[[1, 2], [3, 4]]\n")
-    _one_error_line(_run("import-json", bad, tok, "-o", out), "expected a [heads][n][n] list, got shape [2, 2]")
+    one_error_line(run_cli("import-json", bad, tok, "-o", out), "expected a [heads][n][n] list, got shape [2, 2]")
     short = _write_attr(d / "attr_zero_base_exp0_short.json", _attr(1)[:, :, :5, :5])
-    _one_error_line(_run("import-json", short, tok, "-o", out), "is 5 x 5 per head but example 0")
+    one_error_line(run_cli("import-json", short, tok, "-o", out), "is 5 x 5 per head but example 0")
     far = _write_attr(d / "attr_zero_base_exp16.json", _attr(1))
-    _one_error_line(_run("import-json", far, tok, "-o", out), "has no example with index 16 (it holds 2 examples: 0..1)")
+    one_error_line(run_cli("import-json", far, tok, "-o", out), "has no example with index 16 (it holds 2 examples: 0..1)")
     broken = d / "tokens.json"
     broken.write_text('[{"index": 0, "toks": []}]')
-    _one_error_line(_run("import-json", files["a1"], broken, "-o", out), "entry 0: expected an object with \"tokens\"")
-    _one_error_line(_run("import-json", files["a1"], tok, "-o", out, "--labels", "yes,no"), "label 'contradiction'")
-    _one_error_line(_run("import-json", files["a1"], tok, "-o", out, "--attention", short),
-                    "attr_zero_base_exp0_short.json has shape [3, 2, 5, 5] per file but the attribution has 2 heads of 7 x 7")
+    one_error_line(run_cli("import-json", files["a1"], broken, "-o", out), "entry 0: expected an object with \"tokens\"")
+    one_error_line(run_cli("import-json", files["a1"], tok, "-o", out, "--labels", "yes,no"), "label 'contradiction'")
+    one_error_line(run_cli("import-json", files["a1"], tok, "-o", out, "--attention", short),
+                   "attr_zero_base_exp0_short.json has shape [3, 2, 5, 5] per file but the attribution has 2 heads of 7 x 7")
     assert not out.exists()
 
 
 def test_store_from_other_files_is_refused_untouched(files):
     out = files["dir"] / "s.h5"
-    assert _run("import-json", files["a1"], files["tokens"], "-o", out, "-m", "x").exit_code == 0
+    assert run_cli("import-json", files["a1"], files["tokens"], "-o", out, "-m", "x").exit_code == 0
     digest = hashlib.sha256(out.read_bytes()).hexdigest()
-    _one_error_line(_run("import-json", files["a0"], files["tokens"], "-o", out, "-m", "y"), "model='x' there, 'y' here")
+    one_error_line(run_cli("import-json", files["a0"], files["tokens"], "-o", out, "-m", "y"), "model='x' there, 'y' here")
     other = files["dir"] / "tokens_other.json"
     other.write_text(json.dumps([{"index": 0, "tokens": TOKENS[0]}]))
-    _one_error_line(_run("import-json", files["a0"], other, "-o", out, "-m", "x"), "was made from other data")
+    one_error_line(run_cli("import-json", files["a0"], other, "-o", out, "-m", "x"), "was made from other data")
     assert hashlib.sha256(out.read_bytes()).hexdigest() == digest
 
 
@@ -163,7 +149,7 @@ def test_json_lines_tokens_file(tmp_path):
     tok.write_text("\n".join(json.dumps({"index": i, "tokens": TOKENS[i]}) for i in (0, 1)) + "\n")
     attr = _write_attr(tmp_path / "attr_zero_base_exp0.json", _attr(0, layers=2))
     out = tmp_path / "s.h5"
-    result = _run("import-json", attr, tok, "-o", out)
+    result = run_cli("import-json", attr, tok, "-o", out)
     assert result.exit_code == 0, result.output
     with Store(out) as s:
         e = s.get(0)

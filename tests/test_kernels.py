@@ -46,7 +46,6 @@ NVCC_FLAGS = [
 
 HAS_CUDA = torch.cuda.is_available()
 gpu = pytest.mark.gpu
-needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 NEG = torch.finfo(torch.float32).min
 
 
@@ -695,6 +694,7 @@ def test_emulated_ops_opcheck_and_compile(emulated_wrappers, emulated):
 # ------------------------------------------------------------------ GPU tests
 @pytest.fixture(scope="module")
 def cuda_kernel():
+    """The built kernels (without a CUDA device conftest skips every ``gpu`` test before this runs)."""
     if not HAS_CUDA:
         pytest.skip("needs a CUDA device")
     if not kernel.available():
@@ -724,7 +724,6 @@ GPU_DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("masked", [False, True], ids=["nomask", "mask"])
 @pytest.mark.parametrize("dtype", GPU_DTYPES, ids=lambda t: str(t).split(".")[-1])
@@ -755,7 +754,6 @@ def test_gpu_kernel_matches_reference(cuda_kernel, n, d, dtype, masked, causal):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.parametrize("n", [128, 512])
 def test_gpu_head_groups_deterministic(cuda_kernel, n):
     """BERT-base shapes, where the heads are split into groups: bit-for-bit repeatable and
@@ -775,7 +773,6 @@ def test_gpu_head_groups_deterministic(cuda_kernel, n):
 
 
 @gpu
-@needs_cuda
 def test_gpu_backend_selection(cuda_kernel, monkeypatch):
     monkeypatch.delenv("ATTATTR_KERNEL", raising=False)
     assert select_backend("auto", device="cuda").name == "cuda"
@@ -784,7 +781,6 @@ def test_gpu_backend_selection(cuda_kernel, monkeypatch):
 
 
 @gpu
-@needs_cuda
 def test_gpu_noncausal_unequal_lengths_and_causal_empty_rows(cuda_kernel):
     for n_q, n_k in ((5, 300), (300, 5)):
         q, k, v, g = (t.cuda() for t in _inputs(2, 3, n_q, n_k, 64, torch.float32, seed=n_q))
@@ -799,7 +795,6 @@ def test_gpu_noncausal_unequal_lengths_and_causal_empty_rows(cuda_kernel):
 
 
 @gpu
-@needs_cuda
 def test_gpu_opcheck(cuda_kernel):
     q, k, v, g = (t.cuda() for t in _inputs(2, 2, 70, 70, 64, torch.bfloat16, seed=3))
     pad = _padding(2, 70, device="cuda")
@@ -810,7 +805,6 @@ def test_gpu_opcheck(cuda_kernel):
 
 
 @gpu
-@needs_cuda
 def test_gpu_torch_compile(cuda_kernel):
     q, k, v, g = (t.cuda() for t in _inputs(2, 4, 200, 200, 64, torch.bfloat16, seed=11))
     pad = _padding(2, 200, device="cuda")
@@ -827,7 +821,6 @@ def test_gpu_torch_compile(cuda_kernel):
 
 
 @gpu
-@needs_cuda
 @pytest.mark.slow
 def test_gpu_long_sequence_without_maps(cuda_kernel):
     n = 8192

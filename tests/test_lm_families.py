@@ -11,9 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
-from attattr_cli.cli import app
 from attattr_cli.data.types import Example
 from attattr_cli.engine import memory as memory_mod, options as options_mod
 from attattr_cli.engine.integrate import nodes
@@ -22,12 +20,11 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from attattr_cli.models.loading import prepare
 from attattr_cli.store import Store
-from conftest import build_model
+from conftest import build_model, one_error_line, run_cli
 from slow_reference import slow_attribution
 
 PAIR = Example(0, "w1 w2 w3 w4 w5", "w6 w7 w8", label=1)
 PROMPT = Example(0, "w1 w2 w3 w4 w5 w6")
-runner = CliRunner()
 
 
 def build(kind: str, dtype=torch.float64, layers: int = 2):
@@ -229,13 +226,9 @@ def gpt2_dir(tmp_path, tokenizer):
     return _saved("gpt2", tmp_path, tokenizer)
 
 
-def _run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
 def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
     out = tmp_path / "bart.h5"
-    r = _run("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet", "--out", out)
+    r = run_cli("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     with Store(out) as s:
         assert s.schema_version == "1.1"
@@ -248,18 +241,17 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
         assert set(fams) == {"encoder", "decoder", "cross"} and fams["cross"]["keep"] == "maps"
         with pytest.raises(Exception, match="has no attention family 'self'; it has: encoder, decoder, cross"):
             s.get(0, family="self")
-    info = _run("info", out)
+    info = run_cli("info", out)
     assert info.exit_code == 0 and "families" in info.output and "cross:" in info.output
     from attattr_cli.cli.info import _families
 
     assert "cross: 2 layers scored x 4 heads (decoder->input), keep maps" in _families(fams)
-    as_json = json.loads(_run("info", out, "--json").stdout)
+    as_json = json.loads(run_cli("info", out, "--json").stdout)
     assert as_json["families"]["decoder"]["query"] == "decoder" and as_json["families"]["encoder"]["heads"] == 4
-    refused = _run("tree", out, "--example", "0", "--family", "cross")
-    assert refused.exit_code != 0
-    assert refused.stderr.strip() == ("Error: the attribution tree links tokens of one sequence; the cross family"
+    refused = run_cli("tree", out, "--example", "0", "--family", "cross")
+    assert one_error_line(refused) == ("Error: the attribution tree links tokens of one sequence; the cross family"
                                       " (decoder queries, encoder keys) has none: use --family encoder or --family decoder")
-    tree = _run("tree", out, "--example", "0", "--family", "decoder", "--format", "json", "--quiet")
+    tree = run_cli("tree", out, "--example", "0", "--family", "decoder", "--format", "json", "--quiet")
     assert tree.exit_code == 0, tree.output
     with Store(out) as s:
         assert json.loads(tree.stdout)["tokens"] == s.get(0, family="decoder").decoder_tokens
@@ -267,8 +259,8 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
 
 def test_lm_cli_keep_sum_top_k_and_tree(gpt2_dir, tmp_path):
     out = tmp_path / "lm.h5"
-    r = _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2 w3 w4", "--prompt", "w5 w6 w7",
-             "--target-token", "w9", "--logprob", "--keep", "sum", "--top-k", "3", "--steps", "4", "--quiet", "--out", out)
+    r = run_cli("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2 w3 w4", "--prompt", "w5 w6 w7",
+                "--target-token", "w9", "--logprob", "--keep", "sum", "--top-k", "3", "--steps", "4", "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     with Store(out) as s:
         e = s.get(1)
@@ -277,11 +269,11 @@ def test_lm_cli_keep_sum_top_k_and_tree(gpt2_dir, tmp_path):
         assert s.provenance["lm"] is True
     with h5py.File(out) as f:
         assert "attribution" not in f["examples/00000001"] and "head_sum" in f["examples/00000001"]
-    tree = _run("tree", out, "--example", "1", "--format", "json", "--quiet")
+    tree = run_cli("tree", out, "--example", "1", "--format", "json", "--quiet")
     assert tree.exit_code == 0, tree.output
     # the 1.0 layout is kept for family self with maps
     out2 = tmp_path / "lm2.h5"
-    assert _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2", "--steps", "2", "--quiet", "--out", out2).exit_code == 0
+    assert run_cli("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2", "--steps", "2", "--quiet", "--out", out2).exit_code == 0
     with h5py.File(out2) as f:
         g = f["examples/00000000"]
         assert {"attribution", "attention", "head_max", "layers", "residual"} <= set(g) and "families" not in g
@@ -290,16 +282,15 @@ def test_lm_cli_keep_sum_top_k_and_tree(gpt2_dir, tmp_path):
 def test_lm_cli_errors_leave_nothing(gpt2_dir, tmp_path):
     out = tmp_path / "x.h5"
     long = " ".join(["w1"] * 60)
-    r = _run("score", "--lm", "--model", gpt2_dir, "--prompt", long, "--out", out)
-    assert r.exit_code != 0
-    assert r.stderr.strip() == "Error: example 0 has 62 tokens; the model takes at most 48"
+    r = run_cli("score", "--lm", "--model", gpt2_dir, "--prompt", long, "--out", out)
+    assert one_error_line(r) == "Error: example 0 has 62 tokens; the model takes at most 48"
     assert not out.exists()
-    r = _run("score", "--lm", "--prompt", "w1", "--out", out)
-    assert r.stderr.strip().startswith("Error: --lm needs --model")
-    r = _run("score", "--model", gpt2_dir, "--prompt", "w1", "--out", out)
-    assert r.stderr.strip() == "Error: --prompt goes with --lm (a causal language model)"
-    r = _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1", "--target-token", "w1 w2", "--out", out)
-    assert r.stderr.strip().startswith("Error: --target-token 'w1 w2' is 2 tokens")
+    r = run_cli("score", "--lm", "--prompt", "w1", "--out", out)
+    assert one_error_line(r).startswith("Error: --lm needs --model")
+    r = run_cli("score", "--model", gpt2_dir, "--prompt", "w1", "--out", out)
+    assert one_error_line(r) == "Error: --prompt goes with --lm (a causal language model)"
+    r = run_cli("score", "--lm", "--model", gpt2_dir, "--prompt", "w1", "--target-token", "w1 w2", "--out", out)
+    assert one_error_line(r).startswith("Error: --target-token 'w1 w2' is 2 tokens")
     assert not out.exists()
 
 
@@ -307,8 +298,8 @@ def test_lm_prompts_from_data_file(gpt2_dir, tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"text": "w1 w2 w3"}\n{"text": "w4 w5"}\n{"text": "w6 w7 w8 w9"}\n')
     out = tmp_path / "d.h5"
-    r = _run("score", "--lm", "--model", gpt2_dir, "--data", data, "--examples", "1:3", "--continuation", "w9 w10",
-             "--steps", "2", "--quiet", "--out", out)
+    r = run_cli("score", "--lm", "--model", gpt2_dir, "--data", data, "--examples", "1:3", "--continuation", "w9 w10",
+                "--steps", "2", "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     with Store(out) as s:
         assert s.indices() == [1, 2]
@@ -320,8 +311,8 @@ def test_lm_prompts_from_data_file(gpt2_dir, tmp_path):
 def test_a_1_0_store_still_reads(gpt2_dir, tmp_path, tiny_model_dir, sst2_small):
     """Examples written before schema 1.1 (no families attribute) read as family self."""
     out = tmp_path / "old.h5"
-    assert _run("score", "--model", tiny_model_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "2",
-                "--quiet", "--out", out).exit_code == 0
+    assert run_cli("score", "--model", tiny_model_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "2",
+                   "--quiet", "--out", out).exit_code == 0
     with h5py.File(out, "r+") as f:
         f.attrs["schema_version"] = "1.0"
         for name in f["examples"]:
@@ -333,7 +324,7 @@ def test_a_1_0_store_still_reads(gpt2_dir, tmp_path, tiny_model_dir, sst2_small)
         assert e.family == "self" and e.keep == "maps" and e.attribution.shape[:2] == (3, 4)
         assert np.allclose(e.summed(), e.attribution.sum(1))
         assert s.summary()["families"]["self"]["heads"] == 4
-    assert _run("tree", out, "--example", "1", "--format", "json", "--quiet").exit_code == 0
+    assert run_cli("tree", out, "--example", "1", "--format", "json", "--quiet").exit_code == 0
 
 
 def test_bart_no_hook_or_patch_survives_an_exception(make):
@@ -371,26 +362,26 @@ def test_importance_and_prune_take_a_family_and_refuse_the_rest(bart_dir, gpt2_d
     from attattr_cli.analysis import importance as imp
 
     out = tmp_path / "bart.h5"
-    assert _run("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet",
-                "--out", out).exit_code == 0
-    r = _run("importance", out, "--family", "encoder", "--method", "attr,attention", "--out", tmp_path / "imp.h5", "-q")
+    assert run_cli("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet",
+                   "--out", out).exit_code == 0
+    r = run_cli("importance", out, "--family", "encoder", "--method", "attr,attention", "--out", tmp_path / "imp.h5", "-q")
     assert r.exit_code == 0, r.output
     got = imp.read(tmp_path / "imp.h5").tables["attr"].values
     with Store(out) as s:
         direct = np.mean([s.get(i, family="encoder").head_max for i in (0, 1)], axis=0)
     assert got.shape == (2, 4) and np.allclose(got, direct)
     for fam in ("decoder", "cross"):
-        r = _run("importance", out, "--family", fam, "--out", tmp_path / f"{fam}.h5", "-q")
-        assert r.exit_code != 0 and not (tmp_path / f"{fam}.h5").exists()
-        assert r.stderr.strip() == (f"Error: head importance and pruning work on self-attention and encoder heads; the {fam}"
+        r = run_cli("importance", out, "--family", fam, "--out", tmp_path / f"{fam}.h5", "-q")
+        assert not (tmp_path / f"{fam}.h5").exists()
+        assert one_error_line(r) == (f"Error: head importance and pruning work on self-attention and encoder heads; the {fam}"
                                     " family of an encoder-decoder model is not supported (use --family encoder)")
-    r = _run("importance", out, "--family", "self", "--out", tmp_path / "x.h5", "-q")
-    assert r.stderr.strip().endswith("has no attention family 'self'; it has: encoder, decoder, cross")
+    r = run_cli("importance", out, "--family", "self", "--out", tmp_path / "x.h5", "-q")
+    assert one_error_line(r).endswith("has no attention family 'self'; it has: encoder, decoder, cross")
     lm = tmp_path / "lm.h5"
-    assert _run("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2 w3", "--keep", "sum", "--steps", "2", "--quiet",
-                "--out", lm).exit_code == 0
-    r = _run("importance", lm, "--method", "attention", "--out", tmp_path / "lm_imp.h5", "-q")
+    assert run_cli("score", "--lm", "--model", gpt2_dir, "--prompt", "w1 w2 w3", "--keep", "sum", "--steps", "2", "--quiet",
+                   "--out", lm).exit_code == 0
+    r = run_cli("importance", lm, "--method", "attention", "--out", tmp_path / "lm_imp.h5", "-q")
     assert r.exit_code != 0 and "keeps no per-head attention maps" in r.stderr
-    r = _run("importance", lm, "--method", "attr", "--out", tmp_path / "lm_imp.h5", "-q")
+    r = run_cli("importance", lm, "--method", "attr", "--out", tmp_path / "lm_imp.h5", "-q")
     assert r.exit_code == 0, r.output
     assert imp.read(tmp_path / "lm_imp.h5").tables["attr"].values.shape == (2, 4)

@@ -15,6 +15,7 @@ from attattr_cli.cli import app
 from attattr_cli.data import get_task, load_examples
 from attattr_cli.engine.heads import Batches, logits_under
 from attattr_cli.errors import ModelError, OptionError
+from conftest import one_error_line
 
 runner = CliRunner()
 
@@ -119,14 +120,6 @@ def test_non_bert_models_are_refused(loaded_factory, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def _one_line_error(r, *needles):
-    assert r.exit_code != 0
-    err = r.stderr.strip()
-    assert err.startswith("Error: ") and len(err.splitlines()) == 1, err
-    for n in needles:
-        assert n in err, err
-
-
 def test_bad_importance_files_are_refused(tmp_path, tiny_model_dir, other_model_dir, sst2_small):
     from attattr_cli.models.loading import load
 
@@ -140,14 +133,14 @@ def test_bad_importance_files_are_refused(tmp_path, tiny_model_dir, other_model_
     out = tmp_path / "curves.json"
     out.write_text("{}")
     args = ["prune", "--model", str(tiny_model_dir), "--data", str(sst2_small), "--task", "sst2", "--out", str(out)]
-    _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "other.h5")]), "another model")
-    _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "shape.h5")]), "2 layers x 4 heads", "3 x 4")
-    _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "junk.h5")]), "not an HDF5 importance file")
-    _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "none.h5")]), "no such importance file")
-    _one_line_error(runner.invoke(app, args + ["--importance", str(tmp_path / "other.h5"), "--keep", "0.5"]), "--save-model")
+    one_error_line(runner.invoke(app, args + ["--importance", str(tmp_path / "other.h5")]), "another model")
+    one_error_line(runner.invoke(app, args + ["--importance", str(tmp_path / "shape.h5")]), "2 layers x 4 heads", "3 x 4")
+    one_error_line(runner.invoke(app, args + ["--importance", str(tmp_path / "junk.h5")]), "not an HDF5 importance file")
+    one_error_line(runner.invoke(app, args + ["--importance", str(tmp_path / "none.h5")]), "no such importance file")
+    one_error_line(runner.invoke(app, args + ["--importance", str(tmp_path / "other.h5"), "--keep", "0.5"]), "--save-model")
     store = tmp_path / "default.h5"  # a store of the built-in model is not one of --model
     assert runner.invoke(app, ["score", "--out", str(store), "--examples", "0:2", "--steps", "2", "-q"]).exit_code == 0
-    _one_line_error(runner.invoke(app, args + ["--effectiveness", str(store)]), "another model")
+    one_error_line(runner.invoke(app, args + ["--effectiveness", str(store)]), "another model")
     assert out.read_text() == "{}"
 
 

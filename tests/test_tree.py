@@ -9,7 +9,6 @@ import subprocess
 import networkx as nx
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from attattr_cli.analysis.tree import (
     DOT_MISSING,
@@ -22,12 +21,11 @@ from attattr_cli.analysis.tree import (
     tree_to_dot,
     tree_to_json,
 )
-from attattr_cli.cli import app
 from attattr_cli.errors import OptionError
+from conftest import one_error_line, run_cli
 
 HAS_DOT = shutil.which("dot") is not None
 needs_dot = pytest.mark.skipif(not HAS_DOT, reason="Graphviz's dot is not installed")
-runner = CliRunner()
 
 TOKENS = ["[CLS]", "a", "b", "[SEP]", "c", "[SEP]"]
 SEGMENTS = [-1, 0, 0, -1, 1, -1]
@@ -242,20 +240,9 @@ def store(tmp_path_factory):
     return p
 
 
-def _run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(result, text):
-    assert result.exit_code != 0
-    lines = [line for line in result.stderr.strip().splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
-    assert text in lines[0], lines[0]
-
-
 @needs_dot
 def test_cli_dot_on_stdout(store):
-    result = _run("tree", store, "--example", 3)
+    result = run_cli("tree", store, "--example", 3)
     assert result.exit_code == 0, result.output
     assert result.stdout.startswith("digraph attribution_tree {")
     assert "example 3:" in result.stderr and "top node" in result.stderr
@@ -265,34 +252,34 @@ def test_cli_dot_on_stdout(store):
 
 def test_cli_files_and_formats(store, tmp_path):
     js = tmp_path / "t.json"
-    assert _run("tree", store, "-e", 1, "-o", js, "-q").exit_code == 0
+    assert run_cli("tree", store, "-e", 1, "-o", js, "-q").exit_code == 0
     data = json.loads(js.read_text())
     assert data["example"] == 1 and data["layers"] == [0, 1, 2] and data["nodes"]
-    ref = _run("tree", store, "-e", 1, "--compat", "reference", "--format", "json", "--layers", "0,1,2")
+    ref = run_cli("tree", store, "-e", 1, "--compat", "reference", "--format", "json", "--layers", "0,1,2")
     assert ref.exit_code == 0 and json.loads(ref.stdout)["mode"] == "reference"
-    one = _run("tree", store, "-e", 1, "--format", "json", "--layers", "-1")
+    one = run_cli("tree", store, "-e", 1, "--format", "json", "--layers", "-1")
     assert one.exit_code == 0 and json.loads(one.stdout)["layers"] == [2]
 
 
 @needs_dot
 def test_cli_png(store, tmp_path):
     png = tmp_path / "tree.png"
-    result = _run("tree", store, "-e", 0, "-o", png)
+    result = run_cli("tree", store, "-e", 0, "-o", png)
     assert result.exit_code == 0, result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert result.stdout == ""
-    piped = _run("tree", store, "-e", 0, "--format", "svg", "-q")  # stdout is not a terminal here
+    piped = run_cli("tree", store, "-e", 0, "--format", "svg", "-q")  # stdout is not a terminal here
     assert piped.exit_code == 0 and "<svg" in piped.stdout
 
 
 def test_cli_errors(store, tmp_path):
-    _one_error_line(_run("tree", store, "--example", 7), "example 7 is not in")
-    _one_error_line(_run("tree", store, "--example", 7), "(it holds 5 examples: 0..4)")
-    _one_error_line(_run("tree", store, "-e", 0, "-o", tmp_path / "t.pdf"), "cannot tell the format from")
-    _one_error_line(_run("tree", store, "-e", 0, "--format", "gif"), "unknown --format 'gif'")
-    _one_error_line(_run("tree", store, "-e", 0, "--top", 0), "--top cannot be position 0")
-    _one_error_line(_run("tree", store, "-e", 0, "--top", 999), "--top must be a token position")
-    _one_error_line(_run("tree", store, "-e", 0, "--layers", "5"), "layer 5 was not scored for example 0; scored layers: 0, 1, 2")
-    _one_error_line(_run("tree", store, "-e", 0, "--compat", "2020"), "unknown --compat '2020'")
-    _one_error_line(_run("tree", store, "-e", 0, "--compat", "reference", "--lambda", "0.5"), "not part of the 2021")
-    _one_error_line(_run("tree", tmp_path / "none.h5", "-e", 0), "no such store")
+    one_error_line(run_cli("tree", store, "--example", 7), "example 7 is not in")
+    one_error_line(run_cli("tree", store, "--example", 7), "(it holds 5 examples: 0..4)")
+    one_error_line(run_cli("tree", store, "-e", 0, "-o", tmp_path / "t.pdf"), "cannot tell the format from")
+    one_error_line(run_cli("tree", store, "-e", 0, "--format", "gif"), "unknown --format 'gif'")
+    one_error_line(run_cli("tree", store, "-e", 0, "--top", 0), "--top cannot be position 0")
+    one_error_line(run_cli("tree", store, "-e", 0, "--top", 999), "--top must be a token position")
+    one_error_line(run_cli("tree", store, "-e", 0, "--layers", "5"), "layer 5 was not scored for example 0; scored layers: 0, 1, 2")
+    one_error_line(run_cli("tree", store, "-e", 0, "--compat", "2020"), "unknown --compat '2020'")
+    one_error_line(run_cli("tree", store, "-e", 0, "--compat", "reference", "--lambda", "0.5"), "not part of the 2021")
+    one_error_line(run_cli("tree", tmp_path / "none.h5", "-e", 0), "no such store")

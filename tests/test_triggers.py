@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from typer.testing import CliRunner
 
 from attattr_cli.analysis.attack import (
     Framed,
@@ -28,21 +27,9 @@ from attattr_cli.analysis.triggers import (
     triggers_csv,
     triggers_document,
 )
-from attattr_cli.cli import app
 from attattr_cli.errors import DataError, OptionError
+from conftest import one_error_line, run_cli
 
-runner = CliRunner()
-
-
-def _run(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def _one_error_line(result, text):
-    assert result.exit_code != 0
-    lines = [l for l in result.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("Error: ") and text in lines[0], lines[0]
 
 
 # ----------------------------------------------------------------------------- insertion
@@ -209,7 +196,7 @@ def _sha(path: Path) -> str:
 
 def test_cli_builtin_default_end_to_end(tmp_path):
     trig = tmp_path / "t.json"
-    r = _run("triggers", "--out", trig, "--examples", "0:24", "--steps", "4", "--top", "4", "--csv", tmp_path / "t.csv")
+    r = run_cli("triggers", "--out", trig, "--examples", "0:24", "--steps", "4", "--top", "4", "--csv", tmp_path / "t.csv")
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(trig)
     doc = json.loads(trig.read_text())
@@ -219,8 +206,8 @@ def test_cli_builtin_default_end_to_end(tmp_path):
     assert (tmp_path / "t.csv").read_text().count("\n") == 5
     res = tmp_path / "a.json"
     texts = tmp_path / "texts.jsonl"
-    r = _run("attack", "--triggers", trig, "--examples", "0:30", "--top", "2", "--controls", "2", "--out", res,
-             "--save-texts", texts)
+    r = run_cli("attack", "--triggers", trig, "--examples", "0:30", "--top", "2", "--controls", "2", "--out", res,
+                "--save-texts", texts)
     assert r.exit_code == 0, r.output
     assert "accuracy (%) per gold class" in r.stderr and "control" in r.stderr
     out = json.loads(res.read_text())
@@ -236,34 +223,34 @@ def test_cli_builtin_default_end_to_end(tmp_path):
         assert tok in (first["text_a"] if s == 0 else first["text_b"]).split()
     # a store as input gives the same triggers as scoring on the fly
     store = tmp_path / "s.h5"
-    assert _run("score", "--out", store, "--examples", "0:24", "--steps", "4", "-q").exit_code == 0
-    r = _run("triggers", store, "--out", tmp_path / "t2.json", "--top", "4", "-q")
+    assert run_cli("score", "--out", store, "--examples", "0:24", "--steps", "4", "-q").exit_code == 0
+    r = run_cli("triggers", store, "--out", tmp_path / "t2.json", "--top", "4", "-q")
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "t2.json").read_text())["triggers"] == doc["triggers"]
     # scoring on the fly into a kept store reads only the selected examples back
-    r = _run("triggers", "--store", store, "--examples", "0:10", "--steps", "4", "--out", tmp_path / "t3.json", "-q")
+    r = run_cli("triggers", "--store", store, "--examples", "0:10", "--steps", "4", "--out", tmp_path / "t3.json", "-q")
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "t3.json").read_text())["examples"] == 10
 
 
 def test_cli_data_file_untouched_and_errors(tmp_path):
     data = tmp_path / "syn.tsv"
-    assert _run("demo", "data", "--out", data, "--count", "12").exit_code == 0
+    assert run_cli("demo", "data", "--out", data, "--count", "12").exit_code == 0
     digest = _sha(data)
     trig = tmp_path / "t.json"
-    r = _run("triggers", "--data", data, "--task", "synthetic", "--steps", "3", "--out", trig, "-q")
+    r = run_cli("triggers", "--data", data, "--task", "synthetic", "--steps", "3", "--out", trig, "-q")
     assert r.exit_code == 0, r.output
     res = tmp_path / "a.json"
-    r = _run("attack", "--data", data, "--task", "synthetic", "--triggers", trig, "--out", res, "-q")
+    r = run_cli("attack", "--data", data, "--task", "synthetic", "--triggers", trig, "--out", res, "-q")
     assert r.exit_code == 0, r.output
     assert _sha(data) == digest
     before = res.read_bytes()
-    _one_error_line(_run("attack", "--triggers", tmp_path / "none.json", "--out", res), "no such triggers file")
-    _one_error_line(_run("attack", "--triggers", trig, "--out", res, "--position", "middle"), "unknown --position")
-    _one_error_line(_run("triggers", tmp_path / "s.h5", "--model", "x", "--out", trig), "not both")
-    _one_error_line(_run("triggers", tmp_path / "missing.h5", "--out", trig), "no such store")
+    one_error_line(run_cli("attack", "--triggers", tmp_path / "none.json", "--out", res), "no such triggers file")
+    one_error_line(run_cli("attack", "--triggers", trig, "--out", res, "--position", "middle"), "unknown --position")
+    one_error_line(run_cli("triggers", tmp_path / "s.h5", "--model", "x", "--out", trig), "not both")
+    one_error_line(run_cli("triggers", tmp_path / "missing.h5", "--out", trig), "no such store")
     as_csv = tmp_path / "t.csv"
-    r = _run("triggers", "--data", data, "--task", "synthetic", "--steps", "3", "--out", as_csv, "--top", "2", "-q")
+    r = run_cli("triggers", "--data", data, "--task", "synthetic", "--steps", "3", "--out", as_csv, "--top", "2", "-q")
     assert r.exit_code == 0, r.output
     assert as_csv.read_text().startswith("rank,class,class_rank,tokens") and as_csv.read_text().count("\n") == 3
     assert res.read_bytes() == before  # a failed run leaves earlier output as it was
@@ -271,16 +258,16 @@ def test_cli_data_file_untouched_and_errors(tmp_path):
 
 def test_cli_single_sentence(tmp_path, tiny_model_dir, sst2_small):
     trig = tmp_path / "t.json"
-    r = _run("triggers", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2", "--steps", "3",
-             "--min-tokens", "7", "--per-class", "--top", "2", "--out", trig, "-q")
+    r = run_cli("triggers", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2", "--steps", "3",
+                "--min-tokens", "7", "--per-class", "--top", "2", "--out", trig, "-q")
     assert r.exit_code == 0, r.output
     doc = json.loads(trig.read_text())
     assert doc["per_class"] and all(set(t["segments"]) == {0} for t in doc["triggers"])
     assert doc["examples"] == 5  # rows of 4 + i % 3 words: the three of 4 words (6 tokens) are skipped
     digest = _sha(sst2_small)
     res = tmp_path / "a.json"
-    r = _run("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2", "--triggers", trig,
-             "--out", res, "-q")
+    r = run_cli("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2", "--triggers", trig,
+                "--out", res, "-q")
     assert r.exit_code == 0, r.output
     assert _sha(sst2_small) == digest
     out = json.loads(res.read_text())
@@ -289,11 +276,11 @@ def test_cli_single_sentence(tmp_path, tiny_model_dir, sst2_small):
     doc["triggers"][0]["segments"] = [1] * len(doc["triggers"][0]["segments"])
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    _one_error_line(_run("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
-                         "--triggers", bad, "--out", res), "the data has 1 segment")
+    one_error_line(run_cli("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
+                           "--triggers", bad, "--out", res), "the data has 1 segment")
     # triggers of another model's vocabulary are refused
     doc["triggers"][0]["segments"] = [0] * len(doc["triggers"][0]["segments"])
     doc["triggers"][0]["tokens"] = ["blick"] * len(doc["triggers"][0]["tokens"])
     bad.write_text(json.dumps(doc))
-    _one_error_line(_run("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
-                         "--triggers", bad, "--out", res), "'blick' is not in the model's vocabulary")
+    one_error_line(run_cli("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
+                           "--triggers", bad, "--out", res), "'blick' is not in the model's vocabulary")
