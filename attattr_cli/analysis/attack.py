@@ -1,4 +1,4 @@
-"""Inserting triggers into examples and measuring what they do (METHOD.md section 4).
+"""Inserting triggers into examples and measuring what they do (docs/method.md section 4.2).
 
 Each example is tokenised as the model sees it (special tokens and all); the tokens of
 a trigger are inserted into the segment they came from at their relative position

@@ -1,4 +1,4 @@
-"""Is it an explanation? Faithfulness tests of token importance (METHOD.md section 5).
+"""Is it an explanation? Faithfulness tests of token importance (docs/method.md section 5).
 
 * Agreement (Jain & Wallace 2019): Kendall tau-b over each example's content tokens
   between a method's scores and leave-one-out (signed: the drop of the target

@@ -1,4 +1,4 @@
-"""Head importance tables (METHOD.md section 2) and the importance file IMP.h5.
+"""Head importance tables (docs/method.md section 2.1) and the importance file IMP.h5.
 
 Methods, each a ``[layer, head]`` table (larger = more important):
 

@@ -1,4 +1,4 @@
-"""Pruning curves, the effectiveness analysis, and really pruned models (METHOD.md section 2).
+"""Pruning curves, the effectiveness analysis, and really pruned models (docs/method.md section 2.2).
 
 * :func:`curves`: for every table of an importance file, one global ranking of all
   L x H heads; at each rate the least important ``round(rate * L * H)`` heads are masked

@@ -1,6 +1,6 @@
 """Token importance: one score per input token from attention, gradients, attribution,
 leave-one-out or chance, so that they can be compared with the same faithfulness tests
-(METHOD.md section 5; docs/faithfulness.md).
+(docs/method.md section 5; docs/faithfulness.md).
 
 Every method returns a float vector of length n (all tokens, special ones included; the
 faithfulness metrics use only the content tokens). "pool" is the position the classifier

@@ -1,4 +1,4 @@
-"""Attribution trees (Hao et al. 2021; docs/method.md), as networkx graphs, JSON and DOT.
+"""Attribution trees (Hao et al. 2021; docs/method.md section 3), as networkx graphs, JSON and DOT.
 
 For one example, the heads of each layer are summed, a^l = sum_h Attr_h (n x n, query x
 key), and each layer is normalised by its largest entry outside the first query row

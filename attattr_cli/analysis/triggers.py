@@ -1,4 +1,4 @@
-"""Adversarial triggers from attention attribution (Hao et al. 2021, METHOD.md section 4).
+"""Adversarial triggers from attention attribution (Hao et al. 2021, docs/method.md section 4.1).
 
 Extraction, per example (the 2021 code, ``examples/run_adver_connection.py``):
 
@@ -175,7 +175,7 @@ def example_patterns(
     entries: int = ENTRIES_PER_EXAMPLE,
     special: bool = False,
 ) -> list[Pattern]:
-    """The example's patterns (METHOD.md 4): the top ``entries`` entries of its top head.
+    """The example's patterns (docs/method.md 4.1): the top ``entries`` entries of its top head.
 
     ``special=False`` (default): the top head and its top entries are taken among entries
     between two different real tokens (a special token cannot be inserted, and a token

@@ -54,7 +54,7 @@ def tree(
     example_e: Optional[int] = typer.Option(None, "-e", hidden=True, help="Old spelling of --example."),
     top: Optional[int] = typer.Option(None, "--top", hidden=True, help="Old spelling of --root."),
 ) -> None:
-    """Build the attribution tree of one example (Hao et al. 2021; docs/method.md).
+    """Build the attribution tree of one example (Hao et al. 2021; docs/method.md section 3).
 
     Writes DOT on stdout by default, so `attattr tree scores.h5 -n 3 | dot -Tpng > tree.png`
     works; PNG and SVG are rendered with Graphviz's dot. Edges point from a token (query) to the

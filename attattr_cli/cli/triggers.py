@@ -1,4 +1,4 @@
-"""`attattr triggers`: adversarial triggers from attention attribution (METHOD.md section 4)."""
+"""`attattr triggers`: adversarial triggers from attention attribution (docs/method.md section 4.1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Quadrature rules for the path integral over alpha in [0, 1] (METHOD.md section 1)."""
+"""Quadrature rules for the path integral over alpha in [0, 1] (docs/method.md section 1.2)."""
 
 from __future__ import annotations
 

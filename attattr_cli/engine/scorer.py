@@ -2,7 +2,7 @@
 
 Attr_h(A) = A_h * integral_0^1 dF(alpha A)/dA_h d alpha   (Hao et al. 2021, eq. 1)
 
-computed with the algebra of METHOD.md section 1: the clean forward runs once at batch 1
+computed with the algebra of docs/method.md section 1.4: the clean forward runs once at batch 1
 and keeps every layer's input; for each target layer the steps run as a batch in which
 the layers below are replayed (not recomputed), the target layer's output for step k is
 alpha_k * (A V), and the gradient is taken only with respect to that output. Then

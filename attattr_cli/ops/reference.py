@@ -6,7 +6,7 @@ Shapes (TransformerLens style):
     mask: additive float mask broadcastable to [batch, head, query_pos, key_pos], or None
     g:    [batch, head, query_pos, d_head]  sum over integration steps of w_k * dF/dO_k
 
-The attribution of one layer (docs/method.md, "Doing it fast"):
+The attribution of one layer (docs/method.md section 1.4, "The fast algebra"):
     Attr = A * (G @ V^T)          with A = softmax(q k^T * scale + mask)
 where the quadrature weights are already folded into G.
 """
