@@ -51,7 +51,7 @@ def main() -> None:
             path_ += int(has_path(g, p, q))
             direct += int(g.has_edge(p, q) or g.has_edge(q, p))
             top_planted += int(g.graph["top"] in (p, q))
-            # --top: rooted at either planted word, does the tree reach the other one?
+            # --root: rooted at either planted word, does the tree reach the other one?
             rooted += int(any(b in tree_for_example(e, tau=args.tau, lam=args.lam, compat=args.compat, top=a)
                               for a, b in ((p, q), (q, p))))
     if not total:
@@ -62,7 +62,7 @@ def main() -> None:
     print(f"  planted pair connected by a tree path:  {path_ / total:.3f}")
     print(f"  planted pair joined by a direct edge:   {direct / total:.3f}")
     print(f"  top node is a planted token:            {top_planted / total:.3f}")
-    print(f"  rooted (--top) at one planted word, the tree reaches the other: {rooted / total:.3f}")
+    print(f"  rooted (--root) at one planted word, the tree reaches the other: {rooted / total:.3f}")
 
 
 if __name__ == "__main__":

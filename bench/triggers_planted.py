@@ -41,8 +41,8 @@ def main() -> None:
         d = Path(d)
         cli("demo", "data", "--out", str(d / "train.tsv"), "--count", "600", "--seed", "1")
         cli("triggers", "--data", str(d / "train.tsv"), "--task", "synthetic", "--out", str(d / "t.json"),
-            "--top", str(TOP), "-q")
-        cli("attack", "--triggers", str(d / "t.json"), "--top", str(TOP), "--out", str(d / "a.json"), "-q")
+            "--top-k", str(TOP), "-q")
+        cli("attack", "--triggers", str(d / "t.json"), "--top-k", str(TOP), "--out", str(d / "a.json"), "-q")
         trig = json.loads((d / "t.json").read_text())
         att = json.loads((d / "a.json").read_text())
     pairs = same_class = 0
