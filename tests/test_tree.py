@@ -97,7 +97,7 @@ def test_chosen_top_node():
     # layer L-2 = 1 gives the top node's children; in layer 0 queries are scanned in position order
     assert ref.graph["top"] == 4 and tree_edges(ref) == [(4, 1, 1), (1, 5, 0), (4, 0, 0)]
     for bad in (0, 6, -7, 2.5):
-        with pytest.raises(OptionError, match="--root"):
+        with pytest.raises(OptionError, match="root must be"):
             build_tree(known(), TOKENS, top=bad)
 
 
@@ -277,7 +277,7 @@ def test_cli_errors(store, tmp_path):
     one_error_line(run_cli("tree", store, "--example", 7), "(it holds 5 examples: 0..4)")
     one_error_line(run_cli("tree", store, "-e", 0, "-o", tmp_path / "t.pdf"), "cannot tell the format from")
     one_error_line(run_cli("tree", store, "-e", 0, "--format", "gif"), "unknown --format 'gif'")
-    one_error_line(run_cli("tree", store, "-e", 0, "--top", 0), "root (--root) cannot be position 0")
+    one_error_line(run_cli("tree", store, "-e", 0, "--top", 0), "root cannot be position 0")
     one_error_line(run_cli("tree", store, "-e", 0, "--top", 999), "--top must be a token position")
     one_error_line(run_cli("tree", store, "-e", 0, "--layers", "5"), "layer 5 was not scored for example 0; scored layers: 0, 1, 2")
     one_error_line(run_cli("tree", store, "-e", 0, "--compat", "2020"), "unknown --compat '2020'")

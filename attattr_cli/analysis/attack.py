@@ -267,7 +267,7 @@ def from_document(doc: dict, top: int | None = 3) -> list[Insertion]:
     """The triggers of a triggers JSON to use: the ``top`` best of each class if the file
     was made with --per-class, else the ``top`` best overall (None: all)."""
     if top is not None and top < 1:
-        raise OptionError(f"top_k (--top-k) must be at least 1, got {top}")
+        raise OptionError(f"top_k must be at least 1, got {top}")
     chosen = []
     for t in doc["triggers"]:
         rank = t.get("class_rank") if doc.get("per_class") else t.get("rank")

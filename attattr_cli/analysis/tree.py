@@ -156,10 +156,10 @@ def build_tree(
     chosen = top is not None
     if chosen:
         if isinstance(top, bool) or not isinstance(top, (int, np.integer)) or not -n < int(top) < n:
-            raise OptionError(f"the root (--root) must be a token position between 1 and {n - 1}, got {top}")
+            raise OptionError(f"root must be a token position between 1 and {n - 1}, got {top}")
         top = int(top) % n
         if top == 0:
-            raise OptionError("the root (--root) cannot be position 0: the first query row takes no part in the tree "
+            raise OptionError("root cannot be position 0: the first query row takes no part in the tree "
                               "(its scores are not normalised with the others)")
     scores = normalise_layers(summed)
     row = top_node_scores(summed)
