@@ -448,12 +448,12 @@ def test_synthetic_builtin_real_module():
 def test_hub_without_datasets(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)  # makes `import datasets` raise ImportError
     assert raises(DataError, load_examples, None, get_task("mnli")) == (
-        "no local data for task 'mnli': the hub is unreachable here (or the 'datasets' package is "
-        "missing); pass --data PATH to a TSV, CSV or JSONL file with columns premise, hypothesis, label"
+        "no local data for task 'mnli': its hub dev split needs the 'datasets' package, which is not installed"
+        " (pip install 'attattr[hub]'); or pass --data PATH to a TSV, CSV or JSONL file with columns premise,"
+        " hypothesis, label"
     )
-    assert raises(DataError, load_examples, None, get_task("sst2")) == (
-        "no local data for task 'sst2': the hub is unreachable here (or the 'datasets' package is "
-        "missing); pass --data PATH to a TSV, CSV or JSONL file with columns sentence, label"
+    assert raises(DataError, load_examples, None, get_task("sst2")).endswith(
+        "or pass --data PATH to a TSV, CSV or JSONL file with columns sentence, label"
     )
 
 
@@ -469,8 +469,18 @@ def test_hub_unreachable(monkeypatch):
 
     fake.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", fake)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr("attattr_cli.hub.hub_reachable", lambda timeout=3.0: False)
     message = raises(DataError, load_examples, None, get_task("snli"))
-    assert message.startswith("no local data for task 'snli': the hub is unreachable here")
+    assert message.startswith("no local data for task 'snli': the hub is unreachable from this machine; pass --data")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    message = raises(DataError, load_examples, None, get_task("snli"))
+    assert message.startswith("no local data for task 'snli': the hub is switched off here (HF_HUB_OFFLINE")
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr("attattr_cli.hub.hub_reachable", lambda timeout=3.0: True)
+    message = raises(DataError, load_examples, None, get_task("snli"))
+    assert message.startswith("no local data for task 'snli': the hub could not provide stanfordnlp/snli (offline)")
 
 
 def test_hub_rows_are_converted(monkeypatch):

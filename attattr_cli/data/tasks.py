@@ -23,13 +23,14 @@ contradiction. Names of the transformers default form ``LABEL_0``, ``LABEL_1``,
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 from attattr_cli.data.readers import Table, read_table, shown
 from attattr_cli.data.types import Example
-from attattr_cli.errors import DataError, OptionError
+from attattr_cli.errors import DataError, OptionError, first_line
 
 
 @dataclass(frozen=True)
@@ -395,15 +396,14 @@ def _hub_columns(task: Task) -> str:
 def _hub_table(task: Task) -> Table:
     assert task.hub is not None
     spec = task.hub
-    unreachable = DataError(
-        f"no local data for task '{task.name}': the hub is unreachable here (or the "
-        f"'datasets' package is missing); pass --data PATH to a TSV, CSV or JSONL file "
-        f"with columns {_hub_columns(task)}"
-    )
+    fix = f"pass --data PATH to a TSV, CSV or JSONL file with columns {_hub_columns(task)}"
     try:
         import datasets  # noqa: PLC0415 - optional dependency
     except ImportError:
-        raise unreachable from None
+        raise DataError(
+            f"no local data for task '{task.name}': its hub dev split needs the 'datasets' package, which is not "
+            f"installed (pip install 'attattr[hub]'); or {fix}"
+        ) from None
     try:
         quiet = getattr(datasets, "disable_progress_bars", None)
         if quiet is not None:
@@ -413,7 +413,13 @@ def _hub_table(task: Task) -> Table:
         columns = list(dataset.column_names)
         rows = [dict(row) for row in dataset]
     except Exception as exc:  # network, missing cache, hub errors: all mean "no data here"
-        raise unreachable from exc
+        from attattr_cli.hub import hub_reachable  # noqa: PLC0415 - only on this error path
+
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        cause = ("the hub is switched off here (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE)" if offline
+                 else "the hub is unreachable from this machine" if not hub_reachable()
+                 else f"the hub could not provide {spec.path} ({first_line(exc)})")
+        raise DataError(f"no local data for task '{task.name}': {cause}; {fix}") from exc
     return Table(str(spec), columns, rows, [None] * len(rows))
 
 

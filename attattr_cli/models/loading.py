@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..errors import ModelError, OptionError, first_line
+from ..hub import hub_reachable
 from .arch import ArchInfo, arch_info
 
 DTYPES = {
@@ -131,26 +132,6 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
     revision = getattr(model.config, "_commit_hash", None)
     return prepare(model, tokenizer, str(path.resolve()) if local else model_id,
                    "local" if local else "hub", revision, lm=lm)
-
-
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """A quick TCP probe of the hub endpoint, so that an offline machine gets one clear
-    line at once instead of minutes of retries."""
-    import socket
-    from urllib.parse import urlparse
-
-    try:
-        from huggingface_hub import constants
-
-        url = urlparse(constants.ENDPOINT)
-    except Exception:  # noqa: BLE001 - no hub library, no hub
-        return False
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
 
 
 def align_labels(task_labels: list[str] | tuple[str, ...] | None, loaded: LoadedModel) -> tuple[list[int], str]:
