@@ -1,0 +1,213 @@
+"""The view of one example as a matplotlib figure (PNG, SVG or PDF).
+
+Columns are layers; rows are attribution (diverging colours centred at zero) and raw
+attention (sequential colours) for the head sum or each chosen head, so that attribution
+and attention of a layer sit above one another. Each kind shares one colour scale, stated
+on its colour bar. Below: the text coloured by token importance, and the top-k table.
+matplotlib is imported here only (never at package import).
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OptionError
+from .data import View
+
+FIGURE_FORMATS = ("png", "svg", "pdf")
+ATTR_CMAP = "RdBu_r"
+ATTENTION_CMAP = "Greys"
+MASKED = "#e3d9c6"
+KIND_NAMES = {"attr": "attribution", "attention": "attention"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def header_lines(view: View) -> list[str]:
+    h = view.header
+    first = f"example {h['index']}"
+    if view.family != "self":
+        first += f" · family {view.family}"
+    if h.get("gold") is not None:
+        first += f" · gold {h['gold']}"
+    first += f" · prediction {h['prediction']}"
+    if h.get("probability") is not None:
+        first += f" ({h['probability_of']}: {h['probability']:.3f})"
+    first += f" · target {h['target']}"
+    if h.get("correct") is False:
+        first += " · WRONG"
+    if h.get("truncated"):
+        first += " · truncated"
+    lines = [first]
+    text = h["text_a"] if h.get("text_b") is None else f"{h['text_a']}  ||  {h['text_b']}"
+    lines += textwrap.wrap("text: " + text, 110)[:3]
+    resid = " ".join(f"L{l} {v:+.2g}" for l, v in h["residual"].items())
+    lines.append(f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}")
+    return lines
+
+
+def _colour(v: float, top: float) -> tuple:
+    """Green for positive, red for negative, intensity by |v| / top (the notebook's display)."""
+    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
+    base = (0.16, 0.62, 0.24) if v >= 0 else (0.84, 0.19, 0.15)
+    return tuple(1 - f * (1 - c) for c in base)
+
+
+def view_figure(view: View):
+    """A matplotlib Figure of the view (the caller saves or shows it)."""
+    plt = _pyplot()
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    kinds = [k for k in ("attr", "attention") if k in view.maps]
+    nq, nk = len(view.q_idx), len(view.k_idx)
+    cols = max(len(view.layers), 1) if kinds else 0
+    rows = len(kinds) * len(view.heads)
+    cell = 0.17 if max(nq, nk) > 24 else 0.2
+    panel_w = max(1.9, nk * cell)
+    panel_h = max(1.9, nq * cell)
+    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
+    width = max(9.0, cols * (panel_w + label_w) + 1.6)
+    head_lines = header_lines(view) + view.notes
+    wrapped = [w for line in head_lines for w in textwrap.wrap(line, int(width * 13))]
+    header_h = 0.2 * len(wrapped) + 0.25
+    map_h = rows * (panel_h + label_w + 0.35)
+    tokens = view.importance["tokens"]
+    strip_lines = _strip_layout(tokens, width - 0.6)
+    strip_h = 0.55 + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
+    table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
+    height = header_h + map_h + strip_h + table_h + 0.2
+    fig = plt.figure(figsize=(width, height))
+
+    y = height - 0.15
+    for k, line in enumerate(wrapped):
+        fig.text(0.25 / width, (y - 0.2 * k) / height, line, fontsize=9 if k else 10.5, va="top",
+                 fontweight="bold" if k == 0 else "normal", family="DejaVu Sans")
+    y -= header_h
+    norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
+             "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
+    images = {}
+    r = 0
+    for kind in kinds:
+        first_ax = None
+        for hi, head in enumerate(view.heads):
+            top = y - r * (panel_h + label_w + 0.35) - 0.3
+            for c, layer in enumerate(view.layers):
+                left = 0.3 + label_w + c * (panel_w + label_w)
+                ax = fig.add_axes(((left) / width, (top - panel_h) / height, panel_w / width, panel_h / height))
+                data = np.asarray(view.maps[kind][c, hi])
+                if view.masked is not None:
+                    data = np.ma.masked_array(data, mask=view.masked)
+                cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).copy()
+                cmap.set_bad(MASKED)
+                im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
+                images[kind] = im
+                first_ax = first_ax or ax
+                head_name = "sum of heads" if head == "sum" and kind == "attr" else (
+                    "mean of heads" if head == "sum" else f"head {head}")
+                ax.set_title(f"{KIND_NAMES[kind]} · layer {layer} · {head_name}", fontsize=8)
+                fs = 6 if max(nq, nk) > 24 else 7
+                ax.set_xticks(range(nk))
+                ax.set_xticklabels([_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx], rotation=90, fontsize=fs)
+                ax.set_yticks(range(nq))
+                ax.set_yticklabels([_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx], fontsize=fs)
+                ax.tick_params(length=1.5, pad=1)
+            r += 1
+        bar_top = y - (r - len(view.heads)) * (panel_h + label_w + 0.35) - 0.3
+        bar_h = len(view.heads) * (panel_h + label_w + 0.35) - label_w - 0.35
+        left = 0.3 + label_w + cols * (panel_w + label_w) - label_w + 0.15
+        cax = fig.add_axes((left / width, (bar_top - bar_h) / height, 0.12 / width, bar_h / height))
+        cb = fig.colorbar(images[kind], cax=cax)
+        cb.ax.tick_params(labelsize=7)
+        scale = view.scale[kind]
+        cb.set_label(f"{KIND_NAMES[kind]} (shared: {'±' if kind == 'attr' else '0..'}{scale:.3g})", fontsize=8)
+    if kinds and view.masked is not None:
+        fig.text(0.3 / width, (y - map_h + 0.05) / height, "cells in this colour: masked (a causal model cannot look ahead)",
+                 fontsize=7.5, color="#8a6d3b")
+    y -= map_h
+    if tokens:
+        _draw_strip(fig, view, strip_lines, width, height, y)
+        y -= strip_h
+    if view.topk:
+        lines = ["top interactions (layer, head, query → key, value):"]
+        lines += [f"  L{t['layer']:<3} h{t['head']:<4} {t['query_token']}({t['query']}) → {t['key_token']}({t['key']})"
+                  f"   {t['value']:+.4g}" for t in view.topk]
+        for k, line in enumerate(lines):
+            fig.text(0.25 / width, (y - 0.2 - 0.17 * k) / height, line, fontsize=8, family="DejaVu Sans Mono",
+                     va="top", fontweight="bold" if k == 0 else "normal")
+    return fig
+
+
+def _tick(token: str, pos: int, mode: str) -> str:
+    return f"{token} {pos}" if mode == "window" else token
+
+
+def _strip_layout(tokens, width_in: float) -> list[tuple[float, int]]:
+    """(x inches, line) per token, wrapping at ``width_in`` (monospace estimate)."""
+    out, x, line = [], 0.0, 0
+    for t in tokens:
+        w = 0.075 * max(len(str(t)), 1) + 0.14
+        if x + w > width_in and x > 0:
+            x, line = 0.0, line + 1
+        out.append((x, line))
+        x += w
+    return out or [(0.0, 0)]
+
+
+def _draw_strip(fig, view: View, layout, width: float, height: float, y: float) -> None:
+    imp = view.importance
+    values = np.asarray(imp["values"], dtype=np.float64)
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    fig.text(0.25 / width, (y - 0.1) / height, f"token importance: {imp['description']} (green +, red −; max |v| {top:.3g})",
+             fontsize=8.5, va="top", fontweight="bold")
+    for t, v, (x, line) in zip(imp["tokens"], values, layout):
+        fig.text((0.3 + x) / width, (y - 0.45 - 0.26 * line) / height, str(t), fontsize=8, family="DejaVu Sans Mono",
+                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))
+
+
+def save_figure(view: View, path: str | Path, fmt: str | None = None, dpi: int = 150) -> None:
+    """Write the figure to ``path`` (PNG/SVG/PDF by ``fmt`` or the suffix), atomically; SVG
+    keeps text as text, so the tokens can be found in the file."""
+    from ..fileio import replaced
+
+    path = Path(path)
+    fmt = fmt or path.suffix.lower().lstrip(".")
+    if fmt not in FIGURE_FORMATS:
+        raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
+    plt = _pyplot()
+    fig = view_figure(view)
+    try:
+        with plt.rc_context({"svg.fonttype": "none"}):
+            with replaced(path, suffix="." + fmt, make_parents=False) as tmp:
+                fig.savefig(tmp, dpi=dpi, format=fmt)
+    finally:
+        plt.close(fig)
+
+
+def figure_bytes(view: View, fmt: str, dpi: int = 150) -> bytes:
+    import io
+
+    if fmt not in FIGURE_FORMATS:
+        raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
+    plt = _pyplot()
+    fig = view_figure(view)
+    buf = io.BytesIO()
+    try:
+        with plt.rc_context({"svg.fonttype": "none"}):
+            fig.savefig(buf, dpi=dpi, format=fmt)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()
