@@ -17,6 +17,7 @@ from .prune import prune
 from .triggers import triggers
 from .attack import attack
 from .faithfulness import faithfulness
+from . import report, view
 
 app = typer.Typer(
     name="attattr",
@@ -37,6 +38,7 @@ app.command("triggers")(triggers)
 app.command("attack")(attack)
 app.command("faithfulness")(faithfulness)
 app.add_typer(demo.app, name="demo")
+app.command("view")(view.view); app.command("report")(report.report)  # noqa: E702
 
 
 def _version(value: bool):

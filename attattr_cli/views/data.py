@@ -72,8 +72,9 @@ class View:
             a = np.asarray(a, dtype=np.float64)
             with np.errstate(divide="ignore", invalid="ignore"):
                 m = np.where(a == 0, 0, np.floor(np.log10(np.abs(np.where(a == 0, 1, a)))))
-            q = 10.0 ** (digits - 1 - m)
-            return (np.round(a * q) / q).tolist()
+            e = digits - 1 - m  # decimals to keep; dividing an integer by an exact power of ten keeps
+            up, down = 10.0 ** np.maximum(e, 0), 10.0 ** np.maximum(-e, 0)  # JSON numbers short
+            return np.where(e >= 0, np.round(a * up) / up, np.round(a / down) * down).tolist()
 
         return {
             "index": self.index, "family": self.family, "keep": self.keep, "mode": self.mode,

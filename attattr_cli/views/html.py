@@ -27,24 +27,24 @@ def static(name: str) -> str:
 
 
 def script_json(obj) -> str:
-    """JSON that is safe inside a <script> element."""
-    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/").replace("<!--", "<\\!--")
+    """JSON that is safe inside a <script> element ("<" only occurs inside JSON strings)."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
               token_importance: dict | None = None, tree_svg: str | None = None, per_head: bool = True,
-              view: View | None = None) -> dict:
+              view: View | None = None, digits: int = 4) -> dict:
     """The JSON the interactive view draws: the head sum of every chosen layer and, when the
     example keeps per-head maps (and the page stays small), every head, so the page can switch."""
     spec = spec or ViewSpec()
     base = view or build_view(example, labels, replace(spec, heads="sum"), token_importance)
-    data = base.to_json()
+    data = base.to_json(digits)
     initial_head = 0
     n_heads = int(np.shape(example.attribution)[1]) if example.attribution is not None and np.ndim(example.attribution) == 4 else 0
     if per_head and n_heads and base.maps:
         size = sum(v.size for v in base.maps.values()) * (n_heads + 1)
         if size <= MAX_HTML_VALUES:
-            every = build_view(example, labels, replace(spec, heads="all"), token_importance).to_json()
+            every = build_view(example, labels, replace(spec, heads="all"), token_importance).to_json(digits)
             for kind in data["maps"]:
                 data["maps"][kind] = [s + e for s, e in zip(data["maps"][kind], every["maps"][kind])]
             data["heads"] = ["sum", *every["heads"]]
@@ -54,7 +54,11 @@ def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | Non
             data["notes"].append(f"per-head maps are left out of this page ({size:,} values); choose a head"
                                  " with --heads H to see one")
     shows = [s for s in spec.show if s in data["maps"]]
-    data["initial"] = {"layer": 0, "head": initial_head, "kind": shows[0] if shows else "attr"}
+    layer = 0
+    if "attr" in base.maps and base.maps["attr"].size:  # open on the layer with the strongest attribution
+        layer = int(np.argmax(np.abs(base.maps["attr"]).reshape(len(base.layers), -1).max(axis=1)))
+    data["initial"] = {"layer": layer, "head": initial_head,
+                       "kind": "both" if len(shows) > 1 else (shows[0] if shows else "attr")}
     if tree_svg:
         data["tree_svg"] = _strip_xml_prolog(tree_svg)
     return data

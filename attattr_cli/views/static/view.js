@@ -48,7 +48,8 @@
     host.appendChild(view);
     var kinds = ["attr", "attention"].filter(function (k) { return data.maps && data.maps[k]; });
     var init = data.initial || {};
-    var state = { layer: init.layer || 0, head: init.head || 0, kind: init.kind && kinds.indexOf(init.kind) >= 0 ? init.kind : kinds[0], token: null };
+    var state = { layer: init.layer || 0, head: init.head || 0, token: null,
+      kind: init.kind === "both" && kinds.length > 1 ? "both" : (kinds.indexOf(init.kind) >= 0 ? init.kind : kinds[0]) };
     var h = data.header;
 
     var title = "example " + h.index + (data.family !== "self" ? " · family " + data.family : "");
@@ -75,7 +76,53 @@
 
     var tip = el("div", "aa-tip");
     view.appendChild(tip);
-    var grid = null, cells = [], rowLabels = [], colLabels = [], legend = null, reads = null;
+    var panels = [], reads = null, buttons = {};
+    var label = function (tokens, idx, i) { return data.mode === "window" ? tokens[i] + " " + idx[i] : tokens[i]; };
+
+    function makePanel() {  /* one heatmap: legend, key labels on top, query labels on the left */
+      var nq = data.query_tokens.length, nk = data.key_tokens.length;
+      var cell = Math.max(9, Math.min(22, Math.floor(420 / Math.max(nk, 1))));
+      var box = el("div", "aa-map"), legend = el("div", "aa-legend"), grid = el("div", "aa-grid"), cells = [];
+      box.style.setProperty("--aa-cell", cell + "px");
+      grid.style.gridTemplateColumns = "auto repeat(" + nk + ", " + cell + "px)";
+      grid.appendChild(el("div"));
+      for (var j = 0; j < nk; j++) {
+        var c = el("div", "aa-col-label", label(data.key_tokens, data.k_idx, j));
+        c.setAttribute("data-pos", data.k_idx[j]);
+        c.title = "key " + data.key_tokens[j] + " (" + data.k_idx[j] + "): click to see who reads it";
+        c.onclick = (function (p) { return function () { pick(p); }; })(data.k_idx[j]);
+        grid.appendChild(c);
+      }
+      for (var i = 0; i < nq; i++) {
+        var r = el("div", "aa-row-label", label(data.query_tokens, data.q_idx, i));
+        r.setAttribute("data-pos", data.q_idx[i]);
+        r.title = "query " + data.query_tokens[i] + " (" + data.q_idx[i] + "): click to see what it reads from";
+        r.onclick = (function (p) { return function () { pick(p); }; })(data.q_idx[i]);
+        grid.appendChild(r);
+        cells.push([]);
+        for (var j2 = 0; j2 < nk; j2++) {
+          var d = el("div", "aa-cell");
+          d.setAttribute("data-q", i); d.setAttribute("data-k", j2);
+          if (data.masked && data.masked[i][j2]) d.className += " aa-masked";
+          cells[i].push(d); grid.appendChild(d);
+        }
+      }
+      var panel = { box: box, legend: legend, grid: grid, cells: cells, kind: null };
+      grid.addEventListener("mousemove", function (ev) {
+        var t = ev.target;
+        if (!t.classList || !t.classList.contains("aa-cell")) { tip.style.display = "none"; return; }
+        var qi = +t.getAttribute("data-q"), kj = +t.getAttribute("data-k");
+        var masked = data.masked && data.masked[qi][kj];
+        var v = data.maps[panel.kind][state.layer][state.head][qi][kj];
+        tip.textContent = data.query_tokens[qi] + " (" + data.q_idx[qi] + ") → " + data.key_tokens[kj] + " (" + data.k_idx[kj] + "): " +
+          (masked ? "masked (causal)" : KIND[panel.kind] + " " + fmt(v));
+        tip.style.display = "block";
+        tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
+      });
+      grid.addEventListener("mouseleave", function () { tip.style.display = "none"; });
+      box.appendChild(legend); box.appendChild(grid);
+      return panel;
+    }
 
     if (kinds.length) {
       var controls = el("div", "aa-controls");
@@ -87,9 +134,9 @@
       hsel.value = state.head;
       var lab = el("label", null, "layer "); lab.appendChild(lsel); controls.appendChild(lab);
       lab = el("label", null, "head "); lab.appendChild(hsel); controls.appendChild(lab);
-      var buttons = {};
-      kinds.forEach(function (k) {
-        var b = el("button", "aa-kind", KIND[k]);
+      var choices = kinds.length > 1 ? ["both"].concat(kinds) : kinds;
+      choices.forEach(function (k) {
+        var b = el("button", "aa-kind", k === "both" ? "side by side" : KIND[k]);
         b.type = "button";
         b.setAttribute("data-kind", k);
         b.onclick = function () { state.kind = k; draw(); };
@@ -99,52 +146,10 @@
       lsel.onchange = function () { state.layer = +lsel.value; draw(); };
       hsel.onchange = function () { state.head = +hsel.value; draw(); };
       view.appendChild(controls);
-      legend = el("div", "aa-legend");
-      view.appendChild(legend);
-
-      var nq = data.query_tokens.length, nk = data.key_tokens.length;
-      var cell = Math.max(9, Math.min(22, Math.floor(640 / Math.max(nk, 1))));
-      var wrap = el("div", "aa-map");
-      wrap.style.setProperty("--aa-cell", cell + "px");
-      grid = el("div", "aa-grid");
-      grid.style.gridTemplateColumns = "auto repeat(" + nk + ", " + cell + "px)";
-      grid.appendChild(el("div"));
-      var label = function (tokens, idx, i) { return data.mode === "window" ? tokens[i] + " " + idx[i] : tokens[i]; };
-      for (var j = 0; j < nk; j++) {
-        var c = el("div", "aa-col-label", label(data.key_tokens, data.k_idx, j));
-        c.setAttribute("data-pos", data.k_idx[j]);
-        c.title = "key " + data.key_tokens[j] + " (" + data.k_idx[j] + "): click to see who reads it";
-        c.onclick = (function (p) { return function () { pick(p); }; })(data.k_idx[j]);
-        colLabels.push(c); grid.appendChild(c);
-      }
-      for (var i = 0; i < nq; i++) {
-        var r = el("div", "aa-row-label", label(data.query_tokens, data.q_idx, i));
-        r.setAttribute("data-pos", data.q_idx[i]);
-        r.title = "query " + data.query_tokens[i] + " (" + data.q_idx[i] + "): click to see what it reads from";
-        r.onclick = (function (p) { return function () { pick(p); }; })(data.q_idx[i]);
-        rowLabels.push(r); grid.appendChild(r);
-        cells.push([]);
-        for (var j2 = 0; j2 < nk; j2++) {
-          var d = el("div", "aa-cell");
-          d.setAttribute("data-q", i); d.setAttribute("data-k", j2);
-          if (data.masked && data.masked[i][j2]) d.className += " aa-masked";
-          cells[i].push(d); grid.appendChild(d);
-        }
-      }
-      grid.addEventListener("mousemove", function (ev) {
-        var t = ev.target;
-        if (!t.classList || !t.classList.contains("aa-cell")) { tip.style.display = "none"; return; }
-        var qi = +t.getAttribute("data-q"), kj = +t.getAttribute("data-k");
-        var masked = data.masked && data.masked[qi][kj];
-        var v = data.maps[state.kind][state.layer][state.head][qi][kj];
-        tip.textContent = data.query_tokens[qi] + " (" + data.q_idx[qi] + ") → " + data.key_tokens[kj] + " (" + data.k_idx[kj] + "): " +
-          (masked ? "masked (causal)" : KIND[state.kind] + " " + fmt(v));
-        tip.style.display = "block";
-        tip.style.left = (ev.clientX + 12) + "px"; tip.style.top = (ev.clientY + 12) + "px";
-      });
-      grid.addEventListener("mouseleave", function () { tip.style.display = "none"; });
-      wrap.appendChild(grid);
-      view.appendChild(wrap);
+      var row = el("div", "aa-controls");
+      row.style.alignItems = "flex-start";
+      kinds.forEach(function () { var p = makePanel(); panels.push(p); row.appendChild(p.box); });
+      view.appendChild(row);
       reads = el("div", "aa-reads", "Click a token (an axis label or a token below) to see what it reads from and who reads it.");
       view.appendChild(reads);
     }
@@ -175,25 +180,34 @@
       view.appendChild(tree);
     }
 
+    function shown() { return state.kind === "both" ? kinds : [state.kind]; }
     function draw() {
-      if (!grid) return;
-      var m = data.maps[state.kind][state.layer][state.head], top = scaleOf(data, state.kind, state.head);
-      for (var i = 0; i < cells.length; i++) for (var j = 0; j < cells[i].length; j++) {
-        if (data.masked && data.masked[i][j]) continue;
-        cells[i][j].style.background = colour(state.kind, m[i][j], top);
-        cells[i][j].setAttribute("data-v", m[i][j]);
-      }
+      if (!panels.length) return;
+      var ks = shown();
+      panels.forEach(function (p, n) {
+        var kind = ks[n];
+        p.box.style.display = kind ? "" : "none";
+        p.kind = kind || null;
+        if (!kind) return;
+        var m = data.maps[kind][state.layer][state.head], top = scaleOf(data, kind, state.head);
+        for (var i = 0; i < p.cells.length; i++) for (var j = 0; j < p.cells[i].length; j++) {
+          if (data.masked && data.masked[i][j]) continue;
+          p.cells[i][j].style.background = colour(kind, m[i][j], top);
+          p.cells[i][j].setAttribute("data-v", m[i][j]);
+        }
+        p.grid.setAttribute("data-kind", kind);
+        p.legend.innerHTML = "";
+        var bar = el("span", "aa-bar");
+        bar.style.background = kind === "attr" ?
+          "linear-gradient(to right," + mix(ATTR_NEG, 1) + ",#fff," + mix(ATTR_POS, 1) + ")" :
+          "linear-gradient(to right,#fff," + mix(ATT_HI, 1) + ")";
+        p.legend.appendChild(el("span", null, kind === "attr" ? "−" + fmt(top) : "0"));
+        p.legend.appendChild(bar);
+        p.legend.appendChild(el("span", null, fmt(top) + "  " + KIND[kind] + ", layer " + data.layers[state.layer] + ", " +
+          (data.heads[state.head] === "sum" ? (kind === "attr" ? "sum of heads" : "mean of heads") : "head " + data.heads[state.head]) +
+          "; scale shared by every layer" + (data.masked ? "; hatched: masked (causal)" : "")));
+      });
       for (var k in buttons) buttons[k].className = "aa-kind" + (k === state.kind ? " aa-on" : "");
-      legend.innerHTML = "";
-      var bar = el("span", "aa-bar");
-      bar.style.background = state.kind === "attr" ?
-        "linear-gradient(to right," + mix(ATTR_NEG, 1) + ",#fff," + mix(ATTR_POS, 1) + ")" :
-        "linear-gradient(to right,#fff," + mix(ATT_HI, 1) + ")";
-      legend.appendChild(el("span", null, state.kind === "attr" ? "−" + fmt(top) : "0"));
-      legend.appendChild(bar);
-      legend.appendChild(el("span", null, fmt(top) + "  " + KIND[state.kind] + ", layer " + data.layers[state.layer] + ", " +
-        (data.heads[state.head] === "sum" ? (state.kind === "attr" ? "sum of heads" : "mean of heads") : "head " + data.heads[state.head]) +
-        "; scale shared by every layer" + (data.masked ? "; hatched: masked (causal)" : "")));
       if (state.token !== null) pick(state.token, true);
     }
 
@@ -204,19 +218,18 @@
       view.querySelectorAll(".aa-sel-row,.aa-sel-col").forEach(function (e) { e.classList.remove("aa-sel-row", "aa-sel-col"); });
       if (pos === null) { if (reads) reads.textContent = ""; return; }
       view.querySelectorAll('[data-pos="' + pos + '"]').forEach(function (e) { e.classList.add("aa-label-on"); });
-      if (!grid) return;
-      var qi = data.q_idx.indexOf(pos), kj = data.k_idx.indexOf(pos);
-      var m = data.maps[state.kind][state.layer][state.head];
+      if (!panels.length) return;
+      var qi = data.q_idx.indexOf(pos), kj = data.k_idx.indexOf(pos), kind = shown()[0];
+      var m = data.maps[kind][state.layer][state.head];
       var tok = (qi >= 0 ? data.query_tokens[qi] : kj >= 0 ? data.key_tokens[kj] : "") + " (" + pos + ")";
       var say = [];
-      if (qi >= 0) {
-        cells[qi].forEach(function (c) { c.classList.add("aa-sel-row"); });
-        say.push(tok + " reads from: " + best(m[qi].map(function (v, j) { return [v, data.key_tokens[j] + " (" + data.k_idx[j] + ")", data.masked && data.masked[qi][j]]; })));
-      }
-      if (kj >= 0) {
-        cells.forEach(function (row) { row[kj].classList.add("aa-sel-col"); });
-        say.push(tok + " is read by: " + best(m.map(function (row, i) { return [row[kj], data.query_tokens[i] + " (" + data.q_idx[i] + ")", data.masked && data.masked[i][kj]]; })));
-      }
+      panels.forEach(function (p) {
+        if (!p.kind) return;
+        if (qi >= 0) p.cells[qi].forEach(function (c) { c.classList.add("aa-sel-row"); });
+        if (kj >= 0) p.cells.forEach(function (row) { row[kj].classList.add("aa-sel-col"); });
+      });
+      if (qi >= 0) say.push(tok + " reads from (" + KIND[kind] + "): " + best(m[qi].map(function (v, j) { return [v, data.key_tokens[j] + " (" + data.k_idx[j] + ")", data.masked && data.masked[qi][j]]; })));
+      if (kj >= 0) say.push(tok + " is read by: " + best(m.map(function (row, i) { return [row[kj], data.query_tokens[i] + " (" + data.q_idx[i] + ")", data.masked && data.masked[i][kj]]; })));
       if (!say.length) say.push(tok + " is outside the shown window");
       reads.textContent = say.join("  ·  ");
     }
