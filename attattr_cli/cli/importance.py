@@ -92,10 +92,7 @@ def importance(
         if plot is not None:
             from ..analysis.plots import importance_heatmaps
 
-            order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-            shown = [t for t in written.tables.values() if not (t.method == "random" and t.seed not in (None, min(
-                x.seed for x in written.tables.values() if x.method == "random")))]
-            importance_heatmaps(sorted(shown, key=lambda t: (order.get(t.method, 9), t.name)), plot, title=ident.model)
+            importance_heatmaps(list(written.tables.values()), plot, title=ident.model)  # every table, every seed
             err.print(f"plot: {plot}", markup=False)
         err.print(f"{out_path}: tables {', '.join(written.tables)} for {ident.describe()}", markup=False)
         out.print(str(out_path), markup=False)
