@@ -111,8 +111,7 @@ def view_figure(view: View):
                 data = np.asarray(view.maps[kind][c, hi])
                 if view.masked is not None:
                     data = np.ma.masked_array(data, mask=view.masked)
-                cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).copy()
-                cmap.set_bad(MASKED)
+                cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
                 im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
                 images[kind] = im
                 first_ax = first_ax or ax
