@@ -23,7 +23,8 @@ from .data import ViewSpec
 from .html import script_json, static, view_data
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
-RESIDUAL_FLAG = 0.1  # flag an example whose |residual| exceeds this share of f(x) - f(baseline) in some layer
+RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
+# (and 1% of |f(x)|)
 EXAMPLE_DIGITS = 3
 PROVENANCE_KEYS = ("model", "model_class", "model_type", "weights_sha256", "task", "data", "data_sha256",
                    "label_names", "options", "kernel", "device", "dtype", "store_dtype", "libraries", "command")
@@ -53,7 +54,8 @@ def row_of(e, labels: Sequence[str]) -> list:
     flags = []
     if h.get("correct") is False:
         flags.append("wrong")
-    if resid.size and np.any(resid > RESIDUAL_FLAG * np.maximum(spread, 1e-12)):
+    limit = max(RESIDUAL_FLAG * float(spread.max(initial=0.0)), 0.01 * abs(float(getattr(e, "f_full", 0.0))), 1e-12)
+    if resid.size and np.any(resid > limit):
         flags.append("residual")
     if h.get("truncated"):
         flags.append("truncated")

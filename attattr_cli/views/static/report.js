@@ -21,7 +21,7 @@
     var summary = el("div", "aa-meta");
     var f = data.flagged || {};
     summary.textContent = data.rows.length + " examples · family " + data.family + " · flagged: " + (f.wrong || 0) +
-      " wrong, " + (f.residual || 0) + " with |residual| above " + (100 * data.residual_flag) + "% of f(x) − f(baseline), " +
+      " wrong, " + (f.residual || 0) + " with a |residual| above " + (100 * data.residual_flag) + "% of the largest |f(x) − f(baseline)| (and 1% of f(x)), " +
       (f.truncated || 0) + " truncated";
     host.appendChild(summary);
 
