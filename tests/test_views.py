@@ -158,8 +158,10 @@ def test_long_keep_none_shows_top_k(stores, tmp_path):
     assert any("--keep none" in n for n in v.notes)
     html_file = tmp_path / "none.html"
     _ok("view", stores["long_none"], "-n", "0", "-o", html_file, "-q")
-    assert "top interactions" in (ROOT / "attattr_cli/views/static/view.js").read_text()
-    assert html_file.stat().st_size > 0
+    text = html_file.read_text()
+    data = json.loads(re.search(r'id="aa-data">(.*?)</script>', text, re.S).group(1))
+    assert data["mode"] == "top-k" and data["maps"] == {} and len(data["topk"]) == 10
+    assert [t["value"] for t in data["topk"]] == pytest.approx([t["value"] for t in v.topk], rel=1e-3)
 
 
 # -- files --------------------------------------------------------------------------------

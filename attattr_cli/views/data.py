@@ -80,7 +80,7 @@ class View:
             "index": self.index, "family": self.family, "keep": self.keep, "mode": self.mode,
             "query_tokens": [self.query_tokens[i] for i in self.q_idx],
             "key_tokens": [self.key_tokens[j] for j in self.k_idx],
-            "q_idx": self.q_idx, "k_idx": self.k_idx,
+            "q_idx": self.q_idx, "k_idx": self.k_idx, "same_axis": self.query_tokens == self.key_tokens,
             "layers": self.layers, "heads": self.heads,
             "maps": {k: r(v) for k, v in self.maps.items()},
             "scale": self.scale,

@@ -48,7 +48,7 @@
     host.appendChild(view);
     var kinds = ["attr", "attention"].filter(function (k) { return data.maps && data.maps[k]; });
     var init = data.initial || {};
-    var state = { layer: init.layer || 0, head: init.head || 0, token: null,
+    var state = { layer: init.layer || 0, head: init.head || 0, token: null, side: "both",
       kind: init.kind === "both" && kinds.length > 1 ? "both" : (kinds.indexOf(init.kind) >= 0 ? init.kind : kinds[0]) };
     var h = data.header;
 
@@ -84,20 +84,22 @@
       var cell = Math.max(9, Math.min(22, Math.floor(420 / Math.max(nk, 1))));
       var box = el("div", "aa-map"), legend = el("div", "aa-legend"), grid = el("div", "aa-grid"), cells = [];
       box.style.setProperty("--aa-cell", cell + "px");
-      grid.style.gridTemplateColumns = "auto repeat(" + nk + ", " + cell + "px)";
+      grid.style.gridTemplateColumns = "max-content repeat(" + nk + ", " + cell + "px)";
       grid.appendChild(el("div"));
       for (var j = 0; j < nk; j++) {
         var c = el("div", "aa-col-label", label(data.key_tokens, data.k_idx, j));
         c.setAttribute("data-pos", data.k_idx[j]);
         c.title = "key " + data.key_tokens[j] + " (" + data.k_idx[j] + "): click to see who reads it";
-        c.onclick = (function (p) { return function () { pick(p); }; })(data.k_idx[j]);
+        c.setAttribute("data-side", "k");
+        c.onclick = (function (p) { return function () { pick(p, false, "k"); }; })(data.k_idx[j]);
         grid.appendChild(c);
       }
       for (var i = 0; i < nq; i++) {
         var r = el("div", "aa-row-label", label(data.query_tokens, data.q_idx, i));
         r.setAttribute("data-pos", data.q_idx[i]);
         r.title = "query " + data.query_tokens[i] + " (" + data.q_idx[i] + "): click to see what it reads from";
-        r.onclick = (function (p) { return function () { pick(p); }; })(data.q_idx[i]);
+        r.setAttribute("data-side", "q");
+        r.onclick = (function (p) { return function () { pick(p, false, "q"); }; })(data.q_idx[i]);
         grid.appendChild(r);
         cells.push([]);
         for (var j2 = 0; j2 < nk; j2++) {
@@ -157,7 +159,7 @@
     var imp = data.importance;
     if (imp && imp.tokens && imp.tokens.length) {
       view.appendChild(el("div", "aa-meta", "token importance: " + imp.description + " (green +, red −)"));
-      view.appendChild(highlight(imp.tokens, imp.values, function (p) { pick(p); }));
+      view.appendChild(highlight(imp.tokens, imp.values, function (p) { pick(p, false, "k"); }));
     }
     if (data.topk && data.topk.length) {
       view.appendChild(el("div", "aa-meta", "top interactions (by |value|)"));
@@ -208,18 +210,21 @@
           "; scale shared by every layer" + (data.masked ? "; hatched: masked (causal)" : "")));
       });
       for (var k in buttons) buttons[k].className = "aa-kind" + (k === state.kind ? " aa-on" : "");
-      if (state.token !== null) pick(state.token, true);
+      if (state.token !== null) pick(state.token, true, state.side);
     }
 
-    function pick(pos, keep) {
-      if (!keep && state.token === pos) pos = null;
-      state.token = pos;
+    function pick(pos, keep, side) {
+      side = data.same_axis === false ? (side || "k") : "both";
+      if (!keep && state.token === pos && state.side === side) pos = null;
+      state.token = pos; state.side = side;
       view.querySelectorAll(".aa-label-on").forEach(function (e) { e.classList.remove("aa-label-on"); });
       view.querySelectorAll(".aa-sel-row,.aa-sel-col").forEach(function (e) { e.classList.remove("aa-sel-row", "aa-sel-col"); });
       if (pos === null) { if (reads) reads.textContent = ""; return; }
-      view.querySelectorAll('[data-pos="' + pos + '"]').forEach(function (e) { e.classList.add("aa-label-on"); });
+      view.querySelectorAll('[data-pos="' + pos + '"]').forEach(function (e) {
+        if (side === "both" || e.getAttribute("data-side") === side) e.classList.add("aa-label-on");
+      });
       if (!panels.length) return;
-      var qi = data.q_idx.indexOf(pos), kj = data.k_idx.indexOf(pos), kind = shown()[0];
+      var qi = side === "k" ? -1 : data.q_idx.indexOf(pos), kj = side === "q" ? -1 : data.k_idx.indexOf(pos), kind = shown()[0];
       var m = data.maps[kind][state.layer][state.head];
       var tok = (qi >= 0 ? data.query_tokens[qi] : kj >= 0 ? data.key_tokens[kj] : "") + " (" + pos + ")";
       var say = [];
@@ -250,6 +255,7 @@
       s.style.background = top > 0 ? (v >= 0 ? mix([41, 158, 61], v / top) : mix([214, 48, 39], -v / top)) : "#fff";
       s.title = t + " (" + i + "): " + fmt(v);
       s.setAttribute("data-pos", i);
+      s.setAttribute("data-side", "k");
       if (onClick) s.onclick = function () { onClick(i); };
       box.appendChild(s);
       box.appendChild(document.createTextNode(" "));
