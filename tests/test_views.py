@@ -275,6 +275,11 @@ def test_report_with_importance(stores, tmp_path):
     data = json.loads(re.search(r'id="aa-report-data">(.*?)</script>', text, re.S).group(1))
     assert {t["name"] for t in data["importance"]["tables"]} >= {"attr", "attention"}
     assert np.shape(data["importance"]["tables"][0]["values"]) == (3, 4)
+    other = tmp_path / "other.h5"
+    _ok("importance", stores["gpt2"], "--out", other, "-q")
+    _one_error(_run("report", stores["default"], "--importance", other, "-o", tmp_path / "r2.html"),
+               "was made for another model")
+    assert not (tmp_path / "r2.html").exists()
 
 
 # -- fixes of the older figures ----------------------------------------------------------------
@@ -332,6 +337,8 @@ def test_view_in_chromium(stores, tmp_path):
     _ok("view", stores["default"], "-n", "0", "-o", page_file, "-q")
     gpt2_file = tmp_path / "g.html"
     _ok("view", stores["gpt2"], "-n", "0", "-o", gpt2_file, "-q")
+    cross_file = tmp_path / "c.html"
+    _ok("view", stores["bart"], "-n", "0", "--family", "cross", "-o", cross_file, "-q")
     e = _get(stores["default"]).example
     with Chromium() as b:
         p = b.open(page_file.as_uri())
@@ -360,6 +367,15 @@ def test_view_in_chromium(stores, tmp_path):
         n = len(_get(stores["gpt2"]).example.tokens)
         assert g.eval("document.querySelectorAll('.aa-grid')[0].querySelectorAll('.aa-masked').length") == n * (n - 1) // 2
         assert g.errors() == []
+        c = b.open(cross_file.as_uri())  # cross: decoder queries, input keys; a click picks one side
+        cross = _get(stores["bart"], family="cross").example
+        c.eval("document.querySelector('.aa-row-label[data-pos=\"0\"]').click(); 1")
+        reads = c.eval("document.querySelector('.aa-reads').textContent")
+        assert reads.startswith(f"{cross.tokens[0]} (0) reads from") and "is read by" not in reads
+        c.eval("document.querySelector('.aa-col-label[data-pos=\"0\"]').click(); 1")
+        reads = c.eval("document.querySelector('.aa-reads').textContent")
+        assert reads.startswith(f"{cross.key_tokens[0]} (0) is read by") and "reads from" not in reads
+        assert c.errors() == []
 
 
 @needs_chromium

@@ -54,7 +54,8 @@ def header_lines(view: View) -> list[str]:
         first += " · truncated"
     lines = [first]
     text = h["text_a"] if h.get("text_b") is None else f"{h['text_a']}  ||  {h['text_b']}"
-    lines += textwrap.wrap("text: " + text, 110)[:3]
+    wrapped = textwrap.wrap("text: " + text, 110)
+    lines += wrapped[:3] if len(wrapped) <= 3 else wrapped[:2] + [wrapped[2][:106] + " …"]
     resid = " ".join(f"L{l} {v:+.2g}" for l, v in h["residual"].items())
     lines.append(f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}")
     return lines
@@ -87,7 +88,8 @@ def view_figure(view: View):
     map_h = rows * (panel_h + label_w + 0.35)
     tokens = view.importance["tokens"]
     strip_lines = _strip_layout(tokens, width - 0.6)
-    strip_h = 0.55 + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
+    strip_title = textwrap.wrap(_strip_title(view), int(width * 12)) if tokens else []
+    strip_h = 0.4 + 0.17 * len(strip_title) + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
     table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
     height = header_h + map_h + strip_h + table_h + 0.2
     fig = plt.figure(figsize=(width, height))
@@ -99,37 +101,31 @@ def view_figure(view: View):
     y -= header_h
     norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
              "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
-    images = {}
-    r = 0
-    for kind in kinds:
-        first_ax = None
-        for hi, head in enumerate(view.heads):
-            top = y - r * (panel_h + label_w + 0.35) - 0.3
-            for c, layer in enumerate(view.layers):
-                left = 0.3 + label_w + c * (panel_w + label_w)
-                ax = fig.add_axes(((left) / width, (top - panel_h) / height, panel_w / width, panel_h / height))
-                data = np.asarray(view.maps[kind][c, hi])
-                if view.masked is not None:
-                    data = np.ma.masked_array(data, mask=view.masked)
-                cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
-                im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
-                images[kind] = im
-                first_ax = first_ax or ax
-                head_name = "sum of heads" if head == "sum" and kind == "attr" else (
-                    "mean of heads" if head == "sum" else f"head {head}")
-                ax.set_title(f"{KIND_NAMES[kind]} · layer {layer} · {head_name}", fontsize=8)
-                fs = 6 if max(nq, nk) > 24 else 7
-                ax.set_xticks(range(nk))
-                ax.set_xticklabels([_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx], rotation=90, fontsize=fs)
-                ax.set_yticks(range(nq))
-                ax.set_yticklabels([_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx], fontsize=fs)
-                ax.tick_params(length=1.5, pad=1)
-            r += 1
-        bar_top = y - (r - len(view.heads)) * (panel_h + label_w + 0.35) - 0.3
-        bar_h = len(view.heads) * (panel_h + label_w + 0.35) - label_w - 0.35
+    step = panel_h + label_w + 0.35
+    order = [(hi, head, kind) for hi, head in enumerate(view.heads) for kind in kinds]  # attention under attribution
+    for r, (hi, head, kind) in enumerate(order):
+        top = y - r * step - 0.3
+        im = None
+        for c, layer in enumerate(view.layers):
+            left = 0.3 + label_w + c * (panel_w + label_w)
+            ax = fig.add_axes((left / width, (top - panel_h) / height, panel_w / width, panel_h / height))
+            data = np.asarray(view.maps[kind][c, hi])
+            if view.masked is not None:
+                data = np.ma.masked_array(data, mask=view.masked)
+            cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
+            im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
+            head_name = "sum of heads" if head == "sum" and kind == "attr" else (
+                "mean of heads" if head == "sum" else f"head {head}")
+            ax.set_title(f"{KIND_NAMES[kind]} · layer {layer} · {head_name}", fontsize=8)
+            fs = 6 if max(nq, nk) > 24 else 7
+            ax.set_xticks(range(nk))
+            ax.set_xticklabels([_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx], rotation=90, fontsize=fs)
+            ax.set_yticks(range(nq))
+            ax.set_yticklabels([_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx], fontsize=fs)
+            ax.tick_params(length=1.5, pad=1)
         left = 0.3 + label_w + cols * (panel_w + label_w) - label_w + 0.15
-        cax = fig.add_axes((left / width, (bar_top - bar_h) / height, 0.12 / width, bar_h / height))
-        cb = fig.colorbar(images[kind], cax=cax)
+        cax = fig.add_axes((left / width, (top - panel_h) / height, 0.12 / width, panel_h / height))
+        cb = fig.colorbar(im, cax=cax)
         cb.ax.tick_params(labelsize=7)
         scale = view.scale[kind]
         cb.set_label(f"{KIND_NAMES[kind]} (shared: {'±' if kind == 'attr' else '0..'}{scale:.3g})", fontsize=8)
@@ -138,12 +134,15 @@ def view_figure(view: View):
                  fontsize=7.5, color="#8a6d3b")
     y -= map_h
     if tokens:
-        _draw_strip(fig, view, strip_lines, width, height, y)
+        _draw_strip(fig, view, strip_title, strip_lines, width, height, y)
         y -= strip_h
     if view.topk:
         lines = ["top interactions (layer, head, query → key, value):"]
-        lines += [f"  L{t['layer']:<3} h{t['head']:<4} {t['query_token']}({t['query']}) → {t['key_token']}({t['key']})"
-                  f"   {t['value']:+.4g}" for t in view.topk]
+        qs = [f"{t['query_token']}({t['query']})" for t in view.topk]
+        ks = [f"{t['key_token']}({t['key']})" for t in view.topk]
+        wq, wk = max(map(len, qs)), max(map(len, ks))
+        lines += [f"  L{t['layer']:<3} h{t['head']:<4} {q:>{wq}} → {k:<{wk}}  {t['value']:+.4g}"
+                  for t, q, k in zip(view.topk, qs, ks)]
         for k, line in enumerate(lines):
             fig.text(0.25 / width, (y - 0.2 - 0.17 * k) / height, line, fontsize=8, family="DejaVu Sans Mono",
                      va="top", fontweight="bold" if k == 0 else "normal")
@@ -166,12 +165,20 @@ def _strip_layout(tokens, width_in: float) -> list[tuple[float, int]]:
     return out or [(0.0, 0)]
 
 
-def _draw_strip(fig, view: View, layout, width: float, height: float, y: float) -> None:
+def _strip_title(view: View) -> str:
     imp = view.importance
     values = np.asarray(imp["values"], dtype=np.float64)
     top = float(np.max(np.abs(values))) if values.size else 0.0
-    fig.text(0.25 / width, (y - 0.1) / height, f"token importance: {imp['description']} (green +, red −; max |v| {top:.3g})",
-             fontsize=8.5, va="top", fontweight="bold")
+    return f"token importance: {imp['description']} (green +, red −; max |v| {top:.3g})"
+
+
+def _draw_strip(fig, view: View, title: list[str], layout, width: float, height: float, y: float) -> None:
+    imp = view.importance
+    values = np.asarray(imp["values"], dtype=np.float64)
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    for k, line in enumerate(title):
+        fig.text(0.25 / width, (y - 0.1 - 0.17 * k) / height, line, fontsize=8.5, va="top", fontweight="bold")
+    y -= 0.17 * (len(title) - 1)
     for t, v, (x, line) in zip(imp["tokens"], values, layout):
         fig.text((0.3 + x) / width, (y - 0.45 - 0.26 * line) / height, str(t), fontsize=8, family="DejaVu Sans Mono",
                  va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))

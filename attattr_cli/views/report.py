@@ -76,10 +76,14 @@ def _provenance(store) -> dict:
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in out.items()}
 
 
-def _importance(path) -> dict:
+def _importance(path, store) -> dict:
     from ..analysis.importance import read
 
     imp = read(path)
+    theirs, ours = imp.identity.weights_sha256, store.provenance.get("weights_sha256")
+    if ours and theirs and theirs != ours:
+        raise OptionError(f"--importance {path} was made for another model (weights sha256 {theirs[:12]}…;"
+                          f" {Path(store.path).name}: {str(ours)[:12]}…)")
     return {"model": imp.identity.model, "file": Path(path).name,
             "tables": [{"name": t.name, "description": t.description,
                         "values": np.round(np.asarray(t.values, dtype=np.float64), 6).tolist()}
@@ -126,7 +130,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     if not folder and len(indices) > MAX_SINGLE_FILE:
         raise OptionError(f"{store.path} holds {len(indices):,} examples, too many for one file (at most"
                           f" {MAX_SINGLE_FILE:,}): write a folder instead, -o {out.with_suffix('')}/")
-    imp = _importance(importance) if importance is not None else None
+    imp = _importance(importance, store) if importance is not None else None
     spec = spec or ViewSpec()
     fams = store.families()
     if family is not None and family not in fams:
