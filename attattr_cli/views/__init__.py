@@ -40,12 +40,13 @@ class Loaded:
     source: str = ""
 
 
-def from_store(store, index: int, family: str | None = None) -> Loaded:
-    """Read example ``index`` (family ``family``) of an open ``attattr_cli.store.Store``."""
+def from_store(store, index: int, family: str | None = None, provenance: dict | None = None) -> Loaded:
+    """Read example ``index`` (family ``family``) of an open ``attattr_cli.store.Store``
+    (``provenance``: the store's, when the caller has read it already)."""
     from ..store import read_token_importance
 
     e = store.get(index, family=family)
-    prov = store.provenance
+    prov = provenance if provenance is not None else store.provenance
     labels = list(prov.get("label_names") or prov.get("task_labels") or [])
     fams = prov.get("families")
     num_layers = fams[e.family].get("layers") if isinstance(fams, dict) and isinstance(fams.get(e.family), dict) \

@@ -135,6 +135,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     fams = store.families()
     if family is not None and family not in fams:
         raise OptionError(f"{store.path} has no attention family '{family}'; it has: {', '.join(fams)}")
+    prov = store.provenance
     rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0}
     labels: list = []
     tmp = temp_dir_for(out) if folder else None
@@ -143,7 +144,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
         if tmp is not None:
             (tmp / "examples").mkdir()
         for k, i in enumerate(indices):
-            loaded = from_store(store, i, family=family)
+            loaded = from_store(store, i, family=family, provenance=prov)
             e, labels = loaded.example, loaded.labels
             spec.num_layers = loaded.num_layers
             row = row_of(e, labels)
