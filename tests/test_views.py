@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,21 @@ def test_png_svg_pdf_read_back(stores, tmp_path):
     r = _ok("view", stores["default"], "-n", "0", "-o", "-", "-q")  # stdout: HTML by default
     assert r.stdout.startswith("<!DOCTYPE html>") and "AttattrView.render" in r.stdout
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//|url\(\s*[\"']?https?:|@import", r.stdout)  # nothing fetched
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="Graphviz's dot is not installed")
+def test_tree_at_the_foot_of_figures_and_pages(stores, tmp_path):
+    import matplotlib.image as mpimg
+
+    _ok("view", stores["default"], "-n", "0", "-o", tmp_path / "t.png", "-q")
+    _ok("view", stores["default"], "-n", "0", "--no-tree", "-o", tmp_path / "n.png", "-q")
+    with_tree, without = mpimg.imread(tmp_path / "t.png"), mpimg.imread(tmp_path / "n.png")
+    assert with_tree.shape[1] == without.shape[1] and with_tree.shape[0] > without.shape[0] + 300
+    page = _ok("view", stores["default"], "-n", "0", "-o", "-", "-q").stdout
+    data = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))
+    assert data["tree_svg"].startswith("<svg") and "prediction: " in data["tree_svg"]
+    cross = _ok("view", stores["bart"], "-n", "0", "--family", "cross", "-o", "-", "-q").stdout
+    assert "tree_svg" not in json.loads(re.search(r'id="aa-data">(.*?)</script>', cross, re.S).group(1))  # no tree
 
 
 def test_bad_input_one_error_line_nothing_written(stores, tmp_path):

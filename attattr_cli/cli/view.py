@@ -52,7 +52,7 @@ def view(
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Rows of the top interactions table (default 10)."),
     importance: Optional[str] = typer.Option(None, "--importance", help="Token importance to colour the text by: attr-colsum (default) or a method `attattr faithfulness` stored."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default), decoder or cross."),
-    tree: bool = typer.Option(True, "--tree/--no-tree", help="Add the attribution tree to HTML views (needs Graphviz's dot)."),
+    tree: bool = typer.Option(True, "--tree/--no-tree", help="Add the attribution tree, with its legend (needs Graphviz's dot)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Draw one stored example: attribution and attention heatmaps per layer, the text coloured

@@ -26,7 +26,7 @@ from .html import highlight_html
 FORMATS = ("png", "svg", "pdf", "html")
 
 __all__ = ["FORMATS", "SHOWS", "View", "ViewSpec", "Loaded", "build_view", "example_html", "from_store",
-           "highlight_html", "render_bytes", "save", "show", "spec_of", "tree_svg", "COLSUM"]
+           "highlight_html", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg", "COLSUM"]
 
 
 @dataclass
@@ -73,13 +73,13 @@ def spec_of(layers=None, heads="sum", show=SHOWS, queries=None, window=None, top
     return spec
 
 
-def tree_svg(example, num_layers: int | None = None, title: str | None = None,
+def tree_dot(example, num_layers: int | None = None, title: str | None = None,
              labels: Sequence[str] | None = None) -> str | None:
-    """The attribution tree as SVG text, or None when Graphviz's dot is missing or the
-    example has no tree (the cross family, no maps or sums)."""
+    """The attribution tree as DOT text (with a legend and the prediction), or None when
+    Graphviz's dot is missing or the example has no tree (the cross family, no maps or sums)."""
     if shutil.which("dot") is None or getattr(example, "family", "self") == "cross":
         return None
-    from ..analysis.tree import node_label, render, tree_for_example, tree_to_dot
+    from ..analysis.tree import node_label, tree_for_example, tree_to_dot
     from .data import header_of
     from .html import with_attribution_from_sums
 
@@ -91,9 +91,17 @@ def tree_svg(example, num_layers: int | None = None, title: str | None = None,
     prediction = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
     if h.get("gold") is not None:
         prediction += f", gold {h['gold']}"
-    dot = tree_to_dot(g, title=title or f"example {example.index}: top node {node_label(g, g.graph['top'])}",
-                      prediction=prediction)
-    return render(dot, "svg").decode("utf-8")
+    return tree_to_dot(g, title=title or f"example {example.index}: top node {node_label(g, g.graph['top'])}",
+                       prediction=prediction)
+
+
+def tree_svg(example, num_layers: int | None = None, title: str | None = None,
+             labels: Sequence[str] | None = None) -> str | None:
+    """The attribution tree as SVG text, or None (see :func:`tree_dot`)."""
+    from ..analysis.tree import render
+
+    dot = tree_dot(example, num_layers, title, labels)
+    return None if dot is None else render(dot, "svg").decode("utf-8")
 
 
 def _view_and_data(example, labels, spec, token_importance, tree: bool, num_layers, fmt: str):
@@ -102,7 +110,12 @@ def _view_and_data(example, labels, spec, token_importance, tree: bool, num_laye
         spec.num_layers = num_layers
     view = build_view(example, labels, spec, token_importance)
     if fmt != "html":
-        return view, None
+        if not tree:
+            return view, None
+        from ..analysis.tree import render
+
+        dot = tree_dot(example, spec.num_layers, labels=labels)
+        return view, (None if dot is None else render(dot, "png"))
     from .html import view_data
 
     svg = tree_svg(example, spec.num_layers, labels=labels) if tree else None
@@ -166,7 +179,7 @@ def render_bytes(example, fmt: str, labels: Sequence[str] | None = None, spec: V
         return page_html(data, title).encode("utf-8"), view
     from .figure import figure_bytes
 
-    return figure_bytes(view, fmt), view
+    return figure_bytes(view, fmt, tree_png=data), view
 
 
 def save(example, path: str | Path, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,

@@ -68,8 +68,9 @@ def _colour(v: float, top: float) -> tuple:
     return tuple(1 - f * (1 - c) for c in base)
 
 
-def view_figure(view: View):
-    """A matplotlib Figure of the view (the caller saves or shows it)."""
+def view_figure(view: View, tree_png: bytes | None = None):
+    """A matplotlib Figure of the view (the caller saves or shows it); ``tree_png``, the
+    attribution tree rendered by Graphviz, goes at the foot."""
     plt = _pyplot()
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
@@ -91,7 +92,16 @@ def view_figure(view: View):
     strip_title = textwrap.wrap(_strip_title(view), int(width * 12)) if tokens else []
     strip_h = 0.4 + 0.17 * len(strip_title) + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
     table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
-    height = header_h + map_h + strip_h + table_h + 0.2
+    tree_img, tree_h, tree_w = None, 0.0, 0.0
+    if tree_png:
+        import io
+
+        import matplotlib.image as mpimg
+
+        tree_img = mpimg.imread(io.BytesIO(tree_png), format="png")
+        tree_w = min(tree_img.shape[1] / 96.0, width - 0.5)  # Graphviz renders at 96 dpi
+        tree_h = tree_w * tree_img.shape[0] / tree_img.shape[1]
+    height = header_h + map_h + strip_h + table_h + (tree_h + 0.3 if tree_img is not None else 0) + 0.2
     fig = plt.figure(figsize=(width, height))
 
     y = height - 0.15
@@ -146,6 +156,11 @@ def view_figure(view: View):
         for k, line in enumerate(lines):
             fig.text(0.25 / width, (y - 0.2 - 0.17 * k) / height, line, fontsize=8, family="DejaVu Sans Mono",
                      va="top", fontweight="bold" if k == 0 else "normal")
+        y -= table_h
+    if tree_img is not None:
+        ax = fig.add_axes((0.25 / width, (y - 0.3 - tree_h) / height, tree_w / width, tree_h / height))
+        ax.imshow(tree_img, interpolation="antialiased")
+        ax.set_axis_off()
     return fig
 
 
@@ -184,32 +199,13 @@ def _draw_strip(fig, view: View, title: list[str], layout, width: float, height:
                  va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))
 
 
-def save_figure(view: View, path: str | Path, fmt: str | None = None, dpi: int = 150) -> None:
-    """Write the figure to ``path`` (PNG/SVG/PDF by ``fmt`` or the suffix), atomically; SVG
-    keeps text as text, so the tokens can be found in the file."""
-    from ..fileio import replaced
-
-    path = Path(path)
-    fmt = fmt or path.suffix.lower().lstrip(".")
-    if fmt not in FIGURE_FORMATS:
-        raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
-    plt = _pyplot()
-    fig = view_figure(view)
-    try:
-        with plt.rc_context({"svg.fonttype": "none"}):
-            with replaced(path, suffix="." + fmt, make_parents=False) as tmp:
-                fig.savefig(tmp, dpi=dpi, format=fmt)
-    finally:
-        plt.close(fig)
-
-
-def figure_bytes(view: View, fmt: str, dpi: int = 150) -> bytes:
+def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = None) -> bytes:
     import io
 
     if fmt not in FIGURE_FORMATS:
         raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
     plt = _pyplot()
-    fig = view_figure(view)
+    fig = view_figure(view, tree_png)
     buf = io.BytesIO()
     try:
         with plt.rc_context({"svg.fonttype": "none"}):
