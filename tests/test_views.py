@@ -165,6 +165,23 @@ def test_long_keep_none_shows_top_k(stores, tmp_path):
     assert [t["value"] for t in data["topk"]] == pytest.approx([t["value"] for t in v.topk], rel=1e-3)
 
 
+def test_stored_token_importance_colours_the_text(stores, tmp_path):
+    from attattr_cli.store import TokenImportanceStore
+
+    path = tmp_path / "ti.h5"
+    shutil.copy(stores["default"], path)
+    e = _get(path).example
+    values = np.linspace(-1.0, 2.0, len(e.tokens))
+    with TokenImportanceStore(path) as w:
+        w.write(0, "occlusion", values, {"erase": "mask"}, "drop in f when the token is masked")
+    page = _ok("view", path, "-n", "0", "--importance", "occlusion", "-o", "-", "-q").stdout
+    data = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))
+    assert data["importance"]["name"] == "occlusion" and data["importance"]["tokens"] == e.tokens
+    assert data["importance"]["values"] == pytest.approx(values, rel=1e-3)
+    _one_error(_run("view", path, "-n", "0", "--importance", "lime", "-o", tmp_path / "x.png"),
+               "has no token importance 'lime'; it has: attr-colsum, occlusion")
+
+
 # -- files --------------------------------------------------------------------------------
 def test_png_svg_pdf_read_back(stores, tmp_path):
     import matplotlib.image as mpimg
