@@ -26,7 +26,8 @@ from .html import highlight_html
 FORMATS = ("png", "svg", "pdf", "html")
 
 __all__ = ["FORMATS", "SHOWS", "View", "ViewSpec", "Loaded", "build_view", "example_html", "from_store",
-           "highlight_html", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg", "COLSUM"]
+           "highlight_html", "prediction_line", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg",
+           "COLSUM"]
 
 
 @dataclass
@@ -80,19 +81,25 @@ def tree_dot(example, num_layers: int | None = None, title: str | None = None,
     if shutil.which("dot") is None or getattr(example, "family", "self") == "cross":
         return None
     from ..analysis.tree import node_label, tree_for_example, tree_to_dot
-    from .data import header_of
     from .html import with_attribution_from_sums
 
     e = with_attribution_from_sums(example)
     if e.attribution is None:
         return None
     g = tree_for_example(e, num_layers=num_layers)
-    h = header_of(example, labels)
-    prediction = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
-    if h.get("gold") is not None:
-        prediction += f", gold {h['gold']}"
     return tree_to_dot(g, title=title or f"example {example.index}: top node {node_label(g, g.graph['top'])}",
-                       prediction=prediction)
+                       prediction=prediction_line(example, labels))
+
+
+def prediction_line(example, labels: Sequence[str] | None = None) -> str:
+    """``neutral (p 0.998), gold neutral``: the prediction as the tree's title shows it."""
+    from .data import header_of
+
+    h = header_of(example, labels)
+    line = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
+    if h.get("gold") is not None:
+        line += f", gold {h['gold']}"
+    return line
 
 
 def tree_svg(example, num_layers: int | None = None, title: str | None = None,
