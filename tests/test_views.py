@@ -259,7 +259,10 @@ def test_example_html_show_and_save(stores, tmp_path):
         assert (tmp_path / name).stat().st_size > 1000 and view.heads == ["0", "1", "2", "3"]
     from attattr_cli.views import show
 
-    assert isinstance(show(ld.example, ld.labels), object)
+    shown = show(ld.example, ld.labels, layers=[1])  # IPython's HTML object in a notebook, else the HTML
+    text = shown if isinstance(shown, str) else shown.data
+    data = json.loads(re.search(r'id="aa-[0-9a-f]+-data">(.*?)</script>', text, re.S).group(1))
+    assert data["layers"] == [1] and data["query_tokens"] == ld.example.tokens
 
 
 def test_views_import_no_torch():
