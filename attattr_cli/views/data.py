@@ -334,7 +334,7 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
         top = float(np.max(np.abs(vals))) if vals.size else 0.0
         scale[k] = top if top > 0 else 1.0
 
-    importance = _importance(example, spec, token_importance, summed, every_topk, rows, kt, causal)
+    importance = _importance(example, spec, token_importance, summed, every_topk, rows, kt)
     head_text = "the sum over heads" if heads == ["sum"] else ("every head" if len(heads) > 1 else f"head {heads[0]}")
     if maps:
         what = []
@@ -352,7 +352,7 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
                 notes=notes, mode=mode)
 
 
-def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt, causal) -> dict:
+def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt) -> dict:
     stored = stored or {}
     if spec.importance not in (None, COLSUM):
         if spec.importance not in stored:

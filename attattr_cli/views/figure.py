@@ -10,7 +10,6 @@ matplotlib is imported here only (never at package import).
 from __future__ import annotations
 
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
