@@ -296,6 +296,12 @@ def test_report_file_and_folder(stores, tmp_path, monkeypatch):
     assert not re.search(r"(src|href)\s*=\s*[\"']?(https?:)?//|url\(\s*[\"']?https?:|@import", text)
     _ok("report", stores["default"], "-o", f"{tmp_path / 'rep'}/", "-q")
     assert sorted(p.name for p in (tmp_path / "rep" / "examples").iterdir()) == [f"{i:08d}.js" for i in range(3)]
+    _ok("report", stores["default"], "-o", f"{tmp_path / 'rep'}/", "-q")  # a report folder is replaced whole
+    assert len(list((tmp_path / "rep" / "examples").iterdir())) == 3
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    _one_error(_run("report", stores["default"], "-o", tmp_path / "mine"), "holds other files, not an attattr report")
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
     from attattr_cli.views import report as report_mod
 
     monkeypatch.setattr(report_mod, "MAX_SINGLE_FILE", 2)

@@ -124,6 +124,13 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
         raise OptionError(f"-o {out}: the folder {parent} does not exist")
     if not folder and out.suffix.lower() not in (".html", ".htm"):
         raise OptionError(f"-o {out}: give a .html file or a folder (DIR/)")
+    if folder and out.exists():
+        if not out.is_dir():
+            raise OptionError(f"-o {out}: a file of that name exists; give a folder name (DIR/) or a .html file")
+        names = {p.name for p in out.iterdir()}
+        if names and not (names <= {"index.html", "examples"} and "index.html" in names):
+            raise OptionError(f"-o {out} is a folder that holds other files, not an attattr report:"
+                              " give a new folder name (it is replaced whole when it holds a report)")
     indices = store.indices()
     if not indices:
         raise OptionError(f"{store.path} holds no examples")
