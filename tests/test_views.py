@@ -110,6 +110,16 @@ def test_view_numbers_are_the_stored_maps(stores):
     np.testing.assert_allclose(one.maps["attr"][0, 0], e.attribution[-1, 2], rtol=1e-6)
 
 
+def test_attention_of_the_scored_layer_when_the_store_keeps_every_layer(stores, tmp_path):
+    path = tmp_path / "l1.h5"
+    _ok("score", "--out", path, "--examples", "0:1", "--steps", "2", "--layers", "1", "-q")
+    e = _get(path).example
+    assert e.layers == [1] and e.attention.shape[0] == 3  # attention of every layer, attribution of layer 1
+    v = build_view(e)
+    np.testing.assert_allclose(v.maps["attention"][0, 0], e.attention[1].mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(v.maps["attr"][0, 0], e.attribution[0].sum(axis=0), rtol=1e-6)
+
+
 def test_causal_gpt2_is_masked_not_zero(stores, tmp_path):
     e = _get(stores["gpt2"]).example
     v = build_view(e)

@@ -298,7 +298,9 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
                                   " use --show attr")
             notes.append("no attention is stored for this example")
         else:
-            att = _per_head(attention, rows, heads, mean=True)
+            # attention may hold every layer while attribution holds the scored ones
+            att_rows = rows if np.shape(attention)[0] == len(scored) else layers
+            att = _per_head(attention, att_rows, heads, mean=True)
             if att is None:
                 raise OptionError(f"example {example.index} keeps the head-mean attention only: use --heads sum")
             maps["attention"] = att
