@@ -75,8 +75,11 @@ def view_figure(view: View, tree_png: bytes | None = None):
 
     kinds = [k for k in ("attr", "attention") if k in view.maps]
     nq, nk = len(view.q_idx), len(view.k_idx)
-    cols = max(len(view.layers), 1) if kinds else 0
-    rows = len(kinds) * len(view.heads)
+    n_layers = max(len(view.layers), 1)
+    per_row = min(n_layers, 6 if max(nq, nk) > 24 else 8)  # wider figures wrap their layers into blocks
+    blocks = -(-n_layers // per_row)
+    cols = per_row if kinds else 0
+    rows = len(kinds) * len(view.heads) * blocks
     cell = 0.17 if max(nq, nk) > 24 else 0.2
     panel_w = max(1.9, nk * cell)
     panel_h = max(1.9, nq * cell)
@@ -111,14 +114,15 @@ def view_figure(view: View, tree_png: bytes | None = None):
     norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
              "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
     step = panel_h + label_w + 0.35
-    order = [(hi, head, kind) for hi, head in enumerate(view.heads) for kind in kinds]  # attention under attribution
-    for r, (hi, head, kind) in enumerate(order):
+    order = [(b, hi, head, kind) for b in range(blocks) for hi, head in enumerate(view.heads)
+             for kind in kinds]  # attention under attribution
+    for r, (b, hi, head, kind) in enumerate(order):
         top = y - r * step - 0.3
         im = None
-        for c, layer in enumerate(view.layers):
+        for c, layer in enumerate(view.layers[b * per_row:(b + 1) * per_row]):
             left = 0.3 + label_w + c * (panel_w + label_w)
             ax = fig.add_axes((left / width, (top - panel_h) / height, panel_w / width, panel_h / height))
-            data = np.asarray(view.maps[kind][c, hi])
+            data = np.asarray(view.maps[kind][b * per_row + c, hi])
             if view.masked is not None:
                 data = np.ma.masked_array(data, mask=view.masked)
             cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
