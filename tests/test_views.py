@@ -227,6 +227,29 @@ def test_tree_at_the_foot_of_figures_and_pages(stores, tmp_path):
     assert "tree_svg" not in json.loads(re.search(r'id="aa-data">(.*?)</script>', cross, re.S).group(1))  # no tree
 
 
+def test_any_object_with_the_names_renders_and_many_layers_wrap(tmp_path):
+    """Duck typing: a plain namespace with a StoredExample's names; 12 layers wrap into two blocks."""
+    from types import SimpleNamespace
+
+    import matplotlib.image as mpimg
+
+    rng = np.random.default_rng(0)
+    L, H, n = 12, 2, 10
+    toks = [f"t{i}" for i in range(n)]
+    e = SimpleNamespace(index=5, tokens=toks, layers=list(range(L)), attribution=rng.normal(size=(L, H, n, n)),
+                        attention=rng.random((L, H, n, n)), residual=np.zeros(L), gold=1, pred=0, target=0,
+                        probs=np.array([0.7, 0.3]), text_a="a text", text_b=None, meta={})
+    v = save(e, tmp_path / "wide.png", ["no", "yes"], tree=False)
+    assert v.header["gold"] == "yes" and v.header["correct"] is False and v.layers == list(range(12))
+    wide = mpimg.imread(tmp_path / "wide.png")
+    six = save(SimpleNamespace(**dict(vars(e), layers=list(range(6)), attribution=e.attribution[:6],
+                                      attention=e.attention[:6], residual=np.zeros(6))),
+               tmp_path / "six.png", ["no", "yes"], tree=False)
+    assert six.layers == list(range(6))
+    one_block = mpimg.imread(tmp_path / "six.png")
+    assert wide.shape[1] <= one_block.shape[1] * 1.4 and wide.shape[0] > one_block.shape[0] * 1.4  # wrapped
+
+
 def test_bad_input_one_error_line_nothing_written(stores, tmp_path):
     out = tmp_path / "v.png"
     _one_error(_run("view", stores["default"], "-n", "7", "-o", out), "example 7 is not in")
