@@ -17,11 +17,24 @@ setup:
     fi
     {{py}} -m pip install -q -e ".[test]"
     command -v dot >/dev/null || { if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null && command -v apt-get >/dev/null; then sudo -n apt-get update -qq && sudo -n apt-get install -y -qq graphviz >/dev/null; fi; command -v dot >/dev/null || echo "note: Graphviz's dot is missing (PNG/SVG trees and their tests need it): apt-get install graphviz, or brew install graphviz"; }
+    command -v chromium >/dev/null || { if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; fi; command -v chromium >/dev/null || echo "note: chromium is missing (the HTML view tests run in headless Chromium and skip without it): apt-get install chromium"; }
 
 # Score the built-in default (synthetic task, shipped model) into scores.h5 and describe it
 demo: setup
     {{venv}}/bin/attattr score --out scores.h5
     {{venv}}/bin/attattr info scores.h5
+
+# Views of the built-in default: one example as PNG and HTML, and the report of the store (views-demo/)
+views-demo: setup
+    mkdir -p views-demo
+    {{venv}}/bin/attattr score --out views-demo/scores.h5 --examples 0:20 -q
+    {{venv}}/bin/attattr view views-demo/scores.h5 --example 3 -o views-demo/example-3.png
+    {{venv}}/bin/attattr view views-demo/scores.h5 --example 3 -o views-demo/example-3.html
+    {{venv}}/bin/attattr report views-demo/scores.h5 -o views-demo/report.html
+
+# The report at 10,000 examples (a synthesised store): build time, size, and the page in headless Chromium
+bench-report: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_report.py --examples 10000
 
 # Run the test suite (GPU tests skip cleanly without a GPU)
 test: setup

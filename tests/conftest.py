@@ -172,7 +172,7 @@ def single(tmp_path_factory):
     """The built-in default scored in one process, examples 0:40, DIST_STEPS steps: the store
     every torchrun test compares its merged result with (built once per session)."""
     from attattr_cli.engine.run import ScoreRequest, score_to_store
-    from attattr_cli.engine.score import ScoreOptions
+    from attattr_cli.engine.options import ScoreOptions
 
     out = tmp_path_factory.mktemp("single") / "single.h5"
     score_to_store(ScoreRequest(out=str(out), examples="0:40", options=ScoreOptions(steps=DIST_STEPS), device="cpu",

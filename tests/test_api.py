@@ -193,6 +193,30 @@ def test_attribution_conveniences(cli_store):
     assert e.text == (e.text_a, e.text_b)
 
 
+def test_results_render_themselves(cli_store, tmp_path):
+    """In a notebook an example shows its view (_repr_html_, show, save) and colours its tokens;
+    the tree carries the prediction into its drawing."""
+    with aa.open_store(cli_store) as s:
+        e = s[1]
+    html = e._repr_html_()
+    assert "<script" in html and all(t in html for t in set(e.tokens))
+    shown = e.show(layers=[0])  # the IPython object in a notebook, the HTML itself without IPython
+    shown = getattr(shown, "data", shown)
+    assert "<script" in shown and all(t in shown for t in set(e.tokens))
+    e.save(tmp_path / "v.svg", layers=[0])
+    svg = (tmp_path / "v.svg").read_text()
+    assert svg.lstrip().startswith(("<?xml", "<svg")) and e.tokens[1] in svg
+    e.save(tmp_path / "v.html")
+    assert (tmp_path / "v.html").read_text().lstrip().lower().startswith("<!doctype html")
+    colours = e.highlight()
+    assert colours.count("<span") >= len(e.tokens)
+    with pytest.raises(OptionError):
+        e.save(tmp_path / "v.bmp")
+    assert not (tmp_path / "v.bmp").exists()
+    t = aa.tree(e)
+    assert e.prediction in t.prediction and e.prediction in t.to_dot()
+
+
 def test_faithfulness_merge_and_progress(builtin, tmp_path):
     seen = []
     a = aa.score(builtin, examples="0:2", out=tmp_path / "a.h5", steps=2, progress=lambda d, t, s: seen.append((d, t)))

@@ -278,7 +278,7 @@ def test_cli_errors(store, tmp_path):
     one_error_line(run_cli("tree", store, "-e", 0, "-o", tmp_path / "t.pdf"), "cannot tell the format from")
     one_error_line(run_cli("tree", store, "-e", 0, "--format", "gif"), "unknown --format 'gif'")
     one_error_line(run_cli("tree", store, "-e", 0, "--top", 0), "root cannot be position 0")
-    one_error_line(run_cli("tree", store, "-e", 0, "--top", 999), "--top must be a token position")
+    one_error_line(run_cli("tree", store, "-e", 0, "--top", 999), "root must be a token position")
     one_error_line(run_cli("tree", store, "-e", 0, "--layers", "5"), "layer 5 was not scored for example 0; scored layers: 0, 1, 2")
     one_error_line(run_cli("tree", store, "-e", 0, "--compat", "2020"), "unknown --compat '2020'")
     one_error_line(run_cli("tree", store, "-e", 0, "--compat", "reference", "--lambda", "0.5"), "not part of the 2021")

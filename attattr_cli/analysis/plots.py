@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -39,25 +40,60 @@ def _save(fig, path: str | Path) -> None:
         plt.close(fig)
 
 
-def importance_heatmaps(tables: Sequence, path: str | Path, title: str = "") -> None:
-    """One heatmap per table (layers x heads)."""
+_ORDER = {"attr": 0, "taylor": 1, "attention": 2, "random": 3}
+_LOCAL = re.compile(r"^(?:/|~[\\/]|[A-Za-z]:[\\/])")
+
+
+def short_title(title: str) -> str:
+    """A title without local paths: each word that is an absolute path becomes its last part
+    (``/home/x/models/sst2-minilm on sst2`` -> ``sst2-minilm on sst2``); hub ids stay."""
+    def short(word: str) -> str:
+        if not _LOCAL.match(word):
+            return word
+        parts = [p for p in re.split(r"[\\/]", word) if p]
+        return parts[-1] if parts else word
+
+    return re.sub(r"\S+", lambda m: short(m.group(0)), title or "")
+
+
+def _table_title(t) -> str:
+    if t.method == "random" and getattr(t, "seed", None) is not None:
+        return f"random (seed {t.seed})"
+    return LABELS.get(t.name, t.name)
+
+
+def importance_figure(tables: Sequence, title: str = "", columns: int = 4):
+    """The figure of :func:`importance_heatmaps` (the caller saves or closes it)."""
     plt = _pyplot()
-    tables = list(tables)
+    tables = sorted(tables, key=lambda t: (_ORDER.get(t.method, 9), t.method, getattr(t, "seed", None) or 0, t.name))
     n = max(len(tables), 1)
+    cols = min(n, columns)
+    rows = -(-n // cols)
     L, H = tables[0].values.shape if tables else (1, 1)
-    fig, axes = plt.subplots(1, n, figsize=(max(3.0, 0.35 * H + 1.5) * n, 0.35 * L + 1.6), squeeze=False)
-    for ax, t in zip(axes[0], tables):
-        im = ax.imshow(t.values, aspect="auto", cmap="viridis")
-        ax.set_title(t.name, fontsize=10)
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
+    panel_w, panel_h = max(2.2, 0.42 * H + 1.6), max(1.8, 0.32 * L + 1.2)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols, panel_h * rows + (0.35 if title else 0)),
+                             squeeze=False, layout="constrained")
+    for ax, t in zip(axes.flat, tables):
+        im = ax.imshow(t.values, aspect="auto", cmap="viridis", interpolation="nearest")
+        ax.set_title(_table_title(t), fontsize=10)
+        ax.set_xlabel("head", fontsize=8)
+        ax.set_ylabel("layer", fontsize=8)
         ax.set_xticks(range(H))
         ax.set_yticks(range(L))
         ax.tick_params(labelsize=7)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        bar = fig.colorbar(im, ax=ax, shrink=0.9, aspect=15, pad=0.02)
+        bar.ax.tick_params(labelsize=7)
+    for ax in list(axes.flat)[len(tables):]:
+        ax.set_visible(False)
     if title:
-        fig.suptitle(title, fontsize=10)
-    _save(fig, path)
+        fig.suptitle(short_title(title), fontsize=10)
+    return fig
+
+
+def importance_heatmaps(tables: Sequence, path: str | Path, title: str = "") -> None:
+    """One heatmap per table (layers x heads), each with its own colour bar, at most four to a
+    row; every random table is drawn (one per seed). Local paths in ``title`` are shortened."""
+    _save(importance_figure(tables, title), path)
 
 
 def _curves_panel(ax, curves: dict) -> None:
@@ -108,5 +144,5 @@ def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
     for ax, key in zip(axes[0], panels):
         (_curves_panel if key == "curves" else _effectiveness_panel)(ax, result[key])
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig.suptitle(short_title(title), fontsize=10)
     _save(fig, path)

@@ -376,16 +376,22 @@ def node_label(g: nx.DiGraph, p: int) -> str:
     return f"{g.nodes[p]['token']} ({p})"
 
 
-def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True) -> str:
+def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True,
+                prediction: str | None = None, legend: bool = True) -> str:
     """DOT text: one row per layer (rank=same), the top node alone at the top, a column of
     layer names on the left; edges drawn with the arrow at the parent (information flows up),
     width and colour by score, labelled with their layer and score; with ``show_input`` the
-    whole input, as token:position, at the foot."""
+    whole input, as token:position, at the foot. ``prediction`` (default: the graph's
+    "prediction" attribute, if any) goes under the title; ``legend`` adds a key to the
+    node colours, the top node's frame and the edges' width, colour and label."""
     gr = g.graph
     top = gr["top"]
     threshold = gr["tau"] if gr.get("lam") is None else max(gr["tau"], gr["lam"])
     if title is None:
         title = f"attribution tree, top node {node_label(g, top)}"
+    prediction = prediction if prediction is not None else gr.get("prediction")
+    if prediction:
+        title = f"{title}\nprediction: {prediction}"
     title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
     title += ", top node chosen" if gr.get("top_chosen") else ""
     title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
@@ -424,13 +430,38 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
             f"  \"t{i}\" -> \"t{j}\" [label=\"   L{d['layer']} {d['score']:.2f}\", penwidth={1 + 4 * f:.2f}, "
             f"color=\"{_colour(f)}\"];"
         )
+    foot = rungs[-1]
     if show_input:
         lines.append(f'  "input" [shape=plaintext, style="", fontsize=10, fontcolor="#444444", '
                      f'label={_q(_wrap_tokens(gr["tokens"]))}];')
-        lines.append(f'  "{rungs[-1]}" -> "input" [style=invis];')
-        lines.append('  { rank=sink; "input"; }')
+        lines.append(f'  "{foot}" -> "input" [style=invis];')
+        foot = "input"
+    if legend:
+        lines.append(f'  "legend" [shape=plaintext, style="", fontsize=9, label={_legend(g, threshold)}];')
+        lines.append(f'  "{foot}" -> "legend" [style=invis];')
+    if show_input or legend:
+        lines.append(f'  {{ rank=sink; "{foot if not legend else "legend"}"; }}')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _legend(g: nx.DiGraph, threshold: float) -> str:
+    """An HTML-like DOT label: what the node colours, the top node's frame and the edges mean."""
+    segments = {d.get("segment") for _, d in g.nodes(data=True)}
+    names = {0: "first text", 1: "second text", -1: "special token", None: "token"}
+    cells = "".join(
+        f'<TD BGCOLOR="{_FILL.get(s, _FILL[None])}" BORDER="1">{names.get(s, "token")}</TD>'
+        for s in sorted(segments, key=lambda s: (s is None, s if s is not None else 0)))
+    lo, hi = _colour(0.0), _colour(1.0)
+    return (
+        '<<TABLE BORDER="0" CELLBORDER="0" CELLSPACING="0" CELLPADDING="1">'
+        '<TR><TD><TABLE BORDER="0" CELLBORDER="0" CELLSPACING="3" CELLPADDING="2">'
+        f'<TR><TD>node colour:</TD>{cells}<TD BORDER="2" COLOR="#b30000">top node</TD></TR></TABLE></TD></TR>'
+        '<TR><TD>edge: the child (below) feeds the parent (arrow); label L&lt;layer&gt; &lt;score&gt;,'
+        " score = attribution / the layer's largest;"
+        f' width and colour from <FONT COLOR="{lo}">{threshold:g}</FONT> to <FONT COLOR="{hi}">1</FONT></TD></TR>'
+        "</TABLE>>"
+    )
 
 
 def _wrap_tokens(tokens: Sequence[str], width: int = 72) -> str:

@@ -117,6 +117,34 @@ class Attribution(StoredExample):
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
         return np.asarray(s, np.float64).sum(axis=(0, 1))
 
+    def _repr_html_(self) -> str:
+        """The interactive view (heatmaps per layer, coloured tokens, top interactions) in a notebook."""
+        from ..views import example_html
+
+        return example_html(self, self.label_names)
+
+    def show(self, **options):
+        """Display the interactive view in a notebook; ``options``: layers, heads ("sum", "all"
+        or an index), show ("attr", "attention"), queries, window, top_k (see docs/views.md)."""
+        from ..views import show
+
+        return show(self, self.label_names, **options)
+
+    def save(self, path, **options):
+        """Write the view to ``path``: PNG, SVG, PDF or a standalone HTML page, by the suffix
+        (written whole or not at all); ``options`` as for :meth:`show`."""
+        from ..views import save
+
+        return save(self, path, self.label_names, **options)
+
+    def highlight(self, scores=None) -> str:
+        """The text's tokens coloured green (positive) or red (negative) by ``scores`` (default:
+        :meth:`token_importance`), as HTML; in a notebook, ``IPython.display.HTML(ex.highlight())``."""
+        from ..views import highlight_html
+
+        return highlight_html(self.key_tokens or self.tokens,
+                              self.token_importance() if scores is None else scores)
+
     def __repr__(self) -> str:
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
         return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}, "
@@ -216,9 +244,10 @@ class Tree:
     (parent, child, layer) rows, ``top`` (the root position); ``to_dot()``, ``to_json()``,
     ``render("png"|"svg")`` (Graphviz's dot) and ``save(path)`` (format from the extension)."""
 
-    def __init__(self, graph, title: str | None = None):
+    def __init__(self, graph, title: str | None = None, prediction: str | None = None):
         self.graph = graph
         self.title = title
+        self.prediction = prediction  # drawn under the title ("neutral (p 0.998), gold neutral")
 
     @property
     def top(self) -> int:
@@ -236,7 +265,7 @@ class Tree:
         """The tree in Graphviz DOT."""
         from ..analysis.tree import tree_to_dot
 
-        return tree_to_dot(self.graph, title=self.title)
+        return tree_to_dot(self.graph, title=self.title, prediction=self.prediction)
 
     def to_json(self) -> str:
         """The tree as JSON text (nodes, edges, settings)."""
@@ -301,4 +330,7 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
         example.attribution = example.head_sum
     g = tree_for_example(example, layers=layers, tau=DEFAULT_TAU if tau is None else tau, lam=lam, compat=compat,
                          num_layers=num_layers, top=root)
-    return Tree(g, title=f"example {example.index}: top node {node_label(g, g.graph['top'])}")
+    from ..views import prediction_line
+
+    return Tree(g, title=f"example {example.index}: top node {node_label(g, g.graph['top'])}",
+                prediction=prediction_line(example, getattr(example, "label_names", None)))

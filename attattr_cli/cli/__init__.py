@@ -23,7 +23,7 @@ from .prune import prune
 from .score import score
 from .tree import tree
 from .triggers import triggers
-
+from . import report, view
 
 app = typer.Typer(
     name="attattr",
@@ -36,7 +36,8 @@ app = typer.Typer(
 for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tree", tree),
                         ("import-json", import_json), ("finetune", finetune), ("importance", importance),
                         ("prune", prune), ("triggers", triggers), ("attack", attack),
-                        ("faithfulness", faithfulness)):
+                        ("faithfulness", faithfulness), ("view", view.view),
+                        ("report", report.report)):
     app.command(_name, cls=Command)(_command)
 app.add_typer(demo.app, name="demo", cls=Group)
 

@@ -56,7 +56,7 @@ def importance(
             from ..analysis.plots import importance_heatmaps
 
             order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-            importance_heatmaps(sorted(shown, key=lambda t: (order.get(t.method, 9), t.name)), plot,
+            importance_heatmaps(sorted(tables, key=lambda t: (order.get(t.method, 9), t.name)), plot,
                                 title=result.identity.model)
             if not quiet:
                 err.print(f"plot: {plot}", markup=False)

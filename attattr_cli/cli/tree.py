@@ -79,6 +79,8 @@ def tree(
         with Store(store) as s:
             e = s.get(example, family=family)
             num_layers = s.num_layers(e.family)
+            prov = s.provenance
+            labels = list(prov.get("label_names") or prov.get("task_labels") or [])
         if e.attribution is None:  # --keep sum: the tree sums heads anyway
             if e.head_sum is None:
                 raise OptionError(
@@ -91,7 +93,10 @@ def tree(
         if fmt == "json":
             data: bytes = (json.dumps(tree_to_json(g), indent=2) + "\n").encode()
         else:
-            dot = tree_to_dot(g, title=f"{Path(store).name}, example {example}: top node {node_label(g, g.graph['top'])}")
+            from ..views import prediction_line
+
+            dot = tree_to_dot(g, title=f"{Path(store).name}, example {example}: top node {node_label(g, g.graph['top'])}",
+                              prediction=prediction_line(e, labels))
             data = dot.encode() if fmt == "dot" else render(dot, fmt)
         if to_stdout:
             sys.stdout.flush()

@@ -1,0 +1,34 @@
+"""`attattr report`: a browsable, offline HTML report of a store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .common import edge, err, out, progress_bar
+
+
+def report(
+    store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score`)."),
+    out_path: str = typer.Option(..., "--out", "-o", help="report.html (one self-contained file) or DIR/ (a folder: index.html and one script per example; for large stores)."),
+    importance: Optional[Path] = typer.Option(None, "--importance", help="An importance file (from `attattr importance`): its head importance heatmaps go on the page."),
+    family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default), decoder or cross."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
+) -> None:
+    """Write a report of a whole store: provenance, a sortable and filterable table of the
+    examples (text, gold, prediction, probability, residual, flags) and each example's view
+    one click away. Offline: the CSS and JavaScript are in the page, nothing is fetched."""
+    with edge():
+        from ..store import Store
+        from ..views.report import build_report
+
+        with Store(store) as s, progress_bar("report", quiet) as bar:
+            result = build_report(s, out_path, importance=importance, family=family, progress=bar)
+        if not quiet:
+            kind = "folder" if result.folder else "file"
+            f = result.flagged
+            err.print(f"{result.examples} examples ({f['wrong']} wrong, {f['residual']} with a large residual,"
+                      f" {f['truncated']} truncated); {result.bytes / 1e6:.1f} MB {kind}", markup=False)
+        out.print(str(result.path), markup=False)

@@ -1,0 +1,95 @@
+"""`attattr view`: the picture of one stored example (PNG, SVG, PDF or interactive HTML)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ..errors import OptionError
+from .common import edge, err, parse_int_list
+
+
+def _layers(spec: Optional[str]):
+    return parse_int_list(spec, "--layers")
+
+
+def _show(spec: str) -> list[str]:
+    from ..views import SHOWS
+
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    items = ["attr" if s in ("attribution", "attributions") else s for s in items]
+    for s in items:
+        if s not in SHOWS:
+            raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
+    return items or list(SHOWS)
+
+
+def check_out(out_path: str) -> None:
+    """Refuse an output whose folder is missing or that is a folder, before any work."""
+    if out_path == "-":
+        return
+    p = Path(out_path)
+    if p.is_dir():
+        raise OptionError(f"-o {out_path} is a folder: give a file name such as view.html")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.exists():
+        raise OptionError(f"-o {out_path}: the folder {parent} does not exist")
+
+
+def view(
+    store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score`)."),
+    example: int = typer.Option(..., "--example", "-n", help="Index of the example in the store."),
+    out_path: str = typer.Option(..., "--out", "-o", help="File to write: .png, .svg, .pdf or .html (interactive); - writes SVG or HTML to stdout."),
+    fmt: Optional[str] = typer.Option(None, "--format", "-f", help="png, svg, pdf or html (default: from -o's extension; html for -o -)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to draw, e.g. 0,3 or 6:12 or all (default: all scored layers)."),
+    heads: str = typer.Option("sum", "--heads", help="sum (default: the head sum; attention: the head mean), all, or one head number."),
+    show: str = typer.Option("attr,attention", "--show", help="Maps to draw: attr, attention or both (default)."),
+    queries: Optional[str] = typer.Option(None, "--queries", help="Query positions to centre the map on (long inputs), e.g. 120 or -1."),
+    window: Optional[int] = typer.Option(None, "--window", help="Query positions shown around each of --queries (default 16)."),
+    top_k: Optional[int] = typer.Option(None, "--top-k", help="Rows of the top interactions table (default 10)."),
+    importance: Optional[str] = typer.Option(None, "--importance", help="Token importance to colour the text by: attr-colsum (default) or a method `attattr faithfulness` stored."),
+    family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default), decoder or cross."),
+    tree: bool = typer.Option(True, "--tree/--no-tree", help="Add the attribution tree, with its legend (needs Graphviz's dot)."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+) -> None:
+    """Draw one stored example: attribution and attention heatmaps per layer, the text coloured
+    by token importance, the top interactions, the prediction and the completeness residual.
+
+    The extension picks the format: PNG, SVG and PDF are figures; HTML is an interactive,
+    offline page (choose layer and head, hover a cell, click a token). Long inputs show a
+    window around --queries (or the positions that predict an LM's target), never an n x n image.
+    """
+    with edge():
+        from ..store import Store
+        from ..views import format_of, from_store, render_bytes, spec_of
+
+        to_stdout = out_path == "-"
+        fmt = format_of(None if to_stdout else out_path, fmt or ("html" if to_stdout else None))
+        if to_stdout and fmt not in ("svg", "html"):
+            raise OptionError(f"{fmt.upper()} goes to a file: give -o view.{fmt} (stdout takes svg or html)")
+        check_out(out_path)
+        spec = spec_of(layers=_layers(layers), heads=heads, show=_show(show),
+                       queries=parse_int_list(queries, "--queries"), window=window, top_k=top_k,
+                       importance=importance)
+        with Store(store) as s:
+            loaded = from_store(s, example, family=family)
+        spec.num_layers = loaded.num_layers
+        data, v = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
+                               num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}")
+        if to_stdout:
+            sys.stdout.flush()
+            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.flush()
+        else:
+            from ..fileio import write_atomic
+
+            write_atomic(out_path, data)
+        if not quiet:
+            shown = (f"{len(v.q_idx)}x{len(v.k_idx)} of {len(v.query_tokens)}x{len(v.key_tokens)} tokens"
+                     if v.maps else "no maps, the top-k table")
+            err.print(f"example {example} ({v.family}): layers {','.join(map(str, v.layers))}, heads {heads}, "
+                      f"{'+'.join(v.maps) or 'top-k'} ({v.mode}: {shown}); {fmt} to {'stdout' if to_stdout else out_path}",
+                      markup=False)

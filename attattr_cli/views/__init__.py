@@ -1,0 +1,204 @@
+"""Views: pictures of one stored example and a browsable report of a store.
+
+Functions here read an example by duck typing (the attributes of
+``attattr_cli.store.StoredExample``), take label names separately, never print, and
+import neither torch nor (until a figure is drawn) matplotlib.
+
+- :func:`example_html` the interactive view as an HTML fragment (a notebook's ``_repr_html_``)
+- :func:`show` display it in a notebook (returns the IPython object, or the HTML elsewhere)
+- :func:`save` write PNG, SVG, PDF (matplotlib) or a standalone HTML page, by the suffix
+- :func:`highlight_html` the tokens coloured green (positive) / red (negative) by a score
+- :func:`build_view` the numbers every renderer shares (:class:`View`)
+- :func:`from_store` an example with its labels, stored token importance and layer count
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import OptionError
+from .data import COLSUM, SHOWS, View, ViewSpec, build_view
+from .html import highlight_html
+
+FORMATS = ("png", "svg", "pdf", "html")
+
+__all__ = ["FORMATS", "SHOWS", "View", "ViewSpec", "Loaded", "build_view", "example_html", "from_store",
+           "highlight_html", "prediction_line", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg",
+           "COLSUM"]
+
+
+@dataclass
+class Loaded:
+    """An example read for viewing, with what the view needs from its store."""
+
+    example: object
+    labels: list
+    token_importance: dict
+    num_layers: int | None
+    source: str = ""
+
+
+def from_store(store, index: int, family: str | None = None, provenance: dict | None = None) -> Loaded:
+    """Read example ``index`` (family ``family``) of an open ``attattr_cli.store.Store``
+    (``provenance``: the store's, when the caller has read it already)."""
+    from ..store import read_token_importance
+
+    e = store.get(index, family=family)
+    prov = provenance if provenance is not None else store.provenance
+    labels = list(prov.get("label_names") or prov.get("task_labels") or [])
+    fams = prov.get("families")
+    num_layers = fams[e.family].get("layers") if isinstance(fams, dict) and isinstance(fams.get(e.family), dict) \
+        else prov.get("num_layers")
+    ti = read_token_importance(store, index)
+    return Loaded(e, labels, ti, num_layers if isinstance(num_layers, int) else None, Path(store.path).name)
+
+
+def spec_of(layers=None, heads="sum", show=SHOWS, queries=None, window=None, top_k=None, importance=None,
+            num_layers=None) -> ViewSpec:
+    """A :class:`ViewSpec` from keyword options (None: the default)."""
+    spec = ViewSpec(layers=layers, heads=heads if heads is not None else "sum", queries=queries,
+                    importance=importance, num_layers=num_layers)
+    if show is not None:
+        spec.show = [show] if isinstance(show, str) else list(show)
+    if window is not None:
+        if window < 1:
+            raise OptionError(f"--window must be at least 1, got {window}")
+        spec.window = window
+    if top_k is not None:
+        if top_k < 0:
+            raise OptionError(f"--top-k must be at least 0, got {top_k}")
+        spec.top_k = top_k
+    return spec
+
+
+def tree_dot(example, num_layers: int | None = None, title: str | None = None,
+             labels: Sequence[str] | None = None) -> str | None:
+    """The attribution tree as DOT text (with a legend and the prediction), or None when
+    Graphviz's dot is missing or the example has no tree (the cross family, no maps or sums)."""
+    if shutil.which("dot") is None or getattr(example, "family", "self") == "cross":
+        return None
+    from ..analysis.tree import node_label, tree_for_example, tree_to_dot
+    from .html import with_attribution_from_sums
+
+    e = with_attribution_from_sums(example)
+    if e.attribution is None:
+        return None
+    g = tree_for_example(e, num_layers=num_layers)
+    return tree_to_dot(g, title=title or f"example {example.index}: top node {node_label(g, g.graph['top'])}",
+                       prediction=prediction_line(example, labels))
+
+
+def prediction_line(example, labels: Sequence[str] | None = None) -> str:
+    """``neutral (p 0.998), gold neutral``: the prediction as the tree's title shows it."""
+    from .data import header_of
+
+    h = header_of(example, labels)
+    line = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
+    if h.get("gold") is not None:
+        line += f", gold {h['gold']}"
+    return line
+
+
+def tree_svg(example, num_layers: int | None = None, title: str | None = None,
+             labels: Sequence[str] | None = None) -> str | None:
+    """The attribution tree as SVG text, or None (see :func:`tree_dot`)."""
+    from ..analysis.tree import render
+
+    dot = tree_dot(example, num_layers, title, labels)
+    return None if dot is None else render(dot, "svg").decode("utf-8")
+
+
+def _view_and_data(example, labels, spec, token_importance, tree: bool, num_layers, fmt: str):
+    spec = spec or ViewSpec()
+    if num_layers is not None and spec.num_layers is None:
+        spec.num_layers = num_layers
+    view = build_view(example, labels, spec, token_importance)
+    if fmt != "html":
+        if not tree:
+            return view, None
+        from ..analysis.tree import render
+
+        dot = tree_dot(example, spec.num_layers, labels=labels)
+        return view, (None if dot is None else render(dot, "png"))
+    from .html import view_data
+
+    svg = tree_svg(example, spec.num_layers, labels=labels) if tree else None
+    data = view_data(example, labels, spec, token_importance, tree_svg=svg,
+                     view=view if spec.heads in (None, "sum") else None)
+    return view, data
+
+
+def example_html(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+                 token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
+                 **options) -> str:
+    """The interactive view of one example as an HTML fragment (for ``_repr_html_``).
+    ``options`` are :func:`spec_of`'s keywords (layers, heads, show, queries, window, top_k, importance)."""
+    from .html import fragment_html
+
+    spec = spec or spec_of(**options)
+    _, data = _view_and_data(example, labels, spec, token_importance, tree, num_layers, "html")
+    return fragment_html(data)
+
+
+def show(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+         token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None, **options):
+    """Display the view in a notebook; returns the ``IPython.display.HTML`` object (the HTML
+    string when IPython is not installed)."""
+    text = example_html(example, labels, spec, token_importance, tree, num_layers, **options)
+    try:
+        from IPython.display import HTML, display
+    except ImportError:
+        return text
+    obj = HTML(text)
+    display(obj)
+    return obj
+
+
+def format_of(path: str | Path | None, fmt: str | None = None) -> str:
+    if fmt is not None:
+        fmt = fmt.lower().lstrip(".")
+        if fmt not in FORMATS:
+            raise OptionError(f"unknown --format '{fmt}'; available: {', '.join(FORMATS)}")
+        return fmt
+    if path in (None, "-"):
+        raise OptionError("writing to stdout needs --format svg or --format html")
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext == "htm":
+        ext = "html"
+    if ext not in FORMATS:
+        raise OptionError(f"cannot tell the format from '{path}': use a .png, .svg, .pdf or .html name, or --format")
+    return ext
+
+
+def render_bytes(example, fmt: str, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+                 token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
+                 title: str = "attattr view") -> tuple[bytes, View]:
+    """The view in ``fmt`` (png, svg, pdf or html) as bytes, with the :class:`View` drawn."""
+    if fmt not in FORMATS:
+        raise OptionError(f"unknown format '{fmt}'; available: {', '.join(FORMATS)}")
+    view, data = _view_and_data(example, labels, spec, token_importance, tree, num_layers, fmt)
+    if fmt == "html":
+        from .html import page_html
+
+        return page_html(data, title).encode("utf-8"), view
+    from .figure import figure_bytes
+
+    return figure_bytes(view, fmt, tree_png=data), view
+
+
+def save(example, path: str | Path, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+         token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
+         fmt: str | None = None, **options) -> View:
+    """Write the view of one example to ``path``: PNG, SVG, PDF or HTML by ``fmt`` or the
+    suffix; written whole or not at all. Returns the :class:`View` that was drawn."""
+    from ..fileio import write_atomic
+
+    fmt = format_of(path, fmt)
+    spec = spec or spec_of(**options)
+    data, view = render_bytes(example, fmt, labels, spec, token_importance, tree, num_layers,
+                              title=f"attattr view: example {example.index}")
+    write_atomic(path, data)
+    return view

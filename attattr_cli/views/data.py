@@ -1,0 +1,379 @@
+"""What a view of one example shows, as plain numbers: the part every renderer shares.
+
+:func:`build_view` reads an example by duck typing (the attributes of
+``attattr_cli.store.StoredExample``: tokens, key_tokens, layers, attribution [layer, head,
+query, key] or None, attention, head_sum, residual, gold, pred, target, probs, text_a,
+text_b, family, keep, topk_index, topk_value, index, meta) and returns a :class:`View`:
+the chosen layers and heads, the [query, key] maps cut to what is readable, the causal
+mask, the shared colour scales, a token importance, the top-k interactions and a header.
+numpy only: no torch, no matplotlib, no printing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import OptionError
+
+SHOWS = ("attr", "attention")
+MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
+DEFAULT_WINDOW = 16
+DEFAULT_TOP_K = 10
+COLSUM = "attr-colsum"
+
+
+@dataclass
+class ViewSpec:
+    """What to show: ``layers`` (stored layer numbers; negative count from ``num_layers``;
+    None: all stored), ``heads`` ("sum", "all" or a head number), ``show`` (attr and/or
+    attention), ``queries`` (query positions to centre a window on; None: the whole map
+    when it has at most ``max_full`` tokens), ``window`` (query positions shown around each),
+    ``top_k`` (rows of the interaction table), ``importance`` (a stored token importance
+    method, or the attribution column sums)."""
+
+    layers: Sequence[int] | None = None
+    heads: str | int = "sum"
+    show: Sequence[str] = SHOWS
+    queries: Sequence[int] | None = None
+    window: int = DEFAULT_WINDOW
+    top_k: int = DEFAULT_TOP_K
+    importance: str | None = None
+    max_full: int = MAX_FULL
+    num_layers: int | None = None
+
+
+@dataclass
+class View:
+    index: int
+    family: str
+    keep: str
+    query_tokens: list[str]
+    key_tokens: list[str]
+    q_idx: list[int]  # the query positions shown (rows)
+    k_idx: list[int]  # the key positions shown (columns)
+    layers: list[int]
+    heads: list[str]  # "sum" or head numbers as strings
+    maps: dict[str, np.ndarray]  # "attr" / "attention" -> [layer, head, query, key] (shown part)
+    scale: dict[str, float]  # the colour scale's end for each map kind, shared by the figure
+    masked: np.ndarray | None  # [query, key] True where a causal model cannot look
+    importance: dict[str, Any]  # name, tokens, values (signed), description
+    topk: list[dict]  # layer, head, query, key, query_token, key_token, value
+    header: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    mode: str = "full"  # full | window | top-k
+
+    def to_json(self, digits: int = 4) -> dict:
+        """Plain JSON values (maps rounded to ``digits`` significant digits) for the HTML views."""
+
+        def r(a):
+            a = np.asarray(a, dtype=np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                m = np.where(a == 0, 0, np.floor(np.log10(np.abs(np.where(a == 0, 1, a)))))
+            e = digits - 1 - m  # decimals to keep; dividing an integer by an exact power of ten keeps
+            up, down = 10.0 ** np.maximum(e, 0), 10.0 ** np.maximum(-e, 0)  # JSON numbers short
+            return np.where(e >= 0, np.round(a * up) / up, np.round(a / down) * down).tolist()
+
+        return {
+            "index": self.index, "family": self.family, "keep": self.keep, "mode": self.mode,
+            "query_tokens": [self.query_tokens[i] for i in self.q_idx],
+            "key_tokens": [self.key_tokens[j] for j in self.k_idx],
+            "q_idx": self.q_idx, "k_idx": self.k_idx, "same_axis": self.query_tokens == self.key_tokens,
+            "layers": self.layers, "heads": self.heads,
+            "maps": {k: r(v) for k, v in self.maps.items()},
+            "scale": self.scale,
+            "masked": None if self.masked is None else self.masked.astype(int).tolist(),
+            "importance": dict(self.importance, values=r(self.importance["values"])),
+            "topk": [dict(t, value=float(f"{t['value']:.{digits}g}")) for t in self.topk],
+            "header": self.header, "notes": self.notes,
+        }
+
+
+def _label(labels: Sequence[str] | None, i: int) -> str:
+    if labels and 0 <= i < len(labels):
+        return str(labels[i])
+    return str(i)
+
+
+def header_of(example, labels: Sequence[str] | None = None) -> dict:
+    """Text, gold label, prediction and its probability, target, residual per layer."""
+    meta = getattr(example, "meta", None) or {}
+    lm = meta.get("lm") if isinstance(meta, dict) else None
+    probs = np.asarray(getattr(example, "probs", []), dtype=np.float64).ravel()
+    pred, gold, target = int(example.pred), int(example.gold), int(example.target)
+    out: dict[str, Any] = {"index": int(example.index), "text_a": example.text_a or "", "text_b": example.text_b,
+                           "family": getattr(example, "family", "self")}
+    if lm:
+        out["prediction"] = str(lm.get("predicted_token", pred))
+        out["target"] = " ".join(map(str, lm.get("target_tokens", []))) or str(target)
+        out["probability"] = float(probs[0]) if probs.size else None
+        out["probability_of"] = f"{lm.get('output', 'prob')} of the target"
+        out["gold"] = None
+    else:
+        out["prediction"] = _label(labels, pred)
+        out["probability"] = float(probs[pred]) if 0 <= pred < probs.size else None
+        out["probability_of"] = "probability of the prediction"
+        out["gold"] = _label(labels, gold) if gold >= 0 else None
+        out["target"] = _label(labels, target)
+    out["correct"] = None if out["gold"] is None else gold == pred
+    resid = np.asarray(getattr(example, "residual", []), dtype=np.float64).ravel()
+    out["residual"] = {int(l): float(v) for l, v in zip(example.layers, resid)}
+    out["truncated"] = bool(getattr(example, "truncated", False))
+    return out
+
+
+def _choose_layers(example, wanted: Sequence[int] | None, num_layers: int | None) -> list[int]:
+    scored = [int(x) for x in example.layers]
+    if wanted is None:
+        return scored
+    total = num_layers or (max(scored) + 1 if scored else 0)
+    out = []
+    for layer in wanted:
+        actual = layer + total if layer < 0 else layer
+        if actual not in scored:
+            raise OptionError(f"layer {layer} was not scored for example {example.index}; scored layers: "
+                              + ", ".join(map(str, scored)))
+        if actual not in out:
+            out.append(actual)
+    return out
+
+
+def _heads(example, heads, n_heads: int | None) -> list[str]:
+    if heads in (None, "sum"):
+        return ["sum"]
+    if n_heads is None:
+        raise OptionError(
+            f"example {example.index} keeps head sums only (scored with --keep {example.keep}): use --heads sum,"
+            " or score it again with --keep maps for per-head maps")
+    if heads == "all":
+        return [str(h) for h in range(n_heads)]
+    try:
+        h = int(heads)
+    except (TypeError, ValueError):
+        raise OptionError(f"bad --heads '{heads}': use sum, all or a head number") from None
+    if not 0 <= h < n_heads:
+        raise OptionError(f"head {h} is out of range: the model has {n_heads} heads (0..{n_heads - 1})")
+    return [str(h)]
+
+
+def _per_head(arr, rows: list[int], heads: list[str], mean: bool) -> np.ndarray | None:
+    """[layer, head-choice, q, k] from a 4D [L, H, q, k] or 3D (already summed/averaged) array."""
+    if arr is None:
+        return None
+    a = np.asarray(arr)
+    if a.ndim == 3:
+        return a[rows][:, None] if heads == ["sum"] else None
+    a = a[rows]
+    if heads == ["sum"]:
+        return (a.mean(axis=1) if mean else a.sum(axis=1))[:, None]
+    return a[:, [int(h) for h in heads]]
+
+
+def _causal(full: np.ndarray | None, same_axis: bool) -> bool:
+    """A causal map has exact zeros everywhere above the diagonal (the model never looks ahead)."""
+    if full is None or not same_axis or full.shape[-1] < 2:
+        return False
+    upper = np.triu(np.ones(full.shape[-2:], dtype=bool), 1)
+    return bool(np.all(full[..., upper] == 0))
+
+
+def _topk_rows(example, chosen_rows: list[int], layers: list[int], attr4, summed, k: int,
+               qt: list[str], kt: list[str]) -> tuple[list[dict], str]:
+    rows: list[dict] = []
+    ti, tv = getattr(example, "topk_index", None), getattr(example, "topk_value", None)
+    if ti is not None and tv is not None:
+        ti, tv = np.asarray(ti), np.asarray(tv)
+        for r, layer in zip(chosen_rows, layers):
+            for h in range(tv.shape[1]):
+                for e in range(tv.shape[2]):
+                    rows.append({"layer": layer, "head": str(h), "query": int(ti[r, h, e, 0]),
+                                 "key": int(ti[r, h, e, 1]), "value": float(tv[r, h, e])})
+        how = "the stored top-k entries of every head"
+    elif attr4 is not None or summed is not None:
+        src = np.asarray(attr4)[chosen_rows] if attr4 is not None else np.asarray(summed)[chosen_rows][:, None]
+        flat = np.abs(src.reshape(src.shape[0] * src.shape[1], -1))
+        n_k = src.shape[-1]
+        for lh in range(flat.shape[0]):
+            best = np.argsort(-flat[lh], kind="stable")[:k]
+            li, h = divmod(lh, src.shape[1])
+            for b in best:
+                q, key = divmod(int(b), n_k)
+                rows.append({"layer": layers[li], "head": "sum" if attr4 is None else str(h), "query": q,
+                             "key": key, "value": float(src[li, h, q, key])})
+        how = "the largest |attribution| entries of " + ("every head" if attr4 is not None else "the head sums")
+    else:
+        return [], ""
+    rows.sort(key=lambda t: (-abs(t["value"]), t["layer"], t["head"], t["query"], t["key"]))
+    for t in rows:
+        t["query_token"], t["key_token"] = qt[t["query"]], kt[t["key"]]
+    return rows, how
+
+
+def _window(example, causal: bool, summed: np.ndarray | None, topk: list[dict], spec: ViewSpec,
+            nq: int, nk: int) -> tuple[list[int], list[int], list[int], str]:
+    """Query rows around chosen positions and the keys they read most."""
+    if spec.queries:
+        centres = []
+        for q in spec.queries:
+            actual = q + nq if q < 0 else q
+            if not 0 <= actual < nq:
+                raise OptionError(f"query position {q} is out of range: example {example.index} has {nq} tokens"
+                                  f" (0..{nq - 1})")
+            centres.append(actual)
+        why = "the chosen query positions"
+    else:
+        meta = getattr(example, "meta", None) or {}
+        lm = meta.get("lm") if isinstance(meta, dict) else None
+        if lm and lm.get("positions"):
+            centres, why = [int(p) for p in lm["positions"]], "the positions that predict the target"
+        elif summed is not None:
+            centres, why = [int(np.argmax(np.abs(summed).sum(axis=(0, 2))))], "the query with the largest total |attribution|"
+        elif topk:
+            centres, why = [topk[0]["query"]], "the query of the strongest top-k entry"
+        else:
+            centres, why = [nq - 1], "the last position"
+    half = max(spec.window, 1) // 2
+    q_set: set[int] = set()
+    for c in centres:
+        lo = max(0, min(c - half, nq - max(spec.window, 1)))
+        q_set.update(range(lo, min(nq, lo + max(spec.window, 1))))
+    q_idx = sorted(q_set)
+    k_set = set(j for j in q_idx if j < nk)
+    if summed is not None:
+        reads = np.abs(summed[:, centres, :]).sum(axis=(0, 1))
+        if causal:
+            reads[max(centres) + 1:] = 0
+        for j in np.argsort(-reads, kind="stable"):
+            if len(k_set) >= spec.max_full or reads[j] == 0:
+                break
+            k_set.add(int(j))
+    for t in topk:
+        if len(k_set) < spec.max_full and t["query"] in q_set:
+            k_set.add(t["key"])
+    return q_idx, sorted(k_set), centres, why
+
+
+def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+               token_importance: dict | None = None) -> View:
+    """The :class:`View` of one example (see the module docstring); ``labels`` name the
+    classes, ``token_importance`` ({method: [n]}) holds what ``faithfulness`` stored."""
+    spec = spec or ViewSpec()
+    show = [s for s in spec.show]
+    for s in show:
+        if s not in SHOWS:
+            raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
+    layers = _choose_layers(example, spec.layers, spec.num_layers)
+    scored = [int(x) for x in example.layers]
+    rows = [scored.index(l) for l in layers]
+    attr4 = example.attribution if example.attribution is not None and np.ndim(example.attribution) == 4 else None
+    summed = example.head_sum if getattr(example, "head_sum", None) is not None else None
+    if summed is None and attr4 is not None:
+        summed = np.asarray(attr4).sum(axis=1)
+    elif summed is None and example.attribution is not None and np.ndim(example.attribution) == 3:
+        summed = np.asarray(example.attribution)
+    attention = getattr(example, "attention", None)
+    qt = list(example.tokens)
+    kt = list(getattr(example, "key_tokens", None) or example.tokens)
+    nq, nk = len(qt), len(kt)
+    n_heads = int(np.shape(attr4)[1]) if attr4 is not None else None
+    notes: list[str] = []
+    keep = str(getattr(example, "keep", "maps"))
+    ti = getattr(example, "topk_index", None)
+    if summed is None and ti is None:
+        raise OptionError(
+            f"example {example.index} keeps no attribution maps, head sums or top-k entries (scored with --keep"
+            " none and no --top-k): score it again with --keep sum or --keep maps to view it")
+    heads = _heads(example, spec.heads, n_heads) if summed is not None else ["sum"]
+
+    maps: dict[str, np.ndarray] = {}
+    if summed is not None and "attr" in show:
+        a = _per_head(attr4 if attr4 is not None else summed, rows, heads, mean=False)
+        maps["attr"] = a
+    if "attention" in show:
+        if attention is None:
+            if list(spec.show) != list(SHOWS):
+                raise OptionError(f"example {example.index} keeps no attention (scored with --keep {keep}):"
+                                  " use --show attr")
+            notes.append("no attention is stored for this example")
+        else:
+            # attention may hold every layer while attribution holds the scored ones
+            att_rows = rows if np.shape(attention)[0] == len(scored) else layers
+            att = _per_head(attention, att_rows, heads, mean=True)
+            if att is None:
+                raise OptionError(f"example {example.index} keeps the head-mean attention only: use --heads sum")
+            maps["attention"] = att
+    full_maps = summed if summed is not None else (np.asarray(attention) if attention is not None else None)
+    causal = _causal(full_maps, qt == kt)
+    every_topk, topk_how = _topk_rows(example, rows, layers, attr4, summed, spec.top_k, qt, kt)
+    topk = every_topk[:spec.top_k]
+
+    if summed is None:
+        mode, q_idx, k_idx = "top-k", [], []
+        notes.append(f"example {example.index} was scored with --keep {keep}: no maps are stored; the table shows"
+                     f" {topk_how}")
+    elif spec.queries or nq > spec.max_full or nk > spec.max_full:
+        mode = "window"
+        q_idx, k_idx, centres, why = _window(example, causal, np.asarray(summed)[rows], topk, spec, nq, nk)
+        notes.append(
+            f"{nq} query and {nk} key tokens are too many for one readable map: shown are query positions "
+            f"{q_idx[0]}..{q_idx[-1]} (a window of {spec.window} around {why}: {', '.join(map(str, centres))}) and "
+            f"the {len(k_idx)} keys they read most or sit beside; choose others with --queries")
+    else:
+        mode, q_idx, k_idx = "full", list(range(nq)), list(range(nk))
+    if maps and q_idx:
+        maps = {k: np.asarray(v, dtype=np.float64)[:, :, q_idx][:, :, :, k_idx] for k, v in maps.items()}
+    else:
+        maps = {}
+    masked = None
+    if causal and q_idx:
+        masked = np.asarray(k_idx)[None, :] > np.asarray(q_idx)[:, None]
+        notes.append("causal model: cells above the diagonal (a token looking ahead) are masked, not zero")
+    scale = {}
+    for k, v in maps.items():
+        vals = v if masked is None else v[..., ~masked]
+        top = float(np.max(np.abs(vals))) if vals.size else 0.0
+        scale[k] = top if top > 0 else 1.0
+
+    importance = _importance(example, spec, token_importance, summed, every_topk, rows, kt)
+    head_text = "the sum over heads" if heads == ["sum"] else ("every head" if len(heads) > 1 else f"head {heads[0]}")
+    if maps:
+        what = []
+        if "attr" in maps:
+            what.append(f"attribution ({head_text}; diverging scale centred at 0, shared: ±{scale['attr']:.3g})")
+        if "attention" in maps:
+            att_text = "the mean over heads" if heads == ["sum"] else head_text
+            what.append(f"attention ({att_text}; sequential scale 0..{scale['attention']:.3g}, shared)")
+        notes.insert(0, "maps: rows are queries, columns keys; " + "; ".join(what))
+    if topk_how and topk:
+        notes.append(f"top-{len(topk)} interactions: {topk_how}, by |value|")
+    return View(index=int(example.index), family=str(getattr(example, "family", "self")), keep=keep,
+                query_tokens=qt, key_tokens=kt, q_idx=q_idx, k_idx=k_idx, layers=layers, heads=heads, maps=maps,
+                scale=scale, masked=masked, importance=importance, topk=topk, header=header_of(example, labels),
+                notes=notes, mode=mode)
+
+
+def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt) -> dict:
+    stored = stored or {}
+    if spec.importance not in (None, COLSUM):
+        if spec.importance not in stored:
+            have = ", ".join([COLSUM, *stored])
+            raise OptionError(f"example {example.index} has no token importance '{spec.importance}'; it has: {have}"
+                              " (others come from `attattr faithfulness` on the store)")
+        values = np.asarray(stored[spec.importance], dtype=np.float64)
+        tokens = list(example.tokens)
+        if len(values) != len(tokens):
+            tokens = kt
+        return {"name": spec.importance, "tokens": tokens, "values": values,
+                "description": f"token importance '{spec.importance}' stored by faithfulness"}
+    if summed is not None:
+        values = np.asarray(summed, dtype=np.float64)[rows].sum(axis=(0, 1))
+        return {"name": COLSUM, "tokens": kt, "values": values,
+                "description": "attribution column sums: what each token gives, summed over queries, heads and the"
+                               " shown layers"}
+    values = np.zeros(len(kt))
+    for t in topk:
+        values[t["key"]] += t["value"]
+    return {"name": "top-k column sums", "tokens": kt, "values": values,
+            "description": "the top-k entries summed per key token (no maps stored)"}

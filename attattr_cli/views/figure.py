@@ -1,0 +1,218 @@
+"""The view of one example as a matplotlib figure (PNG, SVG or PDF).
+
+Columns are layers; rows are attribution (diverging colours centred at zero) and raw
+attention (sequential colours) for the head sum or each chosen head, so that attribution
+and attention of a layer sit above one another. Each kind shares one colour scale, stated
+on its colour bar. Below: the text coloured by token importance, and the top-k table.
+matplotlib is imported here only (never at package import).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+
+from ..errors import OptionError
+from .data import View
+
+FIGURE_FORMATS = ("png", "svg", "pdf")
+ATTR_CMAP = "RdBu_r"
+ATTENTION_CMAP = "Greys"
+MASKED = "#e3d9c6"
+KIND_NAMES = {"attr": "attribution", "attention": "attention"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def header_lines(view: View) -> list[str]:
+    h = view.header
+    first = f"example {h['index']}"
+    if view.family != "self":
+        first += f" · family {view.family}"
+    if h.get("gold") is not None:
+        first += f" · gold {h['gold']}"
+    first += f" · prediction {h['prediction']}"
+    if h.get("probability") is not None:
+        first += f" ({h['probability_of']}: {h['probability']:.3f})"
+    first += f" · target {h['target']}"
+    if h.get("correct") is False:
+        first += " · WRONG"
+    if h.get("truncated"):
+        first += " · truncated"
+    lines = [first]
+    text = h["text_a"] if h.get("text_b") is None else f"{h['text_a']}  ||  {h['text_b']}"
+    wrapped = textwrap.wrap("text: " + text, 110)
+    lines += wrapped[:3] if len(wrapped) <= 3 else wrapped[:2] + [wrapped[2][:106] + " …"]
+    resid = " ".join(f"L{l} {v:+.2g}" for l, v in h["residual"].items())
+    lines.append(f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}")
+    return lines
+
+
+def _colour(v: float, top: float) -> tuple:
+    """Green for positive, red for negative, intensity by |v| / top (the notebook's display)."""
+    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
+    base = (0.16, 0.62, 0.24) if v >= 0 else (0.84, 0.19, 0.15)
+    return tuple(1 - f * (1 - c) for c in base)
+
+
+def view_figure(view: View, tree_png: bytes | None = None):
+    """A matplotlib Figure of the view (the caller saves or shows it); ``tree_png``, the
+    attribution tree rendered by Graphviz, goes at the foot."""
+    plt = _pyplot()
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    kinds = [k for k in ("attr", "attention") if k in view.maps]
+    nq, nk = len(view.q_idx), len(view.k_idx)
+    n_layers = max(len(view.layers), 1)
+    per_row = min(n_layers, 6 if max(nq, nk) > 24 else 8)  # wider figures wrap their layers into blocks
+    blocks = -(-n_layers // per_row)
+    cols = per_row if kinds else 0
+    rows = len(kinds) * len(view.heads) * blocks
+    cell = 0.17 if max(nq, nk) > 24 else 0.2
+    panel_w = max(1.9, nk * cell)
+    panel_h = max(1.9, nq * cell)
+    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
+    width = max(9.0, cols * (panel_w + label_w) + 1.6)
+    head_lines = header_lines(view) + view.notes
+    wrapped = [w for line in head_lines for w in textwrap.wrap(line, int(width * 13))]
+    header_h = 0.2 * len(wrapped) + 0.25
+    map_h = rows * (panel_h + label_w + 0.35)
+    tokens = view.importance["tokens"]
+    strip_lines = _strip_layout(tokens, width - 0.6)
+    strip_title = textwrap.wrap(_strip_title(view), int(width * 12)) if tokens else []
+    strip_h = 0.4 + 0.17 * len(strip_title) + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
+    table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
+    tree_img, tree_h, tree_w = None, 0.0, 0.0
+    if tree_png:
+        import io
+
+        import matplotlib.image as mpimg
+
+        tree_img = mpimg.imread(io.BytesIO(tree_png), format="png")
+        tree_w = min(tree_img.shape[1] / 96.0, width - 0.5)  # Graphviz renders at 96 dpi
+        tree_h = tree_w * tree_img.shape[0] / tree_img.shape[1]
+    height = header_h + map_h + strip_h + table_h + (tree_h + 0.3 if tree_img is not None else 0) + 0.2
+    fig = plt.figure(figsize=(width, height))
+
+    y = height - 0.15
+    for k, line in enumerate(wrapped):
+        fig.text(0.25 / width, (y - 0.2 * k) / height, line, fontsize=9 if k else 10.5, va="top",
+                 fontweight="bold" if k == 0 else "normal", family="DejaVu Sans")
+    y -= header_h
+    norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
+             "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
+    step = panel_h + label_w + 0.35
+    order = [(b, hi, head, kind) for b in range(blocks) for hi, head in enumerate(view.heads)
+             for kind in kinds]  # attention under attribution
+    for r, (b, hi, head, kind) in enumerate(order):
+        top = y - r * step - 0.3
+        im = None
+        for c, layer in enumerate(view.layers[b * per_row:(b + 1) * per_row]):
+            left = 0.3 + label_w + c * (panel_w + label_w)
+            ax = fig.add_axes((left / width, (top - panel_h) / height, panel_w / width, panel_h / height))
+            data = np.asarray(view.maps[kind][b * per_row + c, hi])
+            if view.masked is not None:
+                data = np.ma.masked_array(data, mask=view.masked)
+            cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
+            im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
+            head_name = "sum of heads" if head == "sum" and kind == "attr" else (
+                "mean of heads" if head == "sum" else f"head {head}")
+            ax.set_title(f"{KIND_NAMES[kind]} · layer {layer} · {head_name}", fontsize=8)
+            fs = 6 if max(nq, nk) > 24 else 7
+            ax.set_xticks(range(nk))
+            ax.set_xticklabels([_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx], rotation=90, fontsize=fs)
+            ax.set_yticks(range(nq))
+            ax.set_yticklabels([_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx], fontsize=fs)
+            ax.tick_params(length=1.5, pad=1)
+        left = 0.3 + label_w + cols * (panel_w + label_w) - label_w + 0.15
+        cax = fig.add_axes((left / width, (top - panel_h) / height, 0.12 / width, panel_h / height))
+        cb = fig.colorbar(im, cax=cax)
+        cb.ax.tick_params(labelsize=7)
+        scale = view.scale[kind]
+        cb.set_label(f"{KIND_NAMES[kind]} (shared: {'±' if kind == 'attr' else '0..'}{scale:.3g})", fontsize=8)
+    if kinds and view.masked is not None:
+        fig.text(0.3 / width, (y - map_h + 0.05) / height, "cells in this colour: masked (a causal model cannot look ahead)",
+                 fontsize=7.5, color="#8a6d3b")
+    y -= map_h
+    if tokens:
+        _draw_strip(fig, view, strip_title, strip_lines, width, height, y)
+        y -= strip_h
+    if view.topk:
+        lines = ["top interactions (layer, head, query → key, value):"]
+        qs = [f"{t['query_token']}({t['query']})" for t in view.topk]
+        ks = [f"{t['key_token']}({t['key']})" for t in view.topk]
+        wq, wk = max(map(len, qs)), max(map(len, ks))
+        lines += [f"  L{t['layer']:<3} h{t['head']:<4} {q:>{wq}} → {k:<{wk}}  {t['value']:+.4g}"
+                  for t, q, k in zip(view.topk, qs, ks)]
+        for k, line in enumerate(lines):
+            fig.text(0.25 / width, (y - 0.2 - 0.17 * k) / height, line, fontsize=8, family="DejaVu Sans Mono",
+                     va="top", fontweight="bold" if k == 0 else "normal")
+        y -= table_h
+    if tree_img is not None:
+        ax = fig.add_axes((0.25 / width, (y - 0.3 - tree_h) / height, tree_w / width, tree_h / height))
+        ax.imshow(tree_img, interpolation="antialiased")
+        ax.set_axis_off()
+    return fig
+
+
+def _tick(token: str, pos: int, mode: str) -> str:
+    return f"{token} {pos}" if mode == "window" else token
+
+
+def _strip_layout(tokens, width_in: float) -> list[tuple[float, int]]:
+    """(x inches, line) per token, wrapping at ``width_in`` (monospace estimate)."""
+    out, x, line = [], 0.0, 0
+    for t in tokens:
+        w = 0.075 * max(len(str(t)), 1) + 0.14
+        if x + w > width_in and x > 0:
+            x, line = 0.0, line + 1
+        out.append((x, line))
+        x += w
+    return out or [(0.0, 0)]
+
+
+def _strip_title(view: View) -> str:
+    imp = view.importance
+    values = np.asarray(imp["values"], dtype=np.float64)
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    return f"token importance: {imp['description']} (green +, red −; max |v| {top:.3g})"
+
+
+def _draw_strip(fig, view: View, title: list[str], layout, width: float, height: float, y: float) -> None:
+    imp = view.importance
+    values = np.asarray(imp["values"], dtype=np.float64)
+    top = float(np.max(np.abs(values))) if values.size else 0.0
+    for k, line in enumerate(title):
+        fig.text(0.25 / width, (y - 0.1 - 0.17 * k) / height, line, fontsize=8.5, va="top", fontweight="bold")
+    y -= 0.17 * (len(title) - 1)
+    for t, v, (x, line) in zip(imp["tokens"], values, layout):
+        fig.text((0.3 + x) / width, (y - 0.45 - 0.26 * line) / height, str(t), fontsize=8, family="DejaVu Sans Mono",
+                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))
+
+
+def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = None) -> bytes:
+    import io
+
+    if fmt not in FIGURE_FORMATS:
+        raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
+    plt = _pyplot()
+    fig = view_figure(view, tree_png)
+    buf = io.BytesIO()
+    try:
+        with plt.rc_context({"svg.fonttype": "none"}):
+            fig.savefig(buf, dpi=dpi, format=fmt)
+    finally:
+        plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,128 @@
+"""The package's own HTML: an interactive view of one example (a standalone page or a
+notebook fragment) and the notebook's green-token display. The CSS and JavaScript are
+package data (``views/static``) inlined into every page: nothing is fetched from the network."""
+
+from __future__ import annotations
+
+import copy
+import html
+import json
+import uuid
+from dataclasses import replace
+from functools import lru_cache
+from importlib import resources
+from typing import Sequence
+
+import numpy as np
+
+from .data import View, ViewSpec, build_view
+
+MAX_HTML_VALUES = 2_000_000  # above this many map values a page keeps the head sums only
+
+
+@lru_cache(maxsize=None)
+def static(name: str) -> str:
+    """The text of a file shipped in attattr_cli/views/static."""
+    return resources.files("attattr_cli.views").joinpath("static", name).read_text(encoding="utf-8")
+
+
+def script_json(obj) -> str:
+    """JSON that is safe inside a <script> element ("<" only occurs inside JSON strings)."""
+    return json.dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
+
+
+def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+              token_importance: dict | None = None, tree_svg: str | None = None, per_head: bool = True,
+              view: View | None = None, digits: int = 4) -> dict:
+    """The JSON the interactive view draws: the head sum of every chosen layer and, when the
+    example keeps per-head maps (and the page stays small), every head, so the page can switch."""
+    spec = spec or ViewSpec()
+    base = view or build_view(example, labels, replace(spec, heads="sum"), token_importance)
+    data = base.to_json(digits)
+    initial_head = 0
+    n_heads = int(np.shape(example.attribution)[1]) if example.attribution is not None and np.ndim(example.attribution) == 4 else 0
+    if per_head and n_heads and base.maps:
+        size = sum(v.size for v in base.maps.values()) * (n_heads + 1)
+        if size <= MAX_HTML_VALUES:
+            every = build_view(example, labels, replace(spec, heads="all"), token_importance).to_json(digits)
+            for kind in data["maps"]:
+                data["maps"][kind] = [s + e for s, e in zip(data["maps"][kind], every["maps"][kind])]
+            data["heads"] = ["sum", *every["heads"]]
+            if spec.heads not in (None, "sum", "all"):
+                initial_head = data["heads"].index(str(int(spec.heads)))
+        else:
+            data["notes"].append(f"per-head maps are left out of this page ({size:,} values); choose a head"
+                                 " with --heads H to see one")
+    shows = [s for s in spec.show if s in data["maps"]]
+    layer = 0
+    if "attr" in base.maps and base.maps["attr"].size:  # open on the layer with the strongest attribution
+        layer = int(np.argmax(np.abs(base.maps["attr"]).reshape(len(base.layers), -1).max(axis=1)))
+    data["initial"] = {"layer": layer, "head": initial_head,
+                       "kind": "both" if len(shows) > 1 else (shows[0] if shows else "attr")}
+    if tree_svg:
+        data["tree_svg"] = _strip_xml_prolog(tree_svg)
+    return data
+
+
+def _strip_xml_prolog(svg: str) -> str:
+    start = svg.find("<svg")
+    return svg[start:] if start >= 0 else svg
+
+
+def page_html(data: dict, title: str = "attattr view") -> str:
+    """A standalone, offline HTML page of one example's view."""
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{static("view.css")}</style></head>
+<body><div id="aa-root"></div>
+<script type="application/json" id="aa-data">{script_json(data)}</script>
+<script>{static("view.js")}</script>
+<script>AttattrView.render(document.getElementById("aa-root"), JSON.parse(document.getElementById("aa-data").textContent));</script>
+</body></html>
+"""
+
+
+def fragment_html(data: dict) -> str:
+    """An HTML fragment for a notebook cell output: the same view, with its own element id."""
+    uid = "aa-" + uuid.uuid4().hex[:12]
+    return (f'<div id="{uid}"></div><style>{static("view.css")}</style>'
+            f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
+            f'<script>{static("view.js")}\nAttattrView.render(document.getElementById("{uid}"), '
+            f'JSON.parse(document.getElementById("{uid}-data").textContent));</script>'
+            f'<noscript>{highlight_html(data["importance"]["tokens"], data["importance"]["values"])}</noscript>')
+
+
+def _token_colour(v: float, top: float) -> str:
+    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
+    base = (41, 158, 61) if v >= 0 else (214, 48, 39)
+    r, g, b = (round(255 + (c - 255) * f) for c in base)
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float | None = None) -> str:
+    """The notebook's green-token display in one call: each token on a background whose
+    green (positive) or red (negative) strength is |score| / ``scale`` (default: the largest
+    |score|); hovering a token shows its score. Plain HTML with inline styles, no script."""
+    values = np.asarray(list(scores), dtype=np.float64)
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != len(values):
+        from ..errors import OptionError
+
+        raise OptionError(f"highlight_html: {len(tokens)} tokens but {len(values)} scores")
+    top = float(scale) if scale is not None else (float(np.max(np.abs(values))) if values.size else 0.0)
+    spans = [
+        f'<span title="{html.escape(t)} ({i}): {v:.4g}" style="background:{_token_colour(v, top)};padding:1px 3px;'
+        f'margin:0 1px;border-radius:3px;font-family:monospace">{html.escape(t)}</span>'
+        for i, (t, v) in enumerate(zip(tokens, values))
+    ]
+    return '<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>"
+
+
+def with_attribution_from_sums(example):
+    """A shallow copy whose ``attribution`` is the head sum when only sums are kept (the tree sums heads anyway)."""
+    if example.attribution is not None or getattr(example, "head_sum", None) is None:
+        return example
+    e = copy.copy(example)
+    e.attribution = example.head_sum
+    return e

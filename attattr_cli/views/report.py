@@ -1,0 +1,188 @@
+"""A browsable, offline HTML report of a store.
+
+One file (``report.html``: CSS, JavaScript and every example's view inline) or, for large
+stores, a folder (``DIR/index.html`` plus ``DIR/examples/NNNNNNNN.js``, one script per
+example loaded when its row is clicked). The table of examples is paged, sorted and
+filtered in the browser, so the page keeps a few dozen rows in its DOM at 10,000 examples.
+Nothing is fetched from the network. No printing; progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..errors import OptionError
+from .data import ViewSpec
+from .html import script_json, static, view_data
+
+MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
+RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
+# (and 1% of |f(x)|)
+EXAMPLE_DIGITS = 3
+PROVENANCE_KEYS = ("model", "model_class", "model_type", "weights_sha256", "task", "data", "data_sha256",
+                   "label_names", "options", "kernel", "device", "dtype", "store_dtype", "libraries", "command")
+
+
+@dataclass
+class ReportResult:
+    path: Path
+    folder: bool
+    examples: int
+    bytes: int
+    flagged: dict
+
+
+def _text(e) -> str:
+    return e.text_a if e.text_b is None else f"{e.text_a} ‖ {e.text_b}"
+
+
+def row_of(e, labels: Sequence[str]) -> list:
+    """[index, text, gold, prediction, probability, max |residual|, tokens, flags] of one example."""
+    from .data import header_of
+
+    h = header_of(e, labels)
+    resid = np.abs(np.asarray(e.residual, dtype=np.float64)).ravel()
+    spread = np.abs(float(getattr(e, "f_full", 0.0)) - np.asarray(getattr(e, "f_baseline", np.zeros_like(resid)),
+                                                                    dtype=np.float64).ravel())
+    flags = []
+    if h.get("correct") is False:
+        flags.append("wrong")
+    limit = max(RESIDUAL_FLAG * float(spread.max(initial=0.0)), 0.01 * abs(float(getattr(e, "f_full", 0.0))), 1e-12)
+    if resid.size and np.any(resid > limit):
+        flags.append("residual")
+    if h.get("truncated"):
+        flags.append("truncated")
+    prob = h.get("probability")
+    return [int(e.index), _text(e), h.get("gold"), h["prediction"], None if prob is None else round(prob, 4),
+            float(f"{resid.max():.3g}") if resid.size else None, len(e.tokens), flags]
+
+
+def _provenance(store) -> dict:
+    prov = store.provenance
+    out = {k: prov[k] for k in PROVENANCE_KEYS if k in prov}
+    root = store.root_attrs
+    out["schema"] = f"{root.get('schema')} {root.get('schema_version')}"
+    out["written by"] = f"attattr {root.get('attattr_version')} on {root.get('created')}"
+    out["runs"] = len(prov.get("runs") or [])
+    if isinstance(out.get("command"), list):
+        out["command"] = " ".join(map(str, out["command"]))
+    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in out.items()}
+
+
+def _importance(path, store) -> dict:
+    from ..analysis.importance import read
+
+    imp = read(path)
+    theirs, ours = imp.identity.weights_sha256, store.provenance.get("weights_sha256")
+    if ours and theirs and theirs != ours:
+        raise OptionError(f"--importance {path} was made for another model (weights sha256 {theirs[:12]}…;"
+                          f" {Path(store.path).name}: {str(ours)[:12]}…)")
+    return {"model": imp.identity.model, "file": Path(path).name,
+            "tables": [{"name": t.name, "description": t.description,
+                        "values": np.round(np.asarray(t.values, dtype=np.float64), 6).tolist()}
+                       for t in imp.tables.values()]}
+
+
+def page(data: dict, title: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{static("view.css")}</style></head>
+<body class="aa-report"><div id="aa-report"></div>
+<script type="application/json" id="aa-report-data">{script_json(data)}</script>
+<script>{static("view.js")}</script>
+<script>{static("report.js")}</script>
+%EXAMPLES%
+<script>AttattrReport.start(document.getElementById("aa-report"), JSON.parse(document.getElementById("aa-report-data").textContent));</script>
+</body></html>
+"""
+
+
+def is_folder_target(out: str | Path) -> bool:
+    s = str(out)
+    return s.endswith(("/", "\\")) or Path(s).is_dir() or not Path(s).suffix
+
+
+def build_report(store, out: str | Path, importance: str | Path | None = None, family: str | None = None,
+                 spec: ViewSpec | None = None, progress: Callable[[int, int, str], None] | None = None) -> ReportResult:
+    """Write the report of an open ``Store`` to ``out`` (a .html file, or a folder when ``out``
+    ends with a slash, is a folder or has no suffix); written whole or not at all."""
+    from ..fileio import swap_dir_in, temp_dir_for, write_atomic
+    from . import from_store
+
+    folder = is_folder_target(out)
+    out = Path(out)
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.exists():
+        raise OptionError(f"-o {out}: the folder {parent} does not exist")
+    if not folder and out.suffix.lower() not in (".html", ".htm"):
+        raise OptionError(f"-o {out}: give a .html file or a folder (DIR/)")
+    if folder and out.exists():
+        if not out.is_dir():
+            raise OptionError(f"-o {out}: a file of that name exists; give a folder name (DIR/) or a .html file")
+        names = {p.name for p in out.iterdir()}
+        if names and not (names <= {"index.html", "examples"} and "index.html" in names):
+            raise OptionError(f"-o {out} is a folder that holds other files, not an attattr report:"
+                              " give a new folder name (it is replaced whole when it holds a report)")
+    indices = store.indices()
+    if not indices:
+        raise OptionError(f"{store.path} holds no examples")
+    if not folder and len(indices) > MAX_SINGLE_FILE:
+        raise OptionError(f"{store.path} holds {len(indices):,} examples, too many for one file (at most"
+                          f" {MAX_SINGLE_FILE:,}): write a folder instead, -o {out.with_suffix('')}/")
+    imp = _importance(importance, store) if importance is not None else None
+    spec = spec or ViewSpec()
+    fams = store.families()
+    if family is not None and family not in fams:
+        raise OptionError(f"{store.path} has no attention family '{family}'; it has: {', '.join(fams)}")
+    prov = store.provenance
+    rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0}
+    labels: list = []
+    tmp = temp_dir_for(out) if folder else None
+    inline: list[str] = []
+    try:
+        if tmp is not None:
+            (tmp / "examples").mkdir()
+        for k, i in enumerate(indices):
+            loaded = from_store(store, i, family=family, provenance=prov)
+            e, labels = loaded.example, loaded.labels
+            spec.num_layers = loaded.num_layers
+            row = row_of(e, labels)
+            rows.append(row)
+            for f in row[-1]:
+                flagged[f] += 1
+            data = view_data(e, labels, spec, loaded.token_importance, per_head=False, digits=EXAMPLE_DIGITS)
+            text = script_json(data)
+            if tmp is not None:
+                (tmp / "examples" / f"{i:08d}.js").write_text(f"AttattrReport.example({i},{text});\n", encoding="utf-8")
+            else:
+                inline.append(f'<script type="application/json" id="aa-ex-{i}">{text}</script>')
+            if progress:
+                progress(k + 1, len(indices), f"example {i}")
+        data = {"title": Path(store.path).name, "provenance": _provenance(store), "labels": labels,
+                "columns": ["index", "text", "gold", "prediction", "probability", "max |residual|", "tokens", "flags"],
+                "rows": rows, "mode": "folder" if folder else "inline", "family": family or (fams[0] if fams else "self"),
+                "families": fams, "importance": imp, "flagged": flagged, "residual_flag": RESIDUAL_FLAG}
+        text = page(data, f"attattr report: {Path(store.path).name}")
+        if tmp is not None:
+            (tmp / "index.html").write_text(text.replace("%EXAMPLES%", ""), encoding="utf-8")
+            swap_dir_in(tmp, out)
+            tmp = None
+            size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
+            path = out / "index.html"
+        else:
+            body = text.replace("%EXAMPLES%", "\n".join(inline))
+            write_atomic(out, body)
+            size, path = len(body.encode("utf-8")), out
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return ReportResult(path, folder, len(indices), size, flagged)
+
