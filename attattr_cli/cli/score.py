@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from ..engine import distributed
-from ..engine.integrate import RULES
+from ..engine.integrate import MAX_NODES, RULES
 from ..engine.run import ScoreRequest, score_to_store
 from ..engine.score import ScoreOptions
 from ..errors import OptionError
@@ -23,7 +23,9 @@ def score(
     task: Optional[str] = typer.Option(None, "--task", "-t", help=TASK_HELP),
     examples: Optional[str] = typer.Option(None, "--examples", "-e", help="Indices and ranges, e.g. 0:100 or 3,7,9 (default: all)."),
     steps: int = typer.Option(20, "--steps", help="Integration steps m."),
-    rule: str = typer.Option("right", "--rule", help="Quadrature: " + "; ".join(f"{k}: {v}" for k, v in RULES.items()) + "."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="Quadrature (default: right): " + "; ".join(f"{k}: {v}" for k, v in RULES.items()) + "."),
+    tol: Optional[float] = typer.Option(None, "--tol", help="Error-controlled integration: per example and layer, nested Clenshaw-Curtis levels (3, 5, 9, 17, ... nodes) until the map's estimated error is below TOL x max |Attr| of the layer (replaces --steps and --rule)."),
+    max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it was hit)."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
@@ -62,8 +64,10 @@ def score(
     with edge():
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
+        if tol is not None and rule not in (None, "clenshaw-curtis"):
+            raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {rule}")
         options = ScoreOptions(
-            steps=steps, rule=rule, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
+            steps=steps, rule=rule or "right", tol=tol, max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
             step_batch=step_batch, kernel=kernel,
             family=[f.strip() for f in family.split(",") if f.strip()] if family else None,

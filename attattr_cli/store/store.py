@@ -252,7 +252,9 @@ class StoreWriter(_OpenFile):
                 attention_mean=attention if attention is not None and attention.ndim == 3 else None,
                 head_sum=fs.head_sum if fs.keep != "maps" else None,
                 head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
-                topk_index=fs.topk_index, topk_value=fs.topk_value))
+                topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
+                error_estimate=getattr(fs, "error", None),
+                node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
         a["families"] = json.dumps(info)
@@ -310,6 +312,11 @@ class StoredExample:
     topk_value: np.ndarray | None = None  # [layer, head, k]
     key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
     decoder_tokens: list | None = None
+    # schema 1.2: per layer, the integration nodes used, the estimated max |error of Attr| / max |Attr|,
+    # and (--tol) whether the node cap was hit before the tolerance
+    nodes: np.ndarray | None = None
+    error_estimate: np.ndarray | None = None
+    node_cap_hit: np.ndarray | None = None
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -459,6 +466,9 @@ class Store(_OpenFile):
             topk_value=arr("topk_value"),
             key_tokens=key_tokens,
             decoder_tokens=decoder_tokens,
+            nodes=arr("nodes", big=False),
+            error_estimate=arr("error_estimate", big=False),
+            node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
         )
 
     def __iter__(self) -> Iterable[StoredExample]:
@@ -506,6 +516,8 @@ class Store(_OpenFile):
                                           "top_k": None})
                 d["keep"].add(info.get("keep"))
                 d["_r"].extend(np.abs(e.residual).tolist())
+                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit)):
+                    d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
                 g = self._group(i)
                 fg = g if name == "self" else g[FAMILIES][name]
                 if "topk_value" in fg:
@@ -514,6 +526,13 @@ class Store(_OpenFile):
             d["keep"] = ",".join(sorted(d["keep"]))
             r = d.pop("_r")
             d["mean_abs_residual"] = float(np.mean(r)) if r else None
+            nodes, est, cap = d.pop("_n"), [x for x in d.pop("_e") if np.isfinite(x)], d.pop("_c")
+            d["nodes_mean"] = float(np.mean(nodes)) if nodes else None
+            d["nodes_max"] = int(max(nodes)) if nodes else None
+            d["error_estimate_max"] = float(max(est)) if est else None
+            d["error_estimate_median"] = float(np.median(est)) if est else None
+            d["node_cap_hits"] = int(sum(cap)) if cap else (0 if nodes else None)
+            d["example_layers"] = len(r)
         return out
 
 
