@@ -111,6 +111,7 @@ def test_adaptive_rule_meets_its_tolerance_on_known_integrals(driver, name, tol)
     assert not res.capped
     assert true <= res.error <= tol
     assert all(a != 1.0 for call in field.calls for a in call)  # alpha = 1 was given, never evaluated
+    assert len(field.calls[0]) == 4  # the 5-node level (and the 3-node level below it) in one call
     assert res.evaluated == sum(len(c) for c in field.calls) == res.nodes - 1
     assert res.f[adaptive.ZERO] == pytest.approx(f(np.zeros(1))[0])
 

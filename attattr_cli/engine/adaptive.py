@@ -25,6 +25,7 @@ import torch
 from .integrate import MAX_NODES, doubling_levels
 
 ZERO, ONE = Fraction(0), Fraction(1)
+FIRST_NODES = 5  # the first level compared (with the 3-node level below it)
 
 
 @dataclass
@@ -49,9 +50,9 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
     values = dict(known or {})
     fvals: dict = {}
     evaluated = 0
-    prev = g = None
-    error = float("inf")
-    for keys, alphas, weights in doubling_levels(max_nodes):
+
+    def need(keys, alphas):
+        nonlocal evaluated
         new = [i for i, key in enumerate(keys) if key not in values]
         if new:
             grads, f = evaluate(torch.from_numpy(alphas[new]))
@@ -59,6 +60,15 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
             for row, i in enumerate(new):
                 values[keys[i]] = grads[row]
                 fvals[keys[i]] = float(f[row])
+
+    levels = list(doubling_levels(max_nodes))
+    # the first level compared has FIRST_NODES nodes: its nodes and those below go in one call
+    first = next((i for i, level in enumerate(levels) if len(level[0]) >= FIRST_NODES), len(levels) - 1)
+    need(*levels[first][:2])
+    prev = g = None
+    error = float("inf")
+    for keys, alphas, weights in levels[max(first - 1, 0):]:
+        need(keys, alphas)
         g = _combine([values[key] for key in keys], weights)
         if prev is not None:
             error = _relative(magnitude(g - prev), magnitude(g))
@@ -66,69 +76,6 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
                 return Integral(_cast(g, values), len(keys), error, False, evaluated, fvals)
         prev = g
     return Integral(_cast(g, values), len(keys), error, True, evaluated, fvals)
-
-
-def integrate_bisect(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
-                     magnitude: Callable[[torch.Tensor], float], tol: float, max_nodes: int = MAX_NODES,
-                     known: dict | None = None) -> Integral:
-    """Globally adaptive bisection: each interval carries Boole's rule on five equally spaced
-    nodes with Simpson's rule on three of them embedded; the intervals with the largest
-    estimated error are halved (four new nodes per halving, every old node reused) until
-    the map of sum(Boole - Simpson) is below ``tol`` x max |Attr|."""
-    if tol <= 0:
-        raise ValueError("the tolerance must be positive")
-    if max_nodes < 5:
-        raise ValueError("the node cap must be at least 5 (one interval)")
-    values = dict(known or {})
-    fvals: dict = {}
-    evaluated = 0
-
-    def need(keys):
-        nonlocal evaluated
-        new = sorted({k for k in keys if k not in values})
-        if new:
-            grads, f = evaluate(torch.tensor([float(k) for k in new], dtype=torch.float64))
-            evaluated += len(new)
-            for row, key in enumerate(new):
-                values[key] = grads[row]
-                fvals[key] = float(f[row])
-
-    def five(a, b):
-        return [a + (b - a) * Fraction(k, 4) for k in range(5)]
-
-    def rules(a, b):  # (Boole, Boole - Simpson) of the interval
-        v = [values[k] for k in five(a, b)]
-        h = float(b - a)
-        boole = _combine(v, [h * w / 90 for w in (7, 32, 12, 32, 7)])
-        simpson = _combine([v[0], v[2], v[4]], [h / 6, 4 * h / 6, h / 6])
-        return boole, boole - simpson
-
-    intervals = [(ZERO, ONE)]
-    need(five(ZERO, ONE))
-    local = {iv: rules(*iv) for iv in intervals}
-    while True:
-        g = _combine([local[iv][0] for iv in intervals], [1.0] * len(intervals))
-        diff = _combine([local[iv][1] for iv in intervals], [1.0] * len(intervals))
-        error = _relative(magnitude(diff), magnitude(g))
-        if error <= tol:
-            return Integral(_cast(g, values), len(values), error, False, evaluated, fvals)
-        sizes = {iv: magnitude(local[iv][1]) for iv in intervals}
-        worst = max(sizes.values())
-        room = (max_nodes - len(values)) // 4
-        split = sorted((iv for iv in intervals if sizes[iv] >= worst / 2), key=lambda iv: -sizes[iv])[:room]
-        if not split:
-            return Integral(_cast(g, values), len(values), error, True, evaluated, fvals)
-        halves = []
-        for a, b in split:
-            mid = (a + b) / 2
-            halves += [(a, mid), (mid, b)]
-        need([k for iv in halves for k in five(*iv)])
-        for iv in split:
-            intervals.remove(iv)
-            del local[iv]
-        for iv in halves:
-            local[iv] = rules(*iv)
-        intervals = sorted(intervals + halves)
 
 
 def _combine(grads: list[torch.Tensor], weights) -> torch.Tensor:

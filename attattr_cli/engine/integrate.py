@@ -22,10 +22,10 @@ RULES = {
     "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
     "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
     "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
-                       " with --tol, its nested levels 3, 5, 9, 17, 33, 65 nodes are used adaptively",
+                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
 }
 
-MAX_NODES = 65  # default node cap of the error-controlled integration (Clenshaw-Curtis with 64 intervals)
+MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
 
 
 def nodes(rule: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
