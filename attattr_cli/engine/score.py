@@ -653,8 +653,10 @@ class Scorer:
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 
     def _magnitude(self, g: torch.Tensor) -> float:
-        """max |Attr| of the map made from ``g`` with the saved projections."""
-        return float(self._attribute(g.view(1, *g.shape[-3:]), want_maps=True)["maps"].abs().max())
+        """max |Attr| of the map made from ``g`` with the saved projections: the map is linear in
+        G, so it is the larger signed max of the maps of g and -g (no n x n map is kept)."""
+        g = g.view(1, *g.shape[-3:])
+        return max(float(self._attribute(x, want_maps=False)["head_max"].max()) for x in (g, -g))
 
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
         """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
