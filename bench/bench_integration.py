@@ -22,7 +22,9 @@ e.g. from `just finetune-sst2`). Timings mean something with OMP_NUM_THREADS=1 o
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -43,7 +45,19 @@ def main() -> None:
     ap.add_argument("--examples", default="0:100")
     ap.add_argument("--tols", default="3e-2,1e-2,1e-3", help="--tol values to run")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--raw", default=None, help="also save the per-example-layer figures to this JSON file")
+    ap.add_argument("--combine", nargs="+", default=None,
+                    help="print the table of several --raw files (runs on disjoint example ranges) instead")
     args = ap.parse_args()
+    if args.combine:
+        parts = [json.loads(Path(f).read_text()) for f in args.combine]
+        stats = {name: {k: (sum((p["stats"][name][k] for p in parts), []) if isinstance(v, list)
+                            else sum(p["stats"][name][k] for p in parts))
+                        for k, v in parts[0]["stats"][name].items()} for name in parts[0]["stats"]}
+        for p in parts:
+            print(p["header"])
+        report(stats, sum(p["examples"] for p in parts), parts[0]["tols"])
+        return
     torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
 
@@ -61,9 +75,10 @@ def main() -> None:
     runs = {name: prep(ScoreOptions(**kw)) for name, kw in methods}
     examples = reference.picked
     lengths = [len(reference.encoded[e.index].input_ids) for e in examples]
-    print(f"model: {loaded.model_id} ({loaded.arch.num_layers} layers x {loaded.arch.num_heads} heads), "
+    header = (f"model: {loaded.model_id} ({loaded.arch.num_layers} layers x {loaded.arch.num_heads} heads), "
           f"{len(examples)} examples, {min(lengths)}..{max(lengths)} tokens (mean {np.mean(lengths):.1f}), "
           f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32; reference gauss m=64")
+    print(header, flush=True)
 
     stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": 0.0, "est_ok": 0, "met": 0} for name, _ in methods}
     for i, e in enumerate(examples):
@@ -84,15 +99,21 @@ def main() -> None:
                 s["met"] += int(not fam.capped[k]) if "tol" in kw else 0
             s["resid"].extend(np.abs(r.residual).tolist())
             s["nodes"].extend(fam.nodes.tolist())
+    if args.raw:
+        Path(args.raw).write_text(json.dumps({"header": header, "examples": len(examples), "stats": stats,
+                                              "tols": [name for name, kw in methods if "tol" in kw]}))
+    report(stats, len(examples), [name for name, kw in methods if "tol" in kw])
+
+
+def report(stats: dict, n_examples: int, tols: list) -> None:
     base = stats["right m=20"]
-    base_cpu, base_err = base["cpu"] / len(examples), max(base["err"])
+    base_cpu, base_err = base["cpu"] / n_examples, max(base["err"])
     print(f"{'method':<12} {'max rel err':>11} {'mean rel err':>12} {'|residual|':>10} {'nodes':>6} "
           f"{'CPU s/ex':>8} {'speed-up':>8} {'err ratio':>9} {'est>=err':>8} {'at tol':>7}")
-    for name, kw in methods:
-        s = stats[name]
+    for name, s in stats.items():
         n = len(s["err"])
-        cpu = s["cpu"] / len(examples)
-        at_tol = f"{s['met'] / n:7.1%}" if "tol" in kw else f"{'':>7}"
+        cpu = s["cpu"] / n_examples
+        at_tol = f"{s['met'] / n:7.1%}" if name in tols else f"{'':>7}"
         print(f"{name:<12} {max(s['err']):11.2e} {np.mean(s['err']):12.2e} {np.mean(s['resid']):10.2e} "
               f"{np.mean(s['nodes']):6.2f} {cpu:8.3f} {base_cpu / cpu:7.2f}x {max(s['err']) / base_err:9.3f} "
               f"{s['est_ok'] / n:8.1%} {at_tol}", flush=True)
