@@ -236,3 +236,32 @@ def test_score_tol_refuses_bad_options_with_one_line(tmp_path, args, message):
     assert result.exit_code != 0
     assert [line for line in result.stderr.splitlines() if line.strip()] == [message]
     assert not (tmp_path / "x.h5").exists()
+
+
+@pytest.mark.parametrize("kind", ["bart", "gpt2"])
+def test_tol_on_every_family_equals_the_fixed_rule_at_the_nodes_it_chose(tokenizer, kind):
+    """Encoder-decoder families (encoder, decoder, cross) and a causal LM: each layer's map
+    under --tol is the fixed Clenshaw-Curtis rule with the node count that layer chose."""
+    from conftest import build_model
+
+    from attattr_cli.data.types import Example
+    from attattr_cli.models.loading import prepare
+
+    lm = kind != "bart"
+    model = build_model(kind, torch.float64, num_labels=2, layers=2, lm=lm)
+    if not lm:
+        model.config.id2label, model.config.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
+    loaded = prepare(model, tokenizer, f"tiny-{kind}", lm=lm)
+    example = Example(0, "w1 w2 w3 w4 w5 w6")
+    result = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=lm)).score(example)
+    fixed = {}
+    for name, fam in result.families.items():
+        assert (fam.error <= 1e-3).all() and not fam.capped.any()
+        for k, layer in enumerate(fam.layers):
+            m = int(fam.nodes[k])
+            if m not in fixed:
+                fixed[m] = Scorer(loaded, ScoreOptions(rule="clenshaw-curtis", steps=m, dtype="float64", lm=lm)).score(example)
+            ref = fixed[m].families[name]
+            assert np.abs(fam.head_max[k] - ref.head_max[k]).max() <= 1e-9 * np.abs(ref.head_max[k]).max()
+            assert fam.f_baseline[k] == pytest.approx(ref.f_baseline[k], rel=1e-12)
+            assert fam.residual[k] == pytest.approx(ref.residual[k], abs=1e-10)
