@@ -69,8 +69,7 @@ bench-long: setup
 bench-long-gpu: setup
     {{py}} bench/bench_long_decoder.py --gpu --json bench-long-gpu.json
 
-# Integration rules and --tol against Gauss-Legendre m = 64 (docs/integration.md): the built-in default, then a
-# model from finetune-sst2 (about 15 CPU minutes per 40 sentences)
+# Integration rules and --tol vs Gauss-Legendre m = 64 on the built-in default and a finetune-sst2 model (docs/integration.md)
 bench-integration model="models/sst2-minilm" n="100": setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:50
     OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}}
