@@ -100,6 +100,11 @@ bench-long: setup
 bench-long-gpu: setup
     {{py}} bench/bench_long_decoder.py --gpu --json bench-long-gpu.json
 
+# Integration rules and --tol vs Gauss-Legendre m = 64 on the built-in default and a finetune-sst2 model (docs/integration.md)
+bench-integration model="models/sst2-minilm" n="100": setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:50
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}}
+
 # score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
 bench-distributed: setup
     {{py}} bench/bench_distributed.py

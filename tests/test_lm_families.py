@@ -19,7 +19,7 @@ from attattr_cli.engine.scorer import Scorer
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from attattr_cli.models.loading import prepare
-from attattr_cli.store import Store
+from attattr_cli.store import SCHEMA_VERSION, Store
 from conftest import build_model, one_error_line, run_cli
 from slow_reference import slow_attribution
 
@@ -231,7 +231,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
     r = run_cli("score", "--model", bart_dir, "--data", sst2_small, "--examples", "0:2", "--steps", "4", "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     with Store(out) as s:
-        assert s.schema_version == "1.1"
+        assert s.schema_version == SCHEMA_VERSION
         assert s.families() == ["encoder", "decoder", "cross"]
         enc, cross = s.get(0), s.get(0, family="cross")
         assert enc.family == "encoder" and enc.attribution.shape[:2] == (2, 4)

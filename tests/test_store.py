@@ -13,7 +13,7 @@ from attattr_cli.engine.run import ScoreRequest, score_to_store
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import StoreError
 from attattr_cli.store import Store, StoreWriter, merge
-from attattr_cli.store.schema import EXAMPLES, PARTIAL_PREFIX
+from attattr_cli.store.schema import EXAMPLES, PARTIAL_PREFIX, SCHEMA_VERSION
 
 
 def _digest(path):
@@ -35,7 +35,7 @@ def test_round_trip(tmp_path, tiny_model_dir, sst2_small):
         e = s.get(2)
         prov = s.provenance
         assert s.root_attrs["schema"] == "attattr.store"
-        assert s.schema_version == "1.1"
+        assert s.schema_version == SCHEMA_VERSION
     n = len(e.tokens)
     assert e.attribution.shape == (3, 4, n, n) and e.attention.shape == (3, 4, n, n)
     assert e.attribution.dtype == np.float32

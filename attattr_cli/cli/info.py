@@ -19,8 +19,16 @@ def _families(fams: dict) -> str:
         axes = f"{d.get('query')}->{d.get('key')}"
         topk = f", top-{d['top_k']}" if d.get("top_k") else ""
         resid = "" if d.get("mean_abs_residual") is None else f", mean |residual| {d['mean_abs_residual']:.1e}"
+        conv = ""
+        if d.get("nodes_mean") is not None:
+            conv = f", nodes mean {d['nodes_mean']:.1f} (max {d['nodes_max']})"
+            if d.get("error_estimate_max") is not None:
+                conv += (f", error estimate max {d['error_estimate_max']:.1e} (median {d['error_estimate_median']:.1e})"
+                         " of max |Attr|")
+            if d.get("node_cap_hits"):
+                conv += f", node cap hit on {d['node_cap_hits']} of {d['example_layers']} example-layers"
         lines.append(f"{name}: {len(d.get('layers') or [])} layers scored x {d.get('heads')} heads ({axes}),"
-                     f" keep {d.get('keep')}{topk}{resid}")
+                     f" keep {d.get('keep')}{topk}{resid}{conv}")
     return "\n".join(lines)
 
 

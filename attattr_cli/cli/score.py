@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from ..engine.options import MAX_NODES
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
@@ -20,6 +21,8 @@ RULES = {
     "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
     "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
     "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
+    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
+                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
 }
 RULES_HELP = "; ".join(f"{k}: {v}" for k, v in RULES.items())
 
@@ -31,7 +34,9 @@ def score(
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples(),
     steps: int = typer.Option(20, "--steps", help="Integration steps m."),
-    rule: str = typer.Option("right", "--rule", help="Quadrature: " + RULES_HELP + "."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="Quadrature (default: right): " + RULES_HELP + "."),
+    tol: Optional[float] = typer.Option(None, "--tol", help="Error-controlled integration: per example and layer, nested Clenshaw-Curtis levels (3, 5, 9, 17, ... nodes) until the map's estimated error is below TOL x max |Attr| of the layer (replaces --steps and --rule)."),
+    max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it was hit)."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
@@ -79,8 +84,10 @@ def score(
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
+        if tol is not None and rule not in (None, "clenshaw-curtis"):
+            raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {rule}")
         score_options = ScoreOptions(
-            steps=steps, rule=rule, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
+            steps=steps, rule=rule or "right", tol=tol, max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
             step_batch=options.pick(step_batch, step_batch_old), kernel=kernel,
             family=[f.strip() for f in family.split(",") if f.strip()] if family else None,

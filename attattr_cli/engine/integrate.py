@@ -1,17 +1,29 @@
-"""Quadrature rules for the path integral over alpha in [0, 1] (docs/method.md section 1.2)."""
+"""Quadrature rules for the path integral over alpha in [0, 1] (docs/method.md section 1.2).
+
+Fixed rules (:func:`nodes`) take m nodes; :func:`embedded` gives each of them a lower-order
+rule on the same nodes, whose difference from the rule estimates how converged it is. The
+error-controlled integration of :mod:`.adaptive` walks the nested Clenshaw-Curtis levels of
+:func:`doubling_levels`, each of which reuses every node of the one before.
+"""
 
 from __future__ import annotations
+
+from fractions import Fraction
+from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..errors import OptionError
+from .options import MAX_NODES  # the default node cap lives with the options (no torch there)
 
 RULES = {
     "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
     "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
     "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
     "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
+    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
+                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
 }
 
 
@@ -29,6 +41,107 @@ def nodes(rule: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     elif rule == "gauss":
         x, w = np.polynomial.legendre.leggauss(steps)
         alphas, weights = (x + 1.0) / 2.0, w / 2.0
+    elif rule == "clenshaw-curtis":
+        if steps < 2:
+            raise OptionError("--rule clenshaw-curtis needs at least 2 nodes (--steps 2: the trapezoid rule)")
+        alphas, weights = clenshaw_curtis(steps - 1)
     else:
         raise OptionError(f"unknown rule '{rule}'; available: {', '.join(RULES)}")
     return torch.from_numpy(alphas), torch.from_numpy(weights)
+
+
+def clenshaw_curtis(intervals: int) -> tuple[np.ndarray, np.ndarray]:
+    """Clenshaw-Curtis nodes alpha_j = (1 - cos(pi j / N))/2, j = 0..N, and weights on [0, 1]
+    (N = ``intervals``); exact for polynomials of degree N (N + 1 if N is even)."""
+    n = int(intervals)
+    if n < 1:
+        raise ValueError("Clenshaw-Curtis needs at least one interval")
+    j = np.arange(n + 1)
+    theta = np.pi * j / n
+    w = np.ones(n + 1)
+    for k in range(1, n // 2 + 1):
+        b = 1.0 if 2 * k == n else 2.0
+        w -= b / (4 * k * k - 1) * np.cos(2 * k * theta)
+    c = np.full(n + 1, 2.0)
+    c[0] = c[-1] = 1.0
+    weights = c * w / n / 2.0  # /2: from [-1, 1] to [0, 1]
+    alphas = (1.0 - np.cos(theta)) / 2.0
+    alphas[0], alphas[-1] = 0.0, 1.0
+    if n % 2 == 0:
+        alphas[n // 2] = 0.5
+    return alphas, weights
+
+
+def doubling_levels(max_nodes: int = MAX_NODES) -> Iterator[tuple[list[Fraction], np.ndarray, np.ndarray]]:
+    """The nested Clenshaw-Curtis levels N = 1, 2, 4, ... intervals (2, 3, 5, 9, ... nodes) that
+    fit ``max_nodes``: (keys, alphas, weights) per level. A node's key (j/N as a fraction)
+    is the same at every level that has it, so a level's new nodes are those with new keys."""
+    n = 1
+    while n + 1 <= max_nodes:
+        alphas, weights = clenshaw_curtis(n)
+        yield [Fraction(j, n) for j in range(n + 1)], alphas, weights
+        n *= 2
+
+
+def embedded(rule: str, steps: int) -> tuple[np.ndarray, float] | None:
+    """A lower-order rule on the nodes of ``nodes(rule, steps)`` (weights over the same nodes,
+    0 where it does not use one) and the divisor d: |Q - Q_low| / d estimates the error of Q.
+
+    * right, left: the same rule on every p-th node (p the smallest prime factor of m), i.e.
+      m/p nodes; both are first order, so the error of Q is about |Q - Q_low| / (p - 1);
+    * midpoint: the midpoint rule on every p-th node (p the smallest odd prime factor of m;
+      second order, d = p^2 - 1), or, for m a power of two, a first-order sum on every other
+      node (d = 1: an overestimate);
+    * gauss: the interpolatory rule on its nodes but the middle one (two for even m), which
+      stays symmetric like the rule, so that it sees the symmetric part of the integrand, the
+      only part a symmetric rule gets wrong (degree m - 2 or m - 3 against 2m - 1: an
+      overestimate, d = 1);
+    * clenshaw-curtis: the level with half the intervals when m - 1 is even (it is nested),
+      else as for gauss (d = 1: an overestimate).
+
+    None when there is no lower-order rule (m = 1; gauss and clenshaw-curtis with m = 2).
+    """
+    alphas, weights = (t.numpy() for t in nodes(rule, steps))
+    m = steps
+    if m < 2:
+        return None
+    low = np.zeros(m)
+    if rule in ("right", "left"):
+        p = _smallest_factor(m)
+        k = np.arange(m) + (1 if rule == "right" else 0)
+        low[k % p == 0] = p / m
+        return low, float(p - 1)
+    if rule == "midpoint":
+        odd = _smallest_factor(m, odd=True)
+        if odd is not None:
+            low[np.arange(m) % odd == (odd - 1) // 2] = odd / m
+            return low, float(odd * odd - 1)
+        low[0::2] = 2.0 / m
+        return low, 1.0
+    if rule == "clenshaw-curtis" and (m - 1) % 2 == 0:
+        _, half = clenshaw_curtis((m - 1) // 2)
+        low[0::2] = half
+        return low, 1.0
+    keep = np.ones(m, dtype=bool)
+    keep[(m - 1) // 2:m // 2 + 1] = False
+    if not keep.any():
+        return None
+    low[keep] = _interpolatory(alphas[keep])
+    return low, 1.0
+
+
+def _smallest_factor(m: int, odd: bool = False) -> int | None:
+    for p in range(3 if odd else 2, m + 1, 2 if odd else 1):
+        if m % p == 0:
+            return p
+    return None
+
+
+def _interpolatory(alphas: np.ndarray) -> np.ndarray:
+    """Weights on [0, 1] of the rule that integrates every polynomial of degree < len(alphas)
+    exactly at these nodes (solved in the Legendre basis, which keeps it well conditioned)."""
+    x = 2.0 * np.asarray(alphas, dtype=np.float64) - 1.0
+    v = np.polynomial.legendre.legvander(x, len(x) - 1)  # [node, degree]
+    moments = np.zeros(len(x))
+    moments[0] = 2.0
+    return np.linalg.solve(v.T, moments) / 2.0

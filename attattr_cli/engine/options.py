@@ -12,6 +12,7 @@ from ..errors import OptionError
 OUTPUTS = ("prob", "logit", "logprob")
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
+MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
 
 
 @dataclass
@@ -38,11 +39,19 @@ class ScoreOptions:
     target_token: str | None = None  # the next token whose probability is attributed
     continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
     position: int | None = None  # position whose next-token distribution holds the target (default: last)
+    # error-controlled integration: nested Clenshaw-Curtis levels per example and layer until the
+    # map's estimated error is below tol x max |Attr| of the layer, at most max_nodes nodes
+    tol: float | None = None
+    max_nodes: int = MAX_NODES
 
     # fields added after store schema 1.0; left out of the fingerprint at their defaults so
     # that stores written before them still resume
     _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
-              "continuation": None, "position": None}
+              "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES}
+
+    def __post_init__(self):
+        if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
+            self.rule = "clenshaw-curtis"
 
     def validate(self, num_layers: int) -> list[int]:
         """Check the options against a model of ``num_layers`` layers; the chosen layers, sorted."""
@@ -67,6 +76,12 @@ class ScoreOptions:
             raise OptionError("give either --target-token or --continuation, not both")
         if self.continuation is not None and self.position is not None:
             raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
+        if self.tol is not None and not self.tol > 0:
+            raise OptionError(f"tol (--tol) must be positive, got {self.tol}")
+        if self.tol is not None and self.rule != "clenshaw-curtis":
+            raise OptionError(f"tol (--tol) chooses Clenshaw-Curtis nodes itself; it does not go with rule {self.rule}")
+        if self.max_nodes < 3:
+            raise OptionError(f"max_nodes (--max-nodes) must be at least 3, got {self.max_nodes}")
         resolve_dtype(self.dtype)
         layers = list(range(num_layers)) if self.layers is None else list(self.layers)
         for layer in layers:

@@ -25,6 +25,9 @@ class FamilyScore:
     residual: np.ndarray  # [layer]
     topk_index: np.ndarray | None = None  # [layer, head, k, 2] (query, key)
     topk_value: np.ndarray | None = None  # [layer, head, k]
+    nodes: np.ndarray | None = None  # [layer] integration nodes used
+    error: np.ndarray | None = None  # [layer] estimated max |error of Attr| / max |Attr|
+    capped: np.ndarray | None = None  # [layer] tol: the node cap was hit before the tolerance
 
 
 @dataclass

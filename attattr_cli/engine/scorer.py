@@ -24,7 +24,8 @@ from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention, memory, options as options_mod
 from .encoding import Encoded, decoder_start_of, encode, too_long
-from .integrate import nodes
+from . import adaptive
+from .integrate import embedded, nodes
 from .memory import BackOff, is_out_of_memory
 from .options import ScoreOptions
 from .results import ExampleScore, FamilyScore
@@ -67,7 +68,9 @@ class Scorer:
             self.label_map, self.label_how = align_labels(task_labels, loaded)
             self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
             self._fixed_target = self._parse_target(options.target)
-        self.alphas, self.weights = nodes(options.rule, options.steps)
+        self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
+        self.low = embedded(options.rule, options.steps) if options.tol is None else None
+        self.last_integral = (options.steps, float("nan"), False)  # nodes, error estimate, cap hit
         # LMs that can run only the needed positions through their head (checked once, not per pass)
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.last_step_batch = 0
@@ -237,6 +240,7 @@ class Scorer:
             self.last_step_batch = 0
             for fam in self.families:
                 maps, sums, head_max, f_base, resid, tk_i, tk_v = [], [], [], [], [], [], []
+                conv = []
                 for layer in self.layers_of[fam.name]:
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site))
@@ -253,11 +257,14 @@ class Scorer:
                     head_max.append(res["head_max"][0].cpu())
                     f_base.append(f0)
                     resid.append(float(hs.double().sum()) - (f_full - f0))
+                    conv.append(self.last_integral)
                     del res, g
                     if on_layer is not None:
                         on_layer(layer)
                 fams[fam.name] = self._family_score(fam, keep, record, maps, sums, head_max, f_base, resid,
                                                     tk_i, tk_v, len(enc.input_ids))
+                fams[fam.name].nodes, fams[fam.name].error, fams[fam.name].capped = (
+                    np.asarray([c[i] for c in conv], dtype) for i, dtype in enumerate((np.int32, np.float64, bool)))
         first = fams[self.families[0].name]
         n = len(enc.input_ids)
         if self.options.lm:
@@ -362,11 +369,18 @@ class Scorer:
         """
         family, layer = site
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        if self.options.tol is not None:
+            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype)
         alphas, weights = self.alphas, self.weights
-        g_sum = None
+        # the embedded lower-order rule: its G is sum_k (w_low_k / w_k) (w_k dF/dO_k)
+        ratio = None if self.low is None else torch.from_numpy(self.low[0]) / weights
+        g_sum = g_low = None
         if grad_at_one is not None:
             one = alphas == 1
             g_sum = (grad_at_one.to(acc_dtype) * weights[one].sum().item())
+            if ratio is not None:
+                g_low = g_sum * ratio[one].sum().item()
+                ratio = ratio[~one]
             alphas, weights = alphas[~one], weights[~one]
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
@@ -388,6 +402,10 @@ class Scorer:
             if failed is not None:  # out of the except block: the failed pass's tensors are free now
                 chunk = self._back_off.halve(len(a), failed, self.warn)
                 continue
+            if ratio is not None:
+                low = (part * ratio[start:start + len(a)].to(part).view(-1, *[1] * (part.dim() - 1))).sum(0, keepdim=True)
+                g_low = low if g_low is None else g_low + low
+            part = part.sum(0, keepdim=True)
             g_sum = part if g_sum is None else g_sum + part
             if zero_at is not None and start <= zero_at < start + len(a):
                 f0 = float(f[zero_at - start])
@@ -404,10 +422,49 @@ class Scorer:
             if saved is None:
                 saved = plan.saved
         self._saved = saved
+        error = float("nan") if g_low is None else (
+            adaptive._relative(self._magnitude(g_sum - g_low), self._magnitude(g_sum)) / self.low[1])
+        self.last_integral = (len(self.alphas), error, False)
         return g_sum, f0
 
+    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype):
+        """G and F(0) by the error-controlled integration of engine/adaptive.py."""
+        def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
+            grads, fs, start, chunk = [], [], 0, self.auto_step_batch(enc, site, len(alphas))
+            chunk = self._back_off.cap(chunk)
+            ones = torch.ones(len(alphas), dtype=torch.float64)
+            while start < len(alphas):
+                a = alphas[start:start + chunk]
+                try:
+                    g, f, self._saved = self._step_chunk(enc, site, target, clean, a, ones[:len(a)].to(self.device, acc_dtype))
+                except RuntimeError as exc:
+                    if not is_out_of_memory(exc):
+                        raise
+                    failed = first_line(exc)
+                else:
+                    failed = None
+                if failed is not None:  # out of the except block: the failed pass's tensors are free now
+                    chunk = self._back_off.halve(len(a), failed, self.warn)
+                    continue
+                grads.append(g)
+                fs.append(f)
+                self.last_step_batch = max(self.last_step_batch, len(a))
+                start += len(a)
+            return torch.cat(grads), torch.cat(fs)
+
+        known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
+        res = adaptive.integrate(evaluate, self._magnitude, self.options.tol, self.options.max_nodes, known)
+        self.last_integral = (res.nodes, res.error, res.capped)
+        return res.g.unsqueeze(0), res.f[adaptive.ZERO]
+
+    def _magnitude(self, g: torch.Tensor) -> float:
+        """max |Attr| of the map made from ``g`` with the saved projections: the map is linear in
+        G, so it is the larger signed max of the maps of g and -g (no n x n map is kept)."""
+        g = g.view(1, *g.shape[-3:])
+        return max(float(self._attribute(x, want_maps=False)["head_max"].max()) for x in (g, -g))
+
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
-        """One micro-batch of steps: (sum of w_k dF/dO_k over it, F at its alphas, saved Q/K/V)."""
+        """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
         family, layer = site
         acc_dtype = w.dtype
         plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
@@ -417,7 +474,7 @@ class Scorer:
             if plan.leaf is None:
                 raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-        return g.to(acc_dtype).sum(0, keepdim=True), f.detach(), plan.saved
+        return g.to(acc_dtype), f.detach(), plan.saved
 
     def _attribute(self, g: torch.Tensor, want_maps: bool = True) -> dict:
         s = self._saved

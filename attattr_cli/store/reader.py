@@ -48,6 +48,11 @@ class StoredExample:
     topk_value: np.ndarray | None = None  # [layer, head, k]
     key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
     decoder_tokens: list | None = None
+    # schema 1.2: per layer, the integration nodes used, the estimated max |error of Attr| / max |Attr|,
+    # and (tol) whether the node cap was hit before the tolerance
+    nodes: np.ndarray | None = None
+    error_estimate: np.ndarray | None = None
+    node_cap_hit: np.ndarray | None = None
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -208,6 +213,9 @@ class Store(OpenFile):
             topk_value=arr("topk_value"),
             key_tokens=key_tokens,
             decoder_tokens=decoder_tokens,
+            nodes=arr("nodes", big=False),
+            error_estimate=arr("error_estimate", big=False),
+            node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
         )
 
     def __iter__(self) -> Iterable[StoredExample]:
@@ -255,6 +263,8 @@ class Store(OpenFile):
                                           "top_k": None})
                 d["keep"].add(info.get("keep"))
                 d["_r"].extend(np.abs(e.residual).tolist())
+                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit)):
+                    d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
                 g = self._group(i)
                 fg = g if name == "self" else g[FAMILIES][name]
                 if "topk_value" in fg:
@@ -263,4 +273,11 @@ class Store(OpenFile):
             d["keep"] = ",".join(sorted(d["keep"]))
             r = d.pop("_r")
             d["mean_abs_residual"] = float(np.mean(r)) if r else None
+            nodes, est, cap = d.pop("_n"), [x for x in d.pop("_e") if np.isfinite(x)], d.pop("_c")
+            d["nodes_mean"] = float(np.mean(nodes)) if nodes else None
+            d["nodes_max"] = int(max(nodes)) if nodes else None
+            d["error_estimate_max"] = float(max(est)) if est else None
+            d["error_estimate_median"] = float(np.median(est)) if est else None
+            d["node_cap_hits"] = int(sum(cap)) if cap else (0 if nodes else None)
+            d["example_layers"] = len(r)
         return out

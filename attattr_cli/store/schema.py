@@ -5,7 +5,7 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.1"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets
+SCHEMA_VERSION = "1.2"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
@@ -33,10 +33,14 @@ AXES = {
     "topk_value": ("layer", "head", "rank"),
     "decoder_tokens": ("decoder_token",),
     "decoder_input_ids": ("decoder_token",),
+    # schema 1.2
+    "nodes": ("layer",),
+    "error_estimate": ("layer",),
+    "node_cap_hit": ("layer",),
 }
 # the datasets of one family (at the example's top level for "self", else under families/)
 FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
-                   "f_baseline", "residual", "topk_index", "topk_value")
+                   "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit")
 
 STORE_DTYPES = ("float32", "float16")
 

@@ -167,7 +167,9 @@ class StoreWriter(OpenFile):
                 attention_mean=attention if attention is not None and attention.ndim == 3 else None,
                 head_sum=fs.head_sum if fs.keep != "maps" else None,
                 head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
-                topk_index=fs.topk_index, topk_value=fs.topk_value))
+                topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
+                error_estimate=getattr(fs, "error", None),
+                node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
         a["families"] = json.dumps(info)

@@ -1,0 +1,123 @@
+"""Integration rules against a converged reference, from one run on this machine.
+
+For every example and every layer the attribution map of each method is compared with
+the map of Gauss-Legendre m = 64 (the converged reference):
+
+  max rel err    max over example-layers of max |Attr - Ref| / max |Ref| (per layer)
+  mean rel err   the mean of that over example-layers
+  |residual|     mean |completeness residual| (sum Attr - (F(A) - F(0)))
+  nodes          mean integration nodes per layer (alpha = 1 comes free with the clean backward)
+  CPU s/ex       process CPU seconds per example (all layers), methods interleaved per example
+  est >= err     how often the stored error estimate is at least the true error
+  at tol         --tol: share of example-layers that met the tolerance within the node cap
+
+Ratios are against the paper's rule (right, m = 20, attattr's default): speed-up = its CPU
+time / the method's, error ratio = the method's max rel err / its.
+
+Run: `python bench/bench_integration.py` (the built-in default) and
+`python bench/bench_integration.py --model DIR --data dev.tsv --task sst2` (a fine-tuned model,
+e.g. from `just finetune-sst2`). Timings mean something with OMP_NUM_THREADS=1 on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attattr_cli.engine.run import ScoreRequest, prepare_run
+from attattr_cli.engine.score import ScoreOptions
+
+METHODS = [("right m=20", dict(rule="right", steps=20)), ("left m=20", dict(rule="left", steps=20)),
+           ("gauss m=4", dict(rule="gauss", steps=4)), ("gauss m=6", dict(rule="gauss", steps=6)),
+           ("gauss m=8", dict(rule="gauss", steps=8)), ("gauss m=12", dict(rule="gauss", steps=12))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="model folder (default: the built-in default)")
+    ap.add_argument("--data", default=None)
+    ap.add_argument("--task", default=None)
+    ap.add_argument("--examples", default="0:100")
+    ap.add_argument("--tols", default="3e-2,1e-2,1e-3", help="--tol values to run")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--raw", default=None, help="also save the per-example-layer figures to this JSON file")
+    ap.add_argument("--combine", nargs="+", default=None,
+                    help="print the table of several --raw files (runs on disjoint example ranges) instead")
+    args = ap.parse_args()
+    if args.combine:
+        parts = [json.loads(Path(f).read_text()) for f in args.combine]
+        stats = {name: {k: (sum((p["stats"][name][k] for p in parts), []) if isinstance(v, list)
+                            else sum(p["stats"][name][k] for p in parts))
+                        for k, v in parts[0]["stats"][name].items()} for name in parts[0]["stats"]}
+        for p in parts:
+            print(p["header"])
+        report(stats, sum(p["examples"] for p in parts), parts[0]["tols"])
+        return
+    torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    methods = METHODS + [(f"tol {t}", dict(tol=float(t))) for t in args.tols.split(",")]
+
+    def prep(options):
+        req = ScoreRequest(out="unused.h5", model=args.model, data=args.data, task=args.task,
+                           examples=args.examples, options=options, command=["bench"])
+        return prepare_run(req, loaded)
+
+    loaded = None
+    reference = prep(ScoreOptions(rule="gauss", steps=64))
+    loaded = reference.loaded
+    runs = {name: prep(ScoreOptions(**kw)) for name, kw in methods}
+    examples = reference.picked
+    lengths = [len(reference.encoded[e.index].input_ids) for e in examples]
+    header = (f"model: {loaded.model_id} ({loaded.arch.num_layers} layers x {loaded.arch.num_heads} heads), "
+          f"{len(examples)} examples, {min(lengths)}..{max(lengths)} tokens (mean {np.mean(lengths):.1f}), "
+          f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32; reference gauss m=64")
+    print(header, flush=True)
+
+    stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": 0.0, "est_ok": 0, "met": 0} for name, _ in methods}
+    for i, e in enumerate(examples):
+        ref = reference.scorer.score(e, reference.encoded[e.index])
+        order = methods[i % len(methods):] + methods[:i % len(methods)]  # interleaved, rotating
+        for name, kw in order:
+            run = runs[name]
+            t0 = time.process_time()
+            r = run.scorer.score(e, run.encoded[e.index])
+            stats[name]["cpu"] += time.process_time() - t0
+            fam = r.families["self"]
+            s = stats[name]
+            for k in range(len(r.layers)):
+                scale = np.abs(ref.attribution[k]).max()
+                err = float(np.abs(r.attribution[k].astype(np.float64) - ref.attribution[k]).max() / scale)
+                s["err"].append(err)
+                s["est_ok"] += int(fam.error[k] >= err)
+                s["met"] += int(not fam.capped[k]) if "tol" in kw else 0
+            s["resid"].extend(np.abs(r.residual).tolist())
+            s["nodes"].extend(fam.nodes.tolist())
+    if args.raw:
+        Path(args.raw).write_text(json.dumps({"header": header, "examples": len(examples), "stats": stats,
+                                              "tols": [name for name, kw in methods if "tol" in kw]}))
+    report(stats, len(examples), [name for name, kw in methods if "tol" in kw])
+
+
+def report(stats: dict, n_examples: int, tols: list) -> None:
+    base = stats["right m=20"]
+    base_cpu, base_err = base["cpu"] / n_examples, max(base["err"])
+    print(f"{'method':<12} {'max rel err':>11} {'mean rel err':>12} {'|residual|':>10} {'nodes':>6} "
+          f"{'CPU s/ex':>8} {'speed-up':>8} {'err ratio':>9} {'est>=err':>8} {'at tol':>7}")
+    for name, s in stats.items():
+        n = len(s["err"])
+        cpu = s["cpu"] / n_examples
+        at_tol = f"{s['met'] / n:7.1%}" if name in tols else f"{'':>7}"
+        print(f"{name:<12} {max(s['err']):11.2e} {np.mean(s['err']):12.2e} {np.mean(s['resid']):10.2e} "
+              f"{np.mean(s['nodes']):6.2f} {cpu:8.3f} {base_cpu / cpu:7.2f}x {max(s['err']) / base_err:9.3f} "
+              f"{s['est_ok'] / n:8.1%} {at_tol}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
