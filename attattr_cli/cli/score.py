@@ -99,6 +99,8 @@ def score(
         with progress_bar("score", quiet) as bar:
             report = score_to_store(req, progress=bar, warn=_warn)
         secs = time.perf_counter() - t0
+        for note in report.notes:
+            err.print(note, markup=False)
         if quiet:
             out.print(report.out, markup=False)
             return

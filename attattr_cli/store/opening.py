@@ -9,6 +9,8 @@ it opens the store, so an interrupted run never leaves a half-written example th
 from __future__ import annotations
 
 import datetime as _dt
+import errno
+import re
 from pathlib import Path
 
 import h5py
@@ -36,18 +38,48 @@ def read_attr(obj, name, default=None):
     return value
 
 
-def open_file(path: Path, mode: str) -> h5py.File:
-    """h5py.File(path, mode), with its failures (locked, missing, not HDF5) as one-line StoreErrors."""
+def _errno(exc: OSError) -> int | None:
+    """The operating system's errno behind an h5py error: ``exc.errno``, else the
+    ``errno = N`` HDF5 writes into its message."""
+    if exc.errno:
+        return exc.errno
+    m = re.search(r"errno = (\d+)", str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True when h5py failed because another process holds the file's lock (HDF5's
+    "unable to lock file" with EAGAIN/EWOULDBLOCK), and only then: other messages that
+    happen to contain "lock" (a truncated file's "sblock->base_addr") are not it."""
+    if isinstance(exc, BlockingIOError):
+        return True
+    return (isinstance(exc, OSError) and "unable to lock file" in str(exc)
+            and _errno(exc) in (errno.EAGAIN, errno.EWOULDBLOCK))
+
+
+def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
+    """h5py.File(path, mode), with its failures (locked, missing, read-only, not HDF5) as
+    one-line StoreErrors. ``locking=False`` opens without HDF5's file lock (live readers,
+    see reader.py)."""
+    kwargs = {} if locking is None else {"locking": locking}
     try:
-        return h5py.File(path, mode)
-    except BlockingIOError as exc:
-        raise StoreError(f"{path} is open for writing in another process") from exc
+        return h5py.File(path, mode, **kwargs)
     except OSError as exc:
-        text = str(exc)
-        if "lock" in text.lower():
+        if is_lock_error(exc):
             raise StoreError(f"{path} is open for writing in another process") from exc
         if mode == "r" and not path.exists():
             raise StoreError(f"no such store: {path}") from exc
+        code = _errno(exc)
+        if mode != "r" and code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            why = "it is on a read-only file system" if code == errno.EROFS else "permission denied"
+            raise StoreError(f"cannot write to {path}: {why}") from exc
+        text = str(exc)
+        if "truncated file" in text:
+            m = re.search(r"eof = (\d+).*stored_eof = (\d+)", text)
+            error = StoreError(f"{path} is damaged: the file is shorter than HDF5 recorded (cut short, e.g. by"
+                               " an interrupted copy or a full disk); it was left as it is")
+            error.truncated = (int(m.group(1)), int(m.group(2))) if m else None  # (size, recorded size)
+            raise error from exc
         first = text.splitlines()[0] if text else type(exc).__name__
         raise StoreError(f"{path} is not a readable HDF5 store ({first}); it was left as it is") from exc
 
