@@ -9,7 +9,9 @@ it opens the store, so an interrupted run never leaves a half-written example th
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import errno
+import io
 import re
 from pathlib import Path
 
@@ -63,7 +65,12 @@ def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
     see reader.py)."""
     kwargs = {} if locking is None else {"locking": locking}
     try:
-        return h5py.File(path, mode, **kwargs)
+        try:
+            return h5py.File(path, mode, **kwargs)
+        except OSError as exc:
+            if kwargs and "locking flag values don't match" in str(exc):  # open in this process already
+                return h5py.File(path, mode)
+            raise
     except OSError as exc:
         if is_lock_error(exc):
             raise StoreError(f"{path} is open for writing in another process") from exc
@@ -82,6 +89,76 @@ def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
             raise error from exc
         first = text.splitlines()[0] if text else type(exc).__name__
         raise StoreError(f"{path} is not a readable HDF5 store ({first}); it was left as it is") from exc
+
+
+class _Padded(io.RawIOBase):
+    """A file read as if it were ``size`` bytes long, zeros past its real end: lets HDF5
+    open a store cut short by a failed write without changing a byte of it."""
+
+    def __init__(self, path: Path, size: int):
+        self._f = open(path, "rb")
+        self._real = os.fstat(self._f.fileno()).st_size
+        self._size = max(size, self._real)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        got = 0
+        if self._pos < self._real:
+            self._f.seek(self._pos)
+            got = self._f.readinto(view[:min(n, self._real - self._pos)]) or 0
+        view[got:n] = bytes(n - got)
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def open_padded(path: Path, size: int) -> h5py.File:
+    """A store cut short (see ``StoreError.truncated``), opened read-only as if ``size`` bytes
+    long; only data below its real end may be trusted (:func:`stored_below`)."""
+    return h5py.File(_Padded(path, size), "r")
+
+
+def stored_below(group, limit: int) -> bool:
+    """True when every dataset under ``group`` keeps its raw data below byte ``limit``."""
+    ends: list[int] = []
+
+    def visit(_name, obj):
+        if not isinstance(obj, h5py.Dataset):
+            return
+        dsid = obj.id
+        if obj.chunks is None:
+            offset = dsid.get_offset()
+            if offset is not None:
+                ends.append(offset + dsid.get_storage_size())
+            return
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            ends.append(info.byte_offset + info.size)
+
+    try:
+        group.visititems(visit)
+    except (OSError, RuntimeError, KeyError, ValueError):
+        return False
+    return all(end <= limit for end in ends)
 
 
 def check_schema(f: h5py.File, path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -11,8 +13,8 @@ from typing import Any, Iterable
 import h5py
 import numpy as np
 
-from ..errors import StoreError
-from .opening import OpenFile, check_schema, open_file, read_attr
+from ..errors import StoreError, first_line
+from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
 
 
@@ -62,23 +64,88 @@ def _strings(ds) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
 
 
+# a reader retries this many times when a read fails while a writer changes the file
+_RETRIES = 6
+
+
+def _retrying(method):
+    """Run a read again on a freshly opened file when it fails: a reader does not lock the
+    file, so a writer may be changing it (see docs/store.md, "Readers during a write")."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._mode != "r" or self._depth:
+            return method(self, *args, **kwargs)
+        for attempt in range(_RETRIES):
+            self._depth += 1
+            try:
+                return method(self, *args, **kwargs)
+            except (OSError, RuntimeError, KeyError, ValueError) as exc:
+                if attempt == _RETRIES - 1:
+                    if self.cut_short:
+                        raise StoreError(f"{self.path} is damaged: the file is shorter than HDF5 recorded and"
+                                         f" cannot be read ({first_line(exc)})") from exc
+                    raise StoreError(f"{self.path} could not be read ({first_line(exc)})") from exc
+            finally:
+                self._depth -= 1
+            time.sleep(0.05 * (attempt + 1))
+            self._reopen()
+
+    return wrapper
+
+
 class Store(OpenFile):
-    """Read-only view of a store. Use as a context manager or call ``close()``."""
+    """Read-only view of a store. Use as a context manager or call ``close()``.
+
+    A reader opens the file without HDF5's lock, so that it can watch a store that a
+    ``score`` or ``faithfulness`` run is writing; it lists only complete examples and reads
+    again, on a freshly opened file, when a read fails because the writer was changing it.
+    A store cut short by a failed write (a full disk) is read as far as it goes: the
+    examples whose data lie wholly within the file (``cut_short`` is then True)."""
 
     def __init__(self, path: str | os.PathLike, _mode: str = "r"):
         self.path = Path(path)
+        self._mode = _mode
+        self._depth = 0
+        self.cut_at: int | None = None
         if not self.path.exists():
             raise StoreError(f"no such store: {self.path}")
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
         if _mode != "r" and not h5py.is_hdf5(self.path):  # never let h5py touch a file it cannot read
             raise StoreError(f"{self.path} is not a readable HDF5 store; it was left as it is")
-        self.f = open_file(self.path, _mode)
+        self.f = self._open()
         try:
-            check_schema(self.f, self.path)
+            self._check()
         except BaseException:
             self.f.close()
             raise
+
+    def _open(self) -> h5py.File:
+        if self._mode != "r":
+            return open_file(self.path, self._mode)
+        try:
+            return open_file(self.path, "r", locking=False)
+        except StoreError as exc:
+            if getattr(exc, "truncated", None) is None:
+                raise
+            self.cut_at, recorded = exc.truncated
+            return open_padded(self.path, recorded)
+
+    @_retrying
+    def _check(self) -> None:
+        check_schema(self.f, self.path)
+
+    def _reopen(self) -> None:
+        try:
+            self.f.close()
+        except (OSError, RuntimeError):
+            pass
+        self.f = self._open()
+
+    @property
+    def cut_short(self) -> bool:
+        return self.cut_at is not None
 
     @property
     def schema_version(self) -> str:
@@ -93,6 +160,7 @@ class Store(OpenFile):
         return {k: read_attr(self.f, k) for k in self.f.attrs}
 
     @property
+    @_retrying
     def provenance(self) -> dict[str, Any]:
         prov = self.f[PROVENANCE]
         out = {}
@@ -117,11 +185,13 @@ class Store(OpenFile):
             n = prov.get("num_layers")
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
+    @_retrying
     def indices(self) -> list[int]:
         g = self.f[EXAMPLES]
         return sorted(
             int(name) for name in g
             if not name.startswith(PARTIAL_PREFIX) and bool(g[name].attrs.get("complete", False))
+            and (self.cut_at is None or stored_below(g[name], self.cut_at))
         )
 
     def __len__(self) -> int:
@@ -130,6 +200,7 @@ class Store(OpenFile):
     def __contains__(self, index: int) -> bool:
         return example_name(index) in self.f[EXAMPLES]
 
+    @_retrying
     def families_of(self, index: int) -> dict[str, dict]:
         """{family: {keep, heads, query, key}} of one example (1.0 stores: self only)."""
         g = self._group(index)
@@ -151,6 +222,7 @@ class Store(OpenFile):
             raise StoreError(f"example {index} is not in {self.path} (it holds {len(have)} examples: {span})")
         return self.f[EXAMPLES][name]
 
+    @_retrying
     def get(self, index: int, arrays: bool = True, family: str | None = None) -> StoredExample:
         """One example; ``family`` picks the attention family (default: the first one the
         example holds: ``self``, or ``encoder`` for encoder-decoder models)."""
@@ -214,6 +286,7 @@ class Store(OpenFile):
         for i in self.indices():
             yield self.get(i)
 
+    @_retrying
     def summary(self) -> dict[str, Any]:
         """What ``attattr info`` shows."""
         idx = self.indices()
@@ -229,6 +302,7 @@ class Store(OpenFile):
         out = {
             "path": str(self.path),
             "size_bytes": self.path.stat().st_size,
+            "cut_short": self.cut_short,
             **{k: v for k, v in self.root_attrs.items() if k != "fingerprint"},
             "examples": len(idx),
             "first_index": idx[0] if idx else None,

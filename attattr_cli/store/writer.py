@@ -28,7 +28,7 @@ import numpy as np
 from .. import __version__
 from ..errors import StoreError, first_line
 from .fingerprint import fingerprint_difference
-from .opening import UTF8, OpenFile, check_schema, open_file, read_attr, utc_now
+from .opening import UTF8, OpenFile, check_schema, open_file, open_padded, read_attr, stored_below, utc_now
 from .schema import (
     AXES,
     EXAMPLES,
@@ -235,22 +235,14 @@ class StoreWriter(OpenFile):
             pass
 
     def _recover_truncated(self, reason: StoreError) -> None:
-        """A store shorter than HDF5 recorded (a write that failed on a full disk): padded
-        with zeros to its recorded size so that HDF5 opens it, its complete examples whose
-        data lie wholly within the bytes that were there are copied into a fresh file."""
+        """A store shorter than HDF5 recorded (a write that failed on a full disk): read as if
+        padded with zeros, its complete examples whose data lie wholly within the bytes that
+        are there are copied into a fresh file."""
         size, recorded = reason.truncated
-        real = self.path.resolve()
-        if free_bytes(real.parent) < recorded - size + _SKELETON:
-            raise reason
-        os.truncate(real, recorded)
-        try:
-            self._recover(f"it is {recorded - size} bytes shorter than HDF5 recorded, as a write that failed"
-                          " leaves it", within=size)
-        except BaseException:
-            os.truncate(real, size)  # as it was
-            raise
+        self._recover(f"it is {recorded - size} bytes shorter than HDF5 recorded, as a write that failed"
+                      " leaves it", within=size, opener=lambda: open_padded(self.path, recorded))
 
-    def _recover(self, reason: BaseException | str, within: int | None = None) -> None:
+    def _recover(self, reason: BaseException | str, within: int | None = None, opener=None) -> None:
         """Copy every complete example of the store into a fresh file and swap it in; with
         ``within``, only examples whose raw data lie below that byte offset."""
         real = self.path.resolve()
@@ -261,7 +253,8 @@ class StoreWriter(OpenFile):
         tmp = real.parent / f".{real.name}.recovering-{os.getpid()}-{secrets.token_hex(4)}"
         kept = lost = 0
         try:
-            with open_file(self.path, "r") as src, open_file(tmp, "w-") as dst:
+            src = opener() if opener else open_file(self.path, "r")
+            with src, open_file(tmp, "w-") as dst:
                 for key, value in src.attrs.items():
                     dst.attrs[key] = value
                 src.copy(src[PROVENANCE], dst, PROVENANCE)
@@ -275,7 +268,7 @@ class StoreWriter(OpenFile):
                         g = src[EXAMPLES][name]
                         if not bool(g.attrs.get("complete", False)):
                             continue
-                        if within is not None and not _stored_below(g, within):
+                        if within is not None and not stored_below(g, within):
                             lost += 1
                             continue
                         src.copy(src[EXAMPLES][name], dest, name)
@@ -482,27 +475,6 @@ class StoreWriter(OpenFile):
         self.f.flush()
         examples.move(tmp, final)
         self.f.flush()
-
-def _stored_below(group, limit: int) -> bool:
-    """True when every dataset under ``group`` keeps its raw data below byte ``limit``."""
-    ends: list[int] = []
-
-    def visit(_name, obj):
-        if not isinstance(obj, h5py.Dataset):
-            return
-        dsid = obj.id
-        if obj.chunks is None:
-            offset = dsid.get_offset()
-            if offset is not None:
-                ends.append(offset + dsid.get_storage_size())
-            return
-        for i in range(dsid.get_num_chunks()):
-            info = dsid.get_chunk_info(i)
-            ends.append(info.byte_offset + info.size)
-
-    group.visititems(visit)
-    return all(end <= limit for end in ends)
-
 
 def _why(reason: BaseException | str) -> str:
     return reason if isinstance(reason, str) else first_line(reason)
