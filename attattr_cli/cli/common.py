@@ -62,6 +62,12 @@ def edge():
         raise typer.Exit(130) from None
 
 
+def skipped_line(n: int) -> str:
+    """The one stderr line of an analysis that left out store examples holding NaN or inf."""
+    return (f"skipped {n} example{'s' if n != 1 else ''} flagged 'nonfinite' in the store (NaN or inf in"
+            f" {'their' if n != 1 else 'its'} scores)")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)

@@ -52,6 +52,7 @@ class ScoreReport:
     mean_abs_residual: float | None
     accuracy: float | None
     notes: list[str] = field(default_factory=list)  # e.g. a store repaired by copying (one line each)
+    nonfinite: int = 0  # examples scored with NaN or inf somewhere, flagged in the store
 
 
 def resolve_inputs(model: str | None, data: str | None, task_name: str | None, label_names: list[str] | None = None):
@@ -254,7 +255,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         })
         total = len(todo) * sum(len(v) for v in scorer.layers_of.values())
         done_units = 0
-        resid, right, golds = [], 0, 0
+        resid, right, golds, flagged = [], 0, 0, 0
         if progress:
             progress(0, total, "scoring")
         for e in todo:
@@ -266,6 +267,9 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
 
             result = scorer.score(e, prep.encoded[e.index], on_layer=tick)
             writer.write(result)
+            if result.nonfinite:
+                flagged += 1
+                continue
             resid.extend(abs(float(r)) for r in result.residual)
             if result.gold >= 0:
                 golds += 1
@@ -283,6 +287,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
         accuracy=(right / golds) if golds else None,
         notes=notes,
+        nonfinite=flagged,
     )
 
 

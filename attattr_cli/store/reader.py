@@ -50,6 +50,7 @@ class StoredExample:
     topk_value: np.ndarray | None = None  # [layer, head, k]
     key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
     decoder_tokens: list | None = None
+    nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -186,13 +187,29 @@ class Store(OpenFile):
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
     @_retrying
-    def indices(self) -> list[int]:
+    def indices(self, finite: bool = False) -> list[int]:
+        """The complete examples, in order; ``finite=True`` leaves out those flagged
+        ``nonfinite`` (see :meth:`flagged`)."""
         g = self.f[EXAMPLES]
         return sorted(
             int(name) for name in g
             if not name.startswith(PARTIAL_PREFIX) and bool(g[name].attrs.get("complete", False))
             and (self.cut_at is None or stored_below(g[name], self.cut_at))
+            and not (finite and read_attr(g[name], "nonfinite", ""))
         )
+
+    @_retrying
+    def flagged(self) -> list[int]:
+        """The complete examples whose scores hold NaN or inf (attribute ``nonfinite``):
+        every analysis skips them."""
+        g = self.f[EXAMPLES]
+        return [i for i in self.indices() if read_attr(g[example_name(i)], "nonfinite", "")]
+
+    def finite(self, indices) -> tuple[list[int], int]:
+        """``indices`` without the flagged examples, and how many were left out."""
+        bad = set(self.flagged())
+        kept = [i for i in indices if i not in bad]
+        return kept, len(indices) - len(kept)
 
     def __len__(self) -> int:
         return len(self.indices())
@@ -280,6 +297,7 @@ class Store(OpenFile):
             topk_value=arr("topk_value"),
             key_tokens=key_tokens,
             decoder_tokens=decoder_tokens,
+            nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
 
     def __iter__(self) -> Iterable[StoredExample]:
@@ -288,12 +306,15 @@ class Store(OpenFile):
 
     @_retrying
     def summary(self) -> dict[str, Any]:
-        """What ``attattr info`` shows."""
+        """What ``attattr info`` shows (accuracy and residuals over the examples not flagged
+        ``nonfinite``, listed in ``nonfinite_examples``)."""
         idx = self.indices()
         lengths, correct, golds, resid = [], 0, 0, []
         for i in idx:
             e = self.get(i, arrays=False)
             lengths.append(len(e.tokens))
+            if e.nonfinite:  # left out of accuracy and residuals
+                continue
             if e.gold >= 0:
                 golds += 1
                 correct += int(e.gold == e.pred)
@@ -305,6 +326,7 @@ class Store(OpenFile):
             "cut_short": self.cut_short,
             **{k: v for k, v in self.root_attrs.items() if k != "fingerprint"},
             "examples": len(idx),
+            "nonfinite_examples": self.flagged(),
             "first_index": idx[0] if idx else None,
             "last_index": idx[-1] if idx else None,
             "tokens_min": int(min(lengths)) if lengths else None,
@@ -328,7 +350,8 @@ class Store(OpenFile):
                                           "query": info.get("query"), "key": info.get("key"), "_r": [],
                                           "top_k": None})
                 d["keep"].add(info.get("keep"))
-                d["_r"].extend(np.abs(e.residual).tolist())
+                if not e.nonfinite:
+                    d["_r"].extend(np.abs(e.residual).tolist())
                 g = self._group(i)
                 fg = g if name == "self" else g[FAMILIES][name]
                 if "topk_value" in fg:
