@@ -301,3 +301,19 @@ def test_readers_see_complete_examples_while_a_writer_writes(tmp_path):
     poll()
     assert counts == sorted(counts) and counts[0] == 3 and counts[-1] == 16, counts
     assert len(set(counts)) >= 3, counts  # it read while the writer went on
+
+
+def test_score_refuses_a_pruned_model_folder_in_one_line(tmp_path, tokenizer, sst2_small):
+    """A folder written by `attattr prune --save-model` (heads sliced per layer, loadable only
+    with its own model code) is refused with one line saying why, not a transformers traceback."""
+    from attattr_cli.analysis.prune import load_pruned, save_pruned
+    from conftest import build_model
+
+    kept = [[0, 1], [2], [0, 1, 2, 3]]
+    save_pruned(build_model("bert", num_labels=2), tokenizer, kept, tmp_path / "pm")
+    assert [a.num_attention_heads for a in (layer.attention.self for layer in load_pruned(tmp_path / "pm").bert.encoder.layer)] == [2, 1, 4]
+    proc = _cli("score", "--model", tmp_path / "pm", "--data", sst2_small, "--task", "sst2", "--out", tmp_path / "s.h5")
+    line = _one_error_line(proc)
+    assert proc.returncode == 3
+    assert "pruned by attattr prune --save-model (heads kept per layer: 2/1/4)" in line
+    assert not (tmp_path / "s.h5").exists()
