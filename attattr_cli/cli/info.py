@@ -65,6 +65,9 @@ def info(
             ("runs", str(len(prov.get("runs") or []))),
             ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
         ]
+        if summary.get("cut_short"):
+            rows.append(("damaged", "cut short by a write that failed (a full disk): the examples shown lie wholly"
+                                    " within the file; the next score run with space recovers them"))
         for k, v in rows:
             table.add_row(k, v)
         out.print(table)
