@@ -146,3 +146,20 @@ def test_analyses_skip_flagged_examples_and_count_them(store):
                            "-o", str(path.with_name("t.json"))], capture_output=True, text=True, env=ENV, timeout=300)
     assert tree.returncode == 4 and "Traceback" not in tree.stderr
     assert "NaN or inf" in tree.stderr and not path.with_name("t.json").exists()
+
+
+def test_faithfulness_skips_flagged_examples(store, overflowing_model, tmp_path):
+    path, _ = store
+    copy = tmp_path / "s.h5"
+    copy.write_bytes(path.read_bytes())
+    with Store(copy) as s:
+        flagged, finite = s.flagged(), s.indices(finite=True)
+    report = tmp_path / "f.json"
+    proc = subprocess.run([sys.executable, "-m", "attattr_cli", "faithfulness", str(copy), "--out", str(report),
+                           "--model", str(overflowing_model), "--methods", "attention_mean,random", "--permutations", "0",
+                           "--device", "cpu", "-q"], capture_output=True, text=True, env=ENV, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(report.read_text())
+    assert doc["skipped_nonfinite"] == len(flagged) and doc["examples"] == len(finite)
+    assert sorted(r["index"] for r in doc["per_example"]) == finite
+    assert sum(line.startswith("skipped ") for line in proc.stderr.splitlines()) == 1
