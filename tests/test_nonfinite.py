@@ -163,3 +163,20 @@ def test_faithfulness_skips_flagged_examples(store, overflowing_model, tmp_path)
     assert doc["skipped_nonfinite"] == len(flagged) and doc["examples"] == len(finite)
     assert sorted(r["index"] for r in doc["per_example"]) == finite
     assert sum(line.startswith("skipped ") for line in proc.stderr.splitlines()) == 1
+
+
+def test_prune_effectiveness_skips_flagged_examples(store, overflowing_model, data):
+    """The store was scored in float16, so the model is loaded so (the CLI's prune loads
+    float32 and would refuse the store as made by other weights)."""
+    from attattr_cli.analysis.prune import effectiveness_from_store
+    from attattr_cli.engine.run import resolve_inputs
+    from attattr_cli.models.loading import align_labels, load
+
+    path, _ = store
+    with Store(path) as s:
+        flagged, finite = s.flagged(), s.indices(finite=True)
+    loaded = load(str(overflowing_model), device="cpu", dtype="float16")
+    _, task, examples, labels = resolve_inputs(str(overflowing_model), str(data), "sst2")
+    label_map, _ = align_labels(labels, loaded)
+    e = effectiveness_from_store(loaded, path, examples, examples, label_map, ks=[2])
+    assert e["skipped_nonfinite"] == len(flagged) and e["n_examples"] == len(finite)
