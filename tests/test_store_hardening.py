@@ -317,3 +317,30 @@ def test_score_refuses_a_pruned_model_folder_in_one_line(tmp_path, tokenizer, ss
     assert proc.returncode == 3
     assert "pruned by attattr prune --save-model (heads kept per layer: 2/1/4)" in line
     assert not (tmp_path / "s.h5").exists()
+
+
+def test_readers_during_a_faithfulness_run(tmp_path, reference):
+    """`faithfulness` adds token importance to a store's examples; `info --json` polled
+    meanwhile always succeeds and lists every example."""
+    store = tmp_path / "s.h5"
+    store.write_bytes(reference.read_bytes())
+    writer = subprocess.Popen([sys.executable, "-m", "attattr_cli", "faithfulness", str(store), "--out",
+                               str(tmp_path / "f.json"), "--methods", "attr,random", "--permutations", "60", "-q"],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    polls = during = 0
+    try:
+        while writer.poll() is None:
+            proc = _cli("info", store, "--json")
+            assert proc.returncode == 0, proc.stderr
+            assert json.loads(proc.stdout)["examples"] == 12
+            polls += 1
+            during += writer.poll() is None
+        assert writer.wait(timeout=600) == 0, writer.stderr.read()
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+    assert during >= 1, polls
+    from attattr_cli.store import read_token_importance
+
+    with Store(store) as s:
+        assert all(set(read_token_importance(s, i)) >= {"attr", "random"} for i in s.indices())
