@@ -40,10 +40,10 @@ def read_attr(obj, name, default=None):
     return value
 
 
-def _errno(exc: OSError) -> int | None:
+def os_errno(exc: BaseException) -> int | None:
     """The operating system's errno behind an h5py error: ``exc.errno``, else the
     ``errno = N`` HDF5 writes into its message."""
-    if exc.errno:
+    if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     m = re.search(r"errno = (\d+)", str(exc))
     return int(m.group(1)) if m else None
@@ -56,7 +56,7 @@ def is_lock_error(exc: BaseException) -> bool:
     if isinstance(exc, BlockingIOError):
         return True
     return (isinstance(exc, OSError) and "unable to lock file" in str(exc)
-            and _errno(exc) in (errno.EAGAIN, errno.EWOULDBLOCK))
+            and os_errno(exc) in (errno.EAGAIN, errno.EWOULDBLOCK))
 
 
 def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
@@ -76,7 +76,7 @@ def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
             raise StoreError(f"{path} is open for writing in another process") from exc
         if mode == "r" and not path.exists():
             raise StoreError(f"no such store: {path}") from exc
-        code = _errno(exc)
+        code = os_errno(exc)
         if mode != "r" and code in (errno.EROFS, errno.EACCES, errno.EPERM):
             why = "it is on a read-only file system" if code == errno.EROFS else "permission denied"
             raise StoreError(f"cannot write to {path}: {why}") from exc

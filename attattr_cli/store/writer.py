@@ -11,16 +11,16 @@ import errno
 import io
 import json
 import os
-import re
-try:
-    import resource
-except ImportError:  # not on Windows
-    resource = None
 import secrets
 import shutil
 import stat
 import sys
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 import h5py
 import numpy as np
@@ -28,7 +28,8 @@ import numpy as np
 from .. import __version__
 from ..errors import StoreError, first_line
 from .fingerprint import fingerprint_difference
-from .opening import UTF8, OpenFile, check_schema, open_file, open_padded, read_attr, stored_below, utc_now
+from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
+                      utc_now)
 from .schema import (
     AXES,
     EXAMPLES,
@@ -295,10 +296,7 @@ class StoreWriter(OpenFile):
         """The StoreError for an HDF5 write that failed while ``doing``; HDF5's state in this
         process is unusable afterwards (see the class docstring)."""
         self.poisoned = True
-        code = exc.errno if isinstance(exc, OSError) and exc.errno else None
-        if code is None:
-            m = re.search(r"errno = (\d+)", str(exc))
-            code = int(m.group(1)) if m else None
+        code = os_errno(exc)
         done = len(getattr(self, "done", ()))
         kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept" if done else "nothing is lost"
         if code in _FULL:
