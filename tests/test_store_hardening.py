@@ -344,3 +344,26 @@ def test_readers_during_a_faithfulness_run(tmp_path, reference):
 
     with Store(store) as s:
         assert all(set(read_token_importance(s, i)) >= {"attr", "random"} for i in s.indices())
+
+
+def test_two_writers_creating_one_store_the_first_link_wins(tmp_path, reference, monkeypatch):
+    """Another process creates the store between this writer's skeleton and its link: the
+    link fails, the temporary file goes, and the writer opens the other's store (here free;
+    held by a running writer it would get the one "open for writing" line)."""
+    import attattr_cli.store.writer as writer_mod
+    from attattr_cli.store import StoreWriter
+
+    out = tmp_path / "s.h5"
+    real_link = os.link
+
+    def other_process_first(src, dst):
+        Path(dst).write_bytes(reference.read_bytes())
+        return real_link(src, dst)
+
+    monkeypatch.setattr(writer_mod.os, "link", other_process_first)
+    with Store(reference) as s:
+        fingerprint = {k: v for k, v in s.fingerprint.items() if k != "store_dtype"}
+    with StoreWriter(out, fingerprint, {}) as w:
+        assert not w.created and sorted(w.done) == list(range(12))
+    assert [p.name for p in tmp_path.iterdir()] == ["s.h5"]
+    assert out.read_bytes()[:8] == b"\x89HDF\r\n\x1a\n"
