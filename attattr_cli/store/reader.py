@@ -125,13 +125,17 @@ class Store(OpenFile):
     def _open(self) -> h5py.File:
         if self._mode != "r":
             return open_file(self.path, self._mode)
-        try:
-            return open_file(self.path, "r", locking=False)
-        except StoreError as exc:
-            if getattr(exc, "truncated", None) is None:
-                raise
-            self.cut_at, recorded = exc.truncated
-            return open_padded(self.path, recorded)
+        for attempt in range(_RETRIES):
+            try:
+                return open_file(self.path, "r", locking=False)
+            except StoreError as exc:
+                if getattr(exc, "truncated", None) is None:
+                    raise
+                cut = exc.truncated
+            # shorter than recorded: a writer in the middle of a flush, or cut short for good
+            time.sleep(0.05 * (attempt + 1))
+        self.cut_at, recorded = cut
+        return open_padded(self.path, recorded)
 
     @_retrying
     def _check(self) -> None:
