@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from attattr_cli.engine.run import ScoreRequest, prepare_run
-from attattr_cli.engine.score import ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
 
 METHODS = [("right m=20", dict(rule="right", steps=20)), ("left m=20", dict(rule="left", steps=20)),
            ("gauss m=4", dict(rule="gauss", steps=4)), ("gauss m=6", dict(rule="gauss", steps=6)),

@@ -12,7 +12,8 @@ import torch
 from attattr_cli.engine import adaptive
 from attattr_cli.engine.integrate import RULES, clenshaw_curtis, doubling_levels, embedded, nodes
 from attattr_cli.engine.run import ScoreRequest, prepare_run
-from attattr_cli.engine.score import Scorer, ScoreOptions
+from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.scorer import Scorer
 from slow_reference import slow_attribution
 
 # integrands with known integrals over [0, 1]: smooth, Runge's, and a steep sigmoid (the shape

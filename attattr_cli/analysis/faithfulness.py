@@ -285,6 +285,9 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             chosen = [int(i) for i in options.examples]
         else:
             chosen = parse_examples(options.examples, have[-1] + 1)
+        chosen, skipped = store.finite(chosen)
+        if not chosen:
+            raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite')")
         num_layers = loaded.arch.num_layers
         perm_layers = list(range(num_layers)) if options.perm_layers is None else sorted(
             {x % num_layers for x in options.perm_layers})
@@ -332,10 +335,10 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             per_example.append(row)
             if progress:
                 progress(done, total, f"example {index}")
-    return _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards)
+    return _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
 
 
-def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards) -> dict:
+def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards, skipped: int = 0) -> dict:
     methods = {}
     for m in options.methods:
         tl = _mean_se([r["tau_loo"][m] for r in rows])
@@ -374,6 +377,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         "output": (prov.get("options") or {}).get("output"),
         "attribution_steps": (prov.get("options") or {}).get("steps"),
         "examples": len(rows),
+        "skipped_nonfinite": int(skipped),
         "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
         "forwards": int(forwards),
         "methods": methods,

@@ -77,6 +77,7 @@ class Table:
     seed: int | None = None
     source: str = ""
     description: str = ""
+    skipped_nonfinite: int = 0  # store examples left out because they hold NaN or inf
 
 
 def identity_of(loaded) -> Identity:
@@ -136,6 +137,10 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
     missing = [i for i in idx if i not in have]
     if missing:
         raise StoreError(f"example {missing[0]} is not in {store.path}")
+    idx, skipped = store.finite(idx)
+    if not idx:
+        raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite'):"
+                         " nothing to average")
     L, H = ident.num_layers, ident.num_heads
     sums = {m: np.zeros((L, H), np.float64) for m in methods}
     for k, i in enumerate(idx):
@@ -157,7 +162,7 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
         "attr": "E_x[max_ij Attr_h(A)] (signed max), from the store's head_max",
         "attention": "E_x[max_ij A_h]: the attention-score baseline",
     }
-    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m]) for m in methods]
+    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m], skipped) for m in methods]
     return ident, tables
 
 

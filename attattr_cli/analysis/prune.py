@@ -337,6 +337,9 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
         idx = [i for i in st.indices() if i in wanted]
         if not idx:
             raise StoreError(f"{store_path} holds none of the selected examples")
+        idx, skipped = st.finite(idx)
+        if not idx:
+            raise StoreError(f"every selected example in {store_path} holds NaN or inf (flagged 'nonfinite')")
         L, H = loaded.arch.num_layers, loaded.arch.num_heads
         attr = np.zeros((len(idx), L, H))
         attn = np.zeros((len(idx), L, H))
@@ -356,7 +359,8 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
     if k_list[-1] != H and not ks:
         k_list.append(H)
     batches = Batches(loaded, chosen, label_map, batch_size, truncate)
-    return effectiveness(loaded, batches, attr, attn, k_list, task_name, progress) | {"store": str(store_path)}
+    return effectiveness(loaded, batches, attr, attn, k_list, task_name, progress) | {
+        "store": str(store_path), "skipped_nonfinite": skipped}
 
 
 def save_and_compare(loaded, imp: ImportanceFile, keep: float, keep_method: str | None, folder: str | Path,

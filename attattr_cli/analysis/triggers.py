@@ -217,10 +217,11 @@ def example_patterns(
 
 def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE,
                         min_tokens: int = 0, special: bool = False,
-                        indices: Sequence[int] | None = None) -> list[Pattern]:
+                        indices: Sequence[int] | None = None, counts: dict | None = None) -> list[Pattern]:
     """The patterns of the store's examples (all, or those of ``indices`` that it holds);
     examples with fewer than ``min_tokens`` tokens, special tokens included, are skipped,
-    as the 2021 code skips SST-2 inputs under 15."""
+    as the 2021 code skips SST-2 inputs under 15; examples flagged ``nonfinite`` are skipped,
+    and their number put in ``counts["skipped_nonfinite"]`` when ``counts`` is given."""
     out: list[Pattern] = []
     held = store.indices()
     if indices is not None:
@@ -228,7 +229,11 @@ def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE
         held = [i for i in held if i in wanted]
     if not held:
         raise StoreError(f"{store.path} holds no examples" + ("" if indices is None else " of those asked for"))
-    indices = held
+    indices, skipped = store.finite(held)
+    if counts is not None:
+        counts["skipped_nonfinite"] = skipped
+    if not indices:
+        raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite')")
     for k, i in enumerate(indices):
         e = store.get(i)
         if len(e.tokens) >= min_tokens:

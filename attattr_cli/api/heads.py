@@ -25,6 +25,7 @@ class Importance:
     identity: Any
     tables: dict
     path: str | None = None
+    skipped_nonfinite: int = 0  # store examples left out because they hold NaN or inf
 
     @property
     def values(self) -> dict[str, np.ndarray]:
@@ -107,10 +108,11 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
                 tables.append(t)
     if "random" in wanted:
         tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
+    skipped = max((t.skipped_nonfinite for t in tables), default=0)
     if out is not None:
         written = imp.write(out, ident, tables, _cmd(command))
-        return Importance(written.identity, written.tables, str(out))
-    return Importance(ident, {t.name: t for t in tables})
+        return Importance(written.identity, written.tables, str(out), skipped)
+    return Importance(ident, {t.name: t for t in tables}, None, skipped)
 
 
 # ----------------------------------------------------------------------------- predict with masked heads

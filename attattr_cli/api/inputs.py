@@ -144,6 +144,21 @@ class _InMemory:
     def indices(self) -> list[int]:
         return sorted(self.results)
 
+    def flagged(self) -> list[int]:
+        """Results holding NaN or inf (as a store flags them, see docs/store.md)."""
+        def bad(e) -> bool:
+            if getattr(e, "nonfinite", None):
+                return True
+            return any(x is not None and not np.isfinite(np.asarray(x, np.float64)).all()
+                       for x in (getattr(e, "logits", None), getattr(e, "head_max", None)))
+
+        return [i for i in self.indices() if bad(self.results[i])]
+
+    def finite(self, indices) -> tuple[list[int], int]:
+        bad = set(self.flagged())
+        kept = [i for i in indices if i not in bad]
+        return kept, len(indices) - len(kept)
+
     def families(self) -> list[str]:
         return list(dict.fromkeys(e.family for e in self.results.values()))
 

@@ -187,6 +187,11 @@ class StoreView:
         return list(self._store.indices())
 
     @property
+    def flagged(self) -> list[int]:
+        """The examples whose scores hold NaN or inf (flagged ``nonfinite``; analyses skip them)."""
+        return list(self._store.flagged())
+
+    @property
     def provenance(self) -> dict:
         """Where the numbers come from: model, data, options, libraries, runs."""
         return self._store.provenance

@@ -80,11 +80,13 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
                   steps=steps, device=device, progress=progress, command=command)
             source = path
         st, close = _open(source)
+        counts = {"skipped_nonfinite": 0}
         try:
             prov = st.provenance
             labels = prov.get("label_names") or []
             with progress_for(progress, "triggers") as bar:
-                patterns = patterns_from_store(st, progress=bar, min_tokens=min_tokens, special=special, indices=wanted)
+                patterns = patterns_from_store(st, progress=bar, min_tokens=min_tokens, special=special, indices=wanted,
+                                               counts=counts)
         finally:
             close()
         ranked = aggregate(patterns, labels, rank_by=rank_by)
@@ -93,7 +95,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
             "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
             "task": prov.get("task"), "data": prov.get("data"),
-            "options": prov.get("options"), "min_tokens": min_tokens, "special": special, "command": _cmd(command),
+            "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"], "min_tokens": min_tokens, "special": special, "command": _cmd(command),
         }
         doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
                                 source=src, patterns=patterns)

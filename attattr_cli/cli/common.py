@@ -50,10 +50,22 @@ def edge():
             time.sleep(3)
             raise typer.Exit(exc.exit_code) from None
         err.print(f"Error: {exc}", markup=False)
+        if getattr(exc, "end_process", False):
+            # a failed HDF5 write (a full disk) leaves HDF5's state in this process unusable:
+            # its shutdown would crash; the file keeps what its last flush wrote
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
         err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
         raise typer.Exit(130) from None
+
+
+def skipped_line(n: int) -> str:
+    """The one stderr line of an analysis that left out store examples holding NaN or inf."""
+    return (f"skipped {n} example{'s' if n != 1 else ''} flagged 'nonfinite' in the store (NaN or inf in"
+            f" {'their' if n != 1 else 'its'} scores)")
 
 
 def _duration(seconds: float) -> str:

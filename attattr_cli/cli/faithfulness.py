@@ -14,7 +14,7 @@ import typer
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import skipped_line, command_line, edge, err, out, parse_int_list, progress_bar
 
 # analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
 # torch (tests/test_startup.py checks that they agree)
@@ -138,6 +138,8 @@ def faithfulness(
         write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         if csv_path is not None:
             write_atomic(csv_path, _csv(report))
+        if report.get("skipped_nonfinite"):
+            err.print(skipped_line(report["skipped_nonfinite"]), markup=False)
         if plot is not None:
             with replaced(plot, suffix=plot.suffix) as tmp:
                 plot_report(report, tmp)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import skipped_line, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def importance(
@@ -47,6 +47,8 @@ def importance(
                          normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
                          progress=bar, command=command_line())
         tables = list(result.tables.values())
+        if result.skipped_nonfinite:
+            err.print(skipped_line(result.skipped_nonfinite), markup=False)
         first_random = min((t.seed for t in tables if t.method == "random" and t.seed is not None), default=None)
         shown = [t for t in tables if not (t.method == "random" and t.seed not in (None, first_random))]
         if not quiet and not (as_json or as_csv):

@@ -32,6 +32,13 @@ def _families(fams: dict) -> str:
     return "\n".join(lines)
 
 
+def _flagged(indices: list[int]) -> str:
+    if not indices:
+        return "none"
+    shown = ", ".join(str(i) for i in indices[:10]) + (", ..." if len(indices) > 10 else "")
+    return f"{len(indices)} example{'s' if len(indices) != 1 else ''} with NaN or inf, skipped by every analysis ({shown})"
+
+
 def info(
     store: Path = typer.Argument(..., help="An attattr HDF5 store."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -57,6 +64,7 @@ def info(
             ("options", json.dumps(prov.get("options"), sort_keys=True)),
             ("kernel / device", f"{prov.get('kernel')} / {prov.get('device')}"),
             ("examples", f"{summary['examples']} (indices {summary['first_index']}..{summary['last_index']})"),
+            ("non-finite", _flagged(summary["nonfinite_examples"])),
             ("tokens", "" if summary["tokens_min"] is None else f"{summary['tokens_min']}..{summary['tokens_max']} (mean {summary['tokens_mean']:.1f})"),
             ("accuracy", "" if summary["accuracy"] is None else f"{summary['accuracy']:.4f} on {summary['with_gold']} with gold labels"),
             ("mean |residual| per layer", "" if summary["mean_abs_residual_per_layer"] is None else
@@ -65,6 +73,9 @@ def info(
             ("runs", str(len(prov.get("runs") or []))),
             ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
         ]
+        if summary.get("cut_short"):
+            rows.append(("damaged", "cut short by a write that failed (a full disk): the examples shown lie wholly"
+                                    " within the file; the next score run with space recovers them"))
         for k, v in rows:
             table.add_row(k, v)
         out.print(table)

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import skipped_line, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def prune(
@@ -58,6 +58,8 @@ def prune(
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
                       out=out_path, progress=bar, command=command_line())
         result = res.to_dict()
+        if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
+            err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
         if not quiet and not (as_json or as_csv):
             if res.curves is not None:
                 _report_curves(res.curves)

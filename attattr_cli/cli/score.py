@@ -106,6 +106,13 @@ def score(
         with progress_bar("score", quiet) as bar:
             report = score_to_store(req, progress=bar, warn=_warn)
         secs = time.perf_counter() - t0
+        for note in report.notes:
+            err.print(note, markup=False)
+        if report.nonfinite:
+            n = report.nonfinite
+            _warn(f"{n} example{'s' if n != 1 else ''} gave NaN or infinite values (with --dtype float16, an overflow?):"
+                  f" {'they are' if n != 1 else 'it is'} flagged 'nonfinite' in the store, and every analysis skips"
+                  f" {'them' if n != 1 else 'it'}")
         if quiet:
             out.print(report.out, markup=False)
             return

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ..analysis.tree import DEFAULT_TAU, MODES, node_label, render, tree_for_example, tree_to_dot, tree_to_json
-from ..errors import OptionError
+from ..errors import OptionError, StoreError
 from ..fileio import write_atomic
 from ..store import Store
 from .common import edge, err, parse_int_list
@@ -81,6 +81,9 @@ def tree(
             num_layers = s.num_layers(e.family)
             prov = s.provenance
             labels = list(prov.get("label_names") or prov.get("task_labels") or [])
+        if e.nonfinite:
+            raise StoreError(f"example {example} holds NaN or inf in its {', '.join(e.nonfinite)} (flagged 'nonfinite'"
+                             " in the store): it has no tree")
         if e.attribution is None:  # --keep sum: the tree sums heads anyway
             if e.head_sum is None:
                 raise OptionError(

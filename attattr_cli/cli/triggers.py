@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, progress_bar
+from .common import skipped_line, command_line, edge, err, out, progress_bar
 
 RANKINGS_HELP = "count (ties: total strength), total (count x mean), or mean strength"
 
@@ -59,6 +59,9 @@ def triggers(
         if csv_path is not None:
             write_atomic(csv_path, res.to_csv())
         doc, chosen = res.document, res.triggers
+        skipped = (doc.get("source") or {}).get("skipped_nonfinite")
+        if skipped:
+            err.print(skipped_line(skipped), markup=False)
         if not quiet:
             err.print(
                 f"{doc['examples']} examples, {len(res.patterns)} patterns, {res.distinct} distinct triggers; "

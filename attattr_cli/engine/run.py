@@ -15,6 +15,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
+from ..store.writer import already_done
 from .options import ScoreOptions
 from .provenance import libraries
 from .scorer import Scorer
@@ -50,6 +51,8 @@ class ScoreReport:
     model: str
     mean_abs_residual: float | None
     accuracy: float | None
+    notes: list[str] = field(default_factory=list)  # e.g. a store repaired by copying (one line each)
+    nonfinite: int = 0  # examples scored with NaN or inf somewhere, flagged in the store
 
 
 def resolve_inputs(model: str | None, data: str | None, task_name: str | None, label_names: list[str] | None = None):
@@ -237,6 +240,12 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
     wanted = None if indices is None else set(indices)
     picked = [e for e in prep.picked if wanted is None or e.index in wanted]
     assigned = [e.index for e in picked] if shard else None
+    if not shard:  # nothing to do: succeed without opening the store for writing (it may be read-only)
+        have = already_done(out, prep.fingerprint, req.store_dtype)
+        if have is not None and all(e.index in have for e in picked):
+            return ScoreReport(out=str(Path(out)), scored=0, skipped=len(picked), total=len(picked), created=False,
+                               kernel=scorer.backend.name, model=prep.loaded.model_id, mean_abs_residual=None,
+                               accuracy=None)
     with StoreWriter(out, prep.fingerprint, prep.provenance, store_dtype=req.store_dtype,
                      shard=shard, assigned=assigned) as writer:
         todo = [e for e in picked if e.index not in writer.done]
@@ -246,7 +255,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         })
         total = len(todo) * sum(len(v) for v in scorer.layers_of.values())
         done_units = 0
-        resid, right, golds = [], 0, 0
+        resid, right, golds, flagged = [], 0, 0, 0
         if progress:
             progress(0, total, "scoring")
         for e in todo:
@@ -258,11 +267,15 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
 
             result = scorer.score(e, prep.encoded[e.index], on_layer=tick)
             writer.write(result)
+            if result.nonfinite:
+                flagged += 1
+                continue
             resid.extend(abs(float(r)) for r in result.residual)
             if result.gold >= 0:
                 golds += 1
                 right += int(result.gold == result.pred)
         created = writer.created
+        notes = list(writer.notes)
     return ScoreReport(
         out=str(Path(out)),
         scored=len(todo),
@@ -273,6 +286,8 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         model=prep.loaded.model_id,
         mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
         accuracy=(right / golds) if golds else None,
+        notes=notes,
+        nonfinite=flagged,
     )
 
 

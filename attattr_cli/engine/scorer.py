@@ -284,7 +284,12 @@ class Scorer:
             out_probs = torch.softmax(out_logits, -1)
             meta = dict(example.meta)
             target_id = target
+        out_logits_np, out_probs_np = out_logits.cpu().numpy(), out_probs.cpu().numpy()
+        nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams)
+        if "logits" in nonfinite:
+            pred = -1  # no class is predicted by non-finite logits
         return ExampleScore(
+            nonfinite=nonfinite,
             index=example.index,
             tokens=enc.tokens,
             input_ids=np.asarray(enc.input_ids, dtype=np.int64),
@@ -292,8 +297,8 @@ class Scorer:
             gold=gold,
             pred=pred,
             target=target_id,
-            logits=out_logits.cpu().numpy(),
-            probs=out_probs.cpu().numpy(),
+            logits=out_logits_np,
+            probs=out_probs_np,
             layers=list(first.layers),
             attribution=first.attribution if first.attribution is not None
             else np.zeros((0, 0, n, n), np.float32),
@@ -503,3 +508,26 @@ def _detached(obj):
     if isinstance(obj, tuple):
         return tuple(_detached(o) for o in obj)
     return obj
+
+
+def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:
+    """Which parts of a scored example hold NaN or infinity (a float16 model whose logits
+    overflow, say): "logits", "probs", "output" (F at alpha 1 or 0), "attribution" (maps,
+    head sums, head maxima, top-k), "attention". Empty when all are finite."""
+
+    def bad(*arrays) -> bool:
+        return any(a is not None and np.size(a) and not np.isfinite(np.asarray(a, np.float64)).all() for a in arrays)
+
+    out = []
+    if bad(logits):
+        out.append("logits")
+    if bad(probs):
+        out.append("probs")
+    if bad(np.asarray([f_full]), *(fs.f_baseline for fs in families.values())):
+        out.append("output")
+    if bad(*(x for fs in families.values() for x in (fs.attribution, fs.head_sum, fs.head_max, fs.topk_value,
+                                                        fs.residual))):
+        out.append("attribution")
+    if bad(*(fs.attention for fs in families.values())):
+        out.append("attention")
+    return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,6 +82,24 @@ def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "mem
                        arch_info(model, tokenizer), lm=lm)
 
 
+def refuse_pruned(folder: Path) -> None:
+    """Refuse, in one line, a folder written by ``attattr prune --save-model``: its layers keep
+    different numbers of heads, which attention attribution does not handle, and it loads
+    only with its own model code (trust_remote_code), which attattr does not run."""
+    try:
+        cfg = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers reports an unreadable config
+    if not isinstance(cfg, dict) or cfg.get("attattr_kept_heads") is None:
+        return
+    kept = cfg["attattr_kept_heads"]
+    heads = "/".join(str(len(k)) for k in kept) if isinstance(kept, list) else "?"
+    raise ModelError(
+        f"--model {folder} is a model pruned by attattr prune --save-model (heads kept per layer: {heads});"
+        " attattr scores only unpruned models: score the original model (attattr prune masks heads of it),"
+        " and load the pruned one in Python with attattr_cli.analysis.prune.load_pruned")
+
+
 def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool = False) -> LoadedModel:
     """Load a sequence classifier (or, with ``lm``, a causal language model) and its
     tokenizer from a local folder or a hub id."""
@@ -98,6 +117,8 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
         raise ModelError(f"--model {model_id} is a file; give the model's folder (with config.json)")
     if local and not (path / "config.json").exists():
         raise ModelError(f"--model {model_id} has no config.json: not a transformers model folder")
+    if local:
+        refuse_pruned(path)
     if not local and (model_id.startswith((".", "/", "~")) or model_id.count("/") > 1):
         raise ModelError(f"--model {model_id}: no such folder")
     source = str(path) if local else model_id

@@ -9,6 +9,10 @@ it opens the store, so an interrupted run never leaves a half-written example th
 from __future__ import annotations
 
 import datetime as _dt
+import os
+import errno
+import io
+import re
 from pathlib import Path
 
 import h5py
@@ -36,20 +40,125 @@ def read_attr(obj, name, default=None):
     return value
 
 
-def open_file(path: Path, mode: str) -> h5py.File:
-    """h5py.File(path, mode), with its failures (locked, missing, not HDF5) as one-line StoreErrors."""
+def os_errno(exc: BaseException) -> int | None:
+    """The operating system's errno behind an h5py error: ``exc.errno``, else the
+    ``errno = N`` HDF5 writes into its message."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    m = re.search(r"errno = (\d+)", str(exc))
+    return int(m.group(1)) if m else None
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True when h5py failed because another process holds the file's lock (HDF5's
+    "unable to lock file" with EAGAIN/EWOULDBLOCK), and only then: other messages that
+    happen to contain "lock" (a truncated file's "sblock->base_addr") are not it."""
+    if isinstance(exc, BlockingIOError):
+        return True
+    return (isinstance(exc, OSError) and "unable to lock file" in str(exc)
+            and os_errno(exc) in (errno.EAGAIN, errno.EWOULDBLOCK))
+
+
+def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
+    """h5py.File(path, mode), with its failures (locked, missing, read-only, not HDF5) as
+    one-line StoreErrors. ``locking=False`` opens without HDF5's file lock (live readers,
+    see reader.py)."""
+    kwargs = {} if locking is None else {"locking": locking}
     try:
-        return h5py.File(path, mode)
-    except BlockingIOError as exc:
-        raise StoreError(f"{path} is open for writing in another process") from exc
+        try:
+            return h5py.File(path, mode, **kwargs)
+        except OSError as exc:
+            if kwargs and "locking flag values don't match" in str(exc):  # open in this process already
+                return h5py.File(path, mode)
+            raise
     except OSError as exc:
-        text = str(exc)
-        if "lock" in text.lower():
+        if is_lock_error(exc):
             raise StoreError(f"{path} is open for writing in another process") from exc
         if mode == "r" and not path.exists():
             raise StoreError(f"no such store: {path}") from exc
+        code = os_errno(exc)
+        if mode != "r" and code in (errno.EROFS, errno.EACCES, errno.EPERM):
+            why = "it is on a read-only file system" if code == errno.EROFS else "permission denied"
+            raise StoreError(f"cannot write to {path}: {why}") from exc
+        text = str(exc)
+        if "truncated file" in text:
+            m = re.search(r"eof = (\d+).*stored_eof = (\d+)", text)
+            error = StoreError(f"{path} is damaged: the file is shorter than HDF5 recorded (cut short, e.g. by"
+                               " an interrupted copy or a full disk); it was left as it is")
+            error.truncated = (int(m.group(1)), int(m.group(2))) if m else None  # (size, recorded size)
+            raise error from exc
         first = text.splitlines()[0] if text else type(exc).__name__
         raise StoreError(f"{path} is not a readable HDF5 store ({first}); it was left as it is") from exc
+
+
+class _Padded(io.RawIOBase):
+    """A file read as if it were ``size`` bytes long, zeros past its real end: lets HDF5
+    open a store cut short by a failed write without changing a byte of it."""
+
+    def __init__(self, path: Path, size: int):
+        self._f = open(path, "rb")
+        self._real = os.fstat(self._f.fileno()).st_size
+        self._size = max(size, self._real)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: self._size}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buffer) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        got = 0
+        if self._pos < self._real:
+            self._f.seek(self._pos)
+            got = self._f.readinto(view[:min(n, self._real - self._pos)]) or 0
+        view[got:n] = bytes(n - got)
+        self._pos += n
+        return n
+
+    def close(self) -> None:
+        self._f.close()
+        super().close()
+
+
+def open_padded(path: Path, size: int) -> h5py.File:
+    """A store cut short (see ``StoreError.truncated``), opened read-only as if ``size`` bytes
+    long; only data below its real end may be trusted (:func:`stored_below`)."""
+    return h5py.File(_Padded(path, size), "r")
+
+
+def stored_below(group, limit: int) -> bool:
+    """True when every dataset under ``group`` keeps its raw data below byte ``limit``."""
+    ends: list[int] = []
+
+    def visit(_name, obj):
+        if not isinstance(obj, h5py.Dataset):
+            return
+        dsid = obj.id
+        if obj.chunks is None:
+            offset = dsid.get_offset()
+            if offset is not None:
+                ends.append(offset + dsid.get_storage_size())
+            return
+        for i in range(dsid.get_num_chunks()):
+            info = dsid.get_chunk_info(i)
+            ends.append(info.byte_offset + info.size)
+
+    try:
+        group.visititems(visit)
+    except (OSError, RuntimeError, KeyError, ValueError):
+        return False
+    return all(end <= limit for end in ends)
 
 
 def check_schema(f: h5py.File, path: Path) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -11,8 +13,8 @@ from typing import Any, Iterable
 import h5py
 import numpy as np
 
-from ..errors import StoreError
-from .opening import OpenFile, check_schema, open_file, read_attr
+from ..errors import StoreError, first_line
+from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
 
 
@@ -53,6 +55,7 @@ class StoredExample:
     nodes: np.ndarray | None = None
     error_estimate: np.ndarray | None = None
     node_cap_hit: np.ndarray | None = None
+    nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -67,23 +70,92 @@ def _strings(ds) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
 
 
+# a reader retries this many times when a read fails while a writer changes the file
+_RETRIES = 6
+
+
+def _retrying(method):
+    """Run a read again on a freshly opened file when it fails: a reader does not lock the
+    file, so a writer may be changing it (see docs/store.md, "Readers during a write")."""
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._mode != "r" or self._depth:
+            return method(self, *args, **kwargs)
+        for attempt in range(_RETRIES):
+            self._depth += 1
+            try:
+                return method(self, *args, **kwargs)
+            except (OSError, RuntimeError, KeyError, ValueError) as exc:
+                if attempt == _RETRIES - 1:
+                    if self.cut_short:
+                        raise StoreError(f"{self.path} is damaged: the file is shorter than HDF5 recorded and"
+                                         f" cannot be read ({first_line(exc)})") from exc
+                    raise StoreError(f"{self.path} could not be read ({first_line(exc)})") from exc
+            finally:
+                self._depth -= 1
+            time.sleep(0.05 * (attempt + 1))
+            self._reopen()
+
+    return wrapper
+
+
 class Store(OpenFile):
-    """Read-only view of a store. Use as a context manager or call ``close()``."""
+    """Read-only view of a store. Use as a context manager or call ``close()``.
+
+    A reader opens the file without HDF5's lock, so that it can watch a store that a
+    ``score`` or ``faithfulness`` run is writing; it lists only complete examples and reads
+    again, on a freshly opened file, when a read fails because the writer was changing it.
+    A store cut short by a failed write (a full disk) is read as far as it goes: the
+    examples whose data lie wholly within the file (``cut_short`` is then True)."""
 
     def __init__(self, path: str | os.PathLike, _mode: str = "r"):
         self.path = Path(path)
+        self._mode = _mode
+        self._depth = 0
+        self.cut_at: int | None = None
         if not self.path.exists():
             raise StoreError(f"no such store: {self.path}")
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
         if _mode != "r" and not h5py.is_hdf5(self.path):  # never let h5py touch a file it cannot read
             raise StoreError(f"{self.path} is not a readable HDF5 store; it was left as it is")
-        self.f = open_file(self.path, _mode)
+        self.f = self._open()
         try:
-            check_schema(self.f, self.path)
+            self._check()
         except BaseException:
             self.f.close()
             raise
+
+    def _open(self) -> h5py.File:
+        if self._mode != "r":
+            return open_file(self.path, self._mode)
+        for attempt in range(_RETRIES):
+            try:
+                return open_file(self.path, "r", locking=False)
+            except StoreError as exc:
+                if getattr(exc, "truncated", None) is None:
+                    raise
+                cut = exc.truncated
+            # shorter than recorded: a writer in the middle of a flush, or cut short for good
+            time.sleep(0.05 * (attempt + 1))
+        self.cut_at, recorded = cut
+        return open_padded(self.path, recorded)
+
+    @_retrying
+    def _check(self) -> None:
+        check_schema(self.f, self.path)
+
+    def _reopen(self) -> None:
+        try:
+            self.f.close()
+        except (OSError, RuntimeError):
+            pass
+        self.f = self._open()
+
+    @property
+    def cut_short(self) -> bool:
+        return self.cut_at is not None
 
     @property
     def schema_version(self) -> str:
@@ -98,6 +170,7 @@ class Store(OpenFile):
         return {k: read_attr(self.f, k) for k in self.f.attrs}
 
     @property
+    @_retrying
     def provenance(self) -> dict[str, Any]:
         prov = self.f[PROVENANCE]
         out = {}
@@ -122,12 +195,30 @@ class Store(OpenFile):
             n = prov.get("num_layers")
         return n if isinstance(n, int) and not isinstance(n, bool) else None
 
-    def indices(self) -> list[int]:
+    @_retrying
+    def indices(self, finite: bool = False) -> list[int]:
+        """The complete examples, in order; ``finite=True`` leaves out those flagged
+        ``nonfinite`` (see :meth:`flagged`)."""
         g = self.f[EXAMPLES]
         return sorted(
             int(name) for name in g
             if not name.startswith(PARTIAL_PREFIX) and bool(g[name].attrs.get("complete", False))
+            and (self.cut_at is None or stored_below(g[name], self.cut_at))
+            and not (finite and read_attr(g[name], "nonfinite", ""))
         )
+
+    @_retrying
+    def flagged(self) -> list[int]:
+        """The complete examples whose scores hold NaN or inf (attribute ``nonfinite``):
+        every analysis skips them."""
+        g = self.f[EXAMPLES]
+        return [i for i in self.indices() if read_attr(g[example_name(i)], "nonfinite", "")]
+
+    def finite(self, indices) -> tuple[list[int], int]:
+        """``indices`` without the flagged examples, and how many were left out."""
+        bad = set(self.flagged())
+        kept = [i for i in indices if i not in bad]
+        return kept, len(indices) - len(kept)
 
     def __len__(self) -> int:
         return len(self.indices())
@@ -135,6 +226,7 @@ class Store(OpenFile):
     def __contains__(self, index: int) -> bool:
         return example_name(index) in self.f[EXAMPLES]
 
+    @_retrying
     def families_of(self, index: int) -> dict[str, dict]:
         """{family: {keep, heads, query, key}} of one example (1.0 stores: self only)."""
         g = self._group(index)
@@ -156,6 +248,7 @@ class Store(OpenFile):
             raise StoreError(f"example {index} is not in {self.path} (it holds {len(have)} examples: {span})")
         return self.f[EXAMPLES][name]
 
+    @_retrying
     def get(self, index: int, arrays: bool = True, family: str | None = None) -> StoredExample:
         """One example; ``family`` picks the attention family (default: the first one the
         example holds: ``self``, or ``encoder`` for encoder-decoder models)."""
@@ -216,19 +309,24 @@ class Store(OpenFile):
             nodes=arr("nodes", big=False),
             error_estimate=arr("error_estimate", big=False),
             node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
+            nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
 
     def __iter__(self) -> Iterable[StoredExample]:
         for i in self.indices():
             yield self.get(i)
 
+    @_retrying
     def summary(self) -> dict[str, Any]:
-        """What ``attattr info`` shows."""
+        """What ``attattr info`` shows (accuracy and residuals over the examples not flagged
+        ``nonfinite``, listed in ``nonfinite_examples``)."""
         idx = self.indices()
         lengths, correct, golds, resid = [], 0, 0, []
         for i in idx:
             e = self.get(i, arrays=False)
             lengths.append(len(e.tokens))
+            if e.nonfinite:  # left out of accuracy and residuals
+                continue
             if e.gold >= 0:
                 golds += 1
                 correct += int(e.gold == e.pred)
@@ -237,8 +335,10 @@ class Store(OpenFile):
         out = {
             "path": str(self.path),
             "size_bytes": self.path.stat().st_size,
+            "cut_short": self.cut_short,
             **{k: v for k, v in self.root_attrs.items() if k != "fingerprint"},
             "examples": len(idx),
+            "nonfinite_examples": self.flagged(),
             "first_index": idx[0] if idx else None,
             "last_index": idx[-1] if idx else None,
             "tokens_min": int(min(lengths)) if lengths else None,
@@ -262,7 +362,8 @@ class Store(OpenFile):
                                           "query": info.get("query"), "key": info.get("key"), "_r": [],
                                           "top_k": None})
                 d["keep"].add(info.get("keep"))
-                d["_r"].extend(np.abs(e.residual).tolist())
+                if not e.nonfinite:
+                    d["_r"].extend(np.abs(e.residual).tolist())
                 for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit)):
                     d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
                 g = self._group(i)

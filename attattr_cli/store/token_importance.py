@@ -12,13 +12,16 @@ overwritten.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import sys
 
 import h5py
 import numpy as np
 
-from ..errors import StoreError
+from ..errors import StoreError, first_line
 from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
 from .opening import utc_now
 from .reader import Store
@@ -79,18 +82,48 @@ class TokenImportanceStore(Store):
         values = np.asarray(values, dtype=np.float32)
         if values.shape != (n,):
             raise StoreError(f"token importance '{method}' of example {index} has shape {values.shape}, expected ({n},)")
-        ti = g.require_group(GROUP)
-        if method in ti:
+        held = []
+        caught: list[BaseException] = []
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
+        failed = False
+        try:
+            ti = g.require_group(GROUP)
+            held.append(ti)
+            if method in ti:
+                return
+            tmp = PARTIAL_PREFIX + method
+            if tmp in ti:
+                del ti[tmp]
+            ds = ti.create_dataset(tmp, data=values)
+            held.append(ds)
+            ds.dims[0].label = "token"
+            ds.attrs["method"] = method
+            ds.attrs["description"] = description
+            ds.attrs["params"] = json.dumps(params, sort_keys=True)
+            ds.attrs["written"] = utc_now()
+            self.f.flush()
+            ti.move(tmp, method)
+            self.f.flush()
+            if caught:
+                raise caught[0]
+        except (OSError, RuntimeError) as exc:
+            # as StoreWriter.write: HDF5 cannot be trusted in this process after a failed write
+            failed = True
+            with contextlib.redirect_stderr(io.StringIO()):
+                held.clear()
+            error = StoreError(f"writing token importance of example {index} to {self.path} failed"
+                               f" ({first_line(exc)}); what was written before is kept: run the same command"
+                               " again to resume")
+            error.end_process = True
+            self.poisoned = True
+            raise error from None
+        finally:
+            held.clear()
+            if not failed:
+                sys.unraisablehook = hook
+
+    def close(self) -> None:
+        if getattr(self, "poisoned", False):
             return
-        tmp = PARTIAL_PREFIX + method
-        if tmp in ti:
-            del ti[tmp]
-        ds = ti.create_dataset(tmp, data=values)
-        ds.dims[0].label = "token"
-        ds.attrs["method"] = method
-        ds.attrs["description"] = description
-        ds.attrs["params"] = json.dumps(params, sort_keys=True)
-        ds.attrs["written"] = utc_now()
-        self.f.flush()
-        ti.move(tmp, method)
-        self.f.flush()
+        super().close()

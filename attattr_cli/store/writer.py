@@ -6,17 +6,30 @@ Several processes can each write their own shard (same fingerprint, disjoint exa
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import json
 import os
+import secrets
+import shutil
+import stat
+import sys
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 import h5py
 import numpy as np
 
 from .. import __version__
-from ..errors import StoreError
+from ..errors import StoreError, first_line
 from .fingerprint import fingerprint_difference
-from .opening import UTF8, OpenFile, check_schema, open_file, read_attr, utc_now
+from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
+                      utc_now)
 from .schema import (
     AXES,
     EXAMPLES,
@@ -42,8 +55,67 @@ def check_fingerprint(path: Path, there: dict, here: dict) -> None:
         raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")
 
 
+# what the space check adds to an example's arrays: attributes, links, chunk indexes
+_OVERHEAD = 64 * 1024
+# space a new store's skeleton needs
+_SKELETON = 64 * 1024
+
+
+def free_bytes(folder: Path) -> int:
+    """Bytes free to this user on the file system holding ``folder``."""
+    return shutil.disk_usage(folder).free
+
+
+def file_size_room(path: Path) -> int | None:
+    """How many more bytes ``path`` may grow under the process's file size limit
+    (``ulimit -f``); None when there is no limit."""
+    if resource is None:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - (path.stat().st_size if path.exists() else 0))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+         errno.EFBIG: "the file size limit was reached"}
+
+
+def already_done(path: str | os.PathLike, fingerprint: dict, store_dtype: str = "float32") -> set[int] | None:
+    """The examples a store at ``path`` already holds, read without opening it for writing;
+    None when there is no store there or it cannot be read (the writer then reports why).
+    A store made otherwise is refused here (``StoreError``), as the writer would."""
+    from .reader import Store
+
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        store = Store(path)
+    except StoreError:
+        return None
+    with store:
+        check_fingerprint(path, store.fingerprint, dict(fingerprint, store_dtype=store_dtype))
+        return set(store.indices())
+
+
 class StoreWriter(OpenFile):
-    """Appends examples to a store, creating it or resuming it."""
+    """Appends examples to a store, creating it or resuming it.
+
+    A new store is created under a temporary name in the same folder and linked into place
+    (a dangling symlink or an empty file at ``path`` is replaced, never written through), with
+    the usual mode for a new file under the umask. A store HDF5 cannot repair in place (a
+    leftover partial example it cannot delete) is recovered: its complete examples are copied
+    into a fresh file that replaces it, and ``notes`` says so. Before each example the free
+    space is checked against its uncompressed size; a write that fails all the same (a full
+    disk, a quota) raises a StoreError with ``end_process`` set: HDF5's state in this process
+    can no longer be trusted, so the CLI ends the process at once, leaving the file as its
+    last flush wrote it (every complete example readable; the next run resumes).
+    """
 
     def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,
                  store_dtype: str = "float32", shard: str = "", assigned: list[int] | None = None):
@@ -56,27 +128,41 @@ class StoreWriter(OpenFile):
         self.store_dtype = np.float16 if store_dtype == "float16" else np.float32
         fingerprint = dict(fingerprint, store_dtype=store_dtype)
         self.fingerprint = fingerprint
+        self.poisoned = False
+        self.notes: list[str] = []
+        self._held: list = []
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
         if not self.path.parent.exists():
             raise StoreError(f"cannot create {self.path}: the folder {self.path.parent} does not exist")
-        existed = self.path.exists() and self.path.stat().st_size > 0
-        if existed:
-            if not h5py.is_hdf5(self.path):
-                raise StoreError(f"{self.path} exists and is not an HDF5 store; it was left as it is")
-            self.f = open_file(self.path, "r+")
-            try:
-                check_schema(self.f, self.path)
-                there = json.loads(read_attr(self.f, "fingerprint", "{}"))
-                check_fingerprint(self.path, there, fingerprint)
-                for name in list(self.f[EXAMPLES]):
-                    if name.startswith(PARTIAL_PREFIX):
-                        del self.f[EXAMPLES][name]
-            except BaseException:
-                self.f.close()
-                raise
-        else:
-            self.f = open_file(self.path, "w")
+        while True:
+            existed = self.path.exists() and self.path.stat().st_size > 0
+            if existed:
+                self._open_existing(fingerprint)
+                break
+            if self._create(fingerprint, provenance, shard):
+                break
+        try:
+            if assigned is not None:
+                if SHARD_EXAMPLES in self.f:
+                    del self.f[SHARD_EXAMPLES]
+                self.f.create_dataset(SHARD_EXAMPLES, data=np.asarray(sorted(assigned), dtype=np.int64))
+                self.f.attrs["shard"] = shard
+                self.f.flush()
+        except (OSError, RuntimeError) as exc:
+            raise self._failed(exc, "recording the shard's examples") from None
+        self.done = {int(n) for n in self.f[EXAMPLES] if not n.startswith(PARTIAL_PREFIX)}
+        self.created = not existed
+
+    def _create(self, fingerprint: dict, provenance: dict, shard: str) -> bool:
+        """Write a new store's skeleton under a temporary name and link it into place; False
+        when another process created ``path`` meanwhile (the caller then opens that one)."""
+        folder = self.path.parent
+        if free_bytes(folder) < _SKELETON:
+            raise StoreError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
+        tmp = folder / f".{self.path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}"
+        self.f = open_file(tmp, "w-")
+        try:
             f = self.f
             f.attrs["schema"] = SCHEMA_NAME
             f.attrs["schema_version"] = SCHEMA_VERSION
@@ -90,21 +176,173 @@ class StoreWriter(OpenFile):
                 prov.attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value)
             prov.attrs["runs"] = "[]"
             f.flush()
-        if assigned is not None:
-            if SHARD_EXAMPLES in self.f:
-                del self.f[SHARD_EXAMPLES]
-            self.f.create_dataset(SHARD_EXAMPLES, data=np.asarray(sorted(assigned), dtype=np.int64))
-            self.f.attrs["shard"] = shard
-            self.f.flush()
-        self.done = {int(n) for n in self.f[EXAMPLES] if not n.startswith(PARTIAL_PREFIX)}
-        self.created = not existed
+        except (OSError, RuntimeError) as exc:
+            self.poisoned = True
+            _remove(tmp)
+            raise self._failed(exc, "creating the store") from None
+        try:
+            try:
+                os.link(tmp, self.path)  # fails if anything is there, a dangling link included
+            except FileExistsError:
+                if self.path.exists() and self.path.stat().st_size > 0:  # another writer was first
+                    self.f.close()
+                    _remove(tmp)
+                    return False
+                os.replace(tmp, self.path)  # a dangling symlink or an empty file: replaced
+            except OSError:  # a file system without hard links
+                os.replace(tmp, self.path)
+        except BaseException:
+            self.close()
+            _remove(tmp)
+            raise
+        _remove(tmp)
+        return True
+
+    def _open_existing(self, fingerprint: dict) -> None:
+        if not h5py.is_hdf5(self.path):
+            raise StoreError(f"{self.path} exists and is not an HDF5 store; it was left as it is")
+        try:
+            self.f = open_file(self.path, "r+")
+        except StoreError as exc:
+            if getattr(exc, "truncated", None) is None:
+                raise
+            self._recover_truncated(exc)
+            return
+        try:
+            check_schema(self.f, self.path)
+            there = json.loads(read_attr(self.f, "fingerprint", "{}"))
+            check_fingerprint(self.path, there, fingerprint)
+        except StoreError:
+            self.f.close()
+            raise
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            self.f.close()
+            raise StoreError(f"{self.path} is damaged ({first_line(exc)}); it was left as it is") from exc
+        try:
+            leftovers = [name for name in self.f[EXAMPLES] if name.startswith(PARTIAL_PREFIX)]
+            for name in leftovers:
+                del self.f[EXAMPLES][name]
+            if leftovers:
+                self.f.flush()
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            self._close_quietly()
+            self._recover(exc)
+
+    def _close_quietly(self) -> None:
+        try:
+            if self.f.id.valid:
+                self.f.close()
+        except (OSError, RuntimeError, KeyError, ValueError):
+            pass
+
+    def _recover_truncated(self, reason: StoreError) -> None:
+        """A store shorter than HDF5 recorded (a write that failed on a full disk): read as if
+        padded with zeros, its complete examples whose data lie wholly within the bytes that
+        are there are copied into a fresh file."""
+        size, recorded = reason.truncated
+        self._recover(f"it is {recorded - size} bytes shorter than HDF5 recorded, as a write that failed"
+                      " leaves it", within=size, opener=lambda: open_padded(self.path, recorded))
+
+    def _recover(self, reason: BaseException | str, within: int | None = None, opener=None) -> None:
+        """Copy every complete example of the store into a fresh file and swap it in; with
+        ``within``, only examples whose raw data lie below that byte offset."""
+        real = self.path.resolve()
+        size = real.stat().st_size
+        if free_bytes(real.parent) < size + _SKELETON:
+            raise StoreError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
+                             f" beside it; {_mb(free_bytes(real.parent))} are free: free some space and run again")
+        tmp = real.parent / f".{real.name}.recovering-{os.getpid()}-{secrets.token_hex(4)}"
+        kept = lost = 0
+        try:
+            src = opener() if opener else open_file(self.path, "r")
+            with src, open_file(tmp, "w-") as dst:
+                for key, value in src.attrs.items():
+                    dst.attrs[key] = value
+                src.copy(src[PROVENANCE], dst, PROVENANCE)
+                if SHARD_EXAMPLES in src:
+                    src.copy(src[SHARD_EXAMPLES], dst, SHARD_EXAMPLES)
+                dest = dst.create_group(EXAMPLES)
+                for name in list(src[EXAMPLES]):
+                    if name.startswith(PARTIAL_PREFIX):
+                        continue
+                    try:
+                        g = src[EXAMPLES][name]
+                        if not bool(g.attrs.get("complete", False)):
+                            continue
+                        if within is not None and not stored_below(g, within):
+                            lost += 1
+                            continue
+                        src.copy(src[EXAMPLES][name], dest, name)
+                        kept += 1
+                    except (OSError, RuntimeError, KeyError, ValueError):
+                        if name in dest:
+                            del dest[name]
+                        lost += 1
+                dst.flush()
+            os.chmod(tmp, stat.S_IMODE(real.stat().st_mode))
+            os.replace(tmp, real)
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            _remove(tmp)
+            raise StoreError(f"{self.path} could not be repaired in place ({_why(reason)}) nor copied"
+                             f" ({first_line(exc)}); it was left as it is") from exc
+        finally:
+            _remove(tmp)
+        self.notes.append(
+            f"{self.path} could not be repaired in place ({_why(reason)}): its {kept} complete examples"
+            f" were copied into a fresh file that replaced it" + (f" ({lost} unreadable ones were left out)" if lost else ""))
+        self.f = open_file(self.path, "r+")
+
+    def _failed(self, exc: BaseException, doing: str) -> StoreError:
+        """The StoreError for an HDF5 write that failed while ``doing``; HDF5's state in this
+        process is unusable afterwards (see the class docstring)."""
+        self.poisoned = True
+        code = os_errno(exc)
+        done = len(getattr(self, "done", ()))
+        kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept" if done else "nothing is lost"
+        if code in _FULL:
+            message = f"{doing} in {self.path} failed: {_FULL[code]}; {kept}: free some space and run the same command again to resume"
+        else:
+            message = f"{doing} in {self.path} failed ({first_line(exc)}); {kept}: run the same command again to resume"
+        error = StoreError(message)
+        error.end_process = True
+        return error
+
+    def check_space(self, index: int, need: int) -> None:
+        """Refuse (before writing anything) an example of about ``need`` bytes that the disk
+        or the file size limit has no room for."""
+        need += _OVERHEAD
+        free = free_bytes(self.path.parent)
+        room = file_size_room(self.path)
+        done = len(self.done)
+        kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept"
+        if need > free:
+            raise StoreError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
+                             f" {_mb(free)} are free on the disk; {kept}: free some space and run the same command"
+                             " again to resume")
+        if room is not None and need > room:
+            raise StoreError(f"not enough room to write example {index} to {self.path}: it needs about {_mb(need)},"
+                             f" the file size limit (ulimit -f) leaves {_mb(room)}; {kept}: raise the limit and run"
+                             " the same command again to resume")
+
+    def close(self) -> None:
+        if self.poisoned:  # any HDF5 call on this file could crash the process now
+            return
+        super().close()
 
     def log_run(self, info: dict) -> None:
         prov = self.f[PROVENANCE]
         runs = json.loads(read_attr(prov, "runs", "[]"))
         runs.append(dict(info, started=utc_now()))
-        prov.attrs["runs"] = json.dumps(runs)
-        self.f.flush()
+        try:
+            prov.attrs["runs"] = json.dumps(runs)
+            self.f.flush()
+        except (OSError, RuntimeError) as exc:
+            raise self._failed(exc, "recording the run") from None
+
+    def _dataset(self, g, name, **kw):
+        ds = g.create_dataset(name, **kw)
+        self._held.append(ds)  # closed after the flush, so that a failed write raises there
+        return ds
 
     def _write_family(self, g, arrays: dict) -> None:
         """One family's datasets into group ``g`` (absent entries: None)."""
@@ -114,42 +352,80 @@ class StoreWriter(OpenFile):
                 continue
             arr = np.asarray(value)
             if name == "layers":
-                g.create_dataset(name, data=arr.astype(np.int32))
-            elif name in ("attribution", "attention"):
+                ds = self._dataset(g, name, data=arr.astype(np.int32))
+            elif name in ("attribution", "attention", "head_sum", "attention_mean"):
                 chunks = (1, *arr.shape[1:]) if arr.size else None
-                g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
-            elif name in ("head_sum", "attention_mean"):
-                chunks = (1, *arr.shape[1:]) if arr.size else None
-                g.create_dataset(name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
+                ds = self._dataset(g, name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
             elif name == "topk_index":
-                g.create_dataset(name, data=arr.astype(np.int32), **(big if arr.size else {}))
+                ds = self._dataset(g, name, data=arr.astype(np.int32), **(big if arr.size else {}))
             elif name in ("head_max", "topk_value"):
-                g.create_dataset(name, data=arr.astype(np.float32))
+                ds = self._dataset(g, name, data=arr.astype(np.float32))
             else:
-                g.create_dataset(name, data=arr)
+                ds = self._dataset(g, name, data=arr)
             for i, label in enumerate(AXES.get(name, ())):
                 if i < arr.ndim:
-                    g[name].dims[i].label = label
+                    ds.dims[i].label = label
+
+    def _estimate(self, score) -> int:
+        """An upper bound of the bytes ``score`` takes in the store: its arrays uncompressed."""
+        item = np.dtype(self.store_dtype).itemsize
+        total = sum(len(t.encode()) + 16 for t in score.tokens) + len(score.text_a or "") + len(score.text_b or "")
+        families = getattr(score, "families", None) or {}
+        arrays = [score.input_ids, score.segment_ids, score.logits, score.probs]
+        maps = []
+        if families:
+            for fs in families.values():
+                maps += [fs.attribution, fs.attention, fs.head_sum]
+                arrays += [fs.head_max, fs.f_baseline, fs.residual, fs.topk_index, fs.topk_value]
+        else:
+            maps += [score.attribution, score.attention]
+            arrays += [score.head_max, score.f_baseline, score.residual]
+        total += sum(int(np.asarray(a).nbytes) for a in arrays if a is not None)
+        total += sum(int(np.size(a)) * item for a in maps if a is not None)
+        return total
 
     def write(self, score) -> None:
-        """Write one ``ExampleScore`` atomically (see module docstring)."""
+        """Write one ``ExampleScore`` atomically (see module docstring), after checking that
+        the disk has room for it."""
         examples = self.f[EXAMPLES]
         final = example_name(score.index)
         if final in examples:
             return
+        self.check_space(score.index, self._estimate(score))
+        caught: list[BaseException] = []
+        hook = sys.unraisablehook
+        sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
+        try:
+            self._write(examples, final, score)
+            if caught:
+                raise caught[0]
+        except (OSError, RuntimeError) as exc:
+            # the h5py objects left (here and in the traceback's frames) fail again as they are
+            # freed; the collector stays installed so that they do not print tracebacks
+            with contextlib.redirect_stderr(io.StringIO()):  # h5py prints those failures itself
+                self._held.clear()
+            raise self._failed(exc, f"writing example {score.index}") from None
+        finally:
+            self._held.clear()
+            if not self.poisoned:
+                sys.unraisablehook = hook
+        self.done.add(score.index)
+
+    def _write(self, examples, final: str, score) -> None:
         tmp = PARTIAL_PREFIX + final
         if tmp in examples:
             del examples[tmp]
         g = examples.create_group(tmp)
+        self._held.append(g)
         n = len(score.tokens)
-        g.create_dataset("tokens", data=np.array(score.tokens, dtype=object), dtype=UTF8)
-        g.create_dataset("input_ids", data=score.input_ids)
-        g.create_dataset("segment_ids", data=score.segment_ids)
-        g.create_dataset("logits", data=score.logits)
-        g.create_dataset("probs", data=score.probs)
+        self._dataset(g, "tokens", data=np.array(score.tokens, dtype=object), dtype=UTF8)
+        self._dataset(g, "input_ids", data=score.input_ids)
+        self._dataset(g, "segment_ids", data=score.segment_ids)
+        self._dataset(g, "logits", data=score.logits)
+        self._dataset(g, "probs", data=score.probs)
         if getattr(score, "decoder_tokens", None) is not None:
-            g.create_dataset("decoder_tokens", data=np.array(score.decoder_tokens, dtype=object), dtype=UTF8)
-            g.create_dataset("decoder_input_ids", data=score.decoder_input_ids)
+            self._dataset(g, "decoder_tokens", data=np.array(score.decoder_tokens, dtype=object), dtype=UTF8)
+            self._dataset(g, "decoder_input_ids", data=score.decoder_input_ids)
         families = getattr(score, "families", None) or {}
         info = {}
         if not families:  # an ExampleScore built by hand in the 1.0 shape
@@ -159,7 +435,12 @@ class StoreWriter(OpenFile):
             info["self"] = {"keep": "maps", "heads": int(np.shape(score.head_max)[1]) if np.ndim(score.head_max) == 2 else 0,
                             "query": "input", "key": "input"}
         for name, fs in families.items():
-            where = g if name == "self" else g.require_group(FAMILIES).create_group(name)
+            if name == "self":
+                where = g
+            else:
+                parent = g.require_group(FAMILIES)
+                where = parent.create_group(name)
+                self._held += [parent, where]
             attention = fs.attention
             self._write_family(where, dict(
                 layers=fs.layers, attribution=fs.attribution,
@@ -174,7 +455,6 @@ class StoreWriter(OpenFile):
         a = g.attrs
         a["families"] = json.dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
-        a = g.attrs
         a["index"] = score.index
         a["gold"] = score.gold
         a["pred"] = score.pred
@@ -187,9 +467,21 @@ class StoreWriter(OpenFile):
         a["text_b"] = score.text_b if score.text_b is not None else ""
         a["has_text_b"] = score.text_b is not None
         a["meta"] = json.dumps(score.meta, sort_keys=True)
+        nonfinite = getattr(score, "nonfinite", None)
+        if nonfinite:
+            a["nonfinite"] = ",".join(nonfinite)
         a["written"] = utc_now()
         a["complete"] = True
         self.f.flush()
         examples.move(tmp, final)
         self.f.flush()
-        self.done.add(score.index)
+
+def _why(reason: BaseException | str) -> str:
+    return reason if isinstance(reason, str) else first_line(reason)
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
