@@ -19,10 +19,12 @@ setup:
     command -v dot >/dev/null || { if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq graphviz >/dev/null; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null && command -v apt-get >/dev/null; then sudo -n apt-get update -qq && sudo -n apt-get install -y -qq graphviz >/dev/null; fi; command -v dot >/dev/null || echo "note: Graphviz's dot is missing (PNG/SVG trees and their tests need it): apt-get install graphviz, or brew install graphviz"; }
     command -v chromium >/dev/null || { if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null; fi; command -v chromium >/dev/null || echo "note: chromium is missing (the HTML view tests run in headless Chromium and skip without it): apt-get install chromium"; }
 
-# Score the built-in default (synthetic task, shipped model) into scores.h5 and describe it
+# Score the built-in default (synthetic task, shipped model) into scores.h5, describe it, draw example 0 and a report page
 demo: setup
     {{venv}}/bin/attattr score --out scores.h5
     {{venv}}/bin/attattr info scores.h5
+    {{venv}}/bin/attattr view scores.h5 --example 0 -o scores-example-0.png
+    {{venv}}/bin/attattr report scores.h5 -o scores-report.html
 
 # Views of the built-in default: one example as PNG and HTML, and the report of the store (views-demo/)
 views-demo: setup
