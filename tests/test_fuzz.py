@@ -251,9 +251,6 @@ def test_import_json(tmp_path_factory, files, labels, attention, again):
 
 # -- the store opener --------------------------------------------------------------------------
 
-STORE_PART_B = pytest.mark.xfail(strict=False, reason="store hardening: part B")
-
-
 @pytest.fixture(scope="module")
 def base_store(tmp_path_factory):
     """A small real store of the built-in default (2 examples, 2 steps), and where its
@@ -309,7 +306,6 @@ def test_store_truncated(base_store, cut):
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate]  # part B cases: report the first, quickly
 
 
-@STORE_PART_B
 @settings(budget(40), phases=NO_SHRINK)
 @given(flips=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 7)), min_size=1, max_size=8))
 def test_store_bit_flipped(base_store, flips):
@@ -332,7 +328,6 @@ retyped = st.one_of(
 )
 
 
-@STORE_PART_B
 @settings(budget(60), phases=NO_SHRINK)
 @given(data=st.data())
 def test_store_attributes_removed_or_retyped(base_store, data):

@@ -260,3 +260,25 @@ def test_a_file_of_empty_rows_is_a_data_error(tmp_path, name, text):
     (tmp_path / name).write_text(text)
     with pytest.raises(DataError, match=f"{name}: the file holds only empty rows, no header"):
         read_table(tmp_path / name)
+
+
+def test_undecodable_bytes_in_a_name_or_a_stored_string_print_as_escapes(store, tmp_path):
+    """A file name with bytes that are not UTF-8 (held by Python as lone surrogates) and a
+    store attribute holding such bytes print as \\xNN; a print that raised would have left
+    rich's buffer full and spoilt every later command's output in the same process."""
+    import shutil
+
+    import h5py
+
+    odd = Path(os.fsdecode(bytes(tmp_path) + b"/s\xff.h5"))
+    shutil.copyfile(store, odd)
+    with h5py.File(odd, "r+") as f:
+        f.attrs["note"] = np.bytes_(b"caf\xe9")  # latin-1, not UTF-8
+    first = _run("info", odd)
+    assert first.exit_code == 0, first.output
+    assert "s\\xff.h5" in first.output
+    missing = _run("info", Path(os.fsdecode(bytes(tmp_path) + b"/gone\xfe.h5")))
+    line = _one_error_line(missing, "gone\\xfe.h5")
+    assert "\\xff" not in line  # nothing left over from the command before
+    after = _run("info", store)
+    assert after.exit_code == 0 and "s\\xff" not in after.output, after.output

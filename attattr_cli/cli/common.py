@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 import time
 
@@ -15,8 +16,45 @@ from typer.core import TyperCommand, TyperGroup
 from ..data.tasks import TASKS
 from ..errors import AttattrError, OptionError
 
-err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)  # ":100:" stays as typed
-out = Console(highlight=False, soft_wrap=True, emoji=False)
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """``text`` as any UTF-8 stream takes it: the undecodable bytes of a file name or a stored
+    string (held by Python as lone surrogates) shown as ``\\xNN``, other lone surrogates as
+    ``\\uNNNN``, instead of an encoding error in the middle of a line."""
+
+    def escape(m: re.Match) -> str:
+        code = ord(m.group())
+        return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"\\u{code:04x}"
+
+    return _SURROGATE.sub(escape, text)
+
+
+class _Stream:
+    """``sys.stdout`` or ``sys.stderr`` as it is at each write (a test runner or a notebook
+    swaps them), taking only printable text: a write that raised would leave rich's buffer
+    full, and every later print would raise again."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def write(self, text: str) -> int:
+        return getattr(sys, self._name).write(printable(text))
+
+    def __getattr__(self, attr: str):
+        return getattr(getattr(sys, self._name), attr)
+
+
+def console(stream: str = "stdout", **kwargs) -> Console:
+    """A console on stdout or stderr that prints any text (see ``printable``); markup and
+    emoji codes off by default (":100:" stays as typed)."""
+    return Console(file=_Stream(stream), **{"highlight": False, "soft_wrap": True, "emoji": False, **kwargs})
+
+
+err = console("stderr")
+out = console("stdout")
 
 # exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C
 EXIT_CODES = {

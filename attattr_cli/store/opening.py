@@ -34,7 +34,7 @@ def read_attr(obj, name, default=None):
     """An HDF5 attribute as a plain Python value (bytes decoded, numpy scalars unwrapped)."""
     value = obj.attrs.get(name, default)
     if isinstance(value, bytes):
-        value = value.decode()
+        value = value.decode("utf-8", "surrogateescape")  # bytes that are not UTF-8 print as \\xNN
     if isinstance(value, np.generic):
         value = value.item()
     return value

@@ -74,9 +74,34 @@ def _strings(ds) -> list[str]:
 _RETRIES = 6
 
 
+# a failed read waits this long for a writer to change the file before it is an error
+_SETTLE = 0.25
+
+
+def _file_state(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
+
+
+def _changes(path: Path, state: tuple[int, int] | None, within: float = _SETTLE) -> bool:
+    """Whether the file's size or modification time moves away from ``state`` within
+    ``within`` seconds: a writer at work (read again), or a file at rest (the failure stands)."""
+    end = time.monotonic() + within
+    while True:
+        if _file_state(path) != state:
+            return True
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+
+
 def _retrying(method):
-    """Run a read again on a freshly opened file when it fails: a reader does not lock the
-    file, so a writer may be changing it (see docs/store.md, "Readers during a write")."""
+    """Run a read again on a freshly opened file when it fails while the file changes: a
+    reader does not lock the file, so a writer may be changing it (see docs/store.md,
+    "Readers during a write"). A file at rest fails at once (after ``_SETTLE`` seconds)."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -86,15 +111,14 @@ def _retrying(method):
             self._depth += 1
             try:
                 return method(self, *args, **kwargs)
-            except (OSError, RuntimeError, KeyError, ValueError) as exc:
-                if attempt == _RETRIES - 1:
+            except (OSError, RuntimeError, KeyError, ValueError, TypeError) as exc:
+                if attempt == _RETRIES - 1 or not _changes(self.path, self._state):
                     if self.cut_short:
                         raise StoreError(f"{self.path} is damaged: the file is shorter than HDF5 recorded and"
                                          f" cannot be read ({first_line(exc)})") from exc
                     raise StoreError(f"{self.path} could not be read ({first_line(exc)})") from exc
             finally:
                 self._depth -= 1
-            time.sleep(0.05 * (attempt + 1))
             self._reopen()
 
     return wrapper
@@ -131,6 +155,7 @@ class Store(OpenFile):
         if self._mode != "r":
             return open_file(self.path, self._mode)
         for attempt in range(_RETRIES):
+            self._state = _file_state(self.path)
             try:
                 return open_file(self.path, "r", locking=False)
             except StoreError as exc:
@@ -138,7 +163,8 @@ class Store(OpenFile):
                     raise
                 cut = exc.truncated
             # shorter than recorded: a writer in the middle of a flush, or cut short for good
-            time.sleep(0.05 * (attempt + 1))
+            if not _changes(self.path, self._state):
+                break
         self.cut_at, recorded = cut
         return open_padded(self.path, recorded)
 
