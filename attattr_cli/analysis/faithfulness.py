@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, StoreError
+from .stats import kendall_tau_b
 from .token_importance import (
     METHODS,
     ModelRunner,
@@ -47,26 +48,6 @@ Progress = Callable[[int, int, str], None]
 
 
 # -- agreement ----------------------------------------------------------------------------
-
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b with ties: (C - D) / sqrt((P - T_x) (P - T_y)), P = n(n-1)/2 pairs,
-    T_x, T_y the pairs tied in x, in y. NaN when either vector is constant or n < 2."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError("kendall_tau_b needs two vectors of the same length")
-    n = len(x)
-    if n < 2:
-        return float("nan")
-    iu = np.triu_indices(n, 1)
-    sx = np.sign(x[:, None] - x[None, :])[iu]
-    sy = np.sign(y[:, None] - y[None, :])[iu]
-    untied_x = np.count_nonzero(sx)
-    untied_y = np.count_nonzero(sy)
-    if untied_x == 0 or untied_y == 0:
-        return float("nan")
-    return float((sx * sy).sum() / math.sqrt(untied_x * untied_y))
-
 
 # -- erasure ------------------------------------------------------------------------------
 
