@@ -61,7 +61,7 @@ class Importance:
 
 
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
-               seeds: Sequence[int] = (0, 1, 2), batch_size: int = 32, normalize: bool = True,
+               seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
                progress=False, command=None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``

@@ -20,7 +20,7 @@ def importance(
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples("Examples to average over, e.g. 0:200 (data rows; store indices with a STORE). Default: all."),
-    seeds: str = typer.Option("0,1,2", "--seeds", help="Seeds of the random tables (one table random-SEED each)."),
+    seeds: str = typer.Option("0,1,2,3,4", "--seeds", help="Seeds of the random tables (one table random-SEED each; five by default, so that prune draws the random orders' band over five)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples per forward/backward pass (taylor)."),
     no_normalize: bool = typer.Option(False, "--no-normalize", help="Taylor: keep the raw values (default: unit L2 norm per layer, as Michel et al.)."),
     device: str = options.device(),

@@ -83,8 +83,15 @@ def _rows(res) -> list[dict]:
     if c is not None:
         for name, per in c["methods"].items():
             for i, r in enumerate(c["rates"]):
-                rows.append({"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
-                             "value": per[c["metric"]][i]})
+                row = {"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
+                       "value": per[c["metric"]][i], "accuracy": per["accuracy"][i],
+                       "accuracy_low": (per.get("accuracy_low") or [None] * len(c["rates"]))[i],
+                       "accuracy_high": (per.get("accuracy_high") or [None] * len(c["rates"]))[i]}
+                for other, t in (c["methods"].get("attr", {}).get("tests") or {}).items():
+                    if name == "attr":
+                        row[f"p_attr_vs_{other}"] = t["p"][i]
+                        row[f"p_holm_attr_vs_{other}"] = t["p_holm"][i]
+                rows.append(row)
     e = res.effectiveness
     if e is not None:
         for name, entry in e["orders"].items():
@@ -110,12 +117,35 @@ def _report_curves(c: dict) -> None:
     metric = c["metric"]
     t = Table(title=f"{metric} with the least important heads masked ({c['n_examples']} examples; "
                     f"unpruned {c['baseline'][metric]:.4f})", show_edge=False)
+    level = c.get("level", 0.95)
     t.add_column("pruned", justify="right")
     for name in c["methods"]:
         t.add_column(name, justify="right")
+    tests = (c["methods"].get("attr") or {}).get("tests") or {}
+    for name in tests:
+        t.add_column(f"attr > {name}: p (Holm)", justify="right")
+
+    def cell(m, i):
+        v = f"{m[metric][i]:.4f}"
+        lo, hi = (m.get("accuracy_low") or [None] * (i + 1))[i], (m.get("accuracy_high") or [None] * (i + 1))[i]
+        return v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
+
     for i, r in enumerate(c["rates"]):
-        t.add_row(f"{r:.0%}", *[f"{c['methods'][n][metric][i]:.4f}" for n in c["methods"]])
+        t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
+                  *[_p(tests[n]["p_holm"][i]) for n in tests])
     err.print(t)
+    notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
+    rnd = c["methods"].get("random") or {}
+    if rnd.get("seeds"):
+        notes.append(f"random: the mean of {rnd['seeds']} orders (their accuracies range "
+                     f"{min(rnd['accuracy_seed_min']):.3f}..{max(rnd['accuracy_seed_max']):.3f})")
+    if tests:
+        notes.append("p: " + c.get("tests", ""))
+    err.print("\n".join(notes), markup=False)
+
+
+def _p(x) -> str:
+    return "-" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")
 
 
 def _report_effectiveness(e: dict) -> None:
