@@ -48,7 +48,7 @@ def _table(report: dict):
     for m, r in report["methods"].items():
         t.add_row(m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
                   _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False))
-    t.caption = "±: standard error; [low, high]: 95 % bootstrap interval over the examples"
+    t.caption = "±: standard error; \\[low, high]: 95 % bootstrap interval over the examples"
     return t
 
 
