@@ -476,9 +476,9 @@ def run_attack(
         "controls_per_layout": CONTROLS if controls is None else controls,
         "alpha": alpha,
         "tests": ("per trigger: exact permutation p-value of its accuracy drop among the controls of its layout, "
-                  "(1 + #controls dropping at least as much) / (n + 1); per class: exact two-sample permutation "
-                  "test of the mean drop, the other classes' triggers against all controls, Holm-adjusted "
-                  "over the classes"),
+                  "(1 + #controls dropping at least as much) / (n + 1); per class: two-sample permutation test "
+                  "of the mean drop, the other classes' triggers against all controls (exact up to 200,000 "
+                  "splits, else 10,000 seeded random ones), Holm-adjusted over the classes"),
         "max_length": max_length,
         "truncated_before": sum(v.truncated for v in clean),
         "before": before_cls,
