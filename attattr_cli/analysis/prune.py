@@ -6,7 +6,7 @@
   examples, against one unpruned baseline. Random tables (``random-0``, ``random-1``,
   ...) are evaluated one by one and averaged into ``random``. Every curve carries a
   bootstrap band over the examples (``accuracy_low``/``accuracy_high``; for ``random``
-  over the examples' mean over the seeds, and the seeds' own spread), and at each rate
+  the seeds are resampled with the examples, and the seeds' own range is kept), and at each rate
   ``tests`` say whether attribution keeps more examples right than each other method on
   the same examples (exact McNemar; a paired sign-flip test against the seeds' mean for
   random), Holm-adjusted over the rates.
@@ -197,9 +197,17 @@ def curve_statistics(result_methods: dict, per_table: dict, correct: dict, level
     per_method: dict[str, np.ndarray] = {}
     for name, entry in result_methods.items():
         names = list(entry["tables"]) if "tables" in entry else [name]
-        mats = [correct[n].astype(np.float64) for n in names]
-        per_method[name] = np.mean(mats, axis=0)  # [examples, rates]: share of the seeds right
-        lo, hi = stats.bootstrap_ci(per_method[name], level=level, seed=seed)
+        mats = np.stack([correct[n].astype(np.float64) for n in names], axis=1)  # [examples, seeds, rates]
+        per_method[name] = mats.mean(axis=1)  # [examples, rates]: share of the seeds right
+        if len(names) > 1:
+            # the seeds are resampled too (with replacement, alongside the examples), so the
+            # band of the random mean covers the orders' own spread as well as the examples'
+            pick = np.random.default_rng([seed, 1])
+            k = len(names)
+            lo, hi = stats.bootstrap_ci(mats, lambda a: a[:, pick.integers(0, k, k), :].mean(axis=(0, 1)),
+                                        level=level, seed=seed)
+        else:
+            lo, hi = stats.bootstrap_ci(per_method[name], level=level, seed=seed)
         entry["accuracy_low"] = [_num(x) for x in lo]
         entry["accuracy_high"] = [_num(x) for x in hi]
         if len(names) > 1:

@@ -128,7 +128,10 @@ def _report_curves(c: dict) -> None:
     def cell(m, i):
         v = f"{m[metric][i]:.4f}"
         lo, hi = (m.get("accuracy_low") or [None] * (i + 1))[i], (m.get("accuracy_high") or [None] * (i + 1))[i]
-        return v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
+        v = v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
+        if m.get("seeds"):
+            v += f" ({m['accuracy_seed_min'][i]:.3f}..{m['accuracy_seed_max'][i]:.3f})"
+        return v
 
     for i, r in enumerate(c["rates"]):
         t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
@@ -137,8 +140,7 @@ def _report_curves(c: dict) -> None:
     notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
     rnd = c["methods"].get("random") or {}
     if rnd.get("seeds"):
-        notes.append(f"random: the mean of {rnd['seeds']} orders (their accuracies range "
-                     f"{min(rnd['accuracy_seed_min']):.3f}..{max(rnd['accuracy_seed_max']):.3f})")
+        notes.append(f"random: the mean of {rnd['seeds']} orders; (min..max): the range of their accuracies")
     if tests:
         notes.append("p: " + c.get("tests", ""))
     err.print("\n".join(notes), markup=False)
