@@ -176,6 +176,11 @@ def test_prune_cli_builtin_default_curves_effectiveness_and_save(tmp_path):
     assert set(e["orders"]) == {"attr_small_first", "attr_large_first", "attention_small_first", "attention_large_first"}
     # k = all heads of the layer: every order masks the same heads
     assert len({round(v["accuracy"][-1], 9) for v in e["orders"].values()}) == 1
+    for v in e["orders"].values():
+        assert all(lo <= a <= hi for lo, a, hi in zip(v["accuracy_low"], v["accuracy"], v["accuracy_high"]))
+    for side in ("small_first", "large_first"):
+        t = e["orders"][f"attr_{side}"]["test_vs_attention"]
+        assert len(t["p"]) == 2 and t["difference"][-1] == 0.0 and t["p"][-1] == 1.0  # same heads: no difference
     p = res["pruned_model"]
     assert p["heads_kept"] == 6 and p["params_pruned"] < p["params_unpruned"]
     assert p["max_abs_logit_diff_vs_masked"] < 1e-4 and p["agreement_vs_masked"] == 1.0

@@ -247,7 +247,8 @@ def _num(x) -> float | None:
 
 
 def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Sequence[int],
-                  task_name: str | None = None, progress: Progress | None = None) -> dict:
+                  task_name: str | None = None, progress: Progress | None = None, level: float = 0.95,
+                  seed: int = 0) -> dict:
     """The paper's effectiveness analysis.
 
     attr, attn: per-example scores [examples, layer, head] in the order of the examples of
@@ -269,10 +270,13 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
     total = len(orders) * len(ks) * L
     done = 0
     out: dict[str, dict] = {}
+    each: dict[str, np.ndarray] = {}
     for name, (score, large) in orders.items():
         sc = torch.as_tensor(score, dtype=torch.float64)
         rank = torch.argsort(-sc if large else sc, dim=-1, stable=True)  # [n, L, H]
         per_layer = np.zeros((len(ks), L))
+        right = np.zeros((n, len(ks)))  # per example: the share of the layers it stays right
+        known = (gold >= 0).numpy()
         for ki, k in enumerate(ks):
             for layer in range(L):
                 masks = torch.ones(n, L, H)
@@ -280,13 +284,38 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
                 masks[:, layer, :].scatter_(1, idx, 0.0)
                 logits = logits_under(loaded, batches, None, per_example=lambda b, _m=masks: _m[b.positions])
                 per_layer[ki, layer] = scores(logits, gold, task_name)["accuracy"]
+                right[:, ki] += (logits.argmax(-1) == gold).numpy() / L
                 done += 1
                 if progress:
                     progress(done, total, f"{name} k={k} layer {layer}")
         out[name] = {"accuracy": per_layer.mean(1).tolist(), "per_layer": per_layer.tolist()}
+        each[name] = right[known]
+    effectiveness_statistics(out, each, level, seed)
     base = scores(logits_under(loaded, batches, None), gold, task_name)["accuracy"]
     return {"ks": list(ks), "n_examples": n, "num_layers": L, "num_heads": H, "baseline_accuracy": base,
-            "orders": out}
+            "orders": out, "level": level,
+            "tests": ("per k, on the same examples (each example's share of layers right): attribution small-first "
+                      "keeps more than attention small-first, attribution large-first keeps less than attention "
+                      "large-first; paired sign-flip permutation tests, one-sided, Holm over the ks")}
+
+
+def effectiveness_statistics(out: dict, each: dict, level: float = 0.95, seed: int = 0) -> None:
+    """Bootstrap bands over the examples for every order, and the paired tests of attribution
+    against attention (small-first: attribution should keep more; large-first: less)."""
+    from . import stats
+
+    for name, entry in out.items():
+        lo, hi = stats.bootstrap_ci(each[name], level=level, seed=seed)
+        entry["accuracy_low"] = [_num(x) for x in lo]
+        entry["accuracy_high"] = [_num(x) for x in hi]
+    for side, better in (("small_first", "greater"), ("large_first", "less")):
+        a, b = each.get(f"attr_{side}"), each.get(f"attention_{side}")
+        if a is None or b is None:
+            continue
+        rows = [stats.paired_test(a[:, j], b[:, j], better, seed=seed + j) for j in range(a.shape[1])]
+        ps = [r["p"] for r in rows]
+        out[f"attr_{side}"]["test_vs_attention"] = {
+            "alternative": better, "difference": [r["statistic"] for r in rows], "p": ps, "p_holm": stats.holm(ps)}
 
 
 # ----------------------------------------------------------------------------- real pruning

@@ -159,5 +159,13 @@ def _report_effectiveness(e: dict) -> None:
     for k in e["ks"]:
         t.add_column(f"k={k}", justify="right")
     for name, entry in e["orders"].items():
-        t.add_row(name.replace("_", " "), *[f"{a:.4f}" for a in entry["accuracy"]])
+        lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+        t.add_row(name.replace("_", " "), *[f"{a:.4f}" + ("" if lo is None or lo[i] is None else f" [{lo[i]:.3f}, {hi[i]:.3f}]")
+                                            for i, a in enumerate(entry["accuracy"])])
+        test = entry.get("test_vs_attention")
+        if test:
+            t.add_row(f"  p: attr {'>' if test['alternative'] == 'greater' else '<'} attention (Holm)",
+                      *[_p(x) for x in test["p_holm"]])
     err.print(t)
+    err.print(f"[low, high]: {e.get('level', 0.95):.0%} bootstrap interval over the examples; p: {e.get('tests', '')}",
+              markup=False)
