@@ -52,7 +52,7 @@ def importance(
         if not quiet and not (as_json or as_csv):
             for t in shown:
                 err.print(heatmap(t))
-                if getattr(t, "stability", None):
+                if getattr(t, "stability", None) and t.stability.get("examples", 0) >= 2:
                     err.print(stability_line(t), markup=False)
         if plot is not None:
             from ..analysis.plots import importance_heatmaps
@@ -88,8 +88,9 @@ def _rank_cells(t, layer, h) -> dict:
     st = getattr(t, "stability", None)
     if not st:
         return {"rank_low": None, "rank_high": None, "tau_halves": None}
-    return {"rank_low": float(st["rank_low"][layer][h]), "rank_high": float(st["rank_high"][layer][h]),
-            "tau_halves": st.get("tau_halves")}
+    lo, hi = float(st["rank_low"][layer][h]), float(st["rank_high"][layer][h])
+    ok = lo == lo and hi == hi  # NaN with fewer than two examples
+    return {"rank_low": lo if ok else None, "rank_high": hi if ok else None, "tau_halves": st.get("tau_halves")}
 
 
 def stability_line(t) -> str:
