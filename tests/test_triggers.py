@@ -306,7 +306,7 @@ def test_cli_single_sentence(tmp_path, tiny_model_dir, sst2_small):
 # ----------------------------------------------------------------------------- the control distribution
 
 
-def _pair(name, p, q, label):
+def _planted_pair(name, p, q, label):
     return Insertion(name=name, kind="trigger", tokens=[p, q], segments=[0, 1], relative=[0.5, 0.5],
                      reference=[0.5, 0.5], label=label)
 
@@ -319,7 +319,7 @@ def test_attack_control_distribution_on_the_builtin_default():
     # planted key-word pairs: three deciding entailment, three contradiction (a neutral pair
     # is only the absence of a relation, inserted beside the example's own pair it decides little)
     pairs = [(0, 0), (1, 1), (2, 2), (3, syn.SIGMA[3]), (4, syn.SIGMA[4]), (5, syn.SIGMA[5])]
-    planted = [_pair(f"T{k + 1}", syn.PREMISE_WORDS[i], syn.HYPOTHESIS_WORDS[j], labels[syn.label_of(i, j)])
+    planted = [_planted_pair(f"T{k + 1}", syn.PREMISE_WORDS[i], syn.HYPOTHESIS_WORDS[j], labels[syn.label_of(i, j)])
                for k, (i, j) in enumerate(pairs)]
     model = aa.load_model()
     res = aa.attack(model, planted, examples="0:30", controls=20, seed=3)
@@ -356,7 +356,7 @@ def test_attack_control_distribution_on_the_builtin_default():
     import random
 
     rng = random.Random(5)
-    fake = [_pair(f"T{k + 1}", *rng.sample(syn.DISTRACTORS, 2), labels[k % 3]) for k in range(6)]
+    fake = [_planted_pair(f"T{k + 1}", *rng.sample(syn.DISTRACTORS, 2), labels[k % 3]) for k in range(6)]
     doc = aa.attack(model, fake, examples="0:30", controls=20, seed=3).document
     for row in doc["table"]:
         assert row["p"] >= 0.01 and not row["beats_controls"], row

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import edge, err, out, progress_bar
+from .common import edge, err, out, progress_bar, wide_err
 
 
 def _pct(x) -> str:
@@ -122,7 +122,7 @@ def _print_table(result: dict) -> None:
                   _pct(row["trigger_mean"]), f"{_pct(row['control_mean'])} (n {row['control_count']})",
                   _pct(row.get("control_sd")), f"{_pct(w['accuracy'])} {' '.join(w['tokens'])}" if w else "-",
                   _p(row.get("p_holm")), "-" if verdict is None else ("yes" if verdict else "no"))
-    err.print(t)
+    wide_err().print(t)
     lines = []
     for r in result["triggers"]:
         accs = ", ".join(f"{c} {_pct(a)}" for c, a in r["accuracy"].items())

@@ -18,6 +18,12 @@ from ..errors import AttattrError, OptionError
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 out = Console(highlight=False, soft_wrap=True)
 
+
+def wide_err() -> Console:
+    """The stderr console for wide tables: a terminal's own width; 160 columns when stderr
+    is a pipe or a log file (rich's 80 would squeeze the columns to a few letters)."""
+    return err if err.is_terminal else Console(stderr=True, width=160, highlight=False, soft_wrap=True)
+
 # exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C
 EXIT_CODES = {
     0: "success",

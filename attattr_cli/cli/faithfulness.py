@@ -14,7 +14,7 @@ import typer
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, wide_err
 
 # analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
 # torch (tests/test_startup.py checks that they agree)
@@ -170,10 +170,7 @@ def faithfulness(
         if as_json:
             options.print_rows(report_rows(report), "json")
         if not quiet and not as_json:
-            # a terminal's own width; 132 columns when stderr is a pipe or a log file
-            from rich.console import Console
-
-            tables = err if err.is_terminal else Console(stderr=True, width=132, highlight=False, soft_wrap=True)
+            tables = wide_err()
             tables.print(_table(report))
             perm = _perm_table(report)
             if perm is not None:

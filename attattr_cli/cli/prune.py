@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, wide_err
 
 
 def prune(
@@ -136,7 +136,7 @@ def _report_curves(c: dict) -> None:
     for i, r in enumerate(c["rates"]):
         t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
                   *[_p(tests[n]["p_holm"][i]) for n in tests])
-    err.print(t)
+    wide_err().print(t)
     notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
     rnd = c["methods"].get("random") or {}
     if rnd.get("seeds"):
@@ -166,6 +166,6 @@ def _report_effectiveness(e: dict) -> None:
         if test:
             t.add_row(f"  p: attr {'>' if test['alternative'] == 'greater' else '<'} attention (Holm)",
                       *[_p(x) for x in test["p_holm"]])
-    err.print(t)
+    wide_err().print(t)
     err.print(f"[low, high]: {e.get('level', 0.95):.0%} bootstrap interval over the examples; p: {e.get('tests', '')}",
               markup=False)
