@@ -147,7 +147,7 @@ triggers-planted: setup
 # SST-2 triggers from the first 500 training sentences of >= 15 word pieces, attack on the dev set (MODEL: a fine-tuned folder; DATA: the folder of GLUE's train.tsv and dev.tsv)
 triggers-sst2 MODEL DATA: setup
     {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top-k 10 --store sst2_train_scores.h5 --out sst2_triggers.json
-    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top-k 3 --controls 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl
+    {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top-k 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl
 
 # Faithfulness of every token importance method on the built-in default (200 held-out examples)
 faithfulness: setup

@@ -34,9 +34,15 @@ def main() -> None:
         r = planted_recovery(s, top=args.top)
     print(f"built-in default: {r['examples']} held-out synthetic examples scored in {secs:.1f} s "
           f"(accuracy {report.accuracy:.3f}, mean |residual| {report.mean_abs_residual:.1e})")
-    print(f"planted pair in the top {r['top']} of at least one layer: attribution {r['attribution']:.3f}, "
-          f"raw attention {r['attention']:.3f}")
-    print("per layer (attribution): " + ", ".join(f"L{i} {v:.3f}" for i, v in enumerate(r["attribution_per_layer"])))
+    ci = lambda c: f"[{c[0]:.3f}, {c[1]:.3f}]"  # noqa: E731
+    m = r["attribution_vs_attention"]
+    print(f"planted pair in the top {r['top']} of at least one layer: attribution {r['attribution']:.3f} "
+          f"{ci(r['attribution_ci'])}, raw attention {r['attention']:.3f} {ci(r['attention_ci'])} "
+          f"({r['level']:.0%} Wilson intervals)")
+    print(f"attribution vs attention on the same examples: found by attribution only {m['a_only']}, by attention "
+          f"only {m['b_only']}; exact McNemar p {m['p']:.2g}")
+    print("per layer (attribution): " + ", ".join(f"L{i} {v:.3f} {ci(c)}" for i, (v, c) in
+                                                  enumerate(zip(r["attribution_per_layer"], r["attribution_per_layer_ci"]))))
 
 
 if __name__ == "__main__":

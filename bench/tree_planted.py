@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from attattr_cli.analysis.planted import planted_positions
+from attattr_cli.analysis.stats import proportion_ci
 from attattr_cli.analysis.tree import has_path, tree_for_example
 from attattr_cli.engine.run import ScoreRequest, score_to_store
 from attattr_cli.engine.options import ScoreOptions
@@ -56,13 +57,18 @@ def main() -> None:
                               for a, b in ((p, q), (q, p))))
     if not total:
         raise SystemExit("the store holds no examples")
+    def rate(k: int) -> str:
+        lo, hi = proportion_ci(k, total)
+        return f"{k / total:.3f} [{lo:.3f}, {hi:.3f}]"
+
     print(f"trees ({args.compat} mode, tau {args.tau:g}" + ("" if args.lam is None else f", lambda {args.lam:g}")
-          + f") on {total} examples, {sum(sizes) / total:.1f} tokens per tree on average:")
-    print(f"  both planted tokens in the tree:        {both / total:.3f}")
-    print(f"  planted pair connected by a tree path:  {path_ / total:.3f}")
-    print(f"  planted pair joined by a direct edge:   {direct / total:.3f}")
-    print(f"  top node is a planted token:            {top_planted / total:.3f}")
-    print(f"  rooted (--root) at one planted word, the tree reaches the other: {rooted / total:.3f}")
+          + f") on {total} examples, {sum(sizes) / total:.1f} tokens per tree on average "
+          "(rates with 95 % Wilson intervals):")
+    print(f"  both planted tokens in the tree:        {rate(both)}")
+    print(f"  planted pair connected by a tree path:  {rate(path_)}")
+    print(f"  planted pair joined by a direct edge:   {rate(direct)}")
+    print(f"  top node is a planted token:            {rate(top_planted)}")
+    print(f"  rooted (--root) at one planted word, the tree reaches the other: {rate(rooted)}")
 
 
 if __name__ == "__main__":

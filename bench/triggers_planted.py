@@ -55,9 +55,17 @@ def main() -> None:
     print(f"top {len(trig['triggers'])}: {pairs} planted key-word pairs, {same_class} pushing towards the class "
           f"their pair decides")
     for row in att["table"]:
+        w = row["worst_control"]
         print(f"{row['class']:<14} before {100 * row['before']:.1f}  with the other classes' triggers "
               f"{100 * row['trigger_mean']:.1f} (mean of {row['trigger_count']})  controls "
-              f"{100 * row['control_mean']:.1f} (mean of {row['control_count']})")
+              f"{100 * row['control_mean']:.1f} ± {100 * row['control_sd']:.1f} (mean ± sd of {row['control_count']}; "
+              f"the most damaging {' '.join(w['tokens'])} {100 * w['accuracy']:.1f})  p {row['p']:.1e}, "
+              f"Holm {row['p_holm']:.1e}: {'beats' if row['beats_controls'] else 'does not beat'} the controls "
+              f"at {att['alpha']:g}")
+    ps = [t["p"] for t in att["triggers"]]
+    pct = ", ".join(f"{t['percentile']:.0f}" for t in att["triggers"])
+    print(f"per trigger: exact permutation p among the {att['controls_per_layout']} controls of its layout "
+          f"from {min(ps):.3f} to {max(ps):.3f}; percentiles {pct}")
 
 
 if __name__ == "__main__":

@@ -376,7 +376,8 @@ def test_cli_conventions_new_names_old_spellings_hidden(cli_store, tmp_path):
     assert len(rows) == values.size
     assert all(values[x["layer"], x["head"]] == pytest.approx(x["value"]) for x in rows)
     r = _cli("importance", cli_store, "--method", "attr", "--out", tmp_path / "j.h5", "--csv", "-q")
-    assert r.stdout.splitlines()[0] == "table,layer,head,value" and len(r.stdout.splitlines()) == values.size + 1
+    assert r.stdout.splitlines()[0] == "table,layer,head,value,rank,rank_low,rank_high,tau_halves"
+    assert len(r.stdout.splitlines()) == values.size + 1
 
 
 def test_model_results_and_progress_bar(builtin, cli_store, capsys):

@@ -234,6 +234,22 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
     assert first["methods"]["loo"]["tau_loo"] == pytest.approx(1.0)
     assert first["methods"]["loo"]["tau_loo_abs"] == pytest.approx(1.0)  # magnitudes against magnitudes
     assert first["methods"]["grad"]["tau_grad"] == pytest.approx(1.0)
+    # intervals beside the standard errors; paired tests attr vs each attention baseline
+    from attattr_cli.analysis import stats
+
+    for m in ti.METHODS:
+        r = first["methods"][m]
+        assert r["comprehensiveness_low"] <= r["comprehensiveness"] <= r["comprehensiveness_high"]
+    tests = first["paired_tests"]
+    assert {(t["method"], t["baseline"]) for t in tests} == {
+        (a, b) for a in ("attr", "attr_cls") for b in ("attention_last", "attention_mean", "rollout", "attn_grad")}
+    t = next(t for t in tests if (t["method"], t["baseline"], t["metric"]) == ("attr", "rollout", "sufficiency"))
+    x = [r["erasure"]["attr"]["sufficiency"] for r in first["per_example"]]
+    y = [r["erasure"]["rollout"]["sufficiency"] for r in first["per_example"]]
+    assert t["difference"] == pytest.approx(np.mean(x) - np.mean(y))
+    assert t["p"] == pytest.approx(stats.paired_test(x, y, "less")["p"]) and t["better"] == "lower"
+    assert [u["p_holm"] for u in tests] == pytest.approx(stats.holm([u["p"] for u in tests]))
+    assert again["paired_tests"] == tests  # seeded
     before = hashlib.sha256(path.read_bytes()).hexdigest()
     with pytest.raises(StoreError, match="holds 'random' token importance made with other settings"):
         fa.evaluate_store(path, fa.FaithfulnessOptions(methods=["random"], seed=5, permutations=0))
@@ -257,6 +273,7 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(report)
     assert "τ with LOO" in r.stderr and "τ |·| with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
+    assert "paired tests on the same examples" in r.stderr and "bootstrap interval" in r.stderr
     data = json.loads(report.read_text())
     assert data["examples"] == 3 and set(data["methods"]) == set(ti.METHODS)
     assert data["task"] == "synthetic" and len(data["permutation"]["layers"]) == 3

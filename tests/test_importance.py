@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -189,6 +191,36 @@ def test_store_tables_equal_a_direct_computation(tiny_store):
     assert by["attr"].values.min() != by["attr"].values.max()
 
 
+def test_ranking_stability_from_the_store(tmp_path, tiny_store):
+    from attattr_cli.analysis import stats
+    from attattr_cli.store import Store
+
+    path, _ = tiny_store
+    with Store(path) as st:
+        _, tables = imp.from_store(st, ["attr"])
+        each = np.stack([st.get(i).head_max for i in st.indices()]).astype(np.float64)
+    s = tables[0].stability
+    assert s["examples"] == 5 and s["rank_low"].shape == (3, 4)
+    lo, hi = stats.rank_intervals(each.reshape(5, -1), resamples=1000, seed=0)
+    np.testing.assert_array_equal(s["rank_low"].ravel(), lo)
+    np.testing.assert_array_equal(s["rank_high"].ravel(), hi)
+    assert np.all((1 <= s["rank_low"]) & (s["rank_low"] <= s["rank_high"]) & (s["rank_high"] <= 12))
+    assert s["tau_halves"] == pytest.approx(stats.kendall_tau_halves(each.reshape(5, -1), seed=0))
+    assert -1 <= s["tau_halves"] <= 1
+    # seeded: the same again; kept in the file
+    again = imp.stability(each, seed=0)
+    np.testing.assert_array_equal(again["rank_low"], s["rank_low"])
+    out = tmp_path / "imp.h5"
+    imp.write(out, imp.Identity("a" * 64, "m", "bert", 3, 4), tables)
+    back = imp.read(out).tables["attr"].stability
+    np.testing.assert_array_equal(back["rank_high"], s["rank_high"])
+    assert back["tau_halves"] == pytest.approx(s["tau_halves"])
+    r = runner.invoke(app, ["importance", str(path), "--out", str(tmp_path / "i2.h5"), "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.stdout)
+    assert all(row["rank_low"] <= row["rank_high"] for row in rows)
+
+
 def test_importance_file_roundtrip_and_refusals(tmp_path, tiny_store):
     from attattr_cli.store import Store
 
@@ -227,6 +259,7 @@ def test_importance_cli_store_and_model(tmp_path, tiny_store, tiny_model_dir):
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(out)
     assert "attr:" in r.stderr and "L\\H" in r.stderr
+    assert "attr ranking over 5 examples: Kendall tau between two random halves" in r.stderr
     assert (tmp_path / "h.svg").read_text().lstrip().startswith("<?xml")
     r = runner.invoke(app, ["importance", "--model", str(tiny_model_dir), "--data", str(data), "--task", "sst2",
                             "--method", "taylor,random", "--seeds", "0,1,2", "--out", str(out), "-q"])

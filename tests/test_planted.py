@@ -43,3 +43,9 @@ def test_default_model_finds_the_planted_pairs(tmp_path):
     assert r["examples"] == 200
     assert r["attribution"] >= 0.90
     assert r["attribution"] > r["attention"]
+    from attattr_cli.analysis.stats import proportion_ci
+
+    assert r["attribution_ci"] == pytest.approx(list(proportion_ci(round(r["attribution"] * 200), 200)))
+    assert r["attribution_ci"][0] < r["attribution"] < r["attribution_ci"][1] or r["attribution"] == 1.0
+    m = r["attribution_vs_attention"]
+    assert m["difference"] == pytest.approx(r["attribution"] - r["attention"]) and m["p"] < 0.01

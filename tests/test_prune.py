@@ -169,8 +169,46 @@ def test_prune_cli_builtin_default_curves_effectiveness_and_save(tmp_path):
     assert set(e["orders"]) == {"attr_small_first", "attr_large_first", "attention_small_first", "attention_large_first"}
     # k = all heads of the layer: every order masks the same heads
     assert len({round(v["accuracy"][-1], 9) for v in e["orders"].values()}) == 1
+    for v in e["orders"].values():
+        assert all(lo <= a <= hi for lo, a, hi in zip(v["accuracy_low"], v["accuracy"], v["accuracy_high"]))
+    for side in ("small_first", "large_first"):
+        t = e["orders"][f"attr_{side}"]["test_vs_attention"]
+        assert len(t["p"]) == 2 and t["difference"][-1] == 0.0 and t["p"][-1] == 1.0  # same heads: no difference
     p = res["pruned_model"]
     assert p["heads_kept"] == 6 and p["params_pruned"] < p["params_unpruned"]
     assert p["max_abs_logit_diff_vs_masked"] < 1e-4 and p["agreement_vs_masked"] == 1.0
     assert "pruned model:" in r.stderr
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_curve_bands_and_paired_tests(tmp_path, tiny_model_dir, sst2_small):
+    from attattr_cli.analysis import stats
+
+    loaded, examples, label_map, batches = _setup(tiny_model_dir, sst2_small)
+    rng = np.random.default_rng(3)
+    tables = [imp.Table("attr", "attr", rng.random((3, 4))), imp.Table("attention", "attention", rng.random((3, 4)))]
+    f = _imp_file(loaded, tmp_path, tables + [imp.random_table(3, 4, s) for s in range(5)])
+    rates = [0.0, 0.5, 0.75]
+    c = pr.curves(loaded, batches, f, rates, "sst2", seed=2)
+    gold = torch.tensor([label_map[e.label] for e in examples])
+
+    def right(values, r):
+        with torch.no_grad():
+            return (logits_under(loaded, batches, pr.mask_at(values, r)).argmax(-1) == gold).numpy()
+
+    for name, m in c["methods"].items():
+        assert all(lo <= a <= hi for lo, a, hi in zip(m["accuracy_low"], m["accuracy"], m["accuracy_high"]))
+    assert c["methods"]["random"]["seeds"] == 5
+    tests = c["methods"]["attr"]["tests"]
+    assert set(tests) == {"attention", "random"} and tests["attention"]["test"] == "mcnemar"
+    for j, r in enumerate(rates):
+        a, b = right(tables[0].values, r), right(tables[1].values, r)
+        expected = stats.mcnemar(a, b, "greater")["p"]
+        assert tests["attention"]["p"][j] == pytest.approx(expected)
+        seeds = np.mean([right(imp.random_table(3, 4, s).values, r) for s in range(5)], axis=0)
+        assert tests["random"]["difference"][j] == pytest.approx(a.mean() - seeds.mean())
+    assert tests["attention"]["p_holm"] == pytest.approx(stats.holm(tests["attention"]["p"]))
+    # at rate 0 nothing is masked: no discordant pair, p = 1
+    assert tests["attention"]["p"][0] == 1.0
+    again = pr.curves(loaded, batches, f, rates, "sst2", seed=2)
+    assert again["methods"] == c["methods"]

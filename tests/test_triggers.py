@@ -211,11 +211,15 @@ def test_cli_builtin_default_end_to_end(tmp_path):
     assert r.exit_code == 0, r.output
     assert "accuracy (%) per gold class" in r.stderr and "control" in r.stderr
     out = json.loads(res.read_text())
-    assert out["examples"] == 30 and len(out["triggers"]) == 2 and len(out["controls"]) == 2
+    layouts = {(len(t["tokens"]), tuple(t["segments"])) for t in out["triggers"]}
+    assert out["examples"] == 30 and len(out["triggers"]) == 2 and len(out["controls"]) == 2 * len(layouts)
+    assert out["controls_per_layout"] == 2 and "most damaging" in r.stderr and "Holm-adjusted" in r.stderr
+    assert all(row["beats_controls"] in (True, False) and 0 < row["p_holm"] <= 1
+               for row in out["table"] if row["trigger_count"])
     assert [row["class"] for row in out["table"]] == ["entailment", "neutral", "contradiction"]
     assert sum(row["n"] for row in out["table"]) == 30
     lines = [json.loads(l) for l in texts.read_text().splitlines()]
-    assert len(lines) == 4 * 30
+    assert len(lines) == (2 + len(out["controls"])) * 30
     first = lines[0]
     tokens = out["triggers"][0]["tokens"]
     segs = out["triggers"][0]["segments"]
@@ -284,3 +288,64 @@ def test_cli_single_sentence(tmp_path, tiny_model_dir, sst2_small):
     bad.write_text(json.dumps(doc))
     one_error_line(run_cli("attack", "--model", tiny_model_dir, "--data", sst2_small, "--task", "sst2",
                            "--triggers", bad, "--out", res), "'blick' is not in the model's vocabulary")
+
+
+
+# ----------------------------------------------------------------------------- the control distribution
+
+
+def _planted_pair(name, p, q, label):
+    return Insertion(name=name, kind="trigger", tokens=[p, q], segments=[0, 1], relative=[0.5, 0.5],
+                     reference=[0.5, 0.5], label=label)
+
+
+def test_attack_control_distribution_on_the_builtin_default():
+    import attattr_cli as aa
+    from attattr_cli.data import synthetic as syn
+
+    labels = syn.LABELS
+    # planted key-word pairs: three deciding entailment, three contradiction (a neutral pair
+    # is only the absence of a relation, inserted beside the example's own pair it decides little)
+    pairs = [(0, 0), (1, 1), (2, 2), (3, syn.SIGMA[3]), (4, syn.SIGMA[4]), (5, syn.SIGMA[5])]
+    planted = [_planted_pair(f"T{k + 1}", syn.PREMISE_WORDS[i], syn.HYPOTHESIS_WORDS[j], labels[syn.label_of(i, j)])
+               for k, (i, j) in enumerate(pairs)]
+    model = aa.load_model()
+    res = aa.attack(model, planted, examples="0:30", controls=20, seed=3)
+    doc = res.document
+    assert doc["controls_per_layout"] == 20 and len(doc["controls"]) == 20  # one layout
+    for row in doc["table"]:
+        # 3 planted triggers of the other classes against 20 controls: C(23, 3) = 1771 splits, exact;
+        # 6 (the neutral class): C(26, 6) splits, Monte-Carlo
+        assert row["p_exact"] == (row["trigger_count"] == 3)
+        assert row["p"] < 0.01 and row["beats_controls"], row
+        assert row["control_count"] == 20 and row["control_sd"] is not None
+        worst = row["worst_control"]
+        assert worst["accuracy"] == min(c["accuracy"][row["class"]] for c in doc["controls"])
+    n_before = {c: v["correct"] for c, v in doc["before"].items()}
+    n_class = {c: v["n"] for c, v in doc["before"].items()}
+
+    def drop(row, target):  # on the examples of the other classes, from the per-class counts
+        others = [c for c in labels if c != target]
+        n = sum(n_class[c] for c in others)
+        return (sum(n_before[c] for c in others) - sum(row["correct"][c] for c in others)) / n
+
+    top = 0
+    for t in doc["triggers"]:
+        null = [drop(c, t["class"]) for c in doc["controls"]]
+        assert t["controls"]["n"] == 20 and t["drop"] == pytest.approx(drop(t, t["class"]))
+        assert t["p"] == pytest.approx((1 + sum(x >= t["drop"] - 1e-12 for x in null)) / 21)
+        top += t["p"] == pytest.approx(1 / 21)  # above every control: the smallest possible
+    assert top >= 4
+    # seeded: the same controls and the same tests again
+    again = aa.attack(model, planted, examples="0:30", controls=20, seed=3).document
+    assert again["table"] == doc["table"] and again["controls"] == doc["controls"]
+
+    # random "triggers" (distractor words, which decide no label) do not beat the controls
+    import random
+
+    rng = random.Random(5)
+    fake = [_planted_pair(f"T{k + 1}", *rng.sample(syn.DISTRACTORS, 2), labels[k % 3]) for k in range(6)]
+    doc = aa.attack(model, fake, examples="0:30", controls=20, seed=3).document
+    for row in doc["table"]:
+        assert row["p"] >= 0.01 and not row["beats_controls"], row
+    assert all(t["p"] > 0.01 for t in doc["triggers"])

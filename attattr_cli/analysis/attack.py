@@ -21,6 +21,18 @@ Position rules (``position``):
 
 A *control* mirrors a trigger (same number of tokens, same segments and positions) with
 tokens drawn at random (seeded) from the tokens of the data, the trigger tokens left out.
+By default there are ``CONTROLS`` (20) controls per *layout* (trigger size and segments),
+each copying the positions of the layout's triggers in turn. They are the null
+distribution the triggers are judged against (see :func:`control_statistics`):
+
+- per trigger: its accuracy drop on the examples it attacks (gold class not its own),
+  the drops of the controls of its layout on the same examples (mean, sd, the largest),
+  its percentile among them, and the exact permutation p-value of a trigger exchangeable
+  with its controls, (1 + #controls dropping at least as much) / (n + 1);
+- per gold class: the drops of the triggers of the other classes against the drops of all
+  controls, an exact two-sample permutation test of the mean drop (every split enumerated
+  while the splits are few), Holm-adjusted over the classes, and the verdict at ``alpha``;
+  the most damaging control is named.
 
 Nothing here prints or exits; the data file is only read.
 """
@@ -41,7 +53,9 @@ from ..engine.encoding import encode
 from ..models.loading import LoadedModel, align_labels
 
 FORMAT = "attattr.attack"
-VERSION = 1
+VERSION = 2  # 2: control distributions, per-trigger and per-class tests
+CONTROLS = 20  # default controls per layout (trigger size and segments)
+ALPHA = 0.05
 POSITION_MODES = ("relative", "reference", "start", "end")
 
 Progress = Callable[[int, int, str], None]
@@ -296,17 +310,35 @@ def data_vocabulary(tokenizer, framed: Sequence[Framed], exclude: set[str]) -> l
     return sorted({t for t in tokens if t not in exclude})
 
 
-def make_controls(triggers: Sequence[Insertion], vocabulary: Sequence[str], count: int, seed: int = 0
-                  ) -> list[Insertion]:
-    """``count`` controls; control k mirrors trigger k (cycling) with random tokens."""
+def layout_of(ins: Insertion) -> tuple[int, tuple[int, ...]]:
+    """A trigger's layout: its size and the segment of each token."""
+    return len(ins.tokens), tuple(ins.segments)
+
+
+def layout_name(layout: tuple[int, tuple[int, ...]]) -> str:
+    size, segs = layout
+    return f"{size} token{'s' if size != 1 else ''}, segment{'s' if len(set(segs)) > 1 else ''} " + ",".join(map(str, segs))
+
+
+def make_controls(triggers: Sequence[Insertion], vocabulary: Sequence[str], count: int, seed: int = 0,
+                  per_layout: bool = False) -> list[Insertion]:
+    """Random-token controls. ``per_layout``: ``count`` for every layout (size and segments)
+    of the triggers, control k of a layout mirroring that layout's trigger k (cycling); else
+    ``count`` in all, control k mirroring trigger k (cycling)."""
     if count < 0:
         raise OptionError(f"--controls must be at least 0, got {count}")
     if count and not triggers:
         raise OptionError("controls mirror triggers: there are no triggers")
     rng = random.Random(seed)
+    if per_layout:
+        groups: dict[tuple, list[Insertion]] = {}
+        for t in triggers:
+            groups.setdefault(layout_of(t), []).append(t)
+        plan = [g[k % len(g)] for g in groups.values() for k in range(count)]
+    else:
+        plan = [triggers[k % len(triggers)] for k in range(count)]
     out = []
-    for k in range(count):
-        t = triggers[k % len(triggers)]
+    for k, t in enumerate(plan):
         if len(vocabulary) < len(t.tokens):
             raise DataError(f"the data has only {len(vocabulary)} tokens besides the triggers' to draw controls from")
         tokens = rng.sample(list(vocabulary), len(t.tokens))
@@ -343,11 +375,15 @@ def run_attack(
     batch_size: int = 64,
     keep_texts: bool = False,
     columns: int = 3,
+    alpha: float = ALPHA,
     progress: Progress | None = None,
 ) -> dict:
-    """Insert every trigger (and ``controls`` controls, default one per trigger) into every
-    example and classify; the result is the ``attattr attack`` JSON document (accuracies
-    as fractions) with the per-class table of the paper's Table 2 under ``table``."""
+    """Insert every trigger (and ``controls`` controls per layout, default ``CONTROLS``) into
+    every example and classify; the result is the ``attattr attack`` JSON document
+    (accuracies as fractions) with the per-class table of the paper's Table 2 under
+    ``table``, and the tests against the controls (:func:`control_statistics`)."""
+    if not 0.0 < alpha < 1.0:
+        raise OptionError(f"--alpha must be in (0, 1), got {alpha}")
     position = parse_position(position)
     if not examples:
         raise DataError("no examples to attack")
@@ -365,7 +401,8 @@ def run_attack(
             )
     trig_ids = [_token_ids(tok, t) for t in triggers]
     exclude = {x for t in triggers for x in t.tokens}
-    ctrl = make_controls(triggers, data_vocabulary(tok, framed, exclude), len(triggers) if controls is None else controls, seed)
+    ctrl = make_controls(triggers, data_vocabulary(tok, framed, exclude), CONTROLS if controls is None else controls, seed,
+                         per_layout=True)
     ctrl_ids = [_token_ids(tok, c) for c in ctrl]
     inserts = list(triggers) + ctrl
     all_ids = trig_ids + ctrl_ids
@@ -399,6 +436,7 @@ def run_attack(
 
     before_cls, before_all = per_class(before)
     results = []
+    preds: list[np.ndarray] = []
     texts: list[dict] = []
     for ins, ids in zip(inserts, all_ids):
         variants = [attack_example(f, ids, ins.segments, ins.relative, ins.reference, position, max_length)
@@ -417,6 +455,7 @@ def run_attack(
             "skipped_tokens": sum(v.skipped for v in variants),
         }
         results.append(row)
+        preds.append(pred)
         if keep_texts:
             for e, v, p in zip(examples, variants, pred):
                 a, b = variant_texts(tok, v)
@@ -424,6 +463,7 @@ def run_attack(
                               "gold": class_names[e.label] if e.label is not None else None,
                               "pred": loaded.label_names[int(p)]})
     table = summary_table(class_names, label_map, before_cls, results, loaded, columns)
+    control_statistics(results, preds, before, gold, class_names, label_map, table, loaded, alpha, seed)
     doc = {
         "format": FORMAT,
         "version": VERSION,
@@ -433,6 +473,12 @@ def run_attack(
         "label_mapping": how,
         "position": position,
         "seed": seed,
+        "controls_per_layout": CONTROLS if controls is None else controls,
+        "alpha": alpha,
+        "tests": ("per trigger: exact permutation p-value of its accuracy drop among the controls of its layout, "
+                  "(1 + #controls dropping at least as much) / (n + 1); per class: two-sample permutation test "
+                  "of the mean drop, the other classes' triggers against all controls (exact up to 200,000 "
+                  "splits, else 10,000 seeded random ones), Holm-adjusted over the classes"),
         "max_length": max_length,
         "truncated_before": sum(v.truncated for v in clean),
         "before": before_cls,
@@ -469,3 +515,74 @@ def summary_table(class_names, label_map, before_cls, results, loaded, columns: 
             "control_count": len(caccs),
         })
     return rows
+
+
+def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before: np.ndarray, gold: np.ndarray,
+                       class_names: Sequence[str], label_map: Sequence[int], table: list[dict], loaded,
+                       alpha: float = ALPHA, seed: int = 0) -> None:
+    """Judge the triggers against the controls' distribution; adds to the trigger rows
+    (``drop``, ``controls``, ``percentile``, ``p``), the control rows (``drop``: on every
+    example of another class than the one its trigger pushes to) and the table rows (the
+    controls' spread, the most damaging control, ``p``, ``p_holm``, ``beats_controls``)."""
+    from . import stats
+
+    right_before = before == gold
+    known = gold >= 0
+    by_name = {r["name"]: r for r in results}
+
+    def drop(pred: np.ndarray, sel: np.ndarray) -> float | None:
+        if not sel.any():
+            return None
+        return float(right_before[sel].mean() - (pred[sel] == gold[sel]).mean())
+
+    def attacked(row: dict) -> np.ndarray:
+        target = _class_index(row["class"], loaded)
+        return known & (gold != target) if target is not None else known
+
+    controls = [(r, p) for r, p in zip(results, preds) if r["kind"] == "control"]
+    for row, pred in zip(results, preds):
+        if row["kind"] == "control":
+            mirrored = by_name.get(row["mirrors"])
+            row["layout"] = layout_name((len(row["tokens"]), tuple(row["segments"])))
+            row["drop"] = drop(pred, attacked(mirrored) if mirrored is not None else known)
+            continue
+        sel = attacked(row)
+        lay = (len(row["tokens"]), tuple(row["segments"]))
+        row["layout"] = layout_name(lay)
+        row["drop"] = d = drop(pred, sel)
+        null = [drop(p, sel) for r, p in controls if (len(r["tokens"]), tuple(r["segments"])) == lay]
+        null = [x for x in null if x is not None]
+        row["controls"] = {
+            "n": len(null),
+            "drop_mean": float(np.mean(null)) if null else None,
+            "drop_sd": float(np.std(null, ddof=1)) if len(null) > 1 else None,
+            "drop_max": float(np.max(null)) if null else None,
+        }
+        row["percentile"] = stats.percentile(d, null) if d is not None else None
+        row["p"] = stats.rank_p_value(d, null) if d is not None else None
+    ps = []
+    for k, (c, trow) in enumerate(zip(class_names, table)):
+        sel = known & (gold == label_map[k])
+        against = [(r, p) for r, p in zip(results, preds)
+                   if r["kind"] == "trigger" and _class_index(r["class"], loaded) != label_map[k]]
+        t_drops = [drop(p, sel) for _r, p in against]
+        c_drops = [drop(p, sel) for _r, p in controls]
+        t_drops = [x for x in t_drops if x is not None]
+        c_named = [(r, x) for (r, _p), x in zip(controls, c_drops) if x is not None]
+        c_drops = [x for _r, x in c_named]
+        trow["trigger_drop"] = float(np.mean(t_drops)) if t_drops else None
+        trow["control_drop"] = float(np.mean(c_drops)) if c_drops else None
+        trow["control_sd"] = float(np.std([trow["before"] - x for x in c_drops], ddof=1)) if len(c_drops) > 1 else None
+        if c_named:
+            worst, wd = max(c_named, key=lambda rx: rx[1])
+            trow["worst_control"] = {"name": worst["name"], "tokens": worst["tokens"], "accuracy": worst["accuracy"][c],
+                                     "drop": wd}
+        else:
+            trow["worst_control"] = None
+        test = stats.permutation_test(t_drops, c_drops, "greater", seed=seed + k) if t_drops and c_drops else None
+        trow["p"] = test["p"] if test else None
+        trow["p_exact"] = test["exact"] if test else None
+        ps.append(trow["p"])
+    for trow, adj in zip(table, stats.holm(ps)):
+        trow["p_holm"] = adj
+        trow["beats_controls"] = None if adj is None else bool(adj <= alpha)

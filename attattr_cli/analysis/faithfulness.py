@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError, StoreError
+from .stats import kendall_tau_b
 from .token_importance import (
     METHODS,
     ModelRunner,
@@ -47,26 +48,6 @@ Progress = Callable[[int, int, str], None]
 
 
 # -- agreement ----------------------------------------------------------------------------
-
-def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> float:
-    """Kendall's tau-b with ties: (C - D) / sqrt((P - T_x) (P - T_y)), P = n(n-1)/2 pairs,
-    T_x, T_y the pairs tied in x, in y. NaN when either vector is constant or n < 2."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.shape != y.shape or x.ndim != 1:
-        raise ValueError("kendall_tau_b needs two vectors of the same length")
-    n = len(x)
-    if n < 2:
-        return float("nan")
-    iu = np.triu_indices(n, 1)
-    sx = np.sign(x[:, None] - x[None, :])[iu]
-    sy = np.sign(y[:, None] - y[None, :])[iu]
-    untied_x = np.count_nonzero(sx)
-    untied_y = np.count_nonzero(sy)
-    if untied_x == 0 or untied_y == 0:
-        return float("nan")
-    return float((sx * sy).sum() / math.sqrt(untied_x * untied_y))
-
 
 # -- erasure ------------------------------------------------------------------------------
 
@@ -359,6 +340,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
             "deletion_curve": np.mean([r["erasure"][m]["deletion_curve"] for r in rows], 0).tolist(),
             "deletion_auc": auc[0],
         }
+    _intervals(methods, rows, options.seed)
     perm = None
     if tvd_medians:
         t = np.asarray(tvd_medians)  # [examples, layers]
@@ -382,8 +364,66 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         "forwards": int(forwards),
         "methods": methods,
         "permutation": perm,
+        "paired_tests": paired_tests(rows, options.methods, options.seed),
         "per_example": rows,
     })
+
+
+#: per-example metrics: where they are in a per-example row, and which direction is better
+METRICS = {
+    "tau_loo": (lambda r, m: r["tau_loo"][m], "greater"),
+    "tau_loo_abs": (lambda r, m: r["tau_loo_abs"][m], "greater"),
+    "tau_grad": (lambda r, m: r["tau_grad"][m], "greater"),
+    "comprehensiveness": (lambda r, m: r["erasure"][m]["comprehensiveness"], "greater"),
+    "sufficiency": (lambda r, m: r["erasure"][m]["sufficiency"], "less"),
+    "deletion_auc": (lambda r, m: r["erasure"][m]["deletion_auc"], "less"),
+}
+ATTENTION_BASELINES = ("attention_last", "attention_mean", "rollout", "attn_grad")
+
+
+def _values(rows, metric, m) -> list[float | None]:
+    get = METRICS[metric][0]
+    out = []
+    for r in rows:
+        try:
+            v = get(r, m)
+        except (KeyError, TypeError):
+            v = None
+        out.append(None if v is None or not np.isfinite(v) else float(v))
+    return out
+
+
+def _intervals(methods: dict, rows, seed: int = 0) -> None:
+    """``<metric>_low`` / ``<metric>_high``: 95 % percentile bootstrap intervals over the
+    examples, beside the standard errors."""
+    from . import stats
+
+    for m, entry in methods.items():
+        for metric in METRICS:
+            ci = stats.mean_ci(_values(rows, metric, m), seed=seed)
+            entry[f"{metric}_low"], entry[f"{metric}_high"] = ci["low"], ci["high"]
+
+
+def paired_tests(rows, methods, seed: int = 0) -> list[dict]:
+    """Attention attribution (attr, attr_cls) against each attention baseline on the same
+    examples, every metric: the mean paired difference (attr minus baseline), a sign-flip
+    permutation p-value in the better direction of the metric, and Holm over all the tests."""
+    from . import stats
+
+    out = []
+    for a in (m for m in methods if m in ("attr", "attr_cls")):
+        for b in (m for m in methods if m in ATTENTION_BASELINES):
+            for metric, (_get, better) in METRICS.items():
+                x, y = _values(rows, metric, a), _values(rows, metric, b)
+                keep = [i for i in range(len(rows)) if x[i] is not None and y[i] is not None]
+                if not keep:
+                    continue
+                r = stats.paired_test([x[i] for i in keep], [y[i] for i in keep], better, seed=seed)
+                out.append({"method": a, "baseline": b, "metric": metric, "better": "higher" if better == "greater" else "lower",
+                            "difference": r["statistic"], "n": r["n"], "p": r["p"], "exact": r["exact"]})
+    for row, adj in zip(out, stats.holm([r["p"] for r in out])):
+        row["p_holm"] = adj
+    return out
 
 
 def _finite(obj):
@@ -404,10 +444,19 @@ def report_rows(report: dict) -> list[dict]:
         rows.append({
             "method": m,
             "tau_loo": r["tau_loo"], "tau_loo_se": r["tau_loo_se"],
+            "tau_loo_low": r.get("tau_loo_low"), "tau_loo_high": r.get("tau_loo_high"),
             "tau_loo_abs": r["tau_loo_abs"], "tau_loo_abs_se": r["tau_loo_abs_se"],
+            "tau_loo_abs_low": r.get("tau_loo_abs_low"), "tau_loo_abs_high": r.get("tau_loo_abs_high"),
             "tau_grad": r["tau_grad"], "tau_grad_se": r["tau_grad_se"],
-            "aopc_comprehensiveness": r["comprehensiveness"], "aopc_sufficiency": r["sufficiency"],
-            "deletion_auc": r["deletion_auc"], "examples": report["examples"],
+            "tau_grad_low": r.get("tau_grad_low"), "tau_grad_high": r.get("tau_grad_high"),
+            "aopc_comprehensiveness": r["comprehensiveness"],
+            "aopc_comprehensiveness_low": r.get("comprehensiveness_low"),
+            "aopc_comprehensiveness_high": r.get("comprehensiveness_high"),
+            "aopc_sufficiency": r["sufficiency"],
+            "aopc_sufficiency_low": r.get("sufficiency_low"), "aopc_sufficiency_high": r.get("sufficiency_high"),
+            "deletion_auc": r["deletion_auc"],
+            "deletion_auc_low": r.get("deletion_auc_low"), "deletion_auc_high": r.get("deletion_auc_high"),
+            "examples": report["examples"],
         })
     return rows
 

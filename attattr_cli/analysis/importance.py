@@ -12,8 +12,15 @@ Methods, each a ``[layer, head]`` table (larger = more important):
                 = E_x | <dL/dO_h, O_h> |, the gradient of the loss L (cross-entropy with
                 the gold label; the predicted label where there is none) with respect
                 to a gate on head h's output, then normalised per layer to unit L2 norm.
-* ``random``    a seeded uniform table; ``--seeds 0,1,2`` stores ``random-0``, ... whose
-                curves ``prune`` averages.
+* ``random``    a seeded uniform table; ``--seeds 0,1,2,3,4`` (the default) stores
+                ``random-0``, ... whose curves ``prune`` averages.
+
+The store methods also say how stable their ranking is (:func:`stability`): per head a
+bootstrap interval (over the examples) of its rank, and Kendall's tau between the
+tables of two random halves of the examples; a tau near 1 and narrow intervals mean the
+examples were enough. They are kept as attributes of the table's dataset (``tau_halves``,
+``rank_low``, ``rank_high``, ``rank_level``). Taylor importance is computed per batch, so
+it has no per-example values to resample and carries none.
 
 IMP.h5 layout (schema ``attattr.importance`` 1.0)::
 
@@ -78,6 +85,25 @@ class Table:
     source: str = ""
     description: str = ""
     skipped_nonfinite: int = 0  # store examples left out because they hold NaN or inf
+    stability: dict | None = None  # tau_halves, rank_low/rank_high [layer, head], level, examples
+
+
+def stability(per_example: np.ndarray, *, resamples: int = 1000, level: float = 0.95, seed: int = 0) -> dict:
+    """How stable the ranking of the mean of ``per_example`` [examples, layer, head] is:
+    per head its bootstrap rank interval (1 = most important) and Kendall's tau-b between the
+    means over two random halves of the examples (None with fewer than 4 examples)."""
+    from . import stats
+
+    x = np.asarray(per_example, dtype=np.float64)
+    n, L, H = x.shape
+    lo, hi = stats.rank_intervals(x.reshape(n, -1), resamples=resamples, level=level, seed=seed)
+    return {
+        "examples": int(n),
+        "level": level,
+        "tau_halves": stats.kendall_tau_halves(x.reshape(n, -1), seed=seed) if n >= 4 else None,
+        "rank_low": np.asarray(lo).reshape(L, H),
+        "rank_high": np.asarray(hi).reshape(L, H),
+    }
 
 
 def identity_of(loaded) -> Identity:
@@ -143,26 +169,30 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
                          " nothing to average")
     L, H = ident.num_layers, ident.num_heads
     sums = {m: np.zeros((L, H), np.float64) for m in methods}
+    each: dict[str, list[np.ndarray]] = {m: [] for m in methods}
     for k, i in enumerate(idx):
         e = store.get(i, arrays="attention" in methods, family=family)
         if "attr" in methods:
             if list(e.layers) != list(range(L)):
                 raise StoreError(
                     f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score them all)")
-            sums["attr"] += np.asarray(e.head_max, np.float64)
+            each["attr"].append(np.asarray(e.head_max, np.float64))
+            sums["attr"] += each["attr"][-1]
         if "attention" in methods:
             if e.attention is None or np.ndim(e.attention) != 4:
                 raise StoreError(
                     f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
                     " the attention method needs them: score with keep maps, or use the attr method")
-            sums["attention"] += np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
+            each["attention"].append(np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1))
+            sums["attention"] += each["attention"][-1]
         if progress:
             progress(k + 1, len(idx), f"example {i}")
     desc = {
         "attr": "E_x[max_ij Attr_h(A)] (signed max), from the store's head_max",
         "attention": "E_x[max_ij A_h]: the attention-score baseline",
     }
-    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m], skipped) for m in methods]
+    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m],
+                    skipped_nonfinite=skipped, stability=stability(np.stack(each[m]))) for m in methods]
     return ident, tables
 
 
@@ -249,8 +279,14 @@ def read(path: str | os.PathLike) -> ImportanceFile:
                                  f"{ident.num_layers} x {ident.num_heads}")
             ex = f["examples"][name][()].tolist() if "examples" in f and name in f["examples"] else []
             seed = _a(d, "seed", -1)
+            stab = None
+            if "rank_low" in d.attrs:
+                tau = float(d.attrs.get("tau_halves", np.nan))
+                stab = {"examples": len(ex), "level": float(d.attrs.get("rank_level", 0.95)),
+                        "tau_halves": tau if np.isfinite(tau) else None,
+                        "rank_low": np.asarray(d.attrs["rank_low"]), "rank_high": np.asarray(d.attrs["rank_high"])}
             tables[name] = Table(name, str(_a(d, "method", name)), values, ex, None if seed is None or int(seed) < 0 else int(seed),
-                                 str(_a(d, "source", "")), str(_a(d, "description", "")))
+                                 str(_a(d, "source", "")), str(_a(d, "description", "")), stability=stab)
     return ImportanceFile(str(p), ident, tables)
 
 
@@ -286,6 +322,12 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
                 d.dims[0].label, d.dims[1].label = "layer", "head"
                 d.attrs.update({"method": t.method, "seed": -1 if t.seed is None else int(t.seed),
                                 "source": t.source, "n_examples": len(t.examples), "description": t.description})
+                if t.stability is not None:
+                    tau = t.stability.get("tau_halves")
+                    d.attrs.update({"tau_halves": np.nan if tau is None else float(tau),
+                                    "rank_low": np.asarray(t.stability["rank_low"], np.float64),
+                                    "rank_high": np.asarray(t.stability["rank_high"], np.float64),
+                                    "rank_level": float(t.stability.get("level", 0.95))})
                 ge.create_dataset(t.name, data=np.asarray(t.examples, np.int64))
     return ImportanceFile(str(p), identity, merged)
 

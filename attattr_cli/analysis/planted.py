@@ -45,17 +45,25 @@ def planted_ranks(attribution: np.ndarray, segment_ids, meta: dict) -> list[int]
     return ranks
 
 
-def planted_recovery(store, top: int = 5) -> dict:
+def planted_recovery(store, top: int = 5, level: float = 0.95) -> dict:
     """Fraction of a store's examples whose planted pair ranks in the top ``top`` of the
-    head-summed attribution of at least one layer (and, for comparison, of raw attention)."""
+    head-summed attribution of at least one layer (and, for comparison, of raw attention),
+    with Wilson intervals (``*_ci``) and an exact McNemar test of attribution against
+    attention on the same examples (one-sided: attribution finds more)."""
+    from .stats import mcnemar, proportion_ci
+
     hits_attr = hits_attn = total = 0
+    found_attr: list[bool] = []
+    found_attn: list[bool] = []
     per_layer = None
     for e in store:
         ranks = planted_ranks(e.attribution, e.segment_ids, e.meta)
         attn_ranks = planted_ranks(e.attention[e.layers], e.segment_ids, e.meta)
         total += 1
-        hits_attr += int(min(ranks) <= top)
-        hits_attn += int(min(attn_ranks) <= top)
+        found_attr.append(min(ranks) <= top)
+        found_attn.append(min(attn_ranks) <= top)
+        hits_attr += int(found_attr[-1])
+        hits_attn += int(found_attn[-1])
         row = np.asarray([r <= top for r in ranks], dtype=np.int64)
         per_layer = row if per_layer is None else per_layer + row
     if not total:
@@ -65,5 +73,10 @@ def planted_recovery(store, top: int = 5) -> dict:
         "top": top,
         "attribution": hits_attr / total,
         "attention": hits_attn / total,
+        "attribution_ci": list(proportion_ci(hits_attr, total, level)),
+        "attention_ci": list(proportion_ci(hits_attn, total, level)),
+        "level": level,
+        "attribution_vs_attention": mcnemar(found_attr, found_attn, "greater"),
         "attribution_per_layer": (per_layer / total).tolist(),
+        "attribution_per_layer_ci": [list(proportion_ci(int(k), total, level)) for k in per_layer],
     }

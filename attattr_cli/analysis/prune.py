@@ -4,7 +4,12 @@
   L x H heads; at each rate the least important ``round(rate * L * H)`` heads are masked
   at once (no re-estimation, no fine-tuning) and the model is evaluated on the same
   examples, against one unpruned baseline. Random tables (``random-0``, ``random-1``,
-  ...) are evaluated one by one and averaged into ``random``.
+  ...) are evaluated one by one and averaged into ``random``. Every curve carries a
+  bootstrap band over the examples (``accuracy_low``/``accuracy_high``; for ``random``
+  the seeds are resampled with the examples, and the seeds' own range is kept), and at each rate
+  ``tests`` say whether attribution keeps more examples right than each other method on
+  the same examples (exact McNemar; a paired sign-flip test against the seeds' mean for
+  random), Holm-adjusted over the rates.
 * :func:`effectiveness`: the paper's per-example analysis: for each example and each
   layer separately, mask the k heads of that layer with the smallest (or largest)
   attribution of *that example* against the smallest (or largest) attention,
@@ -108,8 +113,10 @@ def scores(logits: torch.Tensor, gold: torch.Tensor, task_name: str | None, posi
 
 
 def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,
-           methods: Sequence[str] | None = None, progress: Progress | None = None) -> dict:
-    """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline."""
+           methods: Sequence[str] | None = None, progress: Progress | None = None, level: float = 0.95,
+           seed: int = 0) -> dict:
+    """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline,
+    with bootstrap bands and paired tests (:func:`curve_statistics`)."""
     from ..engine.heads import logits_under
 
     gold = batches.gold()
@@ -129,13 +136,16 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
         if key not in cache:
             logits = logits_under(loaded, batches, mask)
             cache[key] = scores(logits, gold, task_name)
+            known = gold >= 0
+            cache[key]["_correct"] = (logits.argmax(-1)[known] == gold[known]).numpy()
         done += 1
         if progress:
             progress(done, todo, label)
         return cache[key]
 
-    baseline = run(None, "baseline")
+    baseline = {k: v for k, v in run(None, "baseline").items() if not k.startswith("_")}
     per_table: dict[str, dict] = {}
+    correct: dict[str, np.ndarray] = {}
     for t in tables:
         rows = [run(mask_at(t.values, r), f"{t.name} {r:.0%}") for r in rates]
         per_table[t.name] = {
@@ -144,6 +154,7 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
             metric: [x[metric] for x in rows],
             "heads_masked": [int(round(r * t.values.size)) for r in rates],
         }
+        correct[t.name] = np.stack([x["_correct"] for x in rows], axis=1)  # [examples, rates]
     result_methods: dict[str, dict] = {}
     for t in tables:
         group = [n for n, v in per_table.items() if v["method"] == t.method]
@@ -161,6 +172,7 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
             "tables": {n: per_table[n] for n in group},
         }
         result_methods[t.method] = entry
+    curve_statistics(result_methods, per_table, correct, level, seed)
     return {
         "metric": metric,
         "rates": list(rates),
@@ -169,14 +181,74 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
         "num_heads": int(imp.identity.num_heads),
         "baseline": baseline,
         "methods": result_methods,
+        "level": level,
+        "tests": ("per rate: attr against each method on the same examples, one-sided (attr keeps more right): "
+                  "exact McNemar; against random a paired sign-flip test on the mean over the seeds; "
+                  "p_holm: Holm over the rates of one comparison. Bands: percentile bootstrap over examples"),
     }
+
+
+def curve_statistics(result_methods: dict, per_table: dict, correct: dict, level: float = 0.95, seed: int = 0
+                     ) -> None:
+    """Add bootstrap bands (accuracy over examples) to every curve and paired tests of attr
+    against every other method at every rate."""
+    from . import stats
+
+    per_method: dict[str, np.ndarray] = {}
+    for name, entry in result_methods.items():
+        names = list(entry["tables"]) if "tables" in entry else [name]
+        mats = np.stack([correct[n].astype(np.float64) for n in names], axis=1)  # [examples, seeds, rates]
+        per_method[name] = mats.mean(axis=1)  # [examples, rates]: share of the seeds right
+        if len(names) > 1:
+            # the seeds are resampled too (with replacement, alongside the examples), so the
+            # band of the random mean covers the orders' own spread as well as the examples'
+            pick = np.random.default_rng([seed, 1])
+            k = len(names)
+            lo, hi = stats.bootstrap_ci(mats, lambda a: a[:, pick.integers(0, k, k), :].mean(axis=(0, 1)),
+                                        level=level, seed=seed)
+        else:
+            lo, hi = stats.bootstrap_ci(per_method[name], level=level, seed=seed)
+        entry["accuracy_low"] = [_num(x) for x in lo]
+        entry["accuracy_high"] = [_num(x) for x in hi]
+        if len(names) > 1:
+            accs = np.asarray([per_table[n]["accuracy"] for n in names])
+            entry["seeds"] = len(names)
+            entry["accuracy_seed_min"] = accs.min(0).tolist()
+            entry["accuracy_seed_max"] = accs.max(0).tolist()
+    if "attr" not in result_methods:
+        return
+    a = per_method["attr"]
+    tests: dict[str, dict] = {}
+    for name, m in per_method.items():
+        if name == "attr":
+            continue
+        rows = []
+        for j in range(a.shape[1]):
+            if name in correct and "tables" not in result_methods[name]:
+                r = stats.mcnemar(a[:, j] > 0.5, m[:, j] > 0.5, "greater")
+                rows.append({"test": "mcnemar", "difference": r["difference"], "p": r["p"],
+                             "attr_only": r["a_only"], "other_only": r["b_only"]})
+            else:
+                r = stats.paired_test(a[:, j], m[:, j], "greater", seed=seed + j)
+                rows.append({"test": "sign-flip", "difference": r["statistic"], "p": r["p"]})
+        for row, adj in zip(rows, stats.holm([r["p"] for r in rows])):
+            row["p_holm"] = adj
+        tests[name] = {"p": [r["p"] for r in rows], "p_holm": [r["p_holm"] for r in rows],
+                       "difference": [r["difference"] for r in rows], "test": rows[0]["test"] if rows else None}
+    result_methods["attr"]["tests"] = tests
+
+
+def _num(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
 
 
 # ----------------------------------------------------------------------------- effectiveness
 
 
 def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Sequence[int],
-                  task_name: str | None = None, progress: Progress | None = None) -> dict:
+                  task_name: str | None = None, progress: Progress | None = None, level: float = 0.95,
+                  seed: int = 0) -> dict:
     """The paper's effectiveness analysis.
 
     attr, attn: per-example scores [examples, layer, head] in the order of the examples of
@@ -198,10 +270,13 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
     total = len(orders) * len(ks) * L
     done = 0
     out: dict[str, dict] = {}
+    each: dict[str, np.ndarray] = {}
     for name, (score, large) in orders.items():
         sc = torch.as_tensor(score, dtype=torch.float64)
         rank = torch.argsort(-sc if large else sc, dim=-1, stable=True)  # [n, L, H]
         per_layer = np.zeros((len(ks), L))
+        right = np.zeros((n, len(ks)))  # per example: the share of the layers it stays right
+        known = (gold >= 0).numpy()
         for ki, k in enumerate(ks):
             for layer in range(L):
                 masks = torch.ones(n, L, H)
@@ -209,13 +284,38 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
                 masks[:, layer, :].scatter_(1, idx, 0.0)
                 logits = logits_under(loaded, batches, None, per_example=lambda b, _m=masks: _m[b.positions])
                 per_layer[ki, layer] = scores(logits, gold, task_name)["accuracy"]
+                right[:, ki] += (logits.argmax(-1) == gold).numpy() / L
                 done += 1
                 if progress:
                     progress(done, total, f"{name} k={k} layer {layer}")
         out[name] = {"accuracy": per_layer.mean(1).tolist(), "per_layer": per_layer.tolist()}
+        each[name] = right[known]
+    effectiveness_statistics(out, each, level, seed)
     base = scores(logits_under(loaded, batches, None), gold, task_name)["accuracy"]
     return {"ks": list(ks), "n_examples": n, "num_layers": L, "num_heads": H, "baseline_accuracy": base,
-            "orders": out}
+            "orders": out, "level": level,
+            "tests": ("per k, on the same examples (each example's share of layers right): attribution small-first "
+                      "keeps more than attention small-first, attribution large-first keeps less than attention "
+                      "large-first; paired sign-flip permutation tests, one-sided, Holm over the ks")}
+
+
+def effectiveness_statistics(out: dict, each: dict, level: float = 0.95, seed: int = 0) -> None:
+    """Bootstrap bands over the examples for every order, and the paired tests of attribution
+    against attention (small-first: attribution should keep more; large-first: less)."""
+    from . import stats
+
+    for name, entry in out.items():
+        lo, hi = stats.bootstrap_ci(each[name], level=level, seed=seed)
+        entry["accuracy_low"] = [_num(x) for x in lo]
+        entry["accuracy_high"] = [_num(x) for x in hi]
+    for side, better in (("small_first", "greater"), ("large_first", "less")):
+        a, b = each.get(f"attr_{side}"), each.get(f"attention_{side}")
+        if a is None or b is None:
+            continue
+        rows = [stats.paired_test(a[:, j], b[:, j], better, seed=seed + j) for j in range(a.shape[1])]
+        ps = [r["p"] for r in rows]
+        out[f"attr_{side}"]["test_vs_attention"] = {
+            "alternative": better, "difference": [r["statistic"] for r in rows], "p": ps, "p_holm": stats.holm(ps)}
 
 
 # ----------------------------------------------------------------------------- real pruning

@@ -16,6 +16,12 @@ from .model import progress_for, using
 # ----------------------------------------------------------------------------- importance
 
 
+def _stability_dict(st):
+    if st is None:
+        return None
+    return {k: (np.asarray(v).tolist() if isinstance(v, np.ndarray) else v) for k, v in st.items()}
+
+
 @dataclass
 class Importance:
     """Head importance tables: ``tables`` maps a name (attr, attention, taylor, random-0, ...) to
@@ -53,7 +59,8 @@ class Importance:
         """JSON-able: the model's identity and every table's values."""
         return {"identity": asdict(self.identity), "path": self.path,
                 "tables": {k: {"method": t.method, "values": np.asarray(t.values).tolist(), "examples": list(t.examples),
-                               "seed": t.seed, "source": t.source, "description": t.description}
+                               "seed": t.seed, "source": t.source, "description": t.description,
+                               "stability": _stability_dict(getattr(t, "stability", None))}
                            for k, t in self.tables.items()}}
 
     def to_json(self) -> str:
@@ -62,7 +69,7 @@ class Importance:
 
 
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
-               seeds: Sequence[int] = (0, 1, 2), batch_size: int = 32, normalize: bool = True,
+               seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
                progress=False, command=None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``

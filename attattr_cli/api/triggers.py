@@ -162,13 +162,15 @@ def _insertions(triggers, top_k):
 
 
 def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
-           controls: int | None = None, seed: int = 0, position="relative", batch_size: int = 64,
+           controls: int | None = None, seed: int = 0, position="relative", alpha: float = 0.05, batch_size: int = 64,
            keep_texts: bool = False, device: str = "auto", out=None, progress=False) -> AttackResult:
     """Insert triggers (a :class:`TriggersResult`, a triggers file or its dict; the ``top_k``
     best, of each class when made per class) into every example at their relative position
     in their segment, classify again, and compare per gold class with the accuracy before and
-    with random-token ``controls`` of the same layout (default one per trigger). ``out``:
-    write the JSON. Returns :class:`AttackResult`."""
+    with random-token ``controls`` per trigger layout (size and segments; default 20): per
+    trigger its drop, percentile and exact permutation p-value among the controls, per class
+    a permutation test of the triggers' drops against the controls' (Holm-adjusted) and the
+    verdict at ``alpha``. ``out``: write the JSON. Returns :class:`AttackResult`."""
     from ..analysis.attack import run_attack
 
     if triggers is None:
@@ -179,7 +181,7 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m, progress_for(progress, "attack") as bar:
         doc = run_attack(m.loaded, picked, labels, chosen, controls=controls, seed=seed, position=position,
-                         batch_size=batch_size, keep_texts=keep_texts, progress=bar)
+                         alpha=alpha, batch_size=batch_size, keep_texts=keep_texts, progress=bar)
     doc["data"] = data or ("memory" if inputs is not None else "builtin")
     doc["task"] = task_obj.name if task_obj else ""
     doc["triggers_file"] = path

@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import edge, err, out, progress_bar
+from .common import edge, err, out, progress_bar, wide_err
 
 
 def _pct(x) -> str:
@@ -25,7 +25,8 @@ def attack(
     examples: Optional[str] = options.examples("Indices and ranges to attack, e.g. 0:500 (default: all)."),
     top_k: int = typer.Option(3, "--top-k", "-k", help="Use the K best triggers (of each class if the file was made with --per-class)."),
     top_old: Optional[int] = options.hidden("--top", None),
-    controls: Optional[int] = typer.Option(None, "--controls", help="Random-token controls, each mirroring a trigger's layout (default: one per trigger)."),
+    controls: Optional[int] = typer.Option(None, "--controls", help="Random-token controls per trigger layout (size and segments), each mirroring a trigger's positions (default: 20); the null distribution the triggers are tested against."),
+    alpha: float = typer.Option(0.05, "--alpha", help="Level of the per-class verdict (Holm-adjusted over the classes)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the controls' tokens."),
     position: str = typer.Option("relative", "--position", help="Where tokens go in their segment: relative (default), reference (the 2021 formula), start, end, or a number in [0, 1]."),
     save_texts: Optional[Path] = typer.Option(None, "--save-texts", help="Write every attacked example as JSON lines here."),
@@ -37,14 +38,13 @@ def attack(
 ) -> None:
     """Insert triggers into every example at their relative position in their segment, classify
     again, and report per gold class the accuracy before and after (the paper's Table 2),
-    beside random-token controls of the same size inserted the same way.
+    beside random-token controls of the same size inserted the same way (20 per layout by
+    default): per trigger its drop, percentile and exact permutation p-value among the
+    controls; per class whether the triggers beat the controls at --alpha.
 
     The table goes to stderr, the JSON to --out (or stdout). --json/--csv: the table's rows on
     stdout. The data file is only read.
     """
-    from ..analysis.attack import from_document, run_attack
-    from ..analysis.triggers import load_triggers
-
     with edge():
         from ..api import attack as run
         from ..errors import OptionError
@@ -56,7 +56,7 @@ def attack(
         to_file = out_path is not None and str(out_path) != "-"
         with progress_bar("attack", quiet) as bar:
             res = run(model, triggers_path, data=data, task=task, examples=examples, top_k=top, controls=controls,
-                      seed=seed, position=position, batch_size=batch_size, keep_texts=save_texts is not None,
+                      seed=seed, position=position, alpha=alpha, batch_size=batch_size, keep_texts=save_texts is not None,
                       device=device, out=out_path if to_file else None, progress=bar)
         if save_texts is not None:
             write_atomic(save_texts, "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in res.texts or []))
@@ -82,6 +82,14 @@ def _rows(result: dict) -> list[dict]:
             d[f"trigger_{k + 1}_accuracy"] = x.get("accuracy")
         d["trigger_mean"] = row["trigger_mean"]
         d["control_mean"] = row["control_mean"]
+        d["control_sd"] = row.get("control_sd")
+        d["controls"] = row.get("control_count")
+        w = row.get("worst_control") or {}
+        d["worst_control"] = " ".join(w.get("tokens", [])) or None
+        d["worst_control_accuracy"] = w.get("accuracy")
+        d["p"] = row.get("p")
+        d["p_holm"] = row.get("p_holm")
+        d["beats_controls"] = row.get("beats_controls")
         rows.append(d)
     return rows
 
@@ -98,15 +106,39 @@ def _print_table(result: dict) -> None:
         t.add_column(f"trigger {k + 1}", justify="right")
     t.add_column("mean", justify="right")
     t.add_column("control", justify="right")
+    t.add_column("control sd", justify="right")
+    t.add_column("worst control", justify="right")
+    t.add_column("p (Holm)", justify="right")
+    t.add_column(f"beats controls (α {result.get('alpha', 0.05):g})", justify="center")
     for row in result["table"]:
         cells = [f"{_pct(x['accuracy'])} {x['name']}" for x in row["triggers"]]
         cells += [""] * (cols - len(cells))
+        w = row.get("worst_control")
+        verdict = row.get("beats_controls")
         t.add_row(row["class"], str(row["n"]), _pct(row["before"]), *cells,
-                  _pct(row["trigger_mean"]), _pct(row["control_mean"]))
-    err.print(t)
+                  _pct(row["trigger_mean"]), f"{_pct(row['control_mean'])} (n {row['control_count']})",
+                  _pct(row.get("control_sd")), f"{_pct(w['accuracy'])} {' '.join(w['tokens'])}" if w else "-",
+                  _p(row.get("p_holm")), "-" if verdict is None else ("yes" if verdict else "no"))
+    wide_err().print(t)
     lines = []
-    for r in result["triggers"] + result["controls"]:
-        who = f"-> {r['class']}" if r["kind"] == "trigger" else f"mirrors {r['mirrors']}"
+    for r in result["triggers"]:
         accs = ", ".join(f"{c} {_pct(a)}" for c, a in r["accuracy"].items())
-        lines.append(f"  {r['name']:<4} {' '.join(r['tokens']):<28} {who:<18} {accs}; flipped {r['flipped']}, truncated {r['truncated']}")
+        c = r.get("controls") or {}
+        stat = ""
+        if r.get("drop") is not None and c.get("n"):
+            stat = (f"; drop {_pct(r['drop'])} vs controls {_pct(c['drop_mean'])} ± {_pct(c['drop_sd'])} "
+                    f"(max {_pct(c['drop_max'])}, n {c['n']}), percentile {r['percentile']:.0f}, p {_p(r['p'])}")
+        lines.append(f"  {r['name']:<4} {' '.join(r['tokens']):<28} {'-> ' + str(r['class']):<18} {accs}; "
+                     f"flipped {r['flipped']}, truncated {r['truncated']}{stat}")
+    ctrl = result["controls"]
+    if ctrl:
+        worst = sorted((r for r in ctrl if r.get("drop") is not None), key=lambda r: -r["drop"])[:3]
+        lines.append(f"  {len(ctrl)} controls ({result.get('controls_per_layout')} per layout); the most damaging: "
+                     + "; ".join(f"{r['name']} {' '.join(r['tokens'])} drop {_pct(r['drop'])}" for r in worst))
+    if result.get("tests"):
+        lines.append(f"  tests: {result['tests']}")
     err.print("\n".join(lines), markup=False)
+
+
+def _p(x) -> str:
+    return "-" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")

@@ -56,6 +56,13 @@ def console(stream: str = "stdout", **kwargs) -> Console:
 err = console("stderr")
 out = console("stdout")
 
+
+def wide_err() -> Console:
+    """The stderr console for wide tables: a terminal's own width; 160 columns when stderr
+    is a pipe or a log file (rich's 80 would squeeze the columns to a few letters)."""
+    return err if err.is_terminal else console("stderr", width=160)
+
+
 # exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C
 EXIT_CODES = {
     0: "success",

@@ -14,7 +14,7 @@ import typer
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
-from .common import skipped_line, command_line, console, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, wide_err
 
 # analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
 # torch (tests/test_startup.py checks that they agree)
@@ -23,10 +23,15 @@ METHODS = ("attention_last", "attention_mean", "rollout", "attn_grad", "attr", "
 
 
 
-def _fmt(v, se=None) -> str:
+def _fmt(v, se=None, lo=None, hi=None) -> str:
     if v is None:
         return "–"
-    return f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
+    return (f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
+            + (f" [{lo:+.2f}, {hi:+.2f}]" if lo is not None and hi is not None else ""))
+
+
+def _ci(r, key, se=True):
+    return _fmt(r[key], r.get(f"{key}_se") if se else None, r.get(f"{key}_low"), r.get(f"{key}_high"))
 
 
 METHODS_HELP = ", ".join(METHODS)
@@ -41,10 +46,31 @@ def _table(report: dict):
     for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
-        t.add_row(m, _fmt(r["tau_loo"], r["tau_loo_se"]), _fmt(r["tau_loo_abs"], r["tau_loo_abs_se"]),
-                  _fmt(r["tau_grad"], r["tau_grad_se"]),
-                  _fmt(r["comprehensiveness"]), _fmt(r["sufficiency"]), _fmt(r["deletion_auc"]))
+        t.add_row(m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
+                  _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False))
+    t.caption = "±: standard error; \\[low, high]: 95 % bootstrap interval over the examples"
     return t
+
+
+def _paired_table(report: dict):
+    from rich.table import Table
+
+    tests = report.get("paired_tests") or []
+    if not tests:
+        return None
+    t = Table(title="paired tests on the same examples: attribution minus each attention baseline "
+                    "(sign-flip permutation, one-sided towards the better direction; Holm over all rows)",
+              title_justify="left")
+    for col in ("method", "baseline", "metric", "better", "difference", "p", "p (Holm)"):
+        t.add_column(col, justify="left" if col in ("method", "baseline", "metric", "better") else "right")
+    for r in tests:
+        t.add_row(r["method"], r["baseline"], r["metric"], r["better"], _fmt(r["difference"]), _p(r["p"]),
+                  _p(r["p_holm"]))
+    return t
+
+
+def _p(x) -> str:
+    return "–" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")
 
 
 def _perm_table(report: dict):
@@ -146,12 +172,14 @@ def faithfulness(
         if as_json:
             options.print_rows(report_rows(report), "json")
         if not quiet and not as_json:
-            # a terminal's own width; 132 columns when stderr is a pipe or a log file
-            tables = err if err.is_terminal else console("stderr", width=132)
+            tables = wide_err()
             tables.print(_table(report))
             perm = _perm_table(report)
             if perm is not None:
                 tables.print(perm)
+            paired = _paired_table(report)
+            if paired is not None:
+                tables.print(paired)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
                       f"token importance kept in {store}", markup=False)
         if not as_json:

@@ -20,7 +20,7 @@ def importance(
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples("Examples to average over, e.g. 0:200 (data rows; store indices with a STORE). Default: all."),
-    seeds: str = typer.Option("0,1,2", "--seeds", help="Seeds of the random tables (one table random-SEED each)."),
+    seeds: str = typer.Option("0,1,2,3,4", "--seeds", help="Seeds of the random tables (one table random-SEED each; five by default, so that prune draws the random orders' band over five)."),
     batch_size: int = typer.Option(32, "--batch-size", help="Examples per forward/backward pass (taylor)."),
     no_normalize: bool = typer.Option(False, "--no-normalize", help="Taylor: keep the raw values (default: unit L2 norm per layer, as Michel et al.)."),
     device: str = options.device(),
@@ -54,6 +54,8 @@ def importance(
         if not quiet and not (as_json or as_csv):
             for t in shown:
                 err.print(heatmap(t))
+                if getattr(t, "stability", None) and t.stability.get("examples", 0) >= 2:
+                    err.print(stability_line(t), markup=False)
         if plot is not None:
             from ..analysis.plots import importance_heatmaps
 
@@ -65,11 +67,47 @@ def importance(
         if not quiet:
             err.print(f"{out_path}: tables {', '.join(result.tables)} for {result.identity.describe()}", markup=False)
         if as_json or as_csv:
-            rows = [{"table": t.name, "layer": layer, "head": h, "value": float(t.values[layer, h])}
+            rows = [{"table": t.name, "layer": layer, "head": h, "value": float(t.values[layer, h]),
+                     "rank": int(rank_of(t.values)[layer, h]), **_rank_cells(t, layer, h)}
                     for t in tables for layer in range(t.values.shape[0]) for h in range(t.values.shape[1])]
             options.print_rows(rows, "json" if as_json else "csv")
         else:
             out.print(str(out_path), markup=False)
+
+
+def rank_of(values):
+    """Rank of every head (1 = most important)."""
+    import numpy as np
+
+    v = np.asarray(values, float)
+    order = np.argsort(-v.ravel(), kind="stable")
+    r = np.empty(v.size, int)
+    r[order] = np.arange(1, v.size + 1)
+    return r.reshape(v.shape)
+
+
+def _rank_cells(t, layer, h) -> dict:
+    st = getattr(t, "stability", None)
+    if not st:
+        return {"rank_low": None, "rank_high": None, "tau_halves": None}
+    lo, hi = float(st["rank_low"][layer][h]), float(st["rank_high"][layer][h])
+    ok = lo == lo and hi == hi  # NaN with fewer than two examples
+    return {"rank_low": lo if ok else None, "rank_high": hi if ok else None, "tau_halves": st.get("tau_halves")}
+
+
+def stability_line(t) -> str:
+    """The ranking's stability in two lines: tau between halves, rank intervals of the top heads."""
+    import numpy as np
+
+    st = t.stability
+    lo, hi = np.asarray(st["rank_low"]), np.asarray(st["rank_high"])
+    ranks = rank_of(t.values)
+    width = float(np.median(hi - lo))
+    top = [tuple(int(x) for x in np.argwhere(ranks == k)[0]) for k in range(1, min(5, ranks.size) + 1)]
+    tau = st.get("tau_halves")
+    return (f"  {t.name} ranking over {st['examples']} examples: Kendall tau between two random halves "
+            f"{'-' if tau is None else f'{tau:.2f}'}; {st['level']:.0%} bootstrap rank intervals, median width "
+            f"{width:.0f} ranks; top heads " + ", ".join(f"L{a}H{b} [{lo[a, b]:.0f}, {hi[a, b]:.0f}]" for a, b in top))
 
 
 def heatmap(table):

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import skipped_line, command_line, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, wide_err
 
 
 def prune(
@@ -85,8 +85,15 @@ def _rows(res) -> list[dict]:
     if c is not None:
         for name, per in c["methods"].items():
             for i, r in enumerate(c["rates"]):
-                rows.append({"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
-                             "value": per[c["metric"]][i]})
+                row = {"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
+                       "value": per[c["metric"]][i], "accuracy": per["accuracy"][i],
+                       "accuracy_low": (per.get("accuracy_low") or [None] * len(c["rates"]))[i],
+                       "accuracy_high": (per.get("accuracy_high") or [None] * len(c["rates"]))[i]}
+                for other, t in (c["methods"].get("attr", {}).get("tests") or {}).items():
+                    if name == "attr":
+                        row[f"p_attr_vs_{other}"] = t["p"][i]
+                        row[f"p_holm_attr_vs_{other}"] = t["p_holm"][i]
+                rows.append(row)
     e = res.effectiveness
     if e is not None:
         for name, entry in e["orders"].items():
@@ -112,12 +119,37 @@ def _report_curves(c: dict) -> None:
     metric = c["metric"]
     t = Table(title=f"{metric} with the least important heads masked ({c['n_examples']} examples; "
                     f"unpruned {c['baseline'][metric]:.4f})", show_edge=False)
+    level = c.get("level", 0.95)
     t.add_column("pruned", justify="right")
     for name in c["methods"]:
         t.add_column(name, justify="right")
+    tests = (c["methods"].get("attr") or {}).get("tests") or {}
+    for name in tests:
+        t.add_column(f"attr > {name}: p (Holm)", justify="right")
+
+    def cell(m, i):
+        v = f"{m[metric][i]:.4f}"
+        lo, hi = (m.get("accuracy_low") or [None] * (i + 1))[i], (m.get("accuracy_high") or [None] * (i + 1))[i]
+        v = v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
+        if m.get("seeds"):
+            v += f" ({m['accuracy_seed_min'][i]:.3f}..{m['accuracy_seed_max'][i]:.3f})"
+        return v
+
     for i, r in enumerate(c["rates"]):
-        t.add_row(f"{r:.0%}", *[f"{c['methods'][n][metric][i]:.4f}" for n in c["methods"]])
-    err.print(t)
+        t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
+                  *[_p(tests[n]["p_holm"][i]) for n in tests])
+    wide_err().print(t)
+    notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
+    rnd = c["methods"].get("random") or {}
+    if rnd.get("seeds"):
+        notes.append(f"random: the mean of {rnd['seeds']} orders; (min..max): the range of their accuracies")
+    if tests:
+        notes.append("p: " + c.get("tests", ""))
+    err.print("\n".join(notes), markup=False)
+
+
+def _p(x) -> str:
+    return "-" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")
 
 
 def _report_effectiveness(e: dict) -> None:
@@ -129,5 +161,13 @@ def _report_effectiveness(e: dict) -> None:
     for k in e["ks"]:
         t.add_column(f"k={k}", justify="right")
     for name, entry in e["orders"].items():
-        t.add_row(name.replace("_", " "), *[f"{a:.4f}" for a in entry["accuracy"]])
-    err.print(t)
+        lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+        t.add_row(name.replace("_", " "), *[f"{a:.4f}" + ("" if lo is None or lo[i] is None else f" [{lo[i]:.3f}, {hi[i]:.3f}]")
+                                            for i, a in enumerate(entry["accuracy"])])
+        test = entry.get("test_vs_attention")
+        if test:
+            t.add_row(f"  p: attr {'>' if test['alternative'] == 'greater' else '<'} attention (Holm)",
+                      *[_p(x) for x in test["p_holm"]])
+    wide_err().print(t)
+    err.print(f"[low, high]: {e.get('level', 0.95):.0%} bootstrap interval over the examples; p: {e.get('tests', '')}",
+              markup=False)

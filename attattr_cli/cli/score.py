@@ -73,10 +73,6 @@ def score(
     scores a share of the examples, balanced by token count, into its own shard beside
     --out, and rank 0 merges the shards into --out.
     """
-    from ..engine import distributed
-    from ..engine.run import ScoreRequest, score_to_store
-    from ..engine.options import ScoreOptions
-
     with edge():
         from ..engine import distributed
         from ..engine.run import ScoreRequest, score_to_store
