@@ -140,7 +140,7 @@ def test_shell_completion_is_offered():
     result = runner.invoke(app, ["--help"])
     assert "--install-completion" in result.stdout and "--show-completion" in result.stdout
     shown = runner.invoke(app, ["--show-completion", "bash"])
-    assert shown.exit_code == 0 and "complete" in shown.stdout
+    assert shown.exit_code == 0 and "complete" in shown.stdout, (shown.output, shown.exception)
 
 
 def test_help_shows_no_type_tag_beside_flags():
