@@ -118,6 +118,7 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
     """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline,
     with bootstrap bands and paired tests (:func:`curve_statistics`)."""
     from ..engine.heads import logits_under
+    from . import stats
 
     gold = batches.gold()
     metric = metric_name(task_name)
@@ -183,7 +184,8 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
         "methods": result_methods,
         "level": level,
         "tests": ("per rate: attr against each method on the same examples, one-sided (attr keeps more right): "
-                  "exact McNemar; against random a paired sign-flip test on the mean over the seeds; "
+                  "exact McNemar; against random a paired sign-flip test on the mean over the seeds "
+                  f"({stats.RESAMPLES:,} random sign patterns, so p >= 1/{stats.RESAMPLES + 1:,} before Holm); "
                   "p_holm: Holm over the rates of one comparison. Bands: percentile bootstrap over examples"),
     }
 

@@ -58,9 +58,9 @@ out = console("stdout")
 
 
 def wide_err() -> Console:
-    """The stderr console for wide tables: a terminal's own width; 160 columns when stderr
+    """The stderr console for wide tables: a terminal's own width; 200 columns when stderr
     is a pipe or a log file (rich's 80 would squeeze the columns to a few letters)."""
-    return err if err.is_terminal else console("stderr", width=160)
+    return err if err.is_terminal else console("stderr", width=200)
 
 
 # exit statuses: the AttattrError classes' exit_code, Typer's usage errors (2) and Ctrl-C

@@ -123,28 +123,30 @@ def _report_curves(c: dict) -> None:
     t.add_column("pruned", justify="right")
     for name in c["methods"]:
         t.add_column(name, justify="right")
+    seeded = [n for n, m in c["methods"].items() if m.get("seeds")]
+    for name in seeded:
+        t.add_column(f"{name} orders", justify="right")
     tests = (c["methods"].get("attr") or {}).get("tests") or {}
     for name in tests:
-        t.add_column(f"attr > {name}: p (Holm)", justify="right")
+        t.add_column(f"p vs {name}", justify="right")
 
     def cell(m, i):
-        v = f"{m[metric][i]:.4f}"
+        v = f"{m[metric][i]:.3f}"
         lo, hi = (m.get("accuracy_low") or [None] * (i + 1))[i], (m.get("accuracy_high") or [None] * (i + 1))[i]
-        v = v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
-        if m.get("seeds"):
-            v += f" ({m['accuracy_seed_min'][i]:.3f}..{m['accuracy_seed_max'][i]:.3f})"
-        return v
+        return v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
 
     for i, r in enumerate(c["rates"]):
         t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
+                  *[f"{c['methods'][n]['accuracy_seed_min'][i]:.3f}..{c['methods'][n]['accuracy_seed_max'][i]:.3f}"
+                    for n in seeded],
                   *[_p(tests[n]["p_holm"][i]) for n in tests])
     wide_err().print(t)
     notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
     rnd = c["methods"].get("random") or {}
     if rnd.get("seeds"):
-        notes.append(f"random: the mean of {rnd['seeds']} orders; (min..max): the range of their accuracies")
+        notes.append(f"random: the mean of {rnd['seeds']} orders; random orders: the range of their accuracies")
     if tests:
-        notes.append("p: " + c.get("tests", ""))
+        notes.append("p vs M: attr keeps more right than M, Holm-adjusted over the rates; " + c.get("tests", ""))
     err.print("\n".join(notes), markup=False)
 
 
