@@ -99,13 +99,16 @@ def importance_heatmaps(tables: Sequence, path: str | Path, title: str = "") -> 
 def _curves_panel(ax, curves: dict) -> None:
     rates = np.asarray(curves["rates"]) * 100
     metric = curves["metric"]
+    banded = False
     for name, entry in curves["methods"].items():
         y = np.asarray(entry[metric])
         color = COLORS.get(entry.get("method", name))
         label = LABELS.get(name, name)
         if "tables" in entry:
             label += f" (mean of {len(entry['tables'])})"
-            if "accuracy_std" in entry and metric == "accuracy":
+        if metric == "accuracy":
+            banded |= _band(ax, rates, entry, color)
+            if not banded and "accuracy_std" in entry:  # a result written before the bands: ± sd of the orders
                 sd = np.asarray(entry["accuracy_std"])
                 ax.fill_between(rates, y - sd, y + sd, color=color, alpha=0.15, linewidth=0)
         ax.plot(rates, y, marker="o", markersize=3, label=label, color=color)
@@ -115,7 +118,17 @@ def _curves_panel(ax, curves: dict) -> None:
     ax.set_xticks(rates)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"pruning curves ({curves['n_examples']} examples)", fontsize=10)
+    ax.set_title(f"pruning curves ({curves['n_examples']} examples)"
+                 + (f"; shaded: {curves.get('level', 0.95):.0%} bootstrap interval" if banded else ""), fontsize=10)
+
+
+def _band(ax, x, entry: dict, color) -> bool:
+    """Shade an entry's bootstrap interval (``accuracy_low``/``accuracy_high``) where it has one."""
+    lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+    if not lo or not hi or any(v is None for v in (*lo, *hi)):
+        return False
+    ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)
+    return True
 
 
 def _effectiveness_panel(ax, eff: dict) -> None:
@@ -124,16 +137,27 @@ def _effectiveness_panel(ax, eff: dict) -> None:
         "attr_small_first": ("tab:blue", "-"), "attr_large_first": ("tab:blue", "--"),
         "attention_small_first": ("tab:red", "-"), "attention_large_first": ("tab:red", "--"),
     }
-    for name, entry in eff["orders"].items():
+    banded = False
+    orders = list(eff["orders"].items())
+    for j, (name, entry) in enumerate(orders):
         color, ls = styles.get(name, (None, "-"))
-        ax.plot(ks, entry["accuracy"], marker="o", markersize=3, color=color, linestyle=ls, label=name.replace("_", " "))
+        y = np.asarray(entry["accuracy"], dtype=float)
+        lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+        if lo and hi and not any(v is None for v in (*lo, *hi)):
+            # four overlapping bands would hide each other: intervals as bars, side by side
+            x = np.asarray(ks, dtype=float) + 0.12 * (j - (len(orders) - 1) / 2)
+            ax.errorbar(x, y, yerr=[y - np.asarray(lo), np.asarray(hi) - y], fmt="none", ecolor=color,
+                        elinewidth=1, capsize=2, alpha=0.6)
+            banded = True
+        ax.plot(ks, y, marker="o", markersize=3, color=color, linestyle=ls, label=name.replace("_", " "))
     ax.axhline(eff["baseline_accuracy"], color="black", linestyle=":", linewidth=1, label="unpruned")
     ax.set_xlabel("heads pruned per layer (per example)")
     ax.set_ylabel("accuracy (mean over layers)")
     ax.set_xticks(ks)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    ax.set_title(f"effectiveness ({eff['n_examples']} examples)", fontsize=10)
+    ax.set_title(f"effectiveness ({eff['n_examples']} examples)"
+                 + (f"; bars: {eff.get('level', 0.95):.0%} bootstrap interval" if banded else ""), fontsize=10)
 
 
 def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
