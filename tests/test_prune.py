@@ -212,3 +212,37 @@ def test_curve_bands_and_paired_tests(tmp_path, tiny_model_dir, sst2_small):
     assert tests["attention"]["p"][0] == 1.0
     again = pr.curves(loaded, batches, f, rates, "sst2", seed=2)
     assert again["methods"] == c["methods"]
+
+
+def test_plots_draw_every_bootstrap_band():
+    """Each curve with an interval gets its band (a filled area spanning low..high), and the
+    effectiveness orders their bars; the titles say what is shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection, PolyCollection
+
+    from attattr_cli.analysis import plots
+
+    rates = [0.0, 0.5, 1.0]
+    curves = {"metric": "accuracy", "rates": rates, "n_examples": 10, "baseline": {"accuracy": 0.9}, "level": 0.95,
+              "methods": {m: {"method": m, "accuracy": [0.9, 0.7 + k / 10, 0.5],
+                              "accuracy_low": [0.8, 0.6 + k / 10, 0.4], "accuracy_high": [1.0, 0.8 + k / 10, 0.6]}
+                          for k, m in enumerate(("attr", "taylor", "attention"))}}
+    fig, ax = plt.subplots()
+    plots._curves_panel(ax, curves)
+    bands = [c for c in ax.collections if isinstance(c, PolyCollection)]
+    assert len(bands) == 3 and "bootstrap interval" in ax.get_title()
+    ys = np.concatenate([b.get_paths()[0].vertices[:, 1] for b in bands])
+    assert ys.min() == pytest.approx(0.4) and ys.max() == pytest.approx(1.0)
+    plt.close(fig)
+
+    eff = {"ks": [2, 4], "n_examples": 10, "baseline_accuracy": 0.9,
+           "orders": {o: {"accuracy": [0.8, 0.7], "accuracy_low": [0.7, 0.6], "accuracy_high": [0.9, 0.8]}
+                      for o in ("attr_small_first", "attr_large_first")}}
+    fig, ax = plt.subplots()
+    plots._effectiveness_panel(ax, eff)
+    bars = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert len(bars) == 2 and "bootstrap interval" in ax.get_title()
+    plt.close(fig)
