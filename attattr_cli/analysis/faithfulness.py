@@ -480,10 +480,18 @@ def plot_report(report: dict, path: str | Path) -> None:
     x = np.arange(len(names))
     for off, key, label in ((-0.27, "tau_loo", "tau with LOO"), (0.0, "tau_loo_abs", "tau of |score| with |LOO|"),
                             (0.27, "tau_grad", "tau with grad")):
-        a2.bar(x + off, [report["methods"][m].get(key) or 0 for m in names], 0.27, label=label)
+        values = np.asarray([report["methods"][m].get(key) or 0.0 for m in names], dtype=float)
+        lows = [report["methods"][m].get(f"{key}_low") for m in names]
+        highs = [report["methods"][m].get(f"{key}_high") for m in names]
+        err = None
+        if all(v is not None for v in (*lows, *highs)):  # the bootstrap interval of each mean
+            err = [values - np.asarray(lows, dtype=float), np.asarray(highs, dtype=float) - values]
+        a2.bar(x + off, values, 0.27, label=label, yerr=err, capsize=1.5,
+               error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
     a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
     a2.axhline(0, color="k", lw=0.5)
-    a2.set_title("Kendall tau-b (mean over examples)")
+    level = report.get("settings", {}).get("level", 0.95)
+    a2.set_title(f"Kendall tau-b (mean over examples)\nbars: {level:.0%} bootstrap interval", fontsize=10)
     a2.legend(fontsize=7)
     fig.suptitle(f"{report.get('model')} — {report['examples']} examples", fontsize=9)
     fig.tight_layout()
