@@ -101,8 +101,9 @@ def test_store_only_commands_import_neither_torch_nor_transformers(small_store, 
 
 
 def test_help_constants_agree_with_the_library():
-    """The quadrature rules and token importance methods named in help are written out in the
-    command modules (importing the library's would import torch); they must match it."""
+    """The token importance methods named in help are written out in the command module
+    (importing the library's would import torch); they must match it. The quadrature rules
+    are the library's own, read from torch-free engine/options.py."""
     import importlib
 
     from attattr_cli.analysis.token_importance import METHODS

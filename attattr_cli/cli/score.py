@@ -8,22 +8,12 @@ from typing import Optional
 
 import typer
 
-from ..engine.options import MAX_NODES
+from ..engine.options import MAX_NODES, RULES
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
 
 
-# engine.integrate.RULES, written out so that `attattr --help` need not import torch
-# (tests/test_startup.py checks that they agree)
-RULES = {
-    "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
-    "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
-    "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
-    "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
-    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
-                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
-}
 RULES_HELP = "; ".join(f"{k}: {v}" for k, v in RULES.items())
 
 

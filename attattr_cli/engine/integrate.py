@@ -15,16 +15,7 @@ import numpy as np
 import torch
 
 from ..errors import OptionError
-from .options import MAX_NODES  # the default node cap lives with the options (no torch there)
-
-RULES = {
-    "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
-    "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
-    "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
-    "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
-    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
-                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
-}
+from .options import MAX_NODES, RULES  # the node cap and rule names live with the options (no torch there)
 
 
 def nodes(rule: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:

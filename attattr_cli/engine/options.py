@@ -1,6 +1,6 @@
 """What defines a scoring run: :class:`ScoreOptions` and the accepted values of its fields.
 
-Imports neither torch nor transformers (the rules and dtypes are looked up when validating).
+Imports neither torch nor transformers (the dtypes are looked up when validating).
 """
 
 from __future__ import annotations
@@ -13,6 +13,15 @@ OUTPUTS = ("prob", "logit", "logprob")
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
+# the quadrature rules engine/integrate.py implements (named here, where `attattr --help` reads them without torch)
+RULES = {
+    "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
+    "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
+    "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
+    "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
+    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
+                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
+}
 
 
 @dataclass
@@ -56,7 +65,6 @@ class ScoreOptions:
     def validate(self, num_layers: int) -> list[int]:
         """Check the options against a model of ``num_layers`` layers; the chosen layers, sorted."""
         from ..models.loading import resolve_dtype
-        from .integrate import RULES
 
         if self.rule not in RULES:
             raise OptionError(f"unknown rule '{self.rule}'; available: {', '.join(RULES)}")
