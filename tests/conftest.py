@@ -129,16 +129,24 @@ def loaded_factory(tokenizer):
     return make
 
 
+def with_sentiment_labels(model):
+    """Give a two-class model SST-2's label names (negative, positive); returns it."""
+    model.config.id2label = {0: "negative", 1: "positive"}
+    model.config.label2id = {"negative": 0, "positive": 1}
+    return model
+
+
+def save_sentiment_model(model, tokenizer, folder):
+    """A two-class model with SST-2's label names, saved with ``tokenizer`` into ``folder``."""
+    with_sentiment_labels(model).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer):
     """A saved tiny BERT folder with sst2-style labels, loadable by path."""
-    d = tmp_path_factory.mktemp("tiny_bert")
-    model = build_model("bert", num_labels=2)
-    model.config.id2label = {0: "negative", 1: "positive"}
-    model.config.label2id = {"negative": 0, "positive": 1}
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return save_sentiment_model(build_model("bert", num_labels=2), tokenizer, tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="session")
@@ -148,11 +156,7 @@ def other_model_dir(tmp_path_factory, tokenizer):
     model = build_model("bert", num_labels=2)
     with torch.no_grad():
         model.classifier.weight.add_(0.5)
-    model.config.id2label = {0: "negative", 1: "positive"}
-    model.config.label2id = {"negative": 0, "positive": 1}
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return save_sentiment_model(model, tokenizer, d)
 
 
 @pytest.fixture

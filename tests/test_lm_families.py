@@ -20,7 +20,7 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.errors import DataError, OptionError
 from attattr_cli.models.loading import prepare
 from attattr_cli.store import SCHEMA_VERSION, Store
-from conftest import build_model, one_error_line, run_cli
+from conftest import build_model, one_error_line, run_cli, with_sentiment_labels
 from slow_reference import slow_attribution
 
 PAIR = Example(0, "w1 w2 w3 w4 w5", "w6 w7 w8", label=1)
@@ -31,10 +31,7 @@ def build(kind: str, dtype=torch.float64, layers: int = 2):
     """conftest's tiny models: BART as a two-class classifier, GPT-2 and Llama (rotary
     positions, 4 query heads sharing 2 key/value heads) as causal LMs."""
     model = build_model(kind, dtype, num_labels=2, layers=layers, lm=kind != "bart")
-    if kind == "bart":
-        model.config.id2label = {0: "negative", 1: "positive"}
-        model.config.label2id = {"negative": 0, "positive": 1}
-    return model
+    return with_sentiment_labels(model) if kind == "bart" else model
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from attattr_cli.engine.run import ScoreRequest, score_to_store
 from attattr_cli.store import Store
 from attattr_cli.store.schema import EXAMPLES
 
-from conftest import WORDS, build_model
+from conftest import WORDS, build_model, save_sentiment_model
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
@@ -59,11 +59,7 @@ def overflowing_model(tmp_path_factory, tokenizer):
         model.classifier.bias.zero_()
         model.classifier.weight[1, j] = 5504 / t
         model.classifier.bias[1] = 60000
-    model.config.id2label = {0: "negative", 1: "positive"}
-    model.config.label2id = {"negative": 0, "positive": 1}
-    model.save_pretrained(d)
-    tokenizer.save_pretrained(d)
-    return d
+    return save_sentiment_model(model, tokenizer, d)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from attattr_cli.errors import OptionError
 from attattr_cli.store import Store
 from attattr_cli.views import ViewSpec, build_view, example_html, from_store, highlight_html, save
 from browser import Chromium, find_chromium
-from conftest import WORDS, build_model
+from conftest import WORDS, build_model, with_sentiment_labels
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,9 +61,7 @@ def stores(tmp_path_factory):
         return d / name
 
     gpt2 = saved(build_model("gpt2", num_labels=2, layers=2, lm=True), "gpt2")
-    bart = build_model("bart", num_labels=2, layers=2)
-    bart.config.id2label, bart.config.label2id = {0: "negative", 1: "positive"}, {"negative": 0, "positive": 1}
-    bart = saved(bart, "bart")
+    bart = saved(with_sentiment_labels(build_model("bart", num_labels=2, layers=2)), "bart")
     cfg = tf.LlamaConfig(vocab_size=5 + len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=37, max_position_embeddings=512,
                          bos_token_id=2, eos_token_id=3)
