@@ -86,21 +86,20 @@
       box.style.setProperty("--aa-cell", cell + "px");
       grid.style.gridTemplateColumns = "max-content repeat(" + nk + ", " + cell + "px)";
       grid.appendChild(el("div"));
-      for (var j = 0; j < nk; j++) {
-        var c = el("div", "aa-col-label", label(data.key_tokens, data.k_idx, j));
-        c.setAttribute("data-pos", data.k_idx[j]);
-        c.title = "key " + data.key_tokens[j] + " (" + data.k_idx[j] + "): click to see who reads it";
-        c.setAttribute("data-side", "k");
-        c.onclick = (function (p) { return function () { pick(p, false, "k"); }; })(data.k_idx[j]);
-        grid.appendChild(c);
+      // a token on an axis: its label, the click that shows what it reads from (q) or who reads it (k)
+      function axisLabel(side, i) {
+        var q = side === "q", tokens = q ? data.query_tokens : data.key_tokens, idx = q ? data.q_idx : data.k_idx;
+        var a = el("div", q ? "aa-row-label" : "aa-col-label", label(tokens, idx, i));
+        a.setAttribute("data-pos", idx[i]);
+        a.title = (q ? "query " : "key ") + tokens[i] + " (" + idx[i] + "): click to see " +
+          (q ? "what it reads from" : "who reads it");
+        a.setAttribute("data-side", side);
+        a.onclick = function () { pick(idx[i], false, side); };
+        grid.appendChild(a);
       }
+      for (var j = 0; j < nk; j++) axisLabel("k", j);
       for (var i = 0; i < nq; i++) {
-        var r = el("div", "aa-row-label", label(data.query_tokens, data.q_idx, i));
-        r.setAttribute("data-pos", data.q_idx[i]);
-        r.title = "query " + data.query_tokens[i] + " (" + data.q_idx[i] + "): click to see what it reads from";
-        r.setAttribute("data-side", "q");
-        r.onclick = (function (p) { return function () { pick(p, false, "q"); }; })(data.q_idx[i]);
-        grid.appendChild(r);
+        axisLabel("q", i);
         cells.push([]);
         for (var j2 = 0; j2 < nk; j2++) {
           var d = el("div", "aa-cell");
