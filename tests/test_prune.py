@@ -246,3 +246,16 @@ def test_plots_draw_every_bootstrap_band():
     bars = [c for c in ax.collections if isinstance(c, LineCollection)]
     assert len(bars) == 2 and "bootstrap interval" in ax.get_title()
     plt.close(fig)
+
+
+@pytest.mark.parametrize("args,text", [
+    ([], "nothing to do: give --importance IMP.h5 (curves) and/or --effectiveness STORE"),
+    (["--importance", "imp.h5", "--keep-heads", "0.5"], "--keep-heads and --save-model go together"),
+    (["--effectiveness", "s.h5", "--keep-heads", "0.5", "--save-model", "out"], "--keep-heads needs --importance to rank the heads"),
+])
+def test_cli_option_combinations_are_one_line_before_anything_is_read(tmp_path, args, text):
+    from conftest import one_error_line, run_cli
+
+    paths = [str(tmp_path / a) if a.endswith((".h5", "out")) else a for a in args]
+    one_error_line(run_cli("prune", "--out", str(tmp_path / "curves.json"), *paths), text)
+    assert not any(tmp_path.iterdir())
