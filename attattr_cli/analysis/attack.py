@@ -539,18 +539,21 @@ def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before:
         target = _class_index(row["class"], loaded)
         return known & (gold != target) if target is not None else known
 
+    def layout(row: dict) -> tuple[int, tuple[int, ...]]:  # layout_of, for a result row
+        return len(row["tokens"]), tuple(row["segments"])
+
     controls = [(r, p) for r, p in zip(results, preds) if r["kind"] == "control"]
     for row, pred in zip(results, preds):
         if row["kind"] == "control":
             mirrored = by_name.get(row["mirrors"])
-            row["layout"] = layout_name((len(row["tokens"]), tuple(row["segments"])))
+            row["layout"] = layout_name(layout(row))
             row["drop"] = drop(pred, attacked(mirrored) if mirrored is not None else known)
             continue
         sel = attacked(row)
-        lay = (len(row["tokens"]), tuple(row["segments"]))
+        lay = layout(row)
         row["layout"] = layout_name(lay)
         row["drop"] = d = drop(pred, sel)
-        null = [drop(p, sel) for r, p in controls if (len(r["tokens"]), tuple(r["segments"])) == lay]
+        null = [drop(p, sel) for r, p in controls if layout(r) == lay]
         null = [x for x in null if x is not None]
         row["controls"] = {
             "n": len(null),
