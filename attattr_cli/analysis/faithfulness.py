@@ -490,8 +490,9 @@ def plot_report(report: dict, path: str | Path) -> None:
                error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
     a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
     a2.axhline(0, color="k", lw=0.5)
-    level = report.get("settings", {}).get("level", 0.95)
-    a2.set_title(f"Kendall tau-b (mean over examples)\nbars: {level:.0%} bootstrap interval", fontsize=10)
+    from .stats import LEVEL  # the level of the intervals _intervals computed
+
+    a2.set_title(f"Kendall tau-b (mean over examples)\nbars: {LEVEL:.0%} bootstrap interval", fontsize=10)
     a2.legend(fontsize=7)
     fig.suptitle(f"{report.get('model')} — {report['examples']} examples", fontsize=9)
     fig.tight_layout()
