@@ -225,8 +225,8 @@ def test_score_tol_writes_convergence_to_the_store_and_info_summarises_it(tmp_pa
 
 @pytest.mark.parametrize("args,message", [
     (["--tol", "1e-3", "--rule", "left"], "Error: --tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule left"),
-    (["--tol", "0"], "Error: tol (--tol) must be positive, got 0.0"),
-    (["--tol", "1e-3", "--max-nodes", "2"], "Error: max_nodes (--max-nodes) must be at least 3, got 2"),
+    (["--tol", "0"], "Error: --tol must be positive, got 0.0"),
+    (["--tol", "1e-3", "--max-nodes", "2"], "Error: --max-nodes must be at least 3, got 2"),
 ])
 def test_score_tol_refuses_bad_options_with_one_line(tmp_path, args, message):
     from typer.testing import CliRunner

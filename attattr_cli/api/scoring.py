@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+from ..engine.options import MAX_NODES
 from ..errors import OptionError
 from .inputs import _check_min, _cmd, _default_task, _model_arg, _spec, to_examples
 from .model import Model, as_model, progress_for, using
@@ -15,8 +16,8 @@ from .results import read_all
 
 
 def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int = 20,
-          rule: str = "right", target: str = "predicted", output: str = "prob", layers=None,
-          steps_per_pass: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
+          rule: str = "right", tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
+          output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
           dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
           continuation: str | None = None, position: int | None = None, progress=False, command=None, warn=None):
@@ -30,8 +31,12 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     (``.out``, ``.scored``, ``.skipped``, ``.mean_abs_residual``, ``.accuracy``).
 
     ``output`` is prob, logit or logprob; ``keep`` auto, maps, sum or none; ``top_k`` also keeps
-    each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once (the
-    numbers do not depend on it). Results in memory hold exactly what a store written with the
+    each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once and
+    ``group`` the short examples scored together (default 32 for encoder classifiers, 1: one
+    at a time); the numbers do not depend on either (up to float rounding). ``tol``: error-
+    controlled integration instead of ``rule``/``steps`` (nested Clenshaw-Curtis levels per
+    example and layer until the map's estimated error is below tol x max |Attr| of the
+    layer, at most ``max_nodes`` nodes; see docs/integration.md). Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
     attributes the next token (``target_token``) or a ``continuation``.
     """
@@ -40,6 +45,12 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
 
     _check_min("steps", steps)
     _check_min("steps_per_pass", steps_per_pass)
+    _check_min("group", group)
+    _check_min("max_nodes", max_nodes, 3)
+    if tol is not None and not tol > 0:
+        raise OptionError(f"tol must be positive, got {tol}")
+    if tol is not None and rule not in ("right", "clenshaw-curtis"):
+        raise OptionError(f"tol chooses Clenshaw-Curtis nodes itself; it does not go with rule {rule}")
     _check_min("top_k", top_k)
     if keep not in KEEPS:
         raise OptionError(f"unknown keep '{keep}'; available: {', '.join(KEEPS)}")
@@ -62,7 +73,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
-    options = ScoreOptions(steps=steps, rule=rule, target=target, output=output,
+    options = ScoreOptions(steps=steps, rule=rule, tol=tol, max_nodes=max_nodes, group=group, target=target,
+                           output=output,
                            layers=None if layers is None else list(layers), dtype=dtype, truncate=truncate,
                            step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
                            lm=is_lm, target_token=target_token, continuation=continuation, position=position)

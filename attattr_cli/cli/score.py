@@ -32,6 +32,7 @@ def score(
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
     step_batch: Optional[int] = typer.Option(None, "--steps-per-pass", help="Integration steps per forward/backward pass (default: fit to memory); any value gives the same result."),
     step_batch_old: Optional[int] = options.hidden("--step-batch", None),
+    group: Optional[int] = typer.Option(None, "--group", help="Short examples (up to 128 tokens) of an encoder classifier scored together, their integration nodes sharing passes (default 32; 1: one at a time). Numbers are the same up to float rounding."),
     device: str = options.device(),
     dtype: str = typer.Option("float32", "--dtype", help="Compute dtype: float32, float64, bfloat16, float16."),
     kernel: str = typer.Option("auto", "--kernel", help="auto (CUDA kernel where built and on GPU), cuda, or torch (the reference)."),
@@ -75,7 +76,7 @@ def score(
         score_options = ScoreOptions(
             steps=steps, rule=rule or "right", tol=tol, max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
-            step_batch=options.pick(step_batch, step_batch_old), kernel=kernel,
+            step_batch=options.pick(step_batch, step_batch_old), group=group, kernel=kernel,
             family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
             keep=keep, top_k=top_k, lm=lm, target_token=target_token, continuation=continuation,
             position=position,

@@ -100,6 +100,12 @@ class Attribute:
     leaf: torch.Tensor | None = None  # [chunk, head, query_pos, d_head], requires grad
     called: bool = False  # the target layer's attention has run in this pass
     saved: dict[str, Any] = field(default_factory=dict)  # q, k, v, mask of the first copy
+    # several examples in one pass (engine/grouped.py): the rows of each example are
+    # consecutive; ``first`` [examples] is the first row of each, ``local`` [rows] the
+    # example (0..examples-1) of each row. None: every row is the same example.
+    first: torch.Tensor | None = None
+    local: torch.Tensor | None = None
+    owner: torch.Tensor | None = None  # [rows] the example of each row within the clean forward's batch
 
     @property
     def site(self) -> tuple[str, int]:
@@ -215,11 +221,14 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and site == plan.site:
-        q1, k1, v1 = query[:1].detach(), key[:1].detach(), value[:1].detach()
-        m1 = None if (mask is None or causal) else mask[:1].detach()
+        first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
+        q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
+        m1 = None if (mask is None or causal) else mask[first].detach()
         with torch.no_grad():
             ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
-                if softcap is None else torch.matmul(reference.attention_probs(q1, k1, mask[:1] if mask is not None else None, scaling, softcap), v1)
+                if softcap is None else torch.matmul(reference.attention_probs(q1, k1, mask[first] if mask is not None else None, scaling, softcap), v1)
+        if plan.local is not None:  # each row takes its example's A V
+            ctx = ctx.index_select(0, plan.local.to(ctx.device))
         alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
         leaf = (alphas * ctx).requires_grad_(True)
         plan.leaf = leaf
@@ -324,12 +333,16 @@ def active(plan):
 
 
 @contextlib.contextmanager
-def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int):
+def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int,
+                   owner: torch.Tensor | None = None):
     """Skip layers below ``target``: each returns the clean forward's output of layer
     ``target - 1`` (``replay``), expanded to ``batch`` copies, so layer ``target`` sees the
-    same input for every step and nothing below it is recomputed."""
+    same input for every step and nothing below it is recomputed. With ``owner`` ([batch]),
+    the clean forward ran several examples and row r of the pass takes example owner[r]'s."""
 
     def expand(obj):
+        if torch.is_tensor(obj) and obj.dim() > 0 and owner is not None:
+            return obj.index_select(0, owner.to(obj.device))
         if torch.is_tensor(obj) and obj.dim() > 0 and obj.shape[0] == 1:
             return obj.expand(batch, *obj.shape[1:])
         if isinstance(obj, tuple):
@@ -348,6 +361,44 @@ def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int)
             del layer.forward
 
 
+# sequence classifiers whose head reads only the first token's final hidden state, built of
+# BERT-style layers (the self-attention's output module takes (attention output, residual))
+FIRST_TOKEN_HEADS = frozenset({
+    "BertForSequenceClassification", "RobertaForSequenceClassification", "ElectraForSequenceClassification",
+    "XLMRobertaForSequenceClassification", "CamembertForSequenceClassification",
+})
+
+
+def first_token_output(model, layers: torch.nn.ModuleList) -> torch.nn.Module | None:
+    """The last layer's attention-output module where only the first token's row matters
+    downstream (see :func:`first_token_only`), else None."""
+    if type(model).__name__ not in FIRST_TOKEN_HEADS or not len(layers):
+        return None
+    return getattr(getattr(layers[-1], "attention", None), "output", None)
+
+
+@contextlib.contextmanager
+def first_token_only(module: torch.nn.Module | None):
+    """In the last layer of a classifier that reads only the first token, pass only that
+    row on after the attention: the output projection, the feed-forward block and the
+    layer's output are computed for one row instead of n. Exact: no other row of the last
+    layer reaches the logits (their gradients are zero either way). ``module`` from
+    :func:`first_token_output`; None does nothing."""
+    if module is None:
+        yield
+        return
+    original = type(module).forward
+
+    def forward(hidden_states, input_tensor, *args, **kwargs):
+        return original(module, hidden_states[:, :1], input_tensor[:, :1], *args, **kwargs)
+
+    module.forward = forward
+    try:
+        yield
+    finally:
+        del module.forward
+
+
 def _is_projection(module) -> bool:
     return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
@@ -363,8 +414,12 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
 
         def forward(x, *args, **kwargs):
             if not plan.called and torch.is_tensor(x) and x.dim() > 1 and x.shape[0] > 1:
-                one = original(module, x[:1], *args, **kwargs)
-                return one.expand(x.shape[0], *one.shape[1:])
+                if plan.first is None:
+                    one = original(module, x[:1], *args, **kwargs)
+                    return one.expand(x.shape[0], *one.shape[1:])
+                # several examples: one row each, then every row takes its example's
+                each = original(module, x.index_select(0, plan.first.to(x.device)), *args, **kwargs)
+                return each.index_select(0, plan.local.to(each.device))
             return original(module, x, *args, **kwargs)
 
         return forward

@@ -101,7 +101,7 @@ class BackOff:
             self.warned = True
             message = (f"out of memory with {size} integration steps per pass on {self.device}; "
                        f"halving the step micro-batch (now {smaller}, and lower if needed). "
-                       "Results do not change; pass --step-batch to start lower.")
+                       "Results do not change; pass --steps-per-pass to start lower.")
             if warn is not None:
                 warn(message)
             else:

@@ -26,7 +26,7 @@ RULES = {
 
 @dataclass
 class ScoreOptions:
-    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` changes them)."""
+    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` and ``group`` changes them)."""
 
     steps: int = 20
     rule: str = "right"
@@ -36,6 +36,9 @@ class ScoreOptions:
     dtype: str = "float32"
     truncate: bool = False
     step_batch: int | None = None  # steps per forward/backward; None: fit to memory
+    # short examples of encoder classifiers scored together, their nodes sharing passes
+    # (engine/grouped.py); None: 32 where the model allows it; 1: one example at a time
+    group: int | None = None
     kernel: str = "auto"
     # attention families to score (None: all; "self" for encoder-only/decoder-only models)
     family: list[str] | None = None
@@ -72,6 +75,8 @@ class ScoreOptions:
             raise OptionError(f"unknown output '{self.output}'; available: {', '.join(OUTPUTS)}")
         if self.steps < 1:
             raise OptionError(f"--steps must be at least 1, got {self.steps}")
+        if self.group is not None and self.group < 1:
+            raise OptionError(f"--group must be at least 1, got {self.group}")
         if self.step_batch is not None and self.step_batch < 1:
             raise OptionError(f"--step-batch must be at least 1, got {self.step_batch}")
         if self.keep not in KEEPS:
@@ -85,11 +90,11 @@ class ScoreOptions:
         if self.continuation is not None and self.position is not None:
             raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
         if self.tol is not None and not self.tol > 0:
-            raise OptionError(f"tol (--tol) must be positive, got {self.tol}")
+            raise OptionError(f"--tol must be positive, got {self.tol}")
         if self.tol is not None and self.rule != "clenshaw-curtis":
-            raise OptionError(f"tol (--tol) chooses Clenshaw-Curtis nodes itself; it does not go with rule {self.rule}")
+            raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {self.rule}")
         if self.max_nodes < 3:
-            raise OptionError(f"max_nodes (--max-nodes) must be at least 3, got {self.max_nodes}")
+            raise OptionError(f"--max-nodes must be at least 3, got {self.max_nodes}")
         resolve_dtype(self.dtype)
         layers = list(range(num_layers)) if self.layers is None else list(self.layers)
         for layer in layers:
@@ -103,6 +108,7 @@ class ScoreOptions:
         d = asdict(self)
         d.pop("step_batch")
         d.pop("kernel")
+        d.pop("group")
         for key, default in self._LATER.items():
             if d.get(key) == default:
                 d.pop(key)

@@ -16,6 +16,7 @@ from ..errors import DataError, OptionError
 from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
 from ..store.writer import already_done
+from . import grouped
 from .options import ScoreOptions
 from .provenance import libraries
 from .scorer import Scorer
@@ -258,22 +259,25 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         resid, right, golds, flagged = [], 0, 0, 0
         if progress:
             progress(0, total, "scoring")
-        for e in todo:
-            def tick(_layer, _e=e):
+        # short examples of encoder classifiers share passes (engine/grouped.py); each is
+        # written as soon as its group is done, so a group is the most an interruption loses
+        for group in grouped.plan_groups(todo, prep.encoded, grouped.group_size(scorer)):
+            def tick(position, _layer, _group=group):
                 nonlocal done_units
                 done_units += 1
                 if progress:
-                    progress(done_units, total, f"example {_e.index}")
+                    progress(done_units, total, f"example {_group[position].index}")
 
-            result = scorer.score(e, prep.encoded[e.index], on_layer=tick)
-            writer.write(result)
-            if result.nonfinite:
-                flagged += 1
-                continue
-            resid.extend(abs(float(r)) for r in result.residual)
-            if result.gold >= 0:
-                golds += 1
-                right += int(result.gold == result.pred)
+            results = grouped.score_group(scorer, group, [prep.encoded[e.index] for e in group], on_layer=tick)
+            for result in results:
+                writer.write(result)
+                if result.nonfinite:
+                    flagged += 1
+                    continue
+                resid.extend(abs(float(r)) for r in result.residual)
+                if result.gold >= 0:
+                    golds += 1
+                    right += int(result.gold == result.pred)
         created = writer.created
         notes = list(writer.notes)
     return ScoreReport(

@@ -21,8 +21,9 @@ import torch
 from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError, first_line
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
-from ..ops import select_backend
+from ..ops import _reference_mask, _with_causal, reference, select_backend
 from . import attention, memory, options as options_mod
+from .batching import pad_id_of
 from .encoding import Encoded, decoder_start_of, encode, too_long
 from . import adaptive
 from .integrate import embedded, nodes
@@ -55,6 +56,7 @@ class Scorer:
                 " --target-token TOKEN or --continuation TEXT"
             )
         self.device = next(self.model.parameters()).device
+        self.pad_id = pad_id_of(self.model, self.tokenizer)  # None: examples cannot share a padded pass
         self.dtype = resolve_dtype(options.dtype)
         if next(self.model.parameters()).dtype != self.dtype:
             self.model.to(self.dtype)
@@ -116,6 +118,10 @@ class Scorer:
                 return work.gather(-1, idx).squeeze(-1).sum(-1)
             logp = torch.log_softmax(work, dim=-1).gather(-1, idx).squeeze(-1).sum(-1)
             return logp if self.options.output == "logprob" else logp.exp()
+        if torch.is_tensor(target):  # one target per row (several examples in one pass)
+            if self.options.output != "logit":
+                work = torch.log_softmax(work, dim=-1) if self.options.output == "logprob" else torch.softmax(work, dim=-1)
+            return work.gather(1, target.view(-1, 1).to(work.device)).squeeze(1)
         if self.options.output == "logit":
             return work[:, target]
         if self.options.output == "logprob":
@@ -239,32 +245,37 @@ class Scorer:
             fams = {}
             self.last_step_batch = 0
             for fam in self.families:
-                maps, sums, head_max, f_base, resid, tk_i, tk_v = [], [], [], [], [], [], []
-                conv = []
+                per_layer = []
                 for layer in self.layers_of[fam.name]:
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site))
-                    res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None))
-                    hs = res["head_sum"][0]
-                    if keep == "maps":
-                        maps.append(res["maps"][0].cpu())
-                    if keep in ("maps", "sum"):
-                        sums.append(hs.cpu())
-                    if self.options.top_k is not None:
-                        i_, v_ = _top_k(res["maps"][0], self.options.top_k)
-                        tk_i.append(i_)
-                        tk_v.append(v_)
-                    head_max.append(res["head_max"][0].cpu())
-                    f_base.append(f0)
-                    resid.append(float(hs.double().sum()) - (f_full - f0))
-                    conv.append(self.last_integral)
-                    del res, g
+                    per_layer.append(self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral))
+                    del g
                     if on_layer is not None:
                         on_layer(layer)
-                fams[fam.name] = self._family_score(fam, keep, record, maps, sums, head_max, f_base, resid,
-                                                    tk_i, tk_v, len(enc.input_ids))
-                fams[fam.name].nodes, fams[fam.name].error, fams[fam.name].capped = (
-                    np.asarray([c[i] for c in conv], dtype) for i, dtype in enumerate((np.int32, np.float64, bool)))
+                fams[fam.name] = self._family_score(fam, keep, record.keep, record.probs, per_layer,
+                                                    len(enc.input_ids))
+        return self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
+
+    def _layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
+        """What the store keeps of one layer, from its G: the map (keep maps), the head sum
+        (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
+        and (nodes, error estimate, cap hit) of the integral."""
+        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None), saved=saved)
+        hs = res["head_sum"][0]
+        return {
+            "map": res["maps"][0].cpu() if keep == "maps" else None,
+            "sum": hs.cpu() if keep in ("maps", "sum") else None,
+            "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
+            "head_max": res["head_max"][0].cpu(),
+            "f0": f0,
+            "resid": float(hs.double().sum()) - (f_full - f0),
+            "conv": conv,
+        }
+
+    def _example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
+                       f_full: float, fams: dict) -> ExampleScore:
+        """The scored example from its logits ([1, ...]), prediction, target and families."""
         first = fams[self.families[0].name]
         n = len(enc.input_ids)
         if self.options.lm:
@@ -319,11 +330,20 @@ class Scorer:
             step_batch=self.last_step_batch,
         )
 
-    def _family_score(self, fam, keep, record, maps, sums, head_max, f_base, resid, tk_i, tk_v, n) -> FamilyScore:
+    def _family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
+        """One family's results from its layers' (``_layer_result``) and the clean forward's
+        probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
+        maps = [r["map"] for r in per_layer if r["map"] is not None]
+        sums = [r["sum"] for r in per_layer if r["sum"] is not None]
+        head_max = [r["head_max"] for r in per_layer]
+        tk_i = [r["topk"][0] for r in per_layer if r["topk"] is not None]
+        tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
+        f_base = [r["f0"] for r in per_layer]
+        resid = [r["resid"] for r in per_layer]
         all_layers = range(fam.num_layers)
         attn = None
-        if record.keep is not None:
-            attn = torch.stack([record.probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
+        if kept is not None:
+            attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
         empty2 = np.zeros((0, fam.num_heads), np.float32)
         return FamilyScore(
             name=fam.name, layers=list(self.layers_of[fam.name]), heads=fam.num_heads,
@@ -336,6 +356,9 @@ class Scorer:
             residual=np.asarray(resid, dtype=np.float64),
             topk_index=np.stack(tk_i) if tk_i else None,
             topk_value=np.stack(tk_v) if tk_v else None,
+            nodes=np.asarray([r["conv"][0] for r in per_layer], np.int32),
+            error=np.asarray([r["conv"][1] for r in per_layer], np.float64),
+            capped=np.asarray([r["conv"][2] for r in per_layer], bool),
         )
 
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
@@ -462,11 +485,17 @@ class Scorer:
         self.last_integral = (res.nodes, res.error, res.capped)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 
-    def _magnitude(self, g: torch.Tensor) -> float:
-        """max |Attr| of the map made from ``g`` with the saved projections: the map is linear in
-        G, so it is the larger signed max of the maps of g and -g (no n x n map is kept)."""
-        g = g.view(1, *g.shape[-3:])
-        return max(float(self._attribute(x, want_maps=False)["head_max"].max()) for x in (g, -g))
+    def _magnitude(self, g: torch.Tensor, saved: dict | None = None) -> float:
+        """max |Attr| of the map made from ``g`` with the saved projections (``self._saved`` by
+        default): the map is linear in G, so it is the larger signed max of the maps of g and
+        -g (no n x n map is kept)."""
+        s = self._saved if saved is None else saved
+        if "probs" not in s:  # A of the layer, once per layer (the estimate is asked for at every level)
+            mask = _reference_mask(s["mask"])
+            mask = _with_causal(mask, s["q"], s["k"]) if s["causal"] else mask
+            s["probs"] = reference.attention_probs(s["q"], s["k"], mask, s["scale"], s["softcap"]).to(g.dtype)
+        g = g.reshape(1, *g.shape[-3:])
+        return float((s["probs"] * torch.matmul(g, s["v"].to(g.dtype).transpose(-1, -2))).abs().max())
 
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
         """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
@@ -481,8 +510,8 @@ class Scorer:
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
         return g.to(acc_dtype), f.detach(), plan.saved
 
-    def _attribute(self, g: torch.Tensor, want_maps: bool = True) -> dict:
-        s = self._saved
+    def _attribute(self, g: torch.Tensor, want_maps: bool = True, saved: dict | None = None) -> dict:
+        s = self._saved if saved is None else saved
         self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
         return self.backend.attribution_from_grad(
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],

@@ -46,6 +46,9 @@ class SiteScorer:
         self.model = model
         self.arch = arch
         self._lists = {name: (path, layers) for name, path, _attn, layers in find_families(model)}
+        # integration passes need the last layer only at the first token where the head reads only that
+        self._first_token = attention.first_token_output(model, self._lists["self"][1]) \
+            if "self" in self._lists else None
         self.encoder = find_encoder(model)
 
     # -- families -----------------------------------------------------------------
@@ -109,6 +112,8 @@ class SiteScorer:
         path, layers = self._lists[family]
         replay = clean.outputs.get(path, {}).get(layer - 1)
         batch = len(plan.alphas)
-        with attention.replayed_below(layers, layer, replay, batch), \
+        owner = getattr(plan, "owner", None)  # several examples per pass: the example of each row
+        with attention.replayed_below(layers, layer, replay, batch, owner), \
+                attention.first_token_only(self._first_token if family == "self" else None), \
                 attention.projections_once(layers[layer], plan), attention.active(plan):
             yield
