@@ -229,7 +229,7 @@ def _fake_oom(monkeypatch, fits: int, sizes: list):
 def test_oom_back_off_halves_the_step_batch_and_says_so_once(tmp_path, monkeypatch, tiny_model_dir, sst2_small):
     def req(name):
         return ScoreRequest(out=str(tmp_path / name), model=str(tiny_model_dir), data=str(sst2_small), task="sst2",
-                            examples="0:3", options=ScoreOptions(steps=9), device="cpu", command=["test"])
+                            examples="0:3", options=ScoreOptions(steps=9, group=1), device="cpu", command=["test"])
 
     score_to_store(req("plain.h5"))
     sizes: list[int] = []
@@ -249,10 +249,10 @@ def test_oom_at_one_step_is_a_resource_error_with_exit_code_5(tmp_path, monkeypa
     _fake_oom(monkeypatch, fits=0, sizes=sizes)
     with pytest.raises(ResourceError, match="even with one integration step per pass"):
         score_to_store(ScoreRequest(out=str(tmp_path / "x.h5"), model=str(tiny_model_dir), data=str(sst2_small),
-                                    task="sst2", examples="0:1", options=ScoreOptions(steps=4), device="cpu"),
+                                    task="sst2", examples="0:1", options=ScoreOptions(steps=4, group=1), device="cpu"),
                        warn=lambda m: None)
     result = runner.invoke(app, ["score", "--model", str(tiny_model_dir), "--data", str(sst2_small), "--task", "sst2",
-                                 "--examples", "0:2", "--steps", "4", "--out", str(tmp_path / "y.h5"), "-q"])
+                                 "--examples", "0:2", "--steps", "4", "--group", "1", "--out", str(tmp_path / "y.h5"), "-q"])
     assert result.exit_code == 5
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 2 and lines[0].startswith("Warning: out of memory with 3 integration steps per pass")

@@ -24,7 +24,8 @@ def _scored(log: Path, rank: int) -> list[int]:
 
 
 def _score_args(out: str) -> list:
-    return [HELPER, "score", "--out", out, "--examples", f"0:{N}", "--steps", STEPS, "-q"]
+    # one example per pass (--group 1): the log then names exactly the examples computed before the kill
+    return [HELPER, "score", "--out", out, "--examples", f"0:{N}", "--steps", STEPS, "--group", "1", "-q"]
 
 
 def test_killed_rank_restarted_by_hand_resumes_its_shard(tmp_path, single):

@@ -65,10 +65,19 @@ def test_float16_storage(tmp_path, tiny_model_dir, sst2_small):
     assert np.allclose(x, y.astype(np.float32), atol=1e-3 * abs(x).max())
 
 
-def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, tiny_model_dir, sst2_small):
+@pytest.mark.parametrize("group", [1, 3])
+def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, tiny_model_dir, sst2_small, group):
+    """One example at a time an interruption loses the example being scored; in groups
+    (examples sharing passes) the group being scored. Either way the store holds only
+    whole examples and the rerun adds exactly the rest."""
     out = tmp_path / "s.h5"
     full = tmp_path / "full.h5"
     score_to_store(_req(full, tiny_model_dir, sst2_small, examples="0:6"))
+
+    def req():
+        r = _req(out, tiny_model_dir, sst2_small, examples="0:6")
+        r.options.group = group
+        return r
 
     seen = {"examples": set()}
 
@@ -79,15 +88,17 @@ def test_interrupted_run_resumes_without_loss_or_duplicates(tmp_path, tiny_model
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:6"), progress=interrupt)
+        score_to_store(req(), progress=interrupt)
     with Store(out) as s:
-        assert s.indices() == [0, 1, 2]
-        before = {i: s.get(i).attribution.copy() for i in s.indices()}
-    report = score_to_store(_req(out, tiny_model_dir, sst2_small, examples="0:6"))
+        kept = s.indices()
+        before = {i: s.get(i).attribution.copy() for i in kept}
+    # one at a time: examples 0..2 done, the 4th lost; groups of 3 (sorted by length): the first group done
+    assert kept == [0, 1, 2] if group == 1 else len(kept) == 3
+    report = score_to_store(req())
     assert report.skipped == 3 and report.scored == 3
     with Store(out) as s, Store(full) as f:
         assert s.indices() == list(range(6))
-        for i in range(3):
+        for i in kept:
             assert np.array_equal(s.get(i).attribution, before[i])
         for i in range(6):
             assert np.allclose(s.get(i).attribution, f.get(i).attribution, atol=1e-6)
@@ -228,7 +239,7 @@ def test_killed_run_leaves_a_readable_store_and_resumes(tmp_path):
         "from attattr_cli.engine.options import ScoreOptions\n"
         "def tick(done, total, label):\n"
         "    print(label, flush=True)\n"
-        f"score_to_store(ScoreRequest(out={str(out)!r}, examples='0:60', options=ScoreOptions(steps=8),"
+        f"score_to_store(ScoreRequest(out={str(out)!r}, examples='0:60', options=ScoreOptions(steps=8, group=1),"
         " command=['test']), progress=tick)\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
