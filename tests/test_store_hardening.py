@@ -24,7 +24,7 @@ from attattr_cli.store.schema import EXAMPLES, PARTIAL_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
-SCORE = ["score", "--examples", "0:12", "--steps", "4", "--quiet"]
+SCORE = ["score", "--examples", "0:12", "--steps", "4", "--group", "1", "--quiet"]  # one example per write
 
 # the CLI under a file size limit (`ulimit -f`) that the free space check is not told about,
 # as with a disk quota: the write itself fails (EFBIG; SIGXFSZ ignored so that it is an error)
