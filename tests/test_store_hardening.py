@@ -256,7 +256,7 @@ def progress(done, total, label):
             time.sleep(0.05)
     time.sleep(0.02)
 
-score_to_store(ScoreRequest(out=out, examples="0:16", options=ScoreOptions(steps=8), device="cpu"), progress=progress)
+score_to_store(ScoreRequest(out=out, examples="0:16", options=ScoreOptions(steps=8, group=1), device="cpu"), progress=progress)
 """
 
 
