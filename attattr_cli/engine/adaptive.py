@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Callable
 
 import numpy as np
@@ -37,7 +36,7 @@ class Integral:
     error: float  # estimated max |error of Attr| / max |Attr| (that of the level before)
     capped: bool  # the next level would pass the node cap before the tolerance was met
     evaluated: int  # nodes evaluated here (without those given as known)
-    f: dict = field(default_factory=dict)  # alpha (Fraction) -> F, for the nodes evaluated here
+    f: dict = field(default_factory=dict)  # node key (alpha as a float) -> F, for the nodes evaluated here
 
 
 class Refinement:

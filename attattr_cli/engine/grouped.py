@@ -30,7 +30,6 @@ from typing import Callable, Sequence
 import torch
 
 from ..data.types import Example
-from ..errors import first_line
 from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
@@ -146,8 +145,8 @@ class _Group:
             del logits_g, record.leaves
             sc.last_step_batch = 0
             per_example: list[list[dict]] = [[] for _ in range(count)]
+            integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             for site in sites:
-                integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
                 gs, f0s, convs, saved = integral(site, clean, at_one.get(site))
                 for e in range(count):
                     n = self.lengths[e]
@@ -173,32 +172,22 @@ class _Group:
         else:
             per_row = memory.step_bytes(sc.model.config, sc.arch, site, self.width, sc.dtype, sc.device, 1, False)
             size = memory.steps_that_fit(per_row, rows, self.width, sc.device)  # on CPU also <= 2048 tokens
-        return sc._back_off.cap(size)
+        return size
 
     def _run(self, site, clean, owner: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor | None,
              saved: dict, grad: bool = True):
         """Passes over rows (example ``owner[r]`` at ``alphas[r]``, example-major), in chunks
         that fit memory (halved on an out-of-memory error): yields (row slice, w_r dF/dO_r or
         None, F_r). Fills ``saved`` with each example's target-layer projections."""
-        sc, start = self.sc, 0
-        chunk = self._rows_per_pass(site, len(owner))
-        while start < len(owner):
-            part = slice(start, start + chunk)
-            try:
-                g, f = self._pass(site, clean, owner[part], alphas[part],
-                                  None if weights is None else weights[part], saved, grad)
-            except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
-                if not memory.is_out_of_memory(exc):
-                    raise
-                failed = first_line(exc)
-            else:
-                failed = None
-            if failed is not None:  # out of the except block: the failed pass's tensors are free now
-                chunk = sc._back_off.halve(len(owner[part]), failed, sc.warn)
-                continue
-            sc.last_step_batch = max(sc.last_step_batch, len(owner[part]))
+        sc = self.sc
+
+        def run(part):
+            return self._pass(site, clean, owner[part], alphas[part], None if weights is None else weights[part],
+                              saved, grad)
+
+        for part, (g, f) in sc._back_off.chunks(len(owner), self._rows_per_pass(site, len(owner)), run, sc.warn):
+            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
             yield part, g, f
-            start += len(owner[part])
 
     def _pass(self, site, clean, owner, alphas, weights, saved, grad):
         sc = self.sc
@@ -239,10 +228,6 @@ class _Group:
                 low = total * ratio[one].sum().item()
                 ratio = ratio[~one]
             alphas, weights = alphas[~one], weights[~one]
-        shape = (count, *self._grad_shape(clean, site, grad_at_one))
-        total = torch.zeros(shape, dtype=self.acc, device=self.sc.device) if total is None else total.clone()
-        if ratio is not None and low is None:
-            low = torch.zeros_like(total)
         f0 = [float("nan")] * count
         saved: dict = {}
         m = len(alphas)
@@ -253,8 +238,10 @@ class _Group:
             row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
             for part, g, f in self._run(site, clean, owner, row_alpha, row_w, saved):
                 own = owner[part].to(g.device)
+                total = g.new_zeros((count, *g.shape[1:])) if total is None else total
                 total.index_add_(0, own, g)
                 if row_ratio is not None:
+                    low = torch.zeros_like(total) if low is None else low
                     low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
                 for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
                     f0[int(owner[part][r])] = float(f[r])
@@ -264,24 +251,10 @@ class _Group:
                                           saved, grad=False):
                 for r, e in enumerate(owner[_part].tolist()):
                     f0[e] = float(f[r])
-        convs = []
-        for e in range(count):
-            n = self.lengths[e]
-            if low is None:
-                error = float("nan")
-            else:
-                g_e, low_e = total[e:e + 1, :, :n], low[e:e + 1, :, :n]
-                error = adaptive._relative(sc._magnitude(g_e - low_e, saved[e]), sc._magnitude(g_e, saved[e])) / sc.low[1]
-            convs.append((len(sc.alphas), error, False))
+        convs = [(len(sc.alphas), sc.embedded_error(total[e:e + 1, :, :self.lengths[e]],
+                                                    None if low is None else low[e:e + 1, :, :self.lengths[e]],
+                                                    saved[e]), False) for e in range(count)]
         return total, f0, convs, saved
-
-    def _grad_shape(self, clean, site, grad_at_one) -> tuple:
-        """[head, N, d_head] of the target layer's output gradient, for zeros before any pass."""
-        if grad_at_one is not None:
-            return tuple(grad_at_one.shape[1:])
-        fam = next(f for f in self.sc.families if f.name == site[0])
-        hidden = self.sc.model.config.hidden_size
-        return (fam.num_heads, self.width, hidden // fam.num_heads)
 
     # -- --tol ---------------------------------------------------------------------------
     def _integrate_to_tol(self, site, clean, grad_at_one):

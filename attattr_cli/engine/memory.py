@@ -4,11 +4,11 @@ out-of-memory back-off of the step micro-batching (halve and retry, say so once)
 from __future__ import annotations
 
 import warnings
-from typing import Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from ..errors import ResourceError
+from ..errors import ResourceError, first_line
 
 # on CPU a pass of more rows than this is no faster per row (measured: n = 512, 4 or 19
 # steps per pass take the same CPU time), so the automatic micro-batch stops there
@@ -83,6 +83,28 @@ class BackOff:
 
     def cap(self, size: int) -> int:
         return size if self.limit is None else min(size, self.limit)
+
+    def chunks(self, count: int, size: int, run: Callable[[slice], Any],
+               warn: Callable[[str], None] | None = None) -> Iterator[tuple[slice, Any]]:
+        """``run`` over ``range(count)`` in slices of at most ``size`` (capped by an earlier
+        back-off): yields (slice, what run returned). A slice that runs out of memory is
+        halved and retried (``halve``); other errors propagate."""
+        size, start = self.cap(size), 0
+        while start < count:
+            part = slice(start, min(start + size, count))
+            try:
+                out = run(part)
+            except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
+                if not is_out_of_memory(exc):
+                    raise
+                failed = first_line(exc)
+            else:
+                failed = None
+            if failed is not None:  # out of the except block: the failed pass's tensors are free now
+                size = self.halve(part.stop - part.start, failed, warn)
+                continue
+            yield part, out
+            start = part.stop
 
     def halve(self, size: int, reason: str, warn: Callable[[str], None] | None = None) -> int:
         """A micro-batch of ``size`` steps ran out of memory (``reason``): the next size to try,

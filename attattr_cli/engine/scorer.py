@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..data.types import Example
-from ..errors import DataError, OptionError, ResourceError, first_line
+from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import _reference_mask, _with_causal, reference, select_backend
 from . import attention, memory, options as options_mod
@@ -414,33 +414,19 @@ class Scorer:
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
         chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
-        chunk = self._back_off.cap(chunk)
         saved = None
-        start = 0
-        while start < len(alphas):
-            a = alphas[start:start + chunk]
-            w = weights[start:start + chunk].to(self.device, acc_dtype)
-            failed = None
-            try:
-                part, f, plan_saved = self._step_chunk(enc, site, target, clean, a, w)
-            except RuntimeError as exc:  # torch.OutOfMemoryError is a RuntimeError
-                if not is_out_of_memory(exc):
-                    raise
-                failed = first_line(exc)
-            if failed is not None:  # out of the except block: the failed pass's tensors are free now
-                chunk = self._back_off.halve(len(a), failed, self.warn)
-                continue
+        weights = weights.to(self.device, acc_dtype)
+        run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], weights[part])  # noqa: E731
+        for part, (grads, f, saved) in self._back_off.chunks(len(alphas), chunk, run, self.warn):
             if ratio is not None:
-                low = (part * ratio[start:start + len(a)].to(part).view(-1, *[1] * (part.dim() - 1))).sum(0, keepdim=True)
+                low = (grads * ratio[part].to(grads).view(-1, *[1] * (grads.dim() - 1))).sum(0, keepdim=True)
                 g_low = low if g_low is None else g_low + low
-            part = part.sum(0, keepdim=True)
-            g_sum = part if g_sum is None else g_sum + part
-            if zero_at is not None and start <= zero_at < start + len(a):
-                f0 = float(f[zero_at - start])
-            saved = plan_saved
-            self.last_step_batch = max(self.last_step_batch, len(a))
-            start += len(a)
-            del f, part
+            grads = grads.sum(0, keepdim=True)
+            g_sum = grads if g_sum is None else g_sum + grads
+            if zero_at is not None and part.start <= zero_at < part.stop:
+                f0 = float(f[zero_at - part.start])
+            self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
+            del f, grads
         if zero_at is None:  # F(0): one forward at batch 1, no backward
             plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend,
                                        family=family)
@@ -450,40 +436,33 @@ class Scorer:
             if saved is None:
                 saved = plan.saved
         self._saved = saved
-        error = float("nan") if g_low is None else (
-            adaptive._relative(self._magnitude(g_sum - g_low), self._magnitude(g_sum)) / self.low[1])
-        self.last_integral = (len(self.alphas), error, False)
+        self.last_integral = (len(self.alphas), self.embedded_error(g_sum, g_low), False)
         return g_sum, f0
 
     def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype):
         """G and F(0) by the error-controlled integration of engine/adaptive.py."""
         def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
-            grads, fs, start, chunk = [], [], 0, self.auto_step_batch(enc, site, len(alphas))
-            chunk = self._back_off.cap(chunk)
-            ones = torch.ones(len(alphas), dtype=torch.float64)
-            while start < len(alphas):
-                a = alphas[start:start + chunk]
-                try:
-                    g, f, self._saved = self._step_chunk(enc, site, target, clean, a, ones[:len(a)].to(self.device, acc_dtype))
-                except RuntimeError as exc:
-                    if not is_out_of_memory(exc):
-                        raise
-                    failed = first_line(exc)
-                else:
-                    failed = None
-                if failed is not None:  # out of the except block: the failed pass's tensors are free now
-                    chunk = self._back_off.halve(len(a), failed, self.warn)
-                    continue
+            ones = torch.ones(len(alphas), dtype=acc_dtype, device=self.device)
+            run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], ones[part])  # noqa: E731
+            grads, fs = [], []
+            for part, (g, f, self._saved) in self._back_off.chunks(
+                    len(alphas), self.auto_step_batch(enc, site, len(alphas)), run, self.warn):
                 grads.append(g)
                 fs.append(f)
-                self.last_step_batch = max(self.last_step_batch, len(a))
-                start += len(a)
+                self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
             return torch.cat(grads), torch.cat(fs)
 
         known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
         res = adaptive.integrate(evaluate, self._magnitude, self.options.tol, self.options.max_nodes, known)
         self.last_integral = (res.nodes, res.error, res.capped)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
+
+    def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict | None = None) -> float:
+        """The fixed rule's error estimate from its embedded lower-order rule: max |Attr(G) -
+        Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule."""
+        if g_low is None:
+            return float("nan")
+        return adaptive._relative(self._magnitude(g - g_low, saved), self._magnitude(g, saved)) / self.low[1]
 
     def _magnitude(self, g: torch.Tensor, saved: dict | None = None) -> float:
         """max |Attr| of the map made from ``g`` with the saved projections (``self._saved`` by
