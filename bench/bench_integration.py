@@ -7,12 +7,14 @@ the map of Gauss-Legendre m = 64 (the converged reference):
   mean rel err   the mean of that over example-layers
   |residual|     mean |completeness residual| (sum Attr - (F(A) - F(0)))
   nodes          mean integration nodes per layer (alpha = 1 comes free with the clean backward)
-  CPU s/ex       process CPU seconds per example (all layers), methods interleaved per example
+  CPU s/ex       process CPU seconds per example (all layers): the median of --rounds timed rounds,
+                 each method scoring the examples as a real run groups them (up to 256 at once,
+                 sorted by length), methods in rotating order
   est >= err     how often the stored error estimate is at least the true error
   at tol         --tol: share of example-layers that met the tolerance within the node cap
 
 Every method but the first runs as `attattr score` runs now: short examples in groups that
-share passes (engine/grouped.py, `--group`, default 16) and the last layer of first-token
+share passes (engine/grouped.py, `--group`, default 32) and the last layer of first-token
 classifiers cut to that token. "right m=20 before" is the paper's rule as attattr ran it
 before both (one example per pass, the whole last layer): the baseline of the speed-ups.
 Ratios: speed-up = its CPU time / the method's; err ratio = the method's max rel err / that
@@ -42,7 +44,7 @@ METHODS = [(BEFORE, dict(rule="right", steps=20, group=1)), ("right m=20", dict(
            ("left m=20", dict(rule="left", steps=20)), ("gauss m=3", dict(rule="gauss", steps=3)),
            ("gauss m=4", dict(rule="gauss", steps=4)), ("gauss m=6", dict(rule="gauss", steps=6)),
            ("gauss m=8", dict(rule="gauss", steps=8)), ("gauss m=12", dict(rule="gauss", steps=12))]
-CHUNK = 32  # examples per round: every method scores the same chunk in turn (rotating order)
+CHUNK = grouped.WINDOW * grouped.DEFAULT_GROUP  # examples a real run sorts into groups at once
 
 
 def main() -> None:
@@ -53,13 +55,16 @@ def main() -> None:
     ap.add_argument("--examples", default="0:100")
     ap.add_argument("--tols", default="3e-2,1e-2,1e-3", help="--tol values to run")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="timed rounds (methods in rotating order each round); the median is reported")
     ap.add_argument("--raw", default=None, help="also save the per-example-layer figures to this JSON file")
     ap.add_argument("--combine", nargs="+", default=None,
                     help="print the table of several --raw files (runs on disjoint example ranges) instead")
     args = ap.parse_args()
     if args.combine:
         parts = [json.loads(Path(f).read_text()) for f in args.combine]
-        stats = {name: {k: (sum((p["stats"][name][k] for p in parts), []) if isinstance(v, list)
+        stats = {name: {k: (np.sum([p["stats"][name][k] for p in parts], axis=0).tolist() if k == "cpu"
+                            else sum((p["stats"][name][k] for p in parts), []) if isinstance(v, list)
                             else sum(p["stats"][name][k] for p in parts))
                         for k, v in parts[0]["stats"][name].items()} for name in parts[0]["stats"]}
         for p in parts:
@@ -89,7 +94,8 @@ def main() -> None:
           f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32; reference gauss m=64")
     print(header, flush=True)
 
-    stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": 0.0, "est_ok": 0, "met": 0} for name, _ in methods}
+    stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": [0.0] * args.rounds, "est_ok": 0, "met": 0}
+             for name, _ in methods}
 
     def scored(run, chunk):
         out = {}
@@ -98,41 +104,52 @@ def main() -> None:
                 out[e.index] = r
         return out
 
-    for c, start in enumerate(range(0, len(examples), CHUNK)):
-        chunk = examples[start:start + CHUNK]
-        refs = scored(reference, chunk)
-        order = methods[c % len(methods):] + methods[:c % len(methods)]  # interleaved, rotating
-        for name, kw in order:
-            run = runs[name]
-            t0 = time.process_time()
-            results = scored(run, chunk)
-            stats[name]["cpu"] += time.process_time() - t0
-            s = stats[name]
-            for e in chunk:
-                r, ref = results[e.index], refs[e.index]
-                fam = r.families["self"]
-                for k in range(len(r.layers)):
-                    scale = np.abs(ref.attribution[k]).max()
-                    err = float(np.abs(r.attribution[k].astype(np.float64) - ref.attribution[k]).max() / scale)
-                    s["err"].append(err)
-                    s["est_ok"] += int(fam.error[k] >= err)
-                    s["met"] += int(not fam.capped[k]) if "tol" in kw else 0
-                s["resid"].extend(np.abs(r.residual).tolist())
-                s["nodes"].extend(fam.nodes.tolist())
+    chunks = [examples[start:start + CHUNK] for start in range(0, len(examples), CHUNK)]
+    refs = {}
+    for chunk in chunks:
+        refs.update(scored(reference, chunk))
+    for rnd in range(args.rounds):
+        for c, chunk in enumerate(chunks):
+            turn = (rnd + c) % len(methods)
+            for name, kw in methods[turn:] + methods[:turn]:  # interleaved, rotating
+                run = runs[name]
+                t0 = time.process_time()
+                results = scored(run, chunk)
+                stats[name]["cpu"][rnd] += time.process_time() - t0
+                if rnd == 0:
+                    collect(stats[name], kw, chunk, results, refs)
     if args.raw:
         Path(args.raw).write_text(json.dumps({"header": header, "examples": len(examples), "stats": stats,
                                               "tols": [name for name, kw in methods if "tol" in kw]}))
     report(stats, len(examples), [name for name, kw in methods if "tol" in kw])
 
 
+def collect(s: dict, kw: dict, chunk, results: dict, refs: dict) -> None:
+    """One method's errors, estimates, residuals and nodes on a chunk, against the reference."""
+    for e in chunk:
+        r, ref = results[e.index], refs[e.index]
+        fam = r.families["self"]
+        for k in range(len(r.layers)):
+            scale = np.abs(ref.attribution[k]).max()
+            err = float(np.abs(r.attribution[k].astype(np.float64) - ref.attribution[k]).max() / scale)
+            s["err"].append(err)
+            s["est_ok"] += int(fam.error[k] >= err)
+            s["met"] += int(not fam.capped[k]) if "tol" in kw else 0
+        s["resid"].extend(np.abs(r.residual).tolist())
+        s["nodes"].extend(fam.nodes.tolist())
+
+
 def report(stats: dict, n_examples: int, tols: list) -> None:
-    base_cpu = stats[BEFORE]["cpu"] / n_examples
+    def cpu_of(s):  # median over rounds, per example
+        return float(np.median(s["cpu"])) / n_examples
+
+    base_cpu = cpu_of(stats[BEFORE])
     base_err = max(stats["right m=20"]["err"])
     print(f"{'method':<17} {'max rel err':>11} {'mean rel err':>12} {'|residual|':>10} {'nodes':>6} "
           f"{'CPU s/ex':>8} {'speed-up':>8} {'err ratio':>9} {'est>=err':>8} {'at tol':>7}")
     for name, s in stats.items():
         n = len(s["err"])
-        cpu = s["cpu"] / n_examples
+        cpu = cpu_of(s)
         at_tol = f"{s['met'] / n:7.1%}" if name in tols else f"{'':>7}"
         print(f"{name:<17} {max(s['err']):11.2e} {np.mean(s['err']):12.2e} {np.mean(s['resid']):10.2e} "
               f"{np.mean(s['nodes']):6.2f} {cpu:8.3f} {base_cpu / cpu:7.2f}x {max(s['err']) / base_err:9.3f} "

@@ -190,7 +190,10 @@ def test_auto_micro_batching_and_oom_back_off(make, monkeypatch):
     scorer = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True))
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 8  # all steps fit
     monkeypatch.setattr(memory_mod, "CPU_TOKENS_PER_PASS", 16)  # 8 tokens: 2 steps per pass on CPU
+    monkeypatch.setattr(memory_mod, "CPU_REFERENCE_HIDDEN", loaded.model.config.hidden_size)
     assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 2
+    monkeypatch.setattr(memory_mod, "CPU_REFERENCE_HIDDEN", loaded.model.config.hidden_size // 2)
+    assert scorer.auto_step_batch(scorer.encode(PROMPT), ("self", 0)) == 1  # twice as wide: half the tokens
     monkeypatch.setattr(memory_mod, "CPU_TOKENS_PER_PASS", 2048)
     forward = loaded.model.forward
 

@@ -171,7 +171,7 @@ class _Group:
             size = sc.options.step_batch
         else:
             per_row = memory.step_bytes(sc.model.config, sc.arch, site, self.width, sc.dtype, sc.device, 1, False)
-            size = memory.steps_that_fit(per_row, rows, self.width, sc.device)  # on CPU also <= 2048 tokens
+            size = memory.steps_that_fit(per_row, rows, self.width, sc.device, memory.hidden_size(sc.model.config))
         return size
 
     def _run(self, site, clean, owner: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor | None,
@@ -258,37 +258,45 @@ class _Group:
 
     # -- --tol ---------------------------------------------------------------------------
     def _integrate_to_tol(self, site, clean, grad_at_one):
-        """As ``_integrate``, by the error-controlled rule: every example refines on its own,
-        the examples still refining share one pass per level."""
+        """As ``_integrate``, by the error-controlled rule: the examples refine in lock-step
+        (one :class:`~attattr_cli.engine.adaptive.Refinement`), those still refining share one
+        pass per level."""
         sc, count = self.sc, len(self.examples)
         saved: dict = {}
+        stacks: list = []  # A and V of every example, zero-padded to the group's width (made once)
 
-        def magnitude(e):
-            return lambda g: sc._magnitude(g.unsqueeze(0)[:, :, :self.lengths[e]], saved[e])
+        def magnitude(g, rows):  # max |A * (G V^T)| per row; zero padding adds zeros only
+            if not stacks:
+                stacks.extend(self._padded_a_v(saved, g.dtype))
+            a, v = stacks
+            return (a[rows] * torch.matmul(g, v[rows].transpose(-1, -2))).abs().amax(dim=(-3, -2, -1)).cpu()
 
-        refinements = [adaptive.Refinement(magnitude(e), sc.options.tol, sc.options.max_nodes,
-                                           None if grad_at_one is None else {adaptive.ONE: grad_at_one[e].to(self.acc)})
-                       for e in range(count)]
-        while True:
-            wants = [(e, *r.wanted()) for e, r in enumerate(refinements) if not r.done]
-            if not wants:
-                break
-            owner = torch.cat([torch.full((len(keys),), e, dtype=torch.long) for e, keys, _ in wants])
-            alphas = torch.cat([torch.from_numpy(a) for _, _, a in wants])
+        known = None if grad_at_one is None else {adaptive.ONE: grad_at_one.to(self.acc)}
+        refining = adaptive.Refinement(magnitude, count, sc.options.tol, sc.options.max_nodes, known)
+        while not refining.done:
+            keys, alphas, rows = refining.wanted()
+            owner = rows.repeat_interleave(len(keys))
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
             grads, fs = [], []
-            for _part, g, f in self._run(site, clean, owner, alphas, ones, saved):
+            for _part, g, f in self._run(site, clean, owner, torch.from_numpy(alphas).repeat(len(rows)), ones, saved):
                 grads.append(g)
                 fs.append(f)
-            grads, fs = torch.cat(grads), torch.cat(fs)
-            at = 0
-            for e, keys, _ in wants:
-                refinements[e].give(keys, grads[at:at + len(keys)], fs[at:at + len(keys)])
-                at += len(keys)
-        results = [r.result for r in refinements]
-        total = torch.stack([r.g for r in results])
-        f0 = [r.f[adaptive.ZERO] for r in results]
-        return total, f0, [(r.nodes, r.error, r.capped) for r in results], saved
+            refining.give(keys, torch.cat(grads), torch.cat(fs))
+        results = [refining.result(e) for e in range(count)]
+        return refining.g, [r.f[adaptive.ZERO] for r in results], [(r.nodes, r.error, r.capped) for r in results], saved
+
+    def _padded_a_v(self, saved: dict, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every example's clean attention A [E, head, W, W] and values V [E, head, W, d] of the
+        target layer, zero beyond its length."""
+        a = v = None
+        for e in range(len(self.examples)):
+            n, probs, values = self.lengths[e], self.sc.layer_probs(saved[e], dtype), saved[e]["v"]
+            if a is None:
+                a = probs.new_zeros((len(self.examples), probs.shape[1], self.width, self.width), dtype=dtype)
+                v = values.new_zeros((len(self.examples), values.shape[1], self.width, values.shape[-1]), dtype=dtype)
+            a[e, :, :n, :n] = probs[0]
+            v[e, :, :n] = values[0]
+        return a, v
 
 
 def _crop_probs(p: torch.Tensor, n: int) -> torch.Tensor:

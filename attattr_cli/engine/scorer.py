@@ -379,7 +379,8 @@ class Scorer:
             return self.options.step_batch
         steps = len(self.alphas) if steps is None else steps
         n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        return memory.steps_that_fit(self.step_bytes(enc, site), steps, n, self.device)
+        return memory.steps_that_fit(self.step_bytes(enc, site), steps, n, self.device,
+                                     memory.hidden_size(self.model.config))
 
     def step_bytes(self, enc: Encoded, site) -> int:
         """Estimated bytes one integration step of ``site`` keeps (see ``memory.step_bytes``)."""
@@ -469,12 +470,19 @@ class Scorer:
         default): the map is linear in G, so it is the larger signed max of the maps of g and
         -g (no n x n map is kept)."""
         s = self._saved if saved is None else saved
-        if "probs" not in s:  # A of the layer, once per layer (the estimate is asked for at every level)
-            mask = _reference_mask(s["mask"])
-            mask = _with_causal(mask, s["q"], s["k"]) if s["causal"] else mask
-            s["probs"] = reference.attention_probs(s["q"], s["k"], mask, s["scale"], s["softcap"]).to(g.dtype)
         g = g.reshape(1, *g.shape[-3:])
-        return float((s["probs"] * torch.matmul(g, s["v"].to(g.dtype).transpose(-1, -2))).abs().max())
+        return float((self.layer_probs(s, g.dtype) * torch.matmul(g, s["v"].to(g.dtype).transpose(-1, -2))).abs().max())
+
+    @staticmethod
+    def layer_probs(saved: dict, dtype: torch.dtype) -> torch.Tensor:
+        """The target layer's attention A (in ``dtype``) from its saved projections, made once
+        per layer and kept in ``saved`` (error estimates ask for it at every level)."""
+        if "probs" not in saved:
+            mask = _reference_mask(saved["mask"])
+            mask = _with_causal(mask, saved["q"], saved["k"]) if saved["causal"] else mask
+            saved["probs"] = reference.attention_probs(saved["q"], saved["k"], mask, saved["scale"],
+                                                       saved["softcap"]).to(dtype)
+        return saved["probs"]
 
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
         """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
