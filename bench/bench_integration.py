@@ -44,7 +44,7 @@ METHODS = [(BEFORE, dict(rule="right", steps=20, group=1)), ("right m=20", dict(
            ("left m=20", dict(rule="left", steps=20)), ("gauss m=3", dict(rule="gauss", steps=3)),
            ("gauss m=4", dict(rule="gauss", steps=4)), ("gauss m=6", dict(rule="gauss", steps=6)),
            ("gauss m=8", dict(rule="gauss", steps=8)), ("gauss m=12", dict(rule="gauss", steps=12))]
-CHUNK = grouped.WINDOW * grouped.DEFAULT_GROUP  # examples a real run sorts into groups at once
+CHUNK = grouped.WINDOW * grouped.DEFAULT_GROUP  # examples a real run sorts into groups at once (at least)
 
 
 def main() -> None:

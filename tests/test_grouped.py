@@ -97,6 +97,18 @@ def test_the_first_token_cut_is_left_out_where_the_head_reads_other_rows(loaded_
     assert attention.first_token_output(torch.nn.Linear(2, 2), torch.nn.ModuleList()) is None
 
 
+def test_narrow_models_get_larger_groups_up_to_the_cap(loaded_factory, monkeypatch):
+    scorer = Scorer(loaded_factory("bert", torch.float32), ScoreOptions(steps=2))
+    hidden = scorer.model.config.hidden_size
+    sizes = {}
+    for reference in (hidden, 2 * hidden, 3 * hidden, 100 * hidden):  # the model as wide as, or narrower than, MiniLM
+        monkeypatch.setattr(grouped.memory, "CPU_REFERENCE_HIDDEN", reference)
+        sizes[reference // hidden] = grouped.group_size(scorer)
+    assert sizes == {1: grouped.DEFAULT_GROUP, 2: 2 * grouped.DEFAULT_GROUP, 3: grouped.MAX_GROUP,
+                     100: grouped.MAX_GROUP}
+    assert grouped.group_size(Scorer(scorer.loaded, ScoreOptions(steps=2, group=5))) == 5  # the option wins
+
+
 def test_groups_cover_every_example_once_sorted_within_windows(tokenizer):
     rng = np.random.default_rng(0)
     examples = [Example(i, " ".join(["w1"] * int(rng.integers(1, 40))), None) for i in range(300)]

@@ -34,10 +34,12 @@ from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
+from ..ops import reference
 from .scorer import _detached
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
-DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr
+DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
+MAX_GROUP = 64  # narrower models get proportionally more (their passes hold more rows), up to this
 WINDOW = 8  # groups are formed from this many groups' worth of examples, sorted by length
 # a group ends before an example longer than PAD_RATIO x its shortest + PAD_SLACK tokens:
 # padding is work (MiniLM on SST-2 in groups of 32 padded to the longest ran slower than
@@ -53,10 +55,14 @@ def groupable(scorer) -> bool:
 
 
 def group_size(scorer) -> int:
-    """Examples per group: ``options.group``, else DEFAULT_GROUP where the model allows it, else 1."""
+    """Examples per group: ``options.group``, else DEFAULT_GROUP (scaled up for models narrower
+    than memory.CPU_REFERENCE_HIDDEN, at most MAX_GROUP) where the model allows it, else 1."""
     if not groupable(scorer):
         return 1
-    return DEFAULT_GROUP if scorer.options.group is None else scorer.options.group
+    if scorer.options.group is not None:
+        return scorer.options.group
+    narrow = memory.CPU_REFERENCE_HIDDEN / max(memory.hidden_size(scorer.model.config), 1)
+    return int(min(MAX_GROUP, max(DEFAULT_GROUP, round(DEFAULT_GROUP * narrow))))
 
 
 def plan_groups(examples: Sequence[Example], encoded: dict, size: int) -> list[list[Example]]:
@@ -287,16 +293,26 @@ class _Group:
 
     def _padded_a_v(self, saved: dict, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every example's clean attention A [E, head, W, W] and values V [E, head, W, d] of the
-        target layer, zero beyond its length."""
-        a = v = None
-        for e in range(len(self.examples)):
-            n, probs, values = self.lengths[e], self.sc.layer_probs(saved[e], dtype), saved[e]["v"]
-            if a is None:
-                a = probs.new_zeros((len(self.examples), probs.shape[1], self.width, self.width), dtype=dtype)
-                v = values.new_zeros((len(self.examples), values.shape[1], self.width, values.shape[-1]), dtype=dtype)
-            a[e, :, :n, :n] = probs[0]
-            v[e, :, :n] = values[0]
-        return a, v
+        target layer, zero beyond its length (A made in one call where no example masks
+        anything within its own length, as for padding-only masks)."""
+        count, width, sc = len(self.examples), self.width, self.sc
+        first = saved[0]
+        q, k, v = (first[key].new_zeros((count, *first[key].shape[1:2], width, first[key].shape[-1]))
+                   for key in ("q", "k", "v"))
+        for e in range(count):
+            n = self.lengths[e]
+            q[e, :, :n], k[e, :, :n], v[e, :, :n] = saved[e]["q"][0], saved[e]["k"][0], saved[e]["v"][0]
+        real = torch.arange(width, device=q.device) < torch.tensor(self.lengths, device=q.device).view(-1, 1)  # [E, W]
+        if first["causal"] or any(saved[e]["mask"] is not None for e in range(count)):
+            a = q.new_zeros((count, q.shape[1], width, width), dtype=dtype)
+            for e in range(count):
+                n = self.lengths[e]
+                a[e, :, :n, :n] = sc.layer_probs(saved[e], dtype)[0]
+        else:
+            blocked = torch.zeros(real.shape, dtype=q.dtype, device=q.device).masked_fill(~real, torch.finfo(q.dtype).min)
+            a = reference.attention_probs(q, k, blocked[:, None, None, :], first["scale"], first["softcap"]).to(dtype)
+            a = a * real[:, None, :, None]  # padded query rows: zero
+        return a, v.to(dtype)
 
 
 def _crop_probs(p: torch.Tensor, n: int) -> torch.Tensor:
