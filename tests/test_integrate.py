@@ -223,6 +223,44 @@ def test_score_tol_writes_convergence_to_the_store_and_info_summarises_it(tmp_pa
         assert (e.nodes == 4).all() and np.isfinite(e.error_estimate).all() and not e.node_cap_hit.any()
 
 
+@pytest.mark.parametrize("args,rule,steps,tol", [
+    ([], "clenshaw-curtis", 20, 0.1),  # nothing chosen: the error-controlled default
+    (["--steps", "20"], "right", 20, None),  # the paper's setting
+    (["--rule", "left"], "left", 20, None),  # the 2021 code's rule, 20 steps
+    (["--rule", "gauss", "--steps", "6"], "gauss", 6, None),
+    (["--tol", "0.3"], "clenshaw-curtis", 20, 0.3),
+])
+def test_score_default_is_error_controlled_and_a_rule_or_steps_mean_a_fixed_rule(tmp_path, args, rule, steps, tol):
+    from typer.testing import CliRunner
+
+    import attattr_cli.api as aa
+    from attattr_cli.cli import app
+    from attattr_cli.engine.options import DEFAULT_TOL
+    from attattr_cli.store import Store
+
+    out = tmp_path / "s.h5"
+    result = CliRunner().invoke(app, ["score", "--out", str(out), "--examples", "0:2", "-q", *args])
+    assert result.exit_code == 0, result.output
+    with Store(out) as s:
+        options = s.provenance["options"]
+        assert (options["rule"], options["steps"], options.get("tol")) == (rule, steps, tol)
+        nodes = np.concatenate([s.get(i).nodes for i in (0, 1)])
+        stored = [s.get(i).attribution for i in (0, 1)]
+    if tol is None:
+        assert (nodes == steps).all()
+    else:
+        assert set(nodes.tolist()) <= {5, 9, 17, 33, 65, 129}
+    assert DEFAULT_TOL == 0.1
+    # the API resolves its defaults the same way, and gives the store's numbers
+    kwargs = {"steps": int(args[args.index("--steps") + 1])} if "--steps" in args else {}
+    kwargs.update({"rule": args[args.index("--rule") + 1]} if "--rule" in args else {})
+    kwargs.update({"tol": float(args[args.index("--tol") + 1])} if "--tol" in args else {})
+    res = aa.score(examples="0:2", **kwargs)
+    for r, a in zip(res, stored):
+        assert np.array_equal(r.attribution, a)
+        assert (r.nodes == steps).all() if tol is None else set(r.nodes.tolist()) <= {5, 9, 17, 33, 65, 129}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tol", "1e-3", "--rule", "left"], "Error: --tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule left"),
     (["--tol", "0"], "Error: --tol must be positive, got 0.0"),

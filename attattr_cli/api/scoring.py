@@ -15,8 +15,8 @@ from .results import read_all
 # ----------------------------------------------------------------------------- score
 
 
-def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int = 20,
-          rule: str = "right", tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
+def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
+          rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
           dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
@@ -33,15 +33,17 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``output`` is prob, logit or logprob; ``keep`` auto, maps, sum or none; ``top_k`` also keeps
     each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once and
     ``group`` the short examples scored together (default 32 for encoder classifiers, 1: one
-    at a time); the numbers do not depend on either (up to float rounding). ``tol``: error-
-    controlled integration instead of ``rule``/``steps`` (nested Clenshaw-Curtis levels per
-    example and layer until the map's estimated error is below tol x max |Attr| of the
-    layer, at most ``max_nodes`` nodes; see docs/integration.md). Results in memory hold exactly what a store written with the
+    at a time); the numbers do not depend on either (up to float rounding). Integration:
+    ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given) is error-controlled
+    (nested Clenshaw-Curtis levels per example and layer until the map's estimated error is
+    below tol x max |Attr| of the layer, at most ``max_nodes`` nodes); ``rule`` and/or
+    ``steps`` choose a fixed rule instead (``rule="right", steps=20`` is the paper's,
+    ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
     attributes the next token (``target_token``) or a ``continuation``.
     """
     from ..engine.run import ScoreRequest, score_to_store
-    from ..engine.options import KEEPS, OUTPUTS, ScoreOptions
+    from ..engine.options import KEEPS, OUTPUTS, ScoreOptions, integration
 
     _check_min("steps", steps)
     _check_min("steps_per_pass", steps_per_pass)
@@ -49,7 +51,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     _check_min("max_nodes", max_nodes, 3)
     if tol is not None and not tol > 0:
         raise OptionError(f"tol must be positive, got {tol}")
-    if tol is not None and rule not in ("right", "clenshaw-curtis"):
+    if tol is not None and rule not in (None, "right", "clenshaw-curtis"):
         raise OptionError(f"tol chooses Clenshaw-Curtis nodes itself; it does not go with rule {rule}")
     _check_min("top_k", top_k)
     if keep not in KEEPS:
@@ -73,7 +75,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
-    options = ScoreOptions(steps=steps, rule=rule, tol=tol, max_nodes=max_nodes, group=group, target=target,
+    options = ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
                            output=output,
                            layers=None if layers is None else list(layers), dtype=dtype, truncate=truncate,
                            step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,

@@ -48,13 +48,14 @@ class FaithfulnessResult:
 
 
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
-                 steps: int = 20, rule: str = "right", target: str = "predicted", output: str = "prob",
+                 steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  device: str = "auto", truncate: bool = False, out=None, progress=False, command=None) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
-    or a temporary file). Token importance is kept in the store. ``out``: write the JSON report.
+    or a temporary file) as :func:`score` scores (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol``
+    is given). Token importance is kept in the store. ``out``: write the JSON report.
     Returns :class:`FaithfulnessResult`."""
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
@@ -81,7 +82,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
                 store = Path(tmp.name) / "scores.h5"
             need_attr = any(m in ATTRIBUTION_METHODS for m in chosen)
             m = loaded_model or as_model(model, device=device)
-            score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, target=target,
+            score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, tol=tol, target=target,
                   output=output, layers=None if need_attr else [], truncate=truncate, device=device,
                   progress=progress, command=command)
             from ..data import parse_examples

@@ -42,15 +42,17 @@ class TriggersResult:
         return triggers_csv(self.triggers)
 
 
-def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int = 20,
-             top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
+def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
+             tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
              min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
              progress=False, command=None) -> TriggersResult:
     """Adversarial triggers from attention attribution (Hao et al. 2021, section 4). From
     ``source`` (a store path, an open store, or results of :func:`score`), or scored on the fly
     from model and data/inputs (into ``store`` when given, else a temporary one). ``top_k``
     keeps the k best (of each class with ``per_class``); ``rank_by`` count, total or mean.
-    ``out``: write JSON (or CSV when it ends in .csv). Returns :class:`TriggersResult`."""
+    ``out``: write JSON (or CSV when it ends in .csv). On the fly the examples are scored as
+    :func:`score` scores them (``tol`` 0.1 unless ``steps`` or ``tol`` is given). Returns
+    :class:`TriggersResult`."""
     from ..analysis.triggers import (RANKINGS, aggregate, patterns_from_store, select, select_by_length,
                                      triggers_csv, triggers_document)
     from ..fileio import write_atomic
@@ -77,7 +79,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             else:
                 path = Path(store)
             score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
-                  steps=steps, device=device, progress=progress, command=command)
+                  steps=steps, tol=tol, device=device, progress=progress, command=command)
             source = path
         st, close = _open(source)
         counts = {"skipped_nonfinite": 0}

@@ -110,8 +110,9 @@ def faithfulness(
     examples: Optional[str] = options.examples(),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods (default: all): " + METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
-    steps: int = typer.Option(20, "--steps", help="Integration steps m of the attribution (with --model/--data)."),
-    rule: str = typer.Option("right", "--rule", help="Quadrature rule of the attribution (with --model/--data)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (with --model/--data; 20 with --rule)."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (with --model/--data; right with --steps 20 is the paper's)."),
+    tol: Optional[float] = typer.Option(None, "--tol", help="Error-controlled integration to this tolerance (with --model/--data; the default, 0.1, without --steps or --rule)."),
     target: str = typer.Option("predicted", "--target", help="Class to explain: predicted, gold, a label name or index (with --model/--data)."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Explain the target's logit instead of its probability (gradients and attribution; with --model/--data)."),
     erase: str = typer.Option("remove", "--erase", help="How a token is erased for LOO and the erasure metrics: remove (drop the word piece) or mask (the [MASK] token)."),
@@ -155,7 +156,7 @@ def faithfulness(
         with progress_bar("faithfulness", quiet) as bar:
             res = run(store, model=model, data=data, task=task, examples=examples, methods=chosen,
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
-                      steps=steps, rule=rule, target=target, output="logit" if logit else "prob", erase=erase,
+                      steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
                       device=device, truncate=truncate, progress=bar, command=command_line())
         report = res.report

@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..engine.options import MAX_NODES, RULES
+from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
@@ -23,9 +23,9 @@ def score(
     data: Optional[str] = options.data("TSV, CSV or JSONL file (default: the built-in synthetic held-out set, or the task's hub dev split)."),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples(),
-    steps: int = typer.Option(20, "--steps", help="Integration steps m."),
-    rule: Optional[str] = typer.Option(None, "--rule", help="Quadrature (default: right): " + RULES_HELP + "."),
-    tol: Optional[float] = typer.Option(None, "--tol", help="Error-controlled integration: per example and layer, nested Clenshaw-Curtis levels (3, 5, 9, 17, ... nodes) until the map's estimated error is below TOL x max |Attr| of the layer (replaces --steps and --rule)."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule (default 20 when --rule is given)."),
+    rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (right with --steps 20 is the paper's, left the 2021 code's): " + RULES_HELP + "."),
+    tol: Optional[float] = typer.Option(None, "--tol", help=f"Error-controlled integration (the default, at {DEFAULT_TOL:g}, when neither --steps nor --rule is given): per example and layer, nested Clenshaw-Curtis levels (3, 5, 9, 17, ... nodes) until the map's estimated error is below TOL x max |Attr| of the layer (replaces --steps and --rule)."),
     max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it was hit)."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
@@ -67,14 +67,14 @@ def score(
     with edge():
         from ..engine import distributed
         from ..engine.run import ScoreRequest, score_to_store
-        from ..engine.options import ScoreOptions
+        from ..engine.options import ScoreOptions, integration
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
         if tol is not None and rule not in (None, "clenshaw-curtis"):
             raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {rule}")
         score_options = ScoreOptions(
-            steps=steps, rule=rule or "right", tol=tol, max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
+            **integration(steps, rule, tol), max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
             step_batch=options.pick(step_batch, step_batch_old), group=group, kernel=kernel,
             family=[f.strip() for f in family.split(",") if f.strip()] if family else None,

@@ -28,7 +28,8 @@ def triggers(
     data: Optional[str] = options.data("Score on the fly on this TSV, CSV or JSONL (default: the built-in synthetic set)."),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples("Indices and ranges to score, e.g. 0:500 (default: all)."),
-    steps: int = typer.Option(20, "--steps", help="Integration steps when scoring on the fly."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="On the fly: the right rule with this many steps instead of --tol (20 is the paper's)."),
+    tol: Optional[float] = typer.Option(None, "--tol", help="On the fly: error-controlled integration to this tolerance (the default, 0.1, without --steps; see `attattr score --help`)."),
     keep_store: Optional[Path] = typer.Option(None, "--store", help="On the fly: score into this store (kept, and resumed if it exists) instead of a temporary one."),
     device: str = options.device(),
     as_json: bool = options.as_json(),
@@ -53,7 +54,7 @@ def triggers(
         if store is not None and (model or data or task or examples or keep_store or limit):
             raise OptionError("give either a STORE or --model/--data/--task/--examples to score on the fly, not both")
         with progress_bar("triggers", quiet) as bar:
-            res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, top_k=top,
+            res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, tol=tol, top_k=top,
                       per_class=per_class, rank_by=rank_by, special=special, min_tokens=min_tokens, limit=limit,
                       store=keep_store, device=device, out=out_path, progress=bar, command=command_line())
         if csv_path is not None:

@@ -224,16 +224,7 @@ class _Group:
     def _integrate(self, site, clean, grad_at_one):
         """G, F(0), (nodes, error estimate, cap hit) and saved projections per example (fixed rule)."""
         sc, count = self.sc, len(self.examples)
-        alphas, weights = sc.alphas, sc.weights
-        ratio = None if sc.low is None else torch.from_numpy(sc.low[0]) / weights
-        total = low = None
-        if grad_at_one is not None:
-            one = alphas == 1
-            total = grad_at_one.to(self.acc) * weights[one].sum().item()
-            if ratio is not None:
-                low = total * ratio[one].sum().item()
-                ratio = ratio[~one]
-            alphas, weights = alphas[~one], weights[~one]
+        alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
         f0 = [float("nan")] * count
         saved: dict = {}
         m = len(alphas)

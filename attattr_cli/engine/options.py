@@ -13,6 +13,11 @@ OUTPUTS = ("prob", "logit", "logprob")
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
+# `attattr score` and api.score() given none of --steps, --rule, --tol integrate to this tolerance
+# (faster and more accurate than the paper's right rule with m = 20 on both of bench/bench_integration.py's
+# benchmarks; docs/integration.md "Which to pick"); --steps or --rule alone: that fixed rule
+DEFAULT_TOL = 1e-1
+PAPER_STEPS, PAPER_RULE = 20, "right"  # the paper's setting: a fixed rule's defaults
 # the quadrature rules engine/integrate.py implements (named here, where `attattr --help` reads them without torch)
 RULES = {
     "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
@@ -24,12 +29,23 @@ RULES = {
 }
 
 
+def integration(steps: int | None, rule: str | None, tol: float | None) -> dict:
+    """The ScoreOptions fields ``steps``, ``rule``, ``tol`` from what a user gave (None: not
+    given): nothing -> ``tol`` DEFAULT_TOL; ``steps`` and/or ``rule`` -> that fixed rule (the
+    paper's right rule, 20 steps, for what is left out); ``tol`` -> as given."""
+    if steps is None and rule is None and tol is None:
+        tol = DEFAULT_TOL
+    return {"steps": PAPER_STEPS if steps is None else steps, "rule": rule or PAPER_RULE, "tol": tol}
+
+
 @dataclass
 class ScoreOptions:
-    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` and ``group`` changes them)."""
+    """What defines a run's numbers (everything but ``step_batch``, ``kernel`` and ``group`` changes them).
+    Its own defaults are the paper's fixed rule; the CLI and the API resolve theirs with
+    :func:`integration` (the error-controlled rule when none is chosen)."""
 
-    steps: int = 20
-    rule: str = "right"
+    steps: int = PAPER_STEPS
+    rule: str = PAPER_RULE
     target: str = "predicted"  # predicted | gold | a label name | a label index
     output: str = "prob"  # prob | logit
     layers: list[int] | None = None  # None: all layers

@@ -400,17 +400,7 @@ class Scorer:
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         if self.options.tol is not None:
             return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype)
-        alphas, weights = self.alphas, self.weights
-        # the embedded lower-order rule: its G is sum_k (w_low_k / w_k) (w_k dF/dO_k)
-        ratio = None if self.low is None else torch.from_numpy(self.low[0]) / weights
-        g_sum = g_low = None
-        if grad_at_one is not None:
-            one = alphas == 1
-            g_sum = (grad_at_one.to(acc_dtype) * weights[one].sum().item())
-            if ratio is not None:
-                g_low = g_sum * ratio[one].sum().item()
-                ratio = ratio[~one]
-            alphas, weights = alphas[~one], weights[~one]
+        alphas, weights, ratio, g_sum, g_low = self.fixed_nodes(grad_at_one, acc_dtype)
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
         f0 = float("nan")
@@ -439,6 +429,24 @@ class Scorer:
         self._saved = saved
         self.last_integral = (len(self.alphas), self.embedded_error(g_sum, g_low), False)
         return g_sum, f0
+
+    def fixed_nodes(self, grad_at_one: torch.Tensor | None, acc_dtype: torch.dtype):
+        """The fixed rule's nodes left to evaluate, (alphas, weights, ratio, G, G_low): where the
+        clean backward gave the alpha = 1 node (``grad_at_one``, [E, ...]) it is folded into G
+        (and into the embedded lower-order rule's G_low; both None otherwise) and left out of
+        the nodes. ``ratio`` = w_low / w of the nodes left (the embedded rule's G is
+        sum_k ratio_k w_k dF/dO_k); None without an embedded rule."""
+        alphas, weights = self.alphas, self.weights
+        ratio = None if self.low is None else torch.from_numpy(self.low[0]) / weights
+        g = g_low = None
+        if grad_at_one is not None:
+            one = alphas == 1
+            g = grad_at_one.to(acc_dtype) * weights[one].sum().item()
+            if ratio is not None:
+                g_low = g * ratio[one].sum().item()
+                ratio = ratio[~one]
+            alphas, weights = alphas[~one], weights[~one]
+        return alphas, weights, ratio, g, g_low
 
     def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype):
         """G and F(0) by the error-controlled integration of engine/adaptive.py."""
