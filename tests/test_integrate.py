@@ -261,6 +261,26 @@ def test_score_default_is_error_controlled_and_a_rule_or_steps_mean_a_fixed_rule
         assert (r.nodes == steps).all() if tol is None else set(r.nodes.tolist()) <= {5, 9, 17, 33, 65, 129}
 
 
+def test_a_store_from_the_paper_rule_says_how_to_extend_it_under_the_new_default(tmp_path):
+    from typer.testing import CliRunner
+
+    from attattr_cli.cli import app
+    from attattr_cli.store import Store
+
+    out = tmp_path / "paper.h5"
+    runner = CliRunner()
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:1", "--steps", "20", "-q"]).exit_code == 0
+    before = out.read_bytes()
+    result = runner.invoke(app, ["score", "--out", str(out), "--examples", "0:2", "-q"])
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "rule='right', steps=20" in lines[0] and "give that rule and steps to extend it" in lines[0]
+    assert out.read_bytes() == before  # nothing written
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:2", "--steps", "20", "-q"]).exit_code == 0
+    with Store(out) as s:
+        assert len(s) == 2
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tol", "1e-3", "--rule", "left"], "Error: --tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule left"),
     (["--tol", "0"], "Error: --tol must be positive, got 0.0"),

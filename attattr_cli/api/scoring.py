@@ -32,7 +32,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
 
     ``output`` is prob, logit or logprob; ``keep`` auto, maps, sum or none; ``top_k`` also keeps
     each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once and
-    ``group`` the short examples scored together (default 32 for encoder classifiers, 1: one
+    ``group`` the short examples scored together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one
     at a time); the numbers do not depend on either (up to float rounding). Integration:
     ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given) is error-controlled
     (nested Clenshaw-Curtis levels per example and layer until the map's estimated error is

@@ -26,6 +26,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
+from ..engine.options import DEFAULT_TOL
 from ..errors import StoreError, first_line
 from .fingerprint import fingerprint_difference
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
@@ -52,6 +53,11 @@ def check_fingerprint(path: Path, there: dict, here: dict) -> None:
     difference = fingerprint_difference(there, here)
     if difference is not None:
         hint = _HINTS.get(difference.kind, "use another output store")
+        old, new = there.get("options", {}), here.get("options", {})
+        if difference.kind == "options" and old.get("tol") is None and new.get("tol") == DEFAULT_TOL:
+            hint = (f"it was integrated with a fixed rule (rule={old.get('rule')!r}, steps={old.get('steps')}), and a run"
+                    f" that names neither integrates to tol={DEFAULT_TOL:g}: give that rule and steps to extend it,"
+                    " or use another output store")
         raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")
 
 
