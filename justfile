@@ -104,8 +104,8 @@ bench-long-gpu: setup
 
 # Integration rules and --tol vs Gauss-Legendre m = 64 on the built-in default and a finetune-sst2 model (docs/integration.md)
 bench-integration model="models/sst2-minilm" n="100": setup
-    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:50
-    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}}
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:100 --rounds 3
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --rounds 2
 
 # score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
 bench-distributed: setup

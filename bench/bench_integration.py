@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--data", default=None)
     ap.add_argument("--task", default=None)
     ap.add_argument("--examples", default="0:100")
-    ap.add_argument("--tols", default="3e-2,1e-2,1e-3", help="--tol values to run")
+    ap.add_argument("--tols", default="5e-1,1e-1,1e-2,1e-3", help="--tol values to run")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3,
                     help="timed rounds (methods in rotating order each round); the median is reported")
