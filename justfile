@@ -149,9 +149,10 @@ triggers-sst2 MODEL DATA: setup
     {{venv}}/bin/attattr triggers --model {{MODEL}} --data {{DATA}}/train.tsv --task sst2 --examples 0:2000 --min-tokens 15 --limit 500 --steps 10 --per-class --top-k 10 --store sst2_train_scores.h5 --out sst2_triggers.json
     {{venv}}/bin/attattr attack --model {{MODEL}} --data {{DATA}}/dev.tsv --task sst2 --triggers sst2_triggers.json --top-k 3 --out sst2_attack.json --save-texts sst2_attacked.jsonl
 
-# Faithfulness of every token importance method on the built-in default (200 held-out examples)
+# Faithfulness of every token importance method on the built-in default (200 held-out examples; the
+# paper's right rule with m = 20, as docs/faithfulness.md's figures were made)
 faithfulness: setup
-    {{venv}}/bin/attattr faithfulness --examples 0:200 --out faithfulness-default.json --csv faithfulness-default.csv --plot faithfulness-default.png
+    {{venv}}/bin/attattr faithfulness --examples 0:200 --rule right --steps 20 --out faithfulness-default.json --csv faithfulness-default.csv --plot faithfulness-default.png
 
 # Faithfulness on SST-2 dev with a fine-tuned model: just faithfulness-sst2 MODEL_DIR [DEV_TSV]
 faithfulness-sst2 model data="../shared/data/sst2/dev.tsv": setup
