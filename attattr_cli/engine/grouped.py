@@ -30,11 +30,11 @@ from typing import Callable, Sequence
 import torch
 
 from ..data.types import Example
+from ..ops import reference
 from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
-from ..ops import reference
 from .scorer import _detached
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
