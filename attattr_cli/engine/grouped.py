@@ -35,7 +35,7 @@ from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
-from .scorer import _detached
+from .scorer import _detached, map_magnitude
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
 DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
@@ -266,7 +266,7 @@ class _Group:
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
             a, v = stacks
-            return (a[rows] * torch.matmul(g, v[rows].transpose(-1, -2))).abs().amax(dim=(-3, -2, -1)).cpu()
+            return map_magnitude(a[rows], v[rows], g).cpu()
 
         known = None if grad_at_one is None else {adaptive.ONE: grad_at_one.to(self.acc)}
         refining = adaptive.Refinement(magnitude, count, sc.options.tol, sc.options.max_nodes, known)

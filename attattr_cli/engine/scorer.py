@@ -475,11 +475,10 @@ class Scorer:
 
     def _magnitude(self, g: torch.Tensor, saved: dict | None = None) -> float:
         """max |Attr| of the map made from ``g`` with the saved projections (``self._saved`` by
-        default): the map is linear in G, so it is the larger signed max of the maps of g and
-        -g (no n x n map is kept)."""
+        default); the map itself is not kept."""
         s = self._saved if saved is None else saved
         g = g.reshape(1, *g.shape[-3:])
-        return float((self.layer_probs(s, g.dtype) * torch.matmul(g, s["v"].to(g.dtype).transpose(-1, -2))).abs().max())
+        return float(map_magnitude(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g)[0])
 
     @staticmethod
     def layer_probs(saved: dict, dtype: torch.dtype) -> torch.Tensor:
@@ -532,6 +531,12 @@ def _detached(obj):
     if isinstance(obj, tuple):
         return tuple(_detached(o) for o in obj)
     return obj
+
+
+def map_magnitude(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """max |Attr| per leading index of the maps Attr = A * (G V^T): A [..., head, n, n], V and
+    G [..., head, n, d] -> [...]."""
+    return (a * torch.matmul(g, v.transpose(-1, -2))).abs().amax(dim=(-3, -2, -1))
 
 
 def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:
