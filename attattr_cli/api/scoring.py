@@ -48,11 +48,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     _check_min("steps", steps)
     _check_min("steps_per_pass", steps_per_pass)
     _check_min("group", group)
-    _check_min("max_nodes", max_nodes, 3)
-    if tol is not None and not tol > 0:
-        raise OptionError(f"tol must be positive, got {tol}")
-    if tol is not None and rule not in (None, "right", "clenshaw-curtis"):
-        raise OptionError(f"tol chooses Clenshaw-Curtis nodes itself; it does not go with rule {rule}")
+    _check_min("max_nodes", max_nodes, 5)
     _check_min("top_k", top_k)
     if keep not in KEEPS:
         raise OptionError(f"unknown keep '{keep}'; available: {', '.join(KEEPS)}")

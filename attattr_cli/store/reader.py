@@ -13,6 +13,7 @@ from typing import Any, Iterable
 import h5py
 import numpy as np
 
+from .. import convergence
 from ..errors import StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
@@ -55,6 +56,10 @@ class StoredExample:
     nodes: np.ndarray | None = None
     error_estimate: np.ndarray | None = None
     node_cap_hit: np.ndarray | None = None
+    # schema 1.3: per layer, the convergence state (attattr_cli/convergence.py; UNCHECKED for older stores)
+    # and the tolerance it was judged at
+    convergence: np.ndarray | None = None
+    convergence_tol: float | None = None
     nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
 
     def summed(self) -> np.ndarray | None:
@@ -335,6 +340,9 @@ class Store(OpenFile):
             nodes=arr("nodes", big=False),
             error_estimate=arr("error_estimate", big=False),
             node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
+            convergence=(fg["convergence"][()].astype(np.uint8) if "convergence" in fg
+                         else np.full(len(fg["layers"]), convergence.UNCHECKED, np.uint8)),
+            convergence_tol=float(fg["convergence"].attrs["tol"]) if "convergence" in fg and "tol" in fg["convergence"].attrs else None,
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
 
@@ -390,8 +398,15 @@ class Store(OpenFile):
                 d["keep"].add(info.get("keep"))
                 if not e.nonfinite:
                     d["_r"].extend(np.abs(e.residual).tolist())
-                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit)):
+                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit),
+                                   ("_s", e.convergence)):
                     d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
+                bad = convergence.unconverged(e.convergence)
+                d.setdefault("unconverged_at", []).extend(
+                    {"example": int(i), "layer": int(layer), "state": convergence.name(state)}
+                    for layer, state, b in zip(e.layers, e.convergence, bad) if b)
+                if e.convergence_tol is not None:
+                    d["convergence_tol"] = e.convergence_tol
                 g = self._group(i)
                 fg = g if name == "self" else g[FAMILIES][name]
                 if "topk_value" in fg:
@@ -406,5 +421,8 @@ class Store(OpenFile):
             d["error_estimate_max"] = float(max(est)) if est else None
             d["error_estimate_median"] = float(np.median(est)) if est else None
             d["node_cap_hits"] = int(sum(cap)) if cap else (0 if nodes else None)
+            states = d.pop("_s")
+            d["convergence"] = convergence.counts(states)  # {state name: example-layers}
+            d["unconverged"] = int(convergence.unconverged(states).sum())
             d["example_layers"] = len(r)
         return out
