@@ -428,3 +428,82 @@ def test_tol_on_every_family_agrees_with_a_converged_fixed_rule(tokenizer, kind)
             assert np.abs(fam.head_max[k] - ref.head_max[k]).max() <= 2e-3 * np.abs(ref.head_max[k]).max()
             assert fam.f_baseline[k] == pytest.approx(ref.f_baseline[k], rel=1e-12)
             assert abs(fam.residual[k]) <= 1e-3 * max(abs(fixed.f_full - ref.f_baseline[k]), 1e-3)
+
+
+def test_an_unconverged_store_says_so_in_info_report_view_and_the_analyses(tmp_path):
+    """A node cap too small for the tolerance: the store flags those example-layers, `info`
+    lists them with why, the report flags the examples, an analysis reading the store says
+    how many it used."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from attattr_cli import convergence
+    from attattr_cli.cli import app
+    from attattr_cli.store import Store
+
+    runner = CliRunner()
+    out = tmp_path / "capped.h5"
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:3", "--tol", "1e-4", "--max-nodes", "9",
+                               "-q"]).exit_code == 0
+    with Store(out) as s:
+        states = np.concatenate([s.get(i).convergence for i in s.indices()])
+        assert s.get(0).convergence_tol == 1e-4
+        assert s.unconverged(s.indices()) == [i for i in s.indices() if convergence.unconverged(s.get(i).convergence).any()]
+    assert (states == convergence.CAP_HIT).any()
+    summary = json.loads(runner.invoke(app, ["info", str(out), "--json"]).stdout)["families"]["self"]
+    assert summary["unconverged"] == int((states != convergence.CONVERGED).sum()) > 0
+    assert summary["convergence"]["node cap hit"] == int((states == convergence.CAP_HIT).sum())
+    shown = runner.invoke(app, ["info", str(out)], env={"COLUMNS": "400"}).stdout
+    assert "NOT converged" in shown and "node cap hit" in shown
+    first = summary["unconverged_at"][0]
+    assert f"{first['example']}/{first['layer']}" in shown
+
+    report = tmp_path / "r.html"
+    assert runner.invoke(app, ["report", str(out), "-o", str(report)]).exit_code == 0
+    page = report.read_text()
+    assert '"unconverged"' in page and "not converged" in page
+    result = runner.invoke(app, ["importance", str(out), "--out", str(tmp_path / "imp.h5"), "-q"])
+    assert result.exit_code == 0, result.output
+    n = len({w["example"] for w in summary["unconverged_at"]})
+    assert f"note: {n} of the 3 examples used" in result.stderr
+
+    fine = tmp_path / "fine.h5"  # the same examples at the default: all converged
+    assert runner.invoke(app, ["score", "--out", str(fine), "--examples", "0:3", "-q"]).exit_code == 0
+    summary = json.loads(runner.invoke(app, ["info", str(fine), "--json"]).stdout)["families"]["self"]
+    assert summary["unconverged"] == 0 and summary["convergence"] == {"converged": 9}
+    assert "all 9 example-layers converged" in runner.invoke(app, ["info", str(fine)], env={"COLUMNS": "400"}).stdout
+
+
+def test_a_fixed_rule_store_is_judged_and_an_older_store_is_unchecked(tmp_path):
+    from typer.testing import CliRunner
+
+    import h5py
+
+    from attattr_cli import convergence
+    from attattr_cli.cli import app
+    from attattr_cli.store import Store
+
+    runner = CliRunner()
+    out = tmp_path / "fixed.h5"
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:6", "--rule", "right", "--steps", "4",
+                               "-q"]).exit_code == 0
+    with Store(out) as s:
+        for i in s.indices():
+            e = s.get(i)
+            for k in range(len(e.layers)):  # judged at the default's tolerance, from its estimate and residual
+                state = int(e.convergence[k])
+                assert state in (convergence.CONVERGED, convergence.ESTIMATE, convergence.RESIDUAL)
+                if e.error_estimate[k] > 0.1 and state != convergence.RESIDUAL:
+                    assert state == convergence.ESTIMATE
+                if state == convergence.CONVERGED:
+                    assert e.error_estimate[k] <= 0.1
+        assert e.convergence_tol == 0.1
+        states = np.concatenate([s.get(i).convergence for i in s.indices()])
+    assert (states != convergence.CONVERGED).any()  # 4 right-rule nodes are not enough everywhere here
+    with h5py.File(out, "a") as f:  # as a store written before schema 1.3
+        for g in f["examples"].values():
+            del g["convergence"]
+    with Store(out) as s:
+        assert (s.get(0).convergence == convergence.UNCHECKED).all() and s.unconverged(s.indices()) == []
+    assert "not checked" in runner.invoke(app, ["info", str(out)], env={"COLUMNS": "400"}).stdout

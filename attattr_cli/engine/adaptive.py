@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,6 +52,7 @@ ZERO, ONE = 0.0, 1.0  # node keys: t (floats, exact for j / 2^k); t = 0, 1/2, 1 
 JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jump of F, not a steep change
 JUMP_RATIO = 4.0  # ... jumps: |F(b) - F(a)| > JUMP_RATIO x (b - a in alpha) x the largest |dF/dalpha| at its nodes
 RICHARDSON = 15.0  # a sub-interval's estimate: |Boole - Simpson| / 15 (adaptive Simpson's, see _leaf_rule)
+CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the completeness check's only cost), for bench/
 FLOOR = 16  # the residual test allows FLOOR x machine epsilon of |F(1)| + |F(0)| (and of sum |Attr|)
 
 # convergence states, per example and layer (the store's `convergence`; attattr_cli/convergence.py)
@@ -152,12 +154,14 @@ class Refinement:
     cap; :meth:`result` gives it.
 
     ``measure(g, rows)`` -> [len(rows), 3]: max |Attr|, sum |Attr|, sum Attr of the map of
-    each ``g[i]`` in integral ``rows[i]``. ``known`` maps node keys to gradients at hand
+    each ``g[i]`` in integral ``rows[i]``; ``derivative(g, rows)`` (optional) -> sum Attr alone,
+    which is <g, A V> and cheaper than the map (the nodes' dF/dalpha need only that). ``known`` maps node keys to gradients at hand
     ([count, ...]) and ``known_f`` the same keys to F there ([count]): the clean forward's
     alpha = 1."""
 
     def __init__(self, measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], count: int, tol: float,
-                 max_nodes: int = MAX_NODES, known: dict | None = None, known_f: dict | None = None):
+                 max_nodes: int = MAX_NODES, known: dict | None = None, known_f: dict | None = None,
+                 derivative: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if tol <= 0:
             raise ValueError("the tolerance must be positive")
         if max_nodes < 5:
@@ -166,6 +170,7 @@ class Refinement:
         if set(known) - set(known_f):
             raise ValueError("a node given as known needs F there too (known_f)")
         self.measure, self.count, self.tol, self.max_nodes = measure, count, tol, max_nodes
+        self.derivative = derivative
         self.rows = [_Row() for _ in range(count)]
         self.active = list(range(count))
         self.dtype = None
@@ -219,12 +224,18 @@ class Refinement:
     # -- the steps of a round --------------------------------------------------------
     def _derivatives(self) -> None:
         """dF/dalpha at every node not yet measured (one measure call)."""
+        start = time.process_time()
         need = [(i, k) for i in self.active for k in self.rows[i].g if k not in self.rows[i].s]
-        if not need:
-            return
-        sums = self._measure([self.rows[i].g[k] for i, k in need], [i for i, _ in need])[:, 2]
-        for (i, k), s in zip(need, sums.tolist()):
-            self.rows[i].s[k] = s
+        if need:
+            gs, owners = [self.rows[i].g[k] for i, k in need], [i for i, _ in need]
+            if self.derivative is None:
+                sums = self._measure(gs, owners)[:, 2]
+            else:
+                sums = torch.as_tensor(self.derivative(torch.stack([x.to(self.dtype) for x in gs]),
+                                                       torch.tensor(owners, dtype=torch.long)), dtype=torch.float64)
+            for (i, k), s in zip(need, sums.tolist()):
+                self.rows[i].s[k] = s
+        CHECK_SECONDS[0] += time.process_time() - start
 
     def _evaluate_leaves(self) -> None:
         """The two rules, e and rho of every leaf whose nodes are all at hand (one measure call)."""

@@ -265,14 +265,21 @@ class _Group:
         def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row; zero padding adds zeros only
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
-            a, v = stacks
+            a, v = stacks[:2]
             return map_measures(a[rows], v[rows], g).cpu()
+
+        def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
+            if not stacks:
+                stacks.extend(self._padded_a_v(saved, g.dtype))
+            if len(stacks) == 2:
+                stacks.append(torch.matmul(stacks[0], stacks[1]))
+            return (g * stacks[2][rows]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
 
         known = known_f = None
         if grad_at_one is not None:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
-        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f)
+        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative)
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)

@@ -14,6 +14,8 @@ import h5py
 import numpy as np
 
 from .. import convergence
+
+UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 from ..errors import StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
@@ -251,6 +253,18 @@ class Store(OpenFile):
         kept = [i for i in indices if i not in bad]
         return kept, len(indices) - len(kept)
 
+    def unconverged(self, indices) -> list[int]:
+        """Those of ``indices`` with a layer (of any family) whose integral the store calls not
+        converged (dataset ``convergence``, schema 1.3; older stores: none are judged)."""
+        g = self.f[EXAMPLES]
+        out = []
+        for i in indices:
+            eg = g[example_name(i)]
+            groups = [eg] + (list(eg[FAMILIES].values()) if FAMILIES in eg else [])
+            if any("convergence" in fg and convergence.unconverged(fg["convergence"][()]).any() for fg in groups):
+                out.append(i)
+        return out
+
     def __len__(self) -> int:
         return len(self.indices())
 
@@ -424,5 +438,6 @@ class Store(OpenFile):
             states = d.pop("_s")
             d["convergence"] = convergence.counts(states)  # {state name: example-layers}
             d["unconverged"] = int(convergence.unconverged(states).sum())
+            d["unconverged_at"] = d.get("unconverged_at", [])[:UNCONVERGED_LISTED]  # the first ones; "unconverged" counts all
             d["example_layers"] = len(r)
         return out
