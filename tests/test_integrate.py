@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attattr_cli.engine import adaptive
-from attattr_cli.engine.integrate import RULES, clenshaw_curtis, doubling_levels, embedded, nodes
+from attattr_cli.engine.integrate import RULES, clenshaw_curtis, embedded, nodes
 from attattr_cli.engine.run import ScoreRequest, prepare_run
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
@@ -37,15 +37,6 @@ def test_clenshaw_curtis_is_exact_for_polynomials_of_degree_n(n):
     assert alphas[0] == 0.0 and alphas[-1] == 1.0 and np.all(np.diff(alphas) > 0)
     for degree in range(n + 1 + (n % 2 == 0)):
         assert float(weights @ alphas ** degree) == pytest.approx(1 / (degree + 1), abs=1e-13)
-
-
-def test_doubling_levels_are_nested_and_respect_the_cap():
-    levels = list(doubling_levels(33))
-    assert [len(keys) for keys, _, _ in levels] == [2, 3, 5, 9, 17, 33]
-    for (k0, a0, _), (k1, a1, _) in zip(levels, levels[1:]):
-        assert set(k0) <= set(k1)
-        where = {k: a for k, a in zip(k1, a1)}
-        assert all(where[k] == a for k, a in zip(k0, a0))  # the same float for the same node
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -507,3 +498,14 @@ def test_a_fixed_rule_store_is_judged_and_an_older_store_is_unchecked(tmp_path):
     with Store(out) as s:
         assert (s.get(0).convergence == convergence.UNCHECKED).all() and s.unconverged(s.indices()) == []
     assert "not checked" in runner.invoke(app, ["info", str(out)], env={"COLUMNS": "400"}).stdout
+
+
+def test_the_api_says_which_layers_did_not_converge():
+    import attattr_cli.api as aa
+
+    capped = aa.score(examples="0:3", tol=1e-4, max_nodes=9)
+    assert any(not r.converged for r in capped)
+    for r in capped:
+        assert set(r.unconverged_layers.values()) <= {"node cap hit", "residual disagrees"}
+        assert r.converged == (not r.unconverged_layers)
+    assert all(r.converged for r in aa.score(examples="0:3"))

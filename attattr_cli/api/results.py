@@ -36,9 +36,27 @@ class Attribution(StoredExample):
     ``probs`` [classes]. ``gold``, ``pred`` and ``target`` are class indices (-1: unknown);
     ``prediction``, ``gold_label`` and ``target_label`` their names. With ``keep="sum"`` the
     maps are ``None`` and ``head_sum`` [layer, query, key] holds their sum over heads.
+    Per scored layer, ``nodes``, ``error_estimate`` and ``convergence`` (a state code,
+    :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
+    be trusted (docs/integration.md).
     """
 
     label_names: list | None = None
+
+    @property
+    def converged(self) -> bool:
+        """Whether every scored layer's integral converged (a store before schema 1.3: True, unchecked)."""
+        from .. import convergence
+
+        return not convergence.unconverged(self.convergence).any()
+
+    @property
+    def unconverged_layers(self) -> dict[int, str]:
+        """{layer: why} for the scored layers whose integral did not converge."""
+        from .. import convergence
+
+        bad = convergence.unconverged(self.convergence)
+        return {int(layer): convergence.name(s) for layer, s, b in zip(self.layers, self.convergence, bad) if b}
 
     @classmethod
     def from_stored(cls, e: StoredExample, label_names=None) -> "Attribution":
