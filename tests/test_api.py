@@ -404,3 +404,23 @@ def test_readme_python_example_is_short_and_uses_the_public_api():
     used = set(re.findall(r"\baa\.([a-z_0-9]+)\(", "\n".join(code)))
     assert used and used <= set(aa.__all__)
     assert {"load_model", "score", "importance", "prune", "triggers", "attack"} <= used
+
+
+def test_readme_python_example_prints_what_the_readme_says(tmp_path, monkeypatch, capsys):
+    """The README's Python block, run as written; its printed lines are the README's (numbers
+    to 4 significant digits: other machines sum floats in another order)."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python"):]
+    code = section[section.index("```python") + len("```python"):].split("```")[0]
+    shown = section[section.index("prints\n\n```\n") + len("prints\n\n```\n"):].split("```")[0].strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()
+    number = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+    assert len(printed) == len(shown)
+    for got, want in zip(printed, shown):
+        assert number.sub("#", got) == number.sub("#", want), (got, want)
+        for a, b in zip(number.findall(got), number.findall(want)):
+            assert float(a) == pytest.approx(float(b), rel=1e-4, abs=1e-6), (got, want)
