@@ -430,12 +430,14 @@ def test_one_set_of_names_for_a_scored_example_wherever_it_is_read(tmp_path):
     from attattr_cli.store import Store
 
     path = tmp_path / "s.h5"
-    scored = aa.score(examples="0:2", out=path)
+    scored = aa.score(examples="0:2")
+    aa.score(examples="0:2", out=path)
     with Store(path) as s:
         plain = s.get(1)
     opened = aa.open_store(path)[1]
     for e in (scored[1], plain, opened):
         assert e.prediction == scored[1].prediction and e.gold_label == scored[1].gold_label
         assert np.array_equal(e.probabilities, scored[1].probabilities) and np.array_equal(e.probs, e.probabilities)
-        assert e.top(2) == scored[1].top(2) and e.converged == scored[1].converged
+        assert e.top(2) == scored[1].top(2)
+        assert e.converged == scored[1].converged
         assert e.label_names == ["entailment", "neutral", "contradiction"]
