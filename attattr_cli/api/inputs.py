@@ -20,6 +20,7 @@ API_COMMAND = ["python", "attattr_cli.api"]
 def to_examples(inputs) -> list:
     """Texts, (first, second) pairs, dicts with text_a/text_b/label, or ``Example`` objects, as
     a list of ``Example`` (indices 0, 1, ... unless the examples carry their own)."""
+    from ..data.tasks import check_text
     from ..data.types import Example
 
     if isinstance(inputs, (str, Example)) or (isinstance(inputs, tuple) and len(inputs) == 2
@@ -34,9 +35,18 @@ def to_examples(inputs) -> list:
         elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x):
             out.append(Example(i, x[0], x[1]))
         elif isinstance(x, dict) and "text_a" in x:
-            out.append(Example(int(x.get("index", i)), x["text_a"], x.get("text_b"), x.get("label")))
+            for key in ("text_a", "text_b"):
+                if key in x and not (isinstance(x[key], str) or (key == "text_b" and x[key] is None)):
+                    raise OptionError(f"inputs[{i}]['{key}'] must be a text, not {type(x[key]).__name__}")
+            index = x.get("index", i)
+            if isinstance(index, bool) or not isinstance(index, int):
+                raise OptionError(f"inputs[{i}]['index'] must be a whole number, not {type(index).__name__}")
+            out.append(Example(index, x["text_a"], x.get("text_b"), x.get("label")))
         else:
             raise OptionError(f"inputs[{i}] must be a text, a (text, text) pair or an Example, not {type(x).__name__}")
+        for key, text in (("text_a", out[-1].text_a), ("text_b", out[-1].text_b)):
+            if text is not None:
+                check_text(text, f"inputs[{i}] {key}")
     if not out:
         raise OptionError("inputs is empty")
     if len({e.index for e in out}) != len(out):
@@ -96,9 +106,16 @@ def _cmd(command) -> list[str]:
 
 
 def _spec(examples) -> str | None:
+    """``examples`` (a selection string, or indices) as a selection string."""
     if examples is None or isinstance(examples, str):
         return examples
-    return ",".join(str(int(i)) for i in examples)
+    try:
+        items = list(examples)
+    except TypeError:
+        items = None
+    if items is None or not all(isinstance(i, int) and not isinstance(i, bool) for i in items):
+        raise OptionError(f"examples must be a selection such as '0:100' or a list of indices, got {examples!r}")
+    return ",".join(str(i) for i in items)
 
 
 def _check_min(name: str, value, least: int = 1) -> None:

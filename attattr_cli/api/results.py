@@ -93,6 +93,8 @@ class StoreView:
     Close it with ``close()`` or use it in a ``with`` block."""
 
     def __init__(self, path):
+        if not isinstance(path, (str, Path)) or not str(path):
+            raise OptionError(f"path must be a store's file path, got {path!r}")
         self.path = Path(path)
         self._store = Store(self.path)
         self.label_names = list(self._store.provenance.get("label_names") or [])
@@ -245,6 +247,10 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
 
     if compat not in MODES:
         raise OptionError(f"unknown compat '{compat}'; available: {', '.join(MODES)}")
+    if not isinstance(example, StoredExample):
+        hint = " (open the store first: aa.open_store(path)[index])" if isinstance(example, (str, Path)) else ""
+        raise OptionError(f"example must be a scored example (score(...)[i] or open_store(path)[i]),"
+                          f" got {type(example).__name__}{hint}")
     if getattr(example, "family", "self") == "cross":
         raise OptionError("the attribution tree links tokens of one sequence; the cross family has none")
     if example.attribution is None:

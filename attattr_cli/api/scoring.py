@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..engine.options import MAX_NODES
 from ..errors import OptionError
-from .inputs import _check_min, _cmd, _default_task, _model_arg, _spec, to_examples
+from .inputs import _cmd, _default_task, _model_arg, _spec, to_examples
 from .model import Model, as_model, progress_for, using
 from .results import read_all
 
@@ -43,22 +43,25 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
     attributes the next token (``target_token``) or a ``continuation``.
     """
-    from ..engine.run import ScoreRequest, score_to_store
-    from ..engine.options import KEEPS, OUTPUTS, ScoreOptions, integration
+    from ..engine.options import ScoreOptions, api_names, integration, precheck
 
-    _check_min("steps", steps)
-    _check_min("steps_per_pass", steps_per_pass)
-    _check_min("group", group)
-    _check_min("max_nodes", max_nodes, 5)
-    _check_min("top_k", top_k)
-    if keep not in KEEPS:
-        raise OptionError(f"unknown keep '{keep}'; available: {', '.join(KEEPS)}")
-    if output not in OUTPUTS:
-        raise OptionError(f"unknown output '{output}'; available: {', '.join(OUTPUTS)}")
     if isinstance(family, str):
         family = [f.strip() for f in family.split(",") if f.strip()]
-    if isinstance(layers, int):
+    if isinstance(layers, int) and not isinstance(layers, bool):
         layers = [layers]
+    layers = list(layers) if isinstance(layers, (tuple, range)) else layers
+
+    def options_for(is_lm):
+        return ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
+                            output=output, layers=layers, dtype=dtype, truncate=truncate,
+                            step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
+                            lm=is_lm, target_token=target_token, continuation=continuation, position=position)
+
+    # the options, the selection and the data file are checked before anything loads
+    with api_names():
+        precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), _spec(examples), data)
+    from ..engine.run import ScoreRequest, score_to_store
+
     if model is not None and not isinstance(model, (str, Path)):
         model = as_model(model, lm=bool(lm))  # once: wrapping a (model, tokenizer) pair hashes its weights
     is_lm = bool(lm) or (isinstance(model, Model) and model.loaded.lm)
@@ -72,11 +75,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
-    options = ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
-                           output=output,
-                           layers=None if layers is None else list(layers), dtype=dtype, truncate=truncate,
-                           step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
-                           lm=is_lm, target_token=target_token, continuation=continuation, position=position)
+    with api_names():
+        options = options_for(is_lm)
     tmp = None
     path = out
     if out is None:

@@ -65,9 +65,7 @@ def score(
     --out, and rank 0 merges the shards into --out.
     """
     with edge():
-        from ..engine import distributed
-        from ..engine.run import ScoreRequest, score_to_store
-        from ..engine.options import ScoreOptions, integration
+        from ..engine.options import ScoreOptions, integration, precheck
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
@@ -79,6 +77,10 @@ def score(
             keep=keep, top_k=top_k, lm=lm, target_token=target_token, continuation=continuation,
             position=position,
         )
+        precheck(score_options, examples, data)  # before torch, transformers or the model load
+        from ..engine import distributed
+        from ..engine.run import ScoreRequest, score_to_store
+
         req = ScoreRequest(
             out=str(out_path), model=model, data=data, task=task, examples=examples, options=score_options,
             device=device, store_dtype=store_dtype, seed=seed, command=command_line(), prompts=prompt or None,

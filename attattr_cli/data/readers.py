@@ -84,6 +84,9 @@ def _read_text(name: str) -> str:
 
 
 def _read_delimited(name: str, text: str, fmt: str) -> Table:
+    # a field may be as long as the file (a 1 MB sentence is a long text, not a broken file;
+    # --truncate or the too-long check deals with it after tokenisation)
+    csv.field_size_limit(max(csv.field_size_limit(), len(text) + 1))
     if fmt == "tsv":
         reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     else:

@@ -20,6 +20,54 @@ def _out_of_range(index: int, total: int) -> OptionError:
     )
 
 
+def _items(spec: str) -> list[tuple[str, int | slice]]:
+    """The items of a selection (an index or a slice each); OptionError for a malformed one."""
+    if not spec.strip():
+        raise OptionError("empty example selection: give indices or slices such as 0:100 or 3,7,9")
+    out: list[tuple[str, int | slice]] = []
+    for raw in spec.split(","):
+        piece = raw.strip()
+        if _INDEX.fullmatch(piece):
+            out.append((piece, int(piece)))
+            continue
+        match = _SLICE.fullmatch(piece)
+        if match is None:
+            if not piece:
+                raise OptionError(f"bad example selection '{spec}': an empty item between commas")
+            raise OptionError(
+                f"bad example selection '{spec}': '{piece}' is neither an index (such as 7) "
+                f"nor a slice (such as 0:100 or 0:100:2)"
+            )
+        start, stop, step = (int(g) if g is not None else None for g in match.groups())
+        if step == 0:
+            raise OptionError(f"bad example selection '{spec}': slice '{piece}' has step 0")
+        out.append((piece, slice(start, stop, step)))
+    return out
+
+
+def check_spec(spec: str | None) -> None:
+    """Check a selection's syntax before the data is read (OptionError as parse_examples gives)."""
+    if spec is not None:
+        if not isinstance(spec, str):
+            raise OptionError(f"examples must be a selection such as '0:100' or '3,7,9', got {spec!r}")
+        _items(spec)
+
+
+def beyond(spec: str | None, total: int) -> list[int]:
+    """The indices a selection names explicitly that the data does not have: a slice's stop or
+    an index past the end (Python's slices clip them silently; a user asking for 0:205 of 200
+    rows wants to hear that 5 are missing)."""
+    if spec is None:
+        return []
+    missing: list[int] = []
+    for _piece, item in _items(spec):
+        if isinstance(item, slice) and (item.step is None or item.step > 0) and item.stop is not None \
+                and item.stop > total:
+            start = max(item.start or 0, total) if (item.start or 0) >= 0 else total
+            missing.extend(range(start, item.stop, item.step or 1))
+    return missing
+
+
 def parse_examples(spec: str | None, total: int) -> list[int]:
     """The 0-based indices selected by ``spec`` among ``total`` examples.
 
@@ -33,30 +81,15 @@ def parse_examples(spec: str | None, total: int) -> list[int]:
     """
     if spec is None:
         return list(range(total))
-    if not spec.strip():
-        raise OptionError("empty example selection: give indices or slices such as 0:100 or 3,7,9")
     selected: list[int] = []
     seen: set[int] = set()
-    for raw in spec.split(","):
-        piece = raw.strip()
-        if _INDEX.fullmatch(piece):
-            value = int(piece)
-            if not -total <= value < total:
-                raise _out_of_range(value, total)
-            indices: range | list[int] = [value % total]
+    for piece, item in _items(spec):
+        if isinstance(item, int):
+            if not -total <= item < total:
+                raise _out_of_range(item, total)
+            indices: range | list[int] = [item % total]
         else:
-            match = _SLICE.fullmatch(piece)
-            if match is None:
-                if not piece:
-                    raise OptionError(f"bad example selection '{spec}': an empty item between commas")
-                raise OptionError(
-                    f"bad example selection '{spec}': '{piece}' is neither an index (such as 7) "
-                    f"nor a slice (such as 0:100 or 0:100:2)"
-                )
-            start, stop, step = (int(g) if g is not None else None for g in match.groups())
-            if step == 0:
-                raise OptionError(f"bad example selection '{spec}': slice '{piece}' has step 0")
-            indices = range(total)[slice(start, stop, step)]
+            indices = range(total)[item]
         for index in indices:
             if index not in seen:
                 seen.add(index)

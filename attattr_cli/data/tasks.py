@@ -360,7 +360,16 @@ def _text(row: dict, col: str, where: str) -> str:
     value = row.get(col)
     if value is None:
         raise DataError(f"{where}: no value in column '{shown(col)}'")
-    return value if isinstance(value, str) else _meta_value(value)
+    text = value if isinstance(value, str) else _meta_value(value)
+    check_text(text, f"{where}, column '{shown(col)}'")
+    return text
+
+
+def check_text(text: str, where: str) -> None:
+    """Refuse a text the store cannot keep (HDF5 strings end at a NUL character) with one line."""
+    if "\x00" in text:
+        raise DataError(f"{where}: the text holds a NUL character (\\x00), which no store can keep;"
+                        " remove it from the data")
 
 
 def _convert(table: Table, task: Task, space: _LabelSpace) -> list[Example]:

@@ -51,7 +51,7 @@ def encode(tokenizer, example: Example, max_length: int | None = None, truncate:
     converting ids to token strings (``tokens`` is then empty).
     """
     args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
-    enc = tokenizer(*args, add_special_tokens=True)
+    enc = tokenizer(*args, add_special_tokens=True, verbose=False)  # too long: our own one line says so
     truncated = False
     if max_length is not None and len(enc["input_ids"]) > max_length:
         if not truncate:

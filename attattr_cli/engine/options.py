@@ -5,11 +5,14 @@ Imports neither torch nor transformers (the dtypes are looked up when validating
 
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import asdict, dataclass
 
 from ..errors import OptionError
 
 OUTPUTS = ("prob", "logit", "logprob")
+DTYPES = ("float32", "float64", "bfloat16", "float16")  # compute dtypes (models/loading.py maps them to torch's)
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
@@ -92,10 +95,42 @@ class ScoreOptions:
         if self.tol is None and self.steps is None:
             self.steps = PAPER_STEPS
 
+    def check(self) -> None:
+        """Every check that needs no model (types, names, ranges, combinations): OptionError
+        naming the option. The one validator of the CLI and the API, run before torch loads."""
+        for name in ("steps", "group", "step_batch", "top_k", "max_nodes", "position"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise OptionError(f"--{_flag(name)} must be a whole number, got {value!r}")
+        if self.tol is not None and (isinstance(self.tol, bool) or not isinstance(self.tol, (int, float))):
+            raise OptionError(f"--tol must be a number, got {self.tol!r}")
+        for name in ("rule", "output", "dtype", "keep", "target", "kernel"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(f"--{_flag(name)} must be a string, got {getattr(self, name)!r}")
+        if self.layers is not None and (isinstance(self.layers, (str, bytes)) or
+                                        not all(isinstance(x, int) and not isinstance(x, bool) for x in self.layers)):
+            raise OptionError(f"--layers must be layer indices (a list of whole numbers), got {self.layers!r}")
+        if self.family is not None and (isinstance(self.family, (str, bytes)) or
+                                        not all(isinstance(x, str) for x in self.family)):
+            raise OptionError(f"--family must be a list of family names, got {self.family!r}")
+        if self.dtype not in DTYPES:
+            raise OptionError(f"unknown dtype '{self.dtype}'; available: {', '.join(DTYPES)}")
+        self._check_values()
+
     def validate(self, num_layers: int) -> list[int]:
         """Check the options against a model of ``num_layers`` layers; the chosen layers, sorted."""
         from ..models.loading import resolve_dtype
 
+        self.check()
+        resolve_dtype(self.dtype)
+        layers = list(range(num_layers)) if self.layers is None else list(self.layers)
+        for layer in layers:
+            if not -num_layers <= layer < num_layers:
+                raise OptionError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
+        layers = sorted({layer % num_layers for layer in layers})
+        return layers
+
+    def _check_values(self) -> None:
         if self.rule not in RULES:
             raise OptionError(f"unknown rule '{self.rule}'; available: {', '.join(RULES)}")
         if self.output not in OUTPUTS:
@@ -122,13 +157,6 @@ class ScoreOptions:
             raise OptionError("--tol places its own nodes; it does not go with --steps or --rule")
         if self.max_nodes < 5:
             raise OptionError(f"--max-nodes must be at least 5 (the first interval's nodes), got {self.max_nodes}")
-        resolve_dtype(self.dtype)
-        layers = list(range(num_layers)) if self.layers is None else list(self.layers)
-        for layer in layers:
-            if not -num_layers <= layer < num_layers:
-                raise OptionError(f"layer {layer} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
-        layers = sorted({layer % num_layers for layer in layers})
-        return layers
 
     def fingerprint(self, num_layers: int) -> dict:
         """The options that must agree for two runs to share a store."""
@@ -141,3 +169,42 @@ class ScoreOptions:
                 d.pop(key)
         d["layers"] = self.validate(num_layers)
         return d
+
+
+def _flag(name: str) -> str:
+    return {"step_batch": "steps-per-pass"}.get(name, name.replace("_", "-"))
+
+
+def precheck(options: ScoreOptions, examples: str | None = None, data: str | None = None) -> None:
+    """What a scoring run can refuse before torch, transformers or the model load: the options
+    (:meth:`ScoreOptions.check`), the syntax of the example selection, and that the data file
+    exists. The CLI and the API both call it first."""
+    from pathlib import Path
+
+    from ..data.select import check_spec
+    from ..errors import DataError
+
+    options.check()
+    check_spec(examples)
+    if data is not None:
+        if not isinstance(data, (str, Path)):
+            raise OptionError(f"--data must be a file path, got {data!r}")
+        if not Path(data).exists():
+            raise DataError(f"{data}: no such file")
+        if Path(data).is_dir():
+            raise DataError(f"{data} is a folder; give a TSV, CSV or JSONL file")
+
+
+_API_NAMES = {"steps-per-pass": "steps_per_pass", "step-batch": "steps_per_pass"}
+
+
+@contextlib.contextmanager
+def api_names():
+    """OptionErrors raised inside name the API's arguments (``steps_per_pass``) instead of the
+    CLI's flags (``--steps-per-pass``): one validator, each caller's words."""
+    try:
+        yield
+    except OptionError as exc:
+        text = re.sub(r"--([a-z][a-z-]*)", lambda m: _API_NAMES.get(m.group(1), m.group(1).replace("-", "_")),
+                      str(exc))
+        raise OptionError(text) from None

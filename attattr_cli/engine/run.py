@@ -82,9 +82,11 @@ def resolve_inputs(model: str | None, data: str | None, task_name: str | None, l
             ) from exc
         raise
     if model is None:
-        model = resolve_model_for_task(task, None) if task is not None else None
-        if model is None:
-            raise OptionError("data needs a model (--data needs --model): a local model folder or a hub id")
+        preset = resolve_model_for_task(task, None) if task is not None else None
+        if preset is None or data is not None:  # never reach for a hub model the user did not name
+            hint = f" (the {task.name} preset is {preset}: --model {preset} uses it)" if preset else ""
+            raise OptionError(f"data needs a model (--data needs --model): a local model folder or a hub id{hint}")
+        model = preset
     return model, task, examples, labels
 
 
@@ -136,6 +138,7 @@ class PreparedRun:
     encoded: dict[int, object]
     fingerprint: dict
     provenance: dict
+    notes: list = field(default_factory=list)  # one line each, for stderr (examples asked for that do not exist)
 
     def tokens(self) -> dict[int, int]:
         """Token count of every chosen example (the work it costs grows with it)."""
@@ -178,6 +181,11 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
             raise OptionError("--prompt goes with --lm (a causal language model)")
         model_id, task, examples, labels = resolve_inputs(req.model, req.data, req.task, req.label_names)
     chosen = parse_examples(req.examples, len(examples))
+    from ..data.select import beyond
+
+    missing = beyond(req.examples, len(examples))
+    notes = [f"examples {missing[0]}..{missing[-1]} do not exist ({len(missing)} asked for beyond the"
+             f" {len(examples)} the data has); scoring the {len(chosen)} that do"] if missing else []
     if loaded is None:
         loaded = load(model_id, device=req.device, dtype=req.options.dtype, lm=req.options.lm)
     scorer = Scorer(loaded, req.options, task_labels=labels)
@@ -224,7 +232,7 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
     }
     # encode everything first: an input that is too long fails before anything is written
     encoded = {e.index: scorer.encode(e) for e in picked}
-    return PreparedRun(req, loaded, scorer, picked, encoded, fingerprint, provenance)
+    return PreparedRun(req, loaded, scorer, picked, encoded, fingerprint, provenance, notes)
 
 
 def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | None = None,
@@ -246,7 +254,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
         if have is not None and all(e.index in have for e in picked):
             return ScoreReport(out=str(Path(out)), scored=0, skipped=len(picked), total=len(picked), created=False,
                                kernel=scorer.backend.name, model=prep.loaded.model_id, mean_abs_residual=None,
-                               accuracy=None)
+                               accuracy=None, notes=list(prep.notes))
     with StoreWriter(out, prep.fingerprint, prep.provenance, store_dtype=req.store_dtype,
                      shard=shard, assigned=assigned) as writer:
         todo = [e for e in picked if e.index not in writer.done]
@@ -279,7 +287,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
                     golds += 1
                     right += int(result.gold == result.pred)
         created = writer.created
-        notes = list(writer.notes)
+        notes = list(prep.notes) + list(writer.notes)
     return ScoreReport(
         out=str(Path(out)),
         scored=len(todo),

@@ -1,0 +1,115 @@
+"""One path through the library: options checked before anything loads (by the one validator
+the CLI and the API share), one set of names, misuse from Python as AttattrErrors, and the
+open edges of the data and the store (one `Error:` line, nothing written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import attattr_cli.api as aa
+from attattr_cli.cli import app
+from attattr_cli.errors import AttattrError, OptionError
+
+REPO = Path(__file__).resolve().parents[1]
+RUNNER = """
+import json, sys
+sys.argv = ["attattr", *json.loads(sys.argv[1])]
+from attattr_cli.cli import app
+try:
+    app()
+    code = 0
+except SystemExit as exc:
+    code = exc.code or 0
+print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}), file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--examples", "0-10"], "'0-10' is neither an index"),
+    (["--rule", "gaus"], "unknown rule 'gaus'"),
+    (["--data", "nope.tsv", "--task", "sst2", "--model", "some-model"], "nope.tsv: no such file"),
+    (["--tol", "0.1", "--steps", "20"], "--tol places its own nodes"),
+    (["--dtype", "float8"], "unknown dtype 'float8'"),
+    (["--max-nodes", "3"], "--max-nodes must be at least 5"),
+])
+def test_a_bad_value_is_refused_before_torch_loads(tmp_path, args, message):
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", RUNNER, json.dumps(["score", "--out", "x.h5", *args])],
+                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    report = json.loads(lines[-1])
+    assert report["code"] != 0 and report["heavy"] == [], report
+    assert len(lines) == 2 and lines[0].startswith("Error: ") and message in lines[0], lines
+    assert not (tmp_path / "x.h5").exists()
+
+
+@pytest.mark.parametrize("call,text", [
+    (lambda: aa.score(None, [{"text_a": 5}]), "inputs[0]['text_a'] must be a text"),
+    (lambda: aa.score(steps="4"), "steps must be a whole number"),
+    (lambda: aa.score(layers="7"), "layers must be layer indices"),
+    (lambda: aa.score(examples=[1.5]), "examples must be a selection"),
+    (lambda: aa.score(tol=0.1, rule="left"), "tol places its own nodes"),
+    (lambda: aa.open_store(None), "path must be a store's file path"),
+    (lambda: aa.open_store(123), "path must be a store's file path"),
+    (lambda: aa.tree("s.h5"), "open the store first"),
+    (lambda: aa.tree(None), "example must be a scored example"),
+])
+def test_misuse_from_python_is_an_attattr_error_naming_the_argument(call, text):
+    with pytest.raises(AttattrError) as exc:
+        call()
+    assert text in str(exc.value) and "--" not in str(exc.value), str(exc.value)
+
+
+def _one_error(result, needle: str) -> None:
+    assert result.exit_code != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_nul_character_in_a_text_is_one_line_and_leaves_no_store(tmp_path, tiny_model_dir):
+    data = tmp_path / "nul.tsv"
+    data.write_text("sentence\tlabel\nfine\t1\nhello\x00world\t0\n")
+    out = tmp_path / "n.h5"
+    result = CliRunner().invoke(app, ["score", "--model", str(tiny_model_dir), "--data", str(data), "--task", "sst2",
+                                      "--out", str(out)])
+    _one_error(result, "line 3, column 'sentence': the text holds a NUL character")
+    assert not out.exists()
+    with pytest.raises(AttattrError, match="NUL character"):
+        aa.score(None, ["a\x00b"])
+
+
+def test_a_one_megabyte_field_reads_and_truncates(tmp_path, tiny_model_dir):
+    data = tmp_path / "big.tsv"
+    data.write_text("sentence\tlabel\n" + "w1 " * 350_000 + "\t1\nshort one\t0\n")
+    out = tmp_path / "b.h5"
+    result = CliRunner().invoke(app, ["score", "--model", str(tiny_model_dir), "--data", str(data), "--task", "sst2",
+                                      "--truncate", "--steps", "2", "--out", str(out), "-q"])
+    assert result.exit_code == 0, result.stderr
+    with aa.open_store(out) as s:
+        assert len(s) == 2 and s[0].truncated
+    result = CliRunner().invoke(app, ["score", "--model", str(tiny_model_dir), "--data", str(data), "--task", "sst2",
+                                      "--out", str(tmp_path / "c.h5")])
+    _one_error(result, "example 0 has 350002 tokens")
+
+
+def test_examples_beyond_the_data_are_named(tmp_path):
+    result = CliRunner().invoke(app, ["score", "--examples", "198:205", "--out", str(tmp_path / "s.h5")])
+    assert result.exit_code == 0, result.stderr
+    assert "examples 200..204 do not exist (5 asked for beyond the 200 the data has); scoring the 2 that do" \
+        in result.stderr
+
+
+def test_data_without_a_model_does_not_reach_for_a_hub_model(tmp_path):
+    data = tmp_path / "d.tsv"
+    data.write_text("sentence\tlabel\na fine film\t1\n")
+    result = CliRunner().invoke(app, ["score", "--data", str(data), "--task", "sst2", "--out", str(tmp_path / "s.h5")])
+    _one_error(result, "--data needs --model")
+    assert "--model distilbert" in result.stderr and not (tmp_path / "s.h5").exists()
