@@ -479,3 +479,29 @@ def test_report_in_chromium(stores, tmp_path):
             _not_blank(p.screenshot())
             assert p.errors() == []
             assert all(u.startswith("file://") for u in p.requests())
+
+
+def test_report_draws_every_row_with_a_nan_and_a_text_holding_its_placeholder(stores, tmp_path):
+    """A non-finite example once put a bare NaN into the page's JSON (no row drawn), and a text
+    holding the template's placeholder was spliced into its own data."""
+    import shutil
+
+    import h5py
+
+    store = tmp_path / "odd.h5"
+    shutil.copy(stores["default"], store)
+    with h5py.File(store, "a") as f:
+        g = f["examples"]["00000001"]
+        g.attrs["text_a"] = "a text with %EXAMPLES% in it"
+        g["residual"][0] = float("nan")
+        g.attrs["nonfinite"] = "attribution"
+    _ok("report", store, "-o", f"{tmp_path / 'rep'}/", "-q")
+    _ok("report", store, "-o", tmp_path / "one.html", "-q")
+    page = (tmp_path / "one.html").read_text()
+    assert "NaN" not in page.split('id="aa-report-data">')[1].split("</script>")[0]
+    with Chromium() as b:
+        for url in ((tmp_path / "rep" / "index.html").as_uri(), (tmp_path / "one.html").as_uri()):
+            p = b.open(url)
+            assert p.eval("document.querySelectorAll('tr.aa-row').length") == 3
+            assert "%EXAMPLES%" in p.eval("document.querySelector('table.aa-rows').textContent")
+            assert p.errors() == []

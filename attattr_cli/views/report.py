@@ -92,7 +92,9 @@ def _importance(path, store) -> dict:
                        for t in imp.tables.values()]}
 
 
-def page(data: dict, title: str) -> str:
+def page(data: dict, title: str, examples: str = "") -> str:
+    """The report page; ``examples`` (the inline examples' script elements) goes in as it is,
+    never through a text replacement that could reach into the data."""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
@@ -101,7 +103,7 @@ def page(data: dict, title: str) -> str:
 <script type="application/json" id="aa-report-data">{script_json(data)}</script>
 <script>{static("view.js")}</script>
 <script>{static("report.js")}</script>
-%EXAMPLES%
+{examples}
 <script>AttattrReport.start(document.getElementById("aa-report"), JSON.parse(document.getElementById("aa-report-data").textContent));</script>
 </body></html>
 """
@@ -172,15 +174,15 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                 "columns": ["index", "text", "gold", "prediction", "probability", "max |residual|", "tokens", "flags"],
                 "rows": rows, "mode": "folder" if folder else "inline", "family": family or (fams[0] if fams else "self"),
                 "families": fams, "importance": imp, "flagged": flagged, "residual_flag": RESIDUAL_FLAG}
-        text = page(data, f"attattr report: {Path(store.path).name}")
+        title = f"attattr report: {Path(store.path).name}"
         if tmp is not None:
-            (tmp / "index.html").write_text(text.replace("%EXAMPLES%", ""), encoding="utf-8")
+            (tmp / "index.html").write_text(page(data, title), encoding="utf-8")
             swap_dir_in(tmp, out)
             tmp = None
             size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
             path = out / "index.html"
         else:
-            body = text.replace("%EXAMPLES%", "\n".join(inline))
+            body = page(data, title, "\n".join(inline))
             write_atomic(out, body)
             size, path = len(body.encode("utf-8")), out
     finally:
