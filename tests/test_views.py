@@ -505,3 +505,27 @@ def test_report_draws_every_row_with_a_nan_and_a_text_holding_its_placeholder(st
             assert p.eval("document.querySelectorAll('tr.aa-row').length") == 3
             assert "%EXAMPLES%" in p.eval("document.querySelector('table.aa-rows').textContent")
             assert p.errors() == []
+
+
+VALUES = [6.19e-4, 0.0579, 0.63, 3.988e-7, 4e-7, -0.018, 12345.6, 1.0, 0.5, 100.0, 0.001, -2.5e-5, 0.0, 9.996]
+
+
+def test_one_number_format_in_python_and_in_the_page(stores, tmp_path):
+    """Residuals and errors read the same in the PNG/SVG (Python) and the HTML (view.js)."""
+    from attattr_cli.views.data import format_number
+
+    assert [format_number(v) for v in (6.19e-4, 0.0579, 0.63, 3.988e-7)] == ["6.19e-4", "0.0579", "0.63", "3.99e-7"]
+    assert format_number(4e-7, signed=True) == "+4e-7" and format_number(-0.018, signed=True) == "-0.018"
+    _ok("report", stores["default"], "-o", tmp_path / "one.html", "-q")
+    with Chromium() as b:
+        p = b.open((tmp_path / "one.html").as_uri())
+        js = p.eval(f"{json.dumps(VALUES)}.map(function (v) {{ return AttattrView.fmt(v, true); }})")
+    assert js == [format_number(v, signed=True) for v in VALUES]
+
+
+def test_all_heads_of_one_layer_are_drawn_as_a_grid(stores, tmp_path):
+    out = tmp_path / "heads.svg"
+    _ok("view", stores["default"], "--example", "0", "--layers", "1", "--heads", "all", "-o", out)
+    head = out.read_text()[:2000]
+    width, height = (float(x) for x in re.search(r'width="([\d.]+)pt" height="([\d.]+)pt"', head).groups())
+    assert width > height / 2, (width, height)  # 4 heads x (attribution, attention): 2 rows of 4, not 8 rows of 1

@@ -99,6 +99,28 @@ def _label(labels: Sequence[str] | None, i: int) -> str:
     return str(i)
 
 
+def format_number(v, signed: bool = False) -> str:
+    """The one number format of every view (PNG, SVG, HTML, the report; view.js's fmt is the
+    same): three significant digits, scientific below 1e-3 and from 1e4 (6.19e-4), trailing
+    zeros dropped; ``signed`` puts + before positive numbers."""
+    import math
+
+    if v is None or not math.isfinite(float(v)):
+        return "n/a"
+    v = float(v)
+    a = abs(v)
+    if a == 0:
+        text = "0"
+    elif a < 1e-3 or a >= 1e4:
+        mantissa, exponent = f"{v:.2e}".split("e")
+        text = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    else:
+        text = f"{v:.{max(0, 2 - math.floor(math.log10(a) + 1e-12))}f}"
+        if "." in text:
+            text = text.rstrip("0").rstrip(".")
+    return ("+" if signed and v > 0 else "") + text
+
+
 def header_of(example, labels: Sequence[str] | None = None) -> dict:
     """Text, gold label, prediction and its probability, target, residual per layer."""
     meta = getattr(example, "meta", None) or {}

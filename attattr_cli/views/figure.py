@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 
 from ..errors import OptionError
-from .data import View
+from .data import View, format_number
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
 ATTR_CMAP = "RdBu_r"
@@ -55,7 +55,7 @@ def header_lines(view: View) -> list[str]:
     text = h["text_a"] if h.get("text_b") is None else f"{h['text_a']}  ||  {h['text_b']}"
     wrapped = textwrap.wrap("text: " + text, 110)
     lines += wrapped[:3] if len(wrapped) <= 3 else wrapped[:2] + [wrapped[2][:106] + " …"]
-    resid = " ".join(f"L{l} {v:+.2g}" for l, v in h["residual"].items())
+    resid = " ".join(f"L{l} {format_number(v, signed=True)}" for l, v in h["residual"].items())
     line = f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}"
     if h.get("unconverged"):
         line += " · NOT CONVERGED: " + ", ".join(f"L{l} ({why})" for l, why in h["unconverged"].items())
@@ -81,8 +81,19 @@ def view_figure(view: View, tree_png: bytes | None = None):
     n_layers = max(len(view.layers), 1)
     per_row = min(n_layers, 6 if max(nq, nk) > 24 else 8)  # wider figures wrap their layers into blocks
     blocks = -(-n_layers // per_row)
-    cols = per_row if kinds else 0
-    rows = len(kinds) * len(view.heads) * blocks
+    room = 6 if max(nq, nk) > 24 else 8  # panels per row
+    # each row of panels: (kind, [(layer position, head position), ...]); layers run across a row,
+    # and where they leave room (one layer, all heads, say) several heads share a row: a grid
+    heads_per_row = max(1, room // n_layers) if n_layers < room else 1
+    if heads_per_row > 1 and len(view.heads) > 1:
+        groups = [list(range(i, min(i + heads_per_row, len(view.heads))))
+                  for i in range(0, len(view.heads), heads_per_row)]
+        order = [(kind, [(lp, hi) for hi in group for lp in range(n_layers)]) for group in groups for kind in kinds]
+    else:
+        order = [(kind, [(b * per_row + c, hi) for c in range(len(view.layers[b * per_row:(b + 1) * per_row]))])
+                 for b in range(blocks) for hi in range(len(view.heads)) for kind in kinds]  # attention under attribution
+    cols = max((len(panels) for _, panels in order), default=0)
+    rows = len(order)
     cell = 0.17 if max(nq, nk) > 24 else 0.2
     panel_w = max(1.9, nk * cell)
     panel_h = max(1.9, nq * cell)
@@ -117,15 +128,14 @@ def view_figure(view: View, tree_png: bytes | None = None):
     norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
              "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
     step = panel_h + label_w + 0.35
-    order = [(b, hi, head, kind) for b in range(blocks) for hi, head in enumerate(view.heads)
-             for kind in kinds]  # attention under attribution
-    for r, (b, hi, head, kind) in enumerate(order):
+    for r, (kind, panels) in enumerate(order):
         top = y - r * step - 0.3
         im = None
-        for c, layer in enumerate(view.layers[b * per_row:(b + 1) * per_row]):
+        for c, (lp, hi) in enumerate(panels):
+            layer, head = view.layers[lp], view.heads[hi]
             left = 0.3 + label_w + c * (panel_w + label_w)
             ax = fig.add_axes((left / width, (top - panel_h) / height, panel_w / width, panel_h / height))
-            data = np.asarray(view.maps[kind][b * per_row + c, hi])
+            data = np.asarray(view.maps[kind][lp, hi])
             if view.masked is not None:
                 data = np.ma.masked_array(data, mask=view.masked)
             cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)

@@ -23,10 +23,15 @@
     if (kind === "attr") return v >= 0 ? mix(ATTR_POS, v / top) : mix(ATTR_NEG, -v / top);
     return mix(ATT_HI, v / top);
   }
-  function fmt(v) {
-    if (v === null || v === undefined) return "n/a";
-    var a = Math.abs(v);
-    return (a !== 0 && (a < 1e-3 || a >= 1e4)) ? v.toExponential(3) : v.toPrecision(4);
+  function fmt(v, signed) {  /* the one number format of every view: views/data.py format_number */
+    if (v === null || v === undefined || !isFinite(v)) return "n/a";
+    var a = Math.abs(v), s;
+    if (a === 0) s = "0";
+    else if (a < 1e-3 || a >= 1e4) {
+      var parts = v.toExponential(2).split("e");
+      s = parts[0].replace(/\.?0+$/, "") + "e" + parseInt(parts[1], 10);
+    } else s = v.toFixed(Math.max(0, 2 - Math.floor(Math.log10(a) + 1e-12))).replace(/(\.\d*?)0+$/, "$1").replace(/\.$/, "");
+    return (signed && v > 0 ? "+" : "") + s;
   }
   function scaleOf(data, kind, head) {  /* shared across layers: the head sum, or every single head */
     var m = data.maps[kind], top = 0, single = data.heads[head] !== "sum";
@@ -68,7 +73,7 @@
     if (h.truncated) pred.appendChild(el("span", "aa-wrong", "  truncated"));
     view.appendChild(pred);
     var res = [];
-    for (var l in h.residual) res.push("L" + l + " " + fmt(h.residual[l]));
+    for (var l in h.residual) res.push("L" + l + " " + fmt(h.residual[l], true));
     var resLine = el("div", "aa-meta", "completeness residual per layer: " + res.join(", "));
     var bad = [];
     for (var u in (h.unconverged || {})) bad.push("L" + u + " (" + h.unconverged[u] + ")");
