@@ -113,3 +113,40 @@ def test_data_without_a_model_does_not_reach_for_a_hub_model(tmp_path):
     result = CliRunner().invoke(app, ["score", "--data", str(data), "--task", "sst2", "--out", str(tmp_path / "s.h5")])
     _one_error(result, "--data needs --model")
     assert "--model distilbert" in result.stderr and not (tmp_path / "s.h5").exists()
+
+
+FULL_DISK = """
+import errno, json, pathlib, sys
+import h5py
+def full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+if sys.argv[2] == "text":
+    pathlib.Path.write_text = full
+else:
+    real = h5py.File.__init__
+    def init(self, name, mode="r", *a, **k):
+        if mode != "r" and str(name).endswith(".tmp"):
+            full()
+        real(self, name, mode, *a, **k)
+    h5py.File.__init__ = init
+sys.argv = ["attattr", *json.loads(sys.argv[1])]
+from attattr_cli.cli import app
+app()
+"""
+
+
+@pytest.mark.parametrize("command,how", [("report", "text"), ("importance", "h5")])
+def test_a_full_disk_is_one_line_and_replaces_nothing(tmp_path, command, how):
+    store = tmp_path / "s.h5"
+    assert CliRunner().invoke(app, ["score", "--out", str(store), "--examples", "0:2", "-q"]).exit_code == 0
+    target = tmp_path / ("rep" if command == "report" else "imp.h5")
+    args = ["report", str(store), "-o", f"{target}/"] if command == "report" else \
+        ["importance", str(store), "--out", str(target), "-q"]
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run([sys.executable, "-c", FULL_DISK, json.dumps(args), how], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "%" not in line]
+    assert result.returncode == 5, result.stderr
+    assert lines == ["Error: no space left on the device (No space left on device): nothing was replaced;"
+                     " free some space and run the command again"], result.stderr
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.h5"]

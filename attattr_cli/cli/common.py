@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import sys
@@ -14,7 +15,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from ..data.tasks import TASKS
-from ..errors import AttattrError, OptionError
+from ..errors import AttattrError, OptionError, ResourceError
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -83,6 +84,9 @@ PLAIN_EVERY = 10.0
 TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
 
 
+FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk or quota, a file size limit
+
+
 @contextlib.contextmanager
 def edge():
     """Turn library errors into one line on stderr and a non-zero exit, no traceback."""
@@ -105,6 +109,16 @@ def edge():
     except KeyboardInterrupt:
         err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
         raise typer.Exit(130) from None
+    except OSError as exc:
+        if exc.errno not in FULL:
+            raise
+        # every output is written beside its target and renamed over it: the old file is intact
+        where = f" writing {exc.filename}" if exc.filename else ""
+        err.print(f"Error: no space left on the device{where} ({os.strerror(exc.errno)}): nothing was replaced;"
+                  " free some space and run the command again", markup=False)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(ResourceError.exit_code)  # HDF5's state after a failed write would crash its shutdown
 
 
 def skipped_line(n: int) -> str:
