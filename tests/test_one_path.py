@@ -150,3 +150,20 @@ def test_a_full_disk_is_one_line_and_replaces_nothing(tmp_path, command, how):
     assert lines == ["Error: no space left on the device (No space left on device): nothing was replaced;"
                      " free some space and run the command again"], result.stderr
     assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["s.h5"]
+
+
+def test_an_extended_store_equals_one_run_up_to_rounding_and_exactly_with_group_1(tmp_path):
+    import numpy as np
+
+    def scored(name, *runs, group=()):
+        path = tmp_path / name
+        for examples in runs:
+            assert CliRunner().invoke(app, ["score", "--out", str(path), "-e", examples, "-q", *group]).exit_code == 0
+        with aa.open_store(path) as s:
+            return [s[i].attribution for i in s.indices]
+
+    once, twice = scored("a.h5", "0:12"), scored("b.h5", "0:4", "0:12")
+    for a, b in zip(once, twice):
+        assert np.abs(a - b).max() <= 1e-6 * max(np.abs(a).max(), 1e-12)
+    once, twice = scored("c.h5", "0:12", group=["--group", "1"]), scored("d.h5", "0:4", "0:12", group=["--group", "1"])
+    assert all(np.array_equal(a, b) for a, b in zip(once, twice))
