@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError
-from .inputs import _check_min, _cmd, _open, _spec, _write_json, model_and_data
+from .inputs import check_min, command_of, open_source, selection, write_json_file, model_and_data
 from .model import progress_for, using
 
 
@@ -84,20 +84,20 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     seed_list = list(seeds) or [0]
-    _check_min("batch_size", batch_size)
+    check_min("batch_size", batch_size)
     tables = []
     if source is not None:
         if model is not None or data is not None or task is not None or inputs is not None:
             raise OptionError("give either a store or model/data/task, not both")
         wanted = imp.parse_methods(methods or "attr,attention", imp.STORE_METHODS + ("random",))
-        st, close = _open(source)
+        st, close = open_source(source)
         try:
             chosen = None
             if examples is not None:
                 from ..data import parse_examples
 
                 have = st.indices()
-                chosen = parse_examples(_spec(examples), (max(have) + 1) if have else 0)
+                chosen = parse_examples(selection(examples), (max(have) + 1) if have else 0)
             with progress_for(progress, "importance") as bar:
                 ident, tables = imp.from_store(st, [m for m in wanted if m in imp.STORE_METHODS], chosen, bar,
                                                family=family)
@@ -121,7 +121,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     unconverged = max((t.unconverged for t in tables), default=0)
     used = max((len(t.examples) for t in tables if t.method == "attr"), default=0)
     if out is not None:
-        written = imp.write(out, ident, tables, _cmd(command))
+        written = imp.write(out, ident, tables, command_of(command))
         return Importance(written.identity, written.tables, str(out), skipped, unconverged, used)
     return Importance(ident, {t.name: t for t in tables}, None, skipped, unconverged, used)
 
@@ -159,7 +159,7 @@ def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mas
 
     from ..engine.heads import Batches, logits_under
 
-    _check_min("batch_size", batch_size)
+    check_min("batch_size", batch_size)
     m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m:
         scale = None
@@ -224,7 +224,7 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         raise OptionError("keep_heads and save_model go together")
     if keep_heads is not None and importance is None:
         raise OptionError("keep_heads needs importance to rank the heads")
-    _check_min("batch_size", batch_size)
+    check_min("batch_size", batch_size)
     rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
     if importance is None:
         imp_file = None
@@ -246,8 +246,8 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         res = PruneResult(info={
             "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
             "task": task_name or "generic", "data": data or ("memory" if inputs is not None else "builtin"),
-            "examples": _spec(examples) or "all",
-            "importance": (imp_file.path if imp_file is not None else None), "command": _cmd(command),
+            "examples": selection(examples) or "all",
+            "importance": (imp_file.path if imp_file is not None else None), "command": command_of(command),
         })
         batches = Batches(loaded, picked, label_map, batch_size, truncate)
         if imp_file is not None:
@@ -260,5 +260,5 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         if save_model is not None:
             res.pruned_model = pr.save_and_compare(loaded, imp_file, keep_heads, keep_method, save_model, batches)
     if out is not None:
-        _write_json(out, res.to_dict())
+        write_json_file(out, res.to_dict())
     return res

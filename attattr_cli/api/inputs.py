@@ -54,7 +54,7 @@ def to_examples(inputs) -> list:
     return out
 
 
-def _model_arg(model) -> tuple[str | None, list[str] | None]:
+def model_arg(model) -> tuple[str | None, list[str] | None]:
     """(model id for resolving data, label names when already loaded) of a model argument."""
     if model is None or isinstance(model, (str, Path)):
         return (None if model is None else str(model)), None
@@ -62,7 +62,7 @@ def _model_arg(model) -> tuple[str | None, list[str] | None]:
     return (m.path or "memory"), (None if m.loaded.lm else m.label_names)
 
 
-def _default_task(model_id: str | None, data, task, inputs):
+def default_task(model_id: str | None, data, task, inputs):
     """With no inputs, data or task: the synthetic task for the built-in model; else an error."""
     if inputs is not None or data is not None or task is not None or model_id is None:
         return task
@@ -83,8 +83,8 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
 
     if model is not None and not isinstance(model, (str, Path)):
         model = as_model(model)  # once: wrapping a (model, tokenizer) pair hashes its weights
-    model_id, names = _model_arg(model)
-    task = _default_task(model_id, data, task, inputs)
+    model_id, names = model_arg(model)
+    task = default_task(model_id, data, task, inputs)
     if inputs is not None:
         if data is not None:
             raise OptionError("give inputs or data, not both")
@@ -101,11 +101,11 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
     return m, task_obj, picked, label_map, rows, labels
 
 
-def _cmd(command) -> list[str]:
+def command_of(command) -> list[str]:
     return list(command) if command else list(API_COMMAND)
 
 
-def _spec(examples) -> str | None:
+def selection(examples) -> str | None:
     """``examples`` (a selection string, or indices) as a selection string."""
     if examples is None or isinstance(examples, str):
         return examples
@@ -118,18 +118,18 @@ def _spec(examples) -> str | None:
     return ",".join(str(i) for i in items)
 
 
-def _check_min(name: str, value, least: int = 1) -> None:
+def check_min(name: str, value, least: int = 1) -> None:
     if value is not None and value < least:
         raise OptionError(f"{name} must be at least {least}, got {value}")
 
 
-def _write_json(path, doc: dict) -> None:
+def write_json_file(path, doc: dict) -> None:
     from ..fileio import write_json
 
     write_json(Path(path), doc, make_parents=True)
 
 
-def _open(source):
+def open_source(source):
     """(a Store-like reader, its closer) for a path, a StoreView, a Store or a Results list."""
     from ..store import Store
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..engine.options import MAX_NODES
 from ..errors import OptionError
-from .inputs import _cmd, _default_task, _model_arg, _spec, to_examples
+from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, as_model, progress_for, using
 from .results import read_all
 
@@ -59,19 +59,19 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
 
     # the options, the selection and the data file are checked before anything loads
     with api_names():
-        precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), _spec(examples), data)
+        precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
     from ..engine.run import ScoreRequest, score_to_store
 
     if model is not None and not isinstance(model, (str, Path)):
         model = as_model(model, lm=bool(lm))  # once: wrapping a (model, tokenizer) pair hashes its weights
     is_lm = bool(lm) or (isinstance(model, Model) and model.loaded.lm)
     exs = to_examples(inputs) if inputs is not None else None
-    model_id, names = _model_arg(model)
+    model_id, names = model_arg(model)
     if not is_lm:
         if target_token is not None or continuation is not None or position is not None:
             raise OptionError("target_token, continuation and position go with a causal language model"
                               " (load_model(..., lm=True))")
-        task = _default_task(model_id, data, task, exs)
+        task = default_task(model_id, data, task, exs)
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
@@ -84,9 +84,9 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
         path = Path(tmp.name) / "scores.h5"
     try:
         with using(model, device=device, dtype=dtype, lm=is_lm) as m, progress_for(progress, "score") as bar:
-            req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=_spec(examples),
+            req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=selection(examples),
                                options=options, device=device, store_dtype=store_dtype, seed=seed,
-                               command=_cmd(command), inputs=exs, label_names=names)
+                               command=command_of(command), inputs=exs, label_names=names)
             report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn)
             if out is not None:
                 return report

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .inputs import _check_min, _cmd, _default_task, _model_arg, _spec
+from .inputs import check_min, command_of, default_task, model_arg, selection
 from .model import Model, as_model, progress_for, using
 from .scoring import score
 
@@ -88,9 +88,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             from ..data import parse_examples
             from ..engine.run import resolve_inputs
 
-            mid, names = _model_arg(m)
-            _, _, rows, _ = resolve_inputs(mid, data, _default_task(mid, data, task, None), names)
-            select = [rows[i].index for i in parse_examples(_spec(examples), len(rows))]
+            mid, names = model_arg(m)
+            _, _, rows, _ = resolve_inputs(mid, data, default_task(mid, data, task, None), names)
+            select = [rows[i].index for i in parse_examples(selection(examples), len(rows))]
             loaded_model = m
         else:
             if data is not None or task is not None:
@@ -106,7 +106,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         else:
             with progress_for(progress, "faithfulness") as bar:
                 report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar)
-        report["command"] = _cmd(command)
+        report["command"] = command_of(command)
         res = FaithfulnessResult(report, None if tmp is not None else str(store))
     finally:
         if tmp is not None:
@@ -160,16 +160,16 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         evals = None
     if eval_data is not None:
         evals, _ = load_examples(eval_data, task_obj, list(labels))
-    chosen = parse_examples(_spec(examples), len(train_all))
+    chosen = parse_examples(selection(examples), len(train_all))
     if max_examples is not None:
-        _check_min("max_examples", max_examples)
+        check_min("max_examples", max_examples)
         chosen = chosen[:max_examples]
     train = [train_all[i] for i in chosen]
     options = FinetuneOptions(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
                               freeze_embeddings=freeze_embeddings, weight_decay=weight_decay, warmup=warmup,
                               seed=seed, threads=threads)
     provenance = {"task": task_obj.name if task_obj else "generic", "data": data or "builtin",
-                  "eval_data": eval_data or ("builtin" if evals else ""), "command": _cmd(command)}
+                  "eval_data": eval_data or ("builtin" if evals else ""), "command": command_of(command)}
     with progress_for(progress, "finetune") as bar:
         return run_finetune(str(model), train, labels, out, options, evals, bar, overwrite, provenance)
 
@@ -191,4 +191,4 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
     from ..analysis.legacy import import_2021 as run_import
 
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
-                      attention_path=attention_path, command=_cmd(command), store_dtype=store_dtype)
+                      attention_path=attention_path, command=command_of(command), store_dtype=store_dtype)

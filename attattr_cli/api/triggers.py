@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
-from .inputs import _check_min, _cmd, _open, model_and_data
+from .inputs import check_min, command_of, open_source, model_and_data
 from .model import progress_for, using
 from .scoring import score
 
@@ -59,8 +59,8 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
 
     if rank_by not in RANKINGS:
         raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
-    _check_min("top_k", top_k)
-    _check_min("steps", steps)
+    check_min("top_k", top_k)
+    check_min("steps", steps)
     on_the_fly = source is None
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
@@ -81,7 +81,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
                   steps=steps, tol=tol, device=device, progress=progress, command=command)
             source = path
-        st, close = _open(source)
+        st, close = open_source(source)
         counts = {"skipped_nonfinite": 0}
         try:
             prov = st.provenance
@@ -98,7 +98,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
             "task": prov.get("task"), "data": prov.get("data"),
             "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"],
-            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "command": _cmd(command),
+            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "command": command_of(command),
         }
         doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
                                 source=src, patterns=patterns)
@@ -178,8 +178,8 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
 
     if triggers is None:
         raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
-    _check_min("batch_size", batch_size)
-    _check_min("top_k", top_k)
+    check_min("batch_size", batch_size)
+    check_min("top_k", top_k)
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m, progress_for(progress, "attack") as bar:

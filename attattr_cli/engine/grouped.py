@@ -35,7 +35,7 @@ from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
-from .scorer import _detached, map_measures
+from .scorer import detached, map_measures
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
 DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
@@ -147,7 +147,7 @@ class _Group:
                 grads = torch.autograd.grad(sc._target_value(logits_g, self.targets).sum(),
                                             [record.leaves[s] for s in wanted])
                 at_one = dict(zip(wanted, grads))
-                clean.outputs = {p: {i: _detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
             del logits_g, record.leaves
             sc.last_step_batch = 0
             per_example: list[list[dict]] = [[] for _ in range(count)]

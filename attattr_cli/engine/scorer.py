@@ -21,7 +21,7 @@ import torch
 from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
-from ..ops import _reference_mask, _with_causal, reference, select_backend
+from ..ops import reference_mask, with_causal, reference, select_backend
 from . import attention, memory, options as options_mod
 from .batching import pad_id_of
 from .encoding import Encoded, decoder_start_of, encode, too_long
@@ -238,7 +238,7 @@ class Scorer:
                 wanted = [t for t in targets if t in record.leaves]
                 grads = torch.autograd.grad(self._target_value(logits_g, target).sum(), [record.leaves[x] for x in wanted])
                 at_one = dict(zip(wanted, grads))
-                clean.outputs = {p: {i: _detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
                 if clean.encoder_out is not None:
                     clean.encoder_out = clean.encoder_out.detach()
             del logits_g, record.leaves
@@ -368,6 +368,7 @@ class Scorer:
             error=np.asarray([r["conv"][1] for r in per_layer], np.float64),
             capped=np.asarray([r["conv"][2] for r in per_layer], bool),
             status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
+            status_tol=self.check_tol,
         )
 
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
@@ -500,8 +501,8 @@ class Scorer:
         """The target layer's attention A (in ``dtype``) from its saved projections, made once
         per layer and kept in ``saved`` (error estimates ask for it at every level)."""
         if "probs" not in saved:
-            mask = _reference_mask(saved["mask"])
-            mask = _with_causal(mask, saved["q"], saved["k"]) if saved["causal"] else mask
+            mask = reference_mask(saved["mask"])
+            mask = with_causal(mask, saved["q"], saved["k"]) if saved["causal"] else mask
             saved["probs"] = reference.attention_probs(saved["q"], saved["k"], mask, saved["scale"],
                                                        saved["softcap"]).to(dtype)
         return saved["probs"]
@@ -540,11 +541,11 @@ def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 
-def _detached(obj):
+def detached(obj):
     if torch.is_tensor(obj):
         return obj.detach()
     if isinstance(obj, tuple):
-        return tuple(_detached(o) for o in obj)
+        return tuple(detached(o) for o in obj)
     return obj
 
 

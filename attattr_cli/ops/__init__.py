@@ -45,14 +45,14 @@ ENV_VAR = "ATTATTR_KERNEL"
 _warned: set[str] = set()
 
 
-def _reference_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
+def reference_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
     """A backend mask in the reference's convention (broadcastable to [B, H, n_q, n_k])."""
     if mask is not None and mask.dim() == 2:  # key padding [batch, key_pos]
         return mask[:, None, None, :]
     return mask
 
 
-def _with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     n_q, n_k = q.shape[-2], k.shape[-2]
     allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -111,14 +111,14 @@ class TorchBackend(Backend):
         return True
 
     def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
-        return reference.attention_forward(q, k, v, _reference_mask(mask), scale, causal)
+        return reference.attention_forward(q, k, v, reference_mask(mask), scale, causal)
 
     def attribution_from_grad(
         self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False
     ):
-        full_mask = _reference_mask(mask)
+        full_mask = reference_mask(mask)
         if causal:
-            full_mask = _with_causal(full_mask, q, k)
+            full_mask = with_causal(full_mask, q, k)
         return reference.attribution_from_grad(q, k, v, g, full_mask, scale, softcap, want_maps)
 
 

@@ -26,7 +26,6 @@ import h5py
 import numpy as np
 
 from .. import __version__
-from ..engine.options import DEFAULT_TOL
 from ..errors import StoreError, first_line
 from .fingerprint import fingerprint_difference
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
@@ -54,10 +53,10 @@ def check_fingerprint(path: Path, there: dict, here: dict) -> None:
     if difference is not None:
         hint = _HINTS.get(difference.kind, "use another output store")
         old, new = there.get("options", {}), here.get("options", {})
-        if difference.kind == "options" and old.get("tol") is None and new.get("tol") == DEFAULT_TOL:
-            hint = (f"it was integrated with a fixed rule (rule={old.get('rule')!r}, steps={old.get('steps')}), and a run"
-                    f" that names neither integrates to tol={DEFAULT_TOL:g}: give that rule and steps to extend it,"
-                    " or use another output store")
+        if difference.kind == "options" and old.get("tol") is None and new.get("tol") is not None:
+            hint = (f"it was integrated with a fixed rule (rule={old.get('rule')!r}, steps={old.get('steps')}), and this"
+                    f" run integrates to tol={new.get('tol'):g} (the default when neither --rule nor --steps is given):"
+                    " give that rule and steps to extend it, or use another output store")
         raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")
 
 
@@ -134,8 +133,6 @@ class StoreWriter(OpenFile):
         self.store_dtype = np.float16 if store_dtype == "float16" else np.float32
         fingerprint = dict(fingerprint, store_dtype=store_dtype)
         self.fingerprint = fingerprint
-        tol = (fingerprint.get("options") or {}).get("tol")
-        self.check_tol = float(tol) if tol is not None else DEFAULT_TOL  # what convergence states are judged at
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []
@@ -356,7 +353,7 @@ class StoreWriter(OpenFile):
         """One family's datasets into group ``g`` (absent entries: None)."""
         big = dict(compression="gzip", compression_opts=4, shuffle=True)
         for name, value in arrays.items():
-            if value is None:
+            if value is None or name == "convergence_tol":  # an attribute of convergence, not a dataset
                 continue
             arr = np.asarray(value)
             if name == "layers":
@@ -370,8 +367,8 @@ class StoreWriter(OpenFile):
                 ds = self._dataset(g, name, data=arr.astype(np.float32))
             else:
                 ds = self._dataset(g, name, data=arr)
-            if name == "convergence":
-                ds.attrs["tol"] = self.check_tol
+            if name == "convergence" and arrays.get("convergence_tol") is not None:
+                ds.attrs["tol"] = float(arrays["convergence_tol"])  # the tolerance the states were judged at
             for i, label in enumerate(AXES.get(name, ())):
                 if i < arr.ndim:
                     ds.dims[i].label = label
@@ -461,7 +458,8 @@ class StoreWriter(OpenFile):
                 topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
                 error_estimate=getattr(fs, "error", None),
                 node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
-                convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8)))
+                convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
+                convergence_tol=getattr(fs, "status_tol", None)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
         a["families"] = json.dumps(info)

@@ -1,0 +1,35 @@
+"""The package's structure: the store never imports what is built on it, and no private name
+(a leading underscore) is imported from another module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "attattr_cli"
+ABOVE_STORE = ("engine", "models", "analysis", "api", "cli", "views", "ops")
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            yield node.level, node.module or "", [a.name for a in node.names]
+
+
+def test_the_store_imports_nothing_built_on_it():
+    for path in (PACKAGE / "store").glob("*.py"):
+        for level, module, _names in _imports(path):
+            top = module.split(".")[0] if level == 2 else (module.split(".")[1] if module.startswith("attattr_cli.") else "")
+            assert top not in ABOVE_STORE, f"{path.name} imports {module}"
+
+
+def test_no_private_name_crosses_a_module():
+    crossing = []
+    for path in PACKAGE.rglob("*.py"):
+        for level, module, names in _imports(path):
+            if module == "__future__":
+                continue
+            crossing += [f"{path.relative_to(PACKAGE)}: {module}.{n}" for n in names
+                         if n.startswith("_") and not n.startswith("__")]
+    assert crossing == []
