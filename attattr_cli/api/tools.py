@@ -176,12 +176,18 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
 
 def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     """Merge stores (shards of one run, or runs with the same fingerprint) into ``out``;
-    returns what was added and skipped."""
+    returns what was added and skipped, with ``notes`` on the shards and, with ``partial``,
+    the ``problems`` merged over (a torchrun shard cut short, a rank's shard not given;
+    without ``partial`` they are a StoreError)."""
+    from ..store import inspect_shards
     from ..store import merge as merge_stores
 
-    if isinstance(shards, (str, Path)):
+    if isinstance(shards, (str, Path)) or not all(isinstance(s, (str, Path)) for s in shards):
         raise OptionError("shards must be a list of store paths")
-    return merge_stores([str(s) for s in shards], out, partial=partial)
+    check = inspect_shards([str(s) for s in shards])
+    notes, problems = check.notes(), check.problems() if partial else []
+    result = merge_stores([str(s) for s in shards], str(out), partial=partial)
+    return dict(result, notes=notes, problems=problems)
 
 
 def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,

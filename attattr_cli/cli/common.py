@@ -121,6 +121,20 @@ def edge():
         os._exit(ResourceError.exit_code)  # HDF5's state after a failed write would crash its shutdown
 
 
+@contextlib.contextmanager
+def renamed_options(names: dict[str, str]):
+    """OptionErrors raised inside by the API name its arguments (``out``); the command's user
+    knows them as flags (``-o``): ``names`` maps one to the other."""
+    try:
+        yield
+    except OptionError as exc:
+        text = str(exc)
+        for name, flag in names.items():  # where the API names an argument: first, or after "unknown"/"give"
+            n = re.escape(name)
+            text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give ){n}(?= )", flag, text)
+        raise OptionError(text) from None
+
+
 def skipped_line(n: int) -> str:
     """The one stderr line of an analysis that left out store examples holding NaN or inf."""
     return (f"skipped {n} example{'s' if n != 1 else ''} flagged 'nonfinite' in the store (NaN or inf in"

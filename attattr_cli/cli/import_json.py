@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ..analysis.legacy import import_2021
+from ..api import import_2021
 from ..errors import OptionError
 from .common import command_line, edge, err, out
 

@@ -8,7 +8,6 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from ..store import Store
 from .common import edge, out
 
 
@@ -62,8 +61,9 @@ def info(
 ) -> None:
     """Print what a store holds: model, options, examples, accuracy, completeness residuals."""
     with edge():
-        with Store(store) as s:
-            summary = s.summary()
+        from ..api.views import info as store_info
+
+        summary = store_info(store)
         if as_json:
             out.print(json.dumps(summary, indent=2, default=str), markup=False)
             return

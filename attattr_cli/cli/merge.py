@@ -7,8 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ..store import inspect_shards
-from ..store import merge as merge_stores
+from ..api import merge as merge_stores
 from .common import edge, err, out
 
 
@@ -28,13 +27,12 @@ def merge(
     Prints --out's path on stdout (with --json, a summary).
     """
     with edge():
-        check = inspect_shards([str(s) for s in shards])
-        notes, problems = check.notes(), check.problems() if partial else []
+        result = merge_stores([str(s) for s in shards], str(out_path), partial=partial)
+        notes, problems = result.pop("notes"), result.pop("problems")
         for note in [] if quiet else notes:
             err.print(f"Note: {note}", markup=False)
         for problem in problems:
-            err.print(f"Warning: {problem}; merging what is there (--partial)", markup=False)
-        result = merge_stores([str(s) for s in shards], str(out_path), partial=partial)
+            err.print(f"Warning: {problem}; merged what is there (--partial)", markup=False)
         if not quiet:
             err.print(f"merged {result['added']} examples ({result['skipped']} already present)", markup=False)
         if as_json:

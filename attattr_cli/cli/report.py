@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from .common import edge, err, out, progress_bar
+from .common import edge, err, out, progress_bar, renamed_options
 
 
 def report(
@@ -21,14 +21,14 @@ def report(
     examples (text, gold, prediction, probability, residual, flags) and each example's view
     one click away. Offline: the CSS and JavaScript are in the page, nothing is fetched."""
     with edge():
-        from ..store import Store
-        from ..views.report import build_report
+        from ..api.views import report as write_report
 
-        with Store(store) as s, progress_bar("report", quiet) as bar:
-            result = build_report(s, out_path, importance=importance, family=family, progress=bar)
+        with progress_bar("report", quiet) as bar, renamed_options({"out": "-o"}):
+            result = write_report(store, out_path, importance=importance, family=family, progress=bar)
         if not quiet:
             kind = "folder" if result.folder else "file"
             f = result.flagged
             err.print(f"{result.examples} examples ({f['wrong']} wrong, {f['residual']} with a large residual,"
-                      f" {f['truncated']} truncated); {result.bytes / 1e6:.1f} MB {kind}", markup=False)
+                      f" {f['truncated']} truncated, {f['unconverged']} not converged); {result.bytes / 1e6:.1f} MB {kind}",
+                      markup=False)
         out.print(str(result.path), markup=False)

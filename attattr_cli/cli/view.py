@@ -9,34 +9,11 @@ from typing import Optional
 import typer
 
 from ..errors import OptionError
-from .common import edge, err, parse_int_list
+from .common import edge, err, parse_int_list, renamed_options
 
 
 def _layers(spec: Optional[str]):
     return parse_int_list(spec, "--layers")
-
-
-def _show(spec: str) -> list[str]:
-    from ..views import SHOWS
-
-    items = [s.strip() for s in spec.split(",") if s.strip()]
-    items = ["attr" if s in ("attribution", "attributions") else s for s in items]
-    for s in items:
-        if s not in SHOWS:
-            raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
-    return items or list(SHOWS)
-
-
-def check_out(out_path: str) -> None:
-    """Refuse an output whose folder is missing or that is a folder, before any work."""
-    if out_path == "-":
-        return
-    p = Path(out_path)
-    if p.is_dir():
-        raise OptionError(f"-o {out_path} is a folder: give a file name such as view.html")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.exists():
-        raise OptionError(f"-o {out_path}: the folder {parent} does not exist")
 
 
 def view(
@@ -63,33 +40,23 @@ def view(
     window around --queries (or the positions that predict an LM's target), never an n x n image.
     """
     with edge():
-        from ..store import Store
-        from ..views import format_of, from_store, render_bytes, spec_of
+        from ..api.views import view as draw
 
         to_stdout = out_path == "-"
-        fmt = format_of(None if to_stdout else out_path, fmt or ("html" if to_stdout else None))
-        if to_stdout and fmt not in ("svg", "html"):
+        if to_stdout and (fmt or "html") not in ("svg", "html"):
             raise OptionError(f"{fmt.upper()} goes to a file: give -o view.{fmt} (stdout takes svg or html)")
-        check_out(out_path)
-        spec = spec_of(layers=_layers(layers), heads=heads, show=_show(show),
-                       queries=parse_int_list(queries, "--queries"), window=window, top_k=top_k,
-                       importance=importance)
-        with Store(store) as s:
-            loaded = from_store(s, example, family=family)
-        spec.num_layers = loaded.num_layers
-        data, v = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
-                               num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}")
+        with renamed_options({"out": "-o", "fmt": "--format", "show": "--show"}):
+            picture = draw(store, example, None if to_stdout else out_path, fmt=(fmt or "html") if to_stdout else fmt,
+                           layers=_layers(layers), heads=heads, show=show, queries=parse_int_list(queries, "--queries"),
+                           window=window, top_k=top_k, importance=importance, family=family, tree=tree)
         if to_stdout:
             sys.stdout.flush()
-            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.write(picture.data)
             sys.stdout.buffer.flush()
-        else:
-            from ..fileio import write_atomic
-
-            write_atomic(out_path, data)
+        v = picture.view
         if not quiet:
             shown = (f"{len(v.q_idx)}x{len(v.k_idx)} of {len(v.query_tokens)}x{len(v.key_tokens)} tokens"
                      if v.maps else "no maps, the top-k table")
             err.print(f"example {example} ({v.family}): layers {','.join(map(str, v.layers))}, heads {heads}, "
-                      f"{'+'.join(v.maps) or 'top-k'} ({v.mode}: {shown}); {fmt} to {'stdout' if to_stdout else out_path}",
-                      markup=False)
+                      f"{'+'.join(v.maps) or 'top-k'} ({v.mode}: {shown}); {picture.format} to"
+                      f" {'stdout' if to_stdout else out_path}", markup=False)
