@@ -250,7 +250,7 @@ def test_bart_store_families_info_and_tree(bart_dir, sst2_small, tmp_path):
     assert as_json["families"]["decoder"]["query"] == "decoder" and as_json["families"]["encoder"]["heads"] == 4
     refused = run_cli("tree", out, "--example", "0", "--family", "cross")
     assert one_error_line(refused) == ("Error: the attribution tree links tokens of one sequence; the cross family"
-                                      " (decoder queries, encoder keys) has none: use --family encoder or --family decoder")
+                                      " (decoder queries, encoder keys) has none: give --family encoder or decoder")
     tree = run_cli("tree", out, "--example", "0", "--family", "decoder", "--format", "json", "--quiet")
     assert tree.exit_code == 0, tree.output
     with Store(out) as s:

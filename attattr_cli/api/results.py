@@ -9,6 +9,7 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
+from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
@@ -238,11 +239,12 @@ class Tree:
 
 
 def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,
-         compat: str = "paper", num_layers: int | None = None) -> Tree:
+         compat: str = "paper", num_layers: int | None = None, title: str | None = None) -> Tree:
     """The attribution tree of one example (an :class:`Attribution`, e.g. ``store[3]`` or
     ``score(...)[0]``): edges whose layer-normalised score exceeds ``tau`` (default 0.4);
     ``lam`` the paper's cost per edge; ``layers`` a subset of the scored layers; ``root`` a token
-    position to root the tree at instead of the top-node rule; ``compat`` paper or reference."""
+    position to root the tree at instead of the top-node rule; ``compat`` paper or reference;
+    ``title`` what the drawing says before "top node ..." (default: the example's index)."""
     from ..analysis.tree import DEFAULT_TAU, MODES, node_label, tree_for_example
 
     if compat not in MODES:
@@ -252,10 +254,15 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
         raise OptionError(f"example must be a scored example (score(...)[i] or open_store(path)[i]),"
                           f" got {type(example).__name__}{hint}")
     if getattr(example, "family", "self") == "cross":
-        raise OptionError("the attribution tree links tokens of one sequence; the cross family has none")
+        raise OptionError("the attribution tree links tokens of one sequence; the cross family (decoder queries,"
+                          " encoder keys) has none: give family encoder or decoder")
+    if getattr(example, "nonfinite", None):
+        raise StoreError(f"example {example.index} holds NaN or inf in its {', '.join(example.nonfinite)}"
+                         " (flagged 'nonfinite' in the store): it has no tree")
     if example.attribution is None:
         if example.head_sum is None:
-            raise OptionError(f"example {example.index} keeps no attribution maps or head sums (keep='none')")
+            raise OptionError(f"example {example.index} keeps no attribution maps or head sums (scored with keep none):"
+                              " score it again with keep sum or keep maps")
         import copy
 
         example = copy.copy(example)
@@ -264,5 +271,5 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
                          num_layers=num_layers, top=root)
     from ..views import prediction_line
 
-    return Tree(g, title=f"example {example.index}: top node {node_label(g, g.graph['top'])}",
+    return Tree(g, title=f"{title or f'example {example.index}'}: top node {node_label(g, g.graph['top'])}",
                 prediction=prediction_line(example, getattr(example, "label_names", None)))

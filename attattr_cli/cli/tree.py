@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from ..analysis.tree import DEFAULT_TAU, MODES, node_label, render, tree_for_example, tree_to_dot, tree_to_json
-from ..errors import OptionError, StoreError
+from ..api.results import TREE_TAU, open_store, tree as build_tree
+from ..errors import OptionError
 from ..fileio import write_atomic
-from ..store import Store
-from .common import edge, err, parse_int_list
+from .common import edge, err, parse_int_list, renamed_options
 
 FORMATS = ("dot", "json", "png", "svg")
 EXTENSIONS = {".dot": "dot", ".gv": "dot", ".json": "json", ".png": "png", ".svg": "svg"}
@@ -42,7 +40,7 @@ def _one(value, alias, name: str, alias_name: str):
 def tree(
     store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score` or `attattr import-json`)."),
     example: Optional[int] = typer.Option(None, "--example", "-n", help="Index of the example in the store (required)."),
-    tau: float = typer.Option(DEFAULT_TAU, "--tau", help="Keep edges whose layer-normalised score exceeds tau."),
+    tau: float = typer.Option(TREE_TAU, "--tau", help="Keep edges whose layer-normalised score exceeds tau."),
     lam: Optional[float] = typer.Option(None, "--lambda", help="Cost per edge (the paper's lambda): edges must also score above it. Paper mode only."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to walk, e.g. 0,2 or 6:12 (default: all scored layers)."),
     root: Optional[int] = typer.Option(None, "--root", help="Root the tree at this token position instead of the top-node rule (where does this token's information come from?)."),
@@ -69,38 +67,12 @@ def tree(
         to_stdout = out_path in (None, "-")
         if to_stdout and fmt in ("png", "svg") and sys.stdout.isatty():
             raise OptionError(f"{fmt.upper()} output goes to a file: give -o tree.{fmt} (or pipe stdout)")
-        if compat not in MODES:
-            raise OptionError(f"unknown --compat '{compat}'; available: {', '.join(MODES)}")
-        if family == "cross":
-            raise OptionError(
-                "the attribution tree links tokens of one sequence; the cross family (decoder queries,"
-                " encoder keys) has none: use --family encoder or --family decoder"
-            )
-        with Store(store) as s:
+        with open_store(store) as s, renamed_options({"compat": "--compat", "family": "--family"}):
             e = s.get(example, family=family)
-            num_layers = s.num_layers(e.family)
-            prov = s.provenance
-            labels = list(prov.get("label_names") or prov.get("task_labels") or [])
-        if e.nonfinite:
-            raise StoreError(f"example {example} holds NaN or inf in its {', '.join(e.nonfinite)} (flagged 'nonfinite'"
-                             " in the store): it has no tree")
-        if e.attribution is None:  # --keep sum: the tree sums heads anyway
-            if e.head_sum is None:
-                raise OptionError(
-                    f"example {example} keeps no attribution maps or head sums (scored with --keep none):"
-                    " score it again with --keep sum or --keep maps"
-                )
-            e.attribution = e.head_sum
-        g = tree_for_example(e, layers=parse_int_list(layers, "--layers"), tau=tau, lam=lam, compat=compat,
-                             num_layers=num_layers, top=root)
-        if fmt == "json":
-            data: bytes = (json.dumps(tree_to_json(g), indent=2) + "\n").encode()
-        else:
-            from ..views import prediction_line
-
-            dot = tree_to_dot(g, title=f"{Path(store).name}, example {example}: top node {node_label(g, g.graph['top'])}",
-                              prediction=prediction_line(e, labels))
-            data = dot.encode() if fmt == "dot" else render(dot, fmt)
+            t = build_tree(e, tau=tau, lam=lam, layers=parse_int_list(layers, "--layers"), root=root, compat=compat,
+                           num_layers=s.store.num_layers(e.family), title=f"{Path(store).name}, example {example}")
+        g = t.graph
+        data = (t.to_json() + "\n").encode() if fmt == "json" else t.to_dot().encode() if fmt == "dot" else t.render(fmt)
         if to_stdout:
             sys.stdout.flush()
             sys.stdout.buffer.write(data)
@@ -114,7 +86,7 @@ def tree(
             where = "stdout" if to_stdout else out_path
             err.print(
                 f"example {example}: {g.number_of_nodes()} of {len(g.graph['tokens'])} tokens in the tree, "
-                f"top node {node_label(g, g.graph['top'])}, {g.number_of_edges()} edge{'' if g.number_of_edges() == 1 else 's'} "
+                f"top node {t.title.rsplit('top node ', 1)[-1]}, {g.number_of_edges()} edge{'' if g.number_of_edges() == 1 else 's'} "
                 f"({compat} mode, tau {tau:g}); {fmt} to {where}",
                 markup=False,
             )
