@@ -131,7 +131,7 @@ def renamed_options(names: dict[str, str]):
         text = str(exc)
         for name, flag in names.items():  # where the API names an argument: first, or after "unknown"/"give"
             n = re.escape(name)
-            text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give ){n}(?= )", flag, text)
+            text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give ){n}(?=[ )])", flag, text)
         raise OptionError(text) from None
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from .common import Command, Group, edge, err, out, progress_bar
+from .common import Command, Group, edge, err, out, progress_bar, renamed_options
 
 app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True, cls=Group)
 
@@ -19,10 +19,10 @@ def train(
 ) -> None:
     """Retrain the default model (a small BERT on the synthetic task) on CPU."""
     with edge():
-        from ..models.default import train_default_model
+        from ..api.demo import train_default
 
         with progress_bar("train", quiet) as bar:
-            metrics = train_default_model(out_dir, seed=seed, progress=lambda s, t, info: bar(s, t, f"loss {info.get('loss', 0):.3f}" if "loss" in info else ""))
+            metrics = train_default(out_dir, seed=seed, progress=bar)
         if not quiet:
             err.print(
                 f"held-out accuracy {metrics['heldout_accuracy']:.4f} after {metrics['train_seconds']:.1f} s "
@@ -40,11 +40,8 @@ def data(
 ) -> None:
     """Write synthetic examples (premise, hypothesis, label, planted pair) as TSV."""
     with edge():
-        from ..data import synthetic
+        from ..api.demo import synthetic_data
 
-        if out_file.exists():
-            from ..errors import OptionError
-
-            raise OptionError(f"{out_file} exists; it was left as it is (choose another --out)")
-        synthetic.write(out_file, synthetic.generate(count, seed))
-        out.print(str(out_file), markup=False)
+        with renamed_options({"out": "--out", "count": "--count"}):
+            written = synthetic_data(out_file, count=count, seed=seed)
+        out.print(str(written), markup=False)

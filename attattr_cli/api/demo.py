@@ -1,0 +1,34 @@
+"""The built-in synthetic task and its model: ``train_default`` (retrain the default model)
+and ``synthetic_data`` (write examples of the task). `attattr demo` is these and a print."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import OptionError
+from .model import progress_for
+
+
+def train_default(out, *, seed: int = 0, progress=None) -> dict:
+    """Retrain the default model (a small BERT on the synthetic task, on CPU) into the folder
+    ``out``; returns its metrics (held-out accuracy, seconds, parameters)."""
+    from ..models.default import train_default_model
+
+    with progress_for(progress, "train") as bar:
+        tick = None if bar is None else (
+            lambda step, total, info: bar(step, total, f"loss {info['loss']:.3f}" if "loss" in info else ""))
+        return train_default_model(Path(out), seed=seed, progress=tick)
+
+
+def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
+    """Write ``count`` synthetic examples (premise, hypothesis, label, planted pair) as TSV to
+    ``out``, which must not exist; returns its path."""
+    from ..data import synthetic
+
+    out = Path(out)
+    if out.exists():
+        raise OptionError(f"{out} exists; it was left as it is (give another out)")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise OptionError(f"count must be a whole number of at least 1, got {count!r}")
+    synthetic.write(out, synthetic.generate(count, seed))
+    return out
