@@ -27,7 +27,7 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
 
     out = Path(out)
     if out.exists():
-        raise OptionError(f"{out} exists; it was left as it is (give another out)")
+        raise OptionError(f"{out} exists; it was left as it is (choose another file)")
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise OptionError(f"count must be a whole number of at least 1, got {count!r}")
     synthetic.write(out, synthetic.generate(count, seed))
