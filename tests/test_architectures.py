@@ -1,0 +1,101 @@
+"""The architecture matrix: every text model type of tests/arch_matrix.py either scores, in
+float64 with the right rule and 8 steps, and agrees with the independent reference (the
+model's own eager attention, its softmax intercepted) to 1e-6 relative for every layer of
+every attention family, or is refused by load_model with one ModelError line."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import attattr_cli as aa
+from attattr_cli.data.types import Example
+from attattr_cli.engine.integrate import nodes
+from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.errors import ModelError
+from attattr_cli.models.loading import prepare
+from arch_matrix import MODEL_TYPES, MOE, REFUSED, build, reference
+
+TEXT = "w1 w2 w3 w4 w5 w6"
+TOL = 1e-6
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def check(model_type: str, tokenizer, dtype=torch.float64) -> dict:
+    """Score ``model_type`` and compare with the reference; {site: relative difference}."""
+    model, lm = build(model_type, dtype)
+    loaded = prepare(model, tokenizer, f"tiny-{model_type}", lm=lm)
+    scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64" if dtype == torch.float64
+                                         else "float32", lm=lm, group=1))
+    result = scorer.score(Example(0, TEXT))
+    inputs = scorer.encode(Example(0, TEXT)).model_inputs()
+    alphas, weights = nodes("right", 8)
+    ref, target = reference(model, inputs, alphas, weights, lm=lm)
+    assert target == (result.meta["lm"]["target_ids"][0] if lm else result.target)
+    out = {}
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            got = torch.from_numpy(fs.attribution[k]).double()
+            want = ref[(family, layer)]
+            assert got.shape == want.shape, (family, layer, got.shape, want.shape)
+            out[(family, layer)] = _rel(got, want)
+    assert set(out) == set(ref), (sorted(out), sorted(ref))
+    return out
+
+
+@pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if t not in REFUSED])
+def test_scores_and_agrees_with_reference(model_type, tokenizer):
+    diffs = check(model_type, tokenizer)
+    assert diffs and max(diffs.values()) < TOL, diffs
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refused_at_load_with_one_line(model_type, tokenizer):
+    model, _ = build(model_type)
+    with pytest.raises(ModelError) as info:
+        aa.load_model((model, tokenizer))
+    message = str(info.value)
+    assert "\n" not in message and REFUSED[model_type] in message.lower(), message
+    assert "supported" in message or "supports" in message, message
+
+
+@pytest.mark.parametrize("model_type", MOE)
+def test_mixture_of_experts_scores_in_float32(model_type, tokenizer):
+    model, lm = build(model_type, torch.float32)
+    res = aa.score((model, tokenizer), [TEXT], rule="right", steps=8, dtype="float32", lm=lm)
+    maps = res[0].attribution
+    assert torch.isfinite(torch.as_tensor(maps)).all() and float(abs(torch.as_tensor(maps)).max()) > 0
+
+
+if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]
+    import sys
+    import traceback
+
+    from transformers import BertTokenizerFast
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    (d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                            *[f"w{i}" for i in range(40)]]) + "\n")
+    tok = BertTokenizerFast(str(d / "vocab.txt"), model_max_length=48)
+    ok = 0
+    for mt in sys.argv[1:] or MODEL_TYPES:
+        t0 = time.time()
+        try:
+            diffs = check(mt, tok)
+            worst = max(diffs.values())
+            ok += worst < TOL
+            print(f"{mt:14s} {'OK ' if worst < TOL else 'BAD'} max rel {worst:.1e} ({time.time() - t0:.1f}s)", flush=True)
+        except ModelError as exc:
+            print(f"{mt:14s} REFUSED {exc} ({time.time() - t0:.1f}s)", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            tb = traceback.extract_tb(exc.__traceback__)[-1]
+            print(f"{mt:14s} FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:150]} @ {tb.filename.split('/')[-1]}:{tb.lineno}", flush=True)
+    print(f"{ok} of {len(sys.argv[1:] or MODEL_TYPES)} agree")
