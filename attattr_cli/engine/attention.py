@@ -45,6 +45,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
+from ..models import adapters
 from ..models.arch import find_families, find_layers
 from ..ops import reference
 
@@ -165,10 +166,29 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     return bool((blocked == upper).all())
 
 
+def fold_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float | None):
+    """(q', k') with ``q'_i . k'_j = scale * q_i . k_j + bias[i, j]`` per head (use scale 1):
+    an additive score bias that depends on positions (T5's relative buckets, ALiBi, DeBERTa's
+    disentangled terms) carried as n more dimensions of the projections, so that a target
+    layer's attention is again ``softmax(q' k'^T + mask)`` for everything that recomputes A
+    from its saved projections. ``bias``: broadcastable to [batch, head, query, key], finite."""
+    b, h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    bias = bias.to(q.dtype).expand(b, h, n_q, n_k)
+    eye = torch.eye(n_q, dtype=q.dtype, device=q.device).expand(b, h, n_q, n_q)
+    return torch.cat([q * scale, eye], -1), torch.cat([k, bias.transpose(-1, -2)], -1)
+
+
 def attattr_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Signature of transformers' attention interface; returns (output [b, q, h, d], weights)."""
+    """Signature of transformers' attention interface; returns (output [b, q, h, d], weights).
+
+    ``position_bias`` (T5's keyword; also what the adapters of models/adapters pass): an
+    additive score bias [batch or 1, head, query, key] added to ``scaling * q k^T`` before the
+    mask. The target layer's saved projections carry it (:func:`fold_bias`)."""
     plan = _plan.get()
     softcap = kwargs.get("softcap")
+    bias = kwargs.get("position_bias")
     if kwargs.get("s_aux") is not None:
         raise ModelError("attention sinks (s_aux) are not supported by attattr yet")
     heads = query.shape[1]
@@ -183,7 +203,13 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     # where a causal module's mask is exactly the causal pattern (attattr never pads its
     # inputs), use the flag instead of an n x n mask, so fused attention can run
     causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
-        and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask)
+        and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask) and bias is None
+    if bias is not None and mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1:
+        mask = _causal_fill(_Causal, query, key, None)
+    bare_mask = mask  # without the bias: what the target layer saves
+    if bias is not None:
+        bias = bias.to(query.dtype)
+        mask = bias if mask is None else mask + bias
 
     if isinstance(plan, Record) and site is not None:
         want_grad = site in plan.grad_layers
@@ -223,10 +249,15 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     if isinstance(plan, Attribute) and site == plan.site:
         first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
         q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
-        m1 = None if (mask is None or causal) else mask[first].detach()
+        m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
+        if bias is not None:
+            b1 = bias if bias.shape[0] == 1 else bias[first]
+            q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
+            scaling = 1.0
         with torch.no_grad():
             ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
-                if softcap is None else torch.matmul(reference.attention_probs(q1, k1, mask[first] if mask is not None else None, scaling, softcap), v1)
+                if softcap is None else torch.matmul(reference.attention_probs(
+                    q1, k1, bare_mask[first] if bare_mask is not None else None, scaling, softcap), v1)
         if plan.local is not None:  # each row takes its example's A V
             ctx = ctx.index_select(0, plan.local.to(ctx.device))
         alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
@@ -254,6 +285,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         return out.transpose(1, 2).contiguous(), None
     probs = reference.attention_probs(query, key, mask, scaling, softcap)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+class _Causal:
+    is_causal = True
 
 
 AttentionInterface.register(IMPLEMENTATION, attattr_attention)
@@ -307,6 +342,7 @@ def taken_over(model):
     _, layers = find_layers(model)
     owner = site_owner(model)
     old = _set_impl(model, IMPLEMENTATION)
+    adapted = adapters.install(model, attattr_attention)  # attention outside the interface
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
     # decoder classifiers refuse batches > 1 without a pad token; -1 never occurs in
@@ -318,6 +354,8 @@ def taken_over(model):
         yield layers
     finally:
         _owner.reset(token)
+        for module in adapted:
+            del module.forward
         cfg.pad_token_id = old_pad
         for c, impl in old.values():
             c._attn_implementation = impl
