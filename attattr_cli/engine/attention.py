@@ -46,7 +46,8 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
 from ..models import adapters
-from ..models.arch import find_families, find_layers
+from ..models.adapters.albert import CALL as shared_call
+from ..models.arch import attention_module, find_families, find_layers
 from ..ops import reference
 
 IMPLEMENTATION = "attattr"
@@ -298,9 +299,14 @@ _owner: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_ow
 
 
 def plan_site_of(module) -> tuple[str, int] | None:
-    """The (family, layer) of an attention module while a model is taken over."""
+    """The (family, layer) of an attention module while a model is taken over (for a module
+    shared by several layers: the layer of the call running now)."""
     owner = _owner.get()
-    return None if owner is None else owner.get(id(module))
+    site = None if owner is None else owner.get(id(module))
+    if site is not None and site[1] is None:
+        layer = shared_call.get()
+        return None if layer is None else (site[0], layer)
+    return site
 
 
 def plan_layer_of(module) -> int | None:
@@ -313,10 +319,10 @@ def site_owner(model) -> dict[int, tuple[str, int]]:
     owner: dict[int, tuple[str, int]] = {}
     families = find_families(model)
     for name, _path, attn, layers in sorted(families, key=lambda f: f[2] is not None):
+        shared = getattr(layers, "shared_calls", False)  # one module called as every layer
         for i, layer in enumerate(layers):
-            root = layer if attn is None else getattr(layer, attn)
-            for sub in root.modules():
-                owner[id(sub)] = (name, i)
+            for sub in attention_module(layer, attn).modules():
+                owner[id(sub)] = (name, None if shared else i)
     return owner
 
 

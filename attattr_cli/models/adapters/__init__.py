@@ -42,6 +42,16 @@ class Adapter:
 
     model_types: tuple[str, ...] = ()
     modules: tuple[str, ...] = ()
+    causal: bool | None = None  # the architecture applies a causal mask itself (None: ask the model)
+
+    def layer_list(self, model: torch.nn.Module):
+        """(dotted path, ModuleList) of the layers where they are not one ModuleList (shared
+        layers), else None."""
+        return None
+
+    def install_model(self, model: torch.nn.Module) -> list[torch.nn.Module]:
+        """Model-level changes while taken over (modules whose forward is replaced)."""
+        return []
 
     def check(self, model: torch.nn.Module) -> None:
         """Raise ModelError (one line) for a configuration this adapter cannot attribute."""
@@ -82,7 +92,7 @@ def install(model: torch.nn.Module, attend: Callable) -> list[torch.nn.Module]:
     adapter = adapter_for(model)
     if adapter is None:
         return []
-    patched = []
+    patched = adapter.install_model(model)
     for module in model.modules():
         if type(module).__name__ in adapter.modules:
             module.forward = (lambda *a, _m=module, **k: adapter.forward(_m, attend, *a, **k))
