@@ -86,6 +86,8 @@ def config_for(model_type: str):
     extra["mbart"] = extra["plbart"] = extra["bart"]
     extra["mt5"] = extra["t5"]
     kw.update(extra.get(model_type, {}))
+    if model_type == "mamba":  # a state-space model: no heads
+        kw.pop("num_attention_heads")
     if model_type in ("funnel", "xlnet"):  # layers from block_sizes / n_layer; xlnet has no position limit
         kw.pop("num_hidden_layers")
         kw.pop("max_position_embeddings")

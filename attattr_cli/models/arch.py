@@ -218,6 +218,12 @@ def _causal(model: torch.nn.Module) -> bool:
     return any(getattr(m, "is_causal", False) is True for m in model.modules())
 
 
+def _has_attention(model: torch.nn.Module) -> bool:
+    """Whether any module of the model is an attention module (by its class name)."""
+    return any("attention" in type(m).__name__.lower() or "attn" in type(m).__name__.lower()
+               for m in model.modules())
+
+
 def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     """The facts attattr needs about a model; ModelError (one line) for one it cannot attribute."""
     config = model.config
@@ -225,11 +231,10 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     adapters.check(model)
     heads = _config_value(config, "num_attention_heads", "n_head", "n_heads", "num_heads",
                           "encoder_attention_heads")
-    if heads is None or not int(heads):
+    if heads is None or not int(heads) or not _has_attention(model):
         raise ModelError(
-            f"model type '{model_type}' ({type(model).__name__}) has no attention heads (its config has no"
-            " num_attention_heads): attattr attributes self-attention, and supports transformer models"
-            " (see docs/models.md)")
+            f"model type '{model_type}' ({type(model).__name__}) has no attention (no attention heads or"
+            " modules): attattr attributes self-attention and supports transformer models (see docs/models.md)")
     path, layers = find_layers(model)
     max_len = _config_value(config, "max_position_embeddings", "n_positions")
     if max_len is not None and int(max_len) < 1:  # -1: no limit (XLNet)

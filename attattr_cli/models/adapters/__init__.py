@@ -108,6 +108,12 @@ def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | No
                                                                                torch.finfo(dtype).min)
 
 
+def causal_mask(n_q: int, n_k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The additive causal mask [1, 1, n_q, n_k] (key j allowed for query i when j <= i + n_k - n_q)."""
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    return torch.zeros(n_q, n_k, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
 def rows_equal(x: torch.Tensor) -> bool:
     """Whether every batch row of ``x`` is the same view (a target layer's replayed input):
     the adapter then computes one row and expands it, as the projections do."""
