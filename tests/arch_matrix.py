@@ -126,10 +126,9 @@ class _Intercept:
         self.leaf = None
 
     def softmax(self, original, x, dim, dtype):
-        work = x if x.dtype == torch.float64 else (x.to(dtype) if dtype is not None else x)
-        out = original(work, dim)
-        if self.current is None or self.taken or x.dim() < 3:
-            return out
+        if self.current is None or self.taken or x.dim() < 3:  # not an attention softmax: as asked
+            return original(x.to(dtype) if dtype is not None else x, dim)
+        out = original(x if x.dtype == torch.float64 or dtype is None else x.to(dtype), dim)
         self.taken = True
         site = self.current
         if self.mode == "record":
@@ -229,6 +228,9 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
         if cfg is not None and hasattr(cfg, "_attn_implementation") and id(cfg) not in impl:
             impl[id(cfg)] = (cfg, cfg._attn_implementation)
             cfg._attn_implementation = "eager"
+    experts = getattr(model.config, "_experts_implementation", None)
+    if experts not in (None, "eager"):  # grouped experts take no float64
+        model.set_experts_implementation("eager")
     state = _Intercept()
     try:
         with _patched(state), _scoped(model, state):
@@ -252,4 +254,6 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
     finally:
         for cfg, old in impl.values():
             cfg._attn_implementation = old
+        if experts not in (None, "eager"):
+            model.set_experts_implementation(experts)
     return result, target

@@ -45,7 +45,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
-from ..models import adapters
+from ..models import adapters, experts
 from ..models.adapters.albert import CALL as shared_call
 from ..models.arch import attention_module, find_families, find_layers
 from ..ops import reference
@@ -338,6 +338,11 @@ def _set_impl(model, impl: str) -> dict:
     return old
 
 
+def _float64(model) -> bool:
+    param = next(model.parameters(), None)
+    return param is not None and param.dtype == torch.float64
+
+
 @contextlib.contextmanager
 def taken_over(model):
     """Route the model's attention through attattr for the duration of the block.
@@ -349,6 +354,7 @@ def taken_over(model):
     owner = site_owner(model)
     old = _set_impl(model, IMPLEMENTATION)
     adapted = adapters.install(model, attattr_attention)  # attention outside the interface
+    changed = experts.eager_experts(model) if _float64(model) else []  # grouped experts take no float64
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
     # decoder classifiers refuse batches > 1 without a pad token; -1 never occurs in
@@ -362,6 +368,7 @@ def taken_over(model):
         _owner.reset(token)
         for module in adapted:
             del module.forward
+        experts.restore(changed)
         cfg.pad_token_id = old_pad
         for c, impl in old.values():
             c._attn_implementation = impl
