@@ -53,7 +53,7 @@ def config_for(model_type: str):
                            position_biased_input=False),
         "funnel": dict(block_sizes=[1, 1], d_model=64, n_head=4, d_head=16, d_inner=128),
         "longformer": dict(attention_window=4),
-        "big_bird": dict(attention_type="original_full"),
+        "big_bird": dict(attention_type="block_sparse", block_size=4, num_random_blocks=1),  # full up to 28 tokens
         "xlnet": dict(d_model=64, n_layer=2, n_head=4, d_inner=128),
         "modernbert": dict(global_attn_every_n_layers=2, local_attention=4),
         "gpt2": dict(n_embd=64, n_layer=2, n_head=4, n_positions=64),

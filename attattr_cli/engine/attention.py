@@ -348,12 +348,18 @@ def taken_over(model):
     """Route the model's attention through attattr for the duration of the block.
 
     Restores the previous attention implementation (and any padding-token setting
-    changed for decoders) even when the block raises.
+    changed for decoders, the forwards an adapter of models/adapters replaced, the experts
+    implementation of a float64 mixture-of-experts model) even when the block raises.
     """
-    _, layers = find_layers(model)
-    owner = site_owner(model)
+    undo = adapters.install(model, attattr_attention)  # attention outside the interface
+    try:
+        _, layers = find_layers(model)
+        owner = site_owner(model)
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
     old = _set_impl(model, IMPLEMENTATION)
-    adapted = adapters.install(model, attattr_attention)  # attention outside the interface
     changed = experts.eager_experts(model) if _float64(model) else []  # grouped experts take no float64
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
@@ -366,8 +372,8 @@ def taken_over(model):
         yield layers
     finally:
         _owner.reset(token)
-        for module in adapted:
-            del module.forward
+        for step in reversed(undo):
+            step()
         experts.restore(changed)
         cfg.pad_token_id = old_pad
         for c, impl in old.values():

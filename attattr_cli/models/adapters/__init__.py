@@ -49,8 +49,8 @@ class Adapter:
         layers), else None."""
         return None
 
-    def install_model(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """Model-level changes while taken over (modules whose forward is replaced)."""
+    def install_model(self, model: torch.nn.Module) -> list[Callable[[], None]]:
+        """Model-level changes while taken over; returns what undoes them."""
         return []
 
     def check(self, model: torch.nn.Module) -> None:
@@ -86,18 +86,18 @@ def check(model: torch.nn.Module) -> None:
         adapter.check(model)
 
 
-def install(model: torch.nn.Module, attend: Callable) -> list[torch.nn.Module]:
-    """Replace the forward of the model's attention modules the adapter serves; returns them
-    (``del module.forward`` puts each back)."""
+def install(model: torch.nn.Module, attend: Callable) -> list[Callable[[], None]]:
+    """Take over the model's attention modules the adapter serves (their ``forward`` replaced)
+    and make the adapter's model-level changes; returns what undoes each, to call in order."""
     adapter = adapter_for(model)
     if adapter is None:
         return []
-    patched = adapter.install_model(model)
+    undo = list(adapter.install_model(model))
     for module in model.modules():
         if type(module).__name__ in adapter.modules:
             module.forward = (lambda *a, _m=module, **k: adapter.forward(_m, attend, *a, **k))
-            patched.append(module)
-    return patched
+            undo.append(lambda _m=module: _m.__dict__.pop("forward", None))
+    return undo
 
 
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:

@@ -74,4 +74,4 @@ class Albert(Adapter):
             return BaseModelOutput(last_hidden_state=hidden_states)
 
         enc.forward = forward
-        return [enc]
+        return [lambda: enc.__dict__.pop("forward", None)]
