@@ -34,8 +34,8 @@ MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 # model types attattr refuses at load_model, and a piece of the one line it gives
 REFUSED = {
     "mamba": "no attention",
-    "longformer": "longformer",
     "funnel": "funnel",
+    "xlnet": "xlnet",
 }
 
 
@@ -52,7 +52,7 @@ def config_for(model_type: str):
                            max_relative_positions=16, norm_rel_ebd="layer_norm", share_att_key=True,
                            position_biased_input=False),
         "funnel": dict(block_sizes=[1, 1], d_model=64, n_head=4, d_head=16, d_inner=128),
-        "longformer": dict(attention_window=4),
+        "longformer": dict(attention_window=6),  # 8 tokens: padded to 12, a band of 3 either side
         "big_bird": dict(attention_type="block_sparse", block_size=4, num_random_blocks=1),  # full up to 28 tokens
         "xlnet": dict(d_model=64, n_layer=2, n_head=4, d_inner=128),
         "modernbert": dict(global_attn_every_n_layers=2, local_attention=4),
@@ -118,7 +118,10 @@ class _Intercept:
 
     def __init__(self):
         self.current = None  # the site whose scope is running
-        self.taken = False  # its attention softmax has been seen in this call
+        self.taken = 0  # attention softmaxes seen in this call of the scope
+        self.per_call = 1  # attention softmaxes per call (Longformer: local, then global)
+        self.leaves = {}
+        self.busy = False
         self.mode = "record"
         self.probs = {}
         self.target = None
@@ -126,17 +129,24 @@ class _Intercept:
         self.leaf = None
 
     def softmax(self, original, x, dim, dtype):
-        if self.current is None or self.taken or x.dim() < 3:  # not an attention softmax: as asked
+        if self.busy or self.current is None or self.taken >= self.per_call or x.dim() < 3:  # as asked
             return original(x.to(dtype) if dtype is not None else x, dim)
-        out = original(x if x.dtype == torch.float64 or dtype is None else x.to(dtype), dim)
-        self.taken = True
-        site = self.current
+        self.busy = True  # functional softmax calls Tensor.softmax: one interception per call
+        try:
+            out = original(x if x.dtype == torch.float64 or dtype is None else x.to(dtype), dim)
+        finally:
+            self.busy = False
+        part = (self.current, self.taken)
+        self.taken += 1
         if self.mode == "record":
-            self.probs[site] = out.detach()
-        elif site == self.target:
-            base = self.probs[site]
-            self.leaf = (self.alphas.view(-1, *[1] * (base.dim() - 1)).to(base) * base).requires_grad_(True)
-            return self.leaf
+            self.probs[part] = out.detach()
+        elif part[0] == self.target:
+            base = self.probs[part]  # [rows of one example (1, or heads where folded into the batch), ...]
+            rows = base.shape[0]
+            alphas = self.alphas.to(base).repeat_interleave(rows).view(-1, *[1] * (base.dim() - 1))
+            leaf = (alphas * base.repeat(len(self.alphas), *[1] * (base.dim() - 1))).requires_grad_(True)
+            self.leaves[part] = leaf
+            return leaf
         return out
 
 
@@ -191,7 +201,7 @@ def _scoped(model, state: _Intercept):
 
     def enter(site):
         def pre(mod, args, kwargs=None):
-            state.current, state.taken = site, False
+            state.current, state.taken = site, 0
         return pre
 
     def leave(mod, args, out):
@@ -203,7 +213,7 @@ def _scoped(model, state: _Intercept):
             module, sites = value
 
             def pre(mod, args, _sites=sites):
-                state.current, state.taken = _sites[calls["n"] % len(_sites)], False
+                state.current, state.taken = _sites[calls["n"] % len(_sites)], 0
                 calls["n"] += 1
             hooks.append(module.register_forward_pre_hook(pre))
             hooks.append(module.register_forward_hook(leave))
@@ -232,6 +242,7 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
     if experts not in (None, "eager"):  # grouped experts take no float64
         model.set_experts_implementation("eager")
     state = _Intercept()
+    state.per_call = 2 if model.config.model_type == "longformer" else 1
     try:
         with _patched(state), _scoped(model, state):
             with torch.no_grad():
@@ -239,17 +250,21 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
             last = logits[0, -1] if lm else logits[0]
             target = int(last.argmax()) if target is None else target
             result = {}
-            sites = sorted(state.probs)
+            sites = sorted({site for site, _ in state.probs})
             for site in sites:
-                state.mode, state.target = "attr", site
+                state.mode, state.target, state.leaves = "attr", site, {}
                 state.alphas = torch.as_tensor(alphas, dtype=torch.float64)
                 batch = {k: v.expand(len(alphas), -1) for k, v in inputs.items()}
                 with torch.enable_grad():
                     out = model(**batch, use_cache=False).logits
                     out = (out[:, -1] if lm else out).double()
                     f = torch.softmax(out, -1)[:, target]
-                    (g,) = torch.autograd.grad((f * torch.as_tensor(weights, dtype=f.dtype)).sum(), state.leaf)
-                result[site] = (state.probs[site][0] * g.sum(0)).detach()
+                    parts = sorted(state.leaves)
+                    grads = torch.autograd.grad((f * torch.as_tensor(weights, dtype=f.dtype)).sum(),
+                                                [state.leaves[p] for p in parts])
+                attr = {p: (state.probs[p] * g.view(len(alphas), *state.probs[p].shape).sum(0)).detach()
+                        for p, g in zip(parts, grads)}
+                result[site] = attr[(site, 0)][0] if len(attr) == 1 else _longformer_dense(model, inputs, attr, site)
                 state.mode = "record"
     finally:
         for cfg, old in impl.values():
@@ -257,3 +272,29 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
         if experts not in (None, "eager"):
             model.set_experts_implementation(experts)
     return result, target
+
+
+def _longformer_dense(model, inputs, attr, site) -> torch.Tensor:
+    """Longformer's two attention parts as one [heads, n, n] map: the local part is banded,
+    [1, n, heads, globals + 2w + 1] (the global keys' columns first, then key i - w + t), the
+    global part [heads, globals, n] for the global tokens' rows."""
+    local, glob = attr[(site, 0)][0], attr[(site, 1)]
+    n, heads = local.shape[0], local.shape[1]
+    w = model.config.attention_window // 2 if isinstance(model.config.attention_window, int) \
+        else max(model.config.attention_window) // 2
+    mask = inputs.get("global_attention_mask")
+    global_idx = [0] if mask is None else [int(i) for i in torch.nonzero(mask[0]).flatten()]
+    n_glob = len(global_idx)
+    dense = torch.zeros(heads, n, n, dtype=local.dtype)
+    for i in range(n):
+        for c, j in enumerate(global_idx):
+            dense[:, i, j] += local[i, :, c]
+        for t in range(2 * w + 1):
+            j = i - w + t
+            if 0 <= j < n:
+                dense[:, i, j] += local[i, :, n_glob + t]
+    glob = glob.reshape(heads, n_glob, n)
+    for c, i in enumerate(global_idx):
+        dense[:, i, :] = glob[:, c, :]
+    n_in = inputs["input_ids"].shape[1]  # the model padded its input to a multiple of the window
+    return dense[:, :n_in, :n_in]
