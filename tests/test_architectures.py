@@ -17,7 +17,7 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.errors import ModelError
 from attattr_cli.models.loading import prepare
-from arch_matrix import MODEL_TYPES, MOE, REFUSED, build, reference
+from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, reference
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 TOL = 1e-6
@@ -71,6 +71,50 @@ def test_mixture_of_experts_scores_in_float32(model_type, tokenizer):
     res = aa.score((model, tokenizer), [TEXT], rule="right", steps=8, dtype="float32", lm=lm)
     maps = res[0].attribution
     assert torch.isfinite(torch.as_tensor(maps)).all() and float(abs(torch.as_tensor(maps)).max()) > 0
+
+
+@pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if t not in REFUSED])
+def test_decoders_from_the_model(model_type, tokenizer):
+    """Causal self-attention is read from the model (config, its attention modules, the
+    adapter), not from a list of names; encoder-decoder models are not decoders."""
+    model, lm = build(model_type, torch.float32)
+    arch = prepare(model, tokenizer, model_type, lm=lm).arch
+    assert arch.is_decoder == (model_type in DECODERS or model_type in MOE), model_type
+    assert arch.is_encoder_decoder == (model_type in ENCODER_DECODERS), model_type
+
+
+@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2", "mpnet", "longformer", "big_bird", "albert"])
+def test_adapted_encoders_score_the_same_in_groups(model_type, tokenizer):
+    """Several examples of different lengths in one padded pass give each one's own numbers
+    (the position bias folded into the projections survives the group's cropping)."""
+    model, _ = build(model_type)
+    texts = ["w1 w2 w3 w4 w5 w6 w7", "w8 w9", "w3 w1 w4"]
+    alone = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=1)
+    together = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=3)
+    for a, b in zip(alone, together):
+        assert a.attribution.shape == b.attribution.shape
+        assert abs(a.attribution - b.attribution).max() <= 1e-9 * abs(a.attribution).max()
+
+
+def test_models_are_left_as_they_were(tokenizer):
+    """Adapters, the ALBERT proxies, BigBird's attention type and MoE experts are put back."""
+    for model_type in ("deberta-v2", "albert", "big_bird", "longformer", "mixtral"):
+        model, lm = build(model_type)
+        forwards = {m: m.__dict__.get("forward") for m in model.modules()}
+        keys = list(model.state_dict())
+        experts = model.config._experts_implementation
+        aa.score((model, tokenizer), [TEXT], rule="right", steps=2, dtype="float64", lm=lm)
+        assert {m: m.__dict__.get("forward") for m in model.modules()} == forwards, model_type
+        assert list(model.state_dict()) == keys and model.config._experts_implementation == experts
+        if model_type == "big_bird":
+            assert model.bert.attention_type == "block_sparse"
+
+
+def test_long_block_sparse_input_is_one_error_line(tokenizer):
+    model, _ = build("big_bird")  # block size 4, one random block: full attention up to 28 tokens
+    with pytest.raises(ModelError, match="block-sparse attention .* over 28 tokens"):
+        aa.score((model, tokenizer), [" ".join(f"w{i % 40}" for i in range(40))], rule="right", steps=2,
+                 dtype="float64")
 
 
 if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]

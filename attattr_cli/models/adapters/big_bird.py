@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from ...errors import ModelError
 from . import Adapter, additive, register
 
@@ -23,11 +25,20 @@ class BigBird(Adapter):
         if getattr(base, "attention_type", "original_full") != "block_sparse":
             return []
         cfg = model.config
+        # the sparse attention modules and every attention_type flag, put back as they were
+        types = [(m, m.attention_type) for m in base.modules() if isinstance(getattr(m, "attention_type", None), str)]
+        sparse = [(m, m.self) for m in base.modules() if isinstance(getattr(m, "self", None), torch.nn.Module)]
         base.set_attention_type("original_full")
         for module in base.modules():
             if type(module).__name__ in self.modules:
                 module._attattr_limit = (5 + 2 * cfg.num_random_blocks) * cfg.block_size
-        return [lambda: base.set_attention_type("block_sparse")]
+
+        def undo():
+            for m, child in sparse:
+                m.self = child
+            for m, kind in types:
+                m.attention_type = kind
+        return [undo]
 
     def forward(self, module, attend, hidden_states, attention_mask=None, encoder_hidden_states=None,
                 encoder_attention_mask=None, cache=None, **kwargs):
