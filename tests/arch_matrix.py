@@ -178,7 +178,7 @@ def scopes(model) -> dict:
         shared = model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention
         return {"shared": (shared, [("self", i) for i in range(model.config.num_hidden_layers)])}
     if mt in ("t5", "mt5"):
-        base = model.transformer
+        base = getattr(model, "transformer", model)
         out = {("encoder", i): b.layer[0] for i, b in enumerate(base.encoder.block)}
         out.update({("decoder", i): b.layer[0] for i, b in enumerate(base.decoder.block)})
         out.update({("cross", i): b.layer[1] for i, b in enumerate(base.decoder.block)})
@@ -227,10 +227,12 @@ def _scoped(model, state: _Intercept):
             h.remove()
 
 
-def reference(model, inputs: dict, alphas, weights, target: int | None = None, lm: bool = False):
+def reference(model, inputs: dict, alphas, weights, target: int | None = None, lm: bool = False,
+              f_of_logits=None):
     """{site: Attr [heads, n_q, n_k]} by the definition, with the model's own eager attention;
     also the predicted class (or next token) used as the target. ``inputs``: the model inputs
-    of one example (lists of ids), as attattr gives them to the model."""
+    of one example (lists of ids), as attattr gives them to the model. ``f_of_logits``: F per
+    batch row from the logits, where it is not the target's probability."""
     inputs = {k: torch.tensor([v]) for k, v in inputs.items()}
     impl = {}
     for mod in model.modules():
@@ -257,8 +259,11 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                 batch = {k: v.expand(len(alphas), -1) for k, v in inputs.items()}
                 with torch.enable_grad():
                     out = model(**batch, use_cache=False).logits
-                    out = (out[:, -1] if lm else out).double()
-                    f = torch.softmax(out, -1)[:, target]
+                    if f_of_logits is not None:
+                        f = f_of_logits(out.double())
+                    else:
+                        out = (out[:, -1] if lm else out).double()
+                        f = torch.softmax(out, -1)[:, target]
                     parts = sorted(state.leaves)
                     grads = torch.autograd.grad((f * torch.as_tensor(weights, dtype=f.dtype)).sum(),
                                                 [state.leaves[p] for p in parts])

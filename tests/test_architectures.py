@@ -17,7 +17,7 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.errors import ModelError
 from attattr_cli.models.loading import prepare
-from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, reference
+from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, config_for, reference
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 TOL = 1e-6
@@ -115,6 +115,45 @@ def test_long_block_sparse_input_is_one_error_line(tokenizer):
     with pytest.raises(ModelError, match="block-sparse attention .* over 28 tokens"):
         aa.score((model, tokenizer), [" ".join(f"w{i % 40}" for i in range(40))], rule="right", steps=2,
                  dtype="float64")
+
+
+@pytest.mark.parametrize("model_type", ["t5", "mt5", "bart"])
+@pytest.mark.parametrize("continuation", [None, "w7 w8 w9"])
+def test_encoder_decoder_generation_targets(model_type, continuation, tokenizer):
+    """An encoder-decoder LM (T5ForConditionalGeneration, ...): the prompt is the encoder's
+    input, the target the continuation's joint probability on the decoder side (or the first
+    decoder token); every family agrees with the reference."""
+    import transformers as tf
+
+    config = config_for(model_type)
+    torch.manual_seed(0)
+    model = tf.AutoModelForSeq2SeqLM.from_config(config).double().eval()
+    loaded = prepare(model, tokenizer, model_type, lm=True)
+    assert loaded.arch.family_names == ["encoder", "decoder", "cross"]
+    scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64", lm=True, continuation=continuation))
+    result = scorer.score(Example(0, TEXT))
+    enc = scorer.encode(Example(0, TEXT))
+    lm = result.meta["lm"]
+    targets = torch.tensor(lm["target_ids"])
+    n_dec = len(enc.decoder_input_ids)
+    assert n_dec == (1 if continuation is None else 3) and lm["positions"] == list(range(len(targets)))
+    if continuation is not None:
+        assert lm["target_tokens"] == continuation.split() and result.decoder_tokens[1:] == ["w7", "w8"]
+
+    def f_of_logits(logits):  # the joint probability of the targets at the decoder positions
+        logp = torch.log_softmax(logits[:, :len(targets)], -1)
+        return logp.gather(-1, targets.view(1, -1, 1).expand(logits.shape[0], -1, 1)).squeeze(-1).sum(-1).exp()
+
+    inputs = dict(enc.model_inputs(), decoder_input_ids=enc.decoder_input_ids)
+    alphas, weights = nodes("right", 8)
+    ref, _ = reference(model, inputs, alphas, weights, f_of_logits=f_of_logits)
+    n = len(enc.input_ids)
+    shapes = {"encoder": (n, n), "decoder": (n_dec, n_dec), "cross": (n_dec, n)}
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            got = torch.from_numpy(fs.attribution[k]).double()
+            assert got.shape[1:] == shapes[family]
+            assert _rel(got, ref[(family, layer)]) < TOL, (family, layer)
 
 
 if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]
