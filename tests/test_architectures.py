@@ -156,6 +156,34 @@ def test_encoder_decoder_generation_targets(model_type, continuation, tokenizer)
             assert _rel(got, ref[(family, layer)]) < TOL, (family, layer)
 
 
+@pytest.mark.parametrize("model_type", ["t5", "deberta-v2", "bloom", "longformer"])
+def test_saved_projections_have_one_shape(model_type, tokenizer):
+    """A position bias folded into the projections widens q and k; v is padded to match, as
+    the CUDA kernels require of their inputs (a checking backend stands in for them here)."""
+    from attattr_cli.ops import TorchBackend
+
+    seen = []
+
+    class Checking(TorchBackend):
+        def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
+            assert q.shape == k.shape == v.shape, (q.shape, k.shape, v.shape)
+            seen.append(q.shape)
+            return super().attention_forward(q, k, v, mask, scale, causal)
+
+        def attribution_from_grad(self, q, k, v, g, *args, **kwargs):
+            assert q.shape == k.shape == v.shape and g.shape[-1] == v.shape[-1], (q.shape, v.shape, g.shape)
+            return super().attribution_from_grad(q, k, v, g, *args, **kwargs)
+
+    model, lm = build(model_type)
+    scorer = Scorer(prepare(model, tokenizer, model_type, lm=lm), ScoreOptions(steps=4, dtype="float64", lm=lm))
+    reference_maps = scorer.score(Example(0, TEXT))
+    scorer.backend = Checking()
+    checked = scorer.score(Example(0, TEXT))
+    assert seen
+    for family, fs in checked.families.items():
+        assert abs(fs.attribution - reference_maps.families[family].attribution).max() < 1e-12
+
+
 if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]
     import sys
     import traceback

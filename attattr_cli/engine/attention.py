@@ -234,9 +234,11 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
             else:
                 out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
         if want_grad:
-            z = torch.zeros_like(out, requires_grad=True)
+            # as wide as the target pass's output (with a bias: padded, see the Attribute branch)
+            extra = 0 if bias is None else query.shape[-1] + query.shape[-2] - out.shape[-1]
+            z = out.new_zeros(*out.shape[:-1], out.shape[-1] + extra).requires_grad_(True)
             plan.leaves[site] = z
-            out = out + z
+            out = out + z[..., :out.shape[-1]]
         return out.transpose(1, 2).contiguous(), None
 
     if isinstance(plan, Permute) and site == plan.site:
@@ -251,10 +253,15 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
         q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
         m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
+        d_out = v1.shape[-1]
         if bias is not None:
             b1 = bias if bias.shape[0] == 1 else bias[first]
             q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
             scaling = 1.0
+            # values padded with zeros to the folded width: [A V, 0], whose extra columns the
+            # model never reads (their gradient is 0), so A * (G V^T) is unchanged and every
+            # backend sees q, k and v of one shape
+            v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
         with torch.no_grad():
             ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
                 if softcap is None else torch.matmul(reference.attention_probs(
@@ -267,7 +274,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         plan.called = True
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
                       "softcap": softcap}
-        return leaf.transpose(1, 2), None
+        return leaf[..., :d_out].transpose(1, 2), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
