@@ -35,7 +35,6 @@ MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 REFUSED = {
     "mamba": "no attention",
     "funnel": "funnel",
-    "xlnet": "xlnet",
 }
 
 

@@ -83,7 +83,7 @@ def test_decoders_from_the_model(model_type, tokenizer):
     assert arch.is_encoder_decoder == (model_type in ENCODER_DECODERS), model_type
 
 
-@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2", "mpnet", "longformer", "big_bird", "albert"])
+@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2", "mpnet", "longformer", "big_bird", "albert", "xlnet"])
 def test_adapted_encoders_score_the_same_in_groups(model_type, tokenizer):
     """Several examples of different lengths in one padded pass give each one's own numbers
     (the position bias folded into the projections survives the group's cropping)."""
@@ -98,7 +98,7 @@ def test_adapted_encoders_score_the_same_in_groups(model_type, tokenizer):
 
 def test_models_are_left_as_they_were(tokenizer):
     """Adapters, the ALBERT proxies, BigBird's attention type and MoE experts are put back."""
-    for model_type in ("deberta-v2", "albert", "big_bird", "longformer", "mixtral"):
+    for model_type in ("deberta-v2", "albert", "big_bird", "longformer", "xlnet", "mixtral"):
         model, lm = build(model_type)
         forwards = {m: m.__dict__.get("forward") for m in model.modules()}
         keys = list(model.state_dict())
@@ -156,7 +156,7 @@ def test_encoder_decoder_generation_targets(model_type, continuation, tokenizer)
             assert _rel(got, ref[(family, layer)]) < TOL, (family, layer)
 
 
-@pytest.mark.parametrize("model_type", ["t5", "deberta-v2", "bloom", "longformer"])
+@pytest.mark.parametrize("model_type", ["t5", "deberta-v2", "bloom", "longformer", "xlnet"])
 def test_saved_projections_have_one_shape(model_type, tokenizer):
     """A position bias folded into the projections widens q and k; v is padded to match, as
     the CUDA kernels require of their inputs (a checking backend stands in for them here)."""

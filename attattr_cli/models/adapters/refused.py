@@ -7,5 +7,3 @@ from . import refuse
 refuse("funnel", "the Funnel Transformer pools the sequence between its blocks, so its layers attend over"
                  " different numbers of tokens (pooled queries over unpooled keys), which attattr's per-layer"
                  " token-by-token maps cannot hold")
-refuse("xlnet", "XLNet runs its layers sequence-first with two-stream relative attention and memories,"
-                " which attattr does not take over")
