@@ -38,8 +38,9 @@ REFUSED = {
 }
 
 
-def config_for(model_type: str):
-    """A tiny config of ``model_type``: hidden 64, 2 layers, 4 heads, two labels."""
+def config_for(model_type: str, **overrides):
+    """A tiny config of ``model_type``: hidden 64, 2 layers, 4 heads, two labels (``overrides``
+    on top)."""
     kw = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=0,
               bos_token_id=2, eos_token_id=3)
@@ -90,16 +91,17 @@ def config_for(model_type: str):
     if model_type in ("funnel", "xlnet"):  # layers from block_sizes / n_layer; xlnet has no position limit
         kw.pop("num_hidden_layers")
         kw.pop("max_position_embeddings")
+    kw.update(overrides)
     if model_type == "gemma3_text":
         kw.pop("sliding_window_pattern")
         kw["layer_types"] = ["sliding_attention", "full_attention"]
     return tf.AutoConfig.for_model(model_type, **kw)
 
 
-def build(model_type: str, dtype=torch.float64, seed: int = 0):
+def build(model_type: str, dtype=torch.float64, seed: int = 0, **overrides):
     """(model, lm): the tiny model of ``model_type`` in ``dtype``, a sequence classifier where
     transformers has one, else a causal language model (lm True)."""
-    config = config_for(model_type)
+    config = config_for(model_type, **overrides)
     torch.manual_seed(seed)
     try:
         model, lm = tf.AutoModelForSequenceClassification.from_config(config), False
@@ -174,7 +176,7 @@ def scopes(model) -> dict:
     shared by every layer (ALBERT) the shared module with the site of each call in order."""
     mt = model.config.model_type
     if mt == "albert":
-        shared = model.albert.encoder.albert_layer_groups[0].albert_layers[0].attention
+        shared = [layer.attention for group in model.albert.encoder.albert_layer_groups for layer in group.albert_layers]
         return {"shared": (shared, [("self", i) for i in range(model.config.num_hidden_layers)])}
     if mt in ("t5", "mt5"):
         base = getattr(model, "transformer", model)
@@ -208,14 +210,15 @@ def _scoped(model, state: _Intercept):
 
     calls = {"n": 0}
     for key, value in scopes(model).items():
-        if key == "shared":
-            module, sites = value
+        if key == "shared":  # the shared modules are called once per layer, in order
+            modules, sites = value
 
             def pre(mod, args, _sites=sites):
                 state.current, state.taken = _sites[calls["n"] % len(_sites)], 0
                 calls["n"] += 1
-            hooks.append(module.register_forward_pre_hook(pre))
-            hooks.append(module.register_forward_hook(leave))
+            for module in modules:
+                hooks.append(module.register_forward_pre_hook(pre))
+                hooks.append(module.register_forward_hook(leave))
         else:
             hooks.append(value.register_forward_pre_hook(enter(key)))
             hooks.append(value.register_forward_hook(leave))
@@ -284,8 +287,8 @@ def _longformer_dense(model, inputs, attr, site) -> torch.Tensor:
     global part [heads, globals, n] for the global tokens' rows."""
     local, glob = attr[(site, 0)][0], attr[(site, 1)]
     n, heads = local.shape[0], local.shape[1]
-    w = model.config.attention_window // 2 if isinstance(model.config.attention_window, int) \
-        else max(model.config.attention_window) // 2
+    window = model.config.attention_window
+    w = (window if isinstance(window, int) else window[site[1]]) // 2  # a window per layer, or one
     mask = inputs.get("global_attention_mask")
     global_idx = [0] if mask is None else [int(i) for i in torch.nonzero(mask[0]).flatten()]
     n_glob = len(global_idx)

@@ -27,9 +27,9 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-def check(model_type: str, tokenizer, dtype=torch.float64) -> dict:
+def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
     """Score ``model_type`` and compare with the reference; {site: relative difference}."""
-    model, lm = build(model_type, dtype)
+    model, lm = build(model_type, dtype, **overrides)
     loaded = prepare(model, tokenizer, f"tiny-{model_type}", lm=lm)
     scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64" if dtype == torch.float64
                                          else "float32", lm=lm, group=1))
@@ -52,6 +52,21 @@ def check(model_type: str, tokenizer, dtype=torch.float64) -> dict:
 @pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if t not in REFUSED])
 def test_scores_and_agrees_with_reference(model_type, tokenizer):
     diffs = check(model_type, tokenizer)
+    assert diffs and max(diffs.values()) < TOL, diffs
+
+
+@pytest.mark.parametrize("model_type,overrides", [
+    ("falcon", dict(alibi=False, new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True,  # rotary, GQA
+                    num_ln_in_parallel_attn=2)),
+    ("falcon", dict(alibi=False, multi_query=True, new_decoder_architecture=False)),  # rotary, one K/V head
+    ("deberta-v2", dict(share_att_key=False, position_buckets=-1)),  # own position projections, no buckets
+    ("deberta", dict(pos_att_type=["c2p"])),
+    ("albert", dict(num_hidden_layers=4, num_hidden_groups=2)),  # two groups, each shared by two layers
+    ("longformer", dict(attention_window=[4, 6])),  # a window per layer
+    ("t5", dict(feed_forward_proj="gated-gelu")),
+])
+def test_variants_agree_with_reference(model_type, overrides, tokenizer):
+    diffs = check(model_type, tokenizer, **overrides)
     assert diffs and max(diffs.values()) < TOL, diffs
 
 
