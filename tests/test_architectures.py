@@ -17,6 +17,7 @@ from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.errors import ModelError
 from attattr_cli.models.loading import prepare
+from conftest import one_error_line, run_cli
 from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, config_for, reference
 
 TEXT = "w1 w2 w3 w4 w5 w6"
@@ -78,6 +79,23 @@ def test_refused_at_load_with_one_line(model_type, tokenizer):
     message = str(info.value)
     assert "\n" not in message and REFUSED[model_type] in message.lower(), message
     assert "supported" in message or "supports" in message, message
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refused_folder_is_one_cli_error_line(model_type, tokenizer, tmp_path):
+    """A refused model folder, tried from the command line: one Error line, no traceback."""
+    model, lm = build(model_type, torch.float32)
+    model.save_pretrained(tmp_path / model_type)
+    tokenizer.save_pretrained(tmp_path / model_type)
+    args = ["score", "--model", tmp_path / model_type, "--steps", "2", "--out", tmp_path / "s.h5"]
+    args += ["--lm", "--prompt", TEXT] if lm else ["--data", _tsv(tmp_path)]
+    one_error_line(run_cli(*args), REFUSED[model_type])
+
+
+def _tsv(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text("sentence\tlabel\n" + TEXT + "\t0\n")
+    return path
 
 
 @pytest.mark.parametrize("model_type", MOE)
