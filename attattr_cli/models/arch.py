@@ -1,10 +1,11 @@
 """Per-architecture facts, kept as data: where the stack of transformer layers lives.
 
-attattr takes over attention through transformers' attention interface, so the only
-thing it must know about an architecture is the ModuleList of its layers (to run
-layers below the target once and to tell which layer an attention call belongs to).
-Known paths are listed here; any other model is searched for the one ModuleList
-whose length is the number of hidden layers.
+attattr takes over attention through transformers' attention interface (and, for attention
+computed outside it, through the adapters of :mod:`attattr_cli.models.adapters`), so what it
+must know about an architecture is the ModuleList of its layers (to run layers below the
+target once and to tell which layer an attention call belongs to). Known paths are listed
+here; any other model is searched for the one ModuleList whose length is the number of
+hidden layers (an adapter may give the list itself: ALBERT's shared layer, XLNet).
 
 Encoder-decoder models (BART) have several attention *families*: ``encoder`` (encoder
 self-attention), ``decoder`` (the decoder's causal self-attention) and ``cross`` (decoder
@@ -195,8 +196,7 @@ def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     if len(candidates) != 1:
         raise ModelError(
             f"cannot find the transformer layers of model type '{getattr(config, 'model_type', '?')}'"
-            f" (found {len(candidates)} candidate layer lists); attattr supports "
-            + ", ".join(sorted(LAYER_PATHS))
+            f" (found {len(candidates)} candidate layer lists); see docs/models.md for the supported architectures"
         )
     return candidates[0]
 
