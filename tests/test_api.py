@@ -404,3 +404,40 @@ def test_readme_python_example_is_short_and_uses_the_public_api():
     used = set(re.findall(r"\baa\.([a-z_0-9]+)\(", "\n".join(code)))
     assert used and used <= set(aa.__all__)
     assert {"load_model", "score", "importance", "prune", "triggers", "attack"} <= used
+
+
+def test_readme_python_example_prints_what_the_readme_says(tmp_path, monkeypatch, capsys):
+    """The README's Python block, run as written; its printed lines are the README's (numbers
+    to 4 significant digits: other machines sum floats in another order)."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Python"):]
+    code = section[section.index("```python") + len("```python"):].split("```")[0]
+    shown = section[section.index("prints\n\n```\n") + len("prints\n\n```\n"):].split("```")[0].strip().splitlines()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "README.md", "exec"), {})
+    printed = capsys.readouterr().out.strip().splitlines()
+    number = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+    assert len(printed) == len(shown)
+    for got, want in zip(printed, shown):
+        assert number.sub("#", got) == number.sub("#", want), (got, want)
+        for a, b in zip(number.findall(got), number.findall(want)):
+            assert float(a) == pytest.approx(float(b), rel=1e-4, abs=1e-6), (got, want)
+
+
+def test_one_set_of_names_for_a_scored_example_wherever_it_is_read(tmp_path):
+    from attattr_cli.store import Store
+
+    path = tmp_path / "s.h5"
+    scored = aa.score(examples="0:2")
+    aa.score(examples="0:2", out=path)
+    with Store(path) as s:
+        plain = s.get(1)
+    opened = aa.open_store(path)[1]
+    for e in (scored[1], plain, opened):
+        assert e.prediction == scored[1].prediction and e.gold_label == scored[1].gold_label
+        assert np.array_equal(e.probabilities, scored[1].probabilities) and np.array_equal(e.probs, e.probabilities)
+        assert e.top(2) == scored[1].top(2)
+        assert e.converged == scored[1].converged
+        assert e.label_names == ["entailment", "neutral", "contradiction"]

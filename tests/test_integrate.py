@@ -10,20 +10,25 @@ import pytest
 import torch
 
 from attattr_cli.engine import adaptive
-from attattr_cli.engine.integrate import RULES, clenshaw_curtis, doubling_levels, embedded, nodes
+from attattr_cli.engine.integrate import RULES, clenshaw_curtis, embedded, nodes
 from attattr_cli.engine.run import ScoreRequest, prepare_run
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
 from slow_reference import slow_attribution
 
-# integrands with known integrals over [0, 1]: smooth, Runge's, and a steep sigmoid (the shape
-# of a saturating probability along the path)
+# integrands with known integrals over [0, 1], each with its antiderivative (F along the path):
+# smooth, Runge's, and a steep sigmoid (the shape of a saturating probability along the path)
+_SIG = 60.0
 FUNCTIONS = {
-    "exp": (lambda a: np.exp(3 * a), (math.exp(3) - 1) / 3),
-    "runge": (lambda a: 1 / (1 + 25 * (2 * a - 1) ** 2), math.atan(5) / 5),
-    "sigmoid": (lambda a: 1 / (1 + np.exp(-60 * (a - 0.07))),
-                1 + (math.log1p(math.exp(-60 * 0.93)) - math.log1p(math.exp(60 * 0.07))) / 60),
+    "exp": (lambda a: np.exp(3 * a), lambda a: (np.exp(3 * a) - 1) / 3),
+    "runge": (lambda a: 1 / (1 + 25 * (2 * a - 1) ** 2), lambda a: (np.arctan(5 * (2 * a - 1)) + math.atan(5)) / 10),
+    "sigmoid": (lambda a: 1 / (1 + np.exp(-_SIG * (a - 0.07))),
+                lambda a: (np.logaddexp(0, _SIG * (a - 0.07)) - np.logaddexp(0, -_SIG * 0.07)) / _SIG),
 }
+
+
+def _exact(name):
+    return float(FUNCTIONS[name][1](np.ones(1))[0])
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 8, 16, 64])
@@ -32,15 +37,6 @@ def test_clenshaw_curtis_is_exact_for_polynomials_of_degree_n(n):
     assert alphas[0] == 0.0 and alphas[-1] == 1.0 and np.all(np.diff(alphas) > 0)
     for degree in range(n + 1 + (n % 2 == 0)):
         assert float(weights @ alphas ** degree) == pytest.approx(1 / (degree + 1), abs=1e-13)
-
-
-def test_doubling_levels_are_nested_and_respect_the_cap():
-    levels = list(doubling_levels(33))
-    assert [len(keys) for keys, _, _ in levels] == [2, 3, 5, 9, 17, 33]
-    for (k0, a0, _), (k1, a1, _) in zip(levels, levels[1:]):
-        assert set(k0) <= set(k1)
-        where = {k: a for k, a in zip(k1, a1)}
-        assert all(where[k] == a for k, a in zip(k0, a0))  # the same float for the same node
 
 
 @pytest.mark.parametrize("rule", list(RULES))
@@ -59,7 +55,7 @@ def test_embedded_rules_are_rules_on_the_same_nodes(rule, steps):
 
 @pytest.mark.parametrize("rule,steps", [("right", 20), ("left", 20), ("right", 15), ("left", 7), ("midpoint", 9)])
 def test_embedded_estimate_of_the_riemann_rules_is_close_to_their_error(rule, steps):
-    f, exact = FUNCTIONS["exp"]
+    f, exact = FUNCTIONS["exp"][0], _exact("exp")
     alphas, weights = (t.numpy() for t in nodes(rule, steps))
     low, divisor = embedded(rule, steps)
     true = abs(weights @ f(alphas) - exact)
@@ -73,66 +69,162 @@ def test_embedded_estimate_of_the_polynomial_rules_bounds_their_error(rule, step
     alphas, weights = (t.numpy() for t in nodes(rule, steps))
     low, divisor = embedded(rule, steps)
     for name in ("exp", "runge"):  # (a feature between all nodes is beyond any estimate from them)
-        f, exact = FUNCTIONS[name]
+        f, exact = FUNCTIONS[name][0], _exact(name)
         assert abs((weights - low) @ f(alphas)) / divisor >= abs(weights @ f(alphas) - exact)
 
 
 class _Field:
-    """A made-up layer: the 'gradient' at alpha is f(alpha) times a fixed tensor, and
-    'Attr' of a G is G itself, so the exact map is integral(f) times that tensor."""
+    """A made-up layer: the 'gradient' at alpha is f(alpha) times a fixed tensor, 'Attr' of a
+    G is G itself, and F along the path is the antiderivative of f times the tensor's sum (so
+    that sum Attr at a node is dF/dalpha, as for a real layer); ``jump`` adds a step to F
+    that no gradient sees (a routing switch)."""
 
-    def __init__(self, f):
-        self.f = f
+    def __init__(self, f, antiderivative, jump=None):
+        self.f, self.F, self.jump = f, antiderivative, jump
         self.shape = torch.linspace(-1.0, 2.0, 12, dtype=torch.float64).view(3, 4)
         self.calls: list[list[float]] = []
+
+    def big_f(self, alphas):
+        out = self.F(alphas) * float(self.shape.sum())
+        if self.jump is not None:
+            at, size = self.jump
+            out = out + size * (alphas >= at)
+        return out
 
     def evaluate(self, alphas):
         self.calls.append(alphas.tolist())
         values = torch.from_numpy(self.f(alphas.numpy()))
-        return values.view(-1, 1, 1) * self.shape, values
+        return values.view(-1, 1, 1) * self.shape, torch.from_numpy(self.big_f(alphas.numpy()))
 
     @staticmethod
-    def magnitude(g):
-        return float(g.abs().max())
+    def measure(g):
+        return float(g.abs().max()), float(g.abs().sum()), float(g.sum())
+
+    def run(self, tol, max_nodes=129):
+        one = self.evaluate(torch.ones(1, dtype=torch.float64))[0][0]
+        f_one = float(self.big_f(np.ones(1))[0])
+        self.calls.clear()
+        return adaptive.integrate(self.evaluate, self.measure, tol, max_nodes, {adaptive.ONE: one},
+                                  {adaptive.ONE: f_one})
+
+    def true_error(self, res, exact):
+        return float((res.g - exact * self.shape).abs().max() / (exact * self.shape).abs().max())
 
 
-DRIVERS = {"doubling": adaptive.integrate}
-
-
-@pytest.mark.parametrize("driver", list(DRIVERS))
 @pytest.mark.parametrize("name", list(FUNCTIONS))
-@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-7])
-def test_adaptive_rule_meets_its_tolerance_on_known_integrals(driver, name, tol):
-    f, exact = FUNCTIONS[name]
-    field = _Field(f)
-    one = field.evaluate(torch.ones(1, dtype=torch.float64))[0][0]
-    field.calls.clear()
-    res = DRIVERS[driver](field.evaluate, field.magnitude, tol, max_nodes=257, known={adaptive.ONE: one})
-    true = float((res.g - exact * field.shape).abs().max() / (exact * field.shape).abs().max())
-    assert not res.capped
-    assert true <= res.error <= tol
+@pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-6])
+def test_adaptive_rule_meets_its_tolerance_on_known_integrals(name, tol):
+    field = _Field(*FUNCTIONS[name])
+    res = field.run(tol, max_nodes=257)
+    assert not res.capped and res.status == adaptive.CONVERGED
+    assert field.true_error(res, _exact(name)) <= res.error <= tol  # the estimate bounds the error returned
     assert all(a != 1.0 for call in field.calls for a in call)  # alpha = 1 was given, never evaluated
-    assert len(field.calls[0]) == 4  # the 5-node level (and the 3-node level below it) in one call
+    assert len(field.calls[0]) == 4  # the whole path's five nodes in one call
     assert res.evaluated == sum(len(c) for c in field.calls) == res.nodes - 1
-    assert res.f[adaptive.ZERO] == pytest.approx(f(np.zeros(1))[0])
+    assert res.f[adaptive.ZERO] == pytest.approx(0.0, abs=1e-12)
+    # the weights it reports are the rule it used: applied to f they give the map
+    total = sum(w * FUNCTIONS[name][0](np.array([adaptive.alpha_of(k)]))[0] for k, w in res.weights.items())
+    assert float(res.g[0, 0] / field.shape[0, 0]) == pytest.approx(total, rel=1e-12)
 
 
-@pytest.mark.parametrize("driver", list(DRIVERS))
-def test_adaptive_rule_says_when_the_node_cap_stops_it(driver):
-    f, exact = FUNCTIONS["sigmoid"]
-    field = _Field(f)
-    res = DRIVERS[driver](field.evaluate, field.magnitude, 1e-9, max_nodes=9)
-    assert res.capped and res.nodes <= 9 and res.error > 1e-9
-    true = float((res.g - exact * field.shape).abs().max() / (exact * field.shape).abs().max())
-    assert true <= res.error  # the estimate still bounds the error of what is returned
+def _bump(a):  # a narrow early bump between every node of the first leaf (alpha = 0.02, width 0.005)
+    return 0.3 + 100.0 * np.exp(-((a - 0.02) / 0.005) ** 2)
+
+
+def _bump_integral(a):
+    return 0.3 * a + 100.0 * 0.005 * math.sqrt(math.pi) / 2 * (
+        np.vectorize(math.erf)((a - 0.02) / 0.005) - math.erf(-0.02 / 0.005))
+
+
+def test_an_early_change_the_nested_levels_miss_is_refined_by_the_completeness_check():
+    """The integrand moves between all nodes of the first leaf: its two rules agree (the old
+    estimate would stop there, 75 % off) but F(0.146) - F(0) says the integral is larger."""
+    alphas, upper = clenshaw_curtis(4)
+    lower = clenshaw_curtis(2)[1]
+    old_estimate = abs(upper @ _bump(alphas) - lower @ _bump(alphas[0::2])) / abs(upper @ _bump(alphas))
+    exact = float(_bump_integral(np.ones(1))[0])
+    assert old_estimate < 1e-4 and abs(upper @ _bump(alphas) - exact) / exact > 0.5
+    field = _Field(_bump, _bump_integral)
+    for tol in (1e-1, 1e-2, 1e-3):
+        res = field.run(tol)
+        assert res.status == adaptive.CONVERGED and not res.capped, (tol, res)
+        assert field.true_error(res, exact) <= 2 * tol, (tol, field.true_error(res, exact))
+        assert res.leaves > 1 and res.nodes < 129
+        assert min(k for k in res.weights if k > 0) < 0.1  # it went looking near alpha = 0
+
+
+def test_a_kink_refines_locally():
+    """A kink in the integrand at alpha = 0.6 (F'' jumps): the leaves near it are split more
+    than the rest."""
+    f = lambda a: np.abs(a - 0.6) + 0.1  # noqa: E731
+    big_f = lambda a: np.where(a < 0.6, 0.1 * a + 0.6 * a - a * a / 2, 0.1 * a + 0.18 + (a - 0.6) ** 2 / 2)  # noqa: E731
+    field = _Field(f, big_f)
+    exact = float(big_f(np.ones(1))[0])
+    res = field.run(1e-5)
+    assert res.status == adaptive.CONVERGED and field.true_error(res, exact) <= 1e-5
+    keys = sorted(res.weights)
+    gaps = np.diff([adaptive.alpha_of(k) for k in keys])
+    near = [g for k, g in zip(keys, gaps) if abs(adaptive.alpha_of(k) - 0.6) < 0.05]
+    assert min(near) < min(g for k, g in zip(keys, gaps) if adaptive.alpha_of(k) < 0.4 and k > 0.1)
+
+
+def test_a_jump_of_f_along_the_path_is_flagged_non_smooth():
+    """F jumps at alpha = 0.3 (the gradient does not see it, as when expert routing switches):
+    the integral of the gradient is still right, and the layer is flagged."""
+    field = _Field(*FUNCTIONS["exp"], jump=(0.3, 5.0))  # sum |Attr| is 70 here: the jump is 7 % of it
+    res = field.run(1e-2)
+    assert res.status == adaptive.NON_SMOOTH
+    assert field.true_error(res, _exact("exp")) <= 1e-2
+    assert res.residual == pytest.approx(-5.0, abs=0.05)  # the jump is what completeness misses
+    smooth = _Field(*FUNCTIONS["exp"]).run(1e-2)
+    assert smooth.status == adaptive.CONVERGED and abs(smooth.residual) < 1e-2 * 70
+
+
+def test_adaptive_rule_says_when_the_node_cap_stops_it():
+    field = _Field(*FUNCTIONS["sigmoid"])
+    res = field.run(1e-9, max_nodes=9)
+    assert res.capped and res.nodes <= 9 and res.error > 1e-9 and res.status == adaptive.CAP_HIT
+    assert field.true_error(res, _exact("sigmoid")) <= res.error  # the estimate still bounds the error returned
+
+
+def test_lock_step_refinement_serves_different_nodes_per_integral():
+    """Two integrals in one Refinement: each gets the nodes it needs in the same passes."""
+    fields = [_Field(*FUNCTIONS["exp"]), _Field(_bump, _bump_integral)]
+
+    def measure(g, rows):
+        return torch.tensor([list(_Field.measure(x)) for x in g], dtype=torch.float64)
+
+    ones = torch.stack([fl.evaluate(torch.ones(1, dtype=torch.float64))[0][0] for fl in fields])
+    f_one = [float(fl.big_f(np.ones(1))[0]) for fl in fields]
+    refining = adaptive.Refinement(measure, 2, 1e-3, 129, {adaptive.ONE: ones}, {adaptive.ONE: f_one})
+    rounds = []
+    while not refining.done:
+        owner, keys, alphas = refining.wanted()
+        assert owner.tolist() == sorted(owner.tolist())  # integral-major, as the passes expect
+        grads, fs = zip(*[fields[i].evaluate(torch.tensor([a], dtype=torch.float64)) for i, a in zip(owner.tolist(), alphas)])
+        rounds.append({i: sorted(k for o, k in zip(owner.tolist(), keys) if o == i) for i in set(owner.tolist())})
+        refining.give(owner, keys, torch.cat(grads), torch.cat(fs))
+    assert any(len(r) == 2 and r[0] != r[1] for r in rounds)  # one pass, different nodes
+    for i, exact in ((0, _exact("exp")), (1, float(_bump_integral(np.ones(1))[0]))):
+        res = refining.result(i)
+        assert res.status == adaptive.CONVERGED and fields[i].true_error(res, exact) <= 2e-3
 
 
 def test_adaptive_rule_refuses_bad_arguments():
-    field = _Field(FUNCTIONS["exp"][0])
+    field = _Field(*FUNCTIONS["exp"])
     with pytest.raises(ValueError, match="positive"):
-        adaptive.integrate(field.evaluate, field.magnitude, 0.0)
-    with pytest.raises(ValueError, match="at least 3"):
-        adaptive.integrate(field.evaluate, field.magnitude, 1e-3, max_nodes=2)
+        adaptive.integrate(field.evaluate, field.measure, 0.0)
+    with pytest.raises(ValueError, match="at least 5"):
+        adaptive.integrate(field.evaluate, field.measure, 1e-3, max_nodes=4)
+
+
+def test_fixed_rules_are_judged_by_estimate_and_residual():
+    eps = float(np.finfo(np.float32).eps)
+    assert adaptive.judge(0.05, 1e-3, 1.0, 1.0, 0.1, eps, eps) == adaptive.CONVERGED
+    assert adaptive.judge(0.5, 1e-3, 1.0, 1.0, 0.1, eps, eps) == adaptive.ESTIMATE
+    assert adaptive.judge(0.05, 0.63, 1.0, 1.0, 0.1, eps, eps) == adaptive.RESIDUAL
+    assert adaptive.judge(float("nan"), 1e-3, 1.0, 1.0, 0.1, eps, eps) == adaptive.CONVERGED  # no estimate: residual only
+    assert adaptive.judge(0.05, 1e-6, 0.0, 1.0, 0.1, eps, eps) == adaptive.CONVERGED  # within the float floor
 
 
 # -- the scorer --------------------------------------------------------------------------------
@@ -174,7 +266,8 @@ def test_fixed_rules_are_unchanged_by_their_error_estimate(loaded_factory, rule,
 
 
 def test_error_estimate_bounds_the_true_error_on_the_builtin_default():
-    """--tol's estimate against a converged reference (Gauss-Legendre, 128 nodes, float64)."""
+    """--tol against a converged reference (Gauss-Legendre, 128 nodes, float64): what it calls
+    converged is within the tolerance."""
     def prep(options, loaded=None):
         return prepare_run(ScoreRequest(out="unused.h5", examples="0:3", options=options, command=["test"]), loaded)
 
@@ -186,8 +279,9 @@ def test_error_estimate_bounds_the_true_error_on_the_builtin_default():
         fam = r.families["self"]
         for k in range(len(r.layers)):
             true = np.abs(r.attribution[k] - ref.attribution[k]).max() / np.abs(ref.attribution[k]).max()
-            assert true <= fam.error[k] <= 1e-2 or fam.capped[k], (e.index, k)
-        assert not fam.capped.all()
+            assert fam.error[k] <= 1e-2 or fam.status[k] != adaptive.CONVERGED, (e.index, k)
+            assert true <= 1e-2 or fam.status[k] != adaptive.CONVERGED, (e.index, k, true)
+        assert (fam.status == adaptive.CONVERGED).any()
 
 
 def test_score_tol_writes_convergence_to_the_store_and_info_summarises_it(tmp_path):
@@ -208,7 +302,7 @@ def test_score_tol_writes_convergence_to_the_store_and_info_summarises_it(tmp_pa
         for i in (0, 1):
             e = s.get(i)
             assert e.nodes.shape == e.error_estimate.shape == e.node_cap_hit.shape == (len(e.layers),)
-            assert set(e.nodes.tolist()) <= {3, 5, 9, 17}
+            assert set(e.nodes.tolist()) <= {5, 9, 13, 17}  # the first leaf's 5, then 4 per split
             assert ((e.error_estimate <= 1e-2) | e.node_cap_hit).all()
             nodes_seen += e.nodes.tolist()
     fams = json.loads(runner.invoke(app, ["info", str(out), "--json"]).stdout)["families"]["self"]
@@ -224,11 +318,11 @@ def test_score_tol_writes_convergence_to_the_store_and_info_summarises_it(tmp_pa
 
 
 @pytest.mark.parametrize("args,rule,steps,tol", [
-    ([], "clenshaw-curtis", 20, 0.1),  # nothing chosen: the error-controlled default
+    ([], "clenshaw-curtis", None, 0.1),  # nothing chosen: the error-controlled default
     (["--steps", "20"], "right", 20, None),  # the paper's setting
     (["--rule", "left"], "left", 20, None),  # the 2021 code's rule, 20 steps
     (["--rule", "gauss", "--steps", "6"], "gauss", 6, None),
-    (["--tol", "0.3"], "clenshaw-curtis", 20, 0.3),
+    (["--tol", "0.3"], "clenshaw-curtis", None, 0.3),
 ])
 def test_score_default_is_error_controlled_and_a_rule_or_steps_mean_a_fixed_rule(tmp_path, args, rule, steps, tol):
     from typer.testing import CliRunner
@@ -249,7 +343,7 @@ def test_score_default_is_error_controlled_and_a_rule_or_steps_mean_a_fixed_rule
     if tol is None:
         assert (nodes == steps).all()
     else:
-        assert set(nodes.tolist()) <= {5, 9, 17, 33, 65, 129}
+        assert all(n >= 5 and (n - 5) % 4 == 0 for n in nodes.tolist())  # 5, then 4 per split
     assert DEFAULT_TOL == 0.1
     # the API resolves its defaults the same way, and gives the store's numbers
     kwargs = {"steps": int(args[args.index("--steps") + 1])} if "--steps" in args else {}
@@ -258,7 +352,7 @@ def test_score_default_is_error_controlled_and_a_rule_or_steps_mean_a_fixed_rule
     res = aa.score(examples="0:2", **kwargs)
     for r, a in zip(res, stored):
         assert np.array_equal(r.attribution, a)
-        assert (r.nodes == steps).all() if tol is None else set(r.nodes.tolist()) <= {5, 9, 17, 33, 65, 129}
+        assert (r.nodes == steps).all() if tol is None else all((n - 5) % 4 == 0 for n in r.nodes.tolist())
 
 
 def test_a_store_from_the_paper_rule_says_how_to_extend_it_under_the_new_default(tmp_path):
@@ -282,9 +376,12 @@ def test_a_store_from_the_paper_rule_says_how_to_extend_it_under_the_new_default
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tol", "1e-3", "--rule", "left"], "Error: --tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule left"),
+    (["--tol", "1e-3", "--rule", "left"],
+     "Error: --tol places its own nodes; it does not go with --rule left (give either --tol or a fixed rule)"),
+    (["--tol", "0.1", "--steps", "20"],
+     "Error: --tol places its own nodes; it does not go with --steps 20 (give either --tol or a fixed rule)"),
     (["--tol", "0"], "Error: --tol must be positive, got 0.0"),
-    (["--tol", "1e-3", "--max-nodes", "2"], "Error: --max-nodes must be at least 3, got 2"),
+    (["--tol", "1e-3", "--max-nodes", "2"], "Error: --max-nodes must be at least 5 (the first interval's nodes), got 2"),
 ])
 def test_score_tol_refuses_bad_options_with_one_line(tmp_path, args, message):
     from typer.testing import CliRunner
@@ -298,9 +395,9 @@ def test_score_tol_refuses_bad_options_with_one_line(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("kind", ["bart", "gpt2"])
-def test_tol_on_every_family_equals_the_fixed_rule_at_the_nodes_it_chose(tokenizer, kind):
+def test_tol_on_every_family_agrees_with_a_converged_fixed_rule(tokenizer, kind):
     """Encoder-decoder families (encoder, decoder, cross) and a causal LM: each layer's map
-    under --tol is the fixed Clenshaw-Curtis rule with the node count that layer chose."""
+    under --tol is within its tolerance of Gauss-Legendre with 48 nodes, F(0) is the same."""
     from conftest import build_model
 
     from attattr_cli.data.types import Example
@@ -313,14 +410,102 @@ def test_tol_on_every_family_equals_the_fixed_rule_at_the_nodes_it_chose(tokeniz
     loaded = prepare(model, tokenizer, f"tiny-{kind}", lm=lm)
     example = Example(0, "w1 w2 w3 w4 w5 w6")
     result = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=lm)).score(example)
-    fixed = {}
+    fixed = Scorer(loaded, ScoreOptions(rule="gauss", steps=48, dtype="float64", lm=lm)).score(example)
     for name, fam in result.families.items():
         assert (fam.error <= 1e-3).all() and not fam.capped.any()
+        assert (fam.status == adaptive.CONVERGED).all()
+        ref = fixed.families[name]
         for k, layer in enumerate(fam.layers):
-            m = int(fam.nodes[k])
-            if m not in fixed:
-                fixed[m] = Scorer(loaded, ScoreOptions(rule="clenshaw-curtis", steps=m, dtype="float64", lm=lm)).score(example)
-            ref = fixed[m].families[name]
-            assert np.abs(fam.head_max[k] - ref.head_max[k]).max() <= 1e-9 * np.abs(ref.head_max[k]).max()
+            assert np.abs(fam.head_max[k] - ref.head_max[k]).max() <= 2e-3 * np.abs(ref.head_max[k]).max()
             assert fam.f_baseline[k] == pytest.approx(ref.f_baseline[k], rel=1e-12)
-            assert fam.residual[k] == pytest.approx(ref.residual[k], abs=1e-10)
+            assert abs(fam.residual[k]) <= 1e-3 * max(abs(fixed.f_full - ref.f_baseline[k]), 1e-3)
+
+
+def test_an_unconverged_store_says_so_in_info_report_view_and_the_analyses(tmp_path):
+    """A node cap too small for the tolerance: the store flags those example-layers, `info`
+    lists them with why, the report flags the examples, an analysis reading the store says
+    how many it used."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from attattr_cli import convergence
+    from attattr_cli.cli import app
+    from attattr_cli.store import Store
+
+    runner = CliRunner()
+    out = tmp_path / "capped.h5"
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:3", "--tol", "1e-4", "--max-nodes", "9",
+                               "-q"]).exit_code == 0
+    with Store(out) as s:
+        states = np.concatenate([s.get(i).convergence for i in s.indices()])
+        assert s.get(0).convergence_tol == 1e-4
+        assert s.unconverged(s.indices()) == [i for i in s.indices() if convergence.unconverged(s.get(i).convergence).any()]
+    assert (states == convergence.CAP_HIT).any()
+    summary = json.loads(runner.invoke(app, ["info", str(out), "--json"]).stdout)["families"]["self"]
+    assert summary["unconverged"] == int((states != convergence.CONVERGED).sum()) > 0
+    assert summary["convergence"]["node cap hit"] == int((states == convergence.CAP_HIT).sum())
+    shown = runner.invoke(app, ["info", str(out)], env={"COLUMNS": "400"}).stdout
+    assert "NOT converged" in shown and "node cap hit" in shown
+    first = summary["unconverged_at"][0]
+    assert f"{first['example']}/{first['layer']}" in shown
+
+    report = tmp_path / "r.html"
+    assert runner.invoke(app, ["report", str(out), "-o", str(report)]).exit_code == 0
+    page = report.read_text()
+    assert '"unconverged"' in page and "not converged" in page
+    result = runner.invoke(app, ["importance", str(out), "--out", str(tmp_path / "imp.h5"), "-q"])
+    assert result.exit_code == 0, result.output
+    n = len({w["example"] for w in summary["unconverged_at"]})
+    assert f"note: {n} of the 3 examples used" in result.stderr
+
+    fine = tmp_path / "fine.h5"  # the same examples at the default: all converged
+    assert runner.invoke(app, ["score", "--out", str(fine), "--examples", "0:3", "-q"]).exit_code == 0
+    summary = json.loads(runner.invoke(app, ["info", str(fine), "--json"]).stdout)["families"]["self"]
+    assert summary["unconverged"] == 0 and summary["convergence"] == {"converged": 9}
+    assert "all 9 example-layers converged" in runner.invoke(app, ["info", str(fine)], env={"COLUMNS": "400"}).stdout
+
+
+def test_a_fixed_rule_store_is_judged_and_an_older_store_is_unchecked(tmp_path):
+    from typer.testing import CliRunner
+
+    import h5py
+
+    from attattr_cli import convergence
+    from attattr_cli.cli import app
+    from attattr_cli.store import Store
+
+    runner = CliRunner()
+    out = tmp_path / "fixed.h5"
+    assert runner.invoke(app, ["score", "--out", str(out), "--examples", "0:6", "--rule", "right", "--steps", "4",
+                               "-q"]).exit_code == 0
+    with Store(out) as s:
+        for i in s.indices():
+            e = s.get(i)
+            for k in range(len(e.layers)):  # judged at the default's tolerance, from its estimate and residual
+                state = int(e.convergence[k])
+                assert state in (convergence.CONVERGED, convergence.ESTIMATE, convergence.RESIDUAL)
+                if e.error_estimate[k] > 0.1 and state != convergence.RESIDUAL:
+                    assert state == convergence.ESTIMATE
+                if state == convergence.CONVERGED:
+                    assert e.error_estimate[k] <= 0.1
+        assert e.convergence_tol == 0.1
+        states = np.concatenate([s.get(i).convergence for i in s.indices()])
+    assert (states != convergence.CONVERGED).any()  # 4 right-rule nodes are not enough everywhere here
+    with h5py.File(out, "a") as f:  # as a store written before schema 1.3
+        for g in f["examples"].values():
+            del g["convergence"]
+    with Store(out) as s:
+        assert (s.get(0).convergence == convergence.UNCHECKED).all() and s.unconverged(s.indices()) == []
+    assert "not checked" in runner.invoke(app, ["info", str(out)], env={"COLUMNS": "400"}).stdout
+
+
+def test_the_api_says_which_layers_did_not_converge():
+    import attattr_cli.api as aa
+
+    capped = aa.score(examples="0:3", tol=1e-4, max_nodes=9)
+    assert any(not r.converged for r in capped)
+    for r in capped:
+        assert set(r.unconverged_layers.values()) <= {"node cap hit", "residual disagrees"}
+        assert r.converged == (not r.unconverged_layers)
+    assert all(r.converged for r in aa.score(examples="0:3"))

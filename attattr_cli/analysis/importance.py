@@ -85,6 +85,7 @@ class Table:
     source: str = ""
     description: str = ""
     skipped_nonfinite: int = 0  # store examples left out because they hold NaN or inf
+    unconverged: int = 0  # store examples used with a layer whose integral is not converged
     stability: dict | None = None  # tau_halves, rank_low/rank_high [layer, head], level, examples
 
 
@@ -167,6 +168,7 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
     if not idx:
         raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite'):"
                          " nothing to average")
+    unconverged = len(store.unconverged(idx))
     L, H = ident.num_layers, ident.num_heads
     sums = {m: np.zeros((L, H), np.float64) for m in methods}
     each: dict[str, list[np.ndarray]] = {m: [] for m in methods}
@@ -192,7 +194,8 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
         "attention": "E_x[max_ij A_h]: the attention-score baseline",
     }
     tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m],
-                    skipped_nonfinite=skipped, stability=stability(np.stack(each[m]))) for m in methods]
+                    skipped_nonfinite=skipped, unconverged=unconverged if m == "attr" else 0,
+                    stability=stability(np.stack(each[m]))) for m in methods]
     return ident, tables
 
 

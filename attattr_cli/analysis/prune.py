@@ -442,6 +442,7 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
         idx, skipped = st.finite(idx)
         if not idx:
             raise StoreError(f"every selected example in {store_path} holds NaN or inf (flagged 'nonfinite')")
+        st_unconverged = st.unconverged(idx)
         L, H = loaded.arch.num_layers, loaded.arch.num_heads
         attr = np.zeros((len(idx), L, H))
         attn = np.zeros((len(idx), L, H))
@@ -462,7 +463,7 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
         k_list.append(H)
     batches = Batches(loaded, chosen, label_map, batch_size, truncate)
     return effectiveness(loaded, batches, attr, attn, k_list, task_name, progress) | {
-        "store": str(store_path), "skipped_nonfinite": skipped}
+        "store": str(store_path), "skipped_nonfinite": skipped, "unconverged": len(st_unconverged), "used": len(idx)}
 
 
 def save_and_compare(loaded, imp: ImportanceFile, keep: float, keep_method: str | None, folder: str | Path,

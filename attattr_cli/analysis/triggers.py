@@ -232,6 +232,8 @@ def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE
     indices, skipped = store.finite(held)
     if counts is not None:
         counts["skipped_nonfinite"] = skipped
+        counts["unconverged"] = len(store.unconverged(indices))
+        counts["used"] = len(indices)
     if not indices:
         raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite')")
     for k, i in enumerate(indices):

@@ -32,6 +32,8 @@ class Importance:
     tables: dict
     path: str | None = None
     skipped_nonfinite: int = 0  # store examples left out because they hold NaN or inf
+    unconverged: int = 0  # store examples used whose integral is not converged in some layer
+    used: int = 0  # store examples the attribution tables average
 
     @property
     def values(self) -> dict[str, np.ndarray]:
@@ -116,10 +118,12 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if "random" in wanted:
         tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
     skipped = max((t.skipped_nonfinite for t in tables), default=0)
+    unconverged = max((t.unconverged for t in tables), default=0)
+    used = max((len(t.examples) for t in tables if t.method == "attr"), default=0)
     if out is not None:
         written = imp.write(out, ident, tables, _cmd(command))
-        return Importance(written.identity, written.tables, str(out), skipped)
-    return Importance(ident, {t.name: t for t in tables}, None, skipped)
+        return Importance(written.identity, written.tables, str(out), skipped, unconverged, used)
+    return Importance(ident, {t.name: t for t in tables}, None, skipped, unconverged, used)
 
 
 # ----------------------------------------------------------------------------- predict with masked heads

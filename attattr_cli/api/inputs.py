@@ -159,6 +159,13 @@ class _InMemory:
         kept = [i for i in indices if i not in bad]
         return kept, len(indices) - len(kept)
 
+    def unconverged(self, indices) -> list[int]:
+        """Results with a layer whose integral is not converged (as a store says it)."""
+        from .. import convergence
+
+        return [i for i in indices
+                if convergence.unconverged(getattr(self.results[i], "convergence", None)).any()]
+
     def families(self) -> list[str]:
         return list(dict.fromkeys(e.family for e in self.results.values()))
 

@@ -11,24 +11,14 @@ import numpy as np
 
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
-
-
-class Interaction(NamedTuple):
-    """One attribution entry: ``layer``, ``head`` (-1 when only the head sum is kept), the
-    ``query`` and ``key`` positions and tokens, and its ``value``."""
-
-    layer: int
-    head: int
-    query: int
-    key: int
-    query_token: str
-    key_token: str
-    value: float
+from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 
 
 @dataclass
 class Attribution(StoredExample):
-    """The attribution of one example, as :func:`score` returns it and ``store[i]`` reads it.
+    """The attribution of one example, as :func:`score` returns it and ``store[i]`` reads it:
+    a :class:`~attattr_cli.store.StoredExample` (the same fields and names as ``Store.get``
+    gives) that can also show itself.
 
     Arrays are numpy: ``attribution`` [layer, head, query, key] (the scored ``layers``),
     ``attention`` [all layers, head, query, key], ``residual`` [layer] (sum of the attribution
@@ -36,86 +26,17 @@ class Attribution(StoredExample):
     ``probs`` [classes]. ``gold``, ``pred`` and ``target`` are class indices (-1: unknown);
     ``prediction``, ``gold_label`` and ``target_label`` their names. With ``keep="sum"`` the
     maps are ``None`` and ``head_sum`` [layer, query, key] holds their sum over heads.
+    Per scored layer, ``nodes``, ``error_estimate`` and ``convergence`` (a state code,
+    :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
+    be trusted (docs/integration.md).
     """
-
-    label_names: list | None = None
 
     @classmethod
     def from_stored(cls, e: StoredExample, label_names=None) -> "Attribution":
         """The same example with the API's conveniences."""
         values = {f.name: getattr(e, f.name) for f in fields(StoredExample)}
-        return cls(**values, label_names=list(label_names or []))
-
-    def _name(self, i) -> str | None:
-        if i is None or int(i) < 0:
-            return None
-        names = self.label_names or []
-        return names[int(i)] if int(i) < len(names) else str(int(i))
-
-    @property
-    def prediction(self) -> str | None:
-        """The predicted class's name."""
-        return self._name(self.pred)
-
-    @property
-    def probabilities(self) -> np.ndarray:
-        """The class probabilities (numpy), in ``label_names`` order."""
-        return np.asarray(self.probs)
-
-    @property
-    def gold_label(self) -> str | None:
-        """The gold class's name, or None when unknown."""
-        return self._name(self.gold)
-
-    @property
-    def target_label(self) -> str | None:
-        """The name of the class whose probability was attributed."""
-        return self._name(self.target)
-
-    @property
-    def text(self):
-        """The input: a string, or a (first, second) pair."""
-        return self.text_a if self.text_b is None else (self.text_a, self.text_b)
-
-    def top(self, k: int = 10) -> list[Interaction]:
-        """The ``k`` strongest interactions (largest attribution), strongest first, as
-        :class:`Interaction` rows (layer, head, query, key, query_token, key_token, value)."""
-        if k < 1:
-            raise OptionError(f"k must be at least 1, got {k}")
-        keys = self.key_tokens or self.tokens
-        layers = list(self.layers)
-        if self.attribution is not None and np.ndim(self.attribution) == 4:
-            a, by_head = np.asarray(self.attribution), True
-        elif self.head_sum is not None:
-            a, by_head = np.asarray(self.head_sum)[:, None], False
-        elif self.topk_index is not None:
-            rows = []
-            idx, val = np.asarray(self.topk_index), np.asarray(self.topk_value)
-            for li in range(idx.shape[0]):
-                for h in range(idx.shape[1]):
-                    for j in range(idx.shape[2]):
-                        q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
-                        rows.append(Interaction(layers[li], h, q, kk, self.tokens[q], keys[kk], float(val[li, h, j])))
-            return sorted(rows, key=lambda r: -r.value)[:k]
-        else:
-            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
-        flat = a.reshape(-1)
-        k = min(k, flat.size)
-        best = np.argpartition(-flat, k - 1)[:k]
-        best = best[np.argsort(-flat[best], kind="stable")]
-        out = []
-        for b in best:
-            li, h, q, kk = np.unravel_index(int(b), a.shape)
-            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), self.tokens[q], keys[kk],
-                                   float(flat[b])))
-        return out
-
-    def token_importance(self) -> np.ndarray:
-        """Per (key) token: the attribution summed over layers, heads and queries."""
-        s = self.summed()
-        if s is None:
-            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
-        return np.asarray(s, np.float64).sum(axis=(0, 1))
+        values["label_names"] = list(label_names if label_names is not None else (e.label_names or []))
+        return cls(**values)
 
     def _repr_html_(self) -> str:
         """The interactive view (heatmaps per layer, coloured tokens, top interactions) in a notebook."""

@@ -35,8 +35,9 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``group`` the short examples scored together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one
     at a time); the numbers do not depend on either (up to float rounding). Integration:
     ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given) is error-controlled
-    (nested Clenshaw-Curtis levels per example and layer until the map's estimated error is
-    below tol x max |Attr| of the layer, at most ``max_nodes`` nodes); ``rule`` and/or
+    (adaptive subdivision of the path per example and layer until the map's estimated error
+    is below tol x max |Attr| of the layer and the completeness residual agrees, at most
+    ``max_nodes`` nodes; each result's ``convergence`` says per layer whether it did); ``rule`` and/or
     ``steps`` choose a fixed rule instead (``rule="right", steps=20`` is the paper's,
     ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
@@ -48,11 +49,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     _check_min("steps", steps)
     _check_min("steps_per_pass", steps_per_pass)
     _check_min("group", group)
-    _check_min("max_nodes", max_nodes, 3)
-    if tol is not None and not tol > 0:
-        raise OptionError(f"tol must be positive, got {tol}")
-    if tol is not None and rule not in (None, "right", "clenshaw-curtis"):
-        raise OptionError(f"tol chooses Clenshaw-Curtis nodes itself; it does not go with rule {rule}")
+    _check_min("max_nodes", max_nodes, 5)
     _check_min("top_k", top_k)
     if keep not in KEEPS:
         raise OptionError(f"unknown keep '{keep}'; available: {', '.join(KEEPS)}")

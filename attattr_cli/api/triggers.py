@@ -97,7 +97,8 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
             "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
             "task": prov.get("task"), "data": prov.get("data"),
-            "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"], "min_tokens": min_tokens, "special": special, "command": _cmd(command),
+            "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"],
+            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "command": _cmd(command),
         }
         doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
                                 source=src, patterns=patterns)

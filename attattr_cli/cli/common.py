@@ -113,6 +113,13 @@ def skipped_line(n: int) -> str:
             f" {'their' if n != 1 else 'its'} scores)")
 
 
+def unconverged_line(n: int, used: int) -> str:
+    """The one stderr line of an analysis that used store examples whose integral is not converged."""
+    return (f"note: {n} of the {used} example{'s' if used != 1 else ''} used {'have' if n != 1 else 'has'} a layer"
+            " whose integral the store calls not converged (attattr info lists them; rescore with a smaller"
+            " --tol or a larger --max-nodes)")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     h, rest = divmod(seconds, 3600)

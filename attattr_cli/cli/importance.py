@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import skipped_line, command_line, edge, err, out, parse_int_list, progress_bar
+from .common import skipped_line, unconverged_line, command_line, edge, err, out, parse_int_list, progress_bar
 
 
 def importance(
@@ -49,6 +49,8 @@ def importance(
         tables = list(result.tables.values())
         if result.skipped_nonfinite:
             err.print(skipped_line(result.skipped_nonfinite), markup=False)
+        if result.unconverged:
+            err.print(unconverged_line(result.unconverged, result.used), markup=False)
         first_random = min((t.seed for t in tables if t.method == "random" and t.seed is not None), default=None)
         shown = [t for t in tables if not (t.method == "random" and t.seed not in (None, first_random))]
         if not quiet and not (as_json or as_csv):

@@ -25,11 +25,28 @@ def _families(fams: dict) -> str:
             if d.get("error_estimate_max") is not None:
                 conv += (f", error estimate max {d['error_estimate_max']:.1e} (median {d['error_estimate_median']:.1e})"
                          " of max |Attr|")
-            if d.get("node_cap_hits"):
-                conv += f", node cap hit on {d['node_cap_hits']} of {d['example_layers']} example-layers"
         lines.append(f"{name}: {len(d.get('layers') or [])} layers scored x {d.get('heads')} heads ({axes}),"
                      f" keep {d.get('keep')}{topk}{resid}{conv}")
+        lines.append(f"  {_convergence(d)}")
     return "\n".join(lines)
+
+
+def _convergence(d: dict) -> str:
+    """How many example-layers converged, and where the others are, with why."""
+    states = d.get("convergence") or {}
+    total = sum(states.values())
+    if not total or set(states) == {"not checked"}:
+        return "convergence: not checked (a store written before schema 1.3)"
+    tol = d.get("convergence_tol")
+    at = f" at tol {tol:g}" if tol is not None else ""
+    bad = d.get("unconverged") or 0
+    if not bad:
+        return f"convergence{at}: all {total} example-layers converged (estimate and completeness residual agree)"
+    why = ", ".join(f"{n} {k}" for k, n in sorted(states.items()) if k not in ("converged", "not checked") and n)
+    where = d.get("unconverged_at") or []
+    shown = ", ".join(f"{w['example']}/{w['layer']}" for w in where[:8]) + (", ..." if len(where) > 8 else "")
+    return (f"convergence{at}: {bad} of {total} example-layers NOT converged ({why});"
+            f" example/layer: {shown}")
 
 
 def _flagged(indices: list[int]) -> str:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, wide_err
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, unconverged_line, wide_err
 
 
 def prune(
@@ -60,6 +60,8 @@ def prune(
         result = res.to_dict()
         if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
             err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
+        if res.effectiveness is not None and res.effectiveness.get("unconverged"):
+            err.print(unconverged_line(res.effectiveness["unconverged"], res.effectiveness["used"]), markup=False)
         if not quiet and not (as_json or as_csv):
             if res.curves is not None:
                 _report_curves(res.curves)

@@ -25,8 +25,8 @@ def score(
     examples: Optional[str] = options.examples(),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (alone: the right rule; 20 when only --rule is given)."),
     rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (right with --steps 20 is the paper's, left the 2021 code's): " + RULES_HELP + "."),
-    tol: Optional[float] = typer.Option(None, "--tol", help=f"Error-controlled integration (the default, at {DEFAULT_TOL:g}, when neither --steps nor --rule is given): per example and layer, nested Clenshaw-Curtis levels (3, 5, 9, 17, ... nodes) until the map's estimated error is below TOL x max |Attr| of the layer (replaces --steps and --rule)."),
-    max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it was hit)."),
+    tol: Optional[float] = typer.Option(None, "--tol", help=f"Error-controlled integration (the default, at {DEFAULT_TOL:g}, when neither --steps nor --rule is given): per example and layer, the path is subdivided until the map's estimated error is below TOL x max |Attr| of the layer and the completeness residual agrees (not with --steps or --rule)."),
+    max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it stopped the refinement)."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
@@ -71,8 +71,6 @@ def score(
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
-        if tol is not None and rule not in (None, "clenshaw-curtis"):
-            raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {rule}")
         score_options = ScoreOptions(
             **integration(steps, rule, tol), max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
             layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,

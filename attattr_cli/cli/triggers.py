@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import skipped_line, command_line, edge, err, out, progress_bar
+from .common import skipped_line, unconverged_line, command_line, edge, err, out, progress_bar
 
 RANKINGS_HELP = "count (ties: total strength), total (count x mean), or mean strength"
 
@@ -63,6 +63,9 @@ def triggers(
         skipped = (doc.get("source") or {}).get("skipped_nonfinite")
         if skipped:
             err.print(skipped_line(skipped), markup=False)
+        unconverged = (doc.get("source") or {}).get("unconverged")
+        if unconverged:
+            err.print(unconverged_line(unconverged, (doc.get("source") or {}).get("used", 0)), markup=False)
         if not quiet:
             err.print(
                 f"{doc['examples']} examples, {len(res.patterns)} patterns, {res.distinct} distinct triggers; "

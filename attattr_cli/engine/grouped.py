@@ -35,7 +35,7 @@ from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
-from .scorer import _detached, map_magnitude
+from .scorer import _detached, map_measures
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
 DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
@@ -153,7 +153,7 @@ class _Group:
             per_example: list[list[dict]] = [[] for _ in range(count)]
             integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             for site in sites:
-                gs, f0s, convs, saved = integral(site, clean, at_one.get(site))
+                gs, f0s, convs, saved = integral(site, clean, at_one.get(site), f_full)
                 for e in range(count):
                     n = self.lengths[e]
                     per_example[e].append(sc._layer_result(gs[e:e + 1, :, :n], f0s[e], float(f_full[e]), keep,
@@ -221,7 +221,7 @@ class _Group:
         return g, f.detach()
 
     # -- fixed rules -------------------------------------------------------------------
-    def _integrate(self, site, clean, grad_at_one):
+    def _integrate(self, site, clean, grad_at_one, f_full=None):
         """G, F(0), (nodes, error estimate, cap hit) and saved projections per example (fixed rule)."""
         sc, count = self.sc, len(self.examples)
         alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
@@ -254,7 +254,7 @@ class _Group:
         return total, f0, convs, saved
 
     # -- --tol ---------------------------------------------------------------------------
-    def _integrate_to_tol(self, site, clean, grad_at_one):
+    def _integrate_to_tol(self, site, clean, grad_at_one, f_full=None):
         """As ``_integrate``, by the error-controlled rule: the examples refine in lock-step
         (one :class:`~attattr_cli.engine.adaptive.Refinement`), those still refining share one
         pass per level."""
@@ -262,25 +262,35 @@ class _Group:
         saved: dict = {}
         stacks: list = []  # A and V of every example, zero-padded to the group's width (made once)
 
-        def magnitude(g, rows):  # max |A * (G V^T)| per row; zero padding adds zeros only
+        def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row; zero padding adds zeros only
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
-            a, v = stacks
-            return map_magnitude(a[rows], v[rows], g).cpu()
+            a, v = stacks[:2]
+            return map_measures(a[rows], v[rows], g).cpu()
 
-        known = None if grad_at_one is None else {adaptive.ONE: grad_at_one.to(self.acc)}
-        refining = adaptive.Refinement(magnitude, count, sc.options.tol, sc.options.max_nodes, known)
+        def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
+            if not stacks:
+                stacks.extend(self._padded_a_v(saved, g.dtype))
+            if len(stacks) == 2:
+                stacks.append(torch.matmul(stacks[0], stacks[1]))
+            return (g * stacks[2][rows]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
+
+        known = known_f = None
+        if grad_at_one is not None:
+            known = {adaptive.ONE: grad_at_one.to(self.acc)}
+            known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
+        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative)
         while not refining.done:
-            keys, alphas, rows = refining.wanted()
-            owner = rows.repeat_interleave(len(keys))
+            owner, keys, alphas = refining.wanted()
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
             grads, fs = [], []
-            for _part, g, f in self._run(site, clean, owner, torch.from_numpy(alphas).repeat(len(rows)), ones, saved):
+            for _part, g, f in self._run(site, clean, owner, torch.from_numpy(alphas), ones, saved):
                 grads.append(g)
                 fs.append(f)
-            refining.give(keys, torch.cat(grads), torch.cat(fs))
+            refining.give(owner, keys, torch.cat(grads), torch.cat(fs))
         results = [refining.result(e) for e in range(count)]
-        return refining.g, [r.f[adaptive.ZERO] for r in results], [(r.nodes, r.error, r.capped) for r in results], saved
+        return (refining.g, [r.f[adaptive.ZERO] for r in results],
+                [(r.nodes, r.error, r.capped, r.status) for r in results], saved)
 
     def _padded_a_v(self, saved: dict, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every example's clean attention A [E, head, W, W] and values V [E, head, W, d] of the

@@ -2,8 +2,7 @@
 
 Fixed rules (:func:`nodes`) take m nodes; :func:`embedded` gives each of them a lower-order
 rule on the same nodes, whose difference from the rule estimates how converged it is. The
-error-controlled integration of :mod:`.adaptive` walks the nested Clenshaw-Curtis levels of
-:func:`doubling_levels`, each of which reuses every node of the one before.
+error-controlled integration (:mod:`.adaptive`) subdivides the path itself.
 """
 
 from __future__ import annotations
@@ -61,17 +60,6 @@ def clenshaw_curtis(intervals: int) -> tuple[np.ndarray, np.ndarray]:
     if n % 2 == 0:
         alphas[n // 2] = 0.5
     return alphas, weights
-
-
-def doubling_levels(max_nodes: int = MAX_NODES) -> Iterator[tuple[list[Fraction], np.ndarray, np.ndarray]]:
-    """The nested Clenshaw-Curtis levels N = 1, 2, 4, ... intervals (2, 3, 5, 9, ... nodes) that
-    fit ``max_nodes``: (keys, alphas, weights) per level. A node's key (j/N as a fraction)
-    is the same at every level that has it, so a level's new nodes are those with new keys."""
-    n = 1
-    while n + 1 <= max_nodes:
-        alphas, weights = clenshaw_curtis(n)
-        yield [Fraction(j, n) for j in range(n + 1)], alphas, weights
-        n *= 2
 
 
 def embedded(rule: str, steps: int) -> tuple[np.ndarray, float] | None:

@@ -24,18 +24,26 @@ RULES = {
     "left": "left Riemann sum, alpha = k/m for k = 0..m-1 (the 2021 reference code)",
     "midpoint": "midpoint rule, alpha = (k - 1/2)/m",
     "gauss": "Gauss-Legendre quadrature with m nodes (exact for polynomials of degree 2m-1)",
-    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included);"
-                       " with --tol, its nested levels of 3, 5, 9, 17, ... nodes are used adaptively",
+    "clenshaw-curtis": "Clenshaw-Curtis quadrature with m nodes, alpha = (1 - cos(pi k/(m-1)))/2 (both ends included)",
 }
 
 
 def integration(steps: int | None, rule: str | None, tol: float | None) -> dict:
     """The ScoreOptions fields ``steps``, ``rule``, ``tol`` from what a user gave (None: not
     given): nothing -> ``tol`` DEFAULT_TOL; ``steps`` and/or ``rule`` -> that fixed rule (the
-    paper's right rule, 20 steps, for what is left out); ``tol`` -> as given."""
+    paper's right rule, 20 steps, for what is left out); ``tol`` -> as given, with no steps
+    (it places its own nodes). ``tol`` with ``steps`` or ``rule`` is an OptionError: the one
+    place this is checked, for the CLI and the API."""
+    if tol is not None and not tol > 0:
+        raise OptionError(f"--tol must be positive, got {tol}")
+    if tol is not None and (steps is not None or rule is not None):
+        given = " and ".join(f"--{name} {value}" for name, value in (("steps", steps), ("rule", rule)) if value is not None)
+        raise OptionError(f"--tol places its own nodes; it does not go with {given} (give either --tol or a fixed rule)")
     if steps is None and rule is None and tol is None:
         tol = DEFAULT_TOL
-    return {"steps": PAPER_STEPS if steps is None else steps, "rule": rule or PAPER_RULE, "tol": tol}
+    if tol is not None:
+        return {"steps": None, "rule": "clenshaw-curtis", "tol": tol}
+    return {"steps": PAPER_STEPS if steps is None else steps, "rule": rule or PAPER_RULE, "tol": None}
 
 
 @dataclass
@@ -44,7 +52,7 @@ class ScoreOptions:
     Its own defaults are the paper's fixed rule; the CLI and the API resolve theirs with
     :func:`integration` (the error-controlled rule when none is chosen)."""
 
-    steps: int = PAPER_STEPS
+    steps: int | None = None  # a fixed rule's nodes (None: PAPER_STEPS; with tol: none, it places its own)
     rule: str = PAPER_RULE
     target: str = "predicted"  # predicted | gold | a label name | a label index
     output: str = "prob"  # prob | logit
@@ -67,8 +75,9 @@ class ScoreOptions:
     target_token: str | None = None  # the next token whose probability is attributed
     continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
     position: int | None = None  # position whose next-token distribution holds the target (default: last)
-    # error-controlled integration: nested Clenshaw-Curtis levels per example and layer until the
-    # map's estimated error is below tol x max |Attr| of the layer, at most max_nodes nodes
+    # error-controlled integration (engine/adaptive.py): per example and layer, adaptive subdivision
+    # of the path until the map's estimated error is below tol x max |Attr| of the layer and the
+    # completeness residual agrees, at most max_nodes nodes
     tol: float | None = None
     max_nodes: int = MAX_NODES
 
@@ -80,6 +89,8 @@ class ScoreOptions:
     def __post_init__(self):
         if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
             self.rule = "clenshaw-curtis"
+        if self.tol is None and self.steps is None:
+            self.steps = PAPER_STEPS
 
     def validate(self, num_layers: int) -> list[int]:
         """Check the options against a model of ``num_layers`` layers; the chosen layers, sorted."""
@@ -89,7 +100,7 @@ class ScoreOptions:
             raise OptionError(f"unknown rule '{self.rule}'; available: {', '.join(RULES)}")
         if self.output not in OUTPUTS:
             raise OptionError(f"unknown output '{self.output}'; available: {', '.join(OUTPUTS)}")
-        if self.steps < 1:
+        if self.steps is not None and self.steps < 1:
             raise OptionError(f"--steps must be at least 1, got {self.steps}")
         if self.group is not None and self.group < 1:
             raise OptionError(f"--group must be at least 1, got {self.group}")
@@ -107,10 +118,10 @@ class ScoreOptions:
             raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
         if self.tol is not None and not self.tol > 0:
             raise OptionError(f"--tol must be positive, got {self.tol}")
-        if self.tol is not None and self.rule != "clenshaw-curtis":
-            raise OptionError(f"--tol chooses Clenshaw-Curtis nodes itself; it does not go with --rule {self.rule}")
-        if self.max_nodes < 3:
-            raise OptionError(f"--max-nodes must be at least 3, got {self.max_nodes}")
+        if self.tol is not None and (self.rule != "clenshaw-curtis" or self.steps is not None):
+            raise OptionError("--tol places its own nodes; it does not go with --steps or --rule")
+        if self.max_nodes < 5:
+            raise OptionError(f"--max-nodes must be at least 5 (the first interval's nodes), got {self.max_nodes}")
         resolve_dtype(self.dtype)
         layers = list(range(num_layers)) if self.layers is None else list(self.layers)
         for layer in layers:

@@ -28,6 +28,7 @@ class FamilyScore:
     nodes: np.ndarray | None = None  # [layer] integration nodes used
     error: np.ndarray | None = None  # [layer] estimated max |error of Attr| / max |Attr|
     capped: np.ndarray | None = None  # [layer] tol: the node cap was hit before the tolerance
+    status: np.ndarray | None = None  # [layer] convergence state (engine/adaptive.py: CONVERGED, CAP_HIT, ...)
 
 
 @dataclass

@@ -28,7 +28,7 @@ from .encoding import Encoded, decoder_start_of, encode, too_long
 from . import adaptive
 from .integrate import embedded, nodes
 from .memory import BackOff, is_out_of_memory
-from .options import ScoreOptions
+from .options import DEFAULT_TOL, ScoreOptions
 from .results import ExampleScore, FamilyScore
 from .sites import SiteScorer
 
@@ -72,7 +72,7 @@ class Scorer:
             self._fixed_target = self._parse_target(options.target)
         self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
-        self.last_integral = (options.steps, float("nan"), False)  # nodes, error estimate, cap hit
+        self.last_integral = (options.steps or 0, float("nan"), False)  # nodes, error estimate, cap hit
         # LMs that can run only the needed positions through their head (checked once, not per pass)
         self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self.last_step_batch = 0
@@ -260,6 +260,7 @@ class Scorer:
                 gold = -1 if example.label is None else self.label_map[example.label]
                 target = self._choose_target(pred, gold, example)
             f_full = float(self._target_value(logits, target)[0])
+            self._f_full = f_full  # F(1), for --tol's completeness check
             at_one = {}
             if share_one:
                 wanted = [t for t in targets if t in record.leaves]
@@ -288,16 +289,23 @@ class Scorer:
     def _layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
         """What the store keeps of one layer, from its G: the map (keep maps), the head sum
         (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
-        and (nodes, error estimate, cap hit) of the integral."""
+        and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
+        rule's state is judged here, from its embedded estimate and its residual)."""
         res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None), saved=saved)
         hs = res["head_sum"][0]
+        resid = float(hs.double().sum()) - (f_full - f0)
+        if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
+            scale = adaptive.residual_scale(f_full - f0, self._measure(g, saved)[0])
+            state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
+                                   float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
+            conv = (*conv, state)
         return {
             "map": res["maps"][0].cpu() if keep == "maps" else None,
             "sum": hs.cpu() if keep in ("maps", "sum") else None,
             "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
             "head_max": res["head_max"][0].cpu(),
             "f0": f0,
-            "resid": float(hs.double().sum()) - (f_full - f0),
+            "resid": resid,
             "conv": conv,
         }
 
@@ -387,6 +395,7 @@ class Scorer:
             nodes=np.asarray([r["conv"][0] for r in per_layer], np.int32),
             error=np.asarray([r["conv"][1] for r in per_layer], np.float64),
             capped=np.asarray([r["conv"][2] for r in per_layer], bool),
+            status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
         )
 
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
@@ -490,8 +499,9 @@ class Scorer:
             return torch.cat(grads), torch.cat(fs)
 
         known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
-        res = adaptive.integrate(evaluate, self._magnitude, self.options.tol, self.options.max_nodes, known)
-        self.last_integral = (res.nodes, res.error, res.capped)
+        known_f = {} if grad_at_one is None else {adaptive.ONE: self._f_full}
+        res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f)
+        self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 
     def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict | None = None) -> float:
@@ -499,14 +509,19 @@ class Scorer:
         Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule."""
         if g_low is None:
             return float("nan")
-        return adaptive._relative(self._magnitude(g - g_low, saved), self._magnitude(g, saved)) / self.low[1]
+        return adaptive.relative(self._measure(g - g_low, saved)[0], self._measure(g, saved)[0]) / self.low[1]
 
-    def _magnitude(self, g: torch.Tensor, saved: dict | None = None) -> float:
-        """max |Attr| of the map made from ``g`` with the saved projections (``self._saved`` by
-        default); the map itself is not kept."""
+    @property
+    def check_tol(self) -> float:
+        """The tolerance convergence is judged at: --tol, or for a fixed rule the default's."""
+        return self.options.tol if self.options.tol is not None else DEFAULT_TOL
+
+    def _measure(self, g: torch.Tensor, saved: dict | None = None) -> tuple[float, float, float]:
+        """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
+        projections (``self._saved`` by default); the map itself is not kept."""
         s = self._saved if saved is None else saved
         g = g.reshape(1, *g.shape[-3:])
-        return float(map_magnitude(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g)[0])
+        return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g)[0])
 
     @staticmethod
     def layer_probs(saved: dict, dtype: torch.dtype) -> torch.Tensor:
@@ -561,10 +576,13 @@ def _detached(obj):
     return obj
 
 
-def map_magnitude(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """max |Attr| per leading index of the maps Attr = A * (G V^T): A [..., head, n, n], V and
-    G [..., head, n, d] -> [...]."""
-    return (a * torch.matmul(g, v.transpose(-1, -2))).abs().amax(dim=(-3, -2, -1))
+def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """(max |Attr|, sum |Attr|, sum Attr) per leading index of the maps Attr = A * (G V^T):
+    A [..., head, n, n], V and G [..., head, n, d] -> [..., 3] (sums in float64)."""
+    attr = a * torch.matmul(g, v.transpose(-1, -2))
+    dims = (-3, -2, -1)
+    return torch.stack([attr.abs().amax(dim=dims).double(), attr.abs().sum(dim=dims, dtype=torch.float64),
+                        attr.sum(dim=dims, dtype=torch.float64)], dim=-1)
 
 
 def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:

@@ -57,7 +57,10 @@ class FingerprintDifference:
 
 def fingerprint_difference(first: dict, second: dict) -> FingerprintDifference | None:
     """How ``second`` differs from ``first``, or None if they are equal. One kind is reported, in
-    this order: the model, the data, the options (all differing options), any other field."""
+    this order: the model, the data, the options (all differing options), any other field.
+    An error-controlled run has no steps: stores written before this was so recorded an unused
+    ``steps`` beside ``tol``, which is not compared."""
+    first, second = _without_unused_steps(first), _without_unused_steps(second)
     if first == second:
         return None
 
@@ -78,6 +81,13 @@ def fingerprint_difference(first: dict, second: dict) -> FingerprintDifference |
         return FingerprintDifference("options", keys, _pick(oa, keys), _pick(ob, keys))
     keys = differ(first, second)
     return FingerprintDifference("field", keys, _pick(first, keys), _pick(second, keys))
+
+
+def _without_unused_steps(fp: dict) -> dict:
+    options = fp.get("options")
+    if not isinstance(options, dict) or options.get("tol") is None or "steps" not in options:
+        return fp
+    return {**fp, "options": {k: v for k, v in options.items() if k != "steps"}}
 
 
 def _pick(d: dict, keys) -> dict:

@@ -8,12 +8,15 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import h5py
 import numpy as np
 
-from ..errors import StoreError, first_line
+from .. import convergence
+
+UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
+from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
 
@@ -55,7 +58,97 @@ class StoredExample:
     nodes: np.ndarray | None = None
     error_estimate: np.ndarray | None = None
     node_cap_hit: np.ndarray | None = None
+    # schema 1.3: per layer, the convergence state (attattr_cli/convergence.py; UNCHECKED for older stores)
+    # and the tolerance it was judged at
+    convergence: np.ndarray | None = None
+    convergence_tol: float | None = None
     nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
+    label_names: list | None = None  # the class names (Store.get gives the store's), for the names below
+
+    # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
+    # as stored (pred, gold, target: class indices; probs), and these
+    @property
+    def converged(self) -> bool:
+        """Whether every scored layer's integral converged (a store before schema 1.3: True, unchecked)."""
+        return not convergence.unconverged(self.convergence).any()
+
+    @property
+    def unconverged_layers(self) -> dict[int, str]:
+        """{layer: why} for the scored layers whose integral did not converge."""
+        bad = convergence.unconverged(self.convergence)
+        return {int(layer): convergence.name(s) for layer, s, b in zip(self.layers, self.convergence, bad) if b}
+
+    def _name(self, i) -> str | None:
+        if i is None or int(i) < 0:
+            return None
+        names = self.label_names or []
+        return names[int(i)] if int(i) < len(names) else str(int(i))
+
+    @property
+    def prediction(self) -> str | None:
+        """The predicted class's name."""
+        return self._name(self.pred)
+
+    @property
+    def probabilities(self) -> np.ndarray:
+        """The class probabilities (numpy), in ``label_names`` order."""
+        return np.asarray(self.probs)
+
+    @property
+    def gold_label(self) -> str | None:
+        """The gold class's name, or None when unknown."""
+        return self._name(self.gold)
+
+    @property
+    def target_label(self) -> str | None:
+        """The name of the class whose probability was attributed."""
+        return self._name(self.target)
+
+    @property
+    def text(self):
+        """The input: a string, or a (first, second) pair."""
+        return self.text_a if self.text_b is None else (self.text_a, self.text_b)
+
+    def top(self, k: int = 10) -> list[Interaction]:
+        """The ``k`` strongest interactions (largest attribution), strongest first, as
+        :class:`Interaction` rows (layer, head, query, key, query_token, key_token, value)."""
+        if k < 1:
+            raise OptionError(f"k must be at least 1, got {k}")
+        keys = self.key_tokens or self.tokens
+        layers = list(self.layers)
+        if self.attribution is not None and np.ndim(self.attribution) == 4:
+            a, by_head = np.asarray(self.attribution), True
+        elif self.head_sum is not None:
+            a, by_head = np.asarray(self.head_sum)[:, None], False
+        elif self.topk_index is not None:
+            rows = []
+            idx, val = np.asarray(self.topk_index), np.asarray(self.topk_value)
+            for li in range(idx.shape[0]):
+                for h in range(idx.shape[1]):
+                    for j in range(idx.shape[2]):
+                        q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
+                        rows.append(Interaction(layers[li], h, q, kk, self.tokens[q], keys[kk], float(val[li, h, j])))
+            return sorted(rows, key=lambda r: -r.value)[:k]
+        else:
+            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
+        flat = a.reshape(-1)
+        k = min(k, flat.size)
+        best = np.argpartition(-flat, k - 1)[:k]
+        best = best[np.argsort(-flat[best], kind="stable")]
+        out = []
+        for b in best:
+            li, h, q, kk = np.unravel_index(int(b), a.shape)
+            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), self.tokens[q], keys[kk],
+                                   float(flat[b])))
+        return out
+
+    def token_importance(self) -> np.ndarray:
+        """Per (key) token: the attribution summed over layers, heads and queries."""
+        s = self.summed()
+        if s is None:
+            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
+        return np.asarray(s, np.float64).sum(axis=(0, 1))
+
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -64,6 +157,19 @@ class StoredExample:
         if self.attribution is not None and np.ndim(self.attribution) == 4:
             return np.asarray(self.attribution).sum(axis=1)
         return None
+
+
+class Interaction(NamedTuple):
+    """One attribution entry: ``layer``, ``head`` (-1 when only the head sum is kept), the
+    ``query`` and ``key`` positions and tokens, and its ``value``."""
+
+    layer: int
+    head: int
+    query: int
+    key: int
+    query_token: str
+    key_token: str
+    value: float
 
 
 def _strings(ds) -> list[str]:
@@ -246,6 +352,24 @@ class Store(OpenFile):
         kept = [i for i in indices if i not in bad]
         return kept, len(indices) - len(kept)
 
+    def _label_names(self) -> list:
+        """The class names of the store's provenance (read once)."""
+        if getattr(self, "_labels", None) is None:
+            self._labels = list(self.provenance.get("label_names") or [])
+        return list(self._labels)
+
+    def unconverged(self, indices) -> list[int]:
+        """Those of ``indices`` with a layer (of any family) whose integral the store calls not
+        converged (dataset ``convergence``, schema 1.3; older stores: none are judged)."""
+        g = self.f[EXAMPLES]
+        out = []
+        for i in indices:
+            eg = g[example_name(i)]
+            groups = [eg] + (list(eg[FAMILIES].values()) if FAMILIES in eg else [])
+            if any("convergence" in fg and convergence.unconverged(fg["convergence"][()]).any() for fg in groups):
+                out.append(i)
+        return out
+
     def __len__(self) -> int:
         return len(self.indices())
 
@@ -335,6 +459,10 @@ class Store(OpenFile):
             nodes=arr("nodes", big=False),
             error_estimate=arr("error_estimate", big=False),
             node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
+            convergence=(fg["convergence"][()].astype(np.uint8) if "convergence" in fg
+                         else np.full(len(fg["layers"]), convergence.UNCHECKED, np.uint8)),
+            convergence_tol=float(fg["convergence"].attrs["tol"]) if "convergence" in fg and "tol" in fg["convergence"].attrs else None,
+            label_names=self._label_names(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
 
@@ -390,8 +518,15 @@ class Store(OpenFile):
                 d["keep"].add(info.get("keep"))
                 if not e.nonfinite:
                     d["_r"].extend(np.abs(e.residual).tolist())
-                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit)):
+                for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit),
+                                   ("_s", e.convergence)):
                     d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
+                bad = convergence.unconverged(e.convergence)
+                d.setdefault("unconverged_at", []).extend(
+                    {"example": int(i), "layer": int(layer), "state": convergence.name(state)}
+                    for layer, state, b in zip(e.layers, e.convergence, bad) if b)
+                if e.convergence_tol is not None:
+                    d["convergence_tol"] = e.convergence_tol
                 g = self._group(i)
                 fg = g if name == "self" else g[FAMILIES][name]
                 if "topk_value" in fg:
@@ -406,5 +541,9 @@ class Store(OpenFile):
             d["error_estimate_max"] = float(max(est)) if est else None
             d["error_estimate_median"] = float(np.median(est)) if est else None
             d["node_cap_hits"] = int(sum(cap)) if cap else (0 if nodes else None)
+            states = d.pop("_s")
+            d["convergence"] = convergence.counts(states)  # {state name: example-layers}
+            d["unconverged"] = int(convergence.unconverged(states).sum())
+            d["unconverged_at"] = d.get("unconverged_at", [])[:UNCONVERGED_LISTED]  # the first ones; "unconverged" counts all
             d["example_layers"] = len(r)
         return out

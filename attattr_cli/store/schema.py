@@ -5,7 +5,8 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.2"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence
+SCHEMA_VERSION = "1.3"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
+# 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
@@ -37,10 +38,13 @@ AXES = {
     "nodes": ("layer",),
     "error_estimate": ("layer",),
     "node_cap_hit": ("layer",),
+    # schema 1.3
+    "convergence": ("layer",),
 }
 # the datasets of one family (at the example's top level for "self", else under families/)
 FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
-                   "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit")
+                   "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit",
+                   "convergence")
 
 STORE_DTYPES = ("float32", "float16")
 

@@ -134,6 +134,8 @@ class StoreWriter(OpenFile):
         self.store_dtype = np.float16 if store_dtype == "float16" else np.float32
         fingerprint = dict(fingerprint, store_dtype=store_dtype)
         self.fingerprint = fingerprint
+        tol = (fingerprint.get("options") or {}).get("tol")
+        self.check_tol = float(tol) if tol is not None else DEFAULT_TOL  # what convergence states are judged at
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []
@@ -368,6 +370,8 @@ class StoreWriter(OpenFile):
                 ds = self._dataset(g, name, data=arr.astype(np.float32))
             else:
                 ds = self._dataset(g, name, data=arr)
+            if name == "convergence":
+                ds.attrs["tol"] = self.check_tol
             for i, label in enumerate(AXES.get(name, ())):
                 if i < arr.ndim:
                     ds.dims[i].label = label
@@ -456,7 +460,8 @@ class StoreWriter(OpenFile):
                 head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
                 topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
                 error_estimate=getattr(fs, "error", None),
-                node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8)))
+                node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
+                convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
         a["families"] = json.dumps(info)

@@ -56,7 +56,10 @@ def header_lines(view: View) -> list[str]:
     wrapped = textwrap.wrap("text: " + text, 110)
     lines += wrapped[:3] if len(wrapped) <= 3 else wrapped[:2] + [wrapped[2][:106] + " …"]
     resid = " ".join(f"L{l} {v:+.2g}" for l, v in h["residual"].items())
-    lines.append(f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}")
+    line = f"completeness residual per layer (f(x) - f(baseline) - sum of attribution): {resid}"
+    if h.get("unconverged"):
+        line += " · NOT CONVERGED: " + ", ".join(f"L{l} ({why})" for l, why in h["unconverged"].items())
+    lines.append(line)
     return lines
 
 

@@ -59,6 +59,8 @@ def row_of(e, labels: Sequence[str]) -> list:
         flags.append("residual")
     if h.get("truncated"):
         flags.append("truncated")
+    if h.get("unconverged"):
+        flags.append("unconverged")
     prob = h.get("probability")
     return [int(e.index), _text(e), h.get("gold"), h["prediction"], None if prob is None else round(prob, 4),
             float(f"{resid.max():.3g}") if resid.size else None, len(e.tokens), flags]
@@ -143,7 +145,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     if family is not None and family not in fams:
         raise OptionError(f"{store.path} has no attention family '{family}'; it has: {', '.join(fams)}")
     prov = store.provenance
-    rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0}
+    rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0, "unconverged": 0}
     labels: list = []
     tmp = temp_dir_for(out) if folder else None
     inline: list[str] = []

@@ -22,7 +22,7 @@
     var f = data.flagged || {};
     summary.textContent = data.rows.length + " examples · family " + data.family + " · flagged: " + (f.wrong || 0) +
       " wrong, " + (f.residual || 0) + " with a |residual| above " + (100 * data.residual_flag) + "% of the largest |f(x) − f(baseline)| (and 1% of f(x)), " +
-      (f.truncated || 0) + " truncated";
+      (f.truncated || 0) + " truncated, " + (f.unconverged || 0) + " with a layer whose integral is not converged";
     host.appendChild(summary);
 
     var prov = el("details"); prov.appendChild(el("summary", null, "provenance"));
@@ -36,7 +36,7 @@
     var bar = el("div", "aa-bar-row");
     var search = el("input"); search.type = "search"; search.placeholder = "filter: text, label, index"; search.className = "aa-filter";
     var flag = el("select", "aa-flag-filter");
-    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"]].forEach(function (o) {
+    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"], ["unconverged", "not converged"]].forEach(function (o) {
       var op = el("option", null, o[1]); op.value = o[0]; flag.appendChild(op);
     });
     var prev = el("button", "aa-prev", "‹ previous"), next = el("button", "aa-next", "next ›");

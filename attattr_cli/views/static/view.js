@@ -69,7 +69,11 @@
     view.appendChild(pred);
     var res = [];
     for (var l in h.residual) res.push("L" + l + " " + fmt(h.residual[l]));
-    view.appendChild(el("div", "aa-meta", "completeness residual per layer: " + res.join(", ")));
+    var resLine = el("div", "aa-meta", "completeness residual per layer: " + res.join(", "));
+    var bad = [];
+    for (var u in (h.unconverged || {})) bad.push("L" + u + " (" + h.unconverged[u] + ")");
+    if (bad.length) resLine.appendChild(el("span", "aa-wrong aa-unconverged", "  not converged: " + bad.join(", ")));
+    view.appendChild(resLine);
     var notes = el("ul", "aa-notes");
     (data.notes || []).forEach(function (n) { notes.appendChild(el("li", null, n)); });
     view.appendChild(notes);
