@@ -217,6 +217,15 @@ def test_saved_projections_have_one_shape(model_type, tokenizer):
         assert abs(fs.attribution - reference_maps.families[family].attribution).max() < 1e-12
 
 
+def test_mixture_of_experts_float64_path_is_flagged(tokenizer):
+    """Float64 runs the eager experts; with the error-controlled rule, a layer whose routing
+    switches along alpha is flagged as a non-smooth path rather than called converged."""
+    model, lm = build("mixtral", torch.float64)
+    res = aa.score((model, tokenizer), ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12"], dtype="float64", lm=lm)
+    assert res[0].unconverged_layers and set(res[0].unconverged_layers.values()) == {"non-smooth path"}
+    assert model.config._experts_implementation == "grouped_mm"  # put back
+
+
 if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]
     import sys
     import traceback
