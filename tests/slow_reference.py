@@ -54,12 +54,12 @@ AttentionMaskInterface.register("attattr_slow_reference", eager_mask)
 def _owner(model):
     """id(module) -> (family, layer): the architecture facts (which attention call is
     which), nothing of the fast algebra."""
-    from attattr_cli.models.arch import find_families
+    from attattr_cli.models.arch import attention_module, find_families
 
     owner = {}
     for name, _path, attn, layers in sorted(find_families(model), key=lambda f: f[2] is not None):
         for i, layer in enumerate(layers):
-            for sub in (layer if attn is None else getattr(layer, attn)).modules():
+            for sub in attention_module(layer, attn).modules():
                 owner[id(sub)] = (name, i)
     return owner
 

@@ -182,12 +182,20 @@ def using(model, *, device: str = "auto", dtype: str = "float32", lm: bool = Fal
     m = as_model(model, device=device, dtype=dtype, lm=lm)
     module = m.loaded.model
     state = _snapshot(module)
+    changed = []
     try:
         module.eval()
         for p in module.parameters():
             p.requires_grad_(False)
+        if dtype == "float64":  # mixture-of-experts: the grouped experts take no float64
+            from ..models.experts import eager_experts
+
+            changed = eager_experts(module)
         yield m
     finally:
+        from ..models.experts import restore
+
+        restore(changed)
         _restore(module, state)
 
 

@@ -45,7 +45,9 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
-from ..models.arch import find_families, find_layers
+from ..models import adapters, experts
+from ..models.adapters.albert import CALL as shared_call
+from ..models.arch import attention_module, find_families, find_layers
 from ..ops import reference
 
 IMPLEMENTATION = "attattr"
@@ -165,10 +167,29 @@ def _is_causal_mask(mask: torch.Tensor | None) -> bool:
     return bool((blocked == upper).all())
 
 
+def fold_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float | None):
+    """(q', k') with ``q'_i . k'_j = scale * q_i . k_j + bias[i, j]`` per head (use scale 1):
+    an additive score bias that depends on positions (T5's relative buckets, ALiBi, DeBERTa's
+    disentangled terms) carried as n more dimensions of the projections, so that a target
+    layer's attention is again ``softmax(q' k'^T + mask)`` for everything that recomputes A
+    from its saved projections. ``bias``: broadcastable to [batch, head, query, key], finite."""
+    b, h, n_q, _ = q.shape
+    n_k = k.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    bias = bias.to(q.dtype).expand(b, h, n_q, n_k)
+    eye = torch.eye(n_q, dtype=q.dtype, device=q.device).expand(b, h, n_q, n_q)
+    return torch.cat([q * scale, eye], -1), torch.cat([k, bias.transpose(-1, -2)], -1)
+
+
 def attattr_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Signature of transformers' attention interface; returns (output [b, q, h, d], weights)."""
+    """Signature of transformers' attention interface; returns (output [b, q, h, d], weights).
+
+    ``position_bias`` (T5's keyword; also what the adapters of models/adapters pass): an
+    additive score bias [batch or 1, head, query, key] added to ``scaling * q k^T`` before the
+    mask. The target layer's saved projections carry it (:func:`fold_bias`)."""
     plan = _plan.get()
     softcap = kwargs.get("softcap")
+    bias = kwargs.get("position_bias")
     if kwargs.get("s_aux") is not None:
         raise ModelError("attention sinks (s_aux) are not supported by attattr yet")
     heads = query.shape[1]
@@ -183,7 +204,13 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     # where a causal module's mask is exactly the causal pattern (attattr never pads its
     # inputs), use the flag instead of an n x n mask, so fused attention can run
     causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
-        and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask)
+        and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask) and bias is None
+    if bias is not None and mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1:
+        mask = _causal_fill(_Causal, query, key, None)
+    bare_mask = mask  # without the bias: what the target layer saves
+    if bias is not None:
+        bias = bias.to(query.dtype)
+        mask = bias if mask is None else mask + bias
 
     if isinstance(plan, Record) and site is not None:
         want_grad = site in plan.grad_layers
@@ -207,9 +234,11 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
             else:
                 out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
         if want_grad:
-            z = torch.zeros_like(out, requires_grad=True)
+            # as wide as the target pass's output (with a bias: padded, see the Attribute branch)
+            extra = 0 if bias is None else query.shape[-1] + query.shape[-2] - out.shape[-1]
+            z = out.new_zeros(*out.shape[:-1], out.shape[-1] + extra).requires_grad_(True)
             plan.leaves[site] = z
-            out = out + z
+            out = out + z[..., :out.shape[-1]]
         return out.transpose(1, 2).contiguous(), None
 
     if isinstance(plan, Permute) and site == plan.site:
@@ -223,10 +252,20 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     if isinstance(plan, Attribute) and site == plan.site:
         first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
         q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
-        m1 = None if (mask is None or causal) else mask[first].detach()
+        m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
+        d_out = v1.shape[-1]
+        if bias is not None:
+            b1 = bias if bias.shape[0] == 1 else bias[first]
+            q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
+            scaling = 1.0
+            # values padded with zeros to the folded width: [A V, 0], whose extra columns the
+            # model never reads (their gradient is 0), so A * (G V^T) is unchanged and every
+            # backend sees q, k and v of one shape
+            v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
         with torch.no_grad():
             ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
-                if softcap is None else torch.matmul(reference.attention_probs(q1, k1, mask[first] if mask is not None else None, scaling, softcap), v1)
+                if softcap is None else torch.matmul(reference.attention_probs(
+                    q1, k1, bare_mask[first] if bare_mask is not None else None, scaling, softcap), v1)
         if plan.local is not None:  # each row takes its example's A V
             ctx = ctx.index_select(0, plan.local.to(ctx.device))
         alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
@@ -235,7 +274,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         plan.called = True
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
                       "softcap": softcap}
-        return leaf.transpose(1, 2), None
+        return leaf[..., :d_out].transpose(1, 2), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
@@ -256,6 +295,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
+class _Causal:
+    is_causal = True
+
+
 AttentionInterface.register(IMPLEMENTATION, attattr_attention)
 AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
 
@@ -263,9 +306,14 @@ _owner: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_ow
 
 
 def plan_site_of(module) -> tuple[str, int] | None:
-    """The (family, layer) of an attention module while a model is taken over."""
+    """The (family, layer) of an attention module while a model is taken over (for a module
+    shared by several layers: the layer of the call running now)."""
     owner = _owner.get()
-    return None if owner is None else owner.get(id(module))
+    site = None if owner is None else owner.get(id(module))
+    if site is not None and site[1] is None:
+        layer = shared_call.get()
+        return None if layer is None else (site[0], layer)
+    return site
 
 
 def plan_layer_of(module) -> int | None:
@@ -278,10 +326,10 @@ def site_owner(model) -> dict[int, tuple[str, int]]:
     owner: dict[int, tuple[str, int]] = {}
     families = find_families(model)
     for name, _path, attn, layers in sorted(families, key=lambda f: f[2] is not None):
+        shared = getattr(layers, "shared_calls", False)  # one module called as every layer
         for i, layer in enumerate(layers):
-            root = layer if attn is None else getattr(layer, attn)
-            for sub in root.modules():
-                owner[id(sub)] = (name, i)
+            for sub in attention_module(layer, attn).modules():
+                owner[id(sub)] = (name, None if shared else i)
     return owner
 
 
@@ -297,16 +345,29 @@ def _set_impl(model, impl: str) -> dict:
     return old
 
 
+def _float64(model) -> bool:
+    param = next(model.parameters(), None)
+    return param is not None and param.dtype == torch.float64
+
+
 @contextlib.contextmanager
 def taken_over(model):
     """Route the model's attention through attattr for the duration of the block.
 
     Restores the previous attention implementation (and any padding-token setting
-    changed for decoders) even when the block raises.
+    changed for decoders, the forwards an adapter of models/adapters replaced, the experts
+    implementation of a float64 mixture-of-experts model) even when the block raises.
     """
-    _, layers = find_layers(model)
-    owner = site_owner(model)
+    undo = adapters.install(model, attattr_attention)  # attention outside the interface
+    try:
+        _, layers = find_layers(model)
+        owner = site_owner(model)
+    except BaseException:
+        for step in reversed(undo):
+            step()
+        raise
     old = _set_impl(model, IMPLEMENTATION)
+    changed = experts.eager_experts(model) if _float64(model) else []  # grouped experts take no float64
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
     # decoder classifiers refuse batches > 1 without a pad token; -1 never occurs in
@@ -318,6 +379,9 @@ def taken_over(model):
         yield layers
     finally:
         _owner.reset(token)
+        for step in reversed(undo):
+            step()
+        experts.restore(changed)
         cfg.pad_token_id = old_pad
         for c, impl in old.values():
             c._attn_implementation = impl

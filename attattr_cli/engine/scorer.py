@@ -145,6 +145,8 @@ class Scorer:
         prompt = list(tok(example.text_a, add_special_tokens=True)["input_ids"])
         if not prompt:
             raise DataError(f"example {example.index} has an empty prompt")
+        if self.arch.is_encoder_decoder:
+            return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
             cont = list(tok(self.options.continuation, add_special_tokens=False)["input_ids"])
             if not cont:
@@ -164,10 +166,36 @@ class Scorer:
         return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
                        lm_positions=positions, lm_targets=targets)
 
+    def _encode_seq2seq(self, example: Example, prompt: list[int]) -> Encoded:
+        """An encoder-decoder LM (T5, BART for generation): the prompt is the encoder's input;
+        the decoder's is the start token and the continuation without its last token, and the
+        target is the continuation (F its joint probability), else the first token after the
+        start token (the predicted one, or ``--target-token``)."""
+        tok = self.tokenizer
+        start = decoder_start_of(self.model)
+        if self.options.continuation is not None:
+            cont = list(tok(self.options.continuation, add_special_tokens=False)["input_ids"])
+            if not cont:
+                raise OptionError("--continuation is empty for this tokenizer")
+            dec, targets = [start] + cont[:-1], cont
+            positions = list(range(len(cont)))
+        else:
+            if self.options.position not in (None, -1, 0):
+                raise OptionError("--position picks a prompt position of a decoder-only LM; an encoder-decoder"
+                                  " model's target is the first decoder token (or --continuation)")
+            dec, positions = [start], [0]
+            targets = None if self._lm_token is None else [self._lm_token]
+        self._check_length(len(prompt), example.index)
+        return Encoded(prompt, tok.convert_ids_to_tokens(prompt), [0] * len(prompt), None, False,
+                       lm_positions=positions, lm_targets=targets, decoder_input_ids=dec,
+                       decoder_tokens=tok.convert_ids_to_tokens(dec))
+
     # -- scoring ---------------------------------------------------------------
     def _inputs(self, enc: Encoded, batch: int) -> dict:
         ids = torch.tensor([enc.input_ids], device=self.device)
         inputs = {"input_ids": ids.expand(batch, -1)}
+        if self.options.lm and enc.decoder_input_ids is not None:  # an encoder-decoder LM's target side
+            inputs["decoder_input_ids"] = torch.tensor([enc.decoder_input_ids], device=self.device).expand(batch, -1)
         if enc.token_type_ids is not None:
             inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:

@@ -1,10 +1,11 @@
 """Per-architecture facts, kept as data: where the stack of transformer layers lives.
 
-attattr takes over attention through transformers' attention interface, so the only
-thing it must know about an architecture is the ModuleList of its layers (to run
-layers below the target once and to tell which layer an attention call belongs to).
-Known paths are listed here; any other model is searched for the one ModuleList
-whose length is the number of hidden layers.
+attattr takes over attention through transformers' attention interface (and, for attention
+computed outside it, through the adapters of :mod:`attattr_cli.models.adapters`), so what it
+must know about an architecture is the ModuleList of its layers (to run layers below the
+target once and to tell which layer an attention call belongs to). Known paths are listed
+here; any other model is searched for the one ModuleList whose length is the number of
+hidden layers (an adapter may give the list itself: ALBERT's shared layer, XLNet).
 
 Encoder-decoder models (BART) have several attention *families*: ``encoder`` (encoder
 self-attention), ``decoder`` (the decoder's causal self-attention) and ``cross`` (decoder
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import ModelError
+from . import adapters
 
 # model_type -> dotted path of the layer ModuleList inside the *ForSequenceClassification model
 LAYER_PATHS: dict[str, str] = {
@@ -39,16 +41,20 @@ LAYER_PATHS: dict[str, str] = {
 # model_type -> families: (name, dotted path of the layer list, attention submodule or None)
 # (None: every attention call inside the layer belongs to the family). Paths are tried
 # under the task model (``model.``) and under the bare model.
+_BART = (("encoder", "model.encoder.layers", None),
+         ("decoder", "model.decoder.layers", "self_attn"),
+         ("cross", "model.decoder.layers", "encoder_attn"))
+# T5 blocks: layer.0 self-attention, layer.1 cross-attention (decoder), then the feed-forward;
+# the relative position bias is computed by each stack's first block and handed on
+_T5 = (("encoder", "transformer.encoder.block", None),
+       ("decoder", "transformer.decoder.block", "layer.0"),
+       ("cross", "transformer.decoder.block", "layer.1"))
 FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
-    "bart": (("encoder", "model.encoder.layers", None),
-             ("decoder", "model.decoder.layers", "self_attn"),
-             ("cross", "model.decoder.layers", "encoder_attn")),
-    "mbart": (("encoder", "model.encoder.layers", None),
-              ("decoder", "model.decoder.layers", "self_attn"),
-              ("cross", "model.decoder.layers", "encoder_attn")),
+    "bart": _BART, "mbart": _BART, "plbart": _BART, "t5": _T5, "mt5": _T5,
 }
 # model_type -> dotted path of the encoder stack of an encoder-decoder model
-ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder"}
+ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder", "plbart": "model.encoder",
+                                 "t5": "transformer.encoder", "mt5": "transformer.encoder"}
 
 # the families' meaning, for messages and docs
 FAMILY_DOC = {
@@ -109,10 +115,19 @@ def _get(obj, dotted: str):
 
 def _config_value(config, *names):
     for name in names:
-        value = getattr(config, name, None)
+        try:
+            value = getattr(config, name, None)
+        except NotImplementedError:  # XLNet: "no sequence length limit"
+            value = None
         if value is not None:
             return value
     return None
+
+
+def _candidates(path: str) -> tuple[str, ...]:
+    """A path under the task model and, without its first part, under the bare model
+    (``model.encoder.layers`` -> ``encoder.layers``; ``transformer.encoder.block`` -> ``encoder.block``)."""
+    return (path, path.split(".", 1)[1]) if "." in path else (path,)
 
 
 def _family_paths(model: torch.nn.Module):
@@ -122,7 +137,7 @@ def _family_paths(model: torch.nn.Module):
         return None
     out = []
     for name, path, attn in spec:
-        for full in (path, path[len("model."):] if path.startswith("model.") else path):
+        for full in _candidates(path):
             try:
                 out.append((name, full, attn, _get(model, full)))
                 break
@@ -147,7 +162,7 @@ def find_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     path = ENCODER_PATHS.get(getattr(model.config, "model_type", ""))
     if path is None:
         return None
-    for candidate in (path, path[len("model."):] if path.startswith("model.") else path):
+    for candidate in _candidates(path):
         try:
             return _get(model, candidate)
         except AttributeError:
@@ -162,6 +177,10 @@ def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     known = _family_paths(model)
     if known is not None:
         return known[0][1], known[0][3]
+    adapter = adapters.adapter_for(model)
+    shared = adapter.layer_list(model) if adapter is not None else None
+    if shared is not None:
+        return shared
     path = LAYER_PATHS.get(getattr(config, "model_type", ""))
     if path is not None:
         try:
@@ -177,38 +196,65 @@ def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
     if len(candidates) != 1:
         raise ModelError(
             f"cannot find the transformer layers of model type '{getattr(config, 'model_type', '?')}'"
-            f" (found {len(candidates)} candidate layer lists); attattr supports "
-            + ", ".join(sorted(LAYER_PATHS))
+            f" (found {len(candidates)} candidate layer lists); see docs/models.md for the supported architectures"
         )
     return candidates[0]
 
 
+def attention_module(layer: torch.nn.Module, attn: str | None) -> torch.nn.Module:
+    """The attention submodule ``attn`` (dotted) of a layer; the layer itself for None."""
+    return layer if attn is None else _get(layer, attn)
+
+
+def _causal(model: torch.nn.Module) -> bool:
+    """Whether the model's self-attention is causal, from the model itself: the config's
+    ``is_decoder``, an attention module that declares itself causal (``is_causal``), or an
+    adapter whose architecture applies a causal mask in its own code."""
+    if getattr(model.config, "is_decoder", False):
+        return True
+    adapter = adapters.adapter_for(model)
+    if adapter is not None and adapter.causal is not None:
+        return adapter.causal
+    return any(getattr(m, "is_causal", False) is True for m in model.modules())
+
+
+def _has_attention(model: torch.nn.Module) -> bool:
+    """Whether any module of the model is an attention module (by its class name)."""
+    return any("attention" in type(m).__name__.lower() or "attn" in type(m).__name__.lower()
+               for m in model.modules())
+
+
 def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
+    """The facts attattr needs about a model; ModelError (one line) for one it cannot attribute."""
     config = model.config
-    path, layers = find_layers(model)
-    heads = _config_value(config, "num_attention_heads", "n_head", "n_heads")
     model_type = getattr(config, "model_type", "unknown")
+    adapters.check(model)
+    heads = _config_value(config, "num_attention_heads", "n_head", "n_heads", "num_heads",
+                          "encoder_attention_heads")
+    if heads is None or not int(heads) or not _has_attention(model):
+        raise ModelError(
+            f"model type '{model_type}' ({type(model).__name__}) has no attention (no attention heads or"
+            " modules): attattr attributes self-attention and supports transformer models (see docs/models.md)")
+    path, layers = find_layers(model)
     max_len = _config_value(config, "max_position_embeddings", "n_positions")
+    if max_len is not None and int(max_len) < 1:  # -1: no limit (XLNet)
+        max_len = None
     if max_len is not None:
         max_len = int(max_len) - POSITION_OFFSET.get(model_type, 0)
     tok_max = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
     if tok_max is not None and tok_max < 1_000_000:
         max_len = min(max_len, int(tok_max)) if max_len is not None else int(tok_max)
-    is_decoder = bool(getattr(config, "is_decoder", False)) or model_type in {
-        "gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma",
-    }
+    encoder = ENCODER_PATHS.get(model_type) if find_encoder(model) is not None else None
+    is_decoder = encoder is None and _causal(model)
     families = []
     for name, fpath, attn, flayers in find_families(model):
         if name in ("decoder", "cross"):
-            fheads = _config_value(config, "decoder_attention_heads", "num_attention_heads")
+            fheads = _config_value(config, "decoder_attention_heads", "num_attention_heads", "num_heads")
         elif name == "encoder":
-            fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads")
+            fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads", "num_heads")
         else:
             fheads = heads
         families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
                                    "decoder" if name in ("decoder", "cross") else "input",
                                    "decoder" if name == "decoder" else "input"))
-    if heads is None:
-        heads = families[0].num_heads
-    encoder = ENCODER_PATHS.get(model_type) if find_encoder(model) is not None else None
     return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder)

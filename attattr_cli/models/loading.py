@@ -72,7 +72,8 @@ def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "mem
             revision: str | None = None, lm: bool = False) -> LoadedModel:
     """Freeze and switch a model to eval mode, and gather what attattr records about it.
 
-    ``lm``: the model is a causal language model (``*ForCausalLM``) whose targets are
+    ``lm``: the model is a language model (``*ForCausalLM``, or ``*ForConditionalGeneration`` of
+    an encoder-decoder) whose targets are
     next tokens rather than classes.
     """
     model.eval()
@@ -100,12 +101,26 @@ def refuse_pruned(folder: Path) -> None:
         " and load the pruned one in Python with attattr_cli.analysis.prune.load_pruned")
 
 
+def _is_encoder_decoder(model_id: str) -> bool:
+    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
+    from transformers import AutoConfig
+
+    try:
+        path = Path(model_id).expanduser()
+        cfg = AutoConfig.from_pretrained(str(path) if path.exists() else model_id, local_files_only=True)
+    except (OSError, ValueError, KeyError):
+        return False
+    return bool(getattr(cfg, "is_encoder_decoder", False))
+
+
 def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool = False) -> LoadedModel:
     """Load a sequence classifier (or, with ``lm``, a causal language model) and its
     tokenizer from a local folder or a hub id."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
+    if lm and _is_encoder_decoder(model_id):  # T5, BART for generation: targets on the decoder side
+        from transformers import AutoModelForSeq2SeqLM as auto
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # attattr draws its own progress on stderr

@@ -1,0 +1,124 @@
+"""Attention that does not go through transformers' attention interface, taken over where each
+architecture computes it.
+
+Most transformers 5 models call their attention through the attention interface, which
+attattr's attention function (:mod:`attattr_cli.engine.attention`) takes over. Some compute
+the probabilities in their own code (DeBERTa's disentangled attention, ALiBi in BLOOM and
+Falcon, MPNet's relative bias, XLNet's relative attention, BigBird's full attention). For those
+an :class:`Adapter` replaces the attention module's ``forward`` while a model is taken over:
+it computes what the model computes (queries, keys, values, the additive score bias of
+relative positions, the mask) and hands them to the same attention function as the interface
+path, with the bias as ``position_bias``. The contract is the interface path's: the attention
+is ``softmax(scale * q k^T + bias + mask)``, its output ``A V``; a target layer's A is scaled
+by alpha and the gradient taken with respect to its output, never an m x heads x n x n tensor.
+
+An architecture is one registered entry, in one file of this package (imported below):
+``@register`` on an Adapter subclass, or :func:`refuse` for a model type attattr cannot
+attribute honestly, with the reason :func:`check` gives at ``load_model``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from typing import Callable
+
+import torch
+
+from ...errors import ModelError
+
+ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
+REFUSED: dict[str, str] = {}  # model_type -> why attattr cannot attribute it
+
+
+class Adapter:
+    """Takes over the attention modules of one architecture.
+
+    ``model_types``: the config model types it serves; ``modules``: class names of the attention
+    modules whose ``forward`` it replaces. :meth:`forward` has the module's signature after
+    ``(module, attend)``, where ``attend`` is attattr's attention function
+    ``attend(module, q, k, v, mask, scaling=..., position_bias=...)`` -> (output [b, n, h, d], _).
+    """
+
+    model_types: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    causal: bool | None = None  # the architecture applies a causal mask itself (None: ask the model)
+
+    def layer_list(self, model: torch.nn.Module):
+        """(dotted path, ModuleList) of the layers where they are not one ModuleList (shared
+        layers), else None."""
+        return None
+
+    def install_model(self, model: torch.nn.Module) -> list[Callable[[], None]]:
+        """Model-level changes while taken over; returns what undoes them."""
+        return []
+
+    def check(self, model: torch.nn.Module) -> None:
+        """Raise ModelError (one line) for a configuration this adapter cannot attribute."""
+
+    def forward(self, module, attend: Callable, *args, **kwargs):
+        raise NotImplementedError
+
+
+def register(cls):
+    adapter = cls()
+    for model_type in cls.model_types:
+        ADAPTERS[model_type] = adapter
+    return cls
+
+
+def refuse(model_type: str, why: str) -> None:
+    REFUSED[model_type] = why
+
+
+def adapter_for(model: torch.nn.Module) -> Adapter | None:
+    return ADAPTERS.get(getattr(model.config, "model_type", ""))
+
+
+def check(model: torch.nn.Module) -> None:
+    """Refuse, in one ModelError line, a model attattr cannot attribute honestly."""
+    model_type = getattr(model.config, "model_type", "")
+    if model_type in REFUSED:
+        raise ModelError(f"model type '{model_type}' is not supported: {REFUSED[model_type]}; see docs/models.md"
+                         " for the supported architectures")
+    adapter = ADAPTERS.get(model_type)
+    if adapter is not None:
+        adapter.check(model)
+
+
+def install(model: torch.nn.Module, attend: Callable) -> list[Callable[[], None]]:
+    """Take over the model's attention modules the adapter serves (their ``forward`` replaced)
+    and make the adapter's model-level changes; returns what undoes each, to call in order."""
+    adapter = adapter_for(model)
+    if adapter is None:
+        return []
+    undo = list(adapter.install_model(model))
+    for module in model.modules():
+        if type(module).__name__ in adapter.modules:
+            module.forward = (lambda *a, _m=module, **k: adapter.forward(_m, attend, *a, **k))
+            undo.append(lambda _m=module: _m.__dict__.pop("forward", None))
+    return undo
+
+
+def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean or 0/1 keep-mask as an additive float mask (0 kept, dtype's min blocked)."""
+    if mask is None or mask.is_floating_point():
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(),
+                                                                               torch.finfo(dtype).min)
+
+
+def causal_mask(n_q: int, n_k: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The additive causal mask [1, 1, n_q, n_k] (key j allowed for query i when j <= i + n_k - n_q)."""
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
+    return torch.zeros(n_q, n_k, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def rows_equal(x: torch.Tensor) -> bool:
+    """Whether every batch row of ``x`` is the same view (a target layer's replayed input):
+    the adapter then computes one row and expands it, as the projections do."""
+    return torch.is_tensor(x) and x.dim() > 1 and x.shape[0] > 1 and x.stride(0) == 0
+
+
+for _info in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_info.name}")

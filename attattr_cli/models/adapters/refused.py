@@ -1,0 +1,9 @@
+"""Model types attattr refuses at load_model, each with why (one line each)."""
+
+from __future__ import annotations
+
+from . import refuse
+
+refuse("funnel", "the Funnel Transformer pools the sequence between its blocks, so its layers attend over"
+                 " different numbers of tokens (pooled queries over unpooled keys), which attattr's per-layer"
+                 " token-by-token maps cannot hold")

@@ -1,0 +1,254 @@
+"""The architecture matrix: every text model type of tests/arch_matrix.py either scores, in
+float64 with the right rule and 8 steps, and agrees with the independent reference (the
+model's own eager attention, its softmax intercepted) to 1e-6 relative for every layer of
+every attention family, or is refused by load_model with one ModelError line."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import attattr_cli as aa
+from attattr_cli.data.types import Example
+from attattr_cli.engine.integrate import nodes
+from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.errors import ModelError
+from attattr_cli.models.loading import prepare
+from conftest import one_error_line, run_cli
+from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, config_for, reference
+
+TEXT = "w1 w2 w3 w4 w5 w6"
+TOL = 1e-6
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
+    """Score ``model_type`` and compare with the reference; {site: relative difference}."""
+    model, lm = build(model_type, dtype, **overrides)
+    loaded = prepare(model, tokenizer, f"tiny-{model_type}", lm=lm)
+    scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64" if dtype == torch.float64
+                                         else "float32", lm=lm, group=1))
+    result = scorer.score(Example(0, TEXT))
+    inputs = scorer.encode(Example(0, TEXT)).model_inputs()
+    alphas, weights = nodes("right", 8)
+    ref, target = reference(model, inputs, alphas, weights, lm=lm)
+    assert target == (result.meta["lm"]["target_ids"][0] if lm else result.target)
+    out = {}
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            got = torch.from_numpy(fs.attribution[k]).double()
+            want = ref[(family, layer)]
+            assert got.shape == want.shape, (family, layer, got.shape, want.shape)
+            out[(family, layer)] = _rel(got, want)
+    assert set(out) == set(ref), (sorted(out), sorted(ref))
+    return out
+
+
+@pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if t not in REFUSED])
+def test_scores_and_agrees_with_reference(model_type, tokenizer):
+    diffs = check(model_type, tokenizer)
+    assert diffs and max(diffs.values()) < TOL, diffs
+
+
+@pytest.mark.parametrize("model_type,overrides", [
+    ("falcon", dict(alibi=False, new_decoder_architecture=True, num_kv_heads=2, parallel_attn=True,  # rotary, GQA
+                    num_ln_in_parallel_attn=2)),
+    ("falcon", dict(alibi=False, multi_query=True, new_decoder_architecture=False)),  # rotary, one K/V head
+    ("deberta-v2", dict(share_att_key=False, position_buckets=-1)),  # own position projections, no buckets
+    ("deberta", dict(pos_att_type=["c2p"])),
+    ("albert", dict(num_hidden_layers=4, num_hidden_groups=2)),  # two groups, each shared by two layers
+    ("longformer", dict(attention_window=[4, 6])),  # a window per layer
+    ("t5", dict(feed_forward_proj="gated-gelu")),
+])
+def test_variants_agree_with_reference(model_type, overrides, tokenizer):
+    diffs = check(model_type, tokenizer, **overrides)
+    assert diffs and max(diffs.values()) < TOL, diffs
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refused_at_load_with_one_line(model_type, tokenizer):
+    model, _ = build(model_type)
+    with pytest.raises(ModelError) as info:
+        aa.load_model((model, tokenizer))
+    message = str(info.value)
+    assert "\n" not in message and REFUSED[model_type] in message.lower(), message
+    assert "supported" in message or "supports" in message, message
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refused_folder_is_one_cli_error_line(model_type, tokenizer, tmp_path):
+    """A refused model folder, tried from the command line: one Error line, no traceback."""
+    model, lm = build(model_type, torch.float32)
+    model.save_pretrained(tmp_path / model_type)
+    tokenizer.save_pretrained(tmp_path / model_type)
+    args = ["score", "--model", tmp_path / model_type, "--steps", "2", "--out", tmp_path / "s.h5"]
+    args += ["--lm", "--prompt", TEXT] if lm else ["--data", _tsv(tmp_path)]
+    one_error_line(run_cli(*args), REFUSED[model_type])
+
+
+def _tsv(tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text("sentence\tlabel\n" + TEXT + "\t0\n")
+    return path
+
+
+@pytest.mark.parametrize("model_type", MOE)
+def test_mixture_of_experts_scores_in_float32(model_type, tokenizer):
+    model, lm = build(model_type, torch.float32)
+    res = aa.score((model, tokenizer), [TEXT], rule="right", steps=8, dtype="float32", lm=lm)
+    maps = res[0].attribution
+    assert torch.isfinite(torch.as_tensor(maps)).all() and float(abs(torch.as_tensor(maps)).max()) > 0
+
+
+@pytest.mark.parametrize("model_type", [t for t in MODEL_TYPES if t not in REFUSED])
+def test_decoders_from_the_model(model_type, tokenizer):
+    """Causal self-attention is read from the model (config, its attention modules, the
+    adapter), not from a list of names; encoder-decoder models are not decoders."""
+    model, lm = build(model_type, torch.float32)
+    arch = prepare(model, tokenizer, model_type, lm=lm).arch
+    assert arch.is_decoder == (model_type in DECODERS or model_type in MOE), model_type
+    assert arch.is_encoder_decoder == (model_type in ENCODER_DECODERS), model_type
+
+
+@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2", "mpnet", "longformer", "big_bird", "albert", "xlnet"])
+def test_adapted_encoders_score_the_same_in_groups(model_type, tokenizer):
+    """Several examples of different lengths in one padded pass give each one's own numbers
+    (the position bias folded into the projections survives the group's cropping)."""
+    model, _ = build(model_type)
+    texts = ["w1 w2 w3 w4 w5 w6 w7", "w8 w9", "w3 w1 w4"]
+    alone = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=1)
+    together = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=3)
+    for a, b in zip(alone, together):
+        assert a.attribution.shape == b.attribution.shape
+        assert abs(a.attribution - b.attribution).max() <= 1e-9 * abs(a.attribution).max()
+
+
+def test_models_are_left_as_they_were(tokenizer):
+    """Adapters, the ALBERT proxies, BigBird's attention type and MoE experts are put back."""
+    for model_type in ("deberta-v2", "albert", "big_bird", "longformer", "xlnet", "mixtral"):
+        model, lm = build(model_type)
+        forwards = {m: m.__dict__.get("forward") for m in model.modules()}
+        keys = list(model.state_dict())
+        experts = model.config._experts_implementation
+        aa.score((model, tokenizer), [TEXT], rule="right", steps=2, dtype="float64", lm=lm)
+        assert {m: m.__dict__.get("forward") for m in model.modules()} == forwards, model_type
+        assert list(model.state_dict()) == keys and model.config._experts_implementation == experts
+        if model_type == "big_bird":
+            assert model.bert.attention_type == "block_sparse"
+
+
+def test_long_block_sparse_input_is_one_error_line(tokenizer):
+    model, _ = build("big_bird")  # block size 4, one random block: full attention up to 28 tokens
+    with pytest.raises(ModelError, match="block-sparse attention .* over 28 tokens"):
+        aa.score((model, tokenizer), [" ".join(f"w{i % 40}" for i in range(40))], rule="right", steps=2,
+                 dtype="float64")
+
+
+@pytest.mark.parametrize("model_type", ["t5", "mt5", "bart"])
+@pytest.mark.parametrize("continuation", [None, "w7 w8 w9"])
+def test_encoder_decoder_generation_targets(model_type, continuation, tokenizer):
+    """An encoder-decoder LM (T5ForConditionalGeneration, ...): the prompt is the encoder's
+    input, the target the continuation's joint probability on the decoder side (or the first
+    decoder token); every family agrees with the reference."""
+    import transformers as tf
+
+    config = config_for(model_type)
+    torch.manual_seed(0)
+    model = tf.AutoModelForSeq2SeqLM.from_config(config).double().eval()
+    loaded = prepare(model, tokenizer, model_type, lm=True)
+    assert loaded.arch.family_names == ["encoder", "decoder", "cross"]
+    scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64", lm=True, continuation=continuation))
+    result = scorer.score(Example(0, TEXT))
+    enc = scorer.encode(Example(0, TEXT))
+    lm = result.meta["lm"]
+    targets = torch.tensor(lm["target_ids"])
+    n_dec = len(enc.decoder_input_ids)
+    assert n_dec == (1 if continuation is None else 3) and lm["positions"] == list(range(len(targets)))
+    if continuation is not None:
+        assert lm["target_tokens"] == continuation.split() and result.decoder_tokens[1:] == ["w7", "w8"]
+
+    def f_of_logits(logits):  # the joint probability of the targets at the decoder positions
+        logp = torch.log_softmax(logits[:, :len(targets)], -1)
+        return logp.gather(-1, targets.view(1, -1, 1).expand(logits.shape[0], -1, 1)).squeeze(-1).sum(-1).exp()
+
+    inputs = dict(enc.model_inputs(), decoder_input_ids=enc.decoder_input_ids)
+    alphas, weights = nodes("right", 8)
+    ref, _ = reference(model, inputs, alphas, weights, f_of_logits=f_of_logits)
+    n = len(enc.input_ids)
+    shapes = {"encoder": (n, n), "decoder": (n_dec, n_dec), "cross": (n_dec, n)}
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            got = torch.from_numpy(fs.attribution[k]).double()
+            assert got.shape[1:] == shapes[family]
+            assert _rel(got, ref[(family, layer)]) < TOL, (family, layer)
+
+
+@pytest.mark.parametrize("model_type", ["t5", "deberta-v2", "bloom", "longformer", "xlnet"])
+def test_saved_projections_have_one_shape(model_type, tokenizer):
+    """A position bias folded into the projections widens q and k; v is padded to match, as
+    the CUDA kernels require of their inputs (a checking backend stands in for them here)."""
+    from attattr_cli.ops import TorchBackend
+
+    seen = []
+
+    class Checking(TorchBackend):
+        def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
+            assert q.shape == k.shape == v.shape, (q.shape, k.shape, v.shape)
+            seen.append(q.shape)
+            return super().attention_forward(q, k, v, mask, scale, causal)
+
+        def attribution_from_grad(self, q, k, v, g, *args, **kwargs):
+            assert q.shape == k.shape == v.shape and g.shape[-1] == v.shape[-1], (q.shape, v.shape, g.shape)
+            return super().attribution_from_grad(q, k, v, g, *args, **kwargs)
+
+    model, lm = build(model_type)
+    scorer = Scorer(prepare(model, tokenizer, model_type, lm=lm), ScoreOptions(steps=4, dtype="float64", lm=lm))
+    reference_maps = scorer.score(Example(0, TEXT))
+    scorer.backend = Checking()
+    checked = scorer.score(Example(0, TEXT))
+    assert seen
+    for family, fs in checked.families.items():
+        assert abs(fs.attribution - reference_maps.families[family].attribution).max() < 1e-12
+
+
+def test_mixture_of_experts_float64_path_is_flagged(tokenizer):
+    """Float64 runs the eager experts; with the error-controlled rule, a layer whose routing
+    switches along alpha is flagged as a non-smooth path rather than called converged."""
+    model, lm = build("mixtral", torch.float64)
+    res = aa.score((model, tokenizer), ["w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12"], dtype="float64", lm=lm)
+    assert res[0].unconverged_layers and set(res[0].unconverged_layers.values()) == {"non-smooth path"}
+    assert model.config._experts_implementation == "grouped_mm"  # put back
+
+
+if __name__ == "__main__":  # the matrix as a table: python tests/test_architectures.py [types...]
+    import sys
+    import traceback
+
+    from transformers import BertTokenizerFast
+    import tempfile
+    from pathlib import Path
+
+    d = Path(tempfile.mkdtemp())
+    (d / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                            *[f"w{i}" for i in range(40)]]) + "\n")
+    tok = BertTokenizerFast(str(d / "vocab.txt"), model_max_length=48)
+    ok = 0
+    for mt in sys.argv[1:] or MODEL_TYPES:
+        t0 = time.time()
+        try:
+            diffs = check(mt, tok)
+            worst = max(diffs.values())
+            ok += worst < TOL
+            print(f"{mt:14s} {'OK ' if worst < TOL else 'BAD'} max rel {worst:.1e} ({time.time() - t0:.1f}s)", flush=True)
+        except ModelError as exc:
+            print(f"{mt:14s} REFUSED {exc} ({time.time() - t0:.1f}s)", flush=True)
+        except Exception as exc:  # noqa: BLE001
+            tb = traceback.extract_tb(exc.__traceback__)[-1]
+            print(f"{mt:14s} FAIL {type(exc).__name__}: {str(exc).splitlines()[0][:150]} @ {tb.filename.split('/')[-1]}:{tb.lineno}", flush=True)
+    print(f"{ok} of {len(sys.argv[1:] or MODEL_TYPES)} agree")
