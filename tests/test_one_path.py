@@ -167,3 +167,35 @@ def test_an_extended_store_equals_one_run_up_to_rounding_and_exactly_with_group_
         assert np.abs(a - b).max() <= 1e-6 * max(np.abs(a).max(), 1e-12)
     once, twice = scored("c.h5", "0:12", group=["--group", "1"]), scored("d.h5", "0:4", "0:12", group=["--group", "1"])
     assert all(np.array_equal(a, b) for a, b in zip(once, twice))
+
+
+def _tiny_bert(vocab: int):
+    import transformers as tf
+
+    cfg = tf.BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=37, num_labels=2, id2label={0: "negative", 1: "positive"},
+                        label2id={"negative": 0, "positive": 1})
+    return cfg, tf.BertForSequenceClassification(cfg)
+
+
+def test_a_pickled_weights_file_and_a_foreign_tokenizer_are_one_line_each(tmp_path, tokenizer):
+    import torch
+
+    data = tmp_path / "one.tsv"
+    data.write_text("sentence\tlabel\nw1 w2 w3\t1\n")
+    pickled = tmp_path / "pickled"
+    cfg, model = _tiny_bert(len(tokenizer))
+    cfg.save_pretrained(pickled)
+    torch.save(model, pickled / "pytorch_model.bin")  # a whole pickled module, not a state dict
+    tokenizer.save_pretrained(pickled)
+    result = CliRunner().invoke(app, ["score", "--model", str(pickled), "--data", str(data), "--task", "sst2",
+                                      "--out", str(tmp_path / "a.h5")])
+    _one_error(result, "its weights file is a pickled Python object")
+    small = tmp_path / "small"
+    _, model = _tiny_bert(8)  # its embeddings hold 8 tokens; the tokenizer gives ids beyond them
+    model.save_pretrained(small)
+    tokenizer.save_pretrained(small)
+    result = CliRunner().invoke(app, ["score", "--model", str(small), "--data", str(data), "--task", "sst2",
+                                      "--out", str(tmp_path / "b.h5")])
+    _one_error(result, "the model's embeddings hold 8 tokens: the folder's tokenizer is not the model's")
+    assert not (tmp_path / "a.h5").exists() and not (tmp_path / "b.h5").exists()

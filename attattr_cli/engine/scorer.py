@@ -136,9 +136,22 @@ class Scorer:
 
     def encode(self, example: Example) -> Encoded:
         if self.options.lm:
-            return self._encode_lm(example)
-        return encode(self.tokenizer, example, self.loaded.arch.max_length, self.options.truncate,
-                      decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None)
+            enc = self._encode_lm(example)
+        else:
+            enc = encode(self.tokenizer, example, self.loaded.arch.max_length, self.options.truncate,
+                         decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None)
+        self._check_vocabulary(example, enc)
+        return enc
+
+    def _check_vocabulary(self, example: Example, enc: Encoded) -> None:
+        """A token id the model's embeddings do not hold (a tokenizer from another model) is one
+        line naming the example, not an IndexError from inside the model."""
+        embeddings = self.model.get_input_embeddings()
+        size = getattr(embeddings, "num_embeddings", None)
+        ids = list(enc.input_ids) + list(enc.decoder_input_ids or [])
+        if size is not None and ids and max(ids) >= size:
+            raise DataError(f"example {example.index} has token id {max(ids)}, but the model's embeddings hold {size}"
+                            " tokens: the folder's tokenizer is not the model's (a tokenizer from another model?)")
 
     def _encode_lm(self, example: Example) -> Encoded:
         tok = self.tokenizer

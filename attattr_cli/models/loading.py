@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,6 +162,10 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
             f"cannot load '{model_id}' from the hub ({'HF_HUB_OFFLINE=1' if offline else 'no network or no such model'}): "
             "pass --model with a local model folder"
         ) from exc
+    except pickle.UnpicklingError as exc:  # torch.load(weights_only=True) met more than tensors
+        raise ModelError(f"cannot load model folder {model_id}: its weights file is a pickled Python object, not"
+                         " tensors, and unpickling can run code: attattr loads weights only; load it yourself and"
+                         " re-save it with save_pretrained (safetensors)") from exc
     except (ValueError, KeyError) as exc:
         what = "causal language model" if lm else "sequence classifier"
         raise ModelError(f"'{model_id}' is not a {what} attattr can load: {first_line(exc)}") from exc
