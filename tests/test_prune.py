@@ -249,7 +249,7 @@ def test_plots_draw_every_bootstrap_band():
 
 
 @pytest.mark.parametrize("args,text", [
-    ([], "nothing to do: give --importance IMP.h5 (curves) and/or --effectiveness STORE"),
+    ([], "nothing to do: give --importance (curves) and/or --effectiveness (a store)"),
     (["--importance", "imp.h5", "--keep-heads", "0.5"], "--keep-heads and --save-model go together"),
     (["--effectiveness", "s.h5", "--keep-heads", "0.5", "--save-model", "out"], "--keep-heads needs --importance to rank the heads"),
 ])

@@ -166,20 +166,22 @@ def _insertions(triggers, top_k):
 
 def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
            controls: int | None = None, seed: int = 0, position="relative", alpha: float = 0.05, batch_size: int = 64,
-           keep_texts: bool = False, device: str = "auto", out=None, progress=False) -> AttackResult:
+           keep_texts: bool = False, device: str = "auto", out=None, save_texts=None, progress=False) -> AttackResult:
     """Insert triggers (a :class:`TriggersResult`, a triggers file or its dict; the ``top_k``
     best, of each class when made per class) into every example at their relative position
     in their segment, classify again, and compare per gold class with the accuracy before and
     with random-token ``controls`` per trigger layout (size and segments; default 20): per
     trigger its drop, percentile and exact permutation p-value among the controls, per class
     a permutation test of the triggers' drops against the controls' (Holm-adjusted) and the
-    verdict at ``alpha``. ``out``: write the JSON. Returns :class:`AttackResult`."""
+    verdict at ``alpha``. ``out``: write the JSON; ``save_texts``: write the attacked examples
+    as JSON lines (implies ``keep_texts``). Returns :class:`AttackResult`."""
     from ..analysis.attack import run_attack
 
     if triggers is None:
         raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
     check_min("batch_size", batch_size)
     check_min("top_k", top_k)
+    keep_texts = keep_texts or save_texts is not None
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m, progress_for(progress, "attack") as bar:
@@ -190,8 +192,10 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     doc["triggers_file"] = path
     texts = doc.pop("texts", None)
     res = AttackResult(doc, texts)
-    if out is not None:
-        from ..fileio import write_atomic
+    from ..fileio import write_atomic
 
+    if save_texts is not None:
+        write_atomic(Path(save_texts), "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
+    if out is not None:
         write_atomic(Path(out), res.to_json() + "\n")
     return res

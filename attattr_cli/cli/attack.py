@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from . import options
-from .common import edge, err, out, progress_bar, wide_err
+from .common import FLAGS, edge, err, out, progress_bar, renamed_options, wide_err
 
 
 def _pct(x) -> str:
@@ -47,19 +46,13 @@ def attack(
     """
     with edge():
         from ..api import attack as run
-        from ..errors import OptionError
-        from ..fileio import write_atomic
 
-        if batch_size < 1:
-            raise OptionError(f"--batch-size must be at least 1, got {batch_size}")
         top = options.pick(top_k, top_old, 3)
         to_file = out_path is not None and str(out_path) != "-"
-        with progress_bar("attack", quiet) as bar:
+        with progress_bar("attack", quiet) as bar, renamed_options(FLAGS):
             res = run(model, triggers_path, data=data, task=task, examples=examples, top_k=top, controls=controls,
-                      seed=seed, position=position, alpha=alpha, batch_size=batch_size, keep_texts=save_texts is not None,
-                      device=device, out=out_path if to_file else None, progress=bar)
-        if save_texts is not None:
-            write_atomic(save_texts, "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in res.texts or []))
+                      seed=seed, position=position, alpha=alpha, batch_size=batch_size, device=device,
+                      out=out_path if to_file else None, save_texts=save_texts, progress=bar)
         result = res.document
         if as_json or as_csv:
             options.print_rows(_rows(result), "json" if as_json else "csv")

@@ -121,17 +121,27 @@ def edge():
         os._exit(ResourceError.exit_code)  # HDF5's state after a failed write would crash its shutdown
 
 
+# the API's argument names the commands know as flags (an argument of one word is renamed only
+# where a message names it: first, or after "give", "unknown", "needs", "and/or")
+FLAGS = {"importance": "--importance", "effectiveness": "--effectiveness", "keep_heads": "--keep-heads",
+         "save_model": "--save-model", "batch_size": "--batch-size", "top_k": "--top-k", "out": "-o",
+         "save_texts": "--save-texts", "rank_by": "--rank-by", "family": "--family", "compat": "--compat"}
+
+
 @contextlib.contextmanager
 def renamed_options(names: dict[str, str]):
-    """OptionErrors raised inside by the API name its arguments (``out``); the command's user
-    knows them as flags (``-o``): ``names`` maps one to the other."""
+    """OptionErrors raised inside by the API name its arguments (``keep_heads``); the command's
+    user knows them as flags (``--keep-heads``): ``names`` maps one to the other."""
     try:
         yield
     except OptionError as exc:
         text = str(exc)
-        for name, flag in names.items():  # where the API names an argument: first, or after "unknown"/"give"
+        for name, flag in names.items():
             n = re.escape(name)
-            text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give ){n}(?=[ )])", flag, text)
+            if "_" in name:
+                text = re.sub(rf"(?<![\w-]){n}\b", flag, text)
+            else:
+                text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give |eeds |d/or ){n}(?=[ )])", flag, text)
         raise OptionError(text) from None
 
 

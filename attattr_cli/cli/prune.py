@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, unconverged_line, wide_err
+from .common import FLAGS, command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, skipped_line, unconverged_line, wide_err
 
 
 def prune(
@@ -43,16 +43,9 @@ def prune(
     """
     with edge():
         from ..api import prune as run
-        from ..errors import OptionError
 
         keep = options.pick(keep_heads, keep_old)
-        if importance_path is None and effectiveness is None:
-            raise OptionError("nothing to do: give --importance IMP.h5 (curves) and/or --effectiveness STORE")
-        if (keep is None) != (save_model is None):
-            raise OptionError("--keep-heads and --save-model go together")
-        if keep is not None and importance_path is None:
-            raise OptionError("--keep-heads needs --importance to rank the heads")
-        with progress_bar("prune", quiet) as bar:
+        with progress_bar("prune", quiet) as bar, renamed_options(FLAGS):
             res = run(model, importance_path, data=data, task=task, examples=examples, rates=rates, methods=methods,
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
