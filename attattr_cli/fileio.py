@@ -86,6 +86,22 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
         raise OptionError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
+def strict_json(obj):
+    """``obj`` with NaN and infinities as None (numpy scalars and arrays as Python's), so that
+    it is strict JSON: what JSON.parse and other readers accept."""
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if hasattr(obj, "tolist") and hasattr(obj, "dtype"):  # numpy scalars and arrays
+        return strict_json(obj.tolist())
+    return obj
+
+
 def write_json(path: str | os.PathLike, obj, indent: int = 2, make_parents: bool = False, **dump) -> None:
     """``obj`` as JSON (one trailing newline), written atomically."""
     write_atomic(path, json.dumps(obj, indent=indent, **dump) + "\n", make_parents=make_parents)

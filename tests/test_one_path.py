@@ -18,17 +18,7 @@ from attattr_cli.cli import app
 from attattr_cli.errors import AttattrError, OptionError
 
 REPO = Path(__file__).resolve().parents[1]
-RUNNER = """
-import json, sys
-sys.argv = ["attattr", *json.loads(sys.argv[1])]
-from attattr_cli.cli import app
-try:
-    app()
-    code = 0
-except SystemExit as exc:
-    code = exc.code or 0
-print(json.dumps({"code": code, "heavy": [m for m in ("torch", "transformers") if m in sys.modules]}), file=sys.stderr)
-"""
+from test_startup import RUNNER  # noqa: E402  (runs `attattr ARGS` and reports the heavy modules imported)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy
 import html
 import json
-import math
 import uuid
 from dataclasses import replace
 from functools import lru_cache
@@ -30,21 +29,9 @@ def static(name: str) -> str:
 def script_json(obj) -> str:
     """JSON that is safe inside a <script> element ("<" only occurs inside JSON strings) and
     that JSON.parse reads: NaN and infinities (an example flagged non-finite) become null."""
-    return json.dumps(_finite(obj), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    from ..fileio import strict_json
 
-
-def _finite(obj):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if isinstance(obj, np.generic):
-        return _finite(obj.item())
-    if isinstance(obj, np.ndarray):
-        return _finite(obj.tolist())
-    return obj
+    return json.dumps(strict_json(obj), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
 def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
