@@ -50,6 +50,7 @@ from .integrate import MAX_NODES, clenshaw_curtis
 
 ZERO, ONE = 0.0, 1.0  # node keys: t (floats, exact for j / 2^k); t = 0, 1/2, 1 are alpha = 0, 1/2, 1
 JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jump of F, not a steep change
+DEEP_SPLIT = 64.0  # a leaf whose error is this many times its share is split into four at once
 JUMP_RATIO = 4.0  # ... jumps: |F(b) - F(a)| > JUMP_RATIO x (b - a in alpha) x the largest |dF/dalpha| at its nodes
 CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the completeness check's only cost), for bench/
 FLOOR = 16  # the residual test allows FLOOR x machine epsilon of |F(1)| + |F(0)| (and of sum |Attr|)
@@ -305,19 +306,30 @@ class Refinement:
             smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
             state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)
             return self._finish(i, total, error, residual, state, False)
-        room = (self.max_nodes - len(row.g)) // 4
-        if room <= 0:
+        room = self.max_nodes - len(row.g)
+        if room < 4:
             state = NON_SMOOTH if jumps else (CAP_HIT if error > tol else RESIDUAL)
             return self._finish(i, total, error, residual, state, True)
         split.sort(key=lambda leaf: -leaf.score)
-        chosen = set(map(id, split[:room]))
+        depth = {}  # a leaf far over its share is split twice at once (one pass instead of two)
+        for leaf in split:
+            want = 2 if leaf.score >= DEEP_SPLIT and leaf.tb - leaf.ta > 2.0 ** -JUMP_DEPTH else 1
+            cost = 4 if want == 1 else 12
+            if cost > room and want == 2:
+                want, cost = 1, 4
+            if cost > room:
+                break
+            depth[id(leaf)] = want
+            room -= cost
         leaves = []
         for leaf in row.leaves:
-            if id(leaf) in chosen:
-                mid = (leaf.ta + leaf.tb) / 2
-                leaves += [_Leaf(leaf.ta, mid), _Leaf(mid, leaf.tb)]
-            else:
+            d = depth.get(id(leaf))
+            if d is None:
                 leaves.append(leaf)
+                continue
+            parts = 2 ** d
+            h = (leaf.tb - leaf.ta) / parts
+            leaves += [_Leaf(leaf.ta + k * h, leaf.ta + (k + 1) * h if k < parts - 1 else leaf.tb) for k in range(parts)]
         row.leaves = leaves
 
     @staticmethod
@@ -354,14 +366,17 @@ class Refinement:
 
 def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
               measure: Callable[[torch.Tensor], torch.Tensor], tol: float, max_nodes: int = MAX_NODES,
-              known: dict | None = None, known_f: dict | None = None) -> Integral:
+              known: dict | None = None, known_f: dict | None = None,
+              derivative: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Integral:
     """Integrate one example-layer to ``tol`` with at most ``max_nodes`` nodes.
     ``evaluate(alphas)`` -> (unweighted dF/dO at each alpha [k, ...], F there [k]);
     ``measure(g)`` -> (max |Attr|, sum |Attr|, sum Attr) of a G's map; ``known`` / ``known_f``
-    map node keys to the gradient and F already at hand (the clean forward's alpha = 1)."""
+    map node keys to the gradient and F already at hand (the clean forward's alpha = 1);
+    ``derivative(g)`` (optional) -> sum Attr of each ``g[i]``'s map, cheaper than ``measure``."""
     one = Refinement(lambda g, rows: torch.tensor([list(measure(x)) for x in g], dtype=torch.float64), 1, tol,
                      max_nodes, {key: v.unsqueeze(0) for key, v in (known or {}).items()},
-                     {key: [v] for key, v in (known_f or {}).items()})
+                     {key: [v] for key, v in (known_f or {}).items()},
+                     None if derivative is None else (lambda g, rows: derivative(g)))
     while not one.done:
         owner, keys, alphas = one.wanted()
         grads, f = evaluate(torch.from_numpy(alphas))

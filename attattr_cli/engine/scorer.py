@@ -514,7 +514,14 @@ class Scorer:
 
         known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
         known_f = {} if grad_at_one is None else {adaptive.ONE: self._f_full}
-        res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f)
+        def derivative(g: torch.Tensor) -> torch.Tensor:  # sum Attr = <G, A V> per row (dF/dalpha at a node)
+            s = self._saved
+            if "out" not in s:
+                s["out"] = torch.matmul(self.layer_probs(s, g.dtype), s["v"].to(g.dtype))
+            return (g.reshape(len(g), *s["out"].shape[-3:]) * s["out"]).sum(dim=(-3, -2, -1), dtype=torch.float64)
+
+        res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
+                                 derivative)
         self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 
