@@ -46,7 +46,8 @@ import numpy as np
 import torch
 
 from .. import convergence
-from .integrate import MAX_NODES, clenshaw_curtis
+from .integrate import clenshaw_curtis
+from .options import MAX_NODES
 
 ZERO, ONE = 0.0, 1.0  # node keys: t (floats, exact for j / 2^k); t = 0, 1/2, 1 are alpha = 0, 1/2, 1
 JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jump of F, not a steep change

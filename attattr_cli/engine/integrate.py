@@ -7,14 +7,12 @@ error-controlled integration (:mod:`.adaptive`) subdivides the path itself.
 
 from __future__ import annotations
 
-from fractions import Fraction
-from typing import Iterator
 
 import numpy as np
 import torch
 
 from ..errors import OptionError
-from .options import MAX_NODES, RULES  # the node cap and rule names live with the options (no torch there)
+from .options import RULES  # the rule names live with the options (no torch there)
 
 
 def nodes(rule: str, steps: int) -> tuple[torch.Tensor, torch.Tensor]:

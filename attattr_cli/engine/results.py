@@ -61,4 +61,4 @@ class ExampleScore:
     decoder_tokens: list[str] | None = None
     decoder_input_ids: np.ndarray | None = None
     step_batch: int = 0  # steps per pass used (largest)
-    nonfinite: list[str] = field(default_factory=list)  # parts holding NaN or inf (see scorer.nonfinite_parts)
+    nonfinite: list[str] = field(default_factory=list)  # parts holding NaN or inf (see assembly.nonfinite_parts)

@@ -15,25 +15,25 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-import numpy as np
 import torch
 
 from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
-from ..ops import reference_mask, with_causal, reference, select_backend
-from . import attention, memory, options as options_mod
+from ..ops import select_backend
+from . import attention, options as options_mod
 from .batching import pad_id_of
 from .encoding import Encoded, decoder_start_of, encode, too_long
-from . import adaptive
+from .assembly import Assembly
 from .integrate import embedded, nodes
+from .layer_integral import Integration
 from .memory import BackOff, is_out_of_memory
-from .options import DEFAULT_TOL, ScoreOptions
-from .results import ExampleScore, FamilyScore
+from .options import ScoreOptions
+from .results import ExampleScore
 from .sites import SiteScorer
 
 
-class Scorer:
+class Scorer(Integration, Assembly):
     """Scores examples with one model and one set of options."""
 
     def __init__(self, loaded: LoadedModel, options: ScoreOptions, task_labels=None):
@@ -299,119 +299,6 @@ class Scorer:
                                                     len(enc.input_ids))
         return self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
 
-    def _layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
-        """What the store keeps of one layer, from its G: the map (keep maps), the head sum
-        (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
-        and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
-        rule's state is judged here, from its embedded estimate and its residual)."""
-        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None), saved=saved)
-        hs = res["head_sum"][0]
-        resid = float(hs.double().sum()) - (f_full - f0)
-        if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
-            scale = adaptive.residual_scale(f_full - f0, self._measure(g, saved)[0])
-            state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
-                                   float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
-            conv = (*conv, state)
-        return {
-            "map": res["maps"][0].cpu() if keep == "maps" else None,
-            "sum": hs.cpu() if keep in ("maps", "sum") else None,
-            "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
-            "head_max": res["head_max"][0].cpu(),
-            "f0": f0,
-            "resid": resid,
-            "conv": conv,
-        }
-
-    def _example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
-                       f_full: float, fams: dict) -> ExampleScore:
-        """The scored example from its logits ([1, ...]), prediction, target and families."""
-        first = fams[self.families[0].name]
-        n = len(enc.input_ids)
-        if self.options.lm:
-            pos_logits = logits[0].double()  # [positions, vocab]
-            tgt = torch.as_tensor(target, device=pos_logits.device).view(-1, 1)
-            out_logits = pos_logits.gather(-1, tgt).squeeze(-1)
-            out_probs = torch.softmax(pos_logits, -1).gather(-1, tgt).squeeze(-1)
-            meta = dict(example.meta, lm={
-                "positions": list(enc.lm_positions), "target_ids": [int(t) for t in target],
-                "target_tokens": self.tokenizer.convert_ids_to_tokens([int(t) for t in target]),
-                "predicted_id": pred, "predicted_token": self.tokenizer.convert_ids_to_tokens([pred])[0],
-                "output": self.options.output,
-            })
-            target_id = int(target[0])
-        else:
-            out_logits = logits[0].double()
-            out_probs = torch.softmax(out_logits, -1)
-            meta = dict(example.meta)
-            target_id = target
-        out_logits_np, out_probs_np = out_logits.cpu().numpy(), out_probs.cpu().numpy()
-        nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams)
-        if "logits" in nonfinite:
-            pred = -1  # no class is predicted by non-finite logits
-        return ExampleScore(
-            nonfinite=nonfinite,
-            index=example.index,
-            tokens=enc.tokens,
-            input_ids=np.asarray(enc.input_ids, dtype=np.int64),
-            segment_ids=np.asarray(enc.segment_ids, dtype=np.int8),
-            gold=gold,
-            pred=pred,
-            target=target_id,
-            logits=out_logits_np,
-            probs=out_probs_np,
-            layers=list(first.layers),
-            attribution=first.attribution if first.attribution is not None
-            else np.zeros((0, 0, n, n), np.float32),
-            attention=first.attention if first.attention is not None and first.attention.ndim == 4
-            else np.zeros((0, 0, n, n), np.float32),
-            head_max=first.head_max,
-            f_full=f_full,
-            f_baseline=first.f_baseline,
-            residual=first.residual,
-            kernel=getattr(self, "last_kernel", self.backend.name),
-            truncated=enc.truncated,
-            meta=meta,
-            text_a=example.text_a,
-            text_b=example.text_b,
-            families=fams,
-            decoder_tokens=enc.decoder_tokens,
-            decoder_input_ids=None if enc.decoder_input_ids is None else np.asarray(enc.decoder_input_ids, np.int64),
-            step_batch=self.last_step_batch,
-        )
-
-    def _family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
-        """One family's results from its layers' (``_layer_result``) and the clean forward's
-        probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
-        maps = [r["map"] for r in per_layer if r["map"] is not None]
-        sums = [r["sum"] for r in per_layer if r["sum"] is not None]
-        head_max = [r["head_max"] for r in per_layer]
-        tk_i = [r["topk"][0] for r in per_layer if r["topk"] is not None]
-        tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
-        f_base = [r["f0"] for r in per_layer]
-        resid = [r["resid"] for r in per_layer]
-        all_layers = range(fam.num_layers)
-        attn = None
-        if kept is not None:
-            attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
-        empty2 = np.zeros((0, fam.num_heads), np.float32)
-        return FamilyScore(
-            name=fam.name, layers=list(self.layers_of[fam.name]), heads=fam.num_heads,
-            query_side=fam.query_side, key_side=fam.key_side, keep=keep,
-            attribution=torch.stack(maps).numpy() if maps else (None if keep != "maps" else np.zeros((0, fam.num_heads, n, n), np.float32)),
-            head_sum=torch.stack(sums).numpy() if sums else None,
-            head_max=torch.stack(head_max).numpy() if head_max else empty2,
-            attention=attn,
-            f_baseline=np.asarray(f_base, dtype=np.float64),
-            residual=np.asarray(resid, dtype=np.float64),
-            topk_index=np.stack(tk_i) if tk_i else None,
-            topk_value=np.stack(tk_v) if tk_v else None,
-            nodes=np.asarray([r["conv"][0] for r in per_layer], np.int32),
-            error=np.asarray([r["conv"][1] for r in per_layer], np.float64),
-            capped=np.asarray([r["conv"][2] for r in per_layer], bool),
-            status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
-            status_tol=self.check_tol,
-        )
-
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
         if self._fixed_target is not None:
             return self._fixed_target
@@ -420,172 +307,6 @@ class Scorer:
                 raise DataError(f"example {example.index} has no gold label; --target gold needs one")
             return gold
         return pred
-
-    # -- step micro-batching ------------------------------------------------------
-    def auto_step_batch(self, enc: Encoded, site, steps: int | None = None) -> int:
-        """Steps per pass (at most ``steps``, default all) that fit the free memory of the
-        device: an estimate of the activations kept for the backward through the layers
-        at and above the target. ``--step-batch`` overrides it."""
-        if self.options.step_batch is not None:
-            return self.options.step_batch
-        steps = len(self.alphas) if steps is None else steps
-        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        return memory.steps_that_fit(self.step_bytes(enc, site), steps, n, self.device,
-                                     memory.hidden_size(self.model.config))
-
-    def step_bytes(self, enc: Encoded, site) -> int:
-        """Estimated bytes one integration step of ``site`` keeps (see ``memory.step_bytes``)."""
-        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
-        return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
-
-    def _integrate(self, enc: Encoded, site, target, clean,
-                   grad_at_one: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
-        """G = sum_k w_k dF/dO_k for the target site, and F with its attention at 0.
-
-        ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward; that node
-        is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
-        out-of-memory error halves the micro-batch and retries.
-        """
-        family, layer = site
-        acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        if self.options.tol is not None:
-            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype)
-        alphas, weights, ratio, g_sum, g_low = self.fixed_nodes(grad_at_one, acc_dtype)
-        zero = torch.nonzero(alphas == 0)
-        zero_at = int(zero[0]) if len(zero) else None
-        f0 = float("nan")
-        chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
-        saved = None
-        weights = weights.to(self.device, acc_dtype)
-        run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], weights[part])  # noqa: E731
-        for part, (grads, f, saved) in self._back_off.chunks(len(alphas), chunk, run, self.warn):
-            if ratio is not None:
-                low = (grads * ratio[part].to(grads).view(-1, *[1] * (grads.dim() - 1))).sum(0, keepdim=True)
-                g_low = low if g_low is None else g_low + low
-            grads = grads.sum(0, keepdim=True)
-            g_sum = grads if g_sum is None else g_sum + grads
-            if zero_at is not None and part.start <= zero_at < part.stop:
-                f0 = float(f[zero_at - part.start])
-            self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
-            del f, grads
-        if zero_at is None:  # F(0): one forward at batch 1, no backward
-            plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend,
-                                       family=family)
-            with self.sites.target_pass(site, clean, plan), torch.no_grad():
-                f0 = float(self._target_value(
-                    self._logits(enc, 1, self.sites.extra_inputs(site, clean, 1)), target)[0])
-            if saved is None:
-                saved = plan.saved
-        self._saved = saved
-        self.last_integral = (len(self.alphas), self.embedded_error(g_sum, g_low), False)
-        return g_sum, f0
-
-    def fixed_nodes(self, grad_at_one: torch.Tensor | None, acc_dtype: torch.dtype):
-        """The fixed rule's nodes left to evaluate, (alphas, weights, ratio, G, G_low): where the
-        clean backward gave the alpha = 1 node (``grad_at_one``, [E, ...]) it is folded into G
-        (and into the embedded lower-order rule's G_low; both None otherwise) and left out of
-        the nodes. ``ratio`` = w_low / w of the nodes left (the embedded rule's G is
-        sum_k ratio_k w_k dF/dO_k); None without an embedded rule."""
-        alphas, weights = self.alphas, self.weights
-        ratio = None if self.low is None else torch.from_numpy(self.low[0]) / weights
-        g = g_low = None
-        if grad_at_one is not None:
-            one = alphas == 1
-            g = grad_at_one.to(acc_dtype) * weights[one].sum().item()
-            if ratio is not None:
-                g_low = g * ratio[one].sum().item()
-                ratio = ratio[~one]
-            alphas, weights = alphas[~one], weights[~one]
-        return alphas, weights, ratio, g, g_low
-
-    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype):
-        """G and F(0) by the error-controlled integration of engine/adaptive.py."""
-        def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
-            ones = torch.ones(len(alphas), dtype=acc_dtype, device=self.device)
-            run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], ones[part])  # noqa: E731
-            grads, fs = [], []
-            for part, (g, f, self._saved) in self._back_off.chunks(
-                    len(alphas), self.auto_step_batch(enc, site, len(alphas)), run, self.warn):
-                grads.append(g)
-                fs.append(f)
-                self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
-            return torch.cat(grads), torch.cat(fs)
-
-        known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
-        known_f = {} if grad_at_one is None else {adaptive.ONE: self._f_full}
-        def derivative(g: torch.Tensor) -> torch.Tensor:  # sum Attr = <G, A V> per row (dF/dalpha at a node)
-            s = self._saved
-            if "out" not in s:
-                s["out"] = torch.matmul(self.layer_probs(s, g.dtype), s["v"].to(g.dtype))
-            return (g.reshape(len(g), *s["out"].shape[-3:]) * s["out"]).sum(dim=(-3, -2, -1), dtype=torch.float64)
-
-        res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
-                                 derivative)
-        self.last_integral = (res.nodes, res.error, res.capped, res.status)
-        return res.g.unsqueeze(0), res.f[adaptive.ZERO]
-
-    def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict | None = None) -> float:
-        """The fixed rule's error estimate from its embedded lower-order rule: max |Attr(G) -
-        Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule."""
-        if g_low is None:
-            return float("nan")
-        return adaptive.relative(self._measure(g - g_low, saved)[0], self._measure(g, saved)[0]) / self.low[1]
-
-    @property
-    def check_tol(self) -> float:
-        """The tolerance convergence is judged at: --tol, or for a fixed rule the default's."""
-        return self.options.tol if self.options.tol is not None else DEFAULT_TOL
-
-    def _measure(self, g: torch.Tensor, saved: dict | None = None) -> tuple[float, float, float]:
-        """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
-        projections (``self._saved`` by default); the map itself is not kept."""
-        s = self._saved if saved is None else saved
-        g = g.reshape(1, *g.shape[-3:])
-        return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g)[0])
-
-    @staticmethod
-    def layer_probs(saved: dict, dtype: torch.dtype) -> torch.Tensor:
-        """The target layer's attention A (in ``dtype``) from its saved projections, made once
-        per layer and kept in ``saved`` (error estimates ask for it at every level)."""
-        if "probs" not in saved:
-            mask = reference_mask(saved["mask"])
-            mask = with_causal(mask, saved["q"], saved["k"]) if saved["causal"] else mask
-            saved["probs"] = reference.attention_probs(saved["q"], saved["k"], mask, saved["scale"],
-                                                       saved["softcap"]).to(dtype)
-        return saved["probs"]
-
-    def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
-        """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
-        family, layer = site
-        acc_dtype = w.dtype
-        plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
-        with self.sites.target_pass(site, clean, plan), torch.enable_grad():
-            logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
-            f = self._target_value(logits, target)
-            if plan.leaf is None:
-                raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
-            (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-        return g.to(acc_dtype), f.detach(), plan.saved
-
-    def _attribute(self, g: torch.Tensor, want_maps: bool = True, saved: dict | None = None) -> dict:
-        s = self._saved if saved is None else saved
-        self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
-        return self.backend.attribution_from_grad(
-            s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
-            causal=s["causal"], want_maps=want_maps,
-        )
-
-
-def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k entries of largest |value| per head: ([head, k, 2] (query, key), [head, k])."""
-    heads, n_q, n_k = maps.shape
-    flat = maps.reshape(heads, -1)
-    k = min(k, flat.shape[1])
-    idx = flat.abs().topk(k, dim=1).indices
-    vals = flat.gather(1, idx)
-    pos = torch.stack([idx // n_k, idx % n_k], dim=-1)
-    return pos.to(torch.int32).cpu().numpy(), vals.float().cpu().numpy()
 
 
 
@@ -596,34 +317,3 @@ def detached(obj):
         return tuple(detached(o) for o in obj)
     return obj
 
-
-def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """(max |Attr|, sum |Attr|, sum Attr) per leading index of the maps Attr = A * (G V^T):
-    A [..., head, n, n], V and G [..., head, n, d] -> [..., 3] (sums in float64)."""
-    attr = a * torch.matmul(g, v.transpose(-1, -2))
-    dims = (-3, -2, -1)
-    return torch.stack([attr.abs().amax(dim=dims).double(), attr.abs().sum(dim=dims, dtype=torch.float64),
-                        attr.sum(dim=dims, dtype=torch.float64)], dim=-1)
-
-
-def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:
-    """Which parts of a scored example hold NaN or infinity (a float16 model whose logits
-    overflow, say): "logits", "probs", "output" (F at alpha 1 or 0), "attribution" (maps,
-    head sums, head maxima, top-k), "attention". Empty when all are finite."""
-
-    def bad(*arrays) -> bool:
-        return any(a is not None and np.size(a) and not np.isfinite(np.asarray(a, np.float64)).all() for a in arrays)
-
-    out = []
-    if bad(logits):
-        out.append("logits")
-    if bad(probs):
-        out.append("probs")
-    if bad(np.asarray([f_full]), *(fs.f_baseline for fs in families.values())):
-        out.append("output")
-    if bad(*(x for fs in families.values() for x in (fs.attribution, fs.head_sum, fs.head_max, fs.topk_value,
-                                                        fs.residual))):
-        out.append("attribution")
-    if bad(*(fs.attention for fs in families.values())):
-        out.append("attention")
-    return out

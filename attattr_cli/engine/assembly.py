@@ -1,0 +1,170 @@
+"""What a scored example becomes: one layer's result from its G (the map, the head sum,
+the top-k, the per-head max, F(0), the completeness residual, the convergence state), a
+family's arrays, and the :class:`~attattr_cli.engine.results.ExampleScore` the store keeps.
+A part of :class:`~attattr_cli.engine.scorer.Scorer` (its result assembly), kept apart from
+the integration (engine/layer_integral.py) and the encoding and targets (engine/scorer.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..data.types import Example
+from . import adaptive
+from .encoding import Encoded
+from .results import ExampleScore, FamilyScore
+
+
+class Assembly:
+    """The Scorer's result assembly (a mixin: it uses the scorer's options, families and
+    integration)."""
+
+    def _layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
+        """What the store keeps of one layer, from its G: the map (keep maps), the head sum
+        (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
+        and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
+        rule's state is judged here, from its embedded estimate and its residual)."""
+        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None), saved=saved)
+        hs = res["head_sum"][0]
+        resid = float(hs.double().sum()) - (f_full - f0)
+        if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
+            scale = adaptive.residual_scale(f_full - f0, self._measure(g, saved)[0])
+            state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
+                                   float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
+            conv = (*conv, state)
+        return {
+            "map": res["maps"][0].cpu() if keep == "maps" else None,
+            "sum": hs.cpu() if keep in ("maps", "sum") else None,
+            "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
+            "head_max": res["head_max"][0].cpu(),
+            "f0": f0,
+            "resid": resid,
+            "conv": conv,
+        }
+
+    def _example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
+                       f_full: float, fams: dict) -> ExampleScore:
+        """The scored example from its logits ([1, ...]), prediction, target and families."""
+        first = fams[self.families[0].name]
+        n = len(enc.input_ids)
+        if self.options.lm:
+            pos_logits = logits[0].double()  # [positions, vocab]
+            tgt = torch.as_tensor(target, device=pos_logits.device).view(-1, 1)
+            out_logits = pos_logits.gather(-1, tgt).squeeze(-1)
+            out_probs = torch.softmax(pos_logits, -1).gather(-1, tgt).squeeze(-1)
+            meta = dict(example.meta, lm={
+                "positions": list(enc.lm_positions), "target_ids": [int(t) for t in target],
+                "target_tokens": self.tokenizer.convert_ids_to_tokens([int(t) for t in target]),
+                "predicted_id": pred, "predicted_token": self.tokenizer.convert_ids_to_tokens([pred])[0],
+                "output": self.options.output,
+            })
+            target_id = int(target[0])
+        else:
+            out_logits = logits[0].double()
+            out_probs = torch.softmax(out_logits, -1)
+            meta = dict(example.meta)
+            target_id = target
+        out_logits_np, out_probs_np = out_logits.cpu().numpy(), out_probs.cpu().numpy()
+        nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams)
+        if "logits" in nonfinite:
+            pred = -1  # no class is predicted by non-finite logits
+        return ExampleScore(
+            nonfinite=nonfinite,
+            index=example.index,
+            tokens=enc.tokens,
+            input_ids=np.asarray(enc.input_ids, dtype=np.int64),
+            segment_ids=np.asarray(enc.segment_ids, dtype=np.int8),
+            gold=gold,
+            pred=pred,
+            target=target_id,
+            logits=out_logits_np,
+            probs=out_probs_np,
+            layers=list(first.layers),
+            attribution=first.attribution if first.attribution is not None
+            else np.zeros((0, 0, n, n), np.float32),
+            attention=first.attention if first.attention is not None and first.attention.ndim == 4
+            else np.zeros((0, 0, n, n), np.float32),
+            head_max=first.head_max,
+            f_full=f_full,
+            f_baseline=first.f_baseline,
+            residual=first.residual,
+            kernel=getattr(self, "last_kernel", self.backend.name),
+            truncated=enc.truncated,
+            meta=meta,
+            text_a=example.text_a,
+            text_b=example.text_b,
+            families=fams,
+            decoder_tokens=enc.decoder_tokens,
+            decoder_input_ids=None if enc.decoder_input_ids is None else np.asarray(enc.decoder_input_ids, np.int64),
+            step_batch=self.last_step_batch,
+        )
+
+    def _family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
+        """One family's results from its layers' (``_layer_result``) and the clean forward's
+        probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
+        maps = [r["map"] for r in per_layer if r["map"] is not None]
+        sums = [r["sum"] for r in per_layer if r["sum"] is not None]
+        head_max = [r["head_max"] for r in per_layer]
+        tk_i = [r["topk"][0] for r in per_layer if r["topk"] is not None]
+        tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
+        f_base = [r["f0"] for r in per_layer]
+        resid = [r["resid"] for r in per_layer]
+        all_layers = range(fam.num_layers)
+        attn = None
+        if kept is not None:
+            attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
+        empty2 = np.zeros((0, fam.num_heads), np.float32)
+        return FamilyScore(
+            name=fam.name, layers=list(self.layers_of[fam.name]), heads=fam.num_heads,
+            query_side=fam.query_side, key_side=fam.key_side, keep=keep,
+            attribution=torch.stack(maps).numpy() if maps else (None if keep != "maps" else np.zeros((0, fam.num_heads, n, n), np.float32)),
+            head_sum=torch.stack(sums).numpy() if sums else None,
+            head_max=torch.stack(head_max).numpy() if head_max else empty2,
+            attention=attn,
+            f_baseline=np.asarray(f_base, dtype=np.float64),
+            residual=np.asarray(resid, dtype=np.float64),
+            topk_index=np.stack(tk_i) if tk_i else None,
+            topk_value=np.stack(tk_v) if tk_v else None,
+            nodes=np.asarray([r["conv"][0] for r in per_layer], np.int32),
+            error=np.asarray([r["conv"][1] for r in per_layer], np.float64),
+            capped=np.asarray([r["conv"][2] for r in per_layer], bool),
+            status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
+            status_tol=self.check_tol,
+        )
+
+
+
+def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k entries of largest |value| per head: ([head, k, 2] (query, key), [head, k])."""
+    heads, n_q, n_k = maps.shape
+    flat = maps.reshape(heads, -1)
+    k = min(k, flat.shape[1])
+    idx = flat.abs().topk(k, dim=1).indices
+    vals = flat.gather(1, idx)
+    pos = torch.stack([idx // n_k, idx % n_k], dim=-1)
+    return pos.to(torch.int32).cpu().numpy(), vals.float().cpu().numpy()
+
+
+
+
+def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:
+    """Which parts of a scored example hold NaN or infinity (a float16 model whose logits
+    overflow, say): "logits", "probs", "output" (F at alpha 1 or 0), "attribution" (maps,
+    head sums, head maxima, top-k), "attention". Empty when all are finite."""
+
+    def bad(*arrays) -> bool:
+        return any(a is not None and np.size(a) and not np.isfinite(np.asarray(a, np.float64)).all() for a in arrays)
+
+    out = []
+    if bad(logits):
+        out.append("logits")
+    if bad(probs):
+        out.append("probs")
+    if bad(np.asarray([f_full]), *(fs.f_baseline for fs in families.values())):
+        out.append("output")
+    if bad(*(x for fs in families.values() for x in (fs.attribution, fs.head_sum, fs.head_max, fs.topk_value,
+                                                        fs.residual))):
+        out.append("attribution")
+    if bad(*(fs.attention for fs in families.values())):
+        out.append("attention")
+    return out
