@@ -127,6 +127,16 @@ def _leaf_rule(ta: float, tb: float) -> tuple[tuple[float, ...], np.ndarray, np.
     return keys, upper, lower
 
 
+@functools.lru_cache(maxsize=16)
+def _level_rules(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Weights on the nodes t = j/n of the Clenshaw-Curtis rule with n intervals and of the one
+    with n/2 (zero on the nodes it does not use)."""
+    upper = clenshaw_curtis(n)[1]
+    lower = np.zeros(n + 1)
+    lower[0::2] = clenshaw_curtis(n // 2)[1]
+    return upper, lower
+
+
 class _Leaf:
     __slots__ = ("ta", "tb", "q", "e", "rho", "jump", "score")
 
@@ -275,8 +285,53 @@ class Refinement:
             return
         totals = [torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready]
         stats = self._measure(totals, ready)
+        # where the leaves are equal (every one split as often), their nodes are those of one
+        # Clenshaw-Curtis rule on the whole path, and of the rule with half of them below it:
+        # for a smooth integrand the pair converges much faster than the leaves' own rules
+        level = {i: self._level(self.rows[i]) for i in ready}
+        level = {i: v for i, v in level.items() if v is not None}
+        if level:
+            rows = list(level)
+            measured = self._measure([level[i][0] - level[i][1] for i in rows] + [level[i][0] for i in rows],
+                                     rows + rows).tolist()
+            for k, i in enumerate(rows):
+                level[i] = (level[i][0], measured[k][0], measured[len(rows) + k][0], level[i][2])
         for i, total, (big, _l1, _sum) in zip(ready, totals, stats.tolist()):
+            if i in level and self._level_converged(i, *level[i]):
+                continue
             self._step(i, total, big)
+
+    def _level(self, row: _Row):
+        """(G of the Clenshaw-Curtis rule on all nodes, G of the one on every other node, its
+        integral of dF/dalpha) where the leaves are two or more of equal width; else None."""
+        leaves = row.leaves
+        widths = {leaf.tb - leaf.ta for leaf in leaves}
+        if len(leaves) < 2 or len(widths) != 1 or any(leaf.jump for leaf in leaves):
+            return None
+        n = 4 * len(leaves)
+        keys = [j / n for j in range(n + 1)]
+        if any(k not in row.g for k in keys):
+            return None
+        upper, lower = _level_rules(n)
+        stacked = torch.stack([row.g[k] for k in keys]).to(torch.float64)
+        w_up = torch.as_tensor(upper, dtype=torch.float64, device=stacked.device)
+        w_low = torch.as_tensor(lower, dtype=torch.float64, device=stacked.device)
+        g_up = torch.tensordot(w_up, stacked, 1)
+        return g_up, torch.tensordot(w_low, stacked, 1), float(upper @ np.array([row.s[k] for k in keys]))
+
+    def _level_converged(self, i: int, g: torch.Tensor, diff: float, big: float, integral: float) -> bool:
+        """Finish integral ``i`` with the whole-path rule if its estimate and residual agree."""
+        row, tol = self.rows[i], self.tol
+        error = _relative(diff, big)
+        residual = integral - (row.f[ONE] - row.f[ZERO])
+        scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
+        if error <= tol and residual_ok(residual, scale, abs(row.f[ONE]) + abs(row.f[ZERO]), tol, self.eps_f,
+                                        self.eps_acc):
+            self._finish(i, g, error, residual, CONVERGED, False, weights=dict(zip(
+                [j / (len(_level_rules(4 * len(row.leaves))[0]) - 1) for j in range(4 * len(row.leaves) + 1)],
+                _level_rules(4 * len(row.leaves))[0].tolist())))
+            return True
+        return False
 
     def _step(self, i: int, total: torch.Tensor, big: float) -> None:
         row, tol = self.rows[i], self.tol
@@ -341,16 +396,18 @@ class Refinement:
         slope = max(abs(row.s[k]) for k in keys)
         return change > JUMP_RATIO * (alpha_of(leaf.tb) - alpha_of(leaf.ta)) * slope
 
-    def _finish(self, i: int, total: torch.Tensor, error: float, residual: float, state: int, capped: bool) -> None:
+    def _finish(self, i: int, total: torch.Tensor, error: float, residual: float, state: int, capped: bool,
+                weights: dict | None = None) -> None:
         row = self.rows[i]
         if self.g is None:
             self.g = torch.zeros((self.count, *total.shape), dtype=self.dtype, device=total.device)
         self.g[i] = total.to(self.dtype)
-        weights: dict = {}
-        for leaf in row.leaves:
-            keys, upper, _ = _leaf_rule(leaf.ta, leaf.tb)
-            for k, w in zip(keys, upper):
-                weights[k] = weights.get(k, 0.0) + float(w)
+        if weights is None:
+            weights = {}
+            for leaf in row.leaves:
+                keys, upper, _ = _leaf_rule(leaf.ta, leaf.tb)
+                for k, w in zip(keys, upper):
+                    weights[k] = weights.get(k, 0.0) + float(w)
         self.out[i] = Integral(self.g[i], len(row.g), float(error), capped, row.evaluated,
                                dict(row.f), state, float(residual), len(row.leaves), weights)
         self.active.remove(i)
