@@ -136,24 +136,27 @@ class ModelRunner:
         self.forwards = 0  # sequences run (for reports)
 
     # sequences -------------------------------------------------------------------------
-    def erased(self, ex: Prepared, keep: np.ndarray) -> tuple[tuple, tuple | None]:
-        """The input with the positions where ``keep`` is False erased."""
+    def erased(self, ex: Prepared, keep: np.ndarray, erase: str | None = None) -> tuple[tuple, tuple | None]:
+        """The input with the positions where ``keep`` is False erased (``erase``: remove or
+        mask; default the runner's)."""
         keep = np.asarray(keep, dtype=bool)
         ids = np.asarray(ex.input_ids)
         tt = None if ex.token_type_ids is None else np.asarray(ex.token_type_ids)
-        if self.erase == "remove":
+        if (erase or self.erase) == "remove":
             return tuple(int(i) for i in ids[keep]), None if tt is None else tuple(int(t) for t in tt[keep])
         ids = ids.copy()
         ids[~keep] = self.mask_id
         return tuple(int(i) for i in ids), None if tt is None else tuple(int(t) for t in tt)
 
-    def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray]) -> np.ndarray:
+    def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray], erase: str | None = None) -> np.ndarray:
         """Class probabilities [len(keeps), C] of the example with each keep-mask applied.
 
         Identical inputs run once; inputs of equal length share a batch (no padding)."""
         from ..engine import attention
 
-        seqs = [self.erased(ex, k) for k in keeps]
+        if erase == "mask" and self.mask_id is None:
+            raise OptionError("masking needs a tokenizer with a mask token")
+        seqs = [self.erased(ex, k, erase) for k in keeps]
         unique: dict[tuple, int] = {}
         for s in seqs:
             unique.setdefault(s, len(unique))
