@@ -12,7 +12,8 @@ attention probabilities of every layer).
 ALTI, per layer, for the attention block y_i = LN(sum_j T_i(x_j) + b_O) with
 T_i(x_j) = sum_h A^h_ij W_O^h (W_V^h x_j + b_V^h) + [i = j] x_i: LayerNorm is linear given
 the example's standard deviation s_i, so T~_i(x_j) = g * (T_i(x_j) - mean(T_i(x_j))) / s_i;
-d_ij = ||y_i - T~_i(x_j)||_1 and c_ij = max(0, ||y_i||_1 - d_ij) / sum_k max(0, ||y_i||_1 - d_ik).
+d_ij = ||y_i - T~_i(x_j)||_1 and c_ij = max(0, ||y_i||_1 - d_ij) / sum_k max(0, ||y_i||_1 - d_ik)
+(a row where every max is 0, possible in small models, becomes c_ii = 1).
 The layers are combined by rollout R = C^L ... C^1; the score of token j is R[pool, j].
 
 DecompX keeps, for every token i, its representation split into one vector per input
@@ -131,7 +132,10 @@ def alti_matrix(layer, x, a):
     tt = g * (t - t.mean(-1, keepdim=True)) / std[:, None, None]
     dist = (y[:, None, :] - tt).abs().sum(-1)  # [i, j]
     c = (y.abs().sum(-1)[:, None] - dist).clamp_min(0.0)
-    return c / c.sum(-1, keepdim=True).clamp_min(1e-300)
+    total = c.sum(-1, keepdim=True)
+    eye = torch.eye(c.shape[0], dtype=c.dtype, device=c.device)
+    # a row where every term is farther from y_i than y_i is from zero: the token keeps itself
+    return torch.where(total > 0, c / torch.where(total > 0, total, torch.ones_like(total)), eye)
 
 
 def alti(runner, ex) -> np.ndarray:
