@@ -85,19 +85,28 @@ def _adversarial_table(report: dict):
 
 
 def _paired_table(report: dict):
+    """One row per (attribution method, other method), one column per metric: the mean
+    paired difference and its Holm-adjusted p."""
     from rich.table import Table
 
     tests = report.get("paired_tests") or []
     if not tests:
         return None
-    t = Table(title="paired tests on the same examples: attribution minus each attention baseline "
-                    "(sign-flip permutation, one-sided towards the better direction; Holm over all rows)",
+    metrics = list(dict.fromkeys(r["metric"] for r in tests))
+    t = Table(title="paired tests on the same examples: attribution minus each other method, mean difference "
+                    "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all cells)",
               title_justify="left")
-    for col in ("method", "baseline", "metric", "better", "difference", "p", "p (Holm)"):
-        t.add_column(col, justify="left" if col in ("method", "baseline", "metric", "better") else "right")
+    t.add_column("method")
+    t.add_column("against")
+    better = {r["metric"]: r["better"] for r in tests}
+    for m in metrics:
+        t.add_column(f"{m} ({better[m]})", justify="right")
+    cells: dict = {}
     for r in tests:
-        t.add_row(r["method"], r["baseline"], r["metric"], r["better"], _fmt(r["difference"]), _p(r["p"]),
-                  _p(r["p_holm"]))
+        cells.setdefault((r["method"], r["baseline"]), {})[r["metric"]] = r
+    for (a, b), row in cells.items():
+        t.add_row(a, b, *[(_fmt(row[m]["difference"]) + f" ({_p(row[m]['p_holm'])})") if m in row else "–"
+                          for m in metrics])
     return t
 
 
