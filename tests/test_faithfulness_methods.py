@@ -422,3 +422,12 @@ def test_cli_adversarial_errors_are_one_line(tmp_path):
                    "--epsilons: not a list of numbers")
     one_error_line(run_cli("faithfulness", "--out", out, "--methods", "ig,alll"), "unknown token importance method 'alll'")
     assert not out.exists()
+
+
+def test_docs_table_is_the_registry():
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "faithfulness.md").read_text()
+    start = docs.index("<!-- registry table: attattr_cli.analysis.methods.markdown_table() -->\n")
+    end = docs.index("<!-- end of registry table -->")
+    assert docs[start:end].split("\n", 1)[1] == registry.markdown_table()

@@ -6,28 +6,11 @@ Every method returns a float vector of length n (all tokens, special ones includ
 faithfulness metrics use only the content tokens). "pool" is the position the classifier
 reads: 0 ([CLS]) for encoders, n - 1 for decoders.
 
-========================  ==============================================================
-``attention_last``        last layer's attention, mean over heads, the pool row
-``attention_mean``        mean over layers and heads of the pool row
-``rollout``               attention rollout (Abnar & Zuidema 2020): per layer
-                          0.5 mean_h A + 0.5 I, rows renormalised, multiplied from the
-                          first layer up; the pool row
-``attn_grad``             gradient-weighted attention rollout (Chefer et al. 2021,
-                          "Generic attention-model explainability"): R = I, then per
-                          layer from the bottom R <- R + mean_h relu(dF/dA_h * A_h) R;
-                          the pool row
-``attr``                  attention attribution (Hao et al. 2021), summed over layers,
-                          heads and query rows: the column sum of key token j, i.e. the
-                          part of every layer's effect F(A) - F(0) (completeness) that
-                          flows through attention to token j
-``attr_cls``              attention attribution summed over layers and heads, the pool row
-``grad``                  L2 norm of dF/d(word embedding of token j)
-``input_x_grad``          sum over the embedding dimension of embedding * gradient
-``loo``                   leave-one-out: p(x)_t - p(x without token j)_t for the target
-                          class t; "without" is removal of the word piece (default) or
-                          its replacement by the mask token (``erase="mask"``)
-``random``                uniform(0, 1) from a generator seeded by (seed, example index)
-========================  ==============================================================
+The methods themselves are registered in :mod:`attattr_cli.analysis.methods` (one module
+per family: ``builtin`` for attention, rollout, attention x gradient, attribution,
+gradients, leave-one-out and random; ``ig``; ``decompose`` for ALTI and DecompX;
+``value_zeroing``); this module runs them (:class:`ModelRunner`, :class:`Context`) and
+keeps the names the first release exported.
 
 F is the store's target output (the predicted class's probability by default, or its
 logit with ``--logit``), the same F as the attribution; ``loo`` and the faithfulness

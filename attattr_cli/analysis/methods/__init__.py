@@ -123,3 +123,18 @@ def check_applies(methods: Iterable[str], loaded) -> None:
         why = REGISTRY[m].not_for(loaded)
         if why:
             raise OptionError(f"method '{m}' does not apply to this model: {why}")
+
+
+def markdown_table() -> str:
+    """The registry as the Markdown table of docs/faithfulness.md (a test keeps them equal)."""
+    lines = ["| method | kind | needs | in the default set | paper | description |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for m in REGISTRY.values():
+        needs = ", ".join(m.needs) or "–"
+        if m.requires:
+            needs += " (Python module " + ", ".join(m.requires) + ")"
+        if m.applies is not None:
+            needs += "; BERT-style encoders only"
+        lines.append(f"| `{m.name}` | {m.kind} | {needs} | {'yes' if m.default else 'no'} | {m.reference or '–'} | "
+                     f"{m.description} |")
+    return "\n".join(lines) + "\n"
