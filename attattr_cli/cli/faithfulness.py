@@ -32,7 +32,8 @@ def _ci(r, key, se=True):
     return _fmt(r[key], r.get(f"{key}_se") if se else None, r.get(f"{key}_low"), r.get(f"{key}_high"))
 
 
-METHODS_HELP = ", ".join(ALL_METHODS)
+METHODS_HELP = ", ".join(METHODS)
+MORE_METHODS_HELP = ", ".join(m for m in ALL_METHODS if m not in METHODS)
 
 
 def _table(report: dict):
@@ -153,7 +154,7 @@ def faithfulness(
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples(),
-    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods, or all (every method available for the model); default: " + ", ".join(METHODS) + ". Known: " + METHODS_HELP + "."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods, or all (every method available for the model). Default: " + METHODS_HELP + "; by name or with all also: " + MORE_METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (with --model/--data; 20 with --rule)."),
     rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (with --model/--data; right with --steps 20 is the paper's)."),
