@@ -431,3 +431,14 @@ def test_docs_table_is_the_registry():
     start = docs.index("<!-- registry table: attattr_cli.analysis.methods.markdown_table() -->\n")
     end = docs.index("<!-- end of registry table -->")
     assert docs[start:end].split("\n", 1)[1] == registry.markdown_table()
+
+
+def test_value_zeroing_in_small_batches_is_the_same(loaded_factory, tokenizer):
+    loaded = loaded_factory("bert", dtype=torch.float64)
+    enc = tokenizer("w1 w2 w3 w4 w5", "w6 w7")
+    seg = [-1 if s is None else s for s in enc.sequence_ids()]
+    ex = ti.Prepared(0, np.array(enc["input_ids"]), np.array(enc["token_type_ids"]), np.array(seg), 0, 0)
+    whole = value_zeroing.value_zeroing_matrices(ti.ModelRunner(loaded), ex)
+    small = value_zeroing.value_zeroing_matrices(ti.ModelRunner(loaded, max_tokens=3 * ex.n), ex)
+    assert small == pytest.approx(whole, abs=1e-9)  # batch sizes differ in the last bits only
+    assert whole.sum(-1) == pytest.approx(np.ones(whole.shape[:2]))

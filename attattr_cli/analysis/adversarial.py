@@ -99,6 +99,9 @@ class _Site:
         self.runner = runner
         self.ex = ex
         self.model = runner.model
+        if runner.loaded.arch.is_encoder_decoder:
+            raise OptionError("adversarial attention runs on encoder-only and decoder-only classifiers, "
+                              f"not on {runner.loaded.arch.model_type}")
         _, self.layers = find_layers(self.model)
         num = len(self.layers)
         if not -num <= layer < num:

@@ -52,12 +52,16 @@ def value_zeroing_matrices(runner, ex) -> np.ndarray:
     num_layers = len(clean) - 1
     out = np.zeros((num_layers, n, n))
     cols = list(range(n))
+    per = max(1, runner.max_tokens // max(n, 1))  # counterfactuals per batch
     for layer in range(num_layers):
-        with edited(model, Edit(layer, lambda p: zero_columns(p, cols))), torch.no_grad():
-            hs = run(n)
-        runner.forwards += n
+        parts = []
+        for start in range(0, n, per):
+            chunk = cols[start:start + per]
+            with edited(model, Edit(layer, lambda p, c=chunk: zero_columns(p, c))), torch.no_grad():
+                parts.append(run(len(chunk))[layer + 1].double())
+            runner.forwards += len(chunk)
         x = clean[layer + 1][0].double()  # [n, d]
-        xz = hs[layer + 1].double()  # [j, i, d]
+        xz = torch.cat(parts)  # [j, i, d]
         cos = torch.nn.functional.cosine_similarity(xz, x[None].expand_as(xz), dim=-1)  # [j, i]
         c = (1.0 - cos).T.clamp_min(0.0).cpu().numpy()  # [i, j]
         s = c.sum(-1, keepdims=True)
