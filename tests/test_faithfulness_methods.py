@@ -315,6 +315,9 @@ def test_masking_protocol_on_a_toy_model():
     assert out["perfect"]["accuracy_bins"] == [float(0.9 - x > 0.5) for x in drops]
     assert out["perfect"]["accuracy"] == pytest.approx(np.mean([0.9 - x > 0.5 for x in drops]))
     assert out["worst"]["accuracy"] == pytest.approx(8 / 9)  # only k = 9 (drop 0.5) flips the class
+    assert out["worst"]["kept"] == out["worst"]["accuracy"]  # label = target here
+    wrong = fa.mask_metrics(_toy_probs, 12, CONTENT, {"perfect": WEIGHTS.copy()}, target=1, label=0)["perfect"]
+    assert wrong["kept"] == out["perfect"]["kept"] and wrong["accuracy"] == pytest.approx(1 - out["perfect"]["accuracy"])
     assert out["perfect"]["naopc"] == pytest.approx(1.0) and out["worst"]["naopc"] == pytest.approx(0.0)
     mid = fa.mask_metrics(_toy_probs, 12, CONTENT, {"m": np.arange(12.0)}, 1, 1, bounds=WEIGHTS.copy())["m"]
     assert mid["naopc"] == pytest.approx((mid["aopc"] - worst.mean()) / (drops.mean() - worst.mean()))

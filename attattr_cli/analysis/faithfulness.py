@@ -16,7 +16,8 @@
   tokens (k = max(1, ceil(K m)), K = 10, 20, ..., 90) replaced by the mask token;
   AOPC = mean over K of p(x)_t - p(x masked)_t, and the accuracy after masking (the share
   of K where the masked input's predicted class is the gold label, the store's target when
-  the data has none). Normalised AOPC (after NAOPC, Edin et al. 2024): per example
+  the data has none) and the share of K where it is still the explained class t ("kept",
+  which does not mix in whether the model was right). Normalised AOPC (after NAOPC, Edin et al. 2024): per example
   (AOPC - lo) / (hi - lo), with hi and lo the largest and smallest AOPC among the orders at
   hand (every method's, the leave-one-out order and its reverse) - a cheap stand-in for
   NAOPC's search for the best and worst orders, so it depends on the methods run;
@@ -172,6 +173,7 @@ def mask_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, cont
             "aopc_bins": [float(p0 - p[i, target]) for i in idx],
             "accuracy": float(np.mean([int(np.argmax(p[i])) == int(label) for i in idx])),
             "accuracy_bins": [float(int(np.argmax(p[i])) == int(label)) for i in idx],
+            "kept": float(np.mean([int(np.argmax(p[i])) == int(target) for i in idx])),
             "naopc": norm,
         }
     return out
@@ -439,7 +441,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         }
         if any("masking" in r for r in rows):
             masked = [r for r in rows if "masking" in r]
-            for key in ("aopc", "naopc", "accuracy"):
+            for key in ("aopc", "naopc", "accuracy", "kept"):
                 mean, se, k = _mean_se([r["masking"][m][key] for r in masked])
                 methods[m][f"mask_{key}"], methods[m][f"mask_{key}_se"] = mean, se
                 if key == "naopc":
@@ -496,6 +498,7 @@ METRICS = {
     "mask_aopc": (lambda r, m: r["masking"][m]["aopc"], "greater"),
     "mask_naopc": (lambda r, m: r["masking"][m]["naopc"], "greater"),
     "mask_accuracy": (lambda r, m: r["masking"][m]["accuracy"], "less"),
+    "mask_kept": (lambda r, m: r["masking"][m]["kept"], "less"),
 }
 ATTENTION_BASELINES = ("attention_last", "attention_mean", "rollout", "attn_grad")
 
@@ -599,6 +602,7 @@ def report_rows(report: dict) -> list[dict]:
             "deletion_auc_low": r.get("deletion_auc_low"), "deletion_auc_high": r.get("deletion_auc_high"),
             **{f"{k}{s}": r.get(f"{k}{s}") for k in ("mask_aopc", "mask_naopc", "mask_accuracy")
                for s in ("", "_low", "_high")},
+            **{f"mask_kept{s}": r.get(f"mask_kept{s}") for s in ("", "_low", "_high")},
             "examples": report["examples"],
         })
     return rows

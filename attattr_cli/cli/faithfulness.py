@@ -45,17 +45,18 @@ def _table(report: dict):
     masked = any(r.get("mask_aopc") is not None for r in report["methods"].values())
     cols = ["method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"]
     if masked:
-        cols += ["mask AOPC ↑", "NAOPC ↑", "acc. masked ↓"]
+        cols += ["mask AOPC ↑", "NAOPC ↑", "acc. masked ↓", "kept masked ↓"]
     for col in cols:
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
         cells = [m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
                  _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False)]
         if masked:
-            cells += [_ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False)]
+            cells += [_ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False),
+                      _ci(r, "mask_kept", False)]
         t.add_row(*cells)
     t.caption = ("±: standard error; \\[low, high]: 95 % bootstrap interval over the examples"
-                 + ("; mask: top 10 … 90 % of the tokens replaced by the mask token (AOPC and accuracy averaged over K)"
+                 + ("; mask: top 10 … 90 % of the tokens replaced by the mask token (AOPC, accuracy and the share still predicting the explained class, averaged over K)"
                     if masked else ""))
     return t
 
