@@ -621,8 +621,10 @@ def plot_report(report: dict, path: str | Path) -> None:
     else:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     fr = report["settings"]["fractions"]
-    for m, r in report["methods"].items():
-        a1.plot(fr, r["deletion_curve"], marker=".", label=m, linestyle="--" if m == "random" else "-")
+    colours = plt.get_cmap("tab20").colors if len(report["methods"]) > 10 else plt.get_cmap("tab10").colors
+    for i, (m, r) in enumerate(report["methods"].items()):
+        a1.plot(fr, r["deletion_curve"], marker=".", label=m, color=colours[i % len(colours)],
+                linestyle="--" if m == "random" else "-")
     a1.set_xlabel("fraction of content tokens removed (most important first)")
     a1.set_ylabel("probability of the target class")
     a1.set_title("deletion curves (lower = more faithful)")
