@@ -399,7 +399,7 @@ def test_cli_all_methods_and_adversarial_on_builtin_default(tmp_path):
     r = run_cli("faithfulness", "--out", report, "--examples", "0:2", "--steps", "2", "--permutations", "0",
                 "--methods", "all", "--adversarial", "--epsilons", "0.02,0.05", "--csv", csv, "--plot", svg)
     assert r.exit_code == 0, r.output
-    assert "adversarial attention" in r.stderr and "mask AOPC" in r.stderr and "NAOPC" in r.stderr
+    assert "adversarial attention" in r.stderr and "masking protocol (DecompX)" in r.stderr and "NAOPC" in r.stderr
     data = json.loads(report.read_text())
     assert list(data["methods"]) == list(registry.NAMES) and data["left_out"] == []
     for m in ("ig", "alti", "value_zeroing", "decompx"):

@@ -42,22 +42,30 @@ def _table(report: dict):
 
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
                     f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
-    masked = any(r.get("mask_aopc") is not None for r in report["methods"].values())
-    cols = ["method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"]
-    if masked:
-        cols += ["mask AOPC ↑", "NAOPC ↑", "acc. masked ↓", "kept masked ↓"]
-    for col in cols:
+    for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
-        cells = [m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
-                 _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False)]
-        if masked:
-            cells += [_ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False),
-                      _ci(r, "mask_kept", False)]
-        t.add_row(*cells)
-    t.caption = ("±: standard error; \\[low, high]: 95 % bootstrap interval over the examples"
-                 + ("; mask: top 10 … 90 % of the tokens replaced by the mask token (AOPC, accuracy and the share still predicting the explained class, averaged over K)"
-                    if masked else ""))
+        t.add_row(m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
+                  _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False))
+    t.caption = "±: standard error; \\[low, high]: 95 % bootstrap interval over the examples"
+    return t
+
+
+def _mask_table(report: dict):
+    """DecompX's masking protocol, one row per method."""
+    from rich.table import Table
+
+    if not any(r.get("mask_aopc") is not None for r in report["methods"].values()):
+        return None
+    t = Table(title="masking protocol (DecompX): the top 10, 20, …, 90 % of the tokens replaced by the mask token, "
+                    "averaged over K", title_justify="left")
+    for col in ("method", "mask AOPC ↑", "NAOPC ↑", "accuracy masked ↓", "prediction kept ↓"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for m, r in report["methods"].items():
+        t.add_row(m, _ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False),
+                  _ci(r, "mask_kept", False))
+    t.caption = ("NAOPC: per example between the best and worst AOPC of the orders at hand (every method's, LOO's and "
+                 "its reverse); \\[low, high]: 95 % bootstrap interval")
     return t
 
 
@@ -238,6 +246,9 @@ def faithfulness(
         if not quiet and not as_json:
             tables = wide_err()
             tables.print(_table(report))
+            masked = _mask_table(report)
+            if masked is not None:
+                tables.print(masked)
             perm = _perm_table(report)
             if perm is not None:
                 tables.print(perm)
