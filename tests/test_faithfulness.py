@@ -242,7 +242,9 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
         assert r["comprehensiveness_low"] <= r["comprehensiveness"] <= r["comprehensiveness_high"]
     tests = first["paired_tests"]
     assert {(t["method"], t["baseline"]) for t in tests} == {
-        (a, b) for a in ("attr", "attr_cls") for b in ("attention_last", "attention_mean", "rollout", "attn_grad")}
+        (a, b) for a in ("attr", "attr_cls") for b in ti.METHODS if b not in ("attr", "attr_cls")}
+    assert not any(t["baseline"] == "loo" and t["metric"].startswith("tau_loo") for t in tests)
+    assert not any(t["baseline"] == "grad" and t["metric"] == "tau_grad" for t in tests)
     t = next(t for t in tests if (t["method"], t["baseline"], t["metric"]) == ("attr", "rollout", "sufficiency"))
     x = [r["erasure"]["attr"]["sufficiency"] for r in first["per_example"]]
     y = [r["erasure"]["rollout"]["sufficiency"] for r in first["per_example"]]

@@ -12,6 +12,16 @@
   t is the class the store attributed (the predicted class by default).
 * Deletion curves: p(x without the top round(f n) tokens)_t for f = 0, 0.1, ..., 1, and
   their area (trapezoid over f); lower means the ranking found what the model uses.
+* Masking (as DecompX, Modarressi et al. 2023, reports it): the top K % of the content
+  tokens (k = max(1, ceil(K m)), K = 10, 20, ..., 90) replaced by the mask token;
+  AOPC = mean over K of p(x)_t - p(x masked)_t, and the accuracy after masking (the share
+  of K where the masked input's predicted class is the gold label, the store's target when
+  the data has none) and the share of K where it is still the explained class t ("kept",
+  which does not mix in whether the model was right). Normalised AOPC (after NAOPC, Edin et al. 2024): per example
+  (AOPC - lo) / (hi - lo), with hi and lo the largest and smallest AOPC among the orders at
+  hand (every method's, the leave-one-out order and its reverse) - a cheap stand-in for
+  NAOPC's search for the best and worst orders, so it depends on the methods run;
+  undefined (left out) where hi - lo < 1e-6.
 * Permutation (Jain & Wallace 2019): in one layer, every head's and every query row's
   attention weights are moved to randomly permuted keys (among the keys the row may see)
   through attattr's attention function; the total variation distance between the output
@@ -34,16 +44,19 @@ import torch
 from ..errors import OptionError, StoreError
 from .stats import kendall_tau_b
 from .token_importance import (
+    ALL_METHODS,
     METHODS,
     ModelRunner,
     Prepared,
     check_methods,
+    expand_methods,
     params_for,
     pool_position,
 )
 
 BINS = (0.01, 0.05, 0.10, 0.20, 0.50)
 DELETION_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(11))
+MASK_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 Progress = Callable[[int, int, str], None]
 
 
@@ -117,6 +130,55 @@ def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, c
     return out
 
 
+# -- masking (DecompX's protocol) ---------------------------------------------------------
+
+def mask_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
+                 scores: dict[str, np.ndarray], target: int, label: int, bounds: np.ndarray | None = None,
+                 fractions: Sequence[float] = MASK_FRACTIONS) -> dict[str, dict]:
+    """AOPC and accuracy after masking the top K % of the content tokens, per method, for
+    one example; the normalised AOPC between the best (hi) and worst (lo) AOPC of the orders
+    at hand (every method's, and with ``bounds``, e.g. LOO, that order and its reverse).
+
+    ``predict(keeps)``: class probabilities [len(keeps), C] with the positions where a keep
+    mask is False replaced by the mask token.
+    """
+    content = np.asarray(content)
+    m = len(content)
+    full = np.ones(n, dtype=bool)
+    orders = {name: ranking(sc, content) for name, sc in scores.items()}
+    if bounds is not None:
+        orders["\0hi"] = ranking(bounds, content)
+        orders["\0lo"] = ranking(-np.asarray(bounds, dtype=np.float64), content)
+    keeps = [full]
+    slots: dict[str, list[int]] = {}
+    for name, order in orders.items():
+        slots[name] = []
+        for q in fractions:
+            drop = full.copy()
+            drop[order[:bin_size(q, m)]] = False
+            slots[name].append(len(keeps))
+            keeps.append(drop)
+    p = np.asarray(predict(keeps), dtype=np.float64)
+    p0 = p[0, target]
+    aopc = {name: float(np.mean([p0 - p[i, target] for i in idx])) for name, idx in slots.items()}
+    hi, lo = max(aopc.values()), min(aopc.values())
+    out = {}
+    for name in scores:
+        idx = slots[name]
+        norm = None
+        if hi - lo >= 1e-6:
+            norm = (aopc[name] - lo) / (hi - lo)
+        out[name] = {
+            "aopc": aopc[name],
+            "aopc_bins": [float(p0 - p[i, target]) for i in idx],
+            "accuracy": float(np.mean([int(np.argmax(p[i])) == int(label) for i in idx])),
+            "accuracy_bins": [float(int(np.argmax(p[i])) == int(label)) for i in idx],
+            "kept": float(np.mean([int(np.argmax(p[i])) == int(target) for i in idx])),
+            "naopc": norm,
+        }
+    return out
+
+
 # -- permutation --------------------------------------------------------------------------
 
 def permutation_index(permutations: int, heads: int, n: int, causal: bool, generator: torch.Generator) -> torch.Tensor:
@@ -177,9 +239,16 @@ class FaithfulnessOptions:
     perm_layers: list[int] | None = None  # None: every layer; []: no permutation test
     erase: str = "remove"
     seed: int = 0
+    mask_fractions: tuple = MASK_FRACTIONS  # (): no masking protocol
+    adversarial: object | None = None  # adversarial.AdversarialOptions: run the adversarial-attention experiment
 
     def validate(self) -> None:
         self.methods = check_methods(self.methods)
+        for q in self.mask_fractions:
+            if not 0 < q < 1:
+                raise OptionError(f"mask fractions are in (0, 1), got {q}")
+        if self.adversarial is not None:
+            self.adversarial.validate()
         if self.permutations < 0:
             raise OptionError(f"--permutations must be 0 or more, got {self.permutations}")
         for q in self.bins:
@@ -257,6 +326,11 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
         if loaded is None:
             loaded = load_for_store(store, model, device)
         runner = ModelRunner(loaded, output=output, erase=options.erase)
+        options.methods, left_out = expand_methods(options.methods, loaded)
+        masking = bool(options.mask_fractions)
+        if masking and runner.mask_id is None:
+            left_out.append("masking protocol left out: the tokenizer has no mask token")
+            masking = False
         have = store.indices()
         if not have:
             raise StoreError(f"{store.path} holds no examples")
@@ -277,6 +351,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                 raise OptionError(f"layer {x} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
         needed = list(dict.fromkeys([*options.methods, "loo", "grad"]))
         per_example = []
+        adversarial_rows = []
         tvd_medians = []
         total = len(chosen)
         if progress:
@@ -296,7 +371,8 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             if todo:
                 fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
                 for m, v in fresh.items():
-                    store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts), METHODS[m])
+                    store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts),
+                                ALL_METHODS[m])
                     scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
             content = ex.content
             row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
@@ -308,6 +384,16 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
                                  {m: scores[m] for m in options.methods}, options.bins, options.fractions)
             row["erasure"] = er
+            if masking:
+                label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
+                row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0
+                row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, keeps, erase="mask"), ex.n, content,
+                                              {m: scores[m] for m in options.methods}, int(ex.target), label,
+                                              bounds=scores["loo"], fractions=options.mask_fractions)
+            if options.adversarial is not None:
+                from .adversarial import adversarial_example
+
+                adversarial_rows.append(adversarial_example(runner, ex, options.adversarial))
             if options.permutations and perm_layers:
                 tv = permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
                 med = np.median(tv, axis=1)
@@ -316,7 +402,20 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             per_example.append(row)
             if progress:
                 progress(done, total, f"example {index}")
-    return _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
+    report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
+    report["left_out"] = left_out
+    if options.adversarial is not None:
+        from .adversarial import summarise
+
+        a = options.adversarial
+        report["adversarial"] = _finite({
+            "layer": adversarial_rows[0]["layer"] if adversarial_rows else None,
+            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(a).items()},
+            "summary": summarise(adversarial_rows, a.epsilons, options.seed),
+            "per_example": adversarial_rows,
+        })
+        report["settings"]["adversarial"] = report["adversarial"]["settings"]
+    return report
 
 
 def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards, skipped: int = 0) -> dict:
@@ -329,7 +428,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         suff = _mean_se([r["erasure"][m]["sufficiency"] for r in rows])
         auc = _mean_se([r["erasure"][m]["deletion_auc"] for r in rows])
         methods[m] = {
-            "description": METHODS[m],
+            "description": ALL_METHODS[m],
             "tau_loo": tl[0], "tau_loo_se": tl[1], "tau_loo_n": tl[2],
             "tau_loo_abs": ta[0], "tau_loo_abs_se": ta[1],
             "tau_grad": tg[0], "tau_grad_se": tg[1], "tau_grad_n": tg[2],
@@ -340,6 +439,15 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
             "deletion_curve": np.mean([r["erasure"][m]["deletion_curve"] for r in rows], 0).tolist(),
             "deletion_auc": auc[0],
         }
+        if any("masking" in r for r in rows):
+            masked = [r for r in rows if "masking" in r]
+            for key in ("aopc", "naopc", "accuracy", "kept"):
+                mean, se, k = _mean_se([r["masking"][m][key] for r in masked])
+                methods[m][f"mask_{key}"], methods[m][f"mask_{key}_se"] = mean, se
+                if key == "naopc":
+                    methods[m]["mask_naopc_n"] = k
+            methods[m]["mask_aopc_bins"] = np.mean([r["masking"][m]["aopc_bins"] for r in masked], 0).tolist()
+            methods[m]["mask_accuracy_bins"] = np.mean([r["masking"][m]["accuracy_bins"] for r in masked], 0).tolist()
     _intervals(methods, rows, options.seed)
     perm = None
     if tvd_medians:
@@ -360,13 +468,23 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         "attribution_steps": (prov.get("options") or {}).get("steps"),
         "examples": len(rows),
         "skipped_nonfinite": int(skipped),
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()},
+        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()
+                     if k != "adversarial"},
+        "accuracy": _accuracy(rows),
         "forwards": int(forwards),
         "methods": methods,
         "permutation": perm,
         "paired_tests": paired_tests(rows, options.methods, options.seed),
         "per_example": rows,
     })
+
+
+def _accuracy(rows) -> dict | None:
+    """Accuracy on the unmasked inputs (the target is the predicted class by default)."""
+    with_gold = [r for r in rows if r.get("label_is_gold")]
+    if not with_gold:
+        return None
+    return {"examples": len(with_gold), "accuracy": float(np.mean([r["target"] == r["label"] for r in with_gold]))}
 
 
 #: per-example metrics: where they are in a per-example row, and which direction is better
@@ -377,6 +495,10 @@ METRICS = {
     "comprehensiveness": (lambda r, m: r["erasure"][m]["comprehensiveness"], "greater"),
     "sufficiency": (lambda r, m: r["erasure"][m]["sufficiency"], "less"),
     "deletion_auc": (lambda r, m: r["erasure"][m]["deletion_auc"], "less"),
+    "mask_aopc": (lambda r, m: r["masking"][m]["aopc"], "greater"),
+    "mask_naopc": (lambda r, m: r["masking"][m]["naopc"], "greater"),
+    "mask_accuracy": (lambda r, m: r["masking"][m]["accuracy"], "less"),
+    "mask_kept": (lambda r, m: r["masking"][m]["kept"], "less"),
 }
 ATTENTION_BASELINES = ("attention_last", "attention_mean", "rollout", "attn_grad")
 
@@ -405,15 +527,19 @@ def _intervals(methods: dict, rows, seed: int = 0) -> None:
 
 
 def paired_tests(rows, methods, seed: int = 0) -> list[dict]:
-    """Attention attribution (attr, attr_cls) against each attention baseline on the same
-    examples, every metric: the mean paired difference (attr minus baseline), a sign-flip
-    permutation p-value in the better direction of the metric, and Holm over all the tests."""
+    """Attention attribution (attr, attr_cls) against every other method on the same
+    examples, every metric: the mean paired difference (attr minus the other), a sign-flip
+    permutation p-value in the better direction of the metric, and Holm over all the tests.
+    Left out: the metric that defines the other method (tau with LOO against loo, tau with
+    grad against grad), and attr against attr_cls."""
     from . import stats
 
     out = []
     for a in (m for m in methods if m in ("attr", "attr_cls")):
-        for b in (m for m in methods if m in ATTENTION_BASELINES):
+        for b in (m for m in methods if m not in ("attr", "attr_cls")):
             for metric, (_get, better) in METRICS.items():
+                if (b == "loo" and metric.startswith("tau_loo")) or (b == "grad" and metric == "tau_grad"):
+                    continue
                 x, y = _values(rows, metric, a), _values(rows, metric, b)
                 keep = [i for i in range(len(rows)) if x[i] is not None and y[i] is not None]
                 if not keep:
@@ -437,6 +563,24 @@ def _finite(obj):
     return obj
 
 
+def adversarial_rows(report: dict) -> list[dict]:
+    """One flat row per epsilon of the adversarial-attention summary (the CSV)."""
+    a = report.get("adversarial")
+    if not a:
+        return []
+    out = []
+    for eps, e in a["summary"].items():
+        row = {"epsilon": float(eps), "layer": a["layer"], "examples": len(a["per_example"])}
+        for metric in ("jsd_attention", "jsd_attention_tokens", "jsd_attribution_tokens", "tau_attention",
+                       "tau_attribution", "tvd_output", "steps"):
+            for k in ("mean", "median", "low", "high"):
+                row[f"{metric}_{k}" if k != "mean" else metric] = e[metric][k]
+        row["p_attribution_moved_less_jsd"] = e["attribution_moved_less"]["jsd"]["p"]
+        row["p_attribution_moved_less_tau"] = e["attribution_moved_less"]["tau"]["p"]
+        out.append(row)
+    return out
+
+
 def report_rows(report: dict) -> list[dict]:
     """One flat row per method (the CSV and the table)."""
     rows = []
@@ -456,6 +600,9 @@ def report_rows(report: dict) -> list[dict]:
             "aopc_sufficiency_low": r.get("sufficiency_low"), "aopc_sufficiency_high": r.get("sufficiency_high"),
             "deletion_auc": r["deletion_auc"],
             "deletion_auc_low": r.get("deletion_auc_low"), "deletion_auc_high": r.get("deletion_auc_high"),
+            **{f"{k}{s}": r.get(f"{k}{s}") for k in ("mask_aopc", "mask_naopc", "mask_accuracy")
+               for s in ("", "_low", "_high")},
+            **{f"mask_kept{s}": r.get(f"mask_kept{s}") for s in ("", "_low", "_high")},
             "examples": report["examples"],
         })
     return rows
@@ -468,10 +615,16 @@ def plot_report(report: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    adv = report.get("adversarial")
+    if adv:
+        fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.4))
+    else:
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     fr = report["settings"]["fractions"]
-    for m, r in report["methods"].items():
-        a1.plot(fr, r["deletion_curve"], marker=".", label=m, linestyle="--" if m == "random" else "-")
+    colours = plt.get_cmap("tab20").colors if len(report["methods"]) > 10 else plt.get_cmap("tab10").colors
+    for i, (m, r) in enumerate(report["methods"].items()):
+        a1.plot(fr, r["deletion_curve"], marker=".", label=m, color=colours[i % len(colours)],
+                linestyle="--" if m == "random" else "-")
     a1.set_xlabel("fraction of content tokens removed (most important first)")
     a1.set_ylabel("probability of the target class")
     a1.set_title("deletion curves (lower = more faithful)")
@@ -494,6 +647,21 @@ def plot_report(report: dict, path: str | Path) -> None:
 
     a2.set_title(f"Kendall tau-b (mean over examples)\nbars: {LEVEL:.0%} bootstrap interval", fontsize=10)
     a2.legend(fontsize=7)
+    if adv:
+        for eps in adv["summary"]:
+            pts = [(r["epsilons"][eps]["jsd_attention_tokens"], r["epsilons"][eps]["jsd_attribution_tokens"])
+                   for r in adv["per_example"]]
+            pts = [p for p in pts if p[0] is not None and p[1] is not None]
+            if pts:
+                x, y = zip(*pts)
+                a3.scatter(x, y, s=9, alpha=0.6, label=f"ε = {eps}")
+        top = max(0.05, *(max(r["epsilons"][e]["jsd_attention_tokens"] or 0, r["epsilons"][e]["jsd_attribution_tokens"] or 0)
+                          for r in adv["per_example"] for e in adv["summary"]))
+        a3.plot([0, top], [0, top], color="k", lw=0.6, ls=":")
+        a3.set_xlabel("JSD of attention, clean vs adversarial (pooled row, head mean)")
+        a3.set_ylabel("JSD of |attention attribution| (pooled row, head sum)")
+        a3.set_title(f"adversarial attention, layer {adv['layer']}\n(below the diagonal: attribution moved less)", fontsize=10)
+        a3.legend(fontsize=7)
     fig.suptitle(f"{report.get('model')} — {report['examples']} examples", fontsize=9)
     fig.tight_layout()
     fig.savefig(str(path))

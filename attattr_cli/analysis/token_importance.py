@@ -6,28 +6,11 @@ Every method returns a float vector of length n (all tokens, special ones includ
 faithfulness metrics use only the content tokens). "pool" is the position the classifier
 reads: 0 ([CLS]) for encoders, n - 1 for decoders.
 
-========================  ==============================================================
-``attention_last``        last layer's attention, mean over heads, the pool row
-``attention_mean``        mean over layers and heads of the pool row
-``rollout``               attention rollout (Abnar & Zuidema 2020): per layer
-                          0.5 mean_h A + 0.5 I, rows renormalised, multiplied from the
-                          first layer up; the pool row
-``attn_grad``             gradient-weighted attention rollout (Chefer et al. 2021,
-                          "Generic attention-model explainability"): R = I, then per
-                          layer from the bottom R <- R + mean_h relu(dF/dA_h * A_h) R;
-                          the pool row
-``attr``                  attention attribution (Hao et al. 2021), summed over layers,
-                          heads and query rows: the column sum of key token j, i.e. the
-                          part of every layer's effect F(A) - F(0) (completeness) that
-                          flows through attention to token j
-``attr_cls``              attention attribution summed over layers and heads, the pool row
-``grad``                  L2 norm of dF/d(word embedding of token j)
-``input_x_grad``          sum over the embedding dimension of embedding * gradient
-``loo``                   leave-one-out: p(x)_t - p(x without token j)_t for the target
-                          class t; "without" is removal of the word piece (default) or
-                          its replacement by the mask token (``erase="mask"``)
-``random``                uniform(0, 1) from a generator seeded by (seed, example index)
-========================  ==============================================================
+The methods themselves are registered in :mod:`attattr_cli.analysis.methods` (one module
+per family: ``builtin`` for attention, rollout, attention x gradient, attribution,
+gradients, leave-one-out and random; ``ig``; ``decompose`` for ALTI and DecompX;
+``value_zeroing``); this module runs them (:class:`ModelRunner`, :class:`Context`) and
+keeps the names the first release exported.
 
 F is the store's target output (the predicted class's probability by default, or its
 logit with ``--logit``), the same F as the attribution; ``loo`` and the faithfulness
@@ -44,102 +27,47 @@ import torch
 
 from ..errors import OptionError
 from ..models.loading import LoadedModel
+from . import methods as registry
+from .methods.builtin import (  # noqa: F401 - the pure functions, re-exported
+    attention_last,
+    attention_mean,
+    attn_grad,
+    attn_grad_matrix,
+    attr_columns,
+    attr_pooled,
+    random_scores,
+    rollout,
+    rollout_matrix,
+)
 
-METHODS: dict[str, str] = {
-    "attention_last": "last layer's attention, mean over heads, the pooled token's row",
-    "attention_mean": "attention averaged over layers and heads, the pooled token's row",
-    "rollout": "attention rollout (Abnar & Zuidema 2020), 0.5 A + 0.5 I renormalised, the pooled row",
-    "attn_grad": "gradient-weighted attention rollout (Chefer et al. 2021): R += mean_h relu(dF/dA * A) R",
-    "attr": "attention attribution summed over layers, heads and query rows (key-token column sums)",
-    "attr_cls": "attention attribution summed over layers and heads, the pooled token's row",
-    "grad": "L2 norm of dF/d(word embedding)",
-    "input_x_grad": "sum over dimensions of word embedding * dF/d(word embedding)",
-    "loo": "leave-one-out: drop of the target class probability when the token is erased",
-    "random": "seeded uniform random scores (a baseline)",
-}
-ATTRIBUTION_METHODS = ("attr", "attr_cls")
+#: the default set (the first release's methods): name -> description
+METHODS: dict[str, str] = {m: registry.REGISTRY[m].description for m in registry.DEFAULT}
+#: every registered method: name -> description
+ALL_METHODS: dict[str, str] = {m.name: m.description for m in registry.REGISTRY.values()}
+ATTRIBUTION_METHODS = tuple(m.name for m in registry.REGISTRY.values() if "attribution" in m.needs)
 GRADIENT_METHODS = ("attn_grad", "grad", "input_x_grad")
 ERASE_MODES = ("remove", "mask")
-VERSION = 1
+VERSION = registry.VERSION
 
 
 def check_methods(methods: Iterable[str]) -> list[str]:
-    """Validate method names (order kept, duplicates dropped)."""
-    out: list[str] = []
-    for m in methods:
-        m = m.strip()
-        if not m:
-            continue
-        if m not in METHODS:
-            raise OptionError(f"unknown token importance method '{m}'; available: {', '.join(METHODS)}")
-        if m not in out:
-            out.append(m)
-    if not out:
-        raise OptionError("no token importance method given; available: " + ", ".join(METHODS))
-    return out
+    """Validate method names (order kept, duplicates dropped; ``all`` stays for
+    :func:`expand_methods`)."""
+    return registry.check(methods)
 
 
-# -- pure functions of attention / attribution arrays ----------------------------------
+def expand_methods(methods: Sequence[str], loaded=None) -> tuple[list[str], list[str]]:
+    """``all``: every method available here that applies to ``loaded``; returns the methods
+    and one note per method left out. A method named explicitly that does not apply to the
+    model is an error."""
+    out, notes = registry.expand(methods, loaded)
+    if loaded is not None:
+        registry.check_applies([m for m in methods if m != "all"], loaded)
+    return out, notes
+
 
 def pool_position(n: int, is_decoder: bool) -> int:
     return n - 1 if is_decoder else 0
-
-
-def attention_last(attention: np.ndarray, pool: int = 0) -> np.ndarray:
-    """``attention``: [layer, head, query, key] probabilities."""
-    return np.asarray(attention[-1], dtype=np.float64).mean(0)[pool]
-
-
-def attention_mean(attention: np.ndarray, pool: int = 0) -> np.ndarray:
-    return np.asarray(attention, dtype=np.float64).mean((0, 1))[pool]
-
-
-def rollout_matrix(attention: np.ndarray, residual: float = 0.5) -> np.ndarray:
-    """Abnar & Zuidema (2020): R = Â_L ... Â_1 with Â = (1 - r) mean_h A + r I, rows
-    renormalised to sum to one."""
-    att = np.asarray(attention, dtype=np.float64)
-    n = att.shape[-1]
-    eye = np.eye(n)
-    r = eye.copy()
-    for layer in att:
-        a = (1.0 - residual) * layer.mean(0) + residual * eye
-        a = a / a.sum(-1, keepdims=True)
-        r = a @ r
-    return r
-
-
-def rollout(attention: np.ndarray, pool: int = 0, residual: float = 0.5) -> np.ndarray:
-    return rollout_matrix(attention, residual)[pool]
-
-
-def attn_grad_matrix(attention: np.ndarray, grads: np.ndarray) -> np.ndarray:
-    """Chefer et al. (2021), eq. 5-6: Ā_l = mean_h relu(∇A_h ⊙ A_h); R = I; R <- R + Ā_l R
-    from the first layer up."""
-    att = np.asarray(attention, dtype=np.float64)
-    g = np.asarray(grads, dtype=np.float64)
-    n = att.shape[-1]
-    r = np.eye(n)
-    for a, ga in zip(att, g):
-        bar = np.maximum(a * ga, 0.0).mean(0)
-        r = r + bar @ r
-    return r
-
-
-def attn_grad(attention: np.ndarray, grads: np.ndarray, pool: int = 0) -> np.ndarray:
-    return attn_grad_matrix(attention, grads)[pool]
-
-
-def attr_columns(attribution: np.ndarray) -> np.ndarray:
-    """``attribution``: [layer, head, query, key]. Sum over layers, heads and queries."""
-    return np.asarray(attribution, dtype=np.float64).sum((0, 1, 2))
-
-
-def attr_pooled(attribution: np.ndarray, pool: int = 0) -> np.ndarray:
-    return np.asarray(attribution, dtype=np.float64).sum((0, 1))[pool]
-
-
-def random_scores(n: int, seed: int, index: int) -> np.ndarray:
-    return np.random.default_rng([int(seed), int(index)]).random(n)
 
 
 # -- model side ------------------------------------------------------------------------
@@ -191,24 +119,27 @@ class ModelRunner:
         self.forwards = 0  # sequences run (for reports)
 
     # sequences -------------------------------------------------------------------------
-    def erased(self, ex: Prepared, keep: np.ndarray) -> tuple[tuple, tuple | None]:
-        """The input with the positions where ``keep`` is False erased."""
+    def erased(self, ex: Prepared, keep: np.ndarray, erase: str | None = None) -> tuple[tuple, tuple | None]:
+        """The input with the positions where ``keep`` is False erased (``erase``: remove or
+        mask; default the runner's)."""
         keep = np.asarray(keep, dtype=bool)
         ids = np.asarray(ex.input_ids)
         tt = None if ex.token_type_ids is None else np.asarray(ex.token_type_ids)
-        if self.erase == "remove":
+        if (erase or self.erase) == "remove":
             return tuple(int(i) for i in ids[keep]), None if tt is None else tuple(int(t) for t in tt[keep])
         ids = ids.copy()
         ids[~keep] = self.mask_id
         return tuple(int(i) for i in ids), None if tt is None else tuple(int(t) for t in tt)
 
-    def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray]) -> np.ndarray:
+    def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray], erase: str | None = None) -> np.ndarray:
         """Class probabilities [len(keeps), C] of the example with each keep-mask applied.
 
         Identical inputs run once; inputs of equal length share a batch (no padding)."""
         from ..engine import attention
 
-        seqs = [self.erased(ex, k) for k in keeps]
+        if erase == "mask" and self.mask_id is None:
+            raise OptionError("masking needs a tokenizer with a mask token")
+        seqs = [self.erased(ex, k, erase) for k in keeps]
         unique: dict[tuple, int] = {}
         for s in seqs:
             unique.setdefault(s, len(unique))
@@ -277,49 +208,32 @@ class ModelRunner:
     def compute(self, ex: Prepared, methods: Sequence[str], attribution: np.ndarray | None = None,
                 seed: int = 0) -> dict[str, np.ndarray]:
         """The requested methods' scores for one example ({method: [n] float64})."""
-        out: dict[str, np.ndarray] = {}
-        need_model = any(m in GRADIENT_METHODS or m.startswith("attention_") or m == "rollout" for m in methods)
-        g = self.gradients(ex) if need_model else None
-        for m in methods:
-            if m == "attention_last":
-                out[m] = attention_last(g["attention"], ex.pool)
-            elif m == "attention_mean":
-                out[m] = attention_mean(g["attention"], ex.pool)
-            elif m == "rollout":
-                out[m] = rollout(g["attention"], ex.pool)
-            elif m == "attn_grad":
-                out[m] = attn_grad(g["attention"], g["attention_grad"], ex.pool)
-            elif m == "grad":
-                out[m] = np.linalg.norm(g["embedding_grad"], axis=-1)
-            elif m == "input_x_grad":
-                out[m] = (g["embedding"] * g["embedding_grad"]).sum(-1)
-            elif m in ATTRIBUTION_METHODS:
-                if attribution is None or np.asarray(attribution).size == 0:
-                    raise OptionError(f"method '{m}' needs attention attribution: score the store with all layers")
-                out[m] = attr_columns(attribution) if m == "attr" else attr_pooled(attribution, ex.pool)
-            elif m == "loo":
-                out[m] = self.loo(ex)
-            elif m == "random":
-                out[m] = random_scores(ex.n, seed, ex.index)
-            else:  # pragma: no cover - check_methods guards this
-                raise OptionError(f"unknown method {m}")
-        return out
+        ctx = Context(self, ex, attribution, seed)
+        return {m: np.asarray(registry.REGISTRY[m].compute(ctx), dtype=np.float64) for m in methods}
+
+
+class Context:
+    """What a method may use for one example: the runner (the model), the example, the
+    store's attribution, the seed, and the forward and backward that several methods share
+    (``gradients``, computed on first use)."""
+
+    def __init__(self, runner: ModelRunner, ex: Prepared, attribution: np.ndarray | None, seed: int):
+        self.runner = runner
+        self.ex = ex
+        self.attribution = attribution
+        self.seed = seed
+        self._gradients = None
+
+    @property
+    def gradients(self) -> dict[str, np.ndarray]:
+        if self._gradients is None:
+            self._gradients = self.runner.gradients(self.ex)
+        return self._gradients
 
 
 def params_for(method: str, output: str, erase: str, seed: int, score_options: dict | None = None) -> dict:
     """What defines a stored method's numbers (kept with them in the store)."""
-    p: dict = {"version": VERSION}
-    if method in GRADIENT_METHODS:
-        p["output"] = output
-    if method == "loo":
-        p["erase"] = erase
-    if method == "random":
-        p["seed"] = int(seed)
-    if method in ATTRIBUTION_METHODS and score_options:
-        p["steps"] = score_options.get("steps")
-        p["rule"] = score_options.get("rule")
-        p["output"] = score_options.get("output")
-    return p
+    return registry.REGISTRY[method].store_params(registry.Settings(output, erase, int(seed), score_options))
 
 
 Progress = Callable[[int, int, str], None]

@@ -50,12 +50,16 @@ class FaithfulnessResult:
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
+                 adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
                  device: str = "auto", truncate: bool = False, out=None, progress=False, command=None) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
     or a temporary file) as :func:`score` scores (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol``
-    is given). Token importance is kept in the store. ``out``: write the JSON report.
+    is given). Token importance is kept in the store. ``methods``: names from the registry
+    (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
+    model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
+    (default 0.01, 0.05) on layer ``adversarial_layer``. ``out``: write the JSON report.
     Returns :class:`FaithfulnessResult`."""
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
@@ -80,7 +84,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             else:
                 tmp = tempfile.TemporaryDirectory(prefix="attattr-faithfulness-")
                 store = Path(tmp.name) / "scores.h5"
-            need_attr = any(m in ATTRIBUTION_METHODS for m in chosen)
+            need_attr = any(m in ATTRIBUTION_METHODS or m == "all" for m in chosen)
             m = loaded_model or as_model(model, device=device)
             score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, tol=tol, target=target,
                   output=output, layers=None if need_attr else [], truncate=truncate, device=device,
@@ -99,6 +103,11 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
                                     seed=seed)
+        if adversarial:
+            from ..analysis.adversarial import EPSILONS, AdversarialOptions
+
+            fopts.adversarial = AdversarialOptions(epsilons=tuple(float(e) for e in (epsilons or EPSILONS)),
+                                                   layer=int(adversarial_layer), seed=seed)
         model_id = str(model) if isinstance(model, (str, Path)) else None
         if loaded_model is not None:
             with using(loaded_model) as mm, progress_for(progress, "faithfulness") as bar:

@@ -16,10 +16,8 @@ from ..fileio import replaced, write_atomic
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, wide_err
 
-# analysis.token_importance.METHODS' names, written out so that `attattr --help` need not import
-# torch (tests/test_startup.py checks that they agree)
-METHODS = ("attention_last", "attention_mean", "rollout", "attn_grad", "attr", "attr_cls", "grad", "input_x_grad",
-           "loo", "random")
+# the registry of token importance methods imports NumPy only, so `attattr --help` stays quick
+from ..analysis.methods import DEFAULT as METHODS, NAMES as ALL_METHODS  # noqa: E402
 
 
 
@@ -35,6 +33,7 @@ def _ci(r, key, se=True):
 
 
 METHODS_HELP = ", ".join(METHODS)
+MORE_METHODS_HELP = ", ".join(m for m in ALL_METHODS if m not in METHODS)
 
 
 def _table(report: dict):
@@ -52,20 +51,72 @@ def _table(report: dict):
     return t
 
 
+def _mask_table(report: dict):
+    """DecompX's masking protocol, one row per method."""
+    from rich.table import Table
+
+    if not any(r.get("mask_aopc") is not None for r in report["methods"].values()):
+        return None
+    t = Table(title="masking protocol (DecompX): the top 10, 20, …, 90 % of the tokens replaced by the mask token, "
+                    "averaged over K", title_justify="left")
+    for col in ("method", "mask AOPC ↑", "NAOPC ↑", "accuracy masked ↓", "prediction kept ↓"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    for m, r in report["methods"].items():
+        t.add_row(m, _ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False),
+                  _ci(r, "mask_kept", False))
+    t.caption = ("NAOPC: per example between the best and worst AOPC of the orders at hand (every method's, LOO's and "
+                 "its reverse); \\[low, high]: 95 % bootstrap interval")
+    return t
+
+
+def _adversarial_table(report: dict):
+    from rich.table import Table
+
+    a = report.get("adversarial")
+    if not a:
+        return None
+    t = Table(title=f"adversarial attention (layer {a['layer']}, pooled row of every head): max JSD of attention "
+                    "within ε TVD of the output, and how far attention attribution moved", title_justify="left")
+    for col in ("ε", "JSD attention (heads) ↑", "JSD attention (tokens)", "JSD attribution (tokens)",
+                "τ attention", "τ attribution", "TVD output", "steps", "attribution moved less: p (JSD, τ)"):
+        t.add_column(col, justify="right")
+    for eps, e in a["summary"].items():
+        def cell(k, e=e):
+            v = e[k]
+            return _fmt(v["mean"], None, v["low"], v["high"]) if v["mean"] is not None else "–"
+        less = e["attribution_moved_less"]
+        t.add_row(eps, cell("jsd_attention"), cell("jsd_attention_tokens"), cell("jsd_attribution_tokens"),
+                  cell("tau_attention"), cell("tau_attribution"), cell("tvd_output"),
+                  f"{e['steps']['mean']:.0f}" if e["steps"]["mean"] is not None else "–",
+                  f"{_p(less['jsd']['p'])}, {_p(less['tau']['p'])}")
+    t.caption = ("means over examples [95 % bootstrap interval]; JSD in nats (at most 0.693); τ: Kendall τ-b between the clean "
+                 "and the adversarial token maps; p: paired sign-flip test, one-sided")
+    return t
+
+
 def _paired_table(report: dict):
+    """One row per (attribution method, other method), one column per metric: the mean
+    paired difference and its Holm-adjusted p."""
     from rich.table import Table
 
     tests = report.get("paired_tests") or []
     if not tests:
         return None
-    t = Table(title="paired tests on the same examples: attribution minus each attention baseline "
-                    "(sign-flip permutation, one-sided towards the better direction; Holm over all rows)",
+    metrics = list(dict.fromkeys(r["metric"] for r in tests))
+    t = Table(title="paired tests on the same examples: attribution minus each other method, mean difference "
+                    "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all cells)",
               title_justify="left")
-    for col in ("method", "baseline", "metric", "better", "difference", "p", "p (Holm)"):
-        t.add_column(col, justify="left" if col in ("method", "baseline", "metric", "better") else "right")
+    t.add_column("method")
+    t.add_column("against")
+    better = {r["metric"]: r["better"] for r in tests}
+    for m in metrics:
+        t.add_column(f"{m} ({better[m]})", justify="right")
+    cells: dict = {}
     for r in tests:
-        t.add_row(r["method"], r["baseline"], r["metric"], r["better"], _fmt(r["difference"]), _p(r["p"]),
-                  _p(r["p_holm"]))
+        cells.setdefault((r["method"], r["baseline"]), {})[r["metric"]] = r
+    for (a, b), row in cells.items():
+        t.add_row(a, b, *[(_fmt(row[m]["difference"]) + f" ({_p(row[m]['p_holm'])})") if m in row else "–"
+                          for m in metrics])
     return t
 
 
@@ -92,9 +143,13 @@ def _perm_table(report: dict):
 def _csv(report: dict) -> bytes:
     from ..analysis.faithfulness import report_rows
 
-    rows = report_rows(report)
+    rows = [{"section": "methods", **r} for r in report_rows(report)]
+    from ..analysis.faithfulness import adversarial_rows
+
+    rows += [{"section": "adversarial", **r} for r in adversarial_rows(report)]
+    fields = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    w = csv.DictWriter(buf, fieldnames=fields, restval="")
     w.writeheader()
     for r in rows:
         w.writerow({k: ("" if v is None else v) for k, v in r.items()})
@@ -108,7 +163,7 @@ def faithfulness(
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples(),
-    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods (default: all): " + METHODS_HELP + "."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods, or all (every method available for the model). Default: " + METHODS_HELP + "; by name or with all also: " + MORE_METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (with --model/--data; 20 with --rule)."),
     rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (with --model/--data; right with --steps 20 is the paper's)."),
@@ -118,7 +173,10 @@ def faithfulness(
     erase: str = typer.Option("remove", "--erase", help="How a token is erased for LOO and the erasure metrics: remove (drop the word piece) or mask (the [MASK] token)."),
     permutations: int = typer.Option(20, "--permutations", help="Random permutations per example and layer for the permutation test (0: skip it)."),
     perm_layers: Optional[str] = typer.Option(None, "--perm-layers", help="Layers for the permutation test, e.g. 0,5 (default: all)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the random baseline and of the permutations."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the random baseline, the permutations and the adversarial search."),
+    adversarial: bool = typer.Option(False, "--adversarial", help="Also run the adversarial-attention experiment (Jain & Wallace 2019, 4.2) and compare attention attribution under it."),
+    epsilons: Optional[str] = typer.Option(None, "--epsilons", help="With --adversarial: output TVD bounds, e.g. 0.01,0.05 (the default)."),
+    adversarial_layer: int = typer.Option(-1, "--adversarial-layer", help="With --adversarial: the layer whose attention is searched (default: the last)."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write one CSV row per method."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
     device: str = options.device(),
@@ -126,9 +184,9 @@ def faithfulness(
     as_json: bool = options.as_json(),
     quiet: bool = options.quiet(),
 ) -> None:
-    """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER).
+    """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER); with --methods all also Integrated Gradients, ALTI, value zeroing and DecompX.
 
-    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC comprehensiveness and sufficiency, deletion curves; per layer, the permutation test of the attention (total variation distance of the outputs). Token importance is kept in the store.
+    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC comprehensiveness and sufficiency, deletion curves, AOPC, normalised AOPC and accuracy after masking the top 10..90 % (DecompX's protocol); per layer, the permutation test of the attention (total variation distance of the outputs); with --adversarial, adversarial attention within ε TVD of the output and how far attention attribution moves under it. Token importance is kept in the store.
 
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
@@ -138,6 +196,16 @@ def faithfulness(
         from ..api import faithfulness as run
 
         chosen = check_methods(methods.split(",") if methods else list(METHODS))
+        eps = None
+        if epsilons is not None:
+            if not adversarial:
+                raise OptionError("--epsilons goes with --adversarial")
+            try:
+                eps = [float(x) for x in epsilons.split(",") if x.strip()]
+            except ValueError:
+                raise OptionError(f"--epsilons: not a list of numbers: {epsilons}") from None
+            if not eps or any(not 0 < e < 1 for e in eps):
+                raise OptionError(f"--epsilons are total variation distances in (0, 1), got {epsilons}")
         if erase not in ERASE_MODES:
             raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
         for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
@@ -158,6 +226,7 @@ def faithfulness(
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
+                      adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
                       device=device, truncate=truncate, progress=bar, command=command_line())
         report = res.report
         store = res.store
@@ -165,6 +234,8 @@ def faithfulness(
         write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         if csv_path is not None:
             write_atomic(csv_path, _csv(report))
+        for note in report.get("left_out") or []:
+            err.print(note, markup=False)
         if report.get("skipped_nonfinite"):
             err.print(skipped_line(report["skipped_nonfinite"]), markup=False)
         if plot is not None:
@@ -175,9 +246,15 @@ def faithfulness(
         if not quiet and not as_json:
             tables = wide_err()
             tables.print(_table(report))
+            masked = _mask_table(report)
+            if masked is not None:
+                tables.print(masked)
             perm = _perm_table(report)
             if perm is not None:
                 tables.print(perm)
+            adv = _adversarial_table(report)
+            if adv is not None:
+                tables.print(adv)
             paired = _paired_table(report)
             if paired is not None:
                 tables.print(paired)
