@@ -152,13 +152,13 @@ triggers-sst2 MODEL DATA: setup
 # Faithfulness of every token importance method on the built-in default (200 held-out examples; the
 # paper's right rule with m = 20, as docs/faithfulness.md's figures were made)
 faithfulness: setup
-    {{venv}}/bin/attattr faithfulness --examples 0:200 --rule right --steps 20 --out faithfulness-default.json --csv faithfulness-default.csv --plot faithfulness-default.png
+    {{venv}}/bin/attattr faithfulness --examples 0:200 --rule right --steps 20 --out faithfulness-default.json --plot faithfulness-default.png --csv > faithfulness-default.csv
 
 # Faithfulness on SST-2 dev with a fine-tuned model: just faithfulness-sst2 MODEL_DIR [DEV_TSV]
 faithfulness-sst2 model data="../shared/data/sst2/dev.tsv": setup
-    {{venv}}/bin/attattr faithfulness --model {{model}} --data {{data}} --task sst2 --examples 0:200 --steps 10 --out faithfulness-sst2.json --csv faithfulness-sst2.csv --plot faithfulness-sst2.png
+    {{venv}}/bin/attattr faithfulness --model {{model}} --data {{data}} --task sst2 --examples 0:200 --steps 10 --out faithfulness-sst2.json --plot faithfulness-sst2.png --csv > faithfulness-sst2.csv
 
 # Every method and the adversarial-attention experiment on SST-2 dev: just faithfulness-sst2-all MODEL_DIR [DEV_TSV]
 faithfulness-sst2-all model data="../shared/data/sst2/dev.tsv": setup
-    {{venv}}/bin/attattr faithfulness --model {{model}} --data {{data}} --task sst2 --examples 0:200 --steps 10 --methods all --out faithfulness-sst2-all.json --csv faithfulness-sst2-all.csv --plot faithfulness-sst2-all.png
-    {{venv}}/bin/attattr faithfulness faithfulness-sst2-all.h5 --methods attr,attention_last --permutations 0 --adversarial --epsilons 0.01,0.05 --out faithfulness-sst2-adversarial.json --csv faithfulness-sst2-adversarial.csv --plot faithfulness-sst2-adversarial.png
+    {{venv}}/bin/attattr faithfulness --model {{model}} --data {{data}} --task sst2 --examples 0:200 --steps 10 --methods all --out faithfulness-sst2-all.json --plot faithfulness-sst2-all.png --csv > faithfulness-sst2-all.csv
+    {{venv}}/bin/attattr faithfulness faithfulness-sst2-all.h5 --methods attr,attention_last --permutations 0 --adversarial --epsilons 0.01,0.05 --out faithfulness-sst2-adversarial.json --plot faithfulness-sst2-adversarial.png --csv > faithfulness-sst2-adversarial.csv

@@ -268,10 +268,9 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
 
 def test_cli_end_to_end_on_builtin_default(tmp_path):
     report = tmp_path / "r.json"
-    csv = tmp_path / "r.csv"
     png = tmp_path / "r.png"
     r = run_cli("faithfulness", "--out", report, "--examples", "0:3", "--steps", "2", "--permutations", "3",
-                "--csv", csv, "--plot", png)
+                "--plot", png)
     assert r.exit_code == 0, r.output
     assert r.stdout.strip() == str(report)
     assert "τ with LOO" in r.stderr and "τ |·| with |LOO|" in r.stderr and "attn_grad" in r.stderr and "permutation test" in r.stderr
@@ -279,7 +278,10 @@ def test_cli_end_to_end_on_builtin_default(tmp_path):
     data = json.loads(report.read_text())
     assert data["examples"] == 3 and set(data["methods"]) == set(ti.METHODS)
     assert data["task"] == "synthetic" and len(data["permutation"]["layers"]) == 3
-    assert len(csv.read_text().strip().splitlines()) == 1 + len(ti.METHODS)
+    as_csv = run_cli("faithfulness", str(tmp_path / "r.h5"), "--out", tmp_path / "r2.json", "--permutations", "0",
+                     "--csv", "-q")  # the rows on stdout, as every command's --csv
+    assert as_csv.exit_code == 0, as_csv.output
+    assert len(as_csv.stdout.strip().splitlines()) == 1 + len(ti.METHODS)
     assert png.read_bytes()[:4] == b"\x89PNG"
     store = tmp_path / "r.h5"
     again = tmp_path / "again.json"
@@ -312,7 +314,9 @@ def test_cli_errors_are_one_line_and_keep_outputs(tmp_path, tiny_model_dir, othe
 
 
 def test_report_is_strict_json():
-    assert fa._finite({"a": float("nan"), "b": [1.0, float("inf")], "c": (2,)}) == {"a": None, "b": [1.0, None], "c": [2]}
+    from attattr_cli.fileio import strict_json
+
+    assert strict_json({"a": float("nan"), "b": [1.0, float("inf")], "c": (2,)}) == {"a": None, "b": [1.0, None], "c": [2]}
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "distilbert"])

@@ -395,12 +395,25 @@ def test_adversarial_search_stays_within_epsilon_and_attribution_is_complete(loa
 # -- the command -------------------------------------------------------------------------------
 
 def test_cli_all_methods_and_adversarial_on_builtin_default(tmp_path):
-    report, csv, svg = tmp_path / "r.json", tmp_path / "r.csv", tmp_path / "r.svg"
+    report, svg = tmp_path / "r.json", tmp_path / "r.svg"
     r = run_cli("faithfulness", "--out", report, "--examples", "0:2", "--steps", "2", "--permutations", "0",
-                "--methods", "all", "--adversarial", "--epsilons", "0.02,0.05", "--csv", csv, "--plot", svg)
+                "--methods", "all", "--adversarial", "--epsilons", "0.02,0.05", "--csv", "--plot", svg)
     assert r.exit_code == 0, r.output
-    assert "adversarial attention" in r.stderr and "masking protocol (DecompX)" in r.stderr and "NAOPC" in r.stderr
     data = json.loads(report.read_text())
+    from io import StringIO
+
+    from rich.console import Console
+
+    import importlib
+
+    command = importlib.import_module("attattr_cli.cli.faithfulness")
+
+    shown = StringIO()  # the tables the command prints on stderr without --csv
+    console = Console(file=shown, width=200)
+    for table in (command._adversarial_table(data), command._mask_table(data)):
+        console.print(table)
+    assert "adversarial attention" in shown.getvalue() and "masking protocol (DecompX)" in shown.getvalue()
+    assert "NAOPC" in shown.getvalue()
     assert list(data["methods"]) == list(registry.NAMES) and data["left_out"] == []
     for m in ("ig", "alti", "value_zeroing", "decompx"):
         e = data["methods"][m]
@@ -410,7 +423,7 @@ def test_cli_all_methods_and_adversarial_on_builtin_default(tmp_path):
     assert set(a["summary"]) == {"0.02", "0.05"} and len(a["per_example"]) == 2
     assert all(e["epsilons"]["0.02"]["tvd_output"] <= 0.02 for e in a["per_example"])
     assert {t["baseline"] for t in data["paired_tests"]} >= {"ig", "alti", "decompx", "value_zeroing", "random"}
-    lines = csv.read_text().strip().splitlines()
+    lines = r.stdout.strip().splitlines()  # --csv: the rows on stdout
     assert lines[0].startswith("section,method") and sum(x.startswith("adversarial,") for x in lines) == 2
     assert sum(x.startswith("methods,") for x in lines) == len(registry.NAMES)
     assert svg.read_text().lstrip().startswith("<?xml")

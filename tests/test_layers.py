@@ -33,3 +33,19 @@ def test_no_private_name_crosses_a_module():
             crossing += [f"{path.relative_to(PACKAGE)}: {module}.{n}" for n in names
                          if n.startswith("_") and not n.startswith("__")]
     assert crossing == []
+
+
+def test_no_private_member_of_another_module_is_used():
+    """``module._name`` where ``module`` is one of the package's modules imported here."""
+    used = []
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        modules = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:  # from . import attention; from ..engine import adaptive
+                modules.update(a.asname or a.name for a in node.names)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                    and node.attr.startswith("_") and not node.attr.startswith("__"):
+                used.append(f"{path.relative_to(PACKAGE)}: {node.value.id}.{node.attr}")
+    assert used == []

@@ -47,9 +47,9 @@ def edit_attention(module, query, key, value, attention_mask, scaling=None, drop
         return attention.attattr_attention(module, query, key, value, attention_mask, scaling=scaling,
                                            dropout=dropout, **kwargs)
     heads = query.shape[1]
-    key = attention._repeat_kv(key, heads)
-    value = attention._repeat_kv(value, heads)
-    mask = attention._causal_fill(module, query, key, attention_mask)
+    key = attention.repeat_kv(key, heads)
+    value = attention.repeat_kv(value, heads)
+    mask = attention.causal_fill(module, query, key, attention_mask)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~mask, torch.finfo(query.dtype).min)
@@ -68,7 +68,7 @@ AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
 def edited(model, plan: Edit):
     """Run ``model`` with ``plan`` at its site (inside the engine's takeover)."""
     with attention.taken_over(model) as layers:
-        old = attention._set_impl(model, IMPLEMENTATION)
+        old = attention.set_impl(model, IMPLEMENTATION)
         token = _edit.set(plan)
         try:
             yield layers

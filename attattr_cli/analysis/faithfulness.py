@@ -41,6 +41,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from ..fileio import strict_json
 from ..errors import OptionError, StoreError
 from .stats import kendall_tau_b
 from .token_importance import (
@@ -343,6 +344,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
         chosen, skipped = store.finite(chosen)
         if not chosen:
             raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite')")
+        unconverged = len(store.unconverged(chosen))
         num_layers = loaded.arch.num_layers
         perm_layers = list(range(num_layers)) if options.perm_layers is None else sorted(
             {x % num_layers for x in options.perm_layers})
@@ -403,12 +405,13 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             if progress:
                 progress(done, total, f"example {index}")
     report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
+    report["unconverged"] = int(unconverged)  # examples used with a layer whose integral did not converge
     report["left_out"] = left_out
     if options.adversarial is not None:
         from .adversarial import summarise
 
         a = options.adversarial
-        report["adversarial"] = _finite({
+        report["adversarial"] = strict_json({
             "layer": adversarial_rows[0]["layer"] if adversarial_rows else None,
             "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(a).items()},
             "summary": summarise(adversarial_rows, a.epsilons, options.seed),
@@ -459,7 +462,7 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
             "median_tvd_median": np.median(t, 0).tolist(),
             "share_below_0.05": (t < 0.05).mean(0).tolist(),
         }
-    return _finite({
+    return strict_json({
         "store": path,
         "model": prov.get("model"),
         "task": prov.get("task"),
@@ -550,17 +553,6 @@ def paired_tests(rows, methods, seed: int = 0) -> list[dict]:
     for row, adj in zip(out, stats.holm([r["p"] for r in out])):
         row["p_holm"] = adj
     return out
-
-
-def _finite(obj):
-    """NaN (an undefined tau) becomes None, so the report is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def adversarial_rows(report: dict) -> list[dict]:

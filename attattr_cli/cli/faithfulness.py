@@ -14,7 +14,7 @@ import typer
 from ..errors import OptionError
 from ..fileio import replaced, write_atomic
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, wide_err
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, unconverged_line, wide_err
 
 # the registry of token importance methods imports NumPy only, so `attattr --help` stays quick
 from ..analysis.methods import DEFAULT as METHODS, NAMES as ALL_METHODS  # noqa: E402
@@ -177,11 +177,11 @@ def faithfulness(
     adversarial: bool = typer.Option(False, "--adversarial", help="Also run the adversarial-attention experiment (Jain & Wallace 2019, 4.2) and compare attention attribution under it."),
     epsilons: Optional[str] = typer.Option(None, "--epsilons", help="With --adversarial: output TVD bounds, e.g. 0.01,0.05 (the default)."),
     adversarial_layer: int = typer.Option(-1, "--adversarial-layer", help="With --adversarial: the layer whose attention is searched (default: the last)."),
-    csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write one CSV row per method."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
     device: str = options.device(),
     truncate: bool = options.truncate(),
     as_json: bool = options.as_json(),
+    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per method (and per epsilon with --adversarial) on stdout instead of the report's path."),
     quiet: bool = options.quiet(),
 ) -> None:
     """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER); with --methods all also Integrated Gradients, ALTI, value zeroing and DecompX.
@@ -208,10 +208,11 @@ def faithfulness(
                 raise OptionError(f"--epsilons are total variation distances in (0, 1), got {epsilons}")
         if erase not in ERASE_MODES:
             raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
-        for p, kinds in ((plot, (".png", ".svg", ".pdf")), (csv_path, (".csv", ".tsv", ".txt"))):
-            if p is not None and p.suffix.lower() not in kinds:
-                raise OptionError(f"cannot tell the format of {p}: use one of {', '.join(kinds)}")
-        for p in (out_path, csv_path, plot):  # before any work, not after it
+        if as_json and as_csv:
+            raise OptionError("give --json or --csv, not both")
+        if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf"):
+            raise OptionError(f"cannot tell the format of {plot}: use one of .png, .svg, .pdf")
+        for p in (out_path, plot):  # before any work, not after it
             if p is not None and p.is_dir():
                 raise OptionError(f"{p} is a directory")
             if p is not None and not p.parent.exists():
@@ -232,18 +233,20 @@ def faithfulness(
         store = res.store
         report["seconds"] = round(time.perf_counter() - t0, 2)
         write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
-        if csv_path is not None:
-            write_atomic(csv_path, _csv(report))
         for note in report.get("left_out") or []:
             err.print(note, markup=False)
         if report.get("skipped_nonfinite"):
             err.print(skipped_line(report["skipped_nonfinite"]), markup=False)
+        if report.get("unconverged"):
+            err.print(unconverged_line(report["unconverged"], report["examples"]), markup=False)
         if plot is not None:
             with replaced(plot, suffix=plot.suffix) as tmp:
                 plot_report(report, tmp)
         if as_json:
             options.print_rows(report_rows(report), "json")
-        if not quiet and not as_json:
+        elif as_csv:
+            out.file.write(_csv(report).decode())
+        if not quiet and not (as_json or as_csv):
             tables = wide_err()
             tables.print(_table(report))
             masked = _mask_table(report)
@@ -260,5 +263,5 @@ def faithfulness(
                 tables.print(paired)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
                       f"token importance kept in {store}", markup=False)
-        if not as_json:
+        if not (as_json or as_csv):
             out.print(str(out_path), markup=False)

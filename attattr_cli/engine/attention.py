@@ -137,7 +137,7 @@ def _head_scale(plan: HeadScale, layer: int, out: torch.Tensor) -> torch.Tensor:
     return out * f.to(device=out.device, dtype=out.dtype)
 
 
-def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     if x.shape[1] == heads:
         return x
     if heads % x.shape[1]:
@@ -145,7 +145,7 @@ def _repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
     return x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
-def _causal_fill(module, q, k, mask):
+def causal_fill(module, q, k, mask):
     """Models that skip building a mask for causal attention rely on is_causal."""
     if mask is None and getattr(module, "is_causal", False) and q.shape[-2] > 1:
         n_q, n_k = q.shape[-2], k.shape[-2]
@@ -193,9 +193,9 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     if kwargs.get("s_aux") is not None:
         raise ModelError("attention sinks (s_aux) are not supported by attattr yet")
     heads = query.shape[1]
-    key = _repeat_kv(key, heads)
-    value = _repeat_kv(value, heads)
-    mask = _causal_fill(module, query, key, attention_mask)
+    key = repeat_kv(key, heads)
+    value = repeat_kv(value, heads)
+    mask = causal_fill(module, query, key, attention_mask)
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~mask, torch.finfo(query.dtype).min
@@ -206,7 +206,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     causal = bool(getattr(module, "is_causal", False)) and kwargs.get("sliding_window") is None \
         and query.shape[-2] == key.shape[-2] and query.shape[-2] > 1 and _is_causal_mask(mask) and bias is None
     if bias is not None and mask is None and getattr(module, "is_causal", False) and query.shape[-2] > 1:
-        mask = _causal_fill(_Causal, query, key, None)
+        mask = causal_fill(_Causal, query, key, None)
     bare_mask = mask  # without the bias: what the target layer saves
     if bias is not None:
         bias = bias.to(query.dtype)
@@ -333,7 +333,7 @@ def site_owner(model) -> dict[int, tuple[str, int]]:
     return owner
 
 
-def _set_impl(model, impl: str) -> dict:
+def set_impl(model, impl: str) -> dict:
     """Set the attention implementation on every config of the model; return the old ones."""
     old = {}
     for mod in model.modules():
@@ -366,7 +366,7 @@ def taken_over(model):
         for step in reversed(undo):
             step()
         raise
-    old = _set_impl(model, IMPLEMENTATION)
+    old = set_impl(model, IMPLEMENTATION)
     changed = experts.eager_experts(model) if _float64(model) else []  # grouped experts take no float64
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
