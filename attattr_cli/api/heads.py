@@ -51,6 +51,14 @@ class Importance:
         order = np.argsort(-v.ravel(), kind="stable")
         return [tuple(int(x) for x in np.unravel_index(i, v.shape)) for i in order]
 
+    def plot(self, path, title: str | None = None) -> None:
+        """One heatmap per table (attr, taylor, attention, random ...) to ``path`` (.png, .svg, .pdf)."""
+        from ..analysis.plots import importance_heatmaps
+
+        order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+        tables = sorted(self.tables.values(), key=lambda t: (order.get(t.method, 9), t.name))
+        importance_heatmaps(tables, path, title=self.identity.model if title is None else title)
+
     def as_file(self):
         """The tables as an ``analysis.importance.ImportanceFile`` (what pruning reads)."""
         from ..analysis.importance import ImportanceFile
@@ -202,6 +210,13 @@ class PruneResult:
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
         return json.dumps(self.to_dict(), indent=2)
+
+    def plot(self, path) -> None:
+        """The curves and/or the effectiveness analysis side by side to ``path`` (.png, .svg, .pdf)."""
+        from ..analysis.plots import prune_figure
+
+        d = self.to_dict()
+        prune_figure(d, path, title=f"{d.get('model')} on {d['task'] if d.get('task') not in (None, 'generic') else 'data'}")
 
 
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",

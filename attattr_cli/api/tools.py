@@ -17,6 +17,10 @@ from .scoring import score
 # ----------------------------------------------------------------------------- faithfulness
 
 
+# the registry's names (it imports NumPy only): the CLI's --methods help reads them
+from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFULNESS_METHODS  # noqa: E402,F401
+
+
 @dataclass
 class FaithfulnessResult:
     """The faithfulness report: ``report`` (per method: Kendall tau with leave-one-out and with
@@ -41,6 +45,34 @@ class FaithfulnessResult:
     def to_dict(self) -> dict:
         """The JSON report."""
         return self.report
+
+    def to_csv(self) -> str:
+        """One CSV row per method (``section`` methods) and, with the adversarial experiment,
+        one per epsilon (``section`` adversarial): what `faithfulness --csv` prints."""
+        import csv
+        import io
+
+        from ..analysis.faithfulness import adversarial_rows
+
+        rows = [{"section": "methods", **r} for r in self.rows]
+        rows += [{"section": "adversarial", **r} for r in adversarial_rows(self.report)]
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=fields, restval="")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})
+        return buf.getvalue()
+
+    def plot(self, path) -> None:
+        """Deletion curves and taus (and the adversarial panel) to ``path`` (.png, .svg, .pdf),
+        written whole or not at all."""
+        from ..analysis.faithfulness import plot_report
+        from ..fileio import replaced
+
+        path = Path(path)
+        with replaced(path, suffix=path.suffix) as tmp:
+            plot_report(self.report, tmp)
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""

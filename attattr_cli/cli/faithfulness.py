@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import time
 from pathlib import Path
@@ -12,12 +10,12 @@ from typing import Optional
 import typer
 
 from ..errors import OptionError
-from ..fileio import replaced, write_atomic
+from ..fileio import write_atomic
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar, skipped_line, unconverged_line, wide_err
+from .common import FLAGS, command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, skipped_line, unconverged_line, wide_err
 
 # the registry of token importance methods imports NumPy only, so `attattr --help` stays quick
-from ..analysis.methods import DEFAULT as METHODS, NAMES as ALL_METHODS  # noqa: E402
+from ..api.tools import FAITHFULNESS_DEFAULT as METHODS, FAITHFULNESS_METHODS as ALL_METHODS  # noqa: E402
 
 
 
@@ -140,22 +138,6 @@ def _perm_table(report: dict):
     return t
 
 
-def _csv(report: dict) -> bytes:
-    from ..analysis.faithfulness import report_rows
-
-    rows = [{"section": "methods", **r} for r in report_rows(report)]
-    from ..analysis.faithfulness import adversarial_rows
-
-    rows += [{"section": "adversarial", **r} for r in adversarial_rows(report)]
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=fields, restval="")
-    w.writeheader()
-    for r in rows:
-        w.writerow({k: ("" if v is None else v) for k, v in r.items()})
-    return buf.getvalue().encode()
-
-
 def faithfulness(
     store: Optional[Path] = typer.Argument(None, help="An attattr store (from `attattr score`); omit it to score --model/--data first."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
@@ -191,11 +173,8 @@ def faithfulness(
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
     with edge():
-        from ..analysis.faithfulness import plot_report, report_rows
-        from ..analysis.token_importance import ERASE_MODES, check_methods
         from ..api import faithfulness as run
 
-        chosen = check_methods(methods.split(",") if methods else list(METHODS))
         eps = None
         if epsilons is not None:
             if not adversarial:
@@ -206,8 +185,6 @@ def faithfulness(
                 raise OptionError(f"--epsilons: not a list of numbers: {epsilons}") from None
             if not eps or any(not 0 < e < 1 for e in eps):
                 raise OptionError(f"--epsilons are total variation distances in (0, 1), got {epsilons}")
-        if erase not in ERASE_MODES:
-            raise OptionError(f"unknown --erase '{erase}'; available: {', '.join(ERASE_MODES)}")
         if as_json and as_csv:
             raise OptionError("give --json or --csv, not both")
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf"):
@@ -222,8 +199,10 @@ def faithfulness(
             raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
         if store is not None and (data is not None or task is not None):
             raise OptionError("give either a STORE or --model/--data/--task, not both")
-        with progress_bar("faithfulness", quiet) as bar:
-            res = run(store, model=model, data=data, task=task, examples=examples, methods=chosen,
+        names = dict(FLAGS, methods="--methods", erase="--erase", epsilons="--epsilons", perm_layers="--perm-layers")
+        with progress_bar("faithfulness", quiet) as bar, renamed_options(names):
+            res = run(store, model=model, data=data, task=task, examples=examples,
+                      methods=methods.split(",") if methods else list(METHODS),
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
@@ -240,12 +219,11 @@ def faithfulness(
         if report.get("unconverged"):
             err.print(unconverged_line(report["unconverged"], report["examples"]), markup=False)
         if plot is not None:
-            with replaced(plot, suffix=plot.suffix) as tmp:
-                plot_report(report, tmp)
+            res.plot(plot)
         if as_json:
-            options.print_rows(report_rows(report), "json")
+            options.print_rows(res.rows, "json")
         elif as_csv:
-            out.file.write(_csv(report).decode())
+            out.file.write(res.to_csv())
         if not quiet and not (as_json or as_csv):
             tables = wide_err()
             tables.print(_table(report))

@@ -59,11 +59,7 @@ def importance(
                 if getattr(t, "stability", None) and t.stability.get("examples", 0) >= 2:
                     err.print(stability_line(t), markup=False)
         if plot is not None:
-            from ..analysis.plots import importance_heatmaps
-
-            order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-            importance_heatmaps(sorted(tables, key=lambda t: (order.get(t.method, 9), t.name)), plot,
-                                title=result.identity.model)
+            result.plot(plot)
             if not quiet:
                 err.print(f"plot: {plot}", markup=False)
         if not quiet:

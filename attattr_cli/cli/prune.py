@@ -63,9 +63,7 @@ def prune(
         if res.pruned_model is not None:  # where the saved model went: said even with -q
             _report_saved(res.pruned_model)
         if plot is not None:
-            from ..analysis.plots import prune_figure
-
-            prune_figure(result, plot, title=f"{result['model']} on {result['task'] if result['task'] != 'generic' else 'data'}")
+            res.plot(plot)
             if not quiet:
                 err.print(f"plot: {plot}", markup=False)
         if as_json or as_csv:
