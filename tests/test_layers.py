@@ -49,3 +49,13 @@ def test_no_private_member_of_another_module_is_used():
                     and node.attr.startswith("_") and not node.attr.startswith("__"):
                 used.append(f"{path.relative_to(PACKAGE)}: {node.value.id}.{node.attr}")
     assert used == []
+
+
+def test_every_command_module_imports_the_api_and_nothing_below_it():
+    """A command is parse -> one public API call -> print (the errors module is shared by all)."""
+    below = []
+    for path in (PACKAGE / "cli").glob("*.py"):
+        for level, module, names in _imports(path):
+            if level == 2 and module.split(".")[0] not in ("api", "errors", ""):
+                below.append(f"cli/{path.name}: ..{module}")
+    assert below == []

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..data.tasks import TASKS  # noqa: F401  (the task presets, whose names the CLI's help lists)
 from ..errors import OptionError, StoreError
 from .model import as_model
 from .results import Attribution, Results, StoreView

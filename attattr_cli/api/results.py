@@ -216,21 +216,29 @@ class Tree:
             raise OptionError(f"fmt must be png or svg, got '{fmt}'")
         return render(self.to_dot(), fmt)
 
-    def save(self, path) -> Path:
-        """Write the tree to ``path``: .dot/.gv, .json, .png or .svg."""
+    def to_bytes(self, fmt: str) -> bytes:
+        """The tree as ``fmt``: dot, json, png or svg."""
+        if fmt == "dot":
+            return self.to_dot().encode()
+        if fmt == "json":
+            return (self.to_json() + "\n").encode()
+        return self.render(fmt)
+
+    def save(self, path, fmt: str | None = None) -> Path:
+        """Write the tree to ``path`` (whole or not at all): ``fmt`` dot, json, png or svg, by
+        default from the suffix (.dot/.gv, .json, .png, .svg)."""
         from ..fileio import write_atomic
 
         p = Path(path)
         ext = p.suffix.lower()
-        if ext in (".dot", ".gv"):
-            data = self.to_dot()
-        elif ext == ".json":
-            data = self.to_json() + "\n"
-        elif ext in (".png", ".svg"):
-            data = self.render(ext[1:])
-        else:
+        fmt = fmt or {".dot": "dot", ".gv": "dot", ".json": "json", ".png": "png", ".svg": "svg"}.get(ext)
+        if fmt is None:
             raise OptionError(f"cannot tell the format of {p}: use .dot, .json, .png or .svg")
-        write_atomic(p, data)
+        data = self.to_bytes(fmt)
+        try:
+            write_atomic(p, data)
+        except OSError as exc:
+            raise OptionError(f"cannot write {p}: {exc.strerror or exc}") from None
         return p
 
     def __repr__(self) -> str:

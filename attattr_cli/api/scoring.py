@@ -5,7 +5,8 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from ..engine.options import MAX_NODES
+# the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
+from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, as_model, progress_for, using
@@ -20,7 +21,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
           dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
-          continuation: str | None = None, position: int | None = None, progress=False, command=None, warn=None):
+          continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
+          dist_timeout: float = 3600.0, progress=False, command=None, warn=None):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -41,8 +43,14 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``steps`` choose a fixed rule instead (``rule="right", steps=20`` is the paper's,
     ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
-    attributes the next token (``target_token``) or a ``continuation``.
-    """
+    attributes the next token (``target_token``) or a ``continuation``; with ``out``, its
+    ``prompts`` (texts) may be given instead of ``data``.
+
+    With ``out`` and a model given by path or hub id (or none: the built-in default), the data
+    is read and the examples chosen before the model loads (a bad file costs no load), and
+    under torchrun (``torchrun --nproc-per-node N``) every process scores its share into its
+    own shard beside ``out`` and rank 0 merges them (``keep_shards``, ``dist_timeout``); the
+    report is then the run's ``DistributedReport``. `attattr score` is this call."""
     from ..engine.options import ScoreOptions, api_names, integration, precheck
 
     if isinstance(family, str):
@@ -61,6 +69,15 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     with api_names():
         precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
     from ..engine.run import ScoreRequest, score_to_store
+
+    if out is not None and inputs is None and (model is None or isinstance(model, (str, Path))):
+        return _score_store(ScoreRequest(
+            out=str(out), model=None if model is None else str(model), data=None if data is None else str(data),
+            task=task, examples=selection(examples), options=options_for(bool(lm)), device=device,
+            store_dtype=store_dtype, seed=seed, command=command_of(command), prompts=list(prompts) if prompts else None),
+            progress, warn, keep_shards, dist_timeout)
+    if prompts:
+        raise OptionError("prompts go with out (a store); for results in memory pass them as inputs")
 
     if model is not None and not isinstance(model, (str, Path)):
         model = as_model(model, lm=bool(lm))  # once: wrapping a (model, tokenizer) pair hashes its weights
@@ -94,3 +111,17 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     finally:
         if tmp is not None:
             tmp.cleanup()
+
+
+def _score_store(req, progress, warn, keep_shards: bool, timeout: float):
+    """A run into a store from a request: this process alone, or its share under torchrun."""
+    from ..engine import distributed
+    from ..engine.run import score_to_store
+
+    env = distributed.detect()
+    if env is not None and env.world_size > 1:
+        with progress_for(progress if env.rank == 0 else None, f"score rank 0/{env.world_size}") as bar:
+            return distributed.score_distributed(req, env, progress=bar, warn=warn, keep_shards=keep_shards,
+                                                 timeout=timeout)
+    with progress_for(progress, "score") as bar:
+        return score_to_store(req, progress=bar, warn=warn)

@@ -93,6 +93,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
     (default 0.01, 0.05) on layer ``adversarial_layer``. ``out``: write the JSON report.
     Returns :class:`FaithfulnessResult`."""
+    import time
+
+    started = time.perf_counter()
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 
@@ -103,6 +106,12 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
     if isinstance(perm_layers, int):
         perm_layers = [perm_layers]
+    if store is not None and (data is not None or task is not None):
+        raise OptionError("give either a store or model/data/task, not both")
+    if store is None and out is not None:
+        kept_in = Path(score_store) if score_store is not None else Path(out).with_suffix(".h5")
+        if kept_in.resolve() == Path(out).resolve():
+            raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
     tmp = None
     try:
         loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
@@ -111,8 +120,6 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
                 store = Path(score_store)
             elif out is not None:
                 store = Path(out).with_suffix(".h5")
-                if store.resolve() == Path(out).resolve():
-                    raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
             else:
                 tmp = tempfile.TemporaryDirectory(prefix="attattr-faithfulness-")
                 store = Path(tmp.name) / "scores.h5"
@@ -129,8 +136,6 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             select = [rows[i].index for i in parse_examples(selection(examples), len(rows))]
             loaded_model = m
         else:
-            if data is not None or task is not None:
-                raise OptionError("give either a store or model/data/task, not both")
             select = examples
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
@@ -152,6 +157,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     finally:
         if tmp is not None:
             tmp.cleanup()
+    res.report["seconds"] = round(time.perf_counter() - started, 2)
     if out is not None:
         from ..fileio import write_atomic
 

@@ -41,6 +41,12 @@ class TriggersResult:
 
         return triggers_csv(self.triggers)
 
+    def save_csv(self, path) -> None:
+        """:meth:`to_csv` written to ``path`` (whole or not at all)."""
+        from ..fileio import write_atomic
+
+        write_atomic(Path(path), self.to_csv())
+
 
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
@@ -64,7 +70,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     on_the_fly = source is None
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
-        raise OptionError("give either a store (source) or model/data/task/examples to score on the fly, not both")
+        raise OptionError("give either a store or model/data/task/examples to score on the fly, not both")
     tmp = None
     wanted = None
     try:

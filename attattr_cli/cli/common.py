@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
-from ..data.tasks import TASKS
+from ..api.inputs import TASKS
 from ..errors import AttattrError, OptionError, ResourceError
 
 
@@ -141,7 +141,7 @@ def renamed_options(names: dict[str, str]):
             if "_" in name:
                 text = re.sub(rf"(?<![\w-]){n}\b", flag, text)
             else:
-                text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give |eeds |d/or ){n}(?=[ )])", flag, text)
+                text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give |eeds |d/or | and ){n}(?=[ )])", flag, text)
         raise OptionError(text) from None
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from ..errors import OptionError
-from ..fileio import write_atomic
 from . import options
 from .common import FLAGS, command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, skipped_line, unconverged_line, wide_err
 
@@ -194,12 +191,8 @@ def faithfulness(
                 raise OptionError(f"{p} is a directory")
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
-        t0 = time.perf_counter()
-        if store is None and (store_out or out_path.with_suffix(".h5")).resolve() == out_path.resolve():
-            raise OptionError(f"--store and --out are the same file ({out_path}): give the report a .json name")
-        if store is not None and (data is not None or task is not None):
-            raise OptionError("give either a STORE or --model/--data/--task, not both")
-        names = dict(FLAGS, methods="--methods", erase="--erase", epsilons="--epsilons", perm_layers="--perm-layers")
+        names = dict(FLAGS, methods="--methods", erase="--erase", epsilons="--epsilons", perm_layers="--perm-layers",
+                     score_store="--store", out="--out")
         with progress_bar("faithfulness", quiet) as bar, renamed_options(names):
             res = run(store, model=model, data=data, task=task, examples=examples,
                       methods=methods.split(",") if methods else list(METHODS),
@@ -207,11 +200,9 @@ def faithfulness(
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
                       adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
-                      device=device, truncate=truncate, progress=bar, command=command_line())
+                      device=device, truncate=truncate, out=out_path, progress=bar, command=command_line())
         report = res.report
         store = res.store
-        report["seconds"] = round(time.perf_counter() - t0, 2)
-        write_atomic(out_path, (json.dumps(report, indent=1, allow_nan=False) + "\n").encode())
         for note in report.get("left_out") or []:
             err.print(note, markup=False)
         if report.get("skipped_nonfinite"):

@@ -50,7 +50,6 @@ def prune(
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
                       out=out_path, progress=bar, command=command_line())
-        result = res.to_dict()
         if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
             err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
         if res.effectiveness is not None and res.effectiveness.get("unconverged"):

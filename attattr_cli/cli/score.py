@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES
+from ..api.scoring import DEFAULT_TOL, MAX_NODES, RULES
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
@@ -65,33 +65,25 @@ def score(
     --out, and rank 0 merges the shards into --out.
     """
     with edge():
-        from ..engine.options import ScoreOptions, integration, precheck
+        from ..api import score as run
+        from ..api.scoring import cli_words
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
-        score_options = ScoreOptions(
-            **integration(steps, rule, tol), max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
-            layers=parse_int_list(layers, "--layers"), dtype=dtype, truncate=truncate,
-            step_batch=options.pick(step_batch, step_batch_old), group=group, kernel=kernel,
-            family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
-            keep=keep, top_k=top_k, lm=lm, target_token=target_token, continuation=continuation,
-            position=position,
-        )
-        precheck(score_options, examples, data)  # before torch, transformers or the model load
-        from ..engine import distributed
-        from ..engine.run import ScoreRequest, score_to_store
-
-        req = ScoreRequest(
-            out=str(out_path), model=model, data=data, task=task, examples=examples, options=score_options,
-            device=device, store_dtype=store_dtype, seed=seed, command=command_line(), prompts=prompt or None,
-        )
-        env = distributed.detect()
-        if env is not None and env.world_size > 1:
-            _score_distributed(req, env, quiet, keep_shards, dist_timeout)
-            return
         t0 = time.perf_counter()
-        with progress_bar("score", quiet) as bar:
-            report = score_to_store(req, progress=bar, warn=_warn)
+        with progress_bar("score", quiet) as bar, cli_words():
+            report = run(model, data=data, task=task, examples=examples, out=out_path, steps=steps, rule=rule, tol=tol,
+                         max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
+                         layers=parse_int_list(layers, "--layers"), steps_per_pass=options.pick(step_batch, step_batch_old),
+                         group=group, family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
+                         keep=keep, top_k=top_k, dtype=dtype, kernel=kernel, device=device, store_dtype=store_dtype,
+                         truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
+                         position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
+                         progress=None if quiet else bar, command=command_line(),
+                         warn=_warn if _distributed_rank() is None else _rank_warn)
+        if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
+            _report_distributed(report, quiet)
+            return
         secs = time.perf_counter() - t0
         for note in report.notes:
             err.print(note, markup=False)
@@ -117,36 +109,38 @@ def _warn(message: str) -> None:
     err.print(f"Warning: {message}", markup=False)
 
 
-def _score_distributed(req, env, quiet: bool, keep_shards: bool, timeout: float) -> None:
-    """One torchrun process: its share into its shard; rank 0 reports and merges."""
-    from ..engine import distributed
+def _distributed_rank():
+    """This process's torchrun rank (None outside torchrun): its warnings say which rank."""
+    import os
 
-    lead = env.rank == 0
+    return int(os.environ["RANK"]) if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and "RANK" in os.environ else None
 
-    def warn(message: str) -> None:
-        err.print(f"Warning: rank {env.rank}: {message}", markup=False)
 
-    with progress_bar(f"score rank 0/{env.world_size}", quiet or not lead) as bar:
-        report = distributed.score_distributed(req, env, progress=bar, warn=warn, keep_shards=keep_shards,
-                                               timeout=timeout)
-    if not lead:
+def _rank_warn(message: str) -> None:
+    err.print(f"Warning: rank {_distributed_rank()}: {message}", markup=False)
+
+
+def _report_distributed(report, quiet: bool) -> None:
+    """One torchrun process's end: rank 0 says what every rank scored and what the merge did."""
+    if report.rank != 0:
         return
+    env = report
     loads = ", ".join(str(t) for t in report.tokens_per_rank)
     merged = report.merged or {"added": 0, "skipped": 0}
     err.print(
         f"scored {report.scored} examples on {env.world_size} processes ({report.skipped} already in the shards,"
-        f" {report.already} already in {req.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
-        f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {req.out}"
+        f" {report.already} already in {report.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
+        f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {report.out}"
         + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),
         markup=False,
     )
     if report.shards_elsewhere:
         n = len(report.shards_elsewhere)
-        names = " ".join(str(distributed.shard_path(req.out, k, env.world_size)) for k in range(env.world_size))
+        names = " ".join(report.shard_names)
         err.print(
             f"{n} shard{'s are' if n != 1 else ' is'} not on this machine ({' '.join(report.shards_elsewhere)}:"
             f" other machines wrote {'them' if n != 1 else 'it'} to their own disks): copy {'them' if n != 1 else 'it'}"
-            f" here and run: attattr merge {names} --out {req.out}",
+            f" here and run: attattr merge {names} --out {report.out}",
             markup=False,
         )
     out.print(report.out, markup=False)

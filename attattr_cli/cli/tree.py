@@ -10,7 +10,6 @@ import typer
 
 from ..api.results import TREE_TAU, open_store, tree as build_tree
 from ..errors import OptionError
-from ..fileio import write_atomic
 from .common import edge, err, parse_int_list, renamed_options
 
 FORMATS = ("dot", "json", "png", "svg")
@@ -72,16 +71,12 @@ def tree(
             t = build_tree(e, tau=tau, lam=lam, layers=parse_int_list(layers, "--layers"), root=root, compat=compat,
                            num_layers=s.store.num_layers(e.family), title=f"{Path(store).name}, example {example}")
         g = t.graph
-        data = (t.to_json() + "\n").encode() if fmt == "json" else t.to_dot().encode() if fmt == "dot" else t.render(fmt)
         if to_stdout:
             sys.stdout.flush()
-            sys.stdout.buffer.write(data)
+            sys.stdout.buffer.write(t.to_bytes(fmt))
             sys.stdout.buffer.flush()
         else:
-            try:
-                write_atomic(out_path, data)
-            except OSError as exc:
-                raise OptionError(f"cannot write {out_path}: {exc.strerror or exc}") from None
+            t.save(out_path, fmt)
         if not quiet:
             where = "stdout" if to_stdout else out_path
             err.print(

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import skipped_line, unconverged_line, command_line, edge, err, out, progress_bar
+from .common import FLAGS, command_line, edge, err, out, progress_bar, renamed_options, skipped_line, unconverged_line
 
 RANKINGS_HELP = "count (ties: total strength), total (count x mean), or mean strength"
 
@@ -45,20 +45,13 @@ def triggers(
     """
     with edge():
         from ..api import triggers as run
-        from ..errors import OptionError
-        from ..fileio import write_atomic
-
         top = options.pick(top_k, top_old)
-        if top is not None and top < 1:
-            raise OptionError(f"--top-k must be at least 1, got {top}")
-        if store is not None and (model or data or task or examples or keep_store or limit):
-            raise OptionError("give either a STORE or --model/--data/--task/--examples to score on the fly, not both")
-        with progress_bar("triggers", quiet) as bar:
+        with progress_bar("triggers", quiet) as bar, renamed_options(FLAGS):
             res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, tol=tol, top_k=top,
                       per_class=per_class, rank_by=rank_by, special=special, min_tokens=min_tokens, limit=limit,
                       store=keep_store, device=device, out=out_path, progress=bar, command=command_line())
         if csv_path is not None:
-            write_atomic(csv_path, res.to_csv())
+            res.save_csv(csv_path)
         doc, chosen = res.document, res.triggers
         skipped = (doc.get("source") or {}).get("skipped_nonfinite")
         if skipped:

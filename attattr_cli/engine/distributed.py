@@ -134,6 +134,11 @@ class DistReport:
         return sum(r["scored"] for r in self.reports) if self.reports else self.own.scored
 
     @property
+    def shard_names(self) -> list[str]:
+        """Every rank's shard beside --out."""
+        return [str(shard_path(self.out, k, self.world_size)) for k in range(self.world_size)]
+
+    @property
     def skipped(self) -> int:
         return sum(r["skipped"] for r in self.reports) if self.reports else self.own.skipped
 

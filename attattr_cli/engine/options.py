@@ -6,6 +6,7 @@ Imports neither torch nor transformers (the dtypes are looked up when validating
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from dataclasses import asdict, dataclass
 
@@ -198,10 +199,27 @@ def precheck(options: ScoreOptions, examples: str | None = None, data: str | Non
 _API_NAMES = {"steps-per-pass": "steps_per_pass", "step-batch": "steps_per_pass"}
 
 
+_CLI_WORDS = contextvars.ContextVar("attattr_cli_words", default=False)
+
+
+@contextlib.contextmanager
+def cli_words():
+    """Inside, the validator's messages keep the CLI's flags (a command calling the API)."""
+    token = _CLI_WORDS.set(True)
+    try:
+        yield
+    finally:
+        _CLI_WORDS.reset(token)
+
+
 @contextlib.contextmanager
 def api_names():
     """OptionErrors raised inside name the API's arguments (``steps_per_pass``) instead of the
-    CLI's flags (``--steps-per-pass``): one validator, each caller's words."""
+    CLI's flags (``--steps-per-pass``), unless a command called (:func:`cli_words`): one
+    validator, each caller's words."""
+    if _CLI_WORDS.get():
+        yield
+        return
     try:
         yield
     except OptionError as exc:
