@@ -20,8 +20,12 @@ reuses three of a leaf's nodes in each half, so it costs four new nodes. Per lea
 * rho = Q5(dF/dalpha) - (F(b) - F(a)), the completeness residual of the leaf.
 
 An example-layer is converged when sum_I e_I <= tol * max |Attr| **and** |sum_I rho_I| (the
-completeness residual the store keeps) <= tol * sum |Attr| (plus a floating-point floor).
-Until then the leaves holding more than their share (t-width) of either are split. A leaf
+completeness residual the store keeps) <= tol * max(|F(1) - F(0)|, max |Attr|) (plus a
+floating-point floor). Until then the leaves holding more than their share (t-width) of
+either are split (into four at once where far over it). Where the leaves are all equal,
+their nodes are those of one Clenshaw-Curtis rule on the whole path, and that rule against
+the one on every other node (with the same residual test) may end the refinement: smooth
+integrands then need no more nodes than nested global levels would. A leaf
 whose F changes faster than any derivative seen at its nodes explains, down to a t-width of
 2^-JUMP_DEPTH, holds a jump of F (mixture-of-experts routing switching along the path, say):
 it is split no further, and the layer is flagged as a non-smooth path.
@@ -31,7 +35,8 @@ examples in lock-step (each pass holds the new nodes of every example still refi
 necessarily the same nodes); it is driven from outside (:meth:`Refinement.wanted` the
 (row, node) pairs, :meth:`Refinement.give` their values) and takes ``measure(g, rows)`` ->
 [len(rows), 3]: max |Attr|, sum |Attr| and sum Attr of each ``g[i]``'s map in integral
-``rows[i]``. :func:`integrate` drives one integral from two callables.
+``rows[i]`` (and, optionally, a cheaper ``derivative`` for sum Attr alone). :func:`integrate`
+drives one integral from two callables.
 """
 
 from __future__ import annotations
