@@ -498,3 +498,11 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
     finally:
         for module in patched:
             del module.forward
+
+
+def not_routed(model_type: str, family: str, layer: int) -> ModelError:
+    """The one line for a model whose attention went around both the attention interface and
+    every adapter (an architecture attattr does not support yet)."""
+    return ModelError(f"model type '{model_type}' computes its attention ({family} layer {layer}) outside transformers'"
+                      " attention interface, and attattr has no adapter for it yet; see docs/models.md for the"
+                      " supported architectures")

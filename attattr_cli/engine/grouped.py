@@ -145,6 +145,8 @@ class _Group:
             at_one = {}
             if share_one:
                 wanted = [s for s in sites if s in record.leaves]
+                if not wanted:  # the model's attention went around the interface and every adapter
+                    raise attention.not_routed(sc.arch.model_type, *sites[0])
                 grads = torch.autograd.grad(sc._target_value(logits_g, self.targets).sum(),
                                             [record.leaves[s] for s in wanted])
                 at_one = dict(zip(wanted, grads))
@@ -210,7 +212,7 @@ class _Group:
             logits = sc.model(**rows).logits
             f = sc._target_value(logits, self.targets.index_select(0, plan.owner))
             if plan.leaf is None:
-                raise RuntimeError(f"{site[0]} layer {site[1]}'s attention was not routed through attattr")
+                raise attention.not_routed(sc.arch.model_type, site[0], site[1])
             g = None
             if grad:
                 (g,) = torch.autograd.grad((f * weights.to(f)).sum(), plan.leaf)

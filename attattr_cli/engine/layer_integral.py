@@ -161,7 +161,7 @@ class Integration:
             logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
             f = self._target_value(logits, target)
             if plan.leaf is None:
-                raise RuntimeError(f"{family} layer {layer}'s attention was not routed through attattr")
+                raise attention.not_routed(self.arch.model_type, family, layer)
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
         return g.to(acc_dtype), f.detach(), plan.saved
 

@@ -277,6 +277,8 @@ class Scorer(Integration, Assembly):
             at_one = {}
             if share_one:
                 wanted = [t for t in targets if t in record.leaves]
+                if not wanted:  # the model's attention went around the interface and every adapter
+                    raise attention.not_routed(self.arch.model_type, *targets[0])
                 grads = torch.autograd.grad(self._target_value(logits_g, target).sum(), [record.leaves[x] for x in wanted])
                 at_one = dict(zip(wanted, grads))
                 clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
