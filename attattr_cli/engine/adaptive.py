@@ -142,6 +142,13 @@ def _level_rules(n: int) -> tuple[np.ndarray, np.ndarray]:
     return upper, lower
 
 
+def _weighted(row: "_Row", keys, *weights) -> list[torch.Tensor]:
+    """sum_k w_k g(key_k) of the row's node gradients for each weight vector, in float64."""
+    stacked = torch.stack([row.g[k] for k in keys]).to(torch.float64)
+    return [torch.tensordot(torch.as_tensor(w, dtype=torch.float64, device=stacked.device), stacked, 1)
+            for w in weights]
+
+
 class _Leaf:
     __slots__ = ("ta", "tb", "q", "e", "rho", "jump", "score")
 
@@ -270,9 +277,7 @@ class Refinement:
                 keys, upper, lower = _leaf_rule(leaf.ta, leaf.tb)
                 if any(k not in row.g for k in keys):
                     continue
-                stacked = torch.stack([row.g[k] for k in keys]).to(torch.float64)
-                leaf.q = torch.tensordot(torch.as_tensor(upper, dtype=torch.float64, device=stacked.device), stacked, 1)
-                low = torch.tensordot(torch.as_tensor(lower, dtype=torch.float64, device=stacked.device), stacked, 1)
+                leaf.q, low = _weighted(row, keys, upper, lower)
                 s = np.array([row.s[k] for k in keys])
                 leaf.rho = float(upper @ s) - (row.f[keys[-1]] - row.f[keys[0]])
                 todo.append(leaf)
@@ -288,8 +293,6 @@ class Refinement:
         ready = [i for i in self.active if all(leaf.q is not None for leaf in self.rows[i].leaves)]
         if not ready:
             return
-        totals = [torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready]
-        stats = self._measure(totals, ready)
         # where the leaves are equal (every one split as often), their nodes are those of one
         # Clenshaw-Curtis rule on the whole path, and of the rule with half of them below it:
         # for a smooth integrand the pair converges much faster than the leaves' own rules
@@ -297,18 +300,24 @@ class Refinement:
         level = {i: v for i, v in level.items() if v is not None}
         if level:
             rows = list(level)
-            measured = self._measure([level[i][0] - level[i][1] for i in rows] + [level[i][0] for i in rows],
+            measured = self._measure([level[i][2] - level[i][3] for i in rows] + [level[i][2] for i in rows],
                                      rows + rows).tolist()
+            ended = []
             for k, i in enumerate(rows):
-                level[i] = (level[i][0], measured[k][0], measured[len(rows) + k][0], level[i][2])
-        for i, total, (big, _l1, _sum) in zip(ready, totals, stats.tolist()):
-            if i in level and self._level_converged(i, *level[i]):
-                continue
+                keys, upper, g_up, _g_low, integral = level[i]
+                if self._level_converged(i, keys, upper, g_up, integral, measured[k][0], measured[len(rows) + k][0]):
+                    ended.append(i)
+            ready = [i for i in ready if i not in ended]
+        if not ready:
+            return
+        totals = [torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready]
+        for i, total, (big, _l1, _sum) in zip(ready, totals, self._measure(totals, ready).tolist()):
             self._step(i, total, big)
 
     def _level(self, row: _Row):
-        """(G of the Clenshaw-Curtis rule on all nodes, G of the one on every other node, its
-        integral of dF/dalpha) where the leaves are two or more of equal width; else None."""
+        """(node keys, weights of the Clenshaw-Curtis rule on all of them, its G, G of the rule on
+        every other node, its integral of dF/dalpha) where the leaves are two or more of equal
+        width; else None."""
         leaves = row.leaves
         widths = {leaf.tb - leaf.ta for leaf in leaves}
         if len(leaves) < 2 or len(widths) != 1 or any(leaf.jump for leaf in leaves):
@@ -318,29 +327,25 @@ class Refinement:
         if any(k not in row.g for k in keys):
             return None
         upper, lower = _level_rules(n)
-        stacked = torch.stack([row.g[k] for k in keys]).to(torch.float64)
-        w_up = torch.as_tensor(upper, dtype=torch.float64, device=stacked.device)
-        w_low = torch.as_tensor(lower, dtype=torch.float64, device=stacked.device)
-        g_up = torch.tensordot(w_up, stacked, 1)
-        return g_up, torch.tensordot(w_low, stacked, 1), float(upper @ np.array([row.s[k] for k in keys]))
+        g_up, g_low = _weighted(row, keys, upper, lower)
+        return keys, upper, g_up, g_low, float(upper @ np.array([row.s[k] for k in keys]))
 
-    def _level_converged(self, i: int, g: torch.Tensor, diff: float, big: float, integral: float) -> bool:
+    def _level_converged(self, i: int, keys: list, upper: np.ndarray, g: torch.Tensor, integral: float, diff: float,
+                         big: float) -> bool:
         """Finish integral ``i`` with the whole-path rule if its estimate and residual agree."""
         row, tol = self.rows[i], self.tol
-        error = _relative(diff, big)
+        error = relative(diff, big)
         residual = integral - (row.f[ONE] - row.f[ZERO])
         scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
         if error <= tol and residual_ok(residual, scale, abs(row.f[ONE]) + abs(row.f[ZERO]), tol, self.eps_f,
                                         self.eps_acc):
-            self._finish(i, g, error, residual, CONVERGED, False, weights=dict(zip(
-                [j / (len(_level_rules(4 * len(row.leaves))[0]) - 1) for j in range(4 * len(row.leaves) + 1)],
-                _level_rules(4 * len(row.leaves))[0].tolist())))
+            self._finish(i, g, error, residual, CONVERGED, False, weights=dict(zip(keys, upper.tolist())))
             return True
         return False
 
     def _step(self, i: int, total: torch.Tensor, big: float) -> None:
         row, tol = self.rows[i], self.tol
-        error = _relative(sum(leaf.e for leaf in row.leaves), big)
+        error = relative(sum(leaf.e for leaf in row.leaves), big)
         residual = sum(leaf.rho for leaf in row.leaves)
         f_scale = abs(row.f[ONE]) + abs(row.f[ZERO])
         scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
@@ -447,14 +452,8 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
     return one.result(0)
 
 
-def relative(diff, scale):
-    """diff / scale (floats or tensors): 0 where both are 0, inf where only the scale is."""
-    if torch.is_tensor(diff):
-        return torch.where(scale > 0, diff / torch.where(scale > 0, scale, 1),
-                           torch.where(diff == 0, 0.0, float("inf")).to(diff.dtype))
+def relative(diff: float, scale: float) -> float:
+    """diff / scale: 0 where both are 0, inf where only the scale is."""
     if scale > 0:
         return diff / scale
     return 0.0 if diff == 0 else float("inf")
-
-
-_relative = relative
