@@ -30,6 +30,15 @@ def unconverged(states) -> np.ndarray:
     return (s != CONVERGED) & (s != UNCHECKED)
 
 
+def unconverged_layers(layers, states) -> dict[int, str]:
+    """{layer: why} for the layers whose integral was judged and did not converge ({} for none,
+    or for states None: a store before the check)."""
+    if states is None:
+        return {}
+    s = np.ravel(np.asarray(states))
+    return {int(layer): name(state) for layer, state, bad in zip(layers, s, unconverged(s)) if bad}
+
+
 def counts(states) -> dict[str, int]:
     """{state name: example-layers} over the states given (any shape)."""
     s = np.asarray(states if states is not None else [], dtype=np.int64).ravel()

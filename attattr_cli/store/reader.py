@@ -14,11 +14,11 @@ import h5py
 import numpy as np
 
 from .. import convergence
-
-UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
+
+UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 
 
 @dataclass
@@ -75,8 +75,7 @@ class StoredExample:
     @property
     def unconverged_layers(self) -> dict[int, str]:
         """{layer: why} for the scored layers whose integral did not converge."""
-        bad = convergence.unconverged(self.convergence)
-        return {int(layer): convergence.name(s) for layer, s, b in zip(self.layers, self.convergence, bad) if b}
+        return convergence.unconverged_layers(self.layers, self.convergence)
 
     def _name(self, i) -> str | None:
         if i is None or int(i) < 0:
@@ -521,10 +520,9 @@ class Store(OpenFile):
                 for key, value in (("_n", e.nodes), ("_e", e.error_estimate), ("_c", e.node_cap_hit),
                                    ("_s", e.convergence)):
                     d.setdefault(key, []).extend([] if value is None else np.asarray(value).tolist())
-                bad = convergence.unconverged(e.convergence)
                 d.setdefault("unconverged_at", []).extend(
-                    {"example": int(i), "layer": int(layer), "state": convergence.name(state)}
-                    for layer, state, b in zip(e.layers, e.convergence, bad) if b)
+                    {"example": int(i), "layer": layer, "state": why}
+                    for layer, why in convergence.unconverged_layers(e.layers, e.convergence).items())
                 if e.convergence_tol is not None:
                     d["convergence_tol"] = e.convergence_tol
                 g = self._group(i)

@@ -144,11 +144,8 @@ def header_of(example, labels: Sequence[str] | None = None) -> dict:
     out["correct"] = None if out["gold"] is None else gold == pred
     resid = np.asarray(getattr(example, "residual", []), dtype=np.float64).ravel()
     out["residual"] = {int(l): float(v) for l, v in zip(example.layers, resid)}
-    states = getattr(example, "convergence", None)
-    bad = convergence.unconverged(states)
     # layers whose integral is not converged, with why ({} where all are, or the store predates the check)
-    out["unconverged"] = {int(l): convergence.name(s) for l, s, b in zip(example.layers, np.ravel(states), bad) if b} \
-        if states is not None else {}
+    out["unconverged"] = convergence.unconverged_layers(example.layers, getattr(example, "convergence", None))
     out["truncated"] = bool(getattr(example, "truncated", False))
     return out
 
