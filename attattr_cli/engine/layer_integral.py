@@ -36,18 +36,18 @@ class Integration:
         kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
         return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
 
-    def _integrate(self, enc: Encoded, site, target, clean,
-                   grad_at_one: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+    def _integrate(self, enc: Encoded, site, target, clean, grad_at_one: torch.Tensor | None = None,
+                   f_full: float | None = None) -> tuple[torch.Tensor, float]:
         """G = sum_k w_k dF/dO_k for the target site, and F with its attention at 0.
 
-        ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward; that node
-        is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
+        ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward (F there:
+        ``f_full``); that node is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
         out-of-memory error halves the micro-batch and retries.
         """
         family, layer = site
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         if self.options.tol is not None:
-            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype)
+            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype, f_full)
         alphas, weights, ratio, g_sum, g_low = self.fixed_nodes(grad_at_one, acc_dtype)
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
@@ -96,7 +96,7 @@ class Integration:
             alphas, weights = alphas[~one], weights[~one]
         return alphas, weights, ratio, g, g_low
 
-    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype):
+    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype, f_full):
         """G and F(0) by the error-controlled integration of engine/adaptive.py."""
         def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
             ones = torch.ones(len(alphas), dtype=acc_dtype, device=self.device)
@@ -110,7 +110,7 @@ class Integration:
             return torch.cat(grads), torch.cat(fs)
 
         known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
-        known_f = {} if grad_at_one is None else {adaptive.ONE: self._f_full}
+        known_f = {} if grad_at_one is None else {adaptive.ONE: f_full}
         def derivative(g: torch.Tensor) -> torch.Tensor:  # sum Attr = <G, A V> per row (dF/dalpha at a node)
             s = self._saved
             if "out" not in s:

@@ -273,7 +273,6 @@ class Scorer(Integration, Assembly):
                 gold = -1 if example.label is None else self.label_map[example.label]
                 target = self._choose_target(pred, gold, example)
             f_full = float(self._target_value(logits, target)[0])
-            self._f_full = f_full  # F(1), for --tol's completeness check
             at_one = {}
             if share_one:
                 wanted = [t for t in targets if t in record.leaves]
@@ -292,7 +291,7 @@ class Scorer(Integration, Assembly):
                 per_layer = []
                 for layer in self.layers_of[fam.name]:
                     site = (fam.name, layer)
-                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site))
+                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)
                     per_layer.append(self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral))
                     del g
                     if on_layer is not None:
