@@ -190,62 +190,64 @@ def test_value_zeroing_against_a_hand_computation(tiny):
     assert value_zeroing.rollout_of(m) == pytest.approx(m[1] @ m[0])
 
 
-def _share(parts, b):
-    """Split bias b over the parts in proportion to their absolute values, elementwise."""
-    mags = [p.abs() for p in parts]
-    tot = sum(mags)
-    return [p + torch.where(tot > 0, m / torch.where(tot > 0, tot, 1.0), 1.0 / len(parts)) * b
-            for p, m in zip(parts, mags)]
+def _bert_with_biases(layers: int, seed: int):
+    """A float64 BERT classifier whose every bias and LayerNorm is far from its initial value,
+    so that every bias term of DecompX is exercised."""
+    import transformers as tf
 
-
-def _ln_parts(parts, ln):
-    z = sum(parts)
-    s = torch.sqrt(((z - z.mean()) ** 2).mean() + ln.eps)
-    return _share([ln.weight * (p - p.mean()) / s for p in parts], ln.bias)
-
-
-def _act_parts(parts, fn):
-    z = sum(parts)
-    theta = fn(z) / z
-    return [theta * p for p in parts]
-
-
-def test_decompx_against_a_hand_computation(tiny):
-    loaded, ex, x, out = tiny
-    model = loaded.model
-    layer = model.bert.encoder.layer[0]
-    sa, so = layer.attention.self, layer.attention.output
-    n, d = x.shape
+    torch.manual_seed(seed)
+    cfg = tf.BertConfig(vocab_size=45, hidden_size=8, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=12, max_position_embeddings=16, num_labels=3, initializer_range=0.5,
+                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = tf.BertForSequenceClassification(cfg).double().eval()
     with torch.no_grad():
-        _, probs, _, _ = _by_hand(layer, x)
-        rows = []  # rows[i][k]: the part of token i's vector that comes from input token k
-        for i in range(n):
-            rows.append([x[i] if k == i else torch.zeros(d, dtype=x.dtype) for k in range(n)])
-        values = [_share([p @ sa.value.weight.T for p in rows[j]], sa.value.bias) for j in range(n)]
-        new_rows = []
-        for i in range(n):
-            z = []
-            for k in range(n):
-                acc = torch.zeros(d, dtype=x.dtype)
-                for h in range(2):
-                    sl = slice(2 * h, 2 * h + 2)
-                    for j in range(n):
-                        acc = acc + probs[h][i, j] * (values[j][k][sl] @ so.dense.weight[:, sl].T)
-                z.append(acc)
-            z = _share(z, so.dense.bias)
-            y = _ln_parts([z[k] + rows[i][k] for k in range(n)], so.LayerNorm)
-            u = _share([p @ layer.intermediate.dense.weight.T for p in y], layer.intermediate.dense.bias)
-            f = _act_parts(u, layer.intermediate.intermediate_act_fn)
-            o = _share([p @ layer.output.dense.weight.T for p in f], layer.output.dense.bias)
-            new_rows.append(_ln_parts([o[k] + y[k] for k in range(n)], layer.output.LayerNorm))
-        pooled = _share([p @ model.bert.pooler.dense.weight.T for p in new_rows[0]], model.bert.pooler.dense.bias)
-        pooled = _act_parts(pooled, torch.tanh)
-        logits = _share([p @ model.classifier.weight.T for p in pooled], model.classifier.bias)
-        expected = np.array([float(c[ex.target]) for c in logits])
+        for mod in model.modules():
+            if isinstance(mod, torch.nn.Linear):
+                mod.bias.normal_(0, 0.4)
+            if isinstance(mod, torch.nn.LayerNorm):
+                mod.weight.normal_(1.0, 0.3)
+                mod.bias.normal_(0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_decompx_is_its_authors_computation(layers, tokenizer):
+    """attattr's DecompX against a hand port of the authors' code (tests/decompx_reference.py:
+    AbsDot bias split, the value bias folded into W_O b_V + b_O after the first layer, zero-origin
+    slopes), on one- and two-layer BERTs and several inputs: the same parts to float rounding."""
+    from scipy.stats import kendalltau
+
+    import decompx_reference
+    from attattr_cli.models.loading import prepare
+
+    model = _bert_with_biases(layers, seed=10 + layers)
+    loaded = prepare(model, tokenizer, f"tiny-{layers}-layer")
     run = ti.ModelRunner(loaded)
-    got = run.compute(ex, ["decompx"])["decompx"]
-    assert got == pytest.approx(expected, abs=1e-9)
-    assert got.sum() == pytest.approx(float(out.logits[0, ex.target]), abs=1e-9)  # the parts add up to the logit
+    for text in (("w1 w7",), ("w3 w4 w5 w9", "w2 w8"), ("w11 w12 w13 w14 w15 w16",)):
+        enc = tokenizer(*text)
+        seg = [-1 if s is None else s for s in enc.sequence_ids()]
+        with torch.no_grad():
+            ref, ref_logits = decompx_reference.decompx(model, enc["input_ids"], enc["token_type_ids"])
+        for target in range(3):
+            ex = ti.Prepared(0, np.array(enc["input_ids"]), np.array(enc["token_type_ids"]), np.array(seg), target, 0)
+            got = run.compute(ex, ["decompx"])["decompx"]
+            expected = ref[:, target].numpy()
+            assert got == pytest.approx(expected, abs=1e-10, rel=1e-9)
+            assert kendalltau(got, expected).statistic == pytest.approx(1.0)
+        parts, logits = decompose.decompx_logits(run, ex)
+        assert torch.allclose(parts.sum(0), ref_logits, atol=1e-9)  # the parts add up to every logit
+        assert torch.allclose(logits, ref_logits, atol=1e-12)
+
+
+def test_decompx_splits_a_bias_by_absolute_dot_products():
+    """One bias over three parts: weights |part . b| / sum, not elementwise magnitudes."""
+    parts = torch.tensor([[[1.0, 0.0], [0.0, 2.0], [-1.0, -1.0]]], dtype=torch.float64)
+    b = torch.tensor([2.0, 1.0], dtype=torch.float64)
+    got = decompose.share_bias(parts, b)
+    dots = torch.tensor([2.0, 2.0, 3.0], dtype=torch.float64)
+    expected = parts + (dots / (dots.sum() + 1e-12))[None, :, None] * b
+    assert torch.allclose(got, expected)
+    assert torch.allclose(got.sum(-2), parts.sum(-2) + b)
 
 
 def test_decompx_parts_add_up_to_every_logit_of_a_deeper_model(loaded_factory, tokenizer):
@@ -289,6 +291,34 @@ def test_integrated_gradients_against_a_riemann_sum(tiny):
     with torch.no_grad():
         assert got.sum() == pytest.approx(float(f(emb) - f(base)), abs=1e-5)  # completeness
     assert abs(delta) < 1e-5
+
+
+def test_integrated_gradients_raises_its_points_until_completeness_holds(tiny):
+    """The adaptive rule: points doubled until |sum IG - (F(x) - F(b))| <= tol x scale; the
+    error, points and state of every example are kept; a cap too low flags the example."""
+    pytest.importorskip("captum")
+    from attattr_cli.analysis.methods import ig
+
+    loaded, ex, _, _ = tiny
+    run = ti.ModelRunner(loaded, output="prob")
+    first, delta2 = ig.integrated_gradients(run, ex, steps=2)
+    scores = ig.adaptive_ig(run, ex, steps=2, max_steps=256, tol=1e-9)
+    note = run.notes["ig"][ex.index]
+    change = note["change"]
+    scale = max(abs(change), float(np.abs(scores).max()))
+    assert note["converged"] and note["steps"] > 2
+    assert abs(scores.sum() - change) <= 1e-9 * scale + 1e-10  # completeness, to the tolerance asked
+    assert abs(note["completeness_error"]) <= 1e-9 * scale + 1e-10
+    assert abs(delta2) > abs(note["completeness_error"])  # two points were not enough
+    # the same example with a cap below what it needs: flagged, the error kept
+    run2 = ti.ModelRunner(loaded, output="prob")
+    ig.adaptive_ig(run2, ex, steps=2, max_steps=2, tol=1e-9)
+    flagged = run2.notes["ig"][ex.index]
+    assert not flagged["converged"] and flagged["steps"] == 2 and flagged["completeness_error"] == pytest.approx(delta2)
+    summ = ig.summary(run2.notes["ig"])
+    assert summ["flagged"] == 1 and summ["flagged_examples"] == [ex.index]
+    # the registered method is the adaptive one, and its stored parameters say so
+    assert registry.REGISTRY["ig"].store_params(registry.Settings())["version"] == 2
 
 
 # -- DecompX's masking protocol on a toy model -----------------------------------------------
@@ -423,6 +453,10 @@ def test_cli_all_methods_and_adversarial_on_builtin_default(tmp_path):
     assert set(a["summary"]) == {"0.02", "0.05"} and len(a["per_example"]) == 2
     assert all(e["epsilons"]["0.02"]["tvd_output"] <= 0.02 for e in a["per_example"])
     assert {t["baseline"] for t in data["paired_tests"]} >= {"ig", "alti", "decompx", "value_zeroing", "random"}
+    ig = data["completeness"]["ig"]  # IG's completeness error of every example, checked against its tolerance
+    assert ig["examples"] == 2 and ig["max_abs_error"] is not None
+    assert ig["flagged"] == 0 or ig["max_steps_used"] == 320
+    assert "ig: completeness error at most" in r.stderr
     lines = r.stdout.strip().splitlines()  # --csv: the rows on stdout
     assert lines[0].startswith("section,method") and sum(x.startswith("adversarial,") for x in lines) == 2
     assert sum(x.startswith("methods,") for x in lines) == len(registry.NAMES)

@@ -407,6 +407,10 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
     report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
     report["unconverged"] = int(unconverged)  # examples used with a layer whose integral did not converge
     report["left_out"] = left_out
+    if "ig" in runner.notes:
+        from .methods.ig import summary
+
+        report["completeness"] = {"ig": summary(runner.notes["ig"])}  # examples whose IG ran now (not from the store)
     if options.adversarial is not None:
         from .adversarial import summarise
 

@@ -117,6 +117,7 @@ class ModelRunner:
             raise OptionError("--erase mask needs a tokenizer with a mask token; use --erase remove")
         self.mask_id = mask_id
         self.forwards = 0  # sequences run (for reports)
+        self.notes: dict[str, dict] = {}  # per method, per example: what a method reports of itself (IG's completeness)
 
     # sequences -------------------------------------------------------------------------
     def erased(self, ex: Prepared, keep: np.ndarray, erase: str | None = None) -> tuple[tuple, tuple | None]:

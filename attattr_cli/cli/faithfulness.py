@@ -209,6 +209,12 @@ def faithfulness(
             err.print(skipped_line(report["skipped_nonfinite"]), markup=False)
         if report.get("unconverged"):
             err.print(unconverged_line(report["unconverged"], report["examples"]), markup=False)
+        ig = (report.get("completeness") or {}).get("ig")
+        if ig and ig["examples"]:
+            err.print(f"ig: completeness error at most {ig['max_abs_error']:.2g} on {ig['examples']} examples "
+                      f"(tolerance {ig['tolerance']:g} of each example's scale, up to {ig['max_steps_used']} points)"
+                      + (f"; {ig['flagged']} flagged at the point cap: {ig['flagged_examples'][:5]}" if ig["flagged"] else ""),
+                      markup=False)
         if plot is not None:
             res.plot(plot)
         if as_json:

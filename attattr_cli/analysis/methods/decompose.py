@@ -16,14 +16,21 @@ d_ij = ||y_i - T~_i(x_j)||_1 and c_ij = max(0, ||y_i||_1 - d_ij) / sum_k max(0, 
 (a row where every max is 0, possible in small models, becomes c_ii = 1).
 The layers are combined by rollout R = C^L ... C^1; the score of token j is R[pool, j].
 
-DecompX keeps, for every token i, its representation split into one vector per input
-token k, x_i = sum_k x_(i<-k), from the embeddings (x_(i<-k) = [i = k] e_i) through every
-layer and the classifier head: linear maps act on each part; a bias b is split over the
-parts in proportion to their magnitudes, elementwise, b_(<-k) = |z_(<-k)| / sum_k' |z_(<-k')| * b
-(equal shares where every part is zero); LayerNorm uses the whole vector's mean per part
-and the whole vector's standard deviation; an activation f is the line through zero and
-(z, f(z)), f(z)_(<-k) = f(z)/z * z_(<-k) (GELU in the feed-forward, tanh in the pooler).
-The score of token k is its part of the target class's logit; the parts sum to the logit.
+DecompX, as the paper (Eq. 5) and its authors' code define it (their defaults: AbsDot bias
+decomposition, GeLU and tanh by the zero-origin slope, the classifier and pooler included),
+keeps, for every token i, its representation split into one vector per input token k,
+x_i = sum_k x_(i<-k), from the embeddings (x_(i<-k) = [i = k] e_i) through every layer and the
+classifier head: linear maps act on each part; a bias b is given to the parts with one weight
+per part, proportional to the absolute dot product of the part with the bias ("AbsDot"),
+b_(<-k) = |z_(<-k) . b| / (sum_k' |z_(<-k') . b| + 1e-12) * b; the attention block's biases are
+split once, after the residual is added: in the first layer the value bias travels with its
+key token's value (b_V belongs to token j there) and the output bias b_O is split; in later
+layers the values are decomposed without their bias and W_O b_V + b_O is split as one bias;
+LayerNorm uses each part's own mean and the whole vector's standard deviation, beta split like a
+bias; an activation f is the line through zero and (z, f(z)): f(z)_(<-k) = f(z) / (z + 1e-12) *
+z_(<-k) (GELU in the feed-forward, tanh in the pooler). The score of token k is its part of the
+target class's logit; the parts sum to the logit (unless every part of some bias has a zero dot
+product with it, where the authors' 1e-12 leaves that bias out, as here).
 """
 
 from __future__ import annotations
@@ -150,14 +157,13 @@ def alti(runner, ex) -> np.ndarray:
 # -- DecompX ----------------------------------------------------------------------------------
 
 def share_bias(parts, b):
-    """parts [..., K, d] + their shares of b [d]: |part| / sum |parts| elementwise, equal
-    shares where every part is zero."""
+    """parts [..., K, d] + their AbsDot shares of the bias b ([d], or [..., d] for one bias per
+    vector): each part gets |part . b| / (sum_k |part_k . b| + 1e-12) of b, as the authors' code."""
     import torch
 
-    mag = parts.abs()
-    tot = mag.sum(-2, keepdim=True)
-    w = torch.where(tot > 0, mag / torch.where(tot > 0, tot, torch.ones_like(tot)), torch.full_like(mag, 1.0 / parts.shape[-2]))
-    return parts + w * b
+    w = torch.einsum("...kd,...d->...k", parts, b.expand(*parts.shape[:-2], b.shape[-1])).abs()
+    w = w / (w.sum(-1, keepdim=True) + 1e-12)
+    return parts + w.unsqueeze(-1) * b.unsqueeze(-2)
 
 
 def _linear_parts(parts, linear):
@@ -176,28 +182,32 @@ def _ln_parts(parts, ln):
 
 
 def _act_parts(parts, fn):
-    """f(z) split by the line through 0 and (z, f(z)); where z = 0, f'(0) from a tiny step."""
-    import torch
-
+    """f(z) split by the line through 0 and (z, f(z)): the slope f(z) / (z + 1e-12), as the
+    authors' zero-origin approximation."""
     z = parts.sum(-2)
-    tiny = 1e-6
-    slope0 = fn(torch.full_like(z, tiny)) / tiny
-    theta = torch.where(z.abs() > 1e-12, fn(z) / torch.where(z.abs() > 1e-12, z, torch.ones_like(z)), slope0)
-    return theta.unsqueeze(-2) * parts
+    return (fn(z) / (z + 1e-12)).unsqueeze(-2) * parts
 
 
-def decompx_layer(layer, parts, a):
-    """One BERT layer on parts [i, K, d]; a [H, n, n]."""
+def decompx_layer(layer, parts, a, first: bool):
+    """One BERT layer on parts [i, K, d]; a [H, n, n]; ``first``: the parts are the embeddings
+    (x_(i<-k) = [i = k] e_i), where the value bias goes with its key token's value."""
     import torch
 
     sa, so = layer.attention.self, layer.attention.output
     heads = a.shape[0]
     n, k, d = parts.shape
-    v = _linear_parts(parts, sa.value).view(n, k, heads, -1)  # [j, K, h, e]
-    wo = _d(so.dense.weight).view(d, heads, -1)
+    v = parts @ _d(sa.value.weight).T  # [j, K, H e]
+    wo_full, b_v, b_o = _d(so.dense.weight), _d(sa.value.bias), _d(so.dense.bias)
+    if first:
+        v = v + torch.diag_embed(b_v.expand(n, -1).T).permute(1, 2, 0)  # [j, j, :] += b_V
+        bias = b_o
+    else:
+        bias = wo_full @ b_v + b_o
+    v = v.view(n, k, heads, -1)  # [j, K, h, e]
+    wo = wo_full.view(d, heads, -1)
     pv = torch.einsum("jkhe,dhe->hjkd", v, wo)
-    z = share_bias(torch.einsum("hij,hjkd->ikd", a, pv), _d(so.dense.bias))
-    y = _ln_parts(z + parts, so.LayerNorm)
+    z = share_bias(torch.einsum("hij,hjkd->ikd", a, pv) + parts, bias)
+    y = _ln_parts(z, so.LayerNorm)
     u = _linear_parts(y, layer.intermediate.dense)
     f = _act_parts(u, layer.intermediate.intermediate_act_fn)
     o = _linear_parts(f, layer.output.dense)
@@ -215,7 +225,7 @@ def decompx_logits(runner, ex):
     parts = torch.diag_embed(hs[0].T).permute(1, 2, 0).contiguous()  # [i, K, d]: e_i at k = i
     with torch.no_grad():
         for li, layer in enumerate(layers):
-            parts = decompx_layer(layer, parts, att[li])
+            parts = decompx_layer(layer, parts, att[li], first=li == 0)
         base = getattr(model, model.base_model_prefix)
         pooled = _linear_parts(parts[ex.pool][None], base.pooler.dense)  # [1, K, d]
         pooled = _act_parts(pooled, torch.tanh)
@@ -237,4 +247,5 @@ register(Method("alti", "ALTI (Ferrando et al. 2022): L1 contributions of each t
 register(Method("decompx", "DecompX (Modarressi et al. 2023): each token's part of the target logit, decomposed "
                            "through every layer (attention, LayerNorm, feed-forward) and the classifier head",
                 lambda ctx: decompx(ctx.runner, ctx.ex), kind="decomposition", needs=("model",), params=lambda s: {"output": "logit"},
+                version=2,  # 2: AbsDot bias split and the value bias folded as the authors' code (1: elementwise)
                 applies=bert_head, default=False, reference="Modarressi et al. 2023"))
