@@ -205,9 +205,10 @@ def test_results_render_themselves(cli_store, tmp_path, monkeypatch):
     ipython = types.ModuleType("IPython")
     ipython.display = types.ModuleType("IPython.display")
     ipython.display.display = displayed.append
-    monkeypatch.setitem(sys.modules, "IPython", ipython)
-    monkeypatch.setitem(sys.modules, "IPython.display", ipython.display)
-    assert e.show(layers=[0]) is None  # displayed once in a notebook, nothing returned to show twice
+    with monkeypatch.context() as mp:  # a notebook's display, for this call only
+        mp.setitem(sys.modules, "IPython", ipython)
+        mp.setitem(sys.modules, "IPython.display", ipython.display)
+        assert e.show(layers=[0]) is None  # displayed once in a notebook, nothing returned to show twice
     shown = displayed[0]._repr_html_()
     assert "<script" in shown and all(t in shown for t in set(e.tokens))
     e.save(tmp_path / "v.svg", layers=[0])

@@ -295,9 +295,10 @@ def test_example_html_show_and_save(stores, tmp_path, monkeypatch):
     ipython = types.ModuleType("IPython")
     ipython.display = types.ModuleType("IPython.display")
     ipython.display.display = shown.append
-    monkeypatch.setitem(sys.modules, "IPython", ipython)
-    monkeypatch.setitem(sys.modules, "IPython.display", ipython.display)
-    assert show(ld.example, ld.labels, layers=[1]) is None  # displayed once, nothing returned to display again
+    with monkeypatch.context() as mp:  # a notebook's display, for this call only
+        mp.setitem(sys.modules, "IPython", ipython)
+        mp.setitem(sys.modules, "IPython.display", ipython.display)
+        assert show(ld.example, ld.labels, layers=[1]) is None  # displayed once, nothing returned to display again
     text = shown[0]._repr_html_()
     data = json.loads(re.search(r'id="aa-[0-9a-f]+-data">(.*?)</script>', text, re.S).group(1))
     assert data["layers"] == [1] and data["query_tokens"] == ld.example.tokens
