@@ -189,7 +189,9 @@ class Results(list):
     ``save("x.h5")`` writes them as the store ``score(..., out="x.h5")`` would, ``to_pandas()``
     tabulates them, a notebook shows a table of the examples."""
 
-    backing = None  # the store the examples were read from (kept while the results live)
+    def __getitem__(self, i):
+        got = super().__getitem__(i)
+        return Results(got) if isinstance(i, slice) else got  # a slice saves and shows as the whole does
 
     def save(self, path) -> Path:
         """Write these examples to the attribution store ``path`` (.h5), whole or not at all:
