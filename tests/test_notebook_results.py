@@ -15,7 +15,7 @@ import pytest
 from matplotlib.figure import Figure
 
 import attattr_cli as aa
-from attattr_cli.errors import OptionError
+from attattr_cli.errors import OptionError, StoreError
 from attattr_cli.store import Store
 from conftest import build_model, run_cli
 
@@ -175,6 +175,13 @@ def test_saved_results_are_the_store_score_writes(done, tmp_path):
     np.testing.assert_allclose(aa.importance(tmp_path / "mem.h5")["attr"], done["imp"]["attr"])
     with pytest.raises(OptionError, match=r"\.h5"):
         res.save(tmp_path / "x.json")
+    done["store"][2].save(tmp_path / "two.h5")  # from an open store: its example copied as stored
+    res[1:].save(tmp_path / "tail.h5")  # a slice is Results too
+    with Store(tmp_path / "two.h5") as two, Store(tmp_path / "tail.h5") as tail, Store(done["store_path"]) as a:
+        assert two.indices() == [2] and tail.indices() == [1, 2]
+        np.testing.assert_array_equal(two.get(2).attribution, a.get(2).attribution)
+    with pytest.raises(StoreError, match="come from"):
+        done["store"][2].save(done["store_path"])
     mixed = aa.Results([res[0], done["store"][1]])
     with pytest.raises(OptionError, match="scored together"):
         mixed.save(tmp_path / "mixed.h5")

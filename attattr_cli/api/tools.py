@@ -255,8 +255,10 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
         raise OptionError("shards must be a list of store paths")
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
+    from ..views.notebook import Summary
+
     result = merge_stores([str(s) for s in shards], str(out), partial=partial)
-    return dict(result, notes=notes, problems=problems)
+    return Summary(dict(result, notes=notes, problems=problems), "merge")
 
 
 def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import h5py
-
 from ..errors import StoreError
+from .opening import open_file
 from .schema import EXAMPLES, example_name
 
 
@@ -20,8 +19,8 @@ def copy_examples(source: str | os.PathLike, out: str | os.PathLike, indices: li
     source, out = Path(source), Path(out)
     if out.exists() and out.resolve() == source.resolve():
         raise StoreError(f"{out} is the store these examples come from: give another file name")
-    with h5py.File(source, "r") as src, replaced(out, suffix=".h5") as tmp:
-        with h5py.File(tmp, "w") as dst:
+    with open_file(source, "r", locking=False) as src, replaced(out, suffix=".h5") as tmp:
+        with open_file(tmp, "w") as dst:
             dst.attrs.update(dict(src.attrs))
             for name in src:
                 if name != EXAMPLES:
