@@ -80,10 +80,6 @@ class Attribution(StoredExample):
         return highlight_html(self.key_tokens or self.tokens,
                               self.token_importance() if scores is None else scores)
 
-    def head_rows(self) -> list[dict]:
-        """One row per scored (layer, head): see :meth:`to_pandas`."""
-        return head_rows(self)
-
     def to_pandas(self, table: str = "heads"):
         """A pandas DataFrame: ``table="heads"`` one row per scored layer and head (columns in
         docs/api.md), ``"tokens"`` one row per (key) token with its importance."""
@@ -94,9 +90,7 @@ class Attribution(StoredExample):
     def __repr__(self) -> str:
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
         text = text if len(text) <= 60 else text[:59] + "…"
-        p = None
-        if self.pred is not None and 0 <= int(self.pred) < np.size(self.probs):
-            p = float(np.asarray(self.probs).ravel()[int(self.pred)])
+        p = probability(self)
         return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}"
                 + (f" (p {p:.3f})" if p is not None else "") + f", layers={list(self.layers)}, text={text!r})")
 
@@ -154,13 +148,21 @@ def _rows_of(examples, table: str) -> list[dict]:
 EXAMPLE_COLUMNS = ["index", "text", "gold", "prediction", "probability", "max |residual|", "converged"]
 
 
+def probability(e) -> float | None:
+    """The probability of the prediction; for a language model that of the (first) target
+    token (what the view's header shows). None when unknown."""
+    probs = np.asarray(e.probs, dtype=np.float64).ravel()
+    meta = e.meta if isinstance(e.meta, dict) else {}
+    if meta.get("lm"):
+        return float(probs[0]) if probs.size else None
+    pred = int(e.pred) if e.pred is not None else -1
+    return float(probs[pred]) if 0 <= pred < probs.size else None
+
+
 def example_row(e) -> list:
     """[index, text, gold, prediction, probability, max |residual|, converged] of one example."""
     text = e.text_a if e.text_b is None else f"{e.text_a} / {e.text_b}"
-    probs = np.asarray(e.probs, dtype=np.float64).ravel()
-    pred = int(e.pred) if e.pred is not None else -1
-    p = float(probs[pred]) if 0 <= pred < probs.size and not getattr(e, "meta", {}).get("lm") else \
-        (float(probs[0]) if probs.size else None)
+    p = probability(e)
     resid = np.abs(np.asarray(e.residual, dtype=np.float64))
     return [int(e.index), text if len(text) <= 80 else text[:79] + "…", e.gold_label, e.prediction, p,
             float(resid.max()) if resid.size else None, e.converged]
