@@ -84,7 +84,8 @@ def test_rich_displays_give_the_right_mime_data(done):
 
 def test_plots_are_figures_saved_on_request(done, tmp_path):
     figs = {"imp": done["imp"].plot(), "prune": done["prune"].plot(), "faith": done["faith"].plot(),
-            "view": aa.view(done["store_path"], 1, fmt="figure", layers=[0]), "example": done["res"][0].figure(layers=[0]),
+            "view": aa.view(done["store_path"], 1, fmt="figure", layers=[0], tree=False),
+            "example": done["res"][0].figure(layers=[0], tree=False),
             "tree": done["tree"].figure()}
     for name, fig in figs.items():
         assert isinstance(fig, Figure), name
