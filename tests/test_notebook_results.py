@@ -214,9 +214,13 @@ def test_unknown_words_are_named_once(done):
         aa.score(done["model"], [("a premise", "a hypothesis"), "one sentence"], steps=2)
     assert len([w for w in got if "unknown token" in str(w.message)]) == 1
     assert "\n" not in str(got[0].message)
+    with pytest.warns(UserWarning, match=r"1 of 1 examples \(0\) are mostly the unknown token") as got:
+        aa.predict(done["model"], ["where is the station"])  # every function that takes inputs
+    assert len(got) == 1 and got[0].filename == __file__  # the line is the caller's
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         aa.score(done["model"], [("gabu dite blick hapa", "feli bero zupe lomi")], steps=2)
+        aa.predict(done["model"], [("gabu dite blick hapa", "feli bero zupe lomi")])
 
 
 def test_show_displays_once_and_returns_nothing(done, monkeypatch):

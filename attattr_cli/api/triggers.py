@@ -110,7 +110,8 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     wanted = None
     try:
         if on_the_fly:
-            m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+            m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device,
+                                                             check_words=False)  # score says it
             positions = {id(e): k for k, e in enumerate(rows)}
             chosen = select_by_length(m.tokenizer, rows, [positions[id(e)] for e in picked], min_tokens, limit)
             wanted = [rows[i].index for i in chosen]
