@@ -1,8 +1,9 @@
 """What results need to show themselves in a notebook, without a GUI or global state.
 
 - :class:`Html` a string of HTML that a notebook renders (``_repr_html_``) and prints short
+- :class:`Summary` a dict (a command's JSON) that prints short and shows as a table
 - :func:`new_figure` a matplotlib ``Figure`` made directly (no pyplot: no GUI backend, no
-  figure left open), :func:`figure_bytes` its PNG or SVG bytes, :func:`save_figure` a file
+  figure left open) that a notebook shows and ``save(path)`` writes
 - :func:`table_html` a small HTML table (inline styles only) of rows, the first ``limit``
 - :func:`data_frame` rows as a pandas DataFrame, or one line naming the install command
 - :func:`display` hand an object to IPython's display (once), or say IPython is missing
@@ -11,14 +12,11 @@
 from __future__ import annotations
 
 import html as html_escape
-import io
-from pathlib import Path
 from typing import Any, Sequence
 
 from ..analysis.plots import new_figure  # noqa: F401  (one maker of figures, re-exported)
 from ..errors import OptionError
 
-FIGURE_FORMATS = (".png", ".svg", ".pdf")
 PANDAS_HINT = "to_pandas() needs pandas: pip install 'attattr[notebook]' (or pip install pandas)"
 
 
@@ -39,28 +37,6 @@ class Html(str):
 
     def __str__(self) -> str:
         return str.__str__(self)
-
-
-def figure_bytes(fig, fmt: str = "png", dpi: int = 100) -> bytes:
-    """The figure as PNG or SVG (or PDF) bytes."""
-    import matplotlib
-
-    buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
-    return buf.getvalue()
-
-
-def save_figure(fig, path, dpi: int = 150) -> Path:
-    """Write ``fig`` to ``path`` (.png, .svg or .pdf by the suffix), whole or not at all."""
-    from ..fileio import write_atomic
-
-    path = Path(path)
-    fmt = path.suffix.lower()
-    if fmt not in FIGURE_FORMATS:
-        raise OptionError(f"cannot save a figure as {path}: use a .png, .svg or .pdf file name")
-    write_atomic(path, figure_bytes(fig, fmt.lstrip("."), dpi))
-    return path
 
 
 def _cell(v) -> str:
