@@ -30,6 +30,10 @@ class Attribution(StoredExample):
     Per scored layer, ``nodes``, ``error_estimate`` and ``convergence`` (a state code,
     :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
     be trusted (docs/integration.md).
+
+    In a notebook it shows its interactive view; ``show()``, ``figure()``, ``highlight()``,
+    ``to_pandas()`` and ``save(path)`` (``.h5``: the example as scored, copied from the store
+    it was read from; else a picture or page of the view) are described at each method.
     """
 
     @classmethod
@@ -243,7 +247,7 @@ def read_all(path, label_names=None) -> Results:
         names = label_names if label_names is not None else st.provenance.get("label_names") or []
         res = Results(Attribution.from_stored(st.get(i), names) for i in st.indices())
     for e in res:
-        e.backing = path
+        e.backing = Path(path).resolve()  # the store save() copies from
     return res
 
 
@@ -294,7 +298,7 @@ class StoreView:
     def get(self, index: int, family: str | None = None) -> Attribution:
         """The example ``index`` (of one attention ``family`` of an encoder-decoder model)."""
         e = Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
-        e.backing = self.path
+        e.backing = self.path.resolve()
         return e
 
     def __getitem__(self, index: int) -> Attribution:
