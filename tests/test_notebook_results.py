@@ -241,3 +241,22 @@ def test_show_displays_once_and_returns_nothing(done, monkeypatch):
         with pytest.raises(OptionError, match="IPython"):
             e.show()
     assert shutil.which("dot") is None or "<svg" in done["tree"]._repr_svg_()
+
+
+def test_the_command_line_says_unknown_words_in_one_line(tmp_path):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from attattr_cli.models.default import DEFAULT_MODEL_DIR
+
+    data = tmp_path / "unknown.tsv"
+    data.write_text("premise\thypothesis\tlabel\nwhere is the station\tthe cat sat down\tneutral\n")
+    r = subprocess.run([sys.executable, "-m", "attattr_cli", "importance", "-m", str(DEFAULT_MODEL_DIR), "-d", str(data),
+                        "--methods", "taylor", "-o", str(tmp_path / "imp.h5"), "-q"],
+                       capture_output=True, text=True,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0, r.stderr
+    lines = [x for x in r.stderr.splitlines() if "unknown token" in x]
+    assert len(lines) == 1 and lines[0].startswith("Warning: 1 of 1 examples (0) are mostly the unknown token [UNK]")
+    assert "UserWarning" not in r.stderr
