@@ -237,7 +237,8 @@ def test_show_displays_once_and_returns_nothing(done, monkeypatch):
         assert e.show(layers=[0]) is None
     assert len(shown) == 1 and "<script" in shown[0]._repr_html_() and len(repr(shown[0])) < 200
     with monkeypatch.context() as mp:
-        mp.setitem(sys.modules, "IPython", None)
+        mp.setitem(sys.modules, "IPython", None)  # no IPython, even where another test imported it
+        mp.setitem(sys.modules, "IPython.display", None)
         with pytest.raises(OptionError, match="IPython"):
             e.show()
     assert shutil.which("dot") is None or "<svg" in done["tree"]._repr_svg_()
