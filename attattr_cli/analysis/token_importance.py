@@ -19,6 +19,7 @@ metrics always measure the target class's probability.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
@@ -48,6 +49,9 @@ ATTRIBUTION_METHODS = tuple(m.name for m in registry.REGISTRY.values() if "attri
 GRADIENT_METHODS = ("attn_grad", "grad", "input_x_grad")
 ERASE_MODES = ("remove", "mask")
 VERSION = registry.VERSION
+#: tokens per forward pass of the analyses' batched runs (sequences of one length share a
+#: pass up to this many tokens; 1: one sequence per pass)
+MAX_TOKENS = 16384
 
 
 def check_methods(methods: Iterable[str]) -> list[str]:
@@ -103,7 +107,7 @@ class ModelRunner:
     """
 
     def __init__(self, loaded: LoadedModel, output: str = "prob", erase: str = "remove",
-                 max_tokens: int = 16384):
+                 max_tokens: int = MAX_TOKENS):
         if erase not in ERASE_MODES:
             raise OptionError(f"unknown erase mode '{erase}'; available: {', '.join(ERASE_MODES)}")
         self.loaded = loaded
@@ -117,6 +121,10 @@ class ModelRunner:
             raise OptionError("--erase mask needs a tokenizer with a mask token; use --erase remove")
         self.mask_id = mask_id
         self.forwards = 0  # sequences run (for reports)
+        self.passes = 0  # forward passes (batches) run
+        # sequence -> class probabilities, while a caller batches several requests
+        # (:meth:`prefetch`, :meth:`caching`); None: every call runs its own sequences
+        self.cache: dict[tuple, np.ndarray] | None = None
 
     # sequences -------------------------------------------------------------------------
     def erased(self, ex: Prepared, keep: np.ndarray, erase: str | None = None) -> tuple[tuple, tuple | None]:
@@ -126,57 +134,106 @@ class ModelRunner:
         ids = np.asarray(ex.input_ids)
         tt = None if ex.token_type_ids is None else np.asarray(ex.token_type_ids)
         if (erase or self.erase) == "remove":
-            return tuple(int(i) for i in ids[keep]), None if tt is None else tuple(int(t) for t in tt[keep])
+            return tuple(ids[keep].tolist()), None if tt is None else tuple(tt[keep].tolist())
         ids = ids.copy()
         ids[~keep] = self.mask_id
-        return tuple(int(i) for i in ids), None if tt is None else tuple(int(t) for t in tt)
+        return tuple(ids.tolist()), None if tt is None else tuple(tt.tolist())
 
     def probabilities(self, ex: Prepared, keeps: Sequence[np.ndarray], erase: str | None = None) -> np.ndarray:
         """Class probabilities [len(keeps), C] of the example with each keep-mask applied.
 
-        Identical inputs run once; inputs of equal length share a batch (no padding)."""
-        from ..engine import attention
-
+        Identical inputs run once; inputs of equal length share a batch (no padding). Inside
+        :meth:`caching`, sequences a :meth:`prefetch` already ran are not run again."""
         if erase == "mask" and self.mask_id is None:
             raise OptionError("masking needs a tokenizer with a mask token")
         seqs = [self.erased(ex, k, erase) for k in keeps]
-        unique: dict[tuple, int] = {}
-        for s in seqs:
-            unique.setdefault(s, len(unique))
-        by_len: dict[int, list[tuple]] = {}
-        for s in unique:
-            by_len.setdefault(len(s[0]), []).append(s)
+        results = self._run(seqs, ex.index)
+        return np.stack([results[s] for s in seqs])
+
+    def prefetch(self, requests: Iterable[tuple[Prepared, Sequence[np.ndarray], str | None]]) -> None:
+        """Run the sequences of several requests ``(example, keeps, erase)`` together
+        (grouped by length across the examples, at most ``max_tokens`` tokens per pass) and
+        keep their probabilities for the :meth:`probabilities` calls that follow (inside
+        :meth:`caching`). Each sequence's numbers are those a call of its own gives, up to
+        the float rounding of a batch of another size."""
+        seqs: dict[tuple, int] = {}
+        for ex, keeps, erase in requests:
+            if erase == "mask" and self.mask_id is None:
+                raise OptionError("masking needs a tokenizer with a mask token")
+            for k in keeps:
+                seqs.setdefault(self.erased(ex, k, erase), ex.index)
+        if seqs:
+            self._run(list(seqs), None, owners=seqs)
+
+    @contextmanager
+    def caching(self):
+        """Within the block, probabilities are kept per sequence (see :meth:`prefetch`)."""
+        old = self.cache
+        self.cache = {} if old is None else old
+        try:
+            yield self
+        finally:
+            self.cache = old
+
+    def _run(self, seqs: Sequence[tuple], index: int | None, owners: dict | None = None) -> dict[tuple, np.ndarray]:
+        """{sequence: class probabilities} for the given (ids, token types) sequences: the
+        cached ones looked up, the others run in batches of equal length."""
+        from ..engine import attention
+
+        cache = self.cache
         results: dict[tuple, np.ndarray] = {}
-        with attention.taken_over(self.model), torch.no_grad():
+        by_len: dict[int, list[tuple]] = {}
+        for s in seqs:
+            if s in results:
+                continue
+            if cache is not None and s in cache:
+                results[s] = cache[s]
+                continue
+            results[s] = None
+            by_len.setdefault(len(s[0]), []).append(s)
+        if not by_len:
+            return results
+        with attention.taken_over(self.model) as layers, torch.no_grad(), \
+                attention.first_token_only(attention.first_token_output(self.model, layers)):
             for length, group in by_len.items():
                 if length == 0:
-                    raise OptionError(f"example {ex.index}: erasing every token leaves an empty input")
+                    where = index if owners is None else owners[group[0]]
+                    raise OptionError(f"example {where}: erasing every token leaves an empty input")
                 per = max(1, self.max_tokens // max(length, 1))
                 for start in range(0, len(group), per):
                     chunk = group[start:start + per]
-                    inputs = {"input_ids": torch.tensor([c[0] for c in chunk], device=self.device)}
+                    ids = np.array([c[0] for c in chunk], dtype=np.int64)
+                    inputs = {"input_ids": torch.from_numpy(ids).to(self.device)}
                     if chunk[0][1] is not None:
-                        inputs["token_type_ids"] = torch.tensor([c[1] for c in chunk], device=self.device)
+                        tt = np.array([c[1] for c in chunk], dtype=np.int64)
+                        inputs["token_type_ids"] = torch.from_numpy(tt).to(self.device)
                     logits = self.model(**inputs).logits.double()
                     self.forwards += len(chunk)
+                    self.passes += 1
                     probs = torch.softmax(logits, -1).cpu().numpy()
                     for c, p in zip(chunk, probs):
                         results[c] = p
-        return np.stack([results[s] for s in seqs])
+                        if cache is not None:
+                            cache[c] = p
+        return results
 
     def target_probability(self, ex: Prepared, keeps: Sequence[np.ndarray]) -> np.ndarray:
         return self.probabilities(ex, keeps)[:, ex.target]
 
     # methods -----------------------------------------------------------------------------
-    def loo(self, ex: Prepared) -> np.ndarray:
-        """p(x)_t - p(x with token j erased)_t for every position j."""
+    def loo_keeps(self, ex: Prepared) -> list[np.ndarray]:
+        """The full input, then the input without token j for every position j."""
         full = np.ones(ex.n, dtype=bool)
         keeps = [full]
         for j in range(ex.n):
             k = full.copy()
             k[j] = False
             keeps.append(k)
-        p = self.target_probability(ex, keeps)
+        return keeps
+
+    def loo(self, ex: Prepared) -> np.ndarray:
+        """p(x)_t - p(x with token j erased)_t for every position j."""
+        p = self.target_probability(ex, self.loo_keeps(ex))
         return p[0] - p[1:]
 
     def gradients(self, ex: Prepared) -> dict[str, np.ndarray]:
