@@ -292,7 +292,7 @@ def test_batched_forwards_give_the_numbers_of_one_sequence_per_pass(scored, tmp_
         return forward(*a, **k)
 
     loaded.model.forward = counted
-    reports, counts = {}, {}
+    reports, counts, stored = {}, {}, {}
     for be, mt in ((0, 1), (0, ti.MAX_TOKENS), (2, ti.MAX_TOKENS), (16, ti.MAX_TOKENS)):
         path = tmp_path / f"s{be}_{mt}.h5"
         path.write_bytes(scored.read_bytes())
@@ -300,6 +300,13 @@ def test_batched_forwards_give_the_numbers_of_one_sequence_per_pass(scored, tmp_
         reports[be, mt] = fa.evaluate_store(path, fa.FaithfulnessOptions(permutations=3, erase=erase), loaded=loaded,
                                             batch_examples=be, max_tokens=mt)
         counts[be, mt] = passes["n"]
+        with Store(path) as st:  # the token importance itself (kept as float32)
+            stored[be, mt] = {i: read_token_importance(st, i) for i in st.indices()}
+    for key, got in stored.items():
+        for i, methods in got.items():
+            assert set(methods) == set(ti.METHODS)
+            for m, v in methods.items():
+                np.testing.assert_allclose(v, stored[0, 1][i][m], rtol=1e-6, atol=1e-7, err_msg=f"{key} {i} {m}")
     one = dict(_leaves(reports[0, 1]["per_example"]))
     assert any(k.endswith("aopc") for k in one) and any("permutation" in k for k in one)
     for key, rep in reports.items():

@@ -44,6 +44,7 @@ import torch
 
 from ..fileio import strict_json
 from ..errors import OptionError, StoreError
+from .methods import REGISTRY
 from .stats import kendall_tau_b
 from .token_importance import (
     ALL_METHODS,
@@ -223,32 +224,53 @@ def permutation_tvd(runner: ModelRunner, ex: Prepared, layers: Sequence[int], pe
                     seed: int = 0) -> np.ndarray:
     """TVD between the output distribution and the distribution with layer l's attention
     permuted, [len(layers), permutations]."""
+    return permutation_tvds(runner, [ex], layers, permutations, seed)[0]
+
+
+def permutation_tvds(runner: ModelRunner, examples: Sequence[Prepared], layers: Sequence[int], permutations: int,
+                     seed: int = 0) -> list[np.ndarray]:
+    """:func:`permutation_tvd` of several examples: the permuted inputs of the examples of
+    one length share passes (at most ``runner.max_tokens`` tokens each); every example's
+    permutations are drawn from its own seeded generator, as alone."""
     from ..engine import attention
 
     model = runner.model
     loaded = runner.loaded
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(ex.index))
-    ids = torch.tensor([list(ex.input_ids)], device=runner.device)
-    tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=runner.device)
-    out = np.zeros((len(layers), permutations))
-    per = max(1, runner.max_tokens // max(ex.n, 1))
-    base = runner.probabilities(ex, [np.ones(ex.n, dtype=bool)])[0]  # the clean input (kept when batched)
+    dev = runner.device
+    outs = [np.zeros((len(layers), permutations)) for _ in examples]
+    index = []  # [example][layer]: [permutations, heads, n, n]
+    for ex in examples:
+        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(ex.index))
+        index.append([permutation_index(permutations, loaded.arch.num_heads, ex.n, loaded.arch.is_decoder, gen)
+                      for _ in layers])
+    bases = [runner.probabilities(ex, [np.ones(ex.n, dtype=bool)])[0] for ex in examples]  # the clean inputs
+    by_shape: dict[tuple, list[int]] = {}
+    for e, ex in enumerate(examples):
+        by_shape.setdefault((ex.n, ex.token_type_ids is None), []).append(e)
     with attention.taken_over(model) as stack, torch.no_grad(), \
             attention.first_token_only(attention.first_token_output(model, stack)):
-        for li, layer in enumerate(layers):
-            index = permutation_index(permutations, loaded.arch.num_heads, ex.n, loaded.arch.is_decoder, gen)
-            for start in range(0, permutations, per):
-                idx = index[start:start + per]
-                b = idx.shape[0]
-                inputs = {"input_ids": ids.expand(b, -1)}
-                if tt is not None:
-                    inputs["token_type_ids"] = tt.expand(b, -1)
-                with attention.active(attention.Permute(layer, idx.to(runner.device))):
-                    logits = model(**inputs).logits.double()
-                runner.forwards += b
-                runner.passes += 1
-                out[li, start:start + b] = total_variation(torch.softmax(logits, -1).cpu().numpy(), base)
-    return out
+        for (n, _), members in by_shape.items():
+            per = max(1, runner.max_tokens // max(n, 1))
+            ids = torch.tensor([list(examples[e].input_ids) for e in members], device=dev)
+            tt = None if examples[members[0]].token_type_ids is None else \
+                torch.tensor([list(examples[e].token_type_ids) for e in members], device=dev)
+            rows = [(k, p) for k in range(len(members)) for p in range(permutations)]  # (member, permutation)
+            for li, layer in enumerate(layers):
+                for start in range(0, len(rows), per):
+                    part = rows[start:start + per]
+                    who = torch.tensor([k for k, _ in part], device=dev)
+                    idx = torch.stack([index[members[k]][li][p] for k, p in part])
+                    inputs = {"input_ids": ids[who]}
+                    if tt is not None:
+                        inputs["token_type_ids"] = tt[who]
+                    with attention.active(attention.Permute(layer, idx.to(dev))):
+                        logits = model(**inputs).logits.double()
+                    runner.forwards += len(part)
+                    runner.passes += 1
+                    probs = torch.softmax(logits, -1).cpu().numpy()
+                    for (k, p), row in zip(part, probs):
+                        outs[members[k]][li, p] = total_variation(row, bases[members[k]])
+    return outs
 
 
 # -- over a store ------------------------------------------------------------------------
@@ -406,8 +428,10 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                         else:
                             scores[m] = np.asarray(have_m, dtype=np.float64)
                     items.append((index, stored, ex, scores, todo))
-                if batch_examples:  # the leave-one-out inputs of the group's examples together
+                if batch_examples:  # the leave-one-out inputs and the gradients of the group's examples together
                     runner.prefetch((ex, runner.loo_keeps(ex), None) for _, _, ex, _, todo in items if "loo" in todo)
+                    runner.prefetch_gradients([ex for _, _, ex, _, todo in items
+                                               if any("gradients" in REGISTRY[m].needs for m in todo)])
                 for index, stored, ex, scores, todo in items:
                     if todo:
                         fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
@@ -415,8 +439,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                             store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts),
                                         ALL_METHODS[m])
                             scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
-                if runner.cache is not None:  # the metrics' passes the same whether or not LOO ran
-                    runner.cache.clear()
+                runner.clear()  # the metrics' passes the same whether or not LOO ran
                 if batch_examples:  # every erased and masked input of the group's examples together
                     wanted = []
                     for _, stored, ex, scores, _ in items:
@@ -427,7 +450,11 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                             wanted.append((ex, mask_keeps(ex.n, ex.content, ranked, scores["loo"],
                                                           options.mask_fractions)[0], "mask"))
                     runner.prefetch(wanted)
-                for index, stored, ex, scores, _ in items:
+                tvds = None
+                if batch_examples and options.permutations and perm_layers:
+                    tvds = permutation_tvds(runner, [it[2] for it in items], perm_layers, options.permutations,
+                                            options.seed)
+                for k, (index, stored, ex, scores, _) in enumerate(items):
                     done += 1
                     content = ex.content
                     row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
@@ -450,15 +477,15 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
 
                         adversarial_rows.append(adversarial_example(runner, ex, options.adversarial))
                     if options.permutations and perm_layers:
-                        tv = permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
+                        tv = tvds[k] if tvds is not None else \
+                            permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
                         med = np.median(tv, axis=1)
                         row["permutation_median_tvd"] = [float(v) for v in med]
                         tvd_medians.append(med)
                     per_example.append(row)
                     if progress:
                         progress(done, total, f"example {index}")
-                if runner.cache is not None:
-                    runner.cache.clear()
+                runner.clear()
     report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
     report["unconverged"] = int(unconverged)  # examples used with a layer whose integral did not converge
     report["left_out"] = left_out

@@ -52,6 +52,8 @@ VERSION = registry.VERSION
 #: tokens per forward pass of the analyses' batched runs (sequences of one length share a
 #: pass up to this many tokens; 1: one sequence per pass)
 MAX_TOKENS = 16384
+#: tokens per forward and backward pass when the gradients of several examples share one
+GRAD_TOKENS = 2048
 
 
 def check_methods(methods: Iterable[str]) -> list[str]:
@@ -125,6 +127,7 @@ class ModelRunner:
         # sequence -> class probabilities, while a caller batches several requests
         # (:meth:`prefetch`, :meth:`caching`); None: every call runs its own sequences
         self.cache: dict[tuple, np.ndarray] | None = None
+        self.grad_cache: dict[tuple, dict] | None = None
 
     # sequences -------------------------------------------------------------------------
     def erased(self, ex: Prepared, keep: np.ndarray, erase: str | None = None) -> tuple[tuple, tuple | None]:
@@ -167,13 +170,22 @@ class ModelRunner:
 
     @contextmanager
     def caching(self):
-        """Within the block, probabilities are kept per sequence (see :meth:`prefetch`)."""
-        old = self.cache
+        """Within the block, probabilities are kept per sequence (see :meth:`prefetch`) and
+        gradients per example (:meth:`prefetch_gradients`)."""
+        old, old_grads = self.cache, self.grad_cache
         self.cache = {} if old is None else old
+        self.grad_cache = {} if old_grads is None else old_grads
         try:
             yield self
         finally:
-            self.cache = old
+            self.cache, self.grad_cache = old, old_grads
+
+    def clear(self) -> None:
+        """Forget what :meth:`caching` kept so far."""
+        if self.cache is not None:
+            self.cache.clear()
+        if self.grad_cache is not None:
+            self.grad_cache.clear()
 
     def _run(self, seqs: Sequence[tuple], index: int | None, owners: dict | None = None) -> dict[tuple, np.ndarray]:
         """{sequence: class probabilities} for the given (ids, token types) sequences: the
@@ -238,29 +250,65 @@ class ModelRunner:
 
     def gradients(self, ex: Prepared) -> dict[str, np.ndarray]:
         """One forward and backward: the attention of every layer, dF/dA of every layer,
-        the word embeddings and dF/d(embeddings)."""
+        the word embeddings and dF/d(embeddings) (inside :meth:`caching`, those a
+        :meth:`prefetch_gradients` computed)."""
+        key = self._grad_key(ex)
+        if self.grad_cache is not None and key in self.grad_cache:
+            return self.grad_cache[key]
+        return self._gradients([ex])[0]
+
+    def prefetch_gradients(self, examples: Sequence[Prepared]) -> None:
+        """:meth:`gradients` of several examples, those of one length in shared passes (one
+        forward and one backward of the sum of their F; every row's gradients are its own),
+        kept for the calls that follow inside :meth:`caching`."""
+        if self.grad_cache is None:
+            return
+        todo = [ex for ex in examples if self._grad_key(ex) not in self.grad_cache]
+        by_shape: dict[tuple, list[Prepared]] = {}
+        for ex in todo:
+            by_shape.setdefault((ex.n, ex.token_type_ids is None), []).append(ex)
+        for (n, _), group in by_shape.items():
+            per = max(1, GRAD_TOKENS // max(n, 1))
+            for start in range(0, len(group), per):
+                part = group[start:start + per]
+                for ex, g in zip(part, self._gradients(part)):
+                    self.grad_cache[self._grad_key(ex)] = g
+
+    @staticmethod
+    def _grad_key(ex: Prepared) -> tuple:
+        return (tuple(np.asarray(ex.input_ids).tolist()),
+                None if ex.token_type_ids is None else tuple(np.asarray(ex.token_type_ids).tolist()), int(ex.target))
+
+    def _gradients(self, examples: Sequence[Prepared]) -> list[dict[str, np.ndarray]]:
+        """:meth:`gradients` of examples of one length in one forward and backward."""
         from ..engine import attention
 
         model = self.model
-        ids = torch.tensor([list(ex.input_ids)], device=self.device)
+        ids = torch.tensor([list(ex.input_ids) for ex in examples], device=self.device)
         emb_layer = model.get_input_embeddings()
         record = attention.Record(keep_graph=True)
+        rows = torch.arange(len(examples), device=self.device)
+        targets = torch.tensor([int(ex.target) for ex in examples], device=self.device)
         with attention.taken_over(model) as layers, torch.enable_grad(), attention.active(record):
             emb = emb_layer(ids).detach().requires_grad_(True)
             inputs = {"inputs_embeds": emb}
-            if ex.token_type_ids is not None:
-                inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids)], device=self.device)
+            if examples[0].token_type_ids is not None:
+                inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids) for ex in examples],
+                                                        device=self.device)
             logits = model(**inputs).logits
             work = logits.double() if logits.dtype == torch.float64 else logits.float()
-            f = work[0, ex.target] if self.output == "logit" else torch.softmax(work, -1)[0, ex.target]
+            out = work if self.output == "logit" else torch.softmax(work, -1)
+            f = out[rows, targets].sum()  # rows are independent: each row's gradients are its own F's
             live = [record.live[("self", i)] for i in range(len(layers))]
             grads = torch.autograd.grad(f, [emb, *live])
-        return {
-            "attention": torch.stack([a[0] for a in live]).detach().double().cpu().numpy(),
-            "attention_grad": torch.stack([g[0] for g in grads[1:]]).double().cpu().numpy(),
-            "embedding": emb[0].detach().double().cpu().numpy(),
-            "embedding_grad": grads[0][0].double().cpu().numpy(),
-        }
+        self.forwards += len(examples)
+        self.passes += 1
+        attn = torch.stack([a.detach() for a in live], 1).double().cpu().numpy()  # [b, layer, head, q, k]
+        attn_grad = torch.stack(grads[1:], 1).double().cpu().numpy()
+        emb_np = emb.detach().double().cpu().numpy()
+        emb_grad = grads[0].double().cpu().numpy()
+        return [{"attention": attn[r], "attention_grad": attn_grad[r], "embedding": emb_np[r],
+                 "embedding_grad": emb_grad[r]} for r in range(len(examples))]
 
     def compute(self, ex: Prepared, methods: Sequence[str], attribution: np.ndarray | None = None,
                 seed: int = 0) -> dict[str, np.ndarray]:
