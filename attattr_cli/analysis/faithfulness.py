@@ -364,10 +364,11 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
     it, and return the faithfulness report (a JSON-able dict).
 
     ``batch_examples`` examples at a time share their forward passes: the leave-one-out
-    inputs of all of them, then every erased and masked input of all of them, run grouped
-    by length (``max_tokens`` tokens per pass at most); 0: each metric of each example runs
-    its own passes. ``max_tokens`` 1: one sequence per pass. The numbers are the same up to
-    the float rounding of batches of other sizes (tests/test_faithfulness.py)."""
+    inputs of all of them and their gradients, then every erased and masked input of all
+    of them, then their permuted inputs, grouped by length (``max_tokens`` tokens per pass
+    at most; no padding); 0: each metric of each example runs its own passes.
+    ``max_tokens`` 1: one sequence per pass. The numbers are the same up to the float
+    rounding of batches of other sizes (tests/test_faithfulness.py)."""
     from ..data import parse_examples
     from ..store import TokenImportanceStore
 
