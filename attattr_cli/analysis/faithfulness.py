@@ -462,7 +462,8 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                                  "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
                     for m in options.methods:
                         row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
-                        row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]), np.abs(scores["loo"][content]))
+                        row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]),
+                                                              np.abs(scores["loo"][content]))
                         row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
                     er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
                                          {m: scores[m] for m in options.methods}, options.bins, options.fractions)
