@@ -264,6 +264,80 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
         assert set(read_token_importance(s, 1)) == set(ti.METHODS)
 
 
+def _leaves(x, path=""):
+    if isinstance(x, dict):
+        for k, v in x.items():
+            yield from _leaves(v, f"{path}/{k}")
+    elif isinstance(x, list):
+        for i, v in enumerate(x):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, x
+
+
+@pytest.mark.parametrize("erase", ["remove", "mask"])
+def test_batched_forwards_give_the_numbers_of_one_sequence_per_pass(scored, tmp_path, erase):
+    """Every forward of every metric (leave-one-out, erasure, masking, permutations) of
+    several examples in shared passes: the numbers of one sequence per pass, to float64
+    rounding, in far fewer passes."""
+    from attattr_cli.models.default import DEFAULT_MODEL_DIR
+    from attattr_cli.models.loading import load
+
+    loaded = load(str(DEFAULT_MODEL_DIR), device="cpu", dtype="float64")
+    passes = {"n": 0}
+    forward = loaded.model.forward
+
+    def counted(*a, **k):
+        passes["n"] += 1
+        return forward(*a, **k)
+
+    loaded.model.forward = counted
+    reports, counts, stored = {}, {}, {}
+    ways = ((0, 1), (0, ti.MAX_TOKENS), (2, ti.MAX_TOKENS), (16, ti.MAX_TOKENS))
+    if erase == "mask":  # the erase mode changes which sequences run, not how they are grouped
+        ways = ((0, 1), (16, ti.MAX_TOKENS))
+    for be, mt in ways:
+        path = tmp_path / f"s{be}_{mt}.h5"
+        path.write_bytes(scored.read_bytes())
+        passes["n"] = 0
+        reports[be, mt] = fa.evaluate_store(path, fa.FaithfulnessOptions(permutations=3, erase=erase), loaded=loaded,
+                                            batch_examples=be, max_tokens=mt)
+        counts[be, mt] = passes["n"]
+        with Store(path) as st:  # the token importance itself (kept as float32)
+            stored[be, mt] = {i: read_token_importance(st, i) for i in st.indices()}
+    for key, got in stored.items():
+        for i, methods in got.items():
+            assert set(methods) == set(ti.METHODS)
+            for m, v in methods.items():
+                np.testing.assert_allclose(v, stored[0, 1][i][m], rtol=1e-6, atol=1e-7, err_msg=f"{key} {i} {m}")
+    one = dict(_leaves(reports[0, 1]["per_example"]))
+    assert any(k.endswith("aopc") for k in one) and any("permutation" in k for k in one)
+    for key, rep in reports.items():
+        other = dict(_leaves(rep["per_example"]))
+        assert other.keys() == one.keys()
+        for k, v in one.items():
+            if isinstance(v, float) and math.isfinite(v):
+                assert other[k] == pytest.approx(v, abs=1e-9), (key, k)
+            else:
+                assert other[k] == v or (v != v and other[k] != other[k]), (key, k)
+    # one sequence per pass; then each metric's inputs grouped by length; then the
+    # examples' inputs together
+    assert counts[0, 1] > 9 * counts[16, ti.MAX_TOKENS]
+    if erase == "remove":
+        assert counts[0, 1] > 3 * counts[0, ti.MAX_TOKENS] > 3 * counts[16, ti.MAX_TOKENS]
+        assert counts[16, ti.MAX_TOKENS] <= counts[2, ti.MAX_TOKENS]
+
+
+def test_permutation_index_is_torchs_argsort_of_the_same_draws():
+    for causal in (False, True):
+        idx = fa.permutation_index(4, 3, 7, causal, torch.Generator().manual_seed(5))
+        r = torch.rand(4, 3, 7, 7, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        if causal:
+            j = torch.arange(7, dtype=torch.float64)
+            r = torch.where(j[None, :] > j[:, None], 2.0 + j.expand(7, 7), r)
+        assert torch.equal(idx, r.argsort(-1))
+
+
 # -- the command -------------------------------------------------------------------------------
 
 def test_cli_end_to_end_on_builtin_default(tmp_path):

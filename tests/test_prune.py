@@ -75,6 +75,45 @@ def test_curves_equal_a_direct_evaluation(tmp_path, tiny_model_dir, sst2_small):
     assert c["methods"]["taylor"]["heads_masked"] == [0, 3, 6, 12]
 
 
+def test_many_masks_per_pass_are_one_mask_per_pass(tmp_path, tiny_model_dir, sst2_small):
+    """Head masks evaluated several per pass (shared and per-example masks): the logits of
+    one mask per pass to float64 rounding, and the same curves and effectiveness tables."""
+    from attattr_cli.models.loading import load
+
+    _, examples, label_map, _ = _setup(tiny_model_dir, sst2_small)
+    loaded = load(str(tiny_model_dir), device="cpu", dtype="float64")
+    batches = Batches(loaded, examples, label_map, batch_size=3)
+    rng = np.random.default_rng(11)
+    shared = [pr.mask_at(rng.random((3, 4)), r) for r in (0.0, 0.25, 0.5, 0.75)]
+    own = [torch.as_tensor(rng.random((len(examples), 3, 4)) > 0.4, dtype=torch.float32) for _ in range(3)]
+    masks = shared + own
+    passes = {"n": 0}
+    forward = loaded.model.forward
+
+    def counted(*a, **k):
+        passes["n"] += 1
+        return forward(*a, **k)
+
+    loaded.model.forward = counted
+    many = pr.logits_under_masks(loaded, batches, masks)
+    assert passes["n"] == len(batches.batches)  # every mask in one pass per batch of examples
+    one = pr.logits_under_masks(loaded, batches, masks, max_tokens=1)
+    assert passes["n"] == len(batches.batches) * (1 + len(masks))
+    for m, a, b in zip(masks, many, one):
+        direct = logits_under(loaded, batches, m if m.dim() == 2 else None,
+                              per_example=None if m.dim() == 2 else (lambda bt, _m=m: _m[bt.positions]))
+        assert a.shape == (len(examples), direct.shape[-1])
+        torch.testing.assert_close(a, direct, rtol=0, atol=1e-6)  # float32 logits of a float64 model
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    t = imp.Table("taylor", "taylor", rng.random((3, 4)))
+    f = _imp_file(loaded, tmp_path, [t, imp.random_table(3, 4, 0)])
+    rates = [0.0, 0.25, 0.5]
+    assert pr.curves(loaded, batches, f, rates, "sst2") == pr.curves(loaded, batches, f, rates, "sst2", max_tokens=1)
+    attr, attn = rng.random((len(examples), 3, 4)), rng.random((len(examples), 3, 4))
+    assert pr.effectiveness(loaded, batches, attr, attn, [2, 4], "sst2") == \
+        pr.effectiveness(loaded, batches, attr, attn, [2, 4], "sst2", max_tokens=1)
+
+
 def test_really_pruned_model_reloads_with_the_masked_logits(tmp_path, tiny_model_dir, sst2_small):
     from transformers import AutoModelForSequenceClassification
 

@@ -349,3 +349,22 @@ def test_attack_control_distribution_on_the_builtin_default():
     for row in doc["table"]:
         assert row["p"] >= 0.01 and not row["beats_controls"], row
     assert all(t["p"] > 0.01 for t in doc["triggers"])
+
+
+def test_attack_variants_in_shared_batches_predict_as_one_at_a_time():
+    """Every insertion's variants run together in padded batches: the predictions (and so
+    every count, accuracy and test) of one variant per pass."""
+    import attattr_cli as aa
+    from attattr_cli.analysis.attack import run_attack
+    from attattr_cli.api.inputs import model_and_data
+    from attattr_cli.data import synthetic as syn
+
+    model = aa.load_model(dtype="float64")
+    _, _, examples, _, _, labels = model_and_data(model, None, None, "0:24", None, device="cpu")
+    planted = [_planted_pair(f"T{k + 1}", syn.PREMISE_WORDS[k], syn.HYPOTHESIS_WORDS[k], syn.LABELS[syn.label_of(k, k)])
+               for k in range(3)]
+    docs = [run_attack(model.loaded, examples, labels, planted, controls=4, seed=1, batch_size=b, keep_texts=True)
+            for b in (64, 1)]
+    assert len(docs[0]["texts"]) == 24 * (3 + 4)
+    for key in ("before", "triggers", "controls", "table", "texts"):
+        assert docs[0][key] == docs[1][key], key

@@ -438,10 +438,12 @@ def run_attack(
     results = []
     preds: list[np.ndarray] = []
     texts: list[dict] = []
-    for ins, ids in zip(inserts, all_ids):
-        variants = [attack_example(f, ids, ins.segments, ins.relative, ins.reference, position, max_length)
-                    for f in framed]
-        pred = predict(loaded, variants, batch_size, tick)
+    # every insertion's variants in one run: padded batches of similar length across them
+    every = [[attack_example(f, ids, ins.segments, ins.relative, ins.reference, position, max_length)
+              for f in framed] for ins, ids in zip(inserts, all_ids)]
+    flat = predict(loaded, [v for variants in every for v in variants], batch_size, tick)
+    for j, (ins, variants) in enumerate(zip(inserts, every)):
+        pred = flat[j * len(framed):(j + 1) * len(framed)]
         cls, overall = per_class(pred)
         target = _class_index(ins.label, loaded)
         row = {

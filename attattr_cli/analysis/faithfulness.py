@@ -33,6 +33,7 @@ Pure functions first; :func:`evaluate_store` runs them over a store.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -43,9 +44,11 @@ import torch
 
 from ..fileio import strict_json
 from ..errors import OptionError, StoreError
+from .methods import REGISTRY
 from .stats import kendall_tau_b
 from .token_importance import (
     ALL_METHODS,
+    MAX_TOKENS,
     METHODS,
     ModelRunner,
     Prepared,
@@ -59,6 +62,8 @@ BINS = (0.01, 0.05, 0.10, 0.20, 0.50)
 DELETION_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(11))
 MASK_FRACTIONS = tuple(round(0.1 * i, 1) for i in range(1, 10))
 Progress = Callable[[int, int, str], None]
+#: examples whose forward passes are run together (see :func:`evaluate_store`)
+BATCH_EXAMPLES = 16
 
 
 # -- agreement ----------------------------------------------------------------------------
@@ -77,15 +82,10 @@ def bin_size(q: float, m: int) -> int:
     return min(m, max(1, math.ceil(q * m - 1e-9)))
 
 
-def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
-                    scores: dict[str, np.ndarray], bins: Sequence[float] = BINS,
-                    fractions: Sequence[float] = DELETION_FRACTIONS) -> dict[str, dict]:
-    """Comprehensiveness, sufficiency (per bin and AOPC) and the deletion curve of each
-    method for one example.
-
-    ``predict(keeps)``: the target class probability for each keep-mask (bool [n]; False
-    = erased). All masks of all methods are handed over in one call.
-    """
+def erasure_keeps(n: int, content: np.ndarray, scores: dict[str, np.ndarray], bins: Sequence[float] = BINS,
+                  fractions: Sequence[float] = DELETION_FRACTIONS) -> tuple[list[np.ndarray], dict]:
+    """The keep-masks :func:`erasure_metrics` evaluates (the full input first) and where
+    each method's bins and curve points are among them."""
     content = np.asarray(content)
     m = len(content)
     full = np.ones(n, dtype=bool)
@@ -113,6 +113,19 @@ def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, c
             slot["del"].append(len(keeps))
             keeps.append(drop)
         slots[name] = slot
+    return keeps, slots
+
+
+def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
+                    scores: dict[str, np.ndarray], bins: Sequence[float] = BINS,
+                    fractions: Sequence[float] = DELETION_FRACTIONS) -> dict[str, dict]:
+    """Comprehensiveness, sufficiency (per bin and AOPC) and the deletion curve of each
+    method for one example.
+
+    ``predict(keeps)``: the target class probability for each keep-mask (bool [n]; False
+    = erased). All masks of all methods are handed over in one call.
+    """
+    keeps, slots = erasure_keeps(n, content, scores, bins, fractions)
     p = np.asarray(predict(keeps), dtype=np.float64)
     p0 = p[0]
     out = {}
@@ -133,16 +146,10 @@ def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, c
 
 # -- masking (DecompX's protocol) ---------------------------------------------------------
 
-def mask_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
-                 scores: dict[str, np.ndarray], target: int, label: int, bounds: np.ndarray | None = None,
-                 fractions: Sequence[float] = MASK_FRACTIONS) -> dict[str, dict]:
-    """AOPC and accuracy after masking the top K % of the content tokens, per method, for
-    one example; the normalised AOPC between the best (hi) and worst (lo) AOPC of the orders
-    at hand (every method's, and with ``bounds``, e.g. LOO, that order and its reverse).
-
-    ``predict(keeps)``: class probabilities [len(keeps), C] with the positions where a keep
-    mask is False replaced by the mask token.
-    """
+def mask_keeps(n: int, content: np.ndarray, scores: dict[str, np.ndarray], bounds: np.ndarray | None = None,
+               fractions: Sequence[float] = MASK_FRACTIONS) -> tuple[list[np.ndarray], dict[str, list[int]]]:
+    """The keep-masks :func:`mask_metrics` evaluates (the full input first) and where each
+    order's fractions are among them."""
     content = np.asarray(content)
     m = len(content)
     full = np.ones(n, dtype=bool)
@@ -159,6 +166,20 @@ def mask_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, cont
             drop[order[:bin_size(q, m)]] = False
             slots[name].append(len(keeps))
             keeps.append(drop)
+    return keeps, slots
+
+
+def mask_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
+                 scores: dict[str, np.ndarray], target: int, label: int, bounds: np.ndarray | None = None,
+                 fractions: Sequence[float] = MASK_FRACTIONS) -> dict[str, dict]:
+    """AOPC and accuracy after masking the top K % of the content tokens, per method, for
+    one example; the normalised AOPC between the best (hi) and worst (lo) AOPC of the orders
+    at hand (every method's, and with ``bounds``, e.g. LOO, that order and its reverse).
+
+    ``predict(keeps)``: class probabilities [len(keeps), C] with the positions where a keep
+    mask is False replaced by the mask token.
+    """
+    keeps, slots = mask_keeps(n, content, scores, bounds, fractions)
     p = np.asarray(predict(keeps), dtype=np.float64)
     p0 = p[0, target]
     aopc = {name: float(np.mean([p0 - p[i, target] for i in idx])) for name, idx in slots.items()}
@@ -190,7 +211,9 @@ def permutation_index(permutations: int, heads: int, n: int, causal: bool, gener
         j = torch.arange(n, dtype=torch.float64)
         future = j[None, :] > j[:, None]
         r = torch.where(future, 2.0 + j.expand(n, n), r)
-    return r.argsort(-1)
+    # NumPy's sort, a few times quicker than torch's here; the keys are distinct (ties of
+    # random doubles aside), so the order is the one torch's argsort gives
+    return torch.from_numpy(np.argsort(r.numpy(), -1))
 
 
 def total_variation(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -201,31 +224,53 @@ def permutation_tvd(runner: ModelRunner, ex: Prepared, layers: Sequence[int], pe
                     seed: int = 0) -> np.ndarray:
     """TVD between the output distribution and the distribution with layer l's attention
     permuted, [len(layers), permutations]."""
+    return permutation_tvds(runner, [ex], layers, permutations, seed)[0]
+
+
+def permutation_tvds(runner: ModelRunner, examples: Sequence[Prepared], layers: Sequence[int], permutations: int,
+                     seed: int = 0) -> list[np.ndarray]:
+    """:func:`permutation_tvd` of several examples: the permuted inputs of the examples of
+    one length share passes (at most ``runner.max_tokens`` tokens each); every example's
+    permutations are drawn from its own seeded generator, as alone."""
     from ..engine import attention
 
     model = runner.model
     loaded = runner.loaded
-    gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(ex.index))
-    ids = torch.tensor([list(ex.input_ids)], device=runner.device)
-    tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=runner.device)
-    out = np.zeros((len(layers), permutations))
-    per = max(1, runner.max_tokens // max(ex.n, 1))
-    with attention.taken_over(model), torch.no_grad():
-        base = torch.softmax(model(input_ids=ids, **({} if tt is None else {"token_type_ids": tt})).logits.double(), -1)
-        base = base.cpu().numpy()[0]
-        for li, layer in enumerate(layers):
-            index = permutation_index(permutations, loaded.arch.num_heads, ex.n, loaded.arch.is_decoder, gen)
-            for start in range(0, permutations, per):
-                idx = index[start:start + per]
-                b = idx.shape[0]
-                inputs = {"input_ids": ids.expand(b, -1)}
-                if tt is not None:
-                    inputs["token_type_ids"] = tt.expand(b, -1)
-                with attention.active(attention.Permute(layer, idx.to(runner.device))):
-                    logits = model(**inputs).logits.double()
-                runner.forwards += b
-                out[li, start:start + b] = total_variation(torch.softmax(logits, -1).cpu().numpy(), base)
-    return out
+    dev = runner.device
+    outs = [np.zeros((len(layers), permutations)) for _ in examples]
+    index = []  # [example][layer]: [permutations, heads, n, n]
+    for ex in examples:
+        gen = torch.Generator().manual_seed(int(seed) * 1_000_003 + int(ex.index))
+        index.append([permutation_index(permutations, loaded.arch.num_heads, ex.n, loaded.arch.is_decoder, gen)
+                      for _ in layers])
+    bases = [runner.probabilities(ex, [np.ones(ex.n, dtype=bool)])[0] for ex in examples]  # the clean inputs
+    by_shape: dict[tuple, list[int]] = {}
+    for e, ex in enumerate(examples):
+        by_shape.setdefault((ex.n, ex.token_type_ids is None), []).append(e)
+    with attention.taken_over(model) as stack, torch.no_grad(), \
+            attention.first_token_only(attention.first_token_output(model, stack)):
+        for (n, _), members in by_shape.items():
+            per = max(1, runner.max_tokens // max(n, 1))
+            ids = torch.tensor([list(examples[e].input_ids) for e in members], device=dev)
+            tt = None if examples[members[0]].token_type_ids is None else \
+                torch.tensor([list(examples[e].token_type_ids) for e in members], device=dev)
+            rows = [(k, p) for k in range(len(members)) for p in range(permutations)]  # (member, permutation)
+            for li, layer in enumerate(layers):
+                for start in range(0, len(rows), per):
+                    part = rows[start:start + per]
+                    who = torch.tensor([k for k, _ in part], device=dev)
+                    idx = torch.stack([index[members[k]][li][p] for k, p in part])
+                    inputs = {"input_ids": ids[who]}
+                    if tt is not None:
+                        inputs["token_type_ids"] = tt[who]
+                    with attention.active(attention.Permute(layer, idx.to(dev))):
+                        logits = model(**inputs).logits.double()
+                    runner.forwards += len(part)
+                    runner.passes += 1
+                    probs = torch.softmax(logits, -1).cpu().numpy()
+                    for (k, p), row in zip(part, probs):
+                        outs[members[k]][li, p] = total_variation(row, bases[members[k]])
+    return outs
 
 
 # -- over a store ------------------------------------------------------------------------
@@ -313,9 +358,17 @@ def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
 
 
 def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | None = None,
-                   device: str = "auto", loaded=None, progress: Progress | None = None) -> dict:
+                   device: str = "auto", loaded=None, progress: Progress | None = None,
+                   batch_examples: int = BATCH_EXAMPLES, max_tokens: int = MAX_TOKENS) -> dict:
     """Compute (or read) every method's token importance for the store's examples, store
-    it, and return the faithfulness report (a JSON-able dict)."""
+    it, and return the faithfulness report (a JSON-able dict).
+
+    ``batch_examples`` examples at a time share their forward passes: the leave-one-out
+    inputs of all of them and their gradients, then every erased and masked input of all
+    of them, then their permuted inputs, grouped by length (``max_tokens`` tokens per pass
+    at most; no padding); 0: each metric of each example runs its own passes.
+    ``max_tokens`` 1: one sequence per pass. The numbers are the same up to the float
+    rounding of batches of other sizes (tests/test_faithfulness.py)."""
     from ..data import parse_examples
     from ..store import TokenImportanceStore
 
@@ -326,7 +379,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
         output = score_opts.get("output", "prob")
         if loaded is None:
             loaded = load_for_store(store, model, device)
-        runner = ModelRunner(loaded, output=output, erase=options.erase)
+        runner = ModelRunner(loaded, output=output, erase=options.erase, max_tokens=max_tokens)
         options.methods, left_out = expand_methods(options.methods, loaded)
         masking = bool(options.mask_fractions)
         if masking and runner.mask_id is None:
@@ -358,52 +411,83 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
         total = len(chosen)
         if progress:
             progress(0, total, "")
-        for done, index in enumerate(chosen, 1):
-            stored = store.get(index)
-            ex = _prepare(loaded, stored, loaded.arch.is_decoder)
-            scores: dict[str, np.ndarray] = {}
-            todo = []
-            for m in needed:
-                params = params_for(m, output, options.erase, options.seed, score_opts)
-                have_m = store.stored(index, m, params)
-                if have_m is None:
-                    todo.append(m)
-                else:
-                    scores[m] = np.asarray(have_m, dtype=np.float64)
-            if todo:
-                fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
-                for m, v in fresh.items():
-                    store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts),
-                                ALL_METHODS[m])
-                    scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
-            content = ex.content
-            row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
-                         "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
-            for m in options.methods:
-                row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
-                row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]), np.abs(scores["loo"][content]))
-                row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
-            er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
-                                 {m: scores[m] for m in options.methods}, options.bins, options.fractions)
-            row["erasure"] = er
-            if masking:
-                label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
-                row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0
-                row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, keeps, erase="mask"), ex.n, content,
-                                              {m: scores[m] for m in options.methods}, int(ex.target), label,
-                                              bounds=scores["loo"], fractions=options.mask_fractions)
-            if options.adversarial is not None:
-                from .adversarial import adversarial_example
+        group = max(1, int(batch_examples))
+        done = 0
+        with runner.caching() if batch_examples else contextlib.nullcontext():
+            for start in range(0, total, group):
+                items = []
+                for index in chosen[start:start + group]:
+                    stored = store.get(index)
+                    ex = _prepare(loaded, stored, loaded.arch.is_decoder)
+                    scores: dict[str, np.ndarray] = {}
+                    todo = []
+                    for m in needed:
+                        params = params_for(m, output, options.erase, options.seed, score_opts)
+                        have_m = store.stored(index, m, params)
+                        if have_m is None:
+                            todo.append(m)
+                        else:
+                            scores[m] = np.asarray(have_m, dtype=np.float64)
+                    items.append((index, stored, ex, scores, todo))
+                if batch_examples:  # the leave-one-out inputs and the gradients of the group's examples together
+                    runner.prefetch((ex, runner.loo_keeps(ex), None) for _, _, ex, _, todo in items if "loo" in todo)
+                    runner.prefetch_gradients([ex for _, _, ex, _, todo in items
+                                               if any("gradients" in REGISTRY[m].needs for m in todo)])
+                for index, stored, ex, scores, todo in items:
+                    if todo:
+                        fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
+                        for m, v in fresh.items():
+                            store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts),
+                                        ALL_METHODS[m])
+                            scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
+                runner.clear()  # the metrics' passes the same whether or not LOO ran
+                if batch_examples:  # every erased and masked input of the group's examples together
+                    wanted = []
+                    for _, stored, ex, scores, _ in items:
+                        ranked = {m: scores[m] for m in options.methods}
+                        wanted.append((ex, erasure_keeps(ex.n, ex.content, ranked, options.bins, options.fractions)[0],
+                                       None))
+                        if masking:
+                            wanted.append((ex, mask_keeps(ex.n, ex.content, ranked, scores["loo"],
+                                                          options.mask_fractions)[0], "mask"))
+                    runner.prefetch(wanted)
+                tvds = None
+                if batch_examples and options.permutations and perm_layers:
+                    tvds = permutation_tvds(runner, [it[2] for it in items], perm_layers, options.permutations,
+                                            options.seed)
+                for k, (index, stored, ex, scores, _) in enumerate(items):
+                    done += 1
+                    content = ex.content
+                    row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
+                                 "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
+                    for m in options.methods:
+                        row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
+                        row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]),
+                                                              np.abs(scores["loo"][content]))
+                        row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
+                    er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
+                                         {m: scores[m] for m in options.methods}, options.bins, options.fractions)
+                    row["erasure"] = er
+                    if masking:
+                        label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
+                        row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0
+                        row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, keeps, erase="mask"), ex.n,
+                                                      content, {m: scores[m] for m in options.methods}, int(ex.target),
+                                                      label, bounds=scores["loo"], fractions=options.mask_fractions)
+                    if options.adversarial is not None:
+                        from .adversarial import adversarial_example
 
-                adversarial_rows.append(adversarial_example(runner, ex, options.adversarial))
-            if options.permutations and perm_layers:
-                tv = permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
-                med = np.median(tv, axis=1)
-                row["permutation_median_tvd"] = [float(v) for v in med]
-                tvd_medians.append(med)
-            per_example.append(row)
-            if progress:
-                progress(done, total, f"example {index}")
+                        adversarial_rows.append(adversarial_example(runner, ex, options.adversarial))
+                    if options.permutations and perm_layers:
+                        tv = tvds[k] if tvds is not None else \
+                            permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
+                        med = np.median(tv, axis=1)
+                        row["permutation_median_tvd"] = [float(v) for v in med]
+                        tvd_medians.append(med)
+                    per_example.append(row)
+                    if progress:
+                        progress(done, total, f"example {index}")
+                runner.clear()
     report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
     report["unconverged"] = int(unconverged)  # examples used with a layer whose integral did not converge
     report["left_out"] = left_out

@@ -86,6 +86,46 @@ def mask_at(values: np.ndarray, rate: float) -> torch.Tensor:
     return m.view(L, H)
 
 
+# ----------------------------------------------------------------------------- many masks per pass
+
+#: tokens per forward pass when several head masks share it (the padded batch of examples
+#: repeated once per mask); 1: one mask per pass
+MASK_TOKENS = 16384
+
+
+def logits_under_masks(loaded, batches, masks: Sequence[torch.Tensor], max_tokens: int = MASK_TOKENS,
+                       on_masks: Callable[[int], None] | None = None) -> list[torch.Tensor]:
+    """Logits [examples, labels] (float32, CPU, the examples' order) under each head mask:
+    ``[layer, head]`` for every example, or ``[examples, layer, head]`` one per example. Each
+    padded batch of examples runs once per group of masks, repeated along the batch with one
+    mask per copy (``engine.heads.masked`` with a per-row scale), at most ``max_tokens``
+    tokens per pass: the numbers of ``logits_under`` with one mask, up to the float rounding
+    of a batch of another size. ``on_masks(k)``: after each group of k masks."""
+    from ..engine.heads import masked
+
+    model = loaded.model
+    widest = max((b.inputs["input_ids"].numel() for b in batches.batches), default=1)
+    per = max(1, max_tokens // max(widest, 1))
+    out: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(masks), per):
+            group = masks[start:start + per]
+            full = None
+            for b in batches.batches:
+                rows = b.inputs["input_ids"].shape[0]
+                scale = torch.cat([m.expand(rows, *m.shape) if m.dim() == 2 else m[b.positions] for m in group])
+                inputs = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in b.inputs.items()}
+                with masked(model, scale.to(batches.device)):
+                    logits = model(**inputs).logits.float().cpu().view(len(group), rows, -1)
+                if full is None:
+                    full = torch.empty(len(group), batches.n, logits.shape[-1], dtype=torch.float32)
+                full[:, b.positions] = logits
+            out.extend(full.unbind(0) if full is not None else [torch.empty(0, 0)] * len(group))
+            if on_masks is not None:
+                on_masks(len(group))
+    return out
+
+
 # ----------------------------------------------------------------------------- metrics
 
 
@@ -114,9 +154,10 @@ def scores(logits: torch.Tensor, gold: torch.Tensor, task_name: str | None, posi
 
 def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,
            methods: Sequence[str] | None = None, progress: Progress | None = None, level: float = 0.95,
-           seed: int = 0) -> dict:
+           seed: int = 0, max_tokens: int = MASK_TOKENS) -> dict:
     """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline,
-    with bootstrap bands and paired tests (:func:`curve_statistics`)."""
+    with bootstrap bands and paired tests (:func:`curve_statistics`). The masks run several
+    per pass (:func:`logits_under_masks`, ``max_tokens``)."""
     from ..engine.heads import logits_under
     from . import stats
 
@@ -127,22 +168,36 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
                     key=lambda t: (order.get(t.method, len(order)), t.name))
     if not tables:
         raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
-    todo = len(tables) * len(rates) + 1
-    done = 0
     cache: dict[bytes, dict] = {}
 
-    def run(mask: torch.Tensor | None, label: str) -> dict:
+    def keep(key: bytes, logits: torch.Tensor) -> None:
+        cache[key] = scores(logits, gold, task_name)
+        known = gold >= 0
+        cache[key]["_correct"] = (logits.argmax(-1)[known] == gold[known]).numpy()
+
+    # the baseline (unmasked), then every distinct mask of every table, several per pass
+    distinct: dict[bytes, torch.Tensor] = {}
+    for t in tables:
+        for r in rates:
+            m = mask_at(t.values, r)
+            distinct.setdefault(m.numpy().tobytes(), m)
+    todo = len(distinct) + 1
+    keep(b"none", logits_under(loaded, batches, None))
+    done = 1
+    if progress:
+        progress(done, todo, "baseline")
+
+    def tick(k: int) -> None:
         nonlocal done
-        key = b"none" if mask is None else mask.numpy().tobytes()
-        if key not in cache:
-            logits = logits_under(loaded, batches, mask)
-            cache[key] = scores(logits, gold, task_name)
-            known = gold >= 0
-            cache[key]["_correct"] = (logits.argmax(-1)[known] == gold[known]).numpy()
-        done += 1
+        done += k
         if progress:
-            progress(done, todo, label)
-        return cache[key]
+            progress(done, todo, "masks")
+
+    for key, logits in zip(distinct, logits_under_masks(loaded, batches, list(distinct.values()), max_tokens, tick)):
+        keep(key, logits)
+
+    def run(mask: torch.Tensor | None, label: str) -> dict:
+        return cache[b"none" if mask is None else mask.numpy().tobytes()]
 
     baseline = {k: v for k, v in run(None, "baseline").items() if not k.startswith("_")}
     per_table: dict[str, dict] = {}
@@ -250,7 +305,7 @@ def _num(x) -> float | None:
 
 def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Sequence[int],
                   task_name: str | None = None, progress: Progress | None = None, level: float = 0.95,
-                  seed: int = 0) -> dict:
+                  seed: int = 0, max_tokens: int = MASK_TOKENS) -> dict:
     """The paper's effectiveness analysis.
 
     attr, attn: per-example scores [examples, layer, head] in the order of the examples of
@@ -279,17 +334,25 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
         per_layer = np.zeros((len(ks), L))
         right = np.zeros((n, len(ks)))  # per example: the share of the layers it stays right
         known = (gold >= 0).numpy()
-        for ki, k in enumerate(ks):
+        masks = []  # every (k, layer) of this order, several per pass
+        for k in ks:
             for layer in range(L):
-                masks = torch.ones(n, L, H)
-                idx = rank[:, layer, :k]
-                masks[:, layer, :].scatter_(1, idx, 0.0)
-                logits = logits_under(loaded, batches, None, per_example=lambda b, _m=masks: _m[b.positions])
+                m = torch.ones(n, L, H)
+                m[:, layer, :].scatter_(1, rank[:, layer, :k], 0.0)
+                masks.append(m)
+
+        def tick(c: int, _name=name) -> None:
+            nonlocal done
+            done += c
+            if progress:
+                progress(done, total, _name)
+
+        every = iter(logits_under_masks(loaded, batches, masks, max_tokens, tick))
+        for ki in range(len(ks)):
+            for layer in range(L):
+                logits = next(every)
                 per_layer[ki, layer] = scores(logits, gold, task_name)["accuracy"]
                 right[:, ki] += (logits.argmax(-1) == gold).numpy() / L
-                done += 1
-                if progress:
-                    progress(done, total, f"{name} k={k} layer {layer}")
         out[name] = {"accuracy": per_layer.mean(1).tolist(), "per_layer": per_layer.tolist()}
         each[name] = right[known]
     effectiveness_statistics(out, each, level, seed)
