@@ -6,9 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError
+from .checks import Int, Out, Progress, checked
 from .model import progress_for
 
 
+@checked(out=Out(folder=True), progress=Progress())
 def train_default(out, *, seed: int = 0, progress=None) -> dict:
     """Retrain the default model (a small BERT on the synthetic task, on CPU) into the folder
     ``out``; returns its metrics (held-out accuracy, seconds, parameters)."""
@@ -20,6 +22,7 @@ def train_default(out, *, seed: int = 0, progress=None) -> dict:
         return train_default_model(Path(out), seed=seed, progress=tick)
 
 
+@checked(out=Out(), count=Int(min=1))
 def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     """Write ``count`` synthetic examples (premise, hypothesis, label, planted pair) as TSV to
     ``out``, which must not exist; returns its path."""
@@ -28,7 +31,5 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     out = Path(out)
     if out.exists():
         raise OptionError(f"{out} exists; it was left as it is (choose another file)")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise OptionError(f"count must be a whole number of at least 1, got {count!r}")
     synthetic.write(out, synthetic.generate(count, seed))
     return out

@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
+from .checks import Array, File, Instance, Int, Ints, Out, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 
 
@@ -52,6 +53,7 @@ class Attribution(StoredExample):
 
         return show(self, self.label_names, **options)
 
+    @checked(path=Out())
     def save(self, path, **options):
         """Write the view to ``path``: PNG, SVG, PDF or a standalone HTML page, by the suffix
         (written whole or not at all); ``options`` as for :meth:`show`."""
@@ -59,6 +61,7 @@ class Attribution(StoredExample):
 
         return save(self, path, self.label_names, **options)
 
+    @checked(scores=Array())
     def highlight(self, scores=None) -> str:
         """The text's tokens coloured green (positive) or red (negative) by ``scores`` (default:
         :meth:`token_importance`), as HTML; in a notebook, ``IPython.display.HTML(ex.highlight())``."""
@@ -129,6 +132,7 @@ class StoreView:
         """The store's summary (the JSON of ``attattr info --json``)."""
         return self._store.summary()
 
+    @checked()
     def get(self, index: int, family: str | None = None) -> Attribution:
         """The example ``index`` (of one attention ``family`` of an encoder-decoder model)."""
         return Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
@@ -162,6 +166,7 @@ class StoreView:
         return f"StoreView({str(self.path)!r}, {len(self)} examples)"
 
 
+@checked(path=File())
 def open_store(path) -> StoreView:
     """Open an attribution store for reading (see :class:`StoreView`)."""
     return StoreView(path)
@@ -208,6 +213,7 @@ class Tree:
 
         return tree_to_json(self.graph)
 
+    @checked()
     def render(self, fmt: str = "svg") -> bytes:
         """The drawing as PNG or SVG bytes (needs Graphviz's ``dot``)."""
         from ..analysis.tree import render
@@ -216,6 +222,7 @@ class Tree:
             raise OptionError(f"fmt must be png or svg, got '{fmt}'")
         return render(self.to_dot(), fmt)
 
+    @checked()
     def to_bytes(self, fmt: str) -> bytes:
         """The tree as ``fmt``: dot, json, png or svg."""
         if fmt == "dot":
@@ -224,6 +231,7 @@ class Tree:
             return (self.to_json() + "\n").encode()
         return self.render(fmt)
 
+    @checked(path=Out())
     def save(self, path, fmt: str | None = None) -> Path:
         """Write the tree to ``path`` (whole or not at all): ``fmt`` dot, json, png or svg, by
         default from the suffix (.dot/.gv, .json, .png, .svg)."""
@@ -246,6 +254,8 @@ class Tree:
         return f"Tree(top={self.top}, {g.number_of_nodes()} nodes, {g.number_of_edges()} edges)"
 
 
+@checked(example=Instance(StoredExample, what="a scored example (score(...)[i] or open_store(path)[i])"), layers=Ints(),
+         num_layers=Int(min=1))
 def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,
          compat: str = "paper", num_layers: int | None = None, title: str | None = None) -> Tree:
     """The attribution tree of one example (an :class:`Attribution`, e.g. ``store[3]`` or
@@ -257,10 +267,6 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
 
     if compat not in MODES:
         raise OptionError(f"unknown compat '{compat}'; available: {', '.join(MODES)}")
-    if not isinstance(example, StoredExample):
-        hint = " (open the store first: aa.open_store(path)[index])" if isinstance(example, (str, Path)) else ""
-        raise OptionError(f"example must be a scored example (score(...)[i] or open_store(path)[i]),"
-                          f" got {type(example).__name__}{hint}")
     if getattr(example, "family", "self") == "cross":
         raise OptionError("the attribution tree links tokens of one sequence; the cross family (decoder queries,"
                           " encoder keys) has none: give family encoder or decoder")

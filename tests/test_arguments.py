@@ -1,0 +1,162 @@
+"""Arguments of the public API, checked from one declaration per function (api/checks.py):
+a wrong type or range is one AttattrError naming the argument, raised before any work, and
+nothing is coerced (a bool or 1.7 is no index, "0.1" no number, "0" no list of layers)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import attattr_cli as aa
+from attattr_cli.errors import AttattrError, ModelError, OptionError
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Two built-in examples scored with a fixed rule of 2 steps (all 3 layers)."""
+    out = tmp_path_factory.mktemp("args") / "s.h5"
+    aa.score(out=out, examples="0:2", steps=2)
+    return out
+
+
+def _files(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+# the misuse the issue lists, each with the argument the one line must name
+MISUSE = [
+    ("view", lambda s: aa.view(s, "abc", "v.png"), "example", "got 'abc'"),
+    ("view", lambda s: aa.view(s, None, "v.png"), "example", "got None"),
+    ("view", lambda s: aa.view(s, 1.7, "v.png"), "example", "got 1.7"),
+    ("view", lambda s: aa.view(s, True, "v.png"), "example", "got True"),
+    ("view", lambda s: aa.view(s, 0, "v.png", layers="0"), "layers", "got '0'"),
+    ("view", lambda s: aa.view(s, 0, "v.png", layers=[0.5]), "layers", "got [0.5]"),
+    ("view", lambda s: aa.view(s, 0, "v.png", show=5), "show", "got 5"),
+    ("view", lambda s: aa.view(s, 0, 123), "out", "got 123"),
+    ("report", lambda s: aa.report(s, None), "out", "got None"),
+    ("report", lambda s: aa.report(s, 123), "out", "got 123"),
+    ("report", lambda s: aa.report(s, "r.html", importance=5), "importance", "got 5"),
+    ("synthetic_data", lambda s: aa.synthetic_data(None), "out", "got None"),
+    ("synthetic_data", lambda s: aa.synthetic_data(123), "out", "got 123"),
+    ("synthetic_data", lambda s: aa.synthetic_data("d.tsv", count=True), "count", "got True"),
+    ("synthetic_data", lambda s: aa.synthetic_data("d.tsv", count=0), "count", "at least 1, got 0"),
+    ("train_default", lambda s: aa.train_default(None), "out", "got None"),
+    ("train_default", lambda s: aa.train_default(123), "out", "got 123"),
+    ("train_default", lambda s: aa.train_default("a_file"), "out", "(a file)"),
+    ("train_default", lambda s: aa.train_default("m", seed="x"), "seed", "got 'x'"),
+    ("score", lambda s: aa.score(out="x.h5", tol="0.1"), "tol", "got '0.1'"),
+    ("score", lambda s: aa.score(out="x.h5", max_nodes=None), "max_nodes", "got None"),
+    ("score", lambda s: aa.score(out="x.h5", steps=2.0), "steps", "got 2.0"),
+    ("score", lambda s: aa.score(inputs=["a text"], layers=True), "layers", "got True"),
+    ("faithfulness", lambda s: aa.faithfulness(s, methods=5), "methods", "got 5"),
+    ("faithfulness", lambda s: aa.faithfulness(s, adversarial=True, epsilons="0.05"), "epsilons", "got '0.05'"),
+    ("faithfulness", lambda s: aa.faithfulness(s, adversarial=True, epsilons=0.05), "epsilons", "got 0.05"),
+    ("faithfulness", lambda s: aa.faithfulness(s, adversarial=True, epsilons=["abc"]), "epsilons", "got ['abc']"),
+    ("faithfulness", lambda s: aa.faithfulness(s, adversarial=True, adversarial_layer="x"), "adversarial_layer", "'x'"),
+    ("faithfulness", lambda s: aa.faithfulness(s, permutations="5"), "permutations", "got '5'"),
+    ("faithfulness", lambda s: aa.faithfulness(store=123), "store", "got 123"),
+    ("faithfulness", lambda s: aa.faithfulness(s, examples=[1.5]), "examples", "got [1.5]"),
+    ("merge", lambda s: aa.merge([s], None), "out", "got None"),
+    ("merge", lambda s: aa.merge(s, "m.h5"), "shards", "a list of file paths"),
+    ("tree", lambda s: aa.tree(s), "example", "a scored example"),
+    ("importance", lambda s: aa.importance(s, batch_size=0), "batch_size", "at least 1, got 0"),
+    ("triggers", lambda s: aa.triggers(s, top_k=1.0), "top_k", "got 1.0"),
+    ("load_model", lambda s: aa.load_model(5), "source", "got 5"),
+    ("open_store", lambda s: aa.open_store(None), "path", "got None"),
+    ("view", lambda s: aa.view(s), "example", "missing a required argument"),
+]
+
+
+@pytest.mark.parametrize("name, call, argument, got", MISUSE, ids=[f"{m[0]}-{m[2]}-{i}" for i, m in enumerate(MISUSE)])
+def test_misuse_is_one_error_naming_the_argument_and_writes_nothing(store, tmp_path, monkeypatch, name, call,
+                                                                    argument, got):
+    monkeypatch.chdir(tmp_path)
+    Path("a_file").write_text("x")
+    before = _files(tmp_path)
+    with pytest.raises(AttattrError) as exc:
+        call(store)
+    text = str(exc.value)
+    assert isinstance(exc.value, ModelError if name == "load_model" else OptionError), text
+    assert "\n" not in text and argument in text and got in text, text
+    assert not text.startswith("--") and f"--{argument}" not in text, text  # the API's words, not the flags
+    assert _files(tmp_path) == before
+
+
+def test_documented_shorthands_and_none_as_the_default(store, tmp_path):
+    # one layer index is a list of one (as score takes it); a layer the store lacks is named
+    one = aa.view(store, 0, fmt="svg", layers=1, tree=False)
+    assert one.view.layers == [1]
+    assert aa.view(store, 0, fmt="svg", layers=(1,), tree=False).view.layers == [1]
+    with pytest.raises(OptionError, match="layer 5"):
+        aa.view(store, 0, fmt="svg", layers=5, tree=False)
+    # numpy integers are whole numbers; None where the default is None means the default
+    import numpy as np
+
+    assert aa.view(store, np.int64(0), fmt="svg", layers=None, tree=False).view.layers == [0, 1, 2]
+    with aa.open_store(store) as s:
+        assert s.get(np.int32(1)).index == 1
+        with pytest.raises(OptionError, match="index must be a whole number, got 1.0"):
+            s.get(1.0)
+
+
+def test_every_argument_is_declared():
+    """Each public function and each public method of a result that takes arguments checks
+    them, and every argument has a declared kind (a new one cannot skip the checks)."""
+    from attattr_cli.api.checks import declaration
+
+    functions = public_functions()
+    assert {"view", "report", "score", "faithfulness", "merge", "synthetic_data", "train_default", "tree",
+            "importance", "prune", "triggers", "attack", "finetune", "import_2021", "load_model", "open_store",
+            "info", "Importance.plot", "Tree.save", "StoreView.get"} <= set(functions)
+    for name, fn in functions.items():
+        assert hasattr(fn, "__checked__"), f"{name} has no @checked declaration"
+        undeclared = [arg for arg, (kind, _) in declaration(fn).items() if kind is None]
+        assert not undeclared, f"{name}: no kind declared for {undeclared}"
+
+
+def public_functions() -> dict:
+    """Every function of ``attattr_cli.api.__all__`` and every public method (with arguments)
+    of the classes there, by name."""
+    import inspect
+
+    from attattr_cli import api
+
+    out = {}
+    for name in api.__all__:
+        obj = getattr(api, name)
+        if inspect.isclass(obj):
+            for attr, member in vars(obj).items():
+                fn = getattr(member, "__checked__", member)
+                if attr.startswith("_") or not inspect.isfunction(fn):
+                    continue
+                params = [p for p in inspect.signature(fn).parameters.values()
+                          if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+                if params:
+                    out[f"{name}.{attr}"] = member
+        elif callable(obj):
+            out[name] = obj
+    return out
+
+
+def test_a_refused_call_loads_nothing(tmp_path):
+    """The checks run before the body: a wrong-typed call to a function that would load a
+    model or read a store returns at once, without importing torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, attattr_cli as aa\n"
+            "from attattr_cli.errors import AttattrError\n"
+            "for call in (lambda: aa.score(out='x.h5', tol='0.1'), lambda: aa.faithfulness(permutations='5'),\n"
+            "             lambda: aa.prune(batch_size=0), lambda: aa.attack(alpha=2), lambda: aa.view('s.h5', 1.5, 'v.png')):\n"
+            "    try:\n"
+            "        call()\n"
+            "    except AttattrError:\n"
+            "        pass\n"
+            "print('torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+    assert os.listdir(tmp_path) == []
