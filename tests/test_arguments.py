@@ -160,3 +160,50 @@ def test_a_refused_call_loads_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "False"
     assert os.listdir(tmp_path) == []
+
+
+# ----------------------------------------------------------------------------- demo train --overwrite
+
+
+def _fake_training(monkeypatch, fail: bool = False):
+    """The default model's recipe replaced by one that writes a marker file (a real training
+    takes minutes): what is under test is where train_default puts its result."""
+    from attattr_cli.models import default
+
+    def train(out_dir, *, seed=0, progress=None):
+        (Path(out_dir) / "config.json").write_text(f'{{"seed": {seed}}}')
+        if fail:
+            raise KeyboardInterrupt
+        return {"heldout_accuracy": 1.0, "train_seconds": 0.0, "n_params": 0, "seed": seed}
+
+    monkeypatch.setattr(default, "train_default_model", train)
+
+
+def test_train_default_refuses_a_non_empty_folder_without_overwrite(tmp_path, monkeypatch):
+    from conftest import one_error_line, run_cli
+
+    _fake_training(monkeypatch)
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "keep.txt").write_text("mine")
+    line = one_error_line(run_cli("demo", "train", "--out", model, "-q"), "--overwrite", "not empty")
+    assert "--out" in line
+    with pytest.raises(OptionError) as exc:
+        aa.train_default(model)
+    assert "overwrite" in str(exc.value)
+    assert os.listdir(model) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["model"]
+    # a failed training leaves the old folder as it was, and no temporary folder beside it
+    _fake_training(monkeypatch, fail=True)
+    with pytest.raises(KeyboardInterrupt):
+        aa.train_default(model, overwrite=True)
+    assert os.listdir(model) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["model"]
+    # --overwrite replaces it once training succeeded; an empty or new folder needs none
+    _fake_training(monkeypatch)
+    r = run_cli("demo", "train", "--out", model, "--overwrite", "--seed", "3", "-q")
+    assert r.exit_code == 0, r.output
+    assert os.listdir(model) == ["config.json"] and (model / "config.json").read_text() == '{"seed": 3}'
+    (tmp_path / "empty").mkdir()
+    assert aa.train_default(tmp_path / "empty", seed=4)["seed"] == 4
+    assert aa.train_default(tmp_path / "new", seed=5)["seed"] == 5
+    assert (tmp_path / "new" / "config.json").read_text() == '{"seed": 5}'
+    assert sorted(os.listdir(tmp_path)) == ["empty", "model", "new"]
