@@ -190,7 +190,7 @@ def test_train_default_refuses_a_non_empty_folder_without_overwrite(tmp_path, mo
     assert "--out" in line
     with pytest.raises(OptionError) as exc:
         aa.train_default(model)
-    assert "overwrite" in str(exc.value)
+    assert "overwrite" in str(exc.value) and "--" not in str(exc.value)
     assert os.listdir(model) == ["keep.txt"] and sorted(os.listdir(tmp_path)) == ["model"]
     # a failed training leaves the old folder as it was, and no temporary folder beside it
     _fake_training(monkeypatch, fail=True)
@@ -207,3 +207,90 @@ def test_train_default_refuses_a_non_empty_folder_without_overwrite(tmp_path, mo
     assert aa.train_default(tmp_path / "new", seed=5)["seed"] == 5
     assert (tmp_path / "new" / "config.json").read_text() == '{"seed": 5}'
     assert sorted(os.listdir(tmp_path)) == ["empty", "model", "new"]
+
+
+# ----------------------------------------------------------------------------- names once: arguments and flags
+
+
+# (API call, its message, the same misuse on the command line, its message): one table
+# (attattr_cli/names.py) words both, whichever side wrote the message
+SAME_MISUSE = [
+    (lambda s: aa.synthetic_data("d.tsv", count=0), "count must be at least 1, got 0",
+     ["demo", "data", "--out", "d.tsv", "--count", "0"], "--count must be at least 1, got 0"),
+    (lambda s: aa.score(out="x.h5", steps_per_pass=0), "steps_per_pass must be at least 1",
+     ["score", "--out", "x.h5", "--steps-per-pass", "0"], "--steps-per-pass must be at least 1"),
+    (lambda s: aa.score(out="x.h5", dist_timeout=0), "dist_timeout must be above 0",
+     ["score", "--out", "x.h5", "--dist-timeout", "0"], "--dist-timeout must be above 0"),
+    (lambda s: aa.score(out="x.h5", tol=0.1, steps=3), "tol places its own nodes; it does not go with steps 3",
+     ["score", "--out", "x.h5", "--tol", "0.1", "--steps", "3"], "--tol places its own nodes; it does not go with --steps 3"),
+    (lambda s: aa.view(s, 0, "v.png", fmt="gif"), "unknown fmt 'gif'",
+     ["view", "{store}", "-n", "0", "--out", "v.png", "--format", "gif"], "unknown --format 'gif'"),
+    (lambda s: aa.prune(importance="imp.h5", keep_heads=0.5), "keep_heads and save_model go together",
+     ["prune", "--out", "c.json", "--importance", "imp.h5", "--keep-heads", "0.5"], "--keep-heads and --save-model go together"),
+    (lambda s: aa.faithfulness(s, erase="zero"), "unknown erase 'zero'",
+     ["faithfulness", "{store}", "--out", "f.json", "--erase", "zero"], "unknown --erase 'zero'"),
+]
+
+
+@pytest.mark.parametrize("call, api_text, args, cli_text", SAME_MISUSE, ids=[c[1][:24] for c in SAME_MISUSE])
+def test_the_api_names_arguments_and_the_cli_names_flags(store, tmp_path, monkeypatch, call, api_text, args, cli_text):
+    from conftest import one_error_line, run_cli
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OptionError) as exc:
+        call(store)
+    assert api_text in str(exc.value) and "--" not in str(exc.value), str(exc.value)
+    line = one_error_line(run_cli(*[a.replace("{store}", str(store)) for a in args]), cli_text)
+    assert line.startswith("Error: ")
+    assert os.listdir(tmp_path) == []
+
+
+def test_the_table_of_names_is_one_and_true():
+    """Each entry of the table names an argument of the API (or a field of the scoring
+    options) and a flag some command has; both directions read it."""
+    import inspect
+    from dataclasses import fields
+
+    from attattr_cli import names
+    from attattr_cli.engine.options import ScoreOptions
+
+    arguments = {p for fn in public_functions().values()
+                 for p in inspect.signature(getattr(fn, "__checked__", fn)).parameters}
+    arguments |= {f.name for f in fields(ScoreOptions)}
+    flags = {opt for _path, command in cli_commands() for p in command.params for opt in getattr(p, "opts", [])}
+    flags |= {opt for _path, command in cli_commands() for p in command.params for opt in getattr(p, "secondary_opts", [])}
+    for argument, flag in names.FLAGS.items():
+        assert argument in arguments and flag in flags, (argument, flag)
+        assert names.flag(argument) == flag
+    for flag, argument in names.ARGUMENTS.items():
+        assert flag in flags and (argument in arguments), (flag, argument)
+        assert names.flag(argument) == flag or flag in ("--step-batch",)  # an old spelling: its argument's flag is new
+    assert names.argument(names.flag("keep_heads")) == "keep_heads" and names.flag("keep_heads") == "--keep-heads"
+    assert names.in_api_words("give --format or --steps-per-pass, not --step-batch") == \
+        "give fmt or steps_per_pass, not steps_per_pass"
+    assert names.in_cli_words("fmt and keep_heads go together", ["fmt", "keep_heads"]) == \
+        "--format and --keep-heads go together"
+    from attattr_cli.engine import options
+
+    assert options.api_names is names.api_names and options.cli_words is names.cli_words
+
+
+def cli_commands():
+    """(command path, click command) of every command of the Typer app, groups walked."""
+    import typer
+
+    from attattr_cli.cli import app
+
+    root = typer.main.get_command(app)
+    out = []
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            for name, sub in subs.items():
+                walk(sub, [*path, name])
+        else:
+            out.append((path, cmd))
+
+    walk(root, [])
+    return out

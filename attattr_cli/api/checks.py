@@ -12,7 +12,8 @@ path-ness) before the body runs, so that nothing is read, loaded or written for 
 is refused: one :class:`~attattr_cli.errors.OptionError` (a :class:`ModelError` for a model
 of the wrong type) naming the argument in the API's words, ``example must be a whole
 number, got 1.7``; the CLI shows the same message with the flag (``--example``, through
-:mod:`attattr_cli.names`). Nothing is coerced: ``True`` is not an index, ``1.7`` is not an
+:mod:`attattr_cli.names`). The body runs inside :func:`attattr_cli.names.api_names`: what it
+raises names the API's arguments too, also where a validator shared with the CLI wrote flags. Nothing is coerced: ``True`` is not an index, ``1.7`` is not an
 index, ``"0.1"`` is not a number, ``"0"`` is not a list of layers. ``None`` is accepted where
 the signature's default is ``None`` (or the annotation says ``| None``): there it means "the
 default". A few kinds normalise a documented shorthand: one layer index for a list of them
@@ -34,6 +35,7 @@ import sys
 import typing
 
 from ..errors import ModelError, OptionError
+from ..names import api_names
 
 _repr = reprlib.Repr()
 _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxtuple, _repr.maxdict = 40, 40, 4, 4, 3
@@ -212,7 +214,8 @@ class Ints(Kind):
 
     def __init__(self, min: int | None = None, single: bool = True, text: bool = False, what: str | None = None,
                  sample=(0,)):
-        self.min, self.single, self.text, self.sample = min, single, text, list(sample)
+        self.min, self.single, self.text = min, single, text
+        self.sample = list(sample) if min is None else [max(min, x) for x in sample]
         self.what = what or ("a whole number or a list of whole numbers" if single else "a list of whole numbers")
         if text:
             self.what += " (or a comma-separated text of them)"
@@ -306,6 +309,8 @@ class Instance(Kind):
 
     def __init__(self, *types, what: str):
         self.types, self.what = types, what
+        first = types[0]
+        self.sample = first if isinstance(first, str) else first.__new__(first)  # an instance, its fields unset
 
     def check(self, value):
         for t in self.types:
@@ -493,7 +498,8 @@ def checked(**kinds: Kind):
                     template = _message(why.why, "{name}", value, why.note).replace("{", "{{").replace("}", "}}")
                     template = template.replace("{{name}}", "{name}", 1)
                     raise refused(kind.error, name, template) from None
-            return fn(*bound.args, **bound.kwargs)
+            with api_names():  # every message in the API's words (see attattr_cli.names)
+                return fn(*bound.args, **bound.kwargs)
 
         call.__checked__ = fn
         return call

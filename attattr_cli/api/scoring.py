@@ -54,7 +54,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     under torchrun (``torchrun --nproc-per-node N``) every process scores its share into its
     own shard beside ``out`` and rank 0 merges them (``keep_shards``, ``dist_timeout``); the
     report is then the run's ``DistributedReport``. `attattr score` is this call."""
-    from ..engine.options import ScoreOptions, api_names, integration, precheck
+    from ..engine.options import ScoreOptions, integration, precheck
 
     if isinstance(family, str):
         family = [f.strip() for f in family.split(",") if f.strip()]
@@ -66,8 +66,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position)
 
     # the options, the selection and the data file are checked before anything loads
-    with api_names():
-        precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
+    precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
     from ..engine.run import ScoreRequest, score_to_store
 
     if out is not None and inputs is None and (model is None or isinstance(model, (str, Path))):
@@ -92,8 +91,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
-    with api_names():
-        options = options_for(is_lm)
+    options = options_for(is_lm)
     tmp = None
     path = out
     if out is None:

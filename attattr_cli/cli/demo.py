@@ -43,6 +43,6 @@ def data(
     with edge():
         from ..api.demo import synthetic_data
 
-        with renamed_options({"out": "--out", "count": "--count"}):
+        with renamed_options("out", "count"):
             written = synthetic_data(out_file, count=count, seed=seed)
         out.print(str(written), markup=False)
