@@ -1,6 +1,10 @@
 """Arguments of the public API, checked from one declaration per function (api/checks.py):
 a wrong type or range is one AttattrError naming the argument, raised before any work, and
-nothing is coerced (a bool or 1.7 is no index, "0.1" no number, "0" no list of layers)."""
+nothing is coerced (a bool or 1.7 is no index, "0.1" no number, "0" no list of layers); the
+API names arguments and the CLI flags, from one table (attattr_cli/names.py).
+
+The generated part (hypothesis) draws a fixed sequence of 20 values per function and per
+command in CI (about half a minute in all); ATTATTR_ARGS_EXAMPLES=N draws N fresh ones."""
 
 from __future__ import annotations
 
@@ -294,3 +298,179 @@ def cli_commands():
 
     walk(root, [])
     return out
+
+
+# ----------------------------------------------------------------------------- wrong types, generated
+#
+# For every argument of every public function (and result method), enumerated from
+# attattr_cli.api.__all__ and their declarations, and for every typed option of every
+# command, enumerated from the Typer app: values of a wrong type give one AttattrError (one
+# `Error:` line), and nothing is written. Each call runs in a fresh folder; the checks run
+# before any work, so no model loads and the whole run takes seconds.
+
+import contextlib  # noqa: E402
+import tempfile  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+GENERATED = settings(max_examples=int(os.environ.get("ATTATTR_ARGS_EXAMPLES", "20")), deadline=None, database=None,
+                     derandomize=not os.environ.get("ATTATTR_ARGS_EXAMPLES"),
+                     suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+
+# values of every type a caller may pass by mistake
+ANY_VALUE = st.one_of(
+    st.none(), st.booleans(), st.integers(-10, 10**6), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6), st.binary(max_size=3), st.just(""), st.just(float("nan")),
+    st.lists(st.one_of(st.floats(allow_nan=True), st.text(max_size=2), st.booleans(), st.none()), max_size=3),
+    st.tuples(st.integers(), st.floats()), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2),
+    st.builds(object), st.sets(st.integers(), max_size=2), st.complex_numbers(max_magnitude=2),
+)
+
+
+def _api_cases() -> list[tuple[str, object, dict, str, object, bool]]:
+    """(function name, function, its required arguments filled with valid samples, argument,
+    kind, None taken) for every declared argument of every public function and method."""
+    from attattr_cli.api.checks import declaration
+
+    cases = []
+    for name, fn in public_functions().items():
+        decl = declaration(fn)
+        import inspect
+
+        params = inspect.signature(getattr(fn, "__checked__", fn)).parameters
+        required = {arg: kind.sample for arg, (kind, _) in decl.items()
+                    if params[arg].default is inspect.Parameter.empty}
+        if "." in name:  # a method: called unbound, on no instance (the checks come first)
+            required = {"self": None, **required}
+        for arg, (kind, none_ok) in decl.items():
+            cases.append((name, fn, required, arg, kind, none_ok))
+    return cases
+
+
+API_CASES = _api_cases()
+
+
+def _refused(kind, none_ok: bool, value) -> bool:
+    return not ((value is None and none_ok) or kind.accepts(value))
+
+
+@contextlib.contextmanager
+def _fresh_folder():
+    """A new empty working folder; yields a function that lists what appeared in it."""
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory() as d:
+        os.chdir(d)
+        try:
+            yield lambda: sorted(os.listdir(d))
+        finally:
+            os.chdir(old)
+
+
+def _call_refused(name, fn, required, arg, value):
+    kwargs = dict(required)
+    kwargs[arg] = value
+    with _fresh_folder() as written:
+        with pytest.raises(AttattrError) as exc:
+            fn(**kwargs)
+        assert written() == [], f"{name}({arg}={value!r}) wrote {written()}"
+    text = str(exc.value)
+    assert "\n" not in text and (text.startswith(f"{arg} ") or f" {arg} " in text), (name, arg, value, text)
+
+
+def test_samples_are_taken_and_every_kind_refuses_some_object():
+    """The samples the generated calls fill in are valid, and a plain object() is refused by
+    every kind: each argument of each function is refused at least once below."""
+    assert len(API_CASES) > 150
+    for name, fn, required, arg, kind, none_ok in API_CASES:
+        assert kind.accepts(kind.sample), (name, arg, kind.sample)
+        assert not kind.accepts(object()), (name, arg)
+
+
+@pytest.mark.parametrize("case", API_CASES, ids=[f"{c[0]}-{c[3]}" for c in API_CASES])
+def test_every_argument_refuses_a_foreign_object(case):
+    name, fn, required, arg, kind, none_ok = case
+    _call_refused(name, fn, required, arg, object())
+
+
+@pytest.mark.parametrize("fname", sorted({c[0] for c in API_CASES}))
+@GENERATED
+@given(data=st.data())
+def test_generated_wrong_values_are_one_error_and_write_nothing(fname, data):
+    cases = [c for c in API_CASES if c[0] == fname]
+    name, fn, required, arg, kind, none_ok = data.draw(st.sampled_from(cases), label="argument")
+    value = data.draw(ANY_VALUE.filter(lambda v: _refused(kind, none_ok, v)), label=arg)
+    _call_refused(name, fn, required, arg, value)
+
+
+def _cli_options() -> list[tuple[list[str], str, str]]:
+    """(command path, flag, what it takes) of every option of every command whose value has a
+    type the parser checks: whole numbers, numbers, and on/off flags (which take no value).
+    Text and path options take any text; the API's checks above refuse their wrong values."""
+    import typing
+
+    out = []
+    for path, command in cli_commands():
+        for p in command.params:
+            opts = [o for o in getattr(p, "opts", []) if o.startswith("--")]
+            if not opts or getattr(p, "param_type_name", "option") != "option":
+                continue
+            annotation = getattr(getattr(p, "type_descriptor", None), "annotation", None)
+            base = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+            if getattr(p, "is_flag", False) or base[0] is bool:
+                out.append((path, opts[0], "flag"))
+            elif base[0] in (int, float):
+                out.append((path, opts[0], base[0].__name__))
+    return out
+
+
+CLI_OPTIONS = _cli_options()
+# texts that no number parser takes (no digit alone, no inf/nan/e)
+NOT_A_NUMBER = st.text(alphabet="bcdghjklmopqrsuvwxyz!@#%_., 0123456789", min_size=1, max_size=6).filter(
+    lambda t: any(c.isalpha() or c in "!@#%_" for c in t) and not t.startswith(" "))
+
+
+def _one_cli_error(args: list[str]) -> None:
+    from conftest import one_error_line, run_cli
+
+    with _fresh_folder() as written:
+        result = run_cli(*args)
+        assert written() == [], f"attattr {' '.join(args)} wrote {written()}"
+    one_error_line(result)
+    assert result.exit_code == 2, (args, result.exit_code, result.stderr)
+
+
+def test_every_command_has_typed_options_under_test():
+    commands = {" ".join(path) for path, _ in cli_commands()}
+    covered = {" ".join(path) for path, _, _ in CLI_OPTIONS}
+    assert commands == covered, commands - covered  # every command has at least -q or a number
+    assert {"int", "float", "flag"} == {what for _, _, what in CLI_OPTIONS}
+
+
+@pytest.mark.parametrize("command", sorted({" ".join(c[0]) for c in CLI_OPTIONS}))
+@GENERATED
+@given(data=st.data())
+def test_generated_wrong_option_values_are_one_error_line_and_write_nothing(command, data):
+    options = [c for c in CLI_OPTIONS if " ".join(c[0]) == command]
+    path, flag, what = data.draw(st.sampled_from(options), label="option")
+    if what == "flag":
+        args = [*path, f"{flag}={data.draw(st.sampled_from(['1', 'x', 'yes', '']), label='value')}"]
+    else:
+        args = [*path, f"{flag}={data.draw(NOT_A_NUMBER, label='value')}"]
+    _one_cli_error(args)
+
+
+def test_usage_errors_are_one_line(tmp_path):
+    """An unknown command or option, and a missing argument, are one Error line too."""
+    for args in (["nocommand"], ["score", "--no-such-option"], ["info"], ["demo", "nothing"],
+                 ["view", "s.h5", "-n", "1.5", "-o", "v.png"]):
+        _one_cli_error(args)
+
+
+def test_arrays_are_arrays_of_numbers():
+    from attattr_cli.api.checks import Array
+
+    import numpy as np
+
+    assert Array().accepts([[1, 0.5]]) and Array().accepts(np.ones((2, 2))) and Array().accepts((1.0, 2.0))
+    assert not any(Array().accepts(v) for v in ([["a"]], [[1], [1, 2]], 3.0, "12", None, {"a": 1}))

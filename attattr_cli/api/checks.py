@@ -385,12 +385,22 @@ class Array(Kind):
     """An array of numbers: a numpy array, a tensor or nested lists (its shape is the
     function's to check)."""
 
-    what, sample = "an array (a numpy array, a tensor or nested lists)", [[1.0]]
+    what, sample = "an array of numbers (a numpy array, a tensor or nested lists)", [[1.0]]
 
     def check(self, value):
-        if isinstance(value, (list, tuple)) or hasattr(value, "__array__"):
+        if hasattr(value, "detach") and hasattr(value, "shape"):  # a tensor (on any device)
             return value
-        self.refuse()
+        if not (isinstance(value, (list, tuple)) or hasattr(value, "__array__")):
+            self.refuse()
+        import numpy as np
+
+        try:
+            array = np.asarray(value, dtype=np.float64)
+        except (TypeError, ValueError, OverflowError):
+            self.refuse()
+        if array.ndim == 0:
+            self.refuse()
+        return value
 
 
 class Progress(Kind):

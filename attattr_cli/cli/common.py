@@ -259,10 +259,30 @@ def _untagged(params: list) -> list:
 
 
 class Group(TyperGroup):
-    """The root and `demo` command groups (help: flags without type tags)."""
+    """The root and `demo` command groups (help: flags without type tags). At the root, a
+    usage error (an unknown option or command, a value of the wrong type, a missing option)
+    is one ``Error:`` line on stderr, as every other error is, with exit status 2."""
 
     def get_params(self, ctx):
         return _untagged(super().get_params(ctx))
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        from typer._click.exceptions import ClickException  # Typer's bundled Click
+
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except ClickException as exc:
+            if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                ctx = getattr(exc, "ctx", None)
+                where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+                err.print(f"Error: {' '.join(exc.format_message().split())}{where}", markup=False)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            err.print("Aborted.", markup=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class Command(TyperCommand):
