@@ -269,16 +269,15 @@ class Group(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        from typer._click.exceptions import ClickException  # Typer's bundled Click
-
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
-        except ClickException as exc:
+        except typer.TyperException as exc:  # Typer's (bundled Click's) usage and parameter errors
             if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
                 ctx = getattr(exc, "ctx", None)
                 where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
-                err.print(f"Error: {' '.join(exc.format_message().split())}{where}", markup=False)
-            sys.exit(exc.exit_code)
+                text = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+                err.print(f"Error: {' '.join(text.split())}{where}", markup=False)
+            sys.exit(getattr(exc, "exit_code", 2))
         except typer.Abort:
             err.print("Aborted.", markup=False)
             sys.exit(1)
