@@ -454,6 +454,15 @@ def _from_annotation(annotation, module_globals) -> tuple[Kind | None, bool]:
     return None, False
 
 
+def _annotation_takes_none(annotation, module_globals) -> bool:
+    if isinstance(annotation, str):
+        try:
+            annotation = eval(annotation, dict(module_globals))  # noqa: S307
+        except Exception:
+            return False
+    return type(None) in typing.get_args(annotation)
+
+
 def declaration(fn) -> dict[str, tuple[Kind | None, bool]]:
     """Every argument of ``fn`` (``self`` and ``**options`` aside) with (its kind, whether
     None is taken); the kind is None for an argument declared nowhere (the tests list those)."""
@@ -463,7 +472,9 @@ def declaration(fn) -> dict[str, tuple[Kind | None, bool]]:
     for i, (name, p) in enumerate(inspect.signature(fn).parameters.items()):
         if (i == 0 and name == "self") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
-        kind, none_ok = (kinds[name], False) if name in kinds else _from_annotation(p.annotation, fn.__globals__)
+        kind, none_ok = _from_annotation(p.annotation, fn.__globals__)
+        if name in kinds:
+            kind, none_ok = kinds[name], none_ok or _annotation_takes_none(p.annotation, fn.__globals__)
         out[name] = (kind, none_ok or p.default is None)
     return out
 

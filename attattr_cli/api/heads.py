@@ -227,7 +227,7 @@ class PruneResult:
 
 @checked(model=ModelArg(), importance=OneOf(File(), Instance(Importance, what="an Importance")), data=File(), task=Str(),
          examples=Examples(), inputs=Inputs(), rates=OneOf(Str(), Numbers(), what="'start:stop:step', a comma text or a list of numbers"),
-         methods=Names(), batch_size=Int(min=1), keep_heads=Number(above=0, max=1), save_model=Out(folder=True),
+         methods=Names(), batch_size=Int(min=1), keep_heads=Number(0, 1), save_model=Out(folder=True),
          effectiveness=File(), ks=Ints(min=1, text=True), out=Out(), progress=Progress(), command=Texts())
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
           methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,

@@ -173,7 +173,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
 
 @checked(model=ModelArg(), out=Out(folder=True), data=File(), task=Str(), examples=Examples(), eval_data=File(),
          max_examples=Int(min=1), epochs=Number(above=0), lr=Number(above=0), batch_size=Int(min=1),
-         max_length=Int(min=1), progress=Progress(), command=Texts())
+         max_length=Int(min=2), progress=Progress(), command=Texts())
 def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=None, max_examples: int | None = None,
              epochs: float = 1.0, lr: float = 1e-4, warmup: float = 0.0, batch_size: int = 32, max_length: int = 128,
              freeze_embeddings: bool = False, weight_decay: float = 0.01, threads: int = 0, seed: int = 0,

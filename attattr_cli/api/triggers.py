@@ -174,7 +174,7 @@ def _insertions(triggers, top_k):
 
 
 @checked(model=ModelArg(), triggers=OneOf(File(), Instance(TriggersResult, dict, list, tuple, what="a TriggersResult, its dict or a list of Insertion")),
-         data=File(), task=Str(), examples=Examples(), inputs=Inputs(), top_k=Int(min=1), controls=Int(min=1),
+         data=File(), task=Str(), examples=Examples(), inputs=Inputs(), top_k=Int(min=1), controls=Int(min=0),
          position=OneOf(Str(), Number(0, 1)), alpha=Number(above=0, below=1), batch_size=Int(min=1), out=Out(),
          save_texts=Out(), progress=Progress())
 def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
