@@ -13,8 +13,10 @@ is refused: one :class:`~attattr_cli.errors.OptionError` (a :class:`ModelError` 
 of the wrong type) naming the argument in the API's words, ``example must be a whole
 number, got 1.7``; the CLI shows the same message with the flag (``--example``, through
 :mod:`attattr_cli.names`). The body runs inside :func:`attattr_cli.names.api_names`: what it
-raises names the API's arguments too, also where a validator shared with the CLI wrote flags. Nothing is coerced: ``True`` is not an index, ``1.7`` is not an
-index, ``"0.1"`` is not a number, ``"0"`` is not a list of layers. ``None`` is accepted where
+raises names the API's arguments too, also where a validator shared with the CLI wrote flags.
+
+Nothing is coerced: ``True`` is not an index, ``1.7`` is not an index, ``"0.1"`` is not a
+number, ``"0"`` is not a list of layers. ``None`` is accepted where
 the signature's default is ``None`` (or the annotation says ``| None``): there it means "the
 default". A few kinds normalise a documented shorthand: one layer index for a list of them
 (``layers=3`` is ``layers=[3]``).
