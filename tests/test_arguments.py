@@ -474,3 +474,20 @@ def test_arrays_are_arrays_of_numbers():
 
     assert Array().accepts([[1, 0.5]]) and Array().accepts(np.ones((2, 2))) and Array().accepts((1.0, 2.0))
     assert not any(Array().accepts(v) for v in ([["a"]], [[1], [1, 2]], 3.0, "12", None, {"a": 1}))
+
+
+def test_numpy_numbers_are_numbers(store):
+    """numpy integers and floats pass as the Python numbers they are (the engine's own
+    validators see Python's), numpy booleans are no numbers."""
+    import numpy as np
+
+    from attattr_cli.api.checks import Examples, Int, Ints, Number, Numbers
+
+    assert type(Int().check(np.int64(2))) is int and type(Number().check(np.float32(0.5))) is float
+    assert Ints().check([np.int32(1), 2]) == [1, 2] and all(type(x) is int for x in Ints().check(np.arange(2)))
+    assert Examples().check(np.array([3, 4])) == [3, 4] and Numbers().check(np.float64(0.1)) == [0.1]
+    assert not Int().accepts(np.bool_(True)) and not Number().accepts(np.bool_(False))
+    picture = aa.view(store, np.int64(1), fmt="svg", layers=np.array([0, 2]), tree=False)
+    assert picture.view.layers == [0, 2]
+    imp = aa.importance(store, methods="attr", examples=np.array([0, 1]))
+    assert imp.used == 2

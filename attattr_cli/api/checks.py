@@ -114,7 +114,7 @@ class Int(Kind):
             self.refuse()
         if (self.min is not None and value < self.min) or (self.max is not None and value > self.max):
             raise Refused(_bounds(self.min, self.max))
-        return value
+        return int(value)  # a numpy integer as Python's
 
 
 class Number(Kind):
@@ -137,7 +137,7 @@ class Number(Kind):
                 or (self.above is not None and not value > self.above)
                 or (self.below is not None and not value < self.below)):
             raise Refused(_bounds(self.min, self.max, self.above, self.below))
-        return value
+        return int(value) if _is_int(value) else float(value)  # numpy scalars as Python's
 
 
 class Bool(Kind):
@@ -233,7 +233,7 @@ class Ints(Kind):
             self.refuse()
         if self.min is not None and any(x < self.min for x in items):
             raise Refused(f"whole numbers of at least {self.min}")
-        return items
+        return [int(x) for x in items]
 
 
 class Numbers(Kind):
@@ -249,9 +249,7 @@ class Numbers(Kind):
         items = [value] if self.single and _is_number(value) else _items(value)
         if items is None or not items or not all(_is_number(x) for x in items):
             self.refuse()
-        for x in items:
-            self.item.check(x)
-        return items
+        return [self.item.check(x) for x in items]
 
 
 class Names(Kind):
@@ -279,7 +277,7 @@ class Examples(Kind):
         items = _items(value)
         if items is None or not all(_is_int(x) for x in items):
             self.refuse()
-        return value
+        return [int(x) for x in items]
 
 
 def _loaded(module: str, name: str):
