@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import OptionError
-from .checks import File, Int, Names, OneOf, Out, Progress, Str, checked, Ints
+from .checks import File, Int, Ints, Names, OneOf, Out, Progress, Str, checked
 from .model import progress_for
 from .results import open_store
 
