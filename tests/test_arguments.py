@@ -70,6 +70,9 @@ MISUSE = [
     ("load_model", lambda s: aa.load_model(5), "source", "got 5"),
     ("open_store", lambda s: aa.open_store(None), "path", "got None"),
     ("view", lambda s: aa.view(s), "example", "missing a required argument"),
+    ("view", lambda s: aa.view(s, 0, "v.png", colour="red"), "colour", "unexpected keyword argument"),
+    ("faithfulness", lambda s: aa.faithfulness(s, examples=True), "examples", "got True"),
+    ("attack", lambda s: aa.attack(triggers="t.json", alpha=1.5), "alpha", "above 0 and below 1, got 1.5"),
 ]
 
 
@@ -491,3 +494,23 @@ def test_numpy_numbers_are_numbers(store):
     assert picture.view.layers == [0, 2]
     imp = aa.importance(store, methods="attr", examples=np.array([0, 1]))
     assert imp.used == 2
+
+
+# the text options a command parses itself into lists of numbers (the other text and path
+# options take any text): garbage is one Error line before any work, nothing written
+TEXT_LIST_OPTIONS = [
+    (["score", "--out", "x.h5"], "--layers"), (["score", "--out", "x.h5"], "--examples"),
+    (["view", "s.h5", "-n", "0", "-o", "v.png"], "--layers"), (["view", "s.h5", "-n", "0", "-o", "v.png"], "--queries"),
+    (["tree", "s.h5", "-n", "0"], "--layers"), (["importance", "s.h5", "--out", "i.h5"], "--seeds"),
+    (["prune", "--out", "c.json", "--importance", "imp.h5"], "--ks"),
+    (["prune", "--out", "c.json", "--importance", "imp.h5"], "--rates"),
+    (["faithfulness", "s.h5", "--out", "f.json"], "--perm-layers"),
+    (["faithfulness", "s.h5", "--out", "f.json", "--adversarial"], "--epsilons"),
+]
+
+
+@GENERATED
+@given(data=st.data())
+def test_generated_garbage_in_list_options_is_one_error_line(data):
+    args, option = data.draw(st.sampled_from(TEXT_LIST_OPTIONS), label="option")
+    _one_cli_error([*args, f"{option}={data.draw(NOT_A_NUMBER, label='value')}"])
