@@ -321,7 +321,7 @@ def test_errors_are_typed_and_name_arguments(builtin, cli_store):
         (lambda: aa.score(builtin, ["x"], keep="all"), OptionError, "unknown keep 'all'"),
         (lambda: aa.score(builtin, []), OptionError, "inputs is empty"),
         (lambda: aa.score(builtin, [3]), OptionError, "inputs[0] must be"),
-        (lambda: aa.load_model(42), ModelError, "model must be"),
+        (lambda: aa.load_model(42), ModelError, "source must be"),
         (lambda: aa.score(builtin, ["x"], target_token="w1"), OptionError, "target_token, continuation and position"),
         (lambda: aa.score(builtin, ["x"], rule="simpson"), OptionError, "unknown rule 'simpson'"),
         (lambda: aa.score(builtin, ["x"], layers=[7]), OptionError, "layer 7 does not exist"),

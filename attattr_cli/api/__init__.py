@@ -10,7 +10,8 @@ model.py: load_model, Model, the context that leaves a caller's model as it was,
 results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
 resolution; scoring.py: score; heads.py: importance, predict, prune; triggers.py: triggers,
 attack; tools.py: faithfulness, finetune, merge, import_2021; views.py: view, report, info;
-demo.py: train_default, synthetic_data.
+demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments, declared once
+per function (``@checked``) and checked before any work.
 """
 
 from .demo import synthetic_data, train_default

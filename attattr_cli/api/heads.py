@@ -9,7 +9,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError
-from .inputs import check_min, command_of, open_source, selection, write_json_file, model_and_data
+from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, ModelArg, Names, Number, Numbers, OneOf, Out, Progress,
+                     Source, Str, Texts, checked)
+from .inputs import command_of, open_source, selection, write_json_file, model_and_data
 from .model import progress_for, using
 
 
@@ -49,12 +51,14 @@ class Importance:
             raise OptionError(f"no table '{name}'; there are: {', '.join(self.tables)}")
         return np.asarray(self.tables[name].values)
 
+    @checked()
     def ranking(self, name: str) -> list[tuple[int, int]]:
         """(layer, head) from the most to the least important by table ``name``."""
         v = self[name]
         order = np.argsort(-v.ravel(), kind="stable")
         return [tuple(int(x) for x in np.unravel_index(i, v.shape)) for i in order]
 
+    @checked(path=Out())
     def plot(self, path=None, title: str | None = None):
         """One heatmap per table (attr, taylor, attention, random ...): a matplotlib ``Figure``,
         also written to ``path`` (.png, .svg, .pdf) when given."""
@@ -124,6 +128,8 @@ class Importance:
         return json.dumps(self.to_dict(), indent=2)
 
 
+@checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), methods=Names(),
+         seeds=Ints(), batch_size=Int(min=1), out=Out(), progress=Progress(), command=Texts())
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
                seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
@@ -138,7 +144,6 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     seed_list = list(seeds) or [0]
-    check_min("batch_size", batch_size)
     tables = []
     if source is not None:
         if model is not None or data is not None or task is not None or inputs is not None:
@@ -238,6 +243,7 @@ class Predictions:
                 + f", predictions {shown}{' …' if len(self.predictions) > 5 else ''})")
 
 
+@checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), mask=Array(), batch_size=Int(min=1))
 def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mask=None, batch_size: int = 64,
             truncate: bool = False, device: str = "auto") -> Predictions:
     """Classify ``inputs`` (or data/task rows), optionally with attention heads masked: ``mask``
@@ -247,7 +253,6 @@ def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mas
 
     from ..engine.heads import Batches, logits_under
 
-    check_min("batch_size", batch_size)
     m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m:
         scale = None
@@ -291,6 +296,7 @@ class PruneResult:
         """:meth:`to_dict` as JSON text."""
         return json.dumps(self.to_dict(), indent=2)
 
+    @checked(path=Out())
     def plot(self, path=None):
         """The curves and/or the effectiveness analysis side by side: a matplotlib ``Figure``,
         also written to ``path`` (.png, .svg, .pdf) when given."""
@@ -369,6 +375,10 @@ class PruneResult:
         return "PruneResult(" + "; ".join(parts) + ")"
 
 
+@checked(model=ModelArg(), importance=OneOf(File(), Instance(Importance, what="an Importance")), data=File(), task=Str(),
+         examples=Examples(), inputs=Inputs(), rates=OneOf(Str(), Numbers(), what="'start:stop:step', a comma text or a list of numbers"),
+         methods=Names(), batch_size=Int(min=1), keep_heads=Number(0, 1), save_model=Out(folder=True),
+         effectiveness=File(), ks=Ints(min=1, text=True), out=Out(), progress=Progress(), command=Texts())
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
           methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,
           keep_method: str | None = None, effectiveness=None, ks=None, device: str = "auto",
@@ -389,7 +399,6 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         raise OptionError("keep_heads and save_model go together")
     if keep_heads is not None and importance is None:
         raise OptionError("keep_heads needs importance to rank the heads")
-    check_min("batch_size", batch_size)
     rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
     if importance is None:
         imp_file = None
@@ -399,8 +408,6 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         imp_file = imp.read(importance)
     if isinstance(methods, str):
         methods = [x.strip() for x in methods.split(",") if x.strip()]
-    if isinstance(ks, str):
-        ks = [int(x) for x in ks.split(",") if x.strip()]
     m, task_obj, picked, label_map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m:
         loaded = m.loaded

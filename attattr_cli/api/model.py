@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, OptionError
+from .checks import ModelArg, checked
 
 
 @dataclass
@@ -65,6 +66,7 @@ class Model:
                 + (f", labels {self.label_names}" if self.label_names else "") + ")")
 
 
+@checked(source=ModelArg())
 def load_model(source=None, *, device: str = "auto", dtype: str = "float32", lm: bool = False) -> Model:
     """Load a model: ``None`` for the built-in default (a small BERT trained on the synthetic
     task), a local folder, a hub id (from the local cache, or the hub when reachable), or an

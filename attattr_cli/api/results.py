@@ -12,6 +12,7 @@ import numpy as np
 from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
+from .checks import Array, File, Instance, Int, Ints, Out, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 
 
@@ -64,6 +65,7 @@ class Attribution(StoredExample):
 
         return view_figure_of(self, self.label_names, **options)
 
+    @checked(path=Out())
     def save(self, path, **options):
         """Write ``path`` by its suffix: ``.h5``/``.hdf5`` the example as an attribution store
         (the store ``score(..., out=)`` writes; every command reads it), else the view as PNG,
@@ -75,6 +77,7 @@ class Attribution(StoredExample):
 
         return save(self, path, self.label_names, **options)
 
+    @checked(scores=Array())
     def highlight(self, scores=None):
         """The text's tokens coloured green (positive) or red (negative) by ``scores`` (default:
         :meth:`token_importance`): an object a notebook shows as coloured tokens, whose
@@ -295,6 +298,7 @@ class StoreView:
 
         return Summary(self._store.summary(), "info")
 
+    @checked()
     def get(self, index: int, family: str | None = None) -> Attribution:
         """The example ``index`` (of one attention ``family`` of an encoder-decoder model)."""
         e = Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
@@ -349,6 +353,7 @@ class StoreView:
                 f"{prov.get('num_layers', '?')} layers x {prov.get('num_heads', '?')} heads)")
 
 
+@checked(path=File())
 def open_store(path) -> StoreView:
     """Open an attribution store for reading (see :class:`StoreView`)."""
     return StoreView(path)
@@ -395,6 +400,7 @@ class Tree:
 
         return tree_to_json(self.graph)
 
+    @checked()
     def render(self, fmt: str = "svg") -> bytes:
         """The drawing as PNG or SVG bytes (needs Graphviz's ``dot``)."""
         from ..analysis.tree import render
@@ -403,6 +409,7 @@ class Tree:
             raise OptionError(f"fmt must be png or svg, got '{fmt}'")
         return render(self.to_dot(), fmt)
 
+    @checked()
     def to_bytes(self, fmt: str) -> bytes:
         """The tree as ``fmt``: dot, json, png or svg."""
         if fmt == "dot":
@@ -411,6 +418,7 @@ class Tree:
             return (self.to_json() + "\n").encode()
         return self.render(fmt)
 
+    @checked(path=Out())
     def save(self, path, fmt: str | None = None) -> Path:
         """Write the tree to ``path`` (whole or not at all): ``fmt`` dot, json, png or svg, by
         default from the suffix (.dot/.gv, .json, .png, .svg)."""
@@ -460,6 +468,8 @@ class Tree:
                 f"{g.number_of_edges()} edges" + (f", {self.prediction}" if self.prediction else "") + ")")
 
 
+@checked(example=Instance(StoredExample, what="a scored example (score(...)[i] or open_store(path)[i])"), layers=Ints(),
+         num_layers=Int(min=1))
 def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,
          compat: str = "paper", num_layers: int | None = None, title: str | None = None) -> Tree:
     """The attribution tree of one example (an :class:`Attribution`, e.g. ``store[3]`` or
@@ -471,10 +481,6 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
 
     if compat not in MODES:
         raise OptionError(f"unknown compat '{compat}'; available: {', '.join(MODES)}")
-    if not isinstance(example, StoredExample):
-        hint = " (open the store first: aa.open_store(path)[index])" if isinstance(example, (str, Path)) else ""
-        raise OptionError(f"example must be a scored example (score(...)[i] or open_store(path)[i]),"
-                          f" got {type(example).__name__}{hint}")
     if getattr(example, "family", "self") == "cross":
         raise OptionError("the attribution tree links tokens of one sequence; the cross family (decoder queries,"
                           " encoder keys) has none: give family encoder or decoder")

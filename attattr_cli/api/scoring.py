@@ -7,6 +7,7 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
+from .checks import Callback, Examples, File, Inputs, Ints, ModelArg, Names, Number, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, as_model, progress_for, using
 from .results import TemporaryStore, read_all
@@ -15,6 +16,8 @@ from .results import TemporaryStore, read_all
 # ----------------------------------------------------------------------------- score
 
 
+@checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), out=Out(), layers=Ints(), family=Names(),
+         prompts=Texts(), dist_timeout=Number(above=0), progress=Progress(), command=Texts(), warn=Callback())
 def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
           rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
@@ -50,13 +53,10 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     under torchrun (``torchrun --nproc-per-node N``) every process scores its share into its
     own shard beside ``out`` and rank 0 merges them (``keep_shards``, ``dist_timeout``); the
     report is then the run's ``DistributedReport``. `attattr score` is this call."""
-    from ..engine.options import ScoreOptions, api_names, integration, precheck
+    from ..engine.options import ScoreOptions, integration, precheck
 
     if isinstance(family, str):
         family = [f.strip() for f in family.split(",") if f.strip()]
-    if isinstance(layers, int) and not isinstance(layers, bool):
-        layers = [layers]
-    layers = list(layers) if isinstance(layers, (tuple, range)) else layers
 
     def options_for(is_lm):
         return ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
@@ -65,8 +65,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position)
 
     # the options, the selection and the data file are checked before anything loads
-    with api_names():
-        precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
+    precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
     from ..engine.run import ScoreRequest, score_to_store
 
     if out is not None and inputs is None and (model is None or isinstance(model, (str, Path))):
@@ -91,8 +90,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     elif target not in ("predicted",):
         raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
-    with api_names():
-        options = options_for(is_lm)
+    options = options_for(is_lm)
     tmp = None
     path = out
     if out is None:

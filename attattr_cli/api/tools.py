@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .inputs import check_min, command_of, default_task, model_arg, selection
+from .checks import Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, as_model, progress_for, using
 from .scoring import score
 
@@ -64,6 +65,7 @@ class FaithfulnessResult:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
         return buf.getvalue()
 
+    @checked(path=Out())
     def plot(self, path=None):
         """Deletion curves and taus (and the adversarial panel): a matplotlib ``Figure``, also
         written to ``path`` (.png, .svg, .pdf; whole or not at all) when given."""
@@ -101,6 +103,9 @@ class FaithfulnessResult:
         return json.dumps(self.report, indent=1, allow_nan=False)
 
 
+@checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(),
+         permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
+         command=Texts())
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
@@ -126,8 +131,6 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     chosen = check_methods(list(methods) if methods else list(METHODS))
     if erase not in ERASE_MODES:
         raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
-    if isinstance(perm_layers, int):
-        perm_layers = [perm_layers]
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
     if store is None and out is not None:
@@ -190,6 +193,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
 # ----------------------------------------------------------------------------- finetune, merge, import
 
 
+@checked(model=ModelArg(), out=Out(folder=True), data=File(), task=Str(), examples=Examples(), eval_data=File(),
+         max_examples=Int(min=1), epochs=Number(above=0), lr=Number(above=0), batch_size=Int(min=1),
+         max_length=Int(min=2), progress=Progress(), command=Texts())
 def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=None, max_examples: int | None = None,
              epochs: float = 1.0, lr: float = 1e-4, warmup: float = 0.0, batch_size: int = 32, max_length: int = 128,
              freeze_embeddings: bool = False, weight_decay: float = 0.01, threads: int = 0, seed: int = 0,
@@ -231,7 +237,6 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         evals, _ = load_examples(eval_data, task_obj, list(labels))
     chosen = parse_examples(selection(examples), len(train_all))
     if max_examples is not None:
-        check_min("max_examples", max_examples)
         chosen = chosen[:max_examples]
     train = [train_all[i] for i in chosen]
     options = FinetuneOptions(epochs=epochs, lr=lr, batch_size=batch_size, max_length=max_length,
@@ -243,6 +248,7 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         return run_finetune(str(model), train, labels, out, options, evals, bar, overwrite, provenance)
 
 
+@checked(shards=Files(), out=Out())
 def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     """Merge stores (shards of one run, or runs with the same fingerprint) into ``out``;
     returns what was added and skipped, with ``notes`` on the shards and, with ``partial``,
@@ -251,8 +257,6 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     from ..store import inspect_shards
     from ..store import merge as merge_stores
 
-    if isinstance(shards, (str, Path)) or not all(isinstance(s, (str, Path)) for s in shards):
-        raise OptionError("shards must be a list of store paths")
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
     from ..views.notebook import Summary
@@ -261,6 +265,7 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     return Summary(dict(result, notes=notes, problems=problems), "merge")
 
 
+@checked(attr_path=File(), tokens_path=File(), out=Out(), labels=Texts(), attention_path=File(), command=Texts())
 def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,
                 labels: Sequence[str] | None = None, attention_path=None, store_dtype: str = "float32", command=None):
     """Import one example of the 2021 code's output (its attribution matrices and tokens

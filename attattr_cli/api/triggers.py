@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
-from .inputs import check_min, command_of, open_source, model_and_data
+from .checks import Examples, File, Inputs, Instance, Int, ModelArg, Number, OneOf, Out, Progress, Source, Str, Texts, checked
+from .inputs import command_of, open_source, model_and_data
 from .model import progress_for, using
 from .scoring import score
 
@@ -46,6 +47,7 @@ class TriggersResult:
 
         return triggers_csv(self.triggers)
 
+    @checked(path=Out())
     def save_csv(self, path) -> None:
         """:meth:`to_csv` written to ``path`` (whole or not at all)."""
         from ..fileio import write_atomic
@@ -83,6 +85,9 @@ class TriggersResult:
                 + (f", top: {top}" if top else "") + (" …" if len(self.triggers) > 3 else "") + ")")
 
 
+@checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), steps=Int(min=1),
+         top_k=Int(min=1), min_tokens=Int(min=0), limit=Int(min=1), store=Out(), out=Out(), progress=Progress(),
+         command=Texts())
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
              min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
@@ -100,8 +105,6 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
 
     if rank_by not in RANKINGS:
         raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
-    check_min("top_k", top_k)
-    check_min("steps", steps)
     on_the_fly = source is None
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
@@ -235,6 +238,10 @@ def _insertions(triggers, top_k):
     raise OptionError("triggers must be a triggers file, its JSON as a dict, a TriggersResult or a list of Insertion")
 
 
+@checked(model=ModelArg(), triggers=OneOf(File(), Instance(TriggersResult, dict, list, tuple, what="a TriggersResult, its dict or a list of Insertion")),
+         data=File(), task=Str(), examples=Examples(), inputs=Inputs(), top_k=Int(min=1), controls=Int(min=0),
+         position=OneOf(Str(), Number(0, 1)), alpha=Number(above=0, below=1), batch_size=Int(min=1), out=Out(),
+         save_texts=Out(), progress=Progress())
 def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
            controls: int | None = None, seed: int = 0, position="relative", alpha: float = 0.05, batch_size: int = 64,
            keep_texts: bool = False, device: str = "auto", out=None, save_texts=None, progress=False) -> AttackResult:
@@ -250,8 +257,6 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
 
     if triggers is None:
         raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
-    check_min("batch_size", batch_size)
-    check_min("top_k", top_k)
     keep_texts = keep_texts or save_texts is not None
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..errors import OptionError
+from .checks import File, Int, Ints, Names, OneOf, Out, Progress, Str, checked
 from .model import progress_for
 from .results import open_store
 
@@ -85,6 +86,7 @@ def _check_out(out) -> None:
         raise OptionError(f"out {out}: the folder {parent} does not exist")
 
 
+@checked(store=File(), example=Int(), out=Out(), layers=Ints(), heads=OneOf(Str(), Int()), show=Names(), queries=Ints())
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,
          top_k: int | None = None, importance: str | None = None, family: str | None = None,
@@ -126,6 +128,7 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     return Picture(data, fmt, None if out is None else str(out), v)
 
 
+@checked(store=File(), out=Out(either=True), importance=File(), progress=Progress())
 def report(store, out, *, importance=None, family: str | None = None, progress=None):
     """Write the report of a whole store to ``out`` (a .html file, or a folder DIR/ for large
     stores): provenance, a sortable and filterable table of the examples (text, gold,
@@ -138,6 +141,7 @@ def report(store, out, *, importance=None, family: str | None = None, progress=N
         return build_report(s.store, out, importance=importance, family=family, progress=bar)
 
 
+@checked(store=File())
 def info(store) -> dict:
     """What a store holds (the JSON of `attattr info --json`): model, options, examples,
     accuracy, completeness residuals, and per attention family the integration's nodes,

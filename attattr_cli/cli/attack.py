@@ -49,7 +49,7 @@ def attack(
 
         top = options.pick(top_k, top_old, 3)
         to_file = out_path is not None and str(out_path) != "-"
-        with progress_bar("attack", quiet) as bar, renamed_options(FLAGS):
+        with progress_bar("attack", quiet) as bar, renamed_options(*FLAGS):
             res = run(model, triggers_path, data=data, task=task, examples=examples, top_k=top, controls=controls,
                       seed=seed, position=position, alpha=alpha, batch_size=batch_size, device=device,
                       out=out_path if to_file else None, save_texts=save_texts, progress=bar)

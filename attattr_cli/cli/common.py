@@ -16,6 +16,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from ..api.inputs import TASKS
 from ..errors import AttattrError, OptionError, ResourceError
+from ..names import cli_text, cli_words
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -91,8 +92,11 @@ FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk or quota, a file
 def edge():
     """Turn library errors into one line on stderr and a non-zero exit, no traceback."""
     try:
-        yield
+        with cli_words():  # the library's messages keep the flags
+            yield
     except AttattrError as exc:
+        if getattr(exc, "template", None) is not None:  # an argument's check: its flag instead
+            exc.args = (cli_text(exc),)
         if getattr(exc, "collective", False) and os.environ.get("RANK", "0") != "0":
             # every torchrun rank has it and rank 0 says it; leave rank 0 time to, before
             # torchrun stops the others on this rank's exit
@@ -121,28 +125,25 @@ def edge():
         os._exit(ResourceError.exit_code)  # HDF5's state after a failed write would crash its shutdown
 
 
-# the API's argument names the commands know as flags (an argument of one word is renamed only
-# where a message names it: first, or after "give", "unknown", "needs", "and/or")
-FLAGS = {"importance": "--importance", "effectiveness": "--effectiveness", "keep_heads": "--keep-heads",
-         "save_model": "--save-model", "batch_size": "--batch-size", "top_k": "--top-k", "out": "-o",
-         "save_texts": "--save-texts", "rank_by": "--rank-by", "family": "--family", "compat": "--compat"}
+# the API's arguments (of one word, or several) that the commands' messages rename to their flags
+# (the flags: attattr_cli/names.py, the one table of arguments and flags)
+FLAGS = ("importance", "effectiveness", "keep_heads", "save_model", "batch_size", "top_k", "out", "save_texts",
+         "rank_by", "family", "compat")
 
 
 @contextlib.contextmanager
-def renamed_options(names: dict[str, str]):
+def renamed_options(*arguments: str):
     """OptionErrors raised inside by the API name its arguments (``keep_heads``); the command's
-    user knows them as flags (``--keep-heads``): ``names`` maps one to the other."""
+    user knows them as flags (``--keep-heads``): each of ``arguments`` is renamed to its flag
+    (attattr_cli.names), and an argument's check names its flag wherever it is raised."""
     try:
         yield
     except OptionError as exc:
-        text = str(exc)
-        for name, flag in names.items():
-            n = re.escape(name)
-            if "_" in name:
-                text = re.sub(rf"(?<![\w-]){n}\b", flag, text)
-            else:
-                text = re.sub(rf"^{n}(?=[ :'])|(?<=unknown ){n}(?= ')|(?<=give |eeds |d/or | and ){n}(?=[ )])", flag, text)
-        raise OptionError(text) from None
+        text = cli_text(exc, arguments)
+        if text != str(exc):
+            exc.args = (text,)
+            exc.template = None
+        raise
 
 
 def skipped_line(n: int) -> str:
@@ -258,10 +259,29 @@ def _untagged(params: list) -> list:
 
 
 class Group(TyperGroup):
-    """The root and `demo` command groups (help: flags without type tags)."""
+    """The root and `demo` command groups (help: flags without type tags). At the root, a
+    usage error (an unknown option or command, a value of the wrong type, a missing option)
+    is one ``Error:`` line on stderr, as every other error is, with exit status 2."""
 
     def get_params(self, ctx):
         return _untagged(super().get_params(ctx))
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except typer.TyperException as exc:  # Typer's (bundled Click's) usage and parameter errors
+            if type(exc).__name__ != "NoArgsIsHelpError":  # that one has printed the help
+                ctx = getattr(exc, "ctx", None)
+                where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+                text = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+                err.print(f"Error: {' '.join(text.split())}{where}", markup=False)
+            sys.exit(getattr(exc, "exit_code", 2))
+        except typer.Abort:
+            err.print("Aborted.", markup=False)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class Command(TyperCommand):

@@ -15,6 +15,7 @@ app = typer.Typer(help="The built-in synthetic task and default model.", no_args
 def train(
     out_dir: Path = typer.Option(Path("default_model"), "--out", "-o", help="Folder to write the model to."),
     seed: int = typer.Option(0, "--seed", help="Training seed."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder (only once training succeeded)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
 ) -> None:
     """Retrain the default model (a small BERT on the synthetic task) on CPU."""
@@ -22,7 +23,7 @@ def train(
         from ..api.demo import train_default
 
         with progress_bar("train", quiet) as bar:
-            metrics = train_default(out_dir, seed=seed, progress=bar)
+            metrics = train_default(out_dir, seed=seed, overwrite=overwrite, progress=bar)
         if not quiet:
             err.print(
                 f"held-out accuracy {metrics['heldout_accuracy']:.4f} after {metrics['train_seconds']:.1f} s "
@@ -42,6 +43,6 @@ def data(
     with edge():
         from ..api.demo import synthetic_data
 
-        with renamed_options({"out": "--out", "count": "--count"}):
+        with renamed_options("out", "count"):
             written = synthetic_data(out_file, count=count, seed=seed)
         out.print(str(written), markup=False)

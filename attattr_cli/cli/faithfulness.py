@@ -191,9 +191,8 @@ def faithfulness(
                 raise OptionError(f"{p} is a directory")
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
-        names = dict(FLAGS, methods="--methods", erase="--erase", epsilons="--epsilons", perm_layers="--perm-layers",
-                     score_store="--store", out="--out")
-        with progress_bar("faithfulness", quiet) as bar, renamed_options(names):
+        names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store")
+        with progress_bar("faithfulness", quiet) as bar, renamed_options(*names):
             res = run(store, model=model, data=data, task=task, examples=examples,
                       methods=methods.split(",") if methods else list(METHODS),
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),

@@ -45,7 +45,7 @@ def prune(
         from ..api import prune as run
 
         keep = options.pick(keep_heads, keep_old)
-        with progress_bar("prune", quiet) as bar, renamed_options(FLAGS):
+        with progress_bar("prune", quiet) as bar, renamed_options(*FLAGS):
             res = run(model, importance_path, data=data, task=task, examples=examples, rates=rates, methods=methods,
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,

@@ -23,7 +23,7 @@ def report(
     with edge():
         from ..api.views import report as write_report
 
-        with progress_bar("report", quiet) as bar, renamed_options({"out": "-o"}):
+        with progress_bar("report", quiet) as bar, renamed_options("out"):
             result = write_report(store, out_path, importance=importance, family=family, progress=bar)
         if not quiet:
             kind = "folder" if result.folder else "file"

@@ -66,9 +66,10 @@ def tree(
         to_stdout = out_path in (None, "-")
         if to_stdout and fmt in ("png", "svg") and sys.stdout.isatty():
             raise OptionError(f"{fmt.upper()} output goes to a file: give -o tree.{fmt} (or pipe stdout)")
-        with open_store(store) as s, renamed_options({"compat": "--compat", "family": "--family"}):
+        layers = parse_int_list(layers, "--layers")  # before the store opens
+        with open_store(store) as s, renamed_options("compat", "family"):
             e = s.get(example, family=family)
-            t = build_tree(e, tau=tau, lam=lam, layers=parse_int_list(layers, "--layers"), root=root, compat=compat,
+            t = build_tree(e, tau=tau, lam=lam, layers=layers, root=root, compat=compat,
                            num_layers=s.store.num_layers(e.family), title=f"{Path(store).name}, example {example}")
         g = t.graph
         if to_stdout:

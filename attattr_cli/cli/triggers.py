@@ -46,7 +46,7 @@ def triggers(
     with edge():
         from ..api import triggers as run
         top = options.pick(top_k, top_old)
-        with progress_bar("triggers", quiet) as bar, renamed_options(FLAGS):
+        with progress_bar("triggers", quiet) as bar, renamed_options(*FLAGS):
             res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, tol=tol, top_k=top,
                       per_class=per_class, rank_by=rank_by, special=special, min_tokens=min_tokens, limit=limit,
                       store=keep_store, device=device, out=out_path, progress=bar, command=command_line())

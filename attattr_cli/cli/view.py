@@ -45,7 +45,7 @@ def view(
         to_stdout = out_path == "-"
         if to_stdout and (fmt or "html") not in ("svg", "html"):
             raise OptionError(f"{fmt.upper()} goes to a file: give -o view.{fmt} (stdout takes svg or html)")
-        with renamed_options({"out": "-o", "fmt": "--format", "show": "--show"}):
+        with renamed_options("out", "fmt", "show"):
             picture = draw(store, example, None if to_stdout else out_path, fmt=(fmt or "html") if to_stdout else fmt,
                            layers=_layers(layers), heads=heads, show=show, queries=parse_int_list(queries, "--queries"),
                            window=window, top_k=top_k, importance=importance, family=family, tree=tree)

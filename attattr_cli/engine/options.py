@@ -5,12 +5,10 @@ Imports neither torch nor transformers (the dtypes are looked up when validating
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import re
 from dataclasses import asdict, dataclass
 
 from ..errors import OptionError
+from ..names import api_names, cli_words, flag  # noqa: F401  (api_names, cli_words: each caller's words)
 
 OUTPUTS = ("prob", "logit", "logprob")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # compute dtypes (models/loading.py maps them to torch's)
@@ -141,7 +139,7 @@ class ScoreOptions:
         if self.group is not None and self.group < 1:
             raise OptionError(f"--group must be at least 1, got {self.group}")
         if self.step_batch is not None and self.step_batch < 1:
-            raise OptionError(f"--step-batch must be at least 1, got {self.step_batch}")
+            raise OptionError(f"{flag('step_batch')} must be at least 1, got {self.step_batch}")
         if self.keep not in KEEPS:
             raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
         if self.top_k is not None and self.top_k < 1:
@@ -173,7 +171,7 @@ class ScoreOptions:
 
 
 def _flag(name: str) -> str:
-    return {"step_batch": "steps-per-pass"}.get(name, name.replace("_", "-"))
+    return flag(name)[2:]
 
 
 def precheck(options: ScoreOptions, examples: str | None = None, data: str | None = None) -> None:
@@ -194,35 +192,3 @@ def precheck(options: ScoreOptions, examples: str | None = None, data: str | Non
             raise DataError(f"{data}: no such file")
         if Path(data).is_dir():
             raise DataError(f"{data} is a folder; give a TSV, CSV or JSONL file")
-
-
-_API_NAMES = {"steps-per-pass": "steps_per_pass", "step-batch": "steps_per_pass"}
-
-
-_CLI_WORDS = contextvars.ContextVar("attattr_cli_words", default=False)
-
-
-@contextlib.contextmanager
-def cli_words():
-    """Inside, the validator's messages keep the CLI's flags (a command calling the API)."""
-    token = _CLI_WORDS.set(True)
-    try:
-        yield
-    finally:
-        _CLI_WORDS.reset(token)
-
-
-@contextlib.contextmanager
-def api_names():
-    """OptionErrors raised inside name the API's arguments (``steps_per_pass``) instead of the
-    CLI's flags (``--steps-per-pass``), unless a command called (:func:`cli_words`): one
-    validator, each caller's words."""
-    if _CLI_WORDS.get():
-        yield
-        return
-    try:
-        yield
-    except OptionError as exc:
-        text = re.sub(r"--([a-z][a-z-]*)", lambda m: _API_NAMES.get(m.group(1), m.group(1).replace("-", "_")),
-                      str(exc))
-        raise OptionError(text) from None
