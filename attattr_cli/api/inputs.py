@@ -106,9 +106,9 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
 
         note = unknown_words(m.tokenizer, {e.index: encode(m.tokenizer, e, tokens=False) for e in picked}, m.id)
         if note:
-            import warnings
+            from ..errors import warn_user
 
-            warnings.warn(note, UserWarning, stacklevel=3)  # at the caller of the API function
+            warn_user(note)  # at the caller of the API function
     return m, task_obj, picked, label_map, rows, labels
 
 

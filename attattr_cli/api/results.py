@@ -87,6 +87,7 @@ class Attribution(StoredExample):
         return highlight_html(self.key_tokens or self.tokens,
                               self.token_importance() if scores is None else scores)
 
+    @checked()
     def to_pandas(self, table: str = "heads"):
         """A pandas DataFrame: ``table="heads"`` one row per scored layer and head (columns in
         docs/api.md), ``"tokens"`` one row per (key) token with its importance."""
@@ -202,11 +203,13 @@ class Results(list):
         got = super().__getitem__(i)
         return Results(got) if isinstance(i, slice) else got  # a slice saves and shows as the whole does
 
+    @checked(path=Out())
     def save(self, path) -> Path:
         """Write these examples to the attribution store ``path`` (.h5), whole or not at all:
         the store ``score(..., out=path)`` writes, readable by every command. Returns the path."""
         return save_store(list(self), path)
 
+    @checked()
     def to_pandas(self, table: str = "heads"):
         """A pandas DataFrame over every example: ``table="heads"`` one row per example, scored
         layer and head; ``"tokens"`` one row per example and token (columns in docs/api.md)."""
@@ -330,6 +333,7 @@ class StoreView:
     def __exit__(self, *exc):
         self.close()
 
+    @checked(examples=Ints())
     def to_pandas(self, table: str = "heads", examples=None):
         """A pandas DataFrame over the store's examples (``examples``: a list of indices, default
         all): ``table="heads"`` one row per example, scored layer and head; ``"tokens"`` one

@@ -34,6 +34,7 @@ class Picture:
             return int.from_bytes(self.data[16:20], "big"), int.from_bytes(self.data[20:24], "big")
         return None
 
+    @checked(path=Out())
     def save(self, path) -> Path:
         """Write the bytes to ``path`` (whole or not at all)."""
         from ..fileio import write_atomic

@@ -317,7 +317,7 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
         if warn is not None:
             warn(unknown)
         else:
-            import warnings
+            from ..errors import warn_user
 
-            warnings.warn(unknown, UserWarning, stacklevel=3)  # at the caller of score()
+            warn_user(unknown)  # at the caller of score()
     return score_into(prep, progress=progress)
