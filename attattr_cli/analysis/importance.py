@@ -49,7 +49,7 @@ import torch
 from .. import __version__
 from ..data.types import Example
 from ..errors import OptionError, StoreError
-from ..fileio import replaced
+from ..fileio import is_stream, replaced
 
 SCHEMA = "attattr.importance"
 SCHEMA_VERSION = "1.0"
@@ -301,7 +301,7 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
     """
     p = Path(path)
     merged: dict[str, Table] = {}
-    if p.exists():
+    if p.is_file() and not is_stream(p):  # a device or a FIFO (/dev/null) holds no earlier tables
         old = read(p)
         if old.identity.weights_sha256 != identity.weights_sha256 or \
                 (old.identity.num_layers, old.identity.num_heads) != (identity.num_layers, identity.num_heads):

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError
-from .inputs import check_min, command_of, open_source, selection, write_json_file, model_and_data
+from .inputs import check_min, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
 from .model import progress_for, using
 
 
@@ -92,6 +92,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     seed_list = list(seeds) or [0]
+    check_outputs({"out": out}, [source, model, data])
     check_min("batch_size", batch_size)
     tables = []
     if source is not None:
@@ -239,6 +240,8 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         raise OptionError("keep_heads and save_model go together")
     if keep_heads is not None and importance is None:
         raise OptionError("keep_heads needs importance to rank the heads")
+    check_outputs({"out": out, "save_model": save_model}, [model, data, effectiveness,
+                                                             None if isinstance(importance, Importance) else importance])
     check_min("batch_size", batch_size)
     rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
     if importance is None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -122,6 +123,15 @@ def selection(examples) -> str | None:
 def check_min(name: str, value, least: int = 1) -> None:
     if value is not None and value < least:
         raise OptionError(f"{name} must be at least {least}, got {value}")
+
+
+def check_outputs(outputs: dict, inputs) -> None:
+    """The output rule before any work (fileio.check_output): no output (``{argument: path}``)
+    is the same file as one of ``inputs`` (paths; other values ignored)."""
+    from ..fileio import check_output
+
+    for name, out in outputs.items():
+        check_output(out, [i for i in inputs if isinstance(i, (str, os.PathLike, list, tuple))], name)
 
 
 def write_json_file(path, doc: dict) -> None:

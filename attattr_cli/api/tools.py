@@ -108,6 +108,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         perm_layers = [perm_layers]
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [store, model, data, score_store])
     if store is None and out is not None:
         kept_in = Path(score_store) if score_store is not None else Path(out).with_suffix(".h5")
         if kept_in.resolve() == Path(out).resolve():
@@ -187,6 +190,9 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         model = model.path
     if model is not None and not isinstance(model, (str, Path)):
         raise OptionError("finetune starts from a saved model: give its folder or hub id")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [model, data, eval_data])
     check_out(out, overwrite)
     if model is None and data is None and task is None:
         task = "synthetic"
@@ -231,6 +237,9 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
 
     if isinstance(shards, (str, Path)) or not all(isinstance(s, (str, Path)) for s in shards):
         raise OptionError("shards must be a list of store paths")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, list(shards))
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
     result = merge_stores([str(s) for s in shards], str(out), partial=partial)
@@ -242,6 +251,12 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
     """Import one example of the 2021 code's output (its attribution matrices and tokens
     file) into the store ``out``; returns the import report."""
     from ..analysis.legacy import import_2021 as run_import
+    from .inputs import check_outputs
+
+    from ..fileio import check_store_output
+
+    check_outputs({"out": out}, [attr_path, tokens_path, attention_path])
+    check_store_output(out, "out")
 
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
                       attention_path=attention_path, command=command_of(command), store_dtype=store_dtype)

@@ -71,6 +71,9 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
         raise OptionError("give either a store or model/data/task/examples to score on the fly, not both")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [source, model, data, store])
     tmp = None
     wanted = None
     try:
@@ -188,6 +191,9 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     check_min("batch_size", batch_size)
     check_min("top_k", top_k)
     keep_texts = keep_texts or save_texts is not None
+    from .inputs import check_outputs
+
+    check_outputs({"out": out, "save_texts": save_texts}, [triggers, model, data])
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m, progress_for(progress, "attack") as bar:

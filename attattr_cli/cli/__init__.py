@@ -53,5 +53,15 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Self-attention attribution for transformers models."""
 
 
+def ignore_file_size_signal() -> None:
+    """A write past the file size limit (``ulimit -f``) fails with EFBIG, said in one line
+    (exit status 5), instead of SIGXFSZ ending the process."""
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+
+
 def main() -> None:
+    ignore_file_size_signal()
     app()

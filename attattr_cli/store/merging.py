@@ -156,12 +156,15 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
     check = inspect_shards(shards)
     if not partial and check.problems():
         raise StoreError("cannot merge: " + "; ".join(check.problems()) + " (or merge what is there with --partial)")
+    from ..fileio import check_store_output, same_file
+
     out = Path(out)
+    check_store_output(out)
     if out.is_dir():
         raise StoreError(f"{out} is a directory, not a store")
     if not out.parent.exists():
         raise StoreError(f"cannot create {out}: the folder {out.parent} does not exist")
-    if any(out.resolve() == Path(p).resolve() for p in shards):
+    if any(out.resolve() == Path(p).resolve() or same_file(out, p) for p in shards):
         raise StoreError(f"{out} is one of the shards: choose another file")
     readers = [Store(p) for p in shards]
     tmp_path: Path | None = None

@@ -136,6 +136,9 @@ class StoreWriter(OpenFile):
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []
+        from ..fileio import check_store_output
+
+        check_store_output(self.path)
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
         if not self.path.parent.exists():

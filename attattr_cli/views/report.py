@@ -110,7 +110,11 @@ def page(data: dict, title: str, examples: str = "") -> str:
 
 
 def is_folder_target(out: str | Path) -> bool:
+    from ..fileio import is_stream
+
     s = str(out)
+    if is_stream(s):  # /dev/stdout, a FIFO: the single file, streamed
+        return False
     return s.endswith(("/", "\\")) or Path(s).is_dir() or not Path(s).suffix
 
 
@@ -118,7 +122,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                  spec: ViewSpec | None = None, progress: Callable[[int, int, str], None] | None = None) -> ReportResult:
     """Write the report of an open ``Store`` to ``out`` (a .html file, or a folder when ``out``
     ends with a slash, is a folder or has no suffix); written whole or not at all."""
-    from ..fileio import swap_dir_in, temp_dir_for, write_atomic
+    from ..fileio import is_stream, swap_dir_in, temp_dir_for, write_atomic
     from . import from_store
 
     folder = is_folder_target(out)
@@ -126,7 +130,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise OptionError(f"-o {out}: the folder {parent} does not exist")
-    if not folder and out.suffix.lower() not in (".html", ".htm"):
+    if not folder and out.suffix.lower() not in (".html", ".htm") and not is_stream(out):
         raise OptionError(f"-o {out}: give a .html file or a folder (DIR/)")
     if folder and out.exists():
         if not out.is_dir():

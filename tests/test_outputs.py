@@ -1,0 +1,198 @@
+"""The output rule (attattr_cli/fileio.py, docs/api.md "Outputs"), for every command that
+writes, listed from the CLI itself so that a new command cannot skip it: an output that is
+the same file as an input is refused with one line and the input left as it was; a
+character device or a FIFO is written in place or refused with one line, never replaced."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import typer
+
+from attattr_cli.cli import app
+from attattr_cli.fileio import check_output, is_stream, replaced, write_atomic
+from attattr_cli.errors import OptionError
+from conftest import one_error_line, run_cli
+
+
+def _md5(path: Path) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+def writing_commands() -> dict[str, list[str]]:
+    """Every command (``demo train`` as "demo train") with an --out or -o option: its flags."""
+    found = {}
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                walk(cmd, prefix + [name])
+                continue
+            flags = [o for p in cmd.params for o in getattr(p, "opts", []) if o in ("--out", "-o")]
+            if flags:
+                found[" ".join(prefix + [name])] = flags
+    walk(typer.main.get_command(app), [])
+    return found
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, tokenizer):
+    """A small store of the built-in default, and small input files of every other kind."""
+    from conftest import WORDS
+
+    d = tmp_path_factory.mktemp("outputs")
+    store = d / "s.h5"
+    r = run_cli("score", "--out", store, "--examples", "0:2", "--steps", 2, "-q")
+    assert r.exit_code == 0, r.output
+    trig = d / "t.json"
+    r = run_cli("triggers", store, "--out", trig, "-q")
+    assert r.exit_code == 0, r.output
+    imp = d / "imp.h5"
+    r = run_cli("importance", store, "--out", imp, "--methods", "attr", "-q")
+    assert r.exit_code == 0, r.output
+    data = d / "d.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{' '.join(WORDS[i:i + 5])}\t{i % 2}\n" for i in range(4)))
+    (d / "attr.json").write_text("[]\n")
+    (d / "tokens.json").write_text("[]\n")
+    return {"store": store, "triggers": trig, "importance": imp, "data": data, "dir": d}
+
+
+def _same_as_input(cmd: str, f: dict) -> tuple[list, Path]:
+    """The arguments of ``cmd`` with its output naming one of its inputs, and that input."""
+    s = f["store"]
+    cases = {
+        "score": (["--data", f["data"], "--task", "sst2", "--out", f["data"]], f["data"]),
+        "merge": ([s, "--out", s], s),
+        "tree": ([s, "-n", 0, "-o", s], s),
+        "import-json": ([f["dir"] / "attr.json", f["dir"] / "tokens.json", "--out", f["dir"] / "tokens.json"],
+                        f["dir"] / "tokens.json"),
+        "finetune": (["--data", f["data"], "--task", "sst2", "--model", f["dir"], "--out", f["data"]], f["data"]),
+        "importance": ([s, "--out", s], s),
+        "prune": (["--importance", f["importance"], "--out", f["importance"]], f["importance"]),
+        "triggers": ([s, "--out", s], s),
+        "attack": (["--triggers", f["triggers"], "--out", f["triggers"]], f["triggers"]),
+        "faithfulness": ([s, "--out", s], s),
+        "view": ([s, "-n", 0, "-o", s], s),
+        "report": ([s, "-o", s], s),
+        "demo data": None,  # no input
+        "demo train": None,  # no input
+    }
+    return cases[cmd]
+
+
+def _to_device(cmd: str, f: dict, dev: Path) -> list:
+    s = f["store"]
+    cases = {
+        "score": ["--out", dev, "--examples", "0:1", "--steps", 2, "-q"],
+        "merge": [s, "--out", dev],
+        "tree": [s, "-n", 0, "-f", "json", "-o", dev, "-q"],
+        "import-json": [f["dir"] / "attr.json", f["dir"] / "tokens.json", "--out", dev],
+        "finetune": ["--out", dev],
+        "importance": [s, "--out", dev, "--methods", "attr", "-q"],
+        "prune": ["--importance", f["importance"], "--examples", "0:4", "--rates", "0,0.5", "--methods", "attr",
+                  "--out", dev, "-q"],
+        "triggers": [s, "--out", dev, "-q"],
+        "attack": ["--triggers", f["triggers"], "--examples", "0:4", "--controls", 1, "--top", 1, "--out", dev, "-q"],
+        "faithfulness": [s, "--out", dev, "--methods", "attention_last", "--permutations", 0, "-q"],
+        "view": [s, "-n", 0, "-f", "svg", "-o", dev],
+        "report": [s, "-o", dev],
+        "demo data": ["--out", dev, "--count", 3],
+        "demo train": ["--out", dev],
+    }
+    return cases[cmd]
+
+
+WRITERS = writing_commands()
+# the commands whose output is one file: streamed into a device
+STREAMED = {"attack", "faithfulness", "importance", "prune", "report", "tree", "triggers", "view"}
+
+
+def test_every_writing_command_is_listed():
+    """The cases below cover every command with an output option (a new one must be added)."""
+    assert set(WRITERS) == {"score", "merge", "tree", "import-json", "finetune", "importance", "prune", "triggers",
+                            "attack", "faithfulness", "view", "report", "demo data", "demo train"}
+
+
+@pytest.mark.parametrize("cmd", sorted(WRITERS))
+def test_an_output_that_is_an_input_is_refused(cmd, inputs):
+    case = _same_as_input(cmd, inputs)
+    if case is None:
+        pytest.skip(f"{cmd} reads no input file")  # listed so that every command is named here
+    args, victim = case
+    before = _md5(victim)
+    result = run_cli(*cmd.split(), *args)
+    line = one_error_line(result)
+    assert "same file as an input" in line or "is one of the shards" in line, line
+    assert _md5(victim) == before
+
+
+@pytest.fixture
+def device(tmp_path):
+    """A character device like /dev/null (made with mknod where allowed, else /dev/null itself,
+    which a process without root cannot replace anyway)."""
+    dev = tmp_path / "null"
+    try:
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, OSError):
+        if os.geteuid() == 0:
+            pytest.skip("cannot make a character device here")
+        return Path("/dev/null")
+    return dev
+
+
+@pytest.mark.parametrize("cmd", sorted(WRITERS))
+def test_a_device_is_written_in_place_or_refused_never_replaced(cmd, inputs, device):
+    result = run_cli(*cmd.split(), *_to_device(cmd, inputs, device))
+    assert stat.S_ISCHR(os.stat(device).st_mode), f"{cmd} replaced the device"
+    if cmd in STREAMED:
+        assert result.exit_code == 0, result.output
+    else:  # a store or a folder cannot be streamed; demo data never writes over a file
+        one_error_line(result, str(device))
+    assert "Traceback" not in result.output
+
+
+def test_links_and_hard_links_to_an_input_are_refused(inputs, tmp_path):
+    store = inputs["store"]
+    soft, hard = tmp_path / "soft.json", tmp_path / "hard.json"
+    soft.symlink_to(store)
+    os.link(store, hard)
+    before = _md5(store)
+    for out in (soft, hard):
+        one_error_line(run_cli("triggers", store, "--out", out, "-q"), "same file as an input")
+        with pytest.raises(OptionError, match="same file as an input"):
+            check_output(out, [str(store)])
+    assert _md5(store) == before and soft.is_symlink()
+
+
+def test_a_fifo_is_streamed(tmp_path):
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_atomic(fifo, b"one\n")
+    reader.join(10)
+    assert got == [b"one\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    with replaced(fifo, suffix=".json") as tmp:
+        tmp.write_text("two\n")
+    reader.join(10)
+    assert got[1] == b"two\n" and is_stream(fifo)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+
+def test_an_output_named_twice_is_refused(inputs, tmp_path):
+    """--out and --plot (or --csv) naming one existing file would write over each other."""
+    out = tmp_path / "x.json"
+    out.write_text("{}\n")
+    r = run_cli("triggers", inputs["store"], "--out", out, "--csv", out, "-q")
+    one_error_line(r, "same file as an input")
+    assert json.loads(out.read_text()) == {}
