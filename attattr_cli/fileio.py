@@ -185,9 +185,14 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
             os.close(fd)
         try:
-            yield Path(tmp)
-            if caught:  # h5py: a write that failed while its objects were freed
-                raise caught[0]
+            # h5py prints the failures of the objects it frees after a failed write itself:
+            # what the block prints is held and passed on only when nothing failed
+            held = io.StringIO()
+            with contextlib.redirect_stderr(held):
+                yield Path(tmp)
+            if caught or "errno = " in held.getvalue():  # h5py: a write that failed as its objects were freed
+                raise caught[0] if caught else RuntimeError(held.getvalue())
+            sys.stderr.write(held.getvalue())
             if stream:
                 _stream_copy(Path(tmp), path)
             else:

@@ -196,3 +196,72 @@ def test_an_output_named_twice_is_refused(inputs, tmp_path):
     r = run_cli("triggers", inputs["store"], "--out", out, "--csv", out, "-q")
     one_error_line(r, "same file as an input")
     assert json.loads(out.read_text()) == {}
+
+
+# -- a write without room: one line, exit status 5, nothing replaced, a rerun completes ----
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _limited(limit: int):
+    """preexec_fn: the file size limit (``ulimit -f``) of the child."""
+    import resource
+
+    def apply():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _cli_limited(args, limit: int | None, cwd):
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "attattr_cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=cwd, timeout=600, preexec_fn=None if limit is None else _limited(limit))
+
+
+@pytest.mark.parametrize("cmd,out", [("importance", "imp.h5"), ("report", "rep/")])  # HDF5; a folder
+def test_a_file_size_limit_is_one_line_and_exit_5(cmd, out, inputs, tmp_path):
+    """Under `ulimit -f` the write fails with EFBIG (SIGXFSZ ignored): no signal death, no
+    traceback, the one line of every write without room; the old output is left whole and a
+    rerun with room completes."""
+    target = tmp_path / out
+    args = [cmd, inputs["store"], "-o", target, *(["-n", 0] if cmd == "view" else []),
+            *(["-q"] if cmd in ("importance", "triggers") else [])]
+    before = _md5(inputs["store"])
+    proc = _cli_limited(args, 1024, tmp_path)
+    assert proc.returncode == 5, proc.stderr
+    line = one_error_line(type("R", (), {"returncode": 5, "stderr": "\n".join(
+        x for x in proc.stderr.splitlines() if not x.startswith(("note:", "report:"))), "stdout": proc.stdout})())
+    assert "the file size limit was reached (File too large); nothing was replaced: free some space and run the" \
+           " same command again" in line
+    assert not target.exists() and sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary file left
+    assert _md5(inputs["store"]) == before
+    again = _cli_limited(args, None, tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert target.exists()
+
+
+def test_faithfulness_rerun_after_a_failed_write_completes(inputs, tmp_path):
+    """Token importance kept in a store (--importance-store) whose write failed midway (the
+    file size limit): one line, exit 5; the rerun with room repairs the store and completes;
+    the store read is never changed."""
+    import shutil
+
+    kept = tmp_path / "kept.h5"
+    shutil.copyfile(inputs["store"], kept)
+    before = _md5(inputs["store"])
+    args = ["faithfulness", inputs["store"], "--out", tmp_path / "f.json", "--permutations", 0,
+            "--methods", "attr,random", "--importance-store", kept, "-q"]
+    proc = _cli_limited(args, kept.stat().st_size + 2048, tmp_path)
+    assert proc.returncode == 5, proc.stderr
+    assert "Traceback" not in proc.stderr and "the file size limit was reached" in proc.stderr
+    again = _cli_limited(args, None, tmp_path)
+    assert again.returncode == 0, again.stderr
+    from attattr_cli.store import Store, read_token_importance
+
+    with Store(kept) as s:
+        assert all({"attr", "random", "loo", "grad"} <= set(read_token_importance(s, i)) for i in s.indices())
+    assert json.loads((tmp_path / "f.json").read_text())["examples"] == 2
+    assert _md5(inputs["store"]) == before

@@ -313,14 +313,15 @@ def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
 
 
 def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | None = None,
-                   device: str = "auto", loaded=None, progress: Progress | None = None) -> dict:
-    """Compute (or read) every method's token importance for the store's examples, store
-    it, and return the faithfulness report (a JSON-able dict)."""
+                   device: str = "auto", loaded=None, progress: Progress | None = None, keep: bool = False) -> dict:
+    """Compute (or read) every method's token importance for the store's examples and return
+    the faithfulness report (a JSON-able dict). The store is opened read-only and left as it
+    is, unless ``keep``: then the vectors computed are added to it (the next run reads them)."""
     from ..data import parse_examples
     from ..store import TokenImportanceStore
 
     options.validate()
-    with TokenImportanceStore(path) as store:
+    with TokenImportanceStore(path, writable=keep) as store:
         prov = store.provenance
         score_opts = prov.get("options") or {}
         output = score_opts.get("output", "prob")

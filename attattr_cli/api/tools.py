@@ -25,7 +25,8 @@ from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFU
 class FaithfulnessResult:
     """The faithfulness report: ``report`` (per method: Kendall tau with leave-one-out and with
     gradients, AOPC comprehensiveness and sufficiency, deletion AUC; per example; the
-    permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept."""
+    permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept
+    (None when it was kept nowhere: the store read is never changed unless asked)."""
 
     report: dict
     store: str
@@ -80,6 +81,7 @@ class FaithfulnessResult:
 
 
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
+                 importance_store=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
@@ -88,7 +90,10 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
     or a temporary file) as :func:`score` scores (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol``
-    is given). Token importance is kept in the store. ``methods``: names from the registry
+    is given). The store read is left as it is (it may be read-only): token importance already
+    in it is read, the rest computed; ``importance_store`` (a path) keeps the vectors computed
+    for the next run: a copy of ``store`` made there on first use, or ``store`` itself when it
+    names it. Scoring first, they are kept in ``score_store``. ``methods``: names from the registry
     (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
     model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
     (default 0.01, 0.05) on layer ``adversarial_layer``. ``out``: write the JSON report.
@@ -110,12 +115,15 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         raise OptionError("give either a store or model/data/task, not both")
     from .inputs import check_outputs
 
-    check_outputs({"out": out}, [store, model, data, score_store])
+    check_outputs({"out": out}, [store, model, data, score_store, importance_store])
+    if importance_store is not None and store is None:
+        raise OptionError("importance_store goes with a store; scoring first, token importance is kept in score_store")
     if store is None and out is not None:
         kept_in = Path(score_store) if score_store is not None else Path(out).with_suffix(".h5")
         if kept_in.resolve() == Path(out).resolve():
             raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
     tmp = None
+    keep_in = None  # a store this call scored into, or the importance_store asked for
     try:
         loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
         if store is None:
@@ -138,8 +146,11 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             _, _, rows, _ = resolve_inputs(mid, data, default_task(mid, data, task, None), names)
             select = [rows[i].index for i in parse_examples(selection(examples), len(rows))]
             loaded_model = m
+            keep_in = store
         else:
             select = examples
+            keep_in = _importance_store(store, importance_store)
+            store = keep_in or store
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
                                     seed=seed)
@@ -151,12 +162,14 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         model_id = str(model) if isinstance(model, (str, Path)) else None
         if loaded_model is not None:
             with using(loaded_model) as mm, progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar)
+                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar,
+                                        keep=keep_in is not None)
         else:
             with progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar)
+                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar,
+                                        keep=keep_in is not None)
         report["command"] = command_of(command)
-        res = FaithfulnessResult(report, None if tmp is not None else str(store))
+        res = FaithfulnessResult(report, None if tmp is not None or keep_in is None else str(keep_in))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -166,6 +179,37 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
 
         write_atomic(Path(out), (res.to_json() + "\n").encode())
     return res
+
+
+def _importance_store(store, importance_store):
+    """Where ``faithfulness`` reads a given store's examples: the store itself (opened
+    read-only, nothing kept) without ``importance_store``; else the importance store (the
+    store itself when it names it, or a copy of it made on first use: a store of the same run
+    holding every example of ``store``). None when nothing is to be kept."""
+    from ..errors import StoreError
+    from ..fileio import replaced, same_file
+    from ..store import Store
+
+    if importance_store is None:
+        return None
+    if not isinstance(importance_store, (str, Path)):
+        raise OptionError("importance_store must be a path")
+    keep = Path(importance_store)
+    if same_file(keep, store):
+        return keep
+    if keep.exists():
+        with Store(store) as a, Store(keep) as b:
+            if a.fingerprint != b.fingerprint:
+                raise StoreError(f"{keep} is not a copy of {store} (it was made by another run): give a new path"
+                                 " for importance_store, or the store itself")
+        return keep
+    import shutil
+
+    with Store(store):  # a readable store, before it is copied
+        pass
+    with replaced(keep, suffix=".h5", make_parents=False) as tmp:
+        shutil.copyfile(store, tmp)
+    return keep
 
 
 # ----------------------------------------------------------------------------- finetune, merge, import

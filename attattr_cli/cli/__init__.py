@@ -51,6 +51,7 @@ def _version(value: bool):
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")):
     """Self-attention attribution for transformers models."""
+    ignore_file_size_signal()
 
 
 def ignore_file_size_signal() -> None:

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
-from ..errors import StoreError, first_line
+from ..errors import AttattrError, ResourceError, StoreError, first_line
 from .fingerprint import fingerprint_difference
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
                       utc_now)
@@ -86,8 +86,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-         errno.EFBIG: "the file size limit was reached"}
+from ..fileio import FULL as _FULL  # noqa: E402  (the one wording of a write without room)
 
 
 def already_done(path: str | os.PathLike, fingerprint: dict, store_dtype: str = "float32") -> set[int] | None:
@@ -167,7 +166,7 @@ class StoreWriter(OpenFile):
         when another process created ``path`` meanwhile (the caller then opens that one)."""
         folder = self.path.parent
         if free_bytes(folder) < _SKELETON:
-            raise StoreError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
+            raise ResourceError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
         tmp = folder / f".{self.path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}"
         self.f = open_file(tmp, "w-")
         try:
@@ -257,7 +256,7 @@ class StoreWriter(OpenFile):
         real = self.path.resolve()
         size = real.stat().st_size
         if free_bytes(real.parent) < size + _SKELETON:
-            raise StoreError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
+            raise ResourceError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
                              f" beside it; {_mb(free_bytes(real.parent))} are free: free some space and run again")
         tmp = real.parent / f".{real.name}.recovering-{os.getpid()}-{secrets.token_hex(4)}"
         kept = lost = 0
@@ -300,15 +299,18 @@ class StoreWriter(OpenFile):
             f" were copied into a fresh file that replaced it" + (f" ({lost} unreadable ones were left out)" if lost else ""))
         self.f = open_file(self.path, "r+")
 
-    def _failed(self, exc: BaseException, doing: str) -> StoreError:
-        """The StoreError for an HDF5 write that failed while ``doing``; HDF5's state in this
-        process is unusable afterwards (see the class docstring)."""
+    def _failed(self, exc: BaseException, doing: str) -> AttattrError:
+        """The error for an HDF5 write that failed while ``doing`` (lack of space: the one
+        ResourceError line of every command, fileio.no_space); HDF5's state in this process is
+        unusable afterwards (see the class docstring)."""
+        from ..fileio import no_space
+
         self.poisoned = True
         code = os_errno(exc)
         done = len(getattr(self, "done", ()))
         kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept" if done else "nothing is lost"
         if code in _FULL:
-            message = f"{doing} in {self.path} failed: {_FULL[code]}; {kept}: free some space and run the same command again to resume"
+            return no_space(self.path, code, f"{doing} failed; {kept}", " to resume")
         else:
             message = f"{doing} in {self.path} failed ({first_line(exc)}); {kept}: run the same command again to resume"
         error = StoreError(message)
@@ -324,11 +326,11 @@ class StoreWriter(OpenFile):
         done = len(self.done)
         kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept"
         if need > free:
-            raise StoreError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
+            raise ResourceError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
                              f" {_mb(free)} are free on the disk; {kept}: free some space and run the same command"
                              " again to resume")
         if room is not None and need > room:
-            raise StoreError(f"not enough room to write example {index} to {self.path}: it needs about {_mb(need)},"
+            raise ResourceError(f"not enough room to write example {index} to {self.path}: it needs about {_mb(need)},"
                              f" the file size limit (ulimit -f) leaves {_mb(room)}; {kept}: raise the limit and run"
                              " the same command again to resume")
 

@@ -122,7 +122,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                  spec: ViewSpec | None = None, progress: Callable[[int, int, str], None] | None = None) -> ReportResult:
     """Write the report of an open ``Store`` to ``out`` (a .html file, or a folder when ``out``
     ends with a slash, is a folder or has no suffix); written whole or not at all."""
-    from ..fileio import is_stream, swap_dir_in, temp_dir_for, write_atomic
+    from ..fileio import is_stream, swap_dir_in, temp_dir_for, write_atomic, write_failed
     from . import from_store
 
     folder = is_folder_target(out)
@@ -189,6 +189,8 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
             body = page(data, title, "\n".join(inline))
             write_atomic(out, body)
             size, path = len(body.encode("utf-8")), out
+    except OSError as exc:  # the folder's files: a full disk, a file size limit
+        raise write_failed(exc, out) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
