@@ -23,6 +23,7 @@ import torch
 from ..data.types import Example
 from ..errors import DataError, ModelError, OptionError, first_line
 from ..fileio import swap_dir_in, temp_dir_for
+from ..models.loading import check_vocabulary, from_pretrained
 from .batching import accuracy, classify, pad_id_of
 from .encoding import encode
 from .training import train_classifier
@@ -85,7 +86,9 @@ def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialised head" load report: expected here
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+        model = from_pretrained(AutoModelForSequenceClassification, str(path), model_id, dtype=torch.float32,
+                                **kwargs)
+        check_vocabulary(model, tokenizer, model_id)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"'{model_id}' cannot become a sequence classifier: {first_line(exc)}") from exc
     finally:
