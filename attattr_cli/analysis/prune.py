@@ -37,6 +37,7 @@ import torch
 from ..errors import ModelError, OptionError
 from ..fileio import swap_dir_in, temp_dir_for
 from .importance import ImportanceFile
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 Progress = Callable[[int, int, str], None]
 
@@ -379,11 +380,11 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
         pruned.save_pretrained(tmp, safe_serialization=True)
         cfg = json.loads((tmp / "config.json").read_text())
         cfg["architectures"] = [REMOTE_CLASSES[mt]]  # save_pretrained writes the in-memory class's name
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(strict_dumps(cfg, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)
-        (tmp / "PRUNING.json").write_text(json.dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
+        (tmp / "PRUNING.json").write_text(strict_dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
         swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import OptionError
-from .inputs import check_min, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
+from .inputs import check_methods_given, check_min, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
 from .model import progress_for, using
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 # ----------------------------------------------------------------------------- importance
@@ -75,7 +75,7 @@ class Importance:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
+        return strict_dumps(self.to_dict(), indent=2)
 
 
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
@@ -89,6 +89,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
     from ..analysis import importance as imp
 
+    check_methods_given(methods)
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     seed_list = list(seeds) or [0]
@@ -210,7 +211,7 @@ class PruneResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
+        return strict_dumps(self.to_dict(), indent=2)
 
     def plot(self, path) -> None:
         """The curves and/or the effectiveness analysis side by side to ``path`` (.png, .svg, .pdf)."""
@@ -234,6 +235,7 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
     from ..analysis import prune as pr
     from ..engine.heads import Batches
 
+    check_methods_given(methods)
     if importance is None and effectiveness is None:
         raise OptionError("nothing to do: give importance (curves) and/or effectiveness (a store)")
     if (keep_heads is None) != (save_model is None):

@@ -125,6 +125,16 @@ def check_min(name: str, value, least: int = 1) -> None:
         raise OptionError(f"{name} must be at least {least}, got {value}")
 
 
+def check_methods_given(methods, name: str = "methods") -> None:
+    """Refuse, before any work, ``methods`` given but naming none ("" or " , "): an empty
+    list is not the default."""
+    if methods is None:
+        return
+    names = methods.split(",") if isinstance(methods, str) else methods
+    if isinstance(names, (list, tuple)) and not [m for m in names if not isinstance(m, str) or m.strip()]:
+        raise OptionError(f"{name} is empty: give method names (comma-separated), or leave it out for the default")
+
+
 def check_outputs(outputs: dict, inputs) -> None:
     """The output rule before any work (fileio.check_output): no output (``{argument: path}``)
     is the same file as one of ``inputs`` (paths; other values ignored)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from .scoring import score
 
 # the registry's names (it imports NumPy only): the CLI's --methods help reads them
 from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFULNESS_METHODS  # noqa: E402,F401
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 @dataclass
@@ -77,7 +77,7 @@ class FaithfulnessResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.report, indent=1, allow_nan=False)
+        return strict_dumps(self.report, indent=1, allow_nan=False)
 
 
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
@@ -104,6 +104,14 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 
+    from .inputs import check_methods_given
+
+    check_methods_given(methods)
+    if tol is not None or steps is not None or rule is not None:  # before anything loads
+        from ..engine.options import api_names, integration
+
+        with api_names():
+            integration(steps, rule, tol)
     if isinstance(methods, str):
         methods = methods.split(",")
     chosen = check_methods(list(methods) if methods else list(METHODS))

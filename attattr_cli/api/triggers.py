@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ from ..errors import OptionError
 from .inputs import check_min, command_of, open_source, model_and_data
 from .model import progress_for, using
 from .scoring import score
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 # ----------------------------------------------------------------------------- triggers
@@ -33,7 +33,7 @@ class TriggersResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.document, indent=2, ensure_ascii=False)
+        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
     def to_csv(self) -> str:
         """One CSV row per trigger."""
@@ -74,6 +74,11 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     from .inputs import check_outputs
 
     check_outputs({"out": out}, [source, model, data, store])
+    if tol is not None:  # before anything loads
+        from ..engine.options import api_names, integration
+
+        with api_names():
+            integration(steps, None, tol)
     tmp = None
     wanted = None
     try:
@@ -155,7 +160,7 @@ class AttackResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.document, indent=2, ensure_ascii=False)
+        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
 
 def _insertions(triggers, top_k):
@@ -207,7 +212,7 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     from ..fileio import write_atomic
 
     if save_texts is not None:
-        write_atomic(Path(save_texts), "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
+        write_atomic(Path(save_texts), "".join(strict_dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
     if out is not None:
         write_atomic(Path(out), res.to_json() + "\n")
     return res

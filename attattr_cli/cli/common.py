@@ -126,7 +126,8 @@ def edge():
 # where a message names it: first, or after "give", "unknown", "needs", "and/or")
 FLAGS = {"importance": "--importance", "effectiveness": "--effectiveness", "keep_heads": "--keep-heads",
          "save_model": "--save-model", "batch_size": "--batch-size", "top_k": "--top-k", "out": "-o",
-         "save_texts": "--save-texts", "rank_by": "--rank-by", "family": "--family", "compat": "--compat"}
+         "save_texts": "--save-texts", "rank_by": "--rank-by", "family": "--family", "compat": "--compat",
+         "methods": "--methods", "tol": "--tol"}
 
 
 @contextlib.contextmanager

@@ -196,7 +196,7 @@ def faithfulness(
                      score_store="--store", out="--out", importance_store="--importance-store")
         with progress_bar("faithfulness", quiet) as bar, renamed_options(names):
             res = run(store, model=model, data=data, task=task, examples=examples,
-                      methods=methods.split(",") if methods else list(METHODS),
+                      methods=methods.split(",") if methods is not None else list(METHODS),
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
                       importance_store=importance_store,
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,

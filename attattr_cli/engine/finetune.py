@@ -12,7 +12,6 @@ The library never prints: pass ``progress(done, total, label)`` to follow it.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ from ..models.loading import check_vocabulary, from_pretrained
 from .batching import accuracy, classify, pad_id_of
 from .encoding import encode
 from .training import train_classifier
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 Progress = Callable[[int, int, str], None]
 
@@ -118,7 +118,7 @@ def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> N
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / "FINETUNE.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+        (tmp / "FINETUNE.json").write_text(strict_dumps(extra, indent=2) + "\n", encoding="utf-8")
         swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -12,6 +12,7 @@ from .fingerprint import fingerprint_difference
 from .opening import check_schema, open_file, read_attr, utc_now
 from .reader import Store
 from .schema import EXAMPLES, PARTIAL_PREFIX, PROVENANCE, SHARD_EXAMPLES, example_name
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def _check_mergeable(a: Path, b: Path, fa: dict, fb: dict, verb: str = "with") -> None:
@@ -28,12 +29,12 @@ _ATTR_LIMIT = 60_000
 
 def _fit_attr(items: list[dict], shrink) -> str:
     """JSON of ``items``, condensed by ``shrink`` when hundreds of shards would overflow an attribute."""
-    text = json.dumps(items)
+    text = strict_dumps(items)
     if len(text) > _ATTR_LIMIT:
-        text = json.dumps(shrink(items))
+        text = strict_dumps(shrink(items))
     while len(text) > _ATTR_LIMIT and len(items) > 1:  # last resort: keep the newest
         items = items[len(items) // 2:]
-        text = json.dumps(shrink(items))
+        text = strict_dumps(shrink(items))
     return text
 
 
@@ -46,7 +47,7 @@ def _group_runs(runs: list[dict]) -> list[dict]:
         if "rank" not in run:
             out.append(run)
             continue
-        key = json.dumps([run.get("command"), run.get("world_size"), run.get("kernel")])
+        key = strict_dumps([run.get("command"), run.get("world_size"), run.get("kernel")])
         g = index.get(key)
         if g is None:
             g = {k: v for k, v in run.items() if k not in ("rank", "host", "shard", "requested", "to_score", "device")}

@@ -26,6 +26,7 @@ from ..errors import StoreError, first_line
 from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
 from .opening import open_file, utc_now
 from .reader import Store
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 GROUP = "token_importance"
 
@@ -179,7 +180,7 @@ class TokenImportanceStore(Store):
             ds.dims[0].label = "token"
             ds.attrs["method"] = method
             ds.attrs["description"] = description
-            ds.attrs["params"] = json.dumps(params, sort_keys=True)
+            ds.attrs["params"] = strict_dumps(params, sort_keys=True)
             ds.attrs["written"] = utc_now()
             self.f.flush()
             ti.move(tmp, method)

@@ -42,6 +42,7 @@ from .schema import (
     STORE_DTYPES,
     example_name,
 )
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 _HINTS = {"options": "use the same options or another output store"}
@@ -175,12 +176,12 @@ class StoreWriter(OpenFile):
             f.attrs["schema_version"] = SCHEMA_VERSION
             f.attrs["attattr_version"] = __version__
             f.attrs["created"] = utc_now()
-            f.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+            f.attrs["fingerprint"] = strict_dumps(fingerprint, sort_keys=True)
             f.attrs["shard"] = shard
             f.create_group(EXAMPLES)
             prov = f.create_group(PROVENANCE)
             for key, value in provenance.items():
-                prov.attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value)
+                prov.attrs[key] = value if isinstance(value, (str, int, float)) else strict_dumps(value)
             prov.attrs["runs"] = "[]"
             f.flush()
         except (OSError, RuntimeError) as exc:
@@ -344,7 +345,7 @@ class StoreWriter(OpenFile):
         runs = json.loads(read_attr(prov, "runs", "[]"))
         runs.append(dict(info, started=utc_now()))
         try:
-            prov.attrs["runs"] = json.dumps(runs)
+            prov.attrs["runs"] = strict_dumps(runs)
             self.f.flush()
         except (OSError, RuntimeError) as exc:
             raise self._failed(exc, "recording the run") from None
@@ -467,7 +468,7 @@ class StoreWriter(OpenFile):
                 convergence_tol=getattr(fs, "status_tol", None)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
-        a["families"] = json.dumps(info)
+        a["families"] = strict_dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
         a["index"] = score.index
         a["gold"] = score.gold
@@ -480,7 +481,7 @@ class StoreWriter(OpenFile):
         a["text_a"] = score.text_a
         a["text_b"] = score.text_b if score.text_b is not None else ""
         a["has_text_b"] = score.text_b is not None
-        a["meta"] = json.dumps(score.meta, sort_keys=True)
+        a["meta"] = strict_dumps(score.meta, sort_keys=True)
         nonfinite = getattr(score, "nonfinite", None)
         if nonfinite:
             a["nonfinite"] = ",".join(nonfinite)

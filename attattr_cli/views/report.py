@@ -10,7 +10,6 @@ Nothing is fetched from the network. No printing; progress goes to a callback.
 from __future__ import annotations
 
 import html
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 from ..errors import OptionError
 from .data import ViewSpec
 from .html import script_json, static, view_data
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
 RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
@@ -75,7 +75,7 @@ def _provenance(store) -> dict:
     out["runs"] = len(prov.get("runs") or [])
     if isinstance(out.get("command"), list):
         out["command"] = " ".join(map(str, out["command"]))
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in out.items()}
+    return {k: v if isinstance(v, str) else strict_dumps(v) for k, v in out.items()}
 
 
 def _importance(path, store) -> dict:
