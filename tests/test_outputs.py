@@ -116,14 +116,19 @@ def test_every_writing_command_is_listed():
     """The cases below cover every command with an output option (a new one must be added)."""
     assert set(WRITERS) == {"score", "merge", "tree", "import-json", "finetune", "importance", "prune", "triggers",
                             "attack", "faithfulness", "view", "report", "demo data", "demo train"}
+    for cmd in WRITERS:  # each has its cases below (an input as output; a device as output)
+        assert (_same_as_input(cmd, {k: Path("x") for k in ("store", "triggers", "importance", "data", "dir")})
+                is None) == (cmd in NO_INPUT)
+        assert _to_device(cmd, {k: Path("x") for k in ("store", "triggers", "importance", "data", "dir")}, Path("d"))
 
 
-@pytest.mark.parametrize("cmd", sorted(WRITERS))
+# the writing commands that read no file (nothing for their output to destroy)
+NO_INPUT = {"demo data", "demo train"}
+
+
+@pytest.mark.parametrize("cmd", sorted(set(WRITERS) - NO_INPUT))
 def test_an_output_that_is_an_input_is_refused(cmd, inputs):
-    case = _same_as_input(cmd, inputs)
-    if case is None:
-        pytest.skip(f"{cmd} reads no input file")  # listed so that every command is named here
-    args, victim = case
+    args, victim = _same_as_input(cmd, inputs)
     before = _md5(victim)
     result = run_cli(*cmd.split(), *args)
     line = one_error_line(result)
@@ -265,3 +270,14 @@ def test_faithfulness_rerun_after_a_failed_write_completes(inputs, tmp_path):
         assert all({"attr", "random", "loo", "grad"} <= set(read_token_importance(s, i)) for i in s.indices())
     assert json.loads((tmp_path / "f.json").read_text())["examples"] == 2
     assert _md5(inputs["store"]) == before
+
+
+def test_prune_effectiveness_store_as_out_is_refused(inputs):
+    s = inputs["store"]
+    before = _md5(s)
+    one_error_line(run_cli("prune", "--effectiveness", s, "--out", s, "-q"), "--out", "same file as an input")
+    with pytest.raises(OptionError, match="same file as an input"):
+        import attattr_cli as aa
+
+        aa.prune(effectiveness=str(s), out=str(s))
+    assert _md5(s) == before
