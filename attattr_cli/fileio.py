@@ -265,6 +265,7 @@ def write_json(path: str | os.PathLike, obj, indent: int = 2, make_parents: bool
 def dumps(obj, **kwargs) -> str:
     """``json.dumps`` of :func:`strict_json` (NaN and infinities as null), never a bare NaN
     or Infinity: every JSON attattr prints or writes goes through here."""
+    kwargs.pop("allow_nan", None)
     return json.dumps(strict_json(obj), allow_nan=False, **kwargs)
 
 

@@ -46,7 +46,7 @@ BROKEN = {"random bytes": (_random, "its weights file cannot be read"),
           "cut short": (_truncated, "its weights file cannot be read"),
           "other sizes": (_sizes, "its config.json does not match its weights"),
           "more layers": (_more_layers, "its weights lack"),
-          "vocabulary": (_vocabulary, "the model's embedding has 45 rows")}
+          "vocabulary": (_vocabulary, "the model's embeddings hold 45 tokens")}
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ import random
 from pathlib import Path
 
 from attattr_cli.data.types import Example
-from attattr_cli.errors import DataError
+from attattr_cli.errors import DataError, OptionError
 from attattr_cli.fileio import replaced
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -199,6 +199,8 @@ def write(path: str | Path, examples: list[Example]) -> None:
                 )
     except OSError as e:
         raise DataError(f"cannot write {path}: {e}") from e
+    except OptionError as e:  # the output rule's one line (fileio.write_failed), as a data error here
+        raise DataError(str(e)) from None
 
 
 _check_words()

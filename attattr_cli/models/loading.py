@@ -128,8 +128,8 @@ def check_vocabulary(model: torch.nn.Module, tokenizer, model_id: str) -> None:
     except (AttributeError, TypeError, NotImplementedError):
         return
     if size > rows:
-        raise ModelError(f"the tokenizer of {model_id} has {size} tokens but the model's embedding has {rows} rows:"
-                         f" ids from {rows} on would crash the model; tokenizer and weights do not belong together")
+        raise ModelError(f"{model_id}: its tokenizer has {size} tokens, but the model's embeddings hold {rows} tokens:"
+                         f" the folder's tokenizer is not the model's (ids from {rows} on would crash the model)")
 
 
 def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "memory",
