@@ -47,8 +47,9 @@ def os_errno(exc: BaseException) -> int | None:
 
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
-    m = re.search(r"errno = (\d+)", str(exc))
-    return int(m.group(1)) if m else None
+    # HDF5's message; safetensors' (Rust's io error, in either of its wordings)
+    m = re.search(r"errno = (\d+)|Os \{ code: (\d+)|\(os error (\d+)\)", str(exc))
+    return int(next(g for g in m.groups() if g)) if m else None
 
 
 def no_space(path, code: int, kept: str = "nothing was replaced", then: str = "") -> ResourceError:
@@ -215,6 +216,24 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
             sys.unraisablehook = hook
 
 
+@contextlib.contextmanager
+def writing(path):
+    """Around a writer that is not fileio's own (save_pretrained, safetensors): a write that
+    fails for lack of space, or an OSError, is the one line of :func:`write_failed` naming
+    ``path``; other errors pass."""
+    try:
+        yield
+    except AttattrError:
+        raise
+    except Exception as exc:
+        code = os_errno(exc)
+        if code in FULL:
+            raise no_space(path, code) from None
+        if isinstance(exc, OSError):
+            raise write_failed(exc, path) from None
+        raise
+
+
 def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool = False) -> None:
     """Write ``data`` through a temporary file in the same folder and rename it over ``path``
     (a symbolic link at ``path`` is replaced by the file, its target left as it is)."""
@@ -275,8 +294,11 @@ def temp_dir_for(out: str | os.PathLike) -> Path:
     out = Path(out)
     if is_stream(out):
         raise OptionError(f"cannot write the folder {out}: it is a device or a FIFO, not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise write_failed(exc, out) from None
 
 
 def swap_dir_in(tmp: Path, out: str | os.PathLike) -> None:

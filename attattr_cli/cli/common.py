@@ -108,7 +108,7 @@ def edge():
     except KeyboardInterrupt:
         err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
         raise typer.Exit(130) from None
-    except (OSError, RuntimeError) as exc:
+    except Exception as exc:  # a write without room, from any writer (h5py, safetensors, open): one line
         from ..fileio import FULL, no_space, os_errno
 
         code = os_errno(exc)

@@ -21,7 +21,7 @@ import torch
 
 from ..data.types import Example
 from ..errors import DataError, ModelError, OptionError, first_line
-from ..fileio import swap_dir_in, temp_dir_for
+from ..fileio import swap_dir_in, temp_dir_for, writing
 from ..models.loading import check_vocabulary, from_pretrained
 from .batching import accuracy, classify, pad_id_of
 from .encoding import encode
@@ -116,8 +116,9 @@ def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> N
     check_out(out, overwrite)
     tmp = temp_dir_for(out)
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with writing(out):  # a full disk or ulimit -f in safetensors: the one line
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         (tmp / "FINETUNE.json").write_text(strict_dumps(extra, indent=2) + "\n", encoding="utf-8")
         swap_dir_in(tmp, out)
     except BaseException:
