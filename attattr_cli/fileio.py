@@ -173,7 +173,13 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
     stream = is_stream(path)
     caught: list = []
     hook = sys.unraisablehook
-    sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
+
+    def collect(unraisable):  # h5py's failed writes as it frees its objects; anything else as before
+        if os_errno(unraisable.exc_value) is not None:
+            caught.append(unraisable.exc_value)
+        else:
+            hook(unraisable)
+    sys.unraisablehook = collect
     failed = False
     try:
         if stream:
