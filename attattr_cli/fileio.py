@@ -129,9 +129,29 @@ def check_store_output(path, name: str = "--out") -> None:
                           f" lies and resumed there); give a file path")
 
 
+def open_stream(path):
+    """``path`` (a device, a FIFO, /dev/stdout) opened for writing in place. Where it is this
+    process's own stdout or stderr (``/dev/stdout`` with stdout redirected to a file), the
+    output goes on after what was printed there, through that descriptor, instead of a new
+    one that would truncate the file and write over it."""
+    try:
+        st = os.stat(path)
+        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+            other = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino):
+                try:
+                    stream.flush()
+                except (AttributeError, ValueError, OSError):
+                    pass
+                return open(os.dup(fd), "wb")
+    except OSError:
+        pass
+    return open(path, "wb")
+
+
 def _stream_copy(src: Path, path) -> None:
     """Write the bytes of ``src`` into ``path`` in place (a device, a FIFO, /dev/stdout)."""
-    with open(src, "rb") as fh, open(path, "wb") as target:
+    with open(src, "rb") as fh, open_stream(path) as target:
         shutil.copyfileobj(fh, target)
 
 
@@ -247,7 +267,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
     raw = data.encode("utf-8") if isinstance(data, str) else data
     if is_stream(path):  # a device, a FIFO, /dev/stdout: written in place, never replaced
         try:
-            with open(path, "wb") as fh:
+            with open_stream(path) as fh:
                 fh.write(raw)
         except OSError as exc:
             raise write_failed(exc, path) from None

@@ -281,3 +281,23 @@ def test_prune_effectiveness_store_as_out_is_refused(inputs):
 
         aa.prune(effectiveness=str(s), out=str(s))
     assert _md5(s) == before
+
+
+def test_dev_stdout_is_written_through_stdout_not_replaced(inputs, tmp_path):
+    """`-o /dev/stdout` with stdout redirected to a file: the output goes to that file after
+    what was printed before it (no truncation, nothing written over); the link stays."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    target = tmp_path / "captured.txt"
+    with open(target, "wb") as fh:
+        fh.write(b"before\n")
+        fh.flush()
+        proc = subprocess.run([sys.executable, "-m", "attattr_cli", "tree", str(inputs["store"]), "-n", "0", "-f", "json",
+                               "-o", "/dev/stdout", "-q"], stdout=fh, stderr=subprocess.PIPE, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    text = target.read_text()
+    assert text.startswith("before\n{")
+    assert json.loads(text[len("before\n"):].strip())["example"] == 0
+    assert os.path.islink("/dev/stdout") or not os.path.exists("/dev/stdout")
