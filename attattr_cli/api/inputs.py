@@ -10,6 +10,9 @@ import numpy as np
 
 from ..data.tasks import TASKS  # noqa: F401  (the task presets, whose names the CLI's help lists)
 from ..errors import OptionError, StoreError
+# the output rule and strict JSON, for the commands too (they import the api, nothing below it)
+from ..fileio import FULL, check_output, is_stream, no_space, os_errno  # noqa: F401,E402
+from ..fileio import dumps as strict_dumps  # noqa: F401,E402
 from .model import as_model
 from .results import Attribution, Results, StoreView
 

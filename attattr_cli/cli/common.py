@@ -109,7 +109,7 @@ def edge():
         err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
         raise typer.Exit(130) from None
     except Exception as exc:  # a write without room, from any writer (h5py, safetensors, open): one line
-        from ..fileio import FULL, no_space, os_errno
+        from ..api.inputs import FULL, no_space, os_errno
 
         code = os_errno(exc)
         if code not in FULL:
@@ -278,7 +278,7 @@ NOT_STREAMED = ("out_dir", "save_model", "store_out", "keep_store")
 def check_outputs(command: "Command", params: dict) -> None:
     """The output rule of every command (fileio.check_output): no output names the same file
     as an input or as another output. Run before the command does anything."""
-    from ..fileio import check_output, is_stream
+    from ..api.inputs import check_output, is_stream
 
     flags = {p.name: (p.opts[0] if getattr(p, "opts", None) else p.name) for p in command.params}
     outs = [(name, value) for name, value in params.items() if name in OUTPUTS and value is not None]

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from .common import edge, out
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def _families(fams: dict) -> str:

@@ -8,7 +8,7 @@ import typer
 
 from ..api import merge as merge_stores
 from .common import edge, err, out
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def merge(

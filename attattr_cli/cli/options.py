@@ -9,7 +9,7 @@ from typing import Optional
 import typer
 
 from .common import TASK_HELP, out
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 MODEL_HELP = "Local model folder or hub id (default: the built-in synthetic-task BERT)."
 DATA_HELP = "TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."
