@@ -56,7 +56,7 @@ def main() -> None:
             opts = fa.FaithfulnessOptions(methods=methods, permutations=args.permutations,
                                           perm_layers=None if args.permutations else [], mask_fractions=masks)
             t0 = time.process_time()
-            report = fa.evaluate_store(copy, opts, model=args.model, device="cpu")
+            report = fa.evaluate_store(copy, opts, model=args.model, device="cpu", keep=True)
             times[name] = time.process_time() - t0
             print(f"{name}: {len(report['methods'])} methods, {report['examples']} examples, "
                   f"{report['forwards']} forward passes, {times[name]:.1f} s CPU", flush=True)
@@ -68,7 +68,7 @@ def main() -> None:
             shutil.copy(base, copy)
             t0 = time.process_time()
             fa.evaluate_store(copy, fa.FaithfulnessOptions(methods=[m], permutations=0, perm_layers=[], mask_fractions=()),
-                              model=args.model, device="cpu")
+                              model=args.model, device="cpu", keep=True)
             per_method[m] = time.process_time() - t0
     print(f"ratio all / default: {times['all'] / times['default']:.2f}")
     print("one added method with loo and grad (its metrics without the masking protocol): "
