@@ -1,5 +1,16 @@
 """Writing results so that nothing already written is lost: a file is replaced whole or
-not at all, a model folder is swapped in only once complete.
+not at all, a model folder is swapped in only once complete. The one output rule of every
+command and API function that writes (docs/api.md, "Outputs"):
+
+- an output that is the same file as one of the inputs (by inode: through symbolic and hard
+  links) is refused before any work (``check_output``);
+- a regular file, a new path or a link is written under a temporary name beside it and
+  renamed over it (below); a character device, a FIFO or a socket (``/dev/null``, a named
+  pipe, ``/dev/stdout``) is written in place, streamed, never replaced (``is_stream``); an
+  HDF5 store that is resumed where it lies (``score --out``, ``merge --out``) cannot be
+  streamed and such a path is refused (``check_store_output``);
+- a write that fails for lack of space (a full disk, a quota, ``ulimit -f``) is one
+  ``ResourceError`` line, exit status 5, the old output left whole (``write_failed``).
 
 Every output is built under a private temporary name in the output's own folder and
 renamed over the output at the end. A symbolic link at the output's name is replaced by
@@ -11,14 +22,137 @@ would give), while the temporary one keeps its private mode until the rename."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import io
 import json
 import os
 import shutil
+import stat
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from .errors import OptionError
+from .errors import AttattrError, OptionError, ResourceError
+
+# the errors of a write that had no room, and how each is said
+FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
+        errno.EFBIG: "the file size limit was reached"}
+
+
+def os_errno(exc: BaseException) -> int | None:
+    """The operating system's errno behind a failed write: ``exc.errno``, else the
+    ``errno = N`` HDF5 writes into its messages (h5py raises RuntimeError with it)."""
+    import re
+
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    # HDF5's message; safetensors' (Rust's io error, in either of its wordings)
+    m = re.search(r"errno = (\d+)|Os \{ code: (\d+)|\(os error (\d+)\)", str(exc))
+    return int(next(g for g in m.groups() if g)) if m else None
+
+
+def no_space(path, code: int, kept: str = "nothing was replaced", then: str = "") -> ResourceError:
+    """The one error of every write that had no room (exit status 5): the output, why, what is
+    kept, and what to do. ``end_process`` is set: after a failed HDF5 write HDF5's state in the
+    process cannot be trusted (its shutdown would crash), so the CLI ends the process at once."""
+    error = ResourceError(f"cannot write {path}: {FULL.get(code, 'no space left')} ({os.strerror(code)}); {kept}:"
+                          f" free some space and run the same command again{then}")
+    error.end_process = True
+    return error
+
+
+def write_failed(exc: BaseException, path) -> AttattrError:
+    """The one-line error for a write of ``path`` that raised ``exc`` (an OSError, or the
+    RuntimeError h5py raises for a failed HDF5 write): lack of space as :func:`no_space`,
+    anything else as ``cannot write PATH: why`` (exit status 2)."""
+    from .errors import first_line
+
+    code = os_errno(exc)
+    if code in FULL:
+        return no_space(path, code)
+    why = os.strerror(code) if code else first_line(exc)
+    error = OptionError(f"cannot write {path}: {why}; nothing was replaced")
+    error.end_process = isinstance(exc, RuntimeError) and code is not None  # an HDF5 write failed: as above
+    return error
+
+
+def is_stream(path: str | os.PathLike) -> bool:
+    """True when ``path`` is written in place rather than replaced: a character device, a FIFO
+    or a socket (through links), or a name under /dev or /proc (``/dev/stdout`` is a link to
+    whatever stdout is, a terminal, a pipe or a file: it is opened, never replaced)."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return False
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return True
+    return not stat.S_ISDIR(mode) and os.path.abspath(path).startswith(("/dev/", "/proc/"))
+
+
+def _paths(values):
+    for v in values:
+        if v is None:
+            continue
+        if isinstance(v, (list, tuple, set)):
+            yield from _paths(v)
+        elif isinstance(v, (str, os.PathLike)) and str(v) not in ("", "-"):
+            yield v
+
+
+def same_file(a, b) -> bool:
+    """True when ``a`` and ``b`` are one file (one inode: links of either kind followed)."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def check_output(out, inputs=(), name: str = "--out") -> None:
+    """Refuse (before any work) an output ``out`` that is the same file as one of ``inputs``
+    (paths, lists of paths; None and non-paths ignored): writing it would destroy the input.
+    A device or a FIFO (``/dev/null``) is never an input that a write destroys."""
+    if out is None or not isinstance(out, (str, os.PathLike)) or str(out) in ("", "-") or is_stream(out):
+        return
+    for given in _paths(inputs):
+        if same_file(out, given):
+            said = f"{out}" if str(out) == str(given) else f"{out} ({given})"
+            raise OptionError(f"{name} {said} is the same file as an input: writing it would destroy the input;"
+                              " choose another output")
+
+
+def check_store_output(path, name: str = "--out") -> None:
+    """An HDF5 store is written where it lies (created, resumed, extended): refuse a path that
+    is a device, a FIFO or a socket (it would be replaced or cannot be seeked)."""
+    if is_stream(path):
+        raise OptionError(f"cannot write a store to {path}: it is not a regular file (a store is written where it"
+                          f" lies and resumed there); give a file path")
+
+
+def open_stream(path):
+    """``path`` (a device, a FIFO, /dev/stdout) opened for writing in place. Where it is this
+    process's own stdout or stderr (``/dev/stdout`` with stdout redirected to a file), the
+    output goes on after what was printed there, through that descriptor, instead of a new
+    one that would truncate the file and write over it."""
+    try:
+        st = os.stat(path)
+        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+            other = os.fstat(fd)
+            if (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino):
+                try:
+                    stream.flush()
+                except (AttributeError, ValueError, OSError):
+                    pass
+                return open(os.dup(fd), "wb")
+    except OSError:
+        pass
+    return open(path, "wb")
+
+
+def _stream_copy(src: Path, path) -> None:
+    """Write the bytes of ``src`` into ``path`` in place (a device, a FIFO, /dev/stdout)."""
+    with open(src, "rb") as fh, open_stream(path) as target:
+        shutil.copyfileobj(fh, target)
 
 
 def umask() -> int:
@@ -50,25 +184,94 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
     """Yield a fresh temporary path beside ``path`` to write the result to; when the block
     ends without error it gets the usual file mode and is renamed over ``path`` (a link
     there is replaced, not followed), otherwise removed (``path`` untouched). ``suffix``
-    keeps a file name extension for writers that read it (matplotlib)."""
+    keeps a file name extension for writers that read it (matplotlib). A device, a FIFO or
+    /dev/stdout at ``path`` (``is_stream``) gets the finished bytes written into it in place.
+    A write that fails (an OSError, or h5py's RuntimeError for a failed HDF5 write) raises the
+    one-line error of :func:`write_failed`; HDF5's complaints about the objects it can no
+    longer free are kept off stderr."""
     path = Path(path)
-    if make_parents:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-    os.close(fd)
+    stream = is_stream(path)
+    caught: list = []
+    hook = sys.unraisablehook
+
+    def collect(unraisable):  # h5py's failed writes as it frees its objects; anything else as before
+        if os_errno(unraisable.exc_value) is not None:
+            caught.append(unraisable.exc_value)
+        else:
+            hook(unraisable)
+    sys.unraisablehook = collect
+    failed = False
     try:
-        yield Path(tmp)
-        os.chmod(tmp, file_mode())
-        os.replace(tmp, path)
+        if stream:
+            folder = tempfile.mkdtemp(prefix="attattr-out-")
+            tmp = os.path.join(folder, f"out{suffix}")
+        else:
+            if make_parents:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            folder = None
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
+            os.close(fd)
+        try:
+            # h5py prints the failures of the objects it frees after a failed write itself:
+            # what the block prints is held and passed on only when nothing failed
+            held = io.StringIO()
+            with contextlib.redirect_stderr(held):
+                yield Path(tmp)
+            if caught or "errno = " in held.getvalue():  # h5py: a write that failed as its objects were freed
+                raise caught[0] if caught else RuntimeError(held.getvalue())
+            sys.stderr.write(held.getvalue())
+            if stream:
+                _stream_copy(Path(tmp), path)
+            else:
+                os.chmod(tmp, file_mode())
+                os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+    except (OSError, RuntimeError) as exc:
+        if not isinstance(exc, OSError) and os_errno(exc) is None and not caught:
+            raise  # the writer's own error, not a failed write: theirs to say
+        failed = True
+        with contextlib.redirect_stderr(io.StringIO()):
+            caught.clear()
+        raise write_failed(exc, path) from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        if not failed:
+            sys.unraisablehook = hook
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Around a writer that is not fileio's own (save_pretrained, safetensors): a write that
+    fails for lack of space, or an OSError, is the one line of :func:`write_failed` naming
+    ``path``; other errors pass."""
+    try:
+        yield
+    except AttattrError:
+        raise
+    except Exception as exc:
+        code = os_errno(exc)
+        if code in FULL:
+            raise no_space(path, code) from None
+        if isinstance(exc, OSError):
+            raise write_failed(exc, path) from None
+        raise
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool = False) -> None:
     """Write ``data`` through a temporary file in the same folder and rename it over ``path``
     (a symbolic link at ``path`` is replaced by the file, its target left as it is)."""
     path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    if is_stream(path):  # a device, a FIFO, /dev/stdout: written in place, never replaced
+        try:
+            with open_stream(path) as fh:
+                fh.write(raw)
+        except OSError as exc:
+            raise write_failed(exc, path) from None
+        return
     folder = path.parent if str(path.parent) else Path(".")
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)
@@ -78,12 +281,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
         raise OptionError(f"cannot write {path}: it is a directory")
     try:
         with replaced(path, make_parents=False) as tmp:
-            if isinstance(data, str):
-                tmp.write_text(data, encoding="utf-8", newline="")
-            else:
-                tmp.write_bytes(data)
+            tmp.write_bytes(raw)
     except OSError as exc:
-        raise OptionError(f"cannot write {path}: {exc.strerror or exc}") from None
+        raise write_failed(exc, path) from None
 
 
 def strict_json(obj):
@@ -103,15 +303,28 @@ def strict_json(obj):
 
 
 def write_json(path: str | os.PathLike, obj, indent: int = 2, make_parents: bool = False, **dump) -> None:
-    """``obj`` as JSON (one trailing newline), written atomically."""
-    write_atomic(path, json.dumps(obj, indent=indent, **dump) + "\n", make_parents=make_parents)
+    """``obj`` as strict JSON (one trailing newline), written atomically."""
+    write_atomic(path, dumps(obj, indent=indent, **dump) + "\n", make_parents=make_parents)
+
+
+def dumps(obj, **kwargs) -> str:
+    """``json.dumps`` of :func:`strict_json` (NaN and infinities as null), never a bare NaN
+    or Infinity: every JSON attattr prints or writes goes through here."""
+    kwargs.pop("allow_nan", None)
+    return json.dumps(strict_json(obj), allow_nan=False, **kwargs)
 
 
 def temp_dir_for(out: str | os.PathLike) -> Path:
-    """A fresh hidden folder beside ``out`` to build a result folder in."""
+    """A fresh hidden folder beside ``out`` to build a result folder in (a device or a FIFO
+    at ``out`` is refused: a folder cannot be streamed)."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    if is_stream(out):
+        raise OptionError(f"cannot write the folder {out}: it is a device or a FIFO, not a folder")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise write_failed(exc, out) from None
 
 
 def swap_dir_in(tmp: Path, out: str | os.PathLike) -> None:

@@ -71,7 +71,7 @@ def batching(base: Path, tmp: str, loaded, model) -> None:
         opts = fa.FaithfulnessOptions(methods=["attr", "attention_last", "grad", "random"])
         passes["n"] = 0
         t0 = time.process_time()
-        report = fa.evaluate_store(copy, opts, model=model, device="cpu", loaded=loaded, batch_examples=be,
+        report = fa.evaluate_store(copy, opts, model=model, device="cpu", loaded=loaded, batch_examples=be, keep=True,
                                    max_tokens=mt)
         cpu[name] = (time.process_time() - t0) / report["examples"]
         reports[name] = report
@@ -101,7 +101,7 @@ def methods(base: Path, tmp: str, args, loaded) -> None:
         opts = fa.FaithfulnessOptions(methods=meths, permutations=args.permutations,
                                       perm_layers=None if args.permutations else [], mask_fractions=masks)
         t0 = time.process_time()
-        report = fa.evaluate_store(copy, opts, model=args.model, device="cpu", loaded=loaded)
+        report = fa.evaluate_store(copy, opts, model=args.model, device="cpu", loaded=loaded, keep=True)
         times[name] = time.process_time() - t0
         print(f"{name}: {len(report['methods'])} methods, {report['examples']} examples, "
               f"{report['forwards']} forward passes, {times[name]:.1f} s CPU", flush=True)
@@ -112,7 +112,7 @@ def methods(base: Path, tmp: str, args, loaded) -> None:
         copy = Path(tmp) / f"{m}.h5"
         shutil.copy(base, copy)
         t0 = time.process_time()
-        fa.evaluate_store(copy, fa.FaithfulnessOptions(methods=[m], permutations=0, perm_layers=[], mask_fractions=()),
+        fa.evaluate_store(copy, fa.FaithfulnessOptions(methods=[m], permutations=0, perm_layers=[], mask_fractions=()), keep=True,
                           model=args.model, device="cpu", loaded=loaded)
         per_method[m] = time.process_time() - t0
     print(f"ratio all / default: {times['all'] / times['default']:.2f}")

@@ -218,7 +218,7 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
     path = tmp_path / "s.h5"
     path.write_bytes(scored.read_bytes())
     opts = fa.FaithfulnessOptions(permutations=2)
-    first = fa.evaluate_store(path, opts)
+    first = fa.evaluate_store(path, opts, keep=True)  # asked to keep the vectors in the store
     with Store(path) as s:
         for i in s.indices():
             stored = read_token_importance(s, i)
@@ -226,7 +226,7 @@ def test_store_round_trip_and_reuse(scored, tmp_path):
             assert all(v.shape == (len(s.get(i, arrays=False).tokens),) for v in stored.values())
         e = s.get(0)  # old readers see the example as before
         assert e.attribution.shape[0] == 3
-    again = fa.evaluate_store(path, fa.FaithfulnessOptions(permutations=2))
+    again = fa.evaluate_store(path, fa.FaithfulnessOptions(permutations=2))  # read back, not written
     assert again["forwards"] < first["forwards"]  # importance read back, not recomputed
     for m in ti.METHODS:
         assert again["methods"][m]["tau_loo"] == pytest.approx(first["methods"][m]["tau_loo"], nan_ok=True)
@@ -408,3 +408,45 @@ def test_every_method_runs_on_other_families(loaded_factory, tokenizer, kind):
         assert scores["rollout"].sum() == pytest.approx(1.0)
     tv = fa.permutation_tvd(run, ex, [0, loaded.arch.num_layers - 1], 3)
     assert tv.shape == (2, 3) and (tv >= 0).all() and (tv <= 1).all()
+
+
+def _md5(path) -> str:
+    return hashlib.md5(open(path, "rb").read()).hexdigest()
+
+
+def test_the_store_read_is_never_changed_and_may_be_read_only(scored, tmp_path):
+    """faithfulness STORE leaves STORE bit-identical, also on a read-only file in a read-only
+    folder; --importance-store keeps the vectors in a copy that the next run reads back."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    store = folder / "s.h5"
+    store.write_bytes(scored.read_bytes())
+    before = _md5(store)
+    store.chmod(0o444)
+    folder.chmod(0o555)
+    try:
+        first = run_cli("faithfulness", store, "--out", tmp_path / "a.json", "--permutations", 0,
+                        "--methods", "attr,grad")
+        assert first.exit_code == 0, first.output
+        assert "token importance kept" not in first.stderr
+        assert _md5(store) == before
+        import attattr_cli as aa
+
+        res = aa.faithfulness(store, methods=["attr"], permutations=0)
+        assert res.store is None and _md5(store) == before
+        kept = tmp_path / "kept.h5"
+        second = run_cli("faithfulness", store, "--out", tmp_path / "b.json", "--permutations", 0,
+                         "--methods", "attr,grad", "--importance-store", kept)
+        assert second.exit_code == 0, second.output
+        assert f"token importance kept in {kept}" in second.stderr and _md5(store) == before
+        with Store(kept) as s:
+            assert {"attr", "grad", "loo"} <= set(read_token_importance(s, 0))
+        third = aa.faithfulness(store, methods=["attr", "grad"], permutations=0, importance_store=kept)
+        a, c = json.loads((tmp_path / "a.json").read_text()), third.report
+        assert c["forwards"] < a["forwards"]  # read back from the importance store
+        assert c["methods"]["attr"]["tau_loo"] == pytest.approx(a["methods"]["attr"]["tau_loo"])
+        assert _md5(store) == before
+        one_error_line(run_cli("faithfulness", store, "--out", store, "--permutations", 0), "same file as an input")
+    finally:
+        folder.chmod(0o755)
+        store.chmod(0o644)

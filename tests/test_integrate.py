@@ -380,7 +380,9 @@ def test_a_store_from_the_paper_rule_says_how_to_extend_it_under_the_new_default
      "Error: --tol places its own nodes; it does not go with --rule left (give either --tol or a fixed rule)"),
     (["--tol", "0.1", "--steps", "20"],
      "Error: --tol places its own nodes; it does not go with --steps 20 (give either --tol or a fixed rule)"),
-    (["--tol", "0"], "Error: --tol must be positive, got 0.0"),
+    (["--tol", "0"], "Error: --tol must be a finite number > 0, got 0.0"),
+    (["--tol", "inf"], "Error: --tol must be a finite number > 0, got inf"),
+    (["--tol", "nan"], "Error: --tol must be a finite number > 0, got nan"),
     (["--tol", "1e-3", "--max-nodes", "2"], "Error: --max-nodes must be at least 5 (the first interval's nodes), got 2"),
 ])
 def test_score_tol_refuses_bad_options_with_one_line(tmp_path, args, message):

@@ -85,12 +85,12 @@ def reference(tmp_path_factory) -> Path:
 
 def test_write_failing_midway_is_one_line_and_the_next_run_recovers(tmp_path, reference):
     """A write that fails (file size limit; a full disk the check could not foresee) ends the
-    run with one Error line and exit 4, no crash; the examples written before stay readable;
+    run with one Error line and exit 5 (as every write without room), no crash; the examples written before stay readable;
     a run with room copies them into a fresh file, says so in one line, and finishes."""
     out = tmp_path / "s.h5"
     proc = subprocess.run([sys.executable, "-c", LIMITED, str(reference.stat().st_size // 3), *SCORE, "--out", out],
                           capture_output=True, text=True, env=ENV, timeout=600)
-    assert proc.returncode == 4, proc.stderr
+    assert proc.returncode == 5, proc.stderr
     line = _one_error_line(proc)
     assert "the file size limit was reached" in line and "run the same command again to resume" in line
     with Store(out) as s:
@@ -149,7 +149,7 @@ def test_full_disk_is_checked_before_each_example(tmp_path, reference):
         pytest.skip("cannot mount a tmpfs here (needs root); the file size limit test covers the failing write")
     try:
         proc = _cli(*SCORE, "--out", small / "s.h5")
-        assert proc.returncode == 4, proc.stderr
+        assert proc.returncode == 5, proc.stderr
         line = _one_error_line(proc)
         assert "not enough space to write example" in line and "are free on the disk" in line
         with h5py.File(small / "s.h5", "r") as f:
@@ -320,12 +320,13 @@ def test_score_refuses_a_pruned_model_folder_in_one_line(tmp_path, tokenizer, ss
 
 
 def test_readers_during_a_faithfulness_run(tmp_path, reference):
-    """`faithfulness` adds token importance to a store's examples; `info --json` polled
-    meanwhile always succeeds and lists every example."""
+    """`faithfulness --importance-store STORE` adds token importance to the store's own
+    examples; `info --json` polled meanwhile always succeeds and lists every example."""
     store = tmp_path / "s.h5"
     store.write_bytes(reference.read_bytes())
     writer = subprocess.Popen([sys.executable, "-m", "attattr_cli", "faithfulness", str(store), "--out",
-                               str(tmp_path / "f.json"), "--methods", "attr,random", "--permutations", "60", "-q"],
+                               str(tmp_path / "f.json"), "--methods", "attr,random", "--permutations", "60", "-q",
+                               "--importance-store", str(store)],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     polls = during = 0
     try:

@@ -359,9 +359,10 @@ def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
 
 def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | None = None,
                    device: str = "auto", loaded=None, progress: Progress | None = None,
-                   batch_examples: int = BATCH_EXAMPLES, max_tokens: int = MAX_TOKENS) -> dict:
-    """Compute (or read) every method's token importance for the store's examples, store
-    it, and return the faithfulness report (a JSON-able dict).
+                   batch_examples: int = BATCH_EXAMPLES, max_tokens: int = MAX_TOKENS, keep: bool = False) -> dict:
+    """Compute (or read) every method's token importance for the store's examples and return
+    the faithfulness report (a JSON-able dict). The store is opened read-only and left as it
+    is, unless ``keep``: then the vectors computed are added to it (the next run reads them).
 
     ``batch_examples`` examples at a time share their forward passes: the leave-one-out
     inputs of all of them and their gradients, then every erased and masked input of all
@@ -373,7 +374,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
     from ..store import TokenImportanceStore
 
     options.validate()
-    with TokenImportanceStore(path) as store:
+    with TokenImportanceStore(path, writable=keep) as store:
         prov = store.provenance
         score_opts = prov.get("options") or {}
         output = score_opts.get("output", "prob")

@@ -35,7 +35,6 @@ No printing here; the CLI draws the heatmap.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -49,7 +48,8 @@ import torch
 from .. import __version__
 from ..data.types import Example
 from ..errors import OptionError, StoreError
-from ..fileio import replaced
+from ..fileio import is_stream, replaced
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 SCHEMA = "attattr.importance"
 SCHEMA_VERSION = "1.0"
@@ -301,7 +301,7 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
     """
     p = Path(path)
     merged: dict[str, Table] = {}
-    if p.exists():
+    if p.is_file() and not is_stream(p):  # a device or a FIFO (/dev/null) holds no earlier tables
         old = read(p)
         if old.identity.weights_sha256 != identity.weights_sha256 or \
                 (old.identity.num_layers, old.identity.num_heads) != (identity.num_layers, identity.num_heads):
@@ -318,7 +318,7 @@ def write(path: str | os.PathLike, identity: Identity, tables: Sequence[Table], 
             f.attrs.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "attattr_version": __version__,
                             "created": now, "weights_sha256": identity.weights_sha256, "model": identity.model,
                             "model_type": identity.model_type, "num_layers": identity.num_layers,
-                            "num_heads": identity.num_heads, "command": json.dumps(list(command))})
+                            "num_heads": identity.num_heads, "command": strict_dumps(list(command))})
             gm, ge = f.create_group("methods"), f.create_group("examples")
             for t in merged.values():
                 d = gm.create_dataset(t.name, data=np.asarray(t.values, np.float64))

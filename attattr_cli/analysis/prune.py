@@ -35,8 +35,9 @@ import numpy as np
 import torch
 
 from ..errors import ModelError, OptionError
-from ..fileio import swap_dir_in, temp_dir_for
+from ..fileio import swap_dir_in, temp_dir_for, writing
 from .importance import ImportanceFile
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 Progress = Callable[[int, int, str], None]
 
@@ -439,14 +440,16 @@ def save_pruned(model, tokenizer, kept: list[list[int]], out: str | Path, overwr
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-        pruned.save_pretrained(tmp, safe_serialization=True)
+        with writing(out):  # a full disk or ulimit -f in safetensors: the one line
+            pruned.save_pretrained(tmp, safe_serialization=True)
         cfg = json.loads((tmp / "config.json").read_text())
         cfg["architectures"] = [REMOTE_CLASSES[mt]]  # save_pretrained writes the in-memory class's name
-        (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        (tmp / "config.json").write_text(strict_dumps(cfg, indent=2, sort_keys=True) + "\n")
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)
-        (tmp / "PRUNING.json").write_text(json.dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
+        with writing(out):
+            shutil.copyfile(REMOTE_FILE, tmp / REMOTE_FILE.name)
+        (tmp / "PRUNING.json").write_text(strict_dumps({"kept_heads": kept, **(extra or {})}, indent=2) + "\n")
         swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -42,6 +42,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from ..errors import OptionError, StoreError
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 FORMAT = "attattr.triggers"
 VERSION = 1
@@ -344,7 +345,7 @@ def triggers_csv(triggers: list[Trigger]) -> str:
             d["rank"], d["class"], d["class_rank"], " ".join(d["tokens"]), " ".join(map(str, d["segments"])),
             " ".join(f"{x:.3f}" for x in d["relative"]), " ".join(f"{x:.3f}" for x in d["reference"]),
             d["count"], f"{d['mean_strength']:.6g}", f"{d['total_strength']:.6g}",
-            json.dumps(d["classes"], ensure_ascii=False), json.dumps(d["patterns"], ensure_ascii=False),
+            strict_dumps(d["classes"], ensure_ascii=False), strict_dumps(d["patterns"], ensure_ascii=False),
         ])
     return buf.getvalue()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -11,8 +10,9 @@ import numpy as np
 from ..errors import OptionError
 from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, ModelArg, Names, Number, Numbers, OneOf, Out, Progress,
                      Source, Str, Texts, checked)
-from .inputs import command_of, open_source, selection, write_json_file, model_and_data
+from .inputs import check_methods_given, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
 from .model import progress_for, using
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 # ----------------------------------------------------------------------------- importance
@@ -125,7 +125,7 @@ class Importance:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
+        return strict_dumps(self.to_dict(), indent=2)
 
 
 @checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), methods=Names(),
@@ -141,9 +141,11 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
     from ..analysis import importance as imp
 
+    check_methods_given(methods)
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     seed_list = list(seeds) or [0]
+    check_outputs({"out": out}, [source, model, data])
     tables = []
     if source is not None:
         if model is not None or data is not None or task is not None or inputs is not None:
@@ -294,7 +296,7 @@ class PruneResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=2)
+        return strict_dumps(self.to_dict(), indent=2)
 
     @checked(path=Out())
     def plot(self, path=None):
@@ -393,12 +395,15 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
     from ..analysis import prune as pr
     from ..engine.heads import Batches
 
+    check_methods_given(methods)
     if importance is None and effectiveness is None:
         raise OptionError("nothing to do: give importance (curves) and/or effectiveness (a store)")
     if (keep_heads is None) != (save_model is None):
         raise OptionError("keep_heads and save_model go together")
     if keep_heads is not None and importance is None:
         raise OptionError("keep_heads needs importance to rank the heads")
+    check_outputs({"out": out, "save_model": save_model}, [model, data, effectiveness,
+                                                             None if isinstance(importance, Importance) else importance])
     rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
     if importance is None:
         imp_file = None

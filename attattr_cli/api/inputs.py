@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 
 from ..data.tasks import TASKS  # noqa: F401  (the task presets, whose names the CLI's help lists)
 from ..errors import OptionError, StoreError
+# the output rule and strict JSON, for the commands too (they import the api, nothing below it)
+from ..fileio import FULL, check_output, is_stream, no_space, os_errno  # noqa: F401,E402
+from ..fileio import dumps as strict_dumps  # noqa: F401,E402
 from .model import as_model
 from .results import Attribution, Results, StoreView
 
@@ -132,6 +136,25 @@ def selection(examples) -> str | None:
 def check_min(name: str, value, least: int = 1) -> None:
     if value is not None and value < least:
         raise OptionError(f"{name} must be at least {least}, got {value}")
+
+
+def check_methods_given(methods, name: str = "methods") -> None:
+    """Refuse, before any work, ``methods`` given but naming none ("" or " , "): an empty
+    list is not the default."""
+    if methods is None:
+        return
+    names = methods.split(",") if isinstance(methods, str) else methods
+    if isinstance(names, (list, tuple)) and not [m for m in names if not isinstance(m, str) or m.strip()]:
+        raise OptionError(f"{name} is empty: give method names (comma-separated), or leave it out for the default")
+
+
+def check_outputs(outputs: dict, inputs) -> None:
+    """The output rule before any work (fileio.check_output): no output (``{argument: path}``)
+    is the same file as one of ``inputs`` (paths; other values ignored)."""
+    from ..fileio import check_output
+
+    for name, out in outputs.items():
+        check_output(out, [i for i in inputs if isinstance(i, (str, os.PathLike, list, tuple))], name)
 
 
 def write_json_file(path, doc: dict) -> None:

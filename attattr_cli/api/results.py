@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator
@@ -14,6 +13,7 @@ from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
 from .checks import Array, File, Instance, Int, Ints, Out, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 @dataclass
@@ -396,7 +396,7 @@ class Tree:
         """The tree as JSON text (nodes, edges, settings)."""
         from ..analysis.tree import tree_to_json
 
-        return json.dumps(tree_to_json(self.graph), indent=2)
+        return strict_dumps(tree_to_json(self.graph), indent=2)
 
     def to_dict(self) -> dict:
         """The tree as a JSON-able dict."""

@@ -64,7 +64,12 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
                             step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position)
 
-    # the options, the selection and the data file are checked before anything loads
+    # the options, the selection, the output and the data file are checked before anything loads
+    if out is not None:
+        from ..fileio import check_output, check_store_output
+
+        check_store_output(out, "out")
+        check_output(out, [data, model if isinstance(model, (str, Path)) else None], "out")
     precheck(options_for(bool(lm) or (isinstance(model, Model) and model.loaded.lm)), selection(examples), data)
     from ..engine.run import ScoreRequest, score_to_store
 

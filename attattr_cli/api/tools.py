@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,15 @@ from .scoring import score
 
 # the registry's names (it imports NumPy only): the CLI's --methods help reads them
 from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFULNESS_METHODS  # noqa: E402,F401
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 @dataclass
 class FaithfulnessResult:
     """The faithfulness report: ``report`` (per method: Kendall tau with leave-one-out and with
     gradients, AOPC comprehensiveness and sufficiency, deletion AUC; per example; the
-    permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept."""
+    permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept
+    (None when it was kept nowhere: the store read is never changed unless asked)."""
 
     report: dict
     store: str
@@ -100,13 +101,14 @@ class FaithfulnessResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.report, indent=1, allow_nan=False)
+        return strict_dumps(self.report, indent=1, allow_nan=False)
 
 
 @checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(),
          permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
          command=Texts())
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
+                 importance_store=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
@@ -115,7 +117,10 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
     or a temporary file) as :func:`score` scores (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol``
-    is given). Token importance is kept in the store. ``methods``: names from the registry
+    is given). The store read is left as it is (it may be read-only): token importance already
+    in it is read, the rest computed; ``importance_store`` (a path) keeps the vectors computed
+    for the next run: a copy of ``store`` made there on first use, or ``store`` itself when it
+    names it. Scoring first, they are kept in ``score_store``. ``methods``: names from the registry
     (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
     model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
     (default 0.01, 0.05) on layer ``adversarial_layer``. ``out``: write the JSON report.
@@ -126,6 +131,14 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 
+    from .inputs import check_methods_given
+
+    check_methods_given(methods)
+    if tol is not None or steps is not None or rule is not None:  # before anything loads
+        from ..engine.options import api_names, integration
+
+        with api_names():
+            integration(steps, rule, tol)
     if isinstance(methods, str):
         methods = methods.split(",")
     chosen = check_methods(list(methods) if methods else list(METHODS))
@@ -133,11 +146,17 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [store, model, data, score_store, importance_store])
+    if importance_store is not None and store is None:
+        raise OptionError("importance_store goes with a store; scoring first, token importance is kept in score_store")
     if store is None and out is not None:
         kept_in = Path(score_store) if score_store is not None else Path(out).with_suffix(".h5")
         if kept_in.resolve() == Path(out).resolve():
             raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
     tmp = None
+    keep_in = None  # a store this call scored into, or the importance_store asked for
     try:
         loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
         if store is None:
@@ -160,8 +179,11 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             _, _, rows, _ = resolve_inputs(mid, data, default_task(mid, data, task, None), names)
             select = [rows[i].index for i in parse_examples(selection(examples), len(rows))]
             loaded_model = m
+            keep_in = store
         else:
             select = examples
+            keep_in = _importance_store(store, importance_store)
+            store = keep_in or store
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
                                     seed=seed)
@@ -173,12 +195,14 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
         model_id = str(model) if isinstance(model, (str, Path)) else None
         if loaded_model is not None:
             with using(loaded_model) as mm, progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar)
+                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar,
+                                        keep=keep_in is not None)
         else:
             with progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar)
+                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar,
+                                        keep=keep_in is not None)
         report["command"] = command_of(command)
-        res = FaithfulnessResult(report, None if tmp is not None else str(store))
+        res = FaithfulnessResult(report, None if tmp is not None or keep_in is None else str(keep_in))
     finally:
         if tmp is not None:
             tmp.cleanup()
@@ -188,6 +212,37 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
 
         write_atomic(Path(out), (res.to_json() + "\n").encode())
     return res
+
+
+def _importance_store(store, importance_store):
+    """Where ``faithfulness`` reads a given store's examples: the store itself (opened
+    read-only, nothing kept) without ``importance_store``; else the importance store (the
+    store itself when it names it, or a copy of it made on first use: a store of the same run
+    holding every example of ``store``). None when nothing is to be kept."""
+    from ..errors import StoreError
+    from ..fileio import replaced, same_file
+    from ..store import Store
+
+    if importance_store is None:
+        return None
+    if not isinstance(importance_store, (str, Path)):
+        raise OptionError("importance_store must be a path")
+    keep = Path(importance_store)
+    if same_file(keep, store):
+        return keep
+    if keep.exists():
+        with Store(store) as a, Store(keep) as b:
+            if a.fingerprint != b.fingerprint:
+                raise StoreError(f"{keep} is not a copy of {store} (it was made by another run): give a new path"
+                                 " for importance_store, or the store itself")
+        return keep
+    import shutil
+
+    with Store(store):  # a readable store, before it is copied
+        pass
+    with replaced(keep, suffix=".h5", make_parents=False) as tmp:
+        shutil.copyfile(store, tmp)
+    return keep
 
 
 # ----------------------------------------------------------------------------- finetune, merge, import
@@ -215,6 +270,9 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         model = model.path
     if model is not None and not isinstance(model, (str, Path)):
         raise OptionError("finetune starts from a saved model: give its folder or hub id")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [model, data, eval_data])
     check_out(out, overwrite)
     if model is None and data is None and task is None:
         task = "synthetic"
@@ -257,6 +315,9 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     from ..store import inspect_shards
     from ..store import merge as merge_stores
 
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, list(shards))
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
     from ..views.notebook import Summary
@@ -271,6 +332,12 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
     """Import one example of the 2021 code's output (its attribution matrices and tokens
     file) into the store ``out``; returns the import report."""
     from ..analysis.legacy import import_2021 as run_import
+    from .inputs import check_outputs
+
+    from ..fileio import check_store_output
+
+    check_outputs({"out": out}, [attr_path, tokens_path, attention_path])
+    check_store_output(out, "out")
 
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
                       attention_path=attention_path, command=command_of(command), store_dtype=store_dtype)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ from .checks import Examples, File, Inputs, Instance, Int, ModelArg, Number, One
 from .inputs import command_of, open_source, model_and_data
 from .model import progress_for, using
 from .scoring import score
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 # ----------------------------------------------------------------------------- triggers
@@ -39,7 +39,7 @@ class TriggersResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.document, indent=2, ensure_ascii=False)
+        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
     def to_csv(self) -> str:
         """One CSV row per trigger."""
@@ -109,6 +109,14 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
         raise OptionError("give either a store or model/data/task/examples to score on the fly, not both")
+    from .inputs import check_outputs
+
+    check_outputs({"out": out}, [source, model, data, store])
+    if tol is not None:  # before anything loads
+        from ..engine.options import api_names, integration
+
+        with api_names():
+            integration(steps, None, tol)
     tmp = None
     wanted = None
     try:
@@ -220,7 +228,7 @@ class AttackResult:
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.document, indent=2, ensure_ascii=False)
+        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
 
 def _insertions(triggers, top_k):
@@ -258,6 +266,9 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     if triggers is None:
         raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
     keep_texts = keep_texts or save_texts is not None
+    from .inputs import check_outputs
+
+    check_outputs({"out": out, "save_texts": save_texts}, [triggers, model, data])
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m, progress_for(progress, "attack") as bar:
@@ -271,7 +282,7 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     from ..fileio import write_atomic
 
     if save_texts is not None:
-        write_atomic(Path(save_texts), "".join(json.dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
+        write_atomic(Path(save_texts), "".join(strict_dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
     if out is not None:
         write_atomic(Path(out), res.to_json() + "\n")
     return res

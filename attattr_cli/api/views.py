@@ -109,7 +109,10 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
         fmt = "png"  # something a notebook shows inline, at a screen's resolution (a small notebook)
     fmt = "png" if as_figure else format_of(None if out is None else str(out), fmt)
     if out is not None:
+        from ..fileio import check_output
+
         _check_out(out)
+        check_output(out, [store, importance], "out")
     spec = spec_of(layers=None if layers is None else list(layers), heads=heads, show=_shows(show),
                    queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
@@ -136,7 +139,10 @@ def report(store, out, *, importance=None, family: str | None = None, progress=N
     prediction, probability, residual, flags: wrong, large residual, truncated, not
     converged) and each example's view one click away; offline. Written whole or not at all.
     Returns what was written (path, folder, examples, bytes, flagged counts)."""
+    from ..fileio import check_output
     from ..views.report import build_report
+
+    check_output(out, [store, importance], "out")
 
     with open_store(store) as s, progress_for(progress, "report") as bar:
         return build_report(s.store, out, importance=importance, family=family, progress=bar)

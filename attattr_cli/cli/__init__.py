@@ -51,6 +51,16 @@ def _version(value: bool):
 @app.callback()
 def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version.")):
     """Self-attention attribution for transformers models."""
+    ignore_file_size_signal()
+
+
+def ignore_file_size_signal() -> None:
+    """A write past the file size limit (``ulimit -f``) fails with EFBIG, said in one line
+    (exit status 5), instead of SIGXFSZ ending the process."""
+    import signal
+
+    if hasattr(signal, "SIGXFSZ"):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
 
 
 def main() -> None:
@@ -58,4 +68,5 @@ def main() -> None:
 
     # a library warning (unknown words, the memory back-off) is one "Warning: ..." line on stderr
     warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"Warning: {message}\n"
+    ignore_file_size_signal()
     app()

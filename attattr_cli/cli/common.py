@@ -72,7 +72,7 @@ EXIT_CODES = {
     2: "bad data or options",
     3: "model cannot be loaded or is not supported",
     4: "store missing, damaged or made otherwise",
-    5: "out of memory",
+    5: "out of memory or disk space (a full disk, a quota, a file size limit)",
     6: "torchrun processes failed or disagree",
     130: "interrupted (what was written is kept)",
 }
@@ -85,7 +85,6 @@ PLAIN_EVERY = 10.0
 TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
 
 
-FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}  # a full disk or quota, a file size limit
 
 
 @contextlib.contextmanager
@@ -113,22 +112,24 @@ def edge():
     except KeyboardInterrupt:
         err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
         raise typer.Exit(130) from None
-    except OSError as exc:
-        if exc.errno not in FULL:
+    except Exception as exc:  # a write without room, from any writer (h5py, safetensors, open): one line
+        from ..api.inputs import FULL, no_space, os_errno
+
+        code = os_errno(exc)
+        if code not in FULL:
             raise
         # every output is written beside its target and renamed over it: the old file is intact
-        where = f" writing {exc.filename}" if exc.filename else ""
-        err.print(f"Error: no space left on the device{where} ({os.strerror(exc.errno)}): nothing was replaced;"
-                  " free some space and run the command again", markup=False)
+        error = no_space(getattr(exc, "filename", None) or "the output", code)
+        err.print(f"Error: {error}", markup=False)
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(ResourceError.exit_code)  # HDF5's state after a failed write would crash its shutdown
+        os._exit(error.exit_code)  # HDF5's state after a failed write would crash its shutdown
 
 
 # the API's arguments (of one word, or several) that the commands' messages rename to their flags
 # (the flags: attattr_cli/names.py, the one table of arguments and flags)
 FLAGS = ("importance", "effectiveness", "keep_heads", "save_model", "batch_size", "top_k", "out", "save_texts",
-         "rank_by", "family", "compat")
+         "rank_by", "family", "compat", "methods", "tol")
 
 
 @contextlib.contextmanager
@@ -284,11 +285,41 @@ class Group(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
+# the parameters of the commands that name what they write; every other path-like parameter
+# (the store, --data, --model, --importance, ...) is an input that none of these may be
+OUTPUTS = ("out_path", "out_dir", "out_file", "plot", "csv_path", "save_model", "save_texts", "store_out",
+           "keep_store")
+# the outputs that are folders (a model folder) or HDF5 stores written where they lie: a device
+# or a FIFO there is refused before any work, as the writers would refuse it after it
+NOT_STREAMED = ("out_dir", "save_model", "store_out", "keep_store")
+
+
+def check_outputs(command: "Command", params: dict) -> None:
+    """The output rule of every command (fileio.check_output): no output names the same file
+    as an input or as another output. Run before the command does anything."""
+    from ..api.inputs import check_output, is_stream
+
+    flags = {p.name: (p.opts[0] if getattr(p, "opts", None) else p.name) for p in command.params}
+    outs = [(name, value) for name, value in params.items() if name in OUTPUTS and value is not None]
+    inputs = [value for name, value in params.items() if name not in OUTPUTS]
+    for i, (name, value) in enumerate(outs):
+        if name in NOT_STREAMED and is_stream(value):
+            raise OptionError(f"{flags.get(name, name)} {value} is a device or a FIFO: give a path for a"
+                              f" {'store' if 'store' in name else 'folder'}")
+        # a store scored into (--store) may be resumed and then read: it is no input of the others
+        check_output(value, [*inputs, *(v for _, v in outs[i + 1:])], flags.get(name, name))
+
+
 class Command(TyperCommand):
-    """Every command (help: flags without type tags)."""
+    """Every command (help: flags without type tags; the output rule checked before it runs)."""
 
     def get_params(self, ctx):
         return _untagged(super().get_params(ctx))
+
+    def invoke(self, ctx):
+        with edge():
+            check_outputs(self, ctx.params)
+        return super().invoke(ctx)
 
 
 def parse_int_list(spec: str | None, name: str) -> list[int] | None:

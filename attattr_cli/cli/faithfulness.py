@@ -144,6 +144,7 @@ def faithfulness(
     examples: Optional[str] = options.examples(),
     methods: Optional[str] = typer.Option(None, "--methods", help="Comma-separated token importance methods, or all (every method available for the model). Default: " + METHODS_HELP + "; by name or with all also: " + MORE_METHODS_HELP + "."),
     store_out: Optional[Path] = typer.Option(None, "--store", help="With --model/--data: the store to score into (default: --out with .h5); resumed when it exists."),
+    importance_store: Optional[Path] = typer.Option(None, "--importance-store", help="With a STORE: keep the token importance computed in this store for the next run (a copy of STORE made on first use, or STORE itself when it names it). Default: STORE is only read, never changed."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (with --model/--data; 20 with --rule)."),
     rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (with --model/--data; right with --steps 20 is the paper's)."),
     tol: Optional[float] = typer.Option(None, "--tol", help="Error-controlled integration to this tolerance (with --model/--data; the default, 0.1, without --steps or --rule)."),
@@ -165,7 +166,7 @@ def faithfulness(
 ) -> None:
     """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER); with --methods all also Integrated Gradients, ALTI, value zeroing and DecompX.
 
-    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC comprehensiveness and sufficiency, deletion curves, AOPC, normalised AOPC and accuracy after masking the top 10..90 % (DecompX's protocol); per layer, the permutation test of the attention (total variation distance of the outputs); with --adversarial, adversarial attention within ε TVD of the output and how far attention attribution moves under it. Token importance is kept in the store.
+    Per method over the examples: Kendall tau-b with leave-one-out and with gradient norms, AOPC comprehensiveness and sufficiency, deletion curves, AOPC, normalised AOPC and accuracy after masking the top 10..90 % (DecompX's protocol); per layer, the permutation test of the attention (total variation distance of the outputs); with --adversarial, adversarial attention within ε TVD of the output and how far attention attribution moves under it. STORE is only read (it may be read-only): token importance already in it is used, the rest computed; --importance-store keeps what is computed.
 
     Given a STORE it reads it and loads its model; otherwise it first scores --model/--data (or, given neither, the built-in default) into --store. Prints the report's path on stdout.
     """
@@ -191,11 +192,12 @@ def faithfulness(
                 raise OptionError(f"{p} is a directory")
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
-        names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store")
+        names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store", "importance_store")
         with progress_bar("faithfulness", quiet) as bar, renamed_options(*names):
             res = run(store, model=model, data=data, task=task, examples=examples,
-                      methods=methods.split(",") if methods else list(METHODS),
+                      methods=methods.split(",") if methods is not None else list(METHODS),
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
+                      importance_store=importance_store,
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
                       adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
@@ -235,7 +237,7 @@ def faithfulness(
             paired = _paired_table(report)
             if paired is not None:
                 tables.print(paired)
-            err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s; "
-                      f"token importance kept in {store}", markup=False)
+            err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s"
+                      + (f"; token importance kept in {store}" if store else ""), markup=False)
         if not (as_json or as_csv):
             out.print(str(out_path), markup=False)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 from rich.table import Table
 
 from .common import edge, out
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def _families(fams: dict) -> str:
@@ -65,7 +65,7 @@ def info(
 
         summary = store_info(store)
         if as_json:
-            out.print(json.dumps(summary, indent=2, default=str), markup=False)
+            out.print(strict_dumps(summary, indent=2, default=str), markup=False)
             return
         prov = summary.pop("provenance")
         table = Table(title=f"attattr store {store}", show_header=False, title_justify="left")
@@ -78,7 +78,7 @@ def info(
             ("weights sha256", str(prov.get("weights_sha256"))),
             ("task / data", f"{prov.get('task') or 'generic'} / {prov.get('data')}"),
             ("labels", ", ".join(prov.get("label_names") or [])),
-            ("options", json.dumps(prov.get("options"), sort_keys=True)),
+            ("options", strict_dumps(prov.get("options"), sort_keys=True)),
             ("kernel / device", f"{prov.get('kernel')} / {prov.get('device')}"),
             ("examples", f"{summary['examples']} (indices {summary['first_index']}..{summary['last_index']})"),
             ("non-finite", _flagged(summary["nonfinite_examples"])),

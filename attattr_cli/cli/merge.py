@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import typer
 
 from ..api import merge as merge_stores
 from .common import edge, err, out
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def merge(
@@ -37,6 +37,6 @@ def merge(
             err.print(f"merged {result['added']} examples ({result['skipped']} already present)", markup=False)
         if as_json:
             summary = dict(out=str(out_path), **result, notes=notes, problems=problems)
-            out.print(json.dumps(summary, indent=2), markup=False)
+            out.print(strict_dumps(summary, indent=2), markup=False)
         else:
             out.print(str(out_path), markup=False)

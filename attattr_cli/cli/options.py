@@ -4,12 +4,12 @@ for its own use; the names and short forms are the same everywhere (see docs/api
 
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 import typer
 
 from .common import TASK_HELP, out
+from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 MODEL_HELP = "Local model folder or hub id (default: the built-in synthetic-task BERT)."
 DATA_HELP = "TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."
@@ -76,7 +76,7 @@ def pick(new, old, default=None):
 def print_rows(rows: list[dict], fmt: str) -> None:
     """Rows on stdout as JSON (a list of objects) or CSV (a header and one line per row)."""
     if fmt == "json":
-        out.file.write(json.dumps(rows, indent=2, ensure_ascii=False, default=_plain) + "\n")
+        out.file.write(strict_dumps(rows, indent=2, ensure_ascii=False, default=_plain) + "\n")
         return
     import csv
     import io

@@ -30,13 +30,13 @@ lengths (premise 5-12 distractors, hypothesis 3-8, plus the key word).
 from __future__ import annotations
 
 import csv
-import json
 import random
 from pathlib import Path
 
 from attattr_cli.data.types import Example
-from attattr_cli.errors import DataError
+from attattr_cli.errors import DataError, OptionError
 from attattr_cli.fileio import replaced
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 LABELS: tuple[str, ...] = ("entailment", "neutral", "contradiction")
 ENTAILMENT, NEUTRAL, CONTRADICTION = 0, 1, 2
@@ -193,12 +193,14 @@ def write(path: str | Path, examples: list[Example]) -> None:
                         ex.text_a,
                         ex.text_b if ex.text_b is not None else "",
                         LABELS[ex.label] if ex.label is not None else "",
-                        json.dumps(ex.meta.get("pair")),
-                        json.dumps(ex.meta.get("pair_word_index")),
+                        strict_dumps(ex.meta.get("pair")),
+                        strict_dumps(ex.meta.get("pair_word_index")),
                     ]
                 )
     except OSError as e:
         raise DataError(f"cannot write {path}: {e}") from e
+    except OptionError as e:  # the output rule's one line (fileio.write_failed), as a data error here
+        raise DataError(str(e)) from None
 
 
 _check_words()

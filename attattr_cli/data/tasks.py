@@ -22,7 +22,6 @@ contradiction. Names of the transformers default form ``LABEL_0``, ``LABEL_1``,
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any, Iterable, Sequence
 from attattr_cli.data.readers import Table, read_table, shown
 from attattr_cli.data.types import Example
 from attattr_cli.errors import DataError, OptionError, first_line
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 @dataclass(frozen=True)
@@ -351,7 +351,7 @@ def _meta_value(value: Any) -> str:
     if value is None:
         return ""
     try:
-        return json.dumps(value, ensure_ascii=False)
+        return strict_dumps(value, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(value)
 

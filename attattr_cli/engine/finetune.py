@@ -12,7 +12,6 @@ The library never prints: pass ``progress(done, total, label)`` to follow it.
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -22,10 +21,12 @@ import torch
 
 from ..data.types import Example
 from ..errors import DataError, ModelError, OptionError, first_line
-from ..fileio import swap_dir_in, temp_dir_for
+from ..fileio import swap_dir_in, temp_dir_for, writing
+from ..models.loading import check_vocabulary, from_pretrained
 from .batching import accuracy, classify, pad_id_of
 from .encoding import encode
 from .training import train_classifier
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 Progress = Callable[[int, int, str], None]
 
@@ -85,7 +86,9 @@ def load_base(model_id: str, label_names: Sequence[str], seed: int = 0):
     level = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the "newly initialised head" load report: expected here
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch.float32, **kwargs)
+        model = from_pretrained(AutoModelForSequenceClassification, str(path), model_id, dtype=torch.float32,
+                                **kwargs)
+        check_vocabulary(model, tokenizer, model_id)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelError(f"'{model_id}' cannot become a sequence classifier: {first_line(exc)}") from exc
     finally:
@@ -113,9 +116,10 @@ def _atomic_save(model, tokenizer, out: Path, overwrite: bool, extra: dict) -> N
     check_out(out, overwrite)
     tmp = temp_dir_for(out)
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "FINETUNE.json").write_text(json.dumps(extra, indent=2) + "\n", encoding="utf-8")
+        with writing(out):  # a full disk or ulimit -f in safetensors: the one line
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        (tmp / "FINETUNE.json").write_text(strict_dumps(extra, indent=2) + "\n", encoding="utf-8")
         swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

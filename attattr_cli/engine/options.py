@@ -5,6 +5,7 @@ Imports neither torch nor transformers (the dtypes are looked up when validating
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from ..errors import OptionError
@@ -36,8 +37,10 @@ def integration(steps: int | None, rule: str | None, tol: float | None) -> dict:
     paper's right rule, 20 steps, for what is left out); ``tol`` -> as given, with no steps
     (it places its own nodes). ``tol`` with ``steps`` or ``rule`` is an OptionError: the one
     place this is checked, for the CLI and the API."""
-    if tol is not None and not tol > 0:
-        raise OptionError(f"--tol must be positive, got {tol}")
+    if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))):
+        raise OptionError(f"--tol must be a number, got {tol!r}")
+    if tol is not None and not (math.isfinite(tol) and tol > 0):
+        raise OptionError(f"--tol must be a finite number > 0, got {tol}")
     if tol is not None and (steps is not None or rule is not None):
         given = " and ".join(f"--{name} {value}" for name, value in (("steps", steps), ("rule", rule)) if value is not None)
         raise OptionError(f"--tol places its own nodes; it does not go with {given} (give either --tol or a fixed rule)")
@@ -150,8 +153,8 @@ class ScoreOptions:
             raise OptionError("give either --target-token or --continuation, not both")
         if self.continuation is not None and self.position is not None:
             raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
-        if self.tol is not None and not self.tol > 0:
-            raise OptionError(f"--tol must be positive, got {self.tol}")
+        if self.tol is not None and not (math.isfinite(self.tol) and self.tol > 0):
+            raise OptionError(f"--tol must be a finite number > 0, got {self.tol}")
         if self.tol is not None and (self.rule != "clenshaw-curtis" or self.steps is not None):
             raise OptionError("--tol places its own nodes; it does not go with --steps or --rule")
         if self.max_nodes < 5:

@@ -69,6 +69,69 @@ def weights_hash(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+# the parameters attribution rests on: a checkpoint that lacks any of them is refused (a missing
+# task head, pooler or LM head is initialised by transformers as usual)
+_CORE = ("attention", "attn", "embed", "wte", "wpe", "query", "key", "value", "q_proj", "k_proj", "v_proj",
+         "o_proj", "self_attn", "intermediate", "mlp", "ffn", "layernorm", "layer_norm")
+
+
+def from_pretrained(auto, source: str, model_id: str, allow_new_head: bool = True, **kwargs):
+    """``auto.from_pretrained(source, **kwargs)``, the one way attattr loads weights: a weights
+    file that cannot be read (random bytes, cut short), a config whose sizes do not match the
+    weights, or a checkpoint that lacks parameters of the layers attribution reads (transformers
+    5 only reports them and initialises them at random) is one ModelError line. A missing task
+    head (with ``allow_new_head``) is allowed: transformers initialises it, as it says."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    try:
+        hf_logging.set_verbosity_error()  # its load report (a mismatch) is said here in one line
+        try:
+            model, info = auto.from_pretrained(source, output_loading_info=True, **kwargs)
+        finally:
+            hf_logging.set_verbosity(level)
+    except RuntimeError as exc:
+        if "mismatched_sizes" not in str(exc):
+            raise
+        raise ModelError(f"cannot load model folder {model_id}: its config.json does not match its weights"
+                         " (tensors of other sizes than the config describes)") from exc
+    except (OSError, ValueError, KeyError, pickle.UnpicklingError):
+        raise
+    except Exception as exc:  # safetensors' own error type (SafetensorError) and the like
+        if type(exc).__module__.split(".")[0].lstrip("_") in ("safetensors", "torch", "transformers"):
+            raise ModelError(f"cannot load model folder {model_id}: its weights file cannot be read"
+                             f" ({first_line(exc)})") from exc
+        raise
+    mismatched = [k[0] if isinstance(k, (tuple, list)) else k for k in info.get("mismatched_keys") or []]
+    if kwargs.get("ignore_mismatched_sizes"):  # asked for: a new head of another size (finetune)
+        mismatched = [k for k in mismatched if any(c in str(k).lower() for c in _CORE)]
+    if mismatched:
+        name = mismatched[0]
+        raise ModelError(f"cannot load model folder {model_id}: its config.json does not match its weights"
+                         f" ({len(mismatched)} tensors of other sizes, e.g. {name})")
+    missing = [k for k in info.get("missing_keys") or [] if any(c in k.lower() for c in _CORE)]
+    if missing:
+        raise ModelError(f"cannot load model folder {model_id}: its weights lack {len(missing)} parameters of the"
+                         f" model its config.json describes (e.g. {sorted(missing)[0]}); config and weights do"
+                         " not belong together")
+    if not allow_new_head and info.get("missing_keys"):
+        raise ModelError(f"cannot load model folder {model_id}: its weights lack {sorted(info['missing_keys'])[0]}")
+    return model
+
+
+def check_vocabulary(model: torch.nn.Module, tokenizer, model_id: str) -> None:
+    """Refuse a tokenizer that gives ids the model's input embeddings lack (its vocabulary
+    is larger than the embedding table): every such token would crash the forward pass."""
+    try:
+        rows = model.get_input_embeddings().num_embeddings
+        size = len(tokenizer)
+    except (AttributeError, TypeError, NotImplementedError):
+        return
+    if size > rows:
+        raise ModelError(f"{model_id}: its tokenizer has {size} tokens, but the model's embeddings hold {rows} tokens:"
+                         f" the folder's tokenizer is not the model's (ids from {rows} on would crash the model)")
+
+
 def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "memory",
             revision: str | None = None, lm: bool = False) -> LoadedModel:
     """Freeze and switch a model to eval mode, and gather what attattr records about it.
@@ -77,6 +140,7 @@ def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "mem
     an encoder-decoder) whose targets are
     next tokens rather than classes.
     """
+    check_vocabulary(model, tokenizer, model_id)
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
@@ -142,8 +206,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
         try:
             # a hub id already in the local cache loads without touching the network
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=not local)
-            model = auto.from_pretrained(
-                source, dtype=torch_dtype, local_files_only=not local)
+            model = from_pretrained(auto, source, model_id, dtype=torch_dtype, local_files_only=not local)
         except OSError:
             if local:
                 raise
@@ -153,7 +216,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
                     "pass --model with a local model folder"
                 ) from None
             tokenizer = AutoTokenizer.from_pretrained(source)
-            model = auto.from_pretrained(source, dtype=torch_dtype)
+            model = from_pretrained(auto, source, model_id, dtype=torch_dtype)
     except OSError as exc:
         if local:
             raise ModelError(f"cannot load model folder {model_id}: {first_line(exc)}") from exc
@@ -166,6 +229,9 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
         raise ModelError(f"cannot load model folder {model_id}: its weights file is a pickled Python object, not"
                          " tensors, and unpickling can run code: attattr loads weights only; load it yourself and"
                          " re-save it with save_pretrained (safetensors)") from exc
+    except RuntimeError as exc:  # transformers' load report: sizes that do not match
+        raise ModelError(f"cannot load model folder {model_id}: its config.json does not match its weights"
+                         f" ({first_line(exc)})") from exc
     except (ValueError, KeyError) as exc:
         what = "causal language model" if lm else "sequence classifier"
         raise ModelError(f"'{model_id}' is not a {what} attattr can load: {first_line(exc)}") from exc

@@ -12,6 +12,7 @@ from .fingerprint import fingerprint_difference
 from .opening import check_schema, open_file, read_attr, utc_now
 from .reader import Store
 from .schema import EXAMPLES, PARTIAL_PREFIX, PROVENANCE, SHARD_EXAMPLES, example_name
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 def _check_mergeable(a: Path, b: Path, fa: dict, fb: dict, verb: str = "with") -> None:
@@ -28,12 +29,12 @@ _ATTR_LIMIT = 60_000
 
 def _fit_attr(items: list[dict], shrink) -> str:
     """JSON of ``items``, condensed by ``shrink`` when hundreds of shards would overflow an attribute."""
-    text = json.dumps(items)
+    text = strict_dumps(items)
     if len(text) > _ATTR_LIMIT:
-        text = json.dumps(shrink(items))
+        text = strict_dumps(shrink(items))
     while len(text) > _ATTR_LIMIT and len(items) > 1:  # last resort: keep the newest
         items = items[len(items) // 2:]
-        text = json.dumps(shrink(items))
+        text = strict_dumps(shrink(items))
     return text
 
 
@@ -46,7 +47,7 @@ def _group_runs(runs: list[dict]) -> list[dict]:
         if "rank" not in run:
             out.append(run)
             continue
-        key = json.dumps([run.get("command"), run.get("world_size"), run.get("kernel")])
+        key = strict_dumps([run.get("command"), run.get("world_size"), run.get("kernel")])
         g = index.get(key)
         if g is None:
             g = {k: v for k, v in run.items() if k not in ("rank", "host", "shard", "requested", "to_score", "device")}
@@ -156,12 +157,15 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
     check = inspect_shards(shards)
     if not partial and check.problems():
         raise StoreError("cannot merge: " + "; ".join(check.problems()) + " (or merge what is there with --partial)")
+    from ..fileio import check_store_output, same_file
+
     out = Path(out)
+    check_store_output(out)
     if out.is_dir():
         raise StoreError(f"{out} is a directory, not a store")
     if not out.parent.exists():
         raise StoreError(f"cannot create {out}: the folder {out.parent} does not exist")
-    if any(out.resolve() == Path(p).resolve() for p in shards):
+    if any(out.resolve() == Path(p).resolve() or same_file(out, p) for p in shards):
         raise StoreError(f"{out} is one of the shards: choose another file")
     readers = [Store(p) for p in shards]
     tmp_path: Path | None = None

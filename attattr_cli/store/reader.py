@@ -196,6 +196,65 @@ def _strings(ds) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
 
 
+# what each numeric dataset of an example (or a family) must be: dtype kinds and dimensions
+_ARRAYS = {"input_ids": ("iu", 1), "segment_ids": ("iu", 1), "logits": ("f", 1), "probs": ("f", 1),
+           "layers": ("iu", 1), "head_max": ("f", None), "f_baseline": ("f", 1), "residual": ("f", 1),
+           "attribution": ("f", 4), "attention": ("f", 4), "attention_mean": ("f", 3), "head_sum": ("f", 3),
+           "topk_index": ("iu", 4), "topk_value": ("f", 3), "nodes": ("iu", 1), "error_estimate": ("f", 1),
+           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1)}
+# the datasets that hold one value per layer
+_PER_LAYER = ("f_baseline", "residual", "nodes", "error_estimate", "node_cap_hit", "convergence")
+
+
+def damaged(path, where: str, what: str) -> StoreError:
+    """The one-line error of a store whose content is not what attattr wrote."""
+    return StoreError(f"{path} is damaged: in {where}, {what}; it was left as it is (score it again into a new store)")
+
+
+def checked(path, group, key: str, where: str, layers: int | None = None):
+    """``group[key]`` checked against the schema (_ARRAYS): a dataset, of a numeric dtype of
+    the right kind, with the right number of dimensions (and one value per layer where
+    ``layers`` is given); a StoreError naming the store, the example and the dataset if not."""
+    node = group.get(key)
+    if not isinstance(node, h5py.Dataset):
+        raise damaged(path, where, f"'{key}' is a {'group' if isinstance(node, h5py.Group) else type(node).__name__},"
+                                   " not a dataset")
+    kinds, ndim = _ARRAYS[key]
+    if node.dtype.kind not in kinds:
+        raise damaged(path, where, f"'{key}' holds {node.dtype} values, not numbers of the kind attattr writes")
+    if ndim is not None and node.ndim != ndim and node.size:  # an empty array (keep none) has any shape
+        raise damaged(path, where, f"'{key}' has {node.ndim} dimensions, not {ndim}")
+    if layers is not None and key in _PER_LAYER and node.shape[0] != layers:
+        raise damaged(path, where, f"'{key}' has {node.shape[0]} values for {layers} layers")
+    return node
+
+
+def read_convergence(path, group, where: str, layers: int):
+    """(states [layers] uint8, tol or None) of a family's ``convergence`` dataset, validated:
+    a dataset of integers, one per layer, each a known state; ``tol`` a finite number > 0.
+    No dataset (a store before schema 1.3): every layer UNCHECKED."""
+    if "convergence" not in group:
+        return np.full(layers, convergence.UNCHECKED, np.uint8), None
+    ds = checked(path, group, "convergence", where, layers)
+    states = ds[()]
+    unknown = sorted({int(s) for s in np.ravel(states)} - set(convergence.NAMES))
+    if unknown:
+        raise damaged(path, where, f"'convergence' holds unknown states {unknown[:5]}")
+    tol = None
+    if "tol" in ds.attrs:
+        tol = ds.attrs["tol"]
+        if isinstance(tol, np.ndarray) and tol.size == 1:
+            tol = tol.reshape(())
+        tol = tol.item() if isinstance(tol, np.generic) or (isinstance(tol, np.ndarray) and tol.ndim == 0) else tol
+        if isinstance(tol, bytes):
+            tol = tol.decode("utf-8", "replace")
+        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)) \
+                or not np.isfinite(float(tol)) or float(tol) <= 0:
+            raise damaged(path, where, f"the convergence tolerance is {tol!r}, not a finite number > 0")
+        tol = float(tol)
+    return states.astype(np.uint8), tol
+
+
 # a reader retries this many times when a read fails while a writer changes the file
 _RETRIES = 6
 
@@ -381,14 +440,25 @@ class Store(OpenFile):
     def unconverged(self, indices) -> list[int]:
         """Those of ``indices`` with a layer (of any family) whose integral the store calls not
         converged (dataset ``convergence``, schema 1.3; older stores: none are judged)."""
-        g = self.f[EXAMPLES]
         out = []
         for i in indices:
-            eg = g[example_name(i)]
-            groups = [eg] + (list(eg[FAMILIES].values()) if FAMILIES in eg else [])
-            if any("convergence" in fg and convergence.unconverged(fg["convergence"][()]).any() for fg in groups):
-                out.append(i)
+            for family in self.families_of(i):
+                fg = self._family_group(i, family)
+                layers = checked(self.path, fg, "layers", f"example {i}").shape[0]
+                where = f"example {i}" + ("" if family == "self" else f" ({family})")
+                states, _ = read_convergence(self.path, fg, where, layers)
+                if convergence.unconverged(states).any():
+                    out.append(i)
+                    break
         return out
+
+    def _family_group(self, index: int, family: str):
+        g = self._group(index)
+        if family == "self":
+            return g
+        if FAMILIES not in g or not isinstance(g[FAMILIES], h5py.Group) or family not in g[FAMILIES]:
+            raise damaged(self.path, f"example {index}", f"lacks its attention family '{family}'")
+        return g[FAMILIES][family]
 
     def __len__(self) -> int:
         return len(self.indices())
@@ -428,8 +498,15 @@ class Store(OpenFile):
         family = family or next(iter(fams))
         if family not in fams:
             raise StoreError(f"example {index} in {self.path} has no attention family '{family}'; it has: {', '.join(fams)}")
-        fg = g if family == "self" else g[FAMILIES][family]
+        fg = self._family_group(index, family)
         finfo = fams[family]
+        where = f"example {index}" + ("" if family == "self" else f" ({family})")
+        n_layers = checked(self.path, fg, "layers", where).shape[0]
+        for key in _ARRAYS:  # every numeric dataset read below, checked before it is read
+            for grp in {id(g): g, id(fg): fg}.values():
+                if key in grp:
+                    checked(self.path, grp, key, where, n_layers if grp is fg else None)
+        states, tol = read_convergence(self.path, fg, where, n_layers)
 
         def arr(key, big=True):
             if key not in fg:
@@ -479,9 +556,8 @@ class Store(OpenFile):
             nodes=arr("nodes", big=False),
             error_estimate=arr("error_estimate", big=False),
             node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
-            convergence=(fg["convergence"][()].astype(np.uint8) if "convergence" in fg
-                         else np.full(len(fg["layers"]), convergence.UNCHECKED, np.uint8)),
-            convergence_tol=float(fg["convergence"].attrs["tol"]) if "convergence" in fg and "tol" in fg["convergence"].attrs else None,
+            convergence=states,
+            convergence_tol=tol,
             label_names=self._label_names(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )

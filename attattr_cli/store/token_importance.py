@@ -17,14 +17,16 @@ import io
 import json
 import os
 import sys
+from pathlib import Path
 
 import h5py
 import numpy as np
 
 from ..errors import StoreError, first_line
 from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
-from .opening import utc_now
+from .opening import open_file, utc_now
 from .reader import Store
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 GROUP = "token_importance"
 
@@ -53,10 +55,80 @@ def token_importance_params(store: Store, index: int) -> dict[str, dict]:
 
 
 class TokenImportanceStore(Store):
-    """A store opened for reading examples and adding token importance vectors."""
+    """A store opened for reading examples and their token importance vectors, and, when
+    ``writable``, adding vectors (otherwise opened read-only and ``write`` does nothing: an
+    analysis never changes the store it reads unless asked to keep its vectors there)."""
 
-    def __init__(self, path: str | os.PathLike):
-        super().__init__(path, _mode="r+")
+    def __init__(self, path: str | os.PathLike, writable: bool = True):
+        self.writable = writable
+        self.notes: list[str] = []
+        try:
+            super().__init__(path, _mode="r+" if writable else "r")
+        except StoreError as exc:
+            if not writable or getattr(exc, "truncated", None) is None:
+                raise
+            # cut short by a write that failed (a full disk): rebuilt from what is there
+            reader = Store(path)
+            try:
+                self._rebuild(reader.f)
+            finally:
+                reader.close()
+            super().__init__(path, _mode="r+")
+
+    def _rebuild(self, src: h5py.File) -> None:
+        """Copy the store into a fresh file that replaces it: every complete example whole,
+        its token importance vectors but the partial or unreadable ones (left by a write that
+        failed; they are computed again). HDF5 cannot always delete them in place."""
+        import shutil
+        import stat as st
+
+        real = Path(self.path).resolve()
+        free = shutil.disk_usage(real.parent).free
+        if free < real.stat().st_size + (1 << 16):
+            from ..fileio import no_space
+            import errno
+
+            raise no_space(self.path, errno.ENOSPC, "it needs repair beside it and nothing was changed")
+        tmp = real.parent / f".{real.name}.rebuilding-{os.getpid()}"
+        dropped = 0
+        try:
+            with h5py.File(tmp, "w") as dst:
+                for key, value in src.attrs.items():
+                    dst.attrs[key] = value
+                for name in src:
+                    if name != EXAMPLES:
+                        src.copy(src[name], dst, name)
+                dest = dst.create_group(EXAMPLES)
+                for name in src[EXAMPLES]:
+                    if name.startswith(PARTIAL_PREFIX):
+                        continue
+                    g, d = src[EXAMPLES][name], dest.create_group(name)
+                    for key, value in g.attrs.items():
+                        d.attrs[key] = value
+                    for child in g:
+                        if child != GROUP:
+                            src.copy(g[child], d, child)
+                            continue
+                        vectors = d.create_group(GROUP)
+                        for m in g[GROUP]:
+                            try:
+                                if m.startswith(PARTIAL_PREFIX):
+                                    raise KeyError(m)
+                                src.copy(g[GROUP][m], vectors, m)
+                            except (OSError, RuntimeError, KeyError, ValueError):
+                                dropped += 1
+                                if m in vectors:
+                                    del vectors[m]
+            os.chmod(tmp, st.S_IMODE(real.stat().st_mode))
+            if self.__dict__.get("f") is not None and self.f.id.valid:
+                self.f.close()
+            os.replace(tmp, real)
+        finally:
+            if tmp.exists():
+                tmp.unlink()
+        self.notes.append(f"{self.path} could not be repaired in place (a write that failed left it so): copied into"
+                          f" a fresh file that replaced it ({dropped} unfinished token importance vector"
+                          f"{'s' if dropped != 1 else ''} left out, computed again)")
 
     def stored(self, index: int, method: str, params: dict) -> np.ndarray | None:
         """The stored vector when it was made with ``params``; None when absent.
@@ -77,6 +149,8 @@ class TokenImportanceStore(Store):
         return ds[()]
 
     def write(self, index: int, method: str, values: np.ndarray, params: dict, description: str = "") -> None:
+        if not self.writable:
+            return
         g = _group(self.f, index)
         n = int(g.attrs.get("n_tokens", len(g["tokens"])))
         values = np.asarray(values, dtype=np.float32)
@@ -94,13 +168,19 @@ class TokenImportanceStore(Store):
                 return
             tmp = PARTIAL_PREFIX + method
             if tmp in ti:
-                del ti[tmp]
+                try:
+                    del ti[tmp]
+                except (KeyError, OSError, RuntimeError):  # left by a write that failed: HDF5 cannot delete it
+                    held.clear()
+                    self._rebuild(self.f)
+                    self.f = open_file(self.path, "r+")
+                    return self.write(index, method, values, params, description)
             ds = ti.create_dataset(tmp, data=values)
             held.append(ds)
             ds.dims[0].label = "token"
             ds.attrs["method"] = method
             ds.attrs["description"] = description
-            ds.attrs["params"] = json.dumps(params, sort_keys=True)
+            ds.attrs["params"] = strict_dumps(params, sort_keys=True)
             ds.attrs["written"] = utc_now()
             self.f.flush()
             ti.move(tmp, method)
@@ -112,9 +192,16 @@ class TokenImportanceStore(Store):
             failed = True
             with contextlib.redirect_stderr(io.StringIO()):
                 held.clear()
-            error = StoreError(f"writing token importance of example {index} to {self.path} failed"
-                               f" ({first_line(exc)}); what was written before is kept: run the same command"
-                               " again to resume")
+            from ..fileio import FULL, no_space, os_errno
+
+            code = os_errno(exc)
+            if code in FULL:
+                error = no_space(self.path, code, f"writing token importance of example {index} failed; what was"
+                                 " written before is kept", " to resume")
+            else:
+                error = StoreError(f"writing token importance of example {index} to {self.path} failed"
+                                   f" ({first_line(exc)}); what was written before is kept: run the same command"
+                                   " again to resume")
             error.end_process = True
             self.poisoned = True
             raise error from None

@@ -26,7 +26,7 @@ import h5py
 import numpy as np
 
 from .. import __version__
-from ..errors import StoreError, first_line
+from ..errors import AttattrError, ResourceError, StoreError, first_line
 from .fingerprint import fingerprint_difference
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
                       utc_now)
@@ -42,6 +42,7 @@ from .schema import (
     STORE_DTYPES,
     example_name,
 )
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
 _HINTS = {"options": "use the same options or another output store"}
@@ -86,8 +87,7 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
 
 
-_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
-         errno.EFBIG: "the file size limit was reached"}
+from ..fileio import FULL as _FULL  # noqa: E402  (the one wording of a write without room)
 
 
 def already_done(path: str | os.PathLike, fingerprint: dict, store_dtype: str = "float32") -> set[int] | None:
@@ -136,6 +136,9 @@ class StoreWriter(OpenFile):
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []
+        from ..fileio import check_store_output
+
+        check_store_output(self.path)
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a store")
         if not self.path.parent.exists():
@@ -164,7 +167,7 @@ class StoreWriter(OpenFile):
         when another process created ``path`` meanwhile (the caller then opens that one)."""
         folder = self.path.parent
         if free_bytes(folder) < _SKELETON:
-            raise StoreError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
+            raise ResourceError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
         tmp = folder / f".{self.path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}"
         self.f = open_file(tmp, "w-")
         try:
@@ -173,12 +176,12 @@ class StoreWriter(OpenFile):
             f.attrs["schema_version"] = SCHEMA_VERSION
             f.attrs["attattr_version"] = __version__
             f.attrs["created"] = utc_now()
-            f.attrs["fingerprint"] = json.dumps(fingerprint, sort_keys=True)
+            f.attrs["fingerprint"] = strict_dumps(fingerprint, sort_keys=True)
             f.attrs["shard"] = shard
             f.create_group(EXAMPLES)
             prov = f.create_group(PROVENANCE)
             for key, value in provenance.items():
-                prov.attrs[key] = value if isinstance(value, (str, int, float)) else json.dumps(value)
+                prov.attrs[key] = value if isinstance(value, (str, int, float)) else strict_dumps(value)
             prov.attrs["runs"] = "[]"
             f.flush()
         except (OSError, RuntimeError) as exc:
@@ -254,7 +257,7 @@ class StoreWriter(OpenFile):
         real = self.path.resolve()
         size = real.stat().st_size
         if free_bytes(real.parent) < size + _SKELETON:
-            raise StoreError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
+            raise ResourceError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
                              f" beside it; {_mb(free_bytes(real.parent))} are free: free some space and run again")
         tmp = real.parent / f".{real.name}.recovering-{os.getpid()}-{secrets.token_hex(4)}"
         kept = lost = 0
@@ -297,15 +300,18 @@ class StoreWriter(OpenFile):
             f" were copied into a fresh file that replaced it" + (f" ({lost} unreadable ones were left out)" if lost else ""))
         self.f = open_file(self.path, "r+")
 
-    def _failed(self, exc: BaseException, doing: str) -> StoreError:
-        """The StoreError for an HDF5 write that failed while ``doing``; HDF5's state in this
-        process is unusable afterwards (see the class docstring)."""
+    def _failed(self, exc: BaseException, doing: str) -> AttattrError:
+        """The error for an HDF5 write that failed while ``doing`` (lack of space: the one
+        ResourceError line of every command, fileio.no_space); HDF5's state in this process is
+        unusable afterwards (see the class docstring)."""
+        from ..fileio import no_space
+
         self.poisoned = True
         code = os_errno(exc)
         done = len(getattr(self, "done", ()))
         kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept" if done else "nothing is lost"
         if code in _FULL:
-            message = f"{doing} in {self.path} failed: {_FULL[code]}; {kept}: free some space and run the same command again to resume"
+            return no_space(self.path, code, f"{doing} failed; {kept}", " to resume")
         else:
             message = f"{doing} in {self.path} failed ({first_line(exc)}); {kept}: run the same command again to resume"
         error = StoreError(message)
@@ -321,11 +327,11 @@ class StoreWriter(OpenFile):
         done = len(self.done)
         kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept"
         if need > free:
-            raise StoreError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
+            raise ResourceError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
                              f" {_mb(free)} are free on the disk; {kept}: free some space and run the same command"
                              " again to resume")
         if room is not None and need > room:
-            raise StoreError(f"not enough room to write example {index} to {self.path}: it needs about {_mb(need)},"
+            raise ResourceError(f"not enough room to write example {index} to {self.path}: it needs about {_mb(need)},"
                              f" the file size limit (ulimit -f) leaves {_mb(room)}; {kept}: raise the limit and run"
                              " the same command again to resume")
 
@@ -339,7 +345,7 @@ class StoreWriter(OpenFile):
         runs = json.loads(read_attr(prov, "runs", "[]"))
         runs.append(dict(info, started=utc_now()))
         try:
-            prov.attrs["runs"] = json.dumps(runs)
+            prov.attrs["runs"] = strict_dumps(runs)
             self.f.flush()
         except (OSError, RuntimeError) as exc:
             raise self._failed(exc, "recording the run") from None
@@ -462,7 +468,7 @@ class StoreWriter(OpenFile):
                 convergence_tol=getattr(fs, "status_tol", None)))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         a = g.attrs
-        a["families"] = json.dumps(info)
+        a["families"] = strict_dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
         a["index"] = score.index
         a["gold"] = score.gold
@@ -475,7 +481,7 @@ class StoreWriter(OpenFile):
         a["text_a"] = score.text_a
         a["text_b"] = score.text_b if score.text_b is not None else ""
         a["has_text_b"] = score.text_b is not None
-        a["meta"] = json.dumps(score.meta, sort_keys=True)
+        a["meta"] = strict_dumps(score.meta, sort_keys=True)
         nonfinite = getattr(score, "nonfinite", None)
         if nonfinite:
             a["nonfinite"] = ",".join(nonfinite)

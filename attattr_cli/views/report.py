@@ -10,7 +10,6 @@ Nothing is fetched from the network. No printing; progress goes to a callback.
 from __future__ import annotations
 
 import html
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ import numpy as np
 from ..errors import OptionError
 from .data import ViewSpec
 from .html import script_json, static, view_data
+from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
 RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
@@ -75,7 +75,7 @@ def _provenance(store) -> dict:
     out["runs"] = len(prov.get("runs") or [])
     if isinstance(out.get("command"), list):
         out["command"] = " ".join(map(str, out["command"]))
-    return {k: v if isinstance(v, str) else json.dumps(v) for k, v in out.items()}
+    return {k: v if isinstance(v, str) else strict_dumps(v) for k, v in out.items()}
 
 
 def _importance(path, store) -> dict:
@@ -110,7 +110,11 @@ def page(data: dict, title: str, examples: str = "") -> str:
 
 
 def is_folder_target(out: str | Path) -> bool:
+    from ..fileio import is_stream
+
     s = str(out)
+    if is_stream(s):  # /dev/stdout, a FIFO: the single file, streamed
+        return False
     return s.endswith(("/", "\\")) or Path(s).is_dir() or not Path(s).suffix
 
 
@@ -118,7 +122,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                  spec: ViewSpec | None = None, progress: Callable[[int, int, str], None] | None = None) -> ReportResult:
     """Write the report of an open ``Store`` to ``out`` (a .html file, or a folder when ``out``
     ends with a slash, is a folder or has no suffix); written whole or not at all."""
-    from ..fileio import swap_dir_in, temp_dir_for, write_atomic
+    from ..fileio import is_stream, swap_dir_in, temp_dir_for, write_atomic, write_failed
     from . import from_store
 
     folder = is_folder_target(out)
@@ -126,7 +130,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.exists():
         raise OptionError(f"-o {out}: the folder {parent} does not exist")
-    if not folder and out.suffix.lower() not in (".html", ".htm"):
+    if not folder and out.suffix.lower() not in (".html", ".htm") and not is_stream(out):
         raise OptionError(f"-o {out}: give a .html file or a folder (DIR/)")
     if folder and out.exists():
         if not out.is_dir():
@@ -185,6 +189,8 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
             body = page(data, title, "\n".join(inline))
             write_atomic(out, body)
             size, path = len(body.encode("utf-8")), out
+    except OSError as exc:  # the folder's files: a full disk, a file size limit
+        raise write_failed(exc, out) from None
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
