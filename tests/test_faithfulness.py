@@ -301,7 +301,7 @@ def test_batched_forwards_give_the_numbers_of_one_sequence_per_pass(scored, tmp_
         path.write_bytes(scored.read_bytes())
         passes["n"] = 0
         reports[be, mt] = fa.evaluate_store(path, fa.FaithfulnessOptions(permutations=3, erase=erase), loaded=loaded,
-                                            batch_examples=be, max_tokens=mt)
+                                            batch_examples=be, max_tokens=mt, keep=True)
         counts[be, mt] = passes["n"]
         with Store(path) as st:  # the token importance itself (kept as float32)
             stored[be, mt] = {i: read_token_importance(st, i) for i in st.indices()}

@@ -140,6 +140,18 @@ class Number(Kind):
         return int(value) if _is_int(value) else float(value)  # numpy scalars as Python's
 
 
+class Tolerance(Number):
+    """A tolerance: a finite number > 0 (the one message the API and every command give)."""
+
+    def __init__(self):
+        super().__init__(what="a finite number > 0")
+
+    def check(self, value):
+        if not _is_number(value) or not math.isfinite(value) or not value > 0:
+            self.refuse()
+        return float(value)
+
+
 class Bool(Kind):
     what, sample = "True or False", True
 

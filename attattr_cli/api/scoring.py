@@ -7,7 +7,7 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
-from .checks import Callback, Examples, File, Inputs, Ints, ModelArg, Names, Number, Out, Progress, Str, Texts, checked
+from .checks import Tolerance, Callback, Examples, File, Inputs, Ints, ModelArg, Names, Number, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, as_model, progress_for, using
 from .results import TemporaryStore, read_all
@@ -17,7 +17,7 @@ from .results import TemporaryStore, read_all
 
 
 @checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), out=Out(), layers=Ints(), family=Names(),
-         prompts=Texts(), dist_timeout=Number(above=0), progress=Progress(), command=Texts(), warn=Callback())
+         prompts=Texts(), dist_timeout=Number(above=0), tol=Tolerance(), progress=Progress(), command=Texts(), warn=Callback())
 def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
           rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .checks import Tolerance, Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, as_model, progress_for, using
 from .scoring import score
@@ -104,8 +104,8 @@ class FaithfulnessResult:
         return strict_dumps(self.report, indent=1, allow_nan=False)
 
 
-@checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(),
-         permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
+@checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(), importance_store=Out(),
+         tol=Tolerance(),         permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
          command=Texts())
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
                  importance_store=None,

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Examples, File, Inputs, Instance, Int, ModelArg, Number, OneOf, Out, Progress, Source, Str, Texts, checked
+from .checks import Tolerance, Examples, File, Inputs, Instance, Int, ModelArg, Number, OneOf, Out, Progress, Source, Str, Texts, checked
 from .inputs import command_of, open_source, model_and_data
 from .model import progress_for, using
 from .scoring import score
@@ -86,7 +86,7 @@ class TriggersResult:
 
 
 @checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), steps=Int(min=1),
-         top_k=Int(min=1), min_tokens=Int(min=0), limit=Int(min=1), store=Out(), out=Out(), progress=Progress(),
+         top_k=Int(min=1), min_tokens=Int(min=0), limit=Int(min=1), store=Out(), tol=Tolerance(), out=Out(), progress=Progress(),
          command=Texts())
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,

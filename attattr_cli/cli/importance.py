@@ -42,7 +42,7 @@ def importance(
         from ..api import importance as run
 
         seed_list = parse_int_list(seeds, "--seeds") or [0]
-        with progress_bar("importance", quiet) as bar, renamed_options({"methods": "--methods", "out": "--out"}):
+        with progress_bar("importance", quiet) as bar, renamed_options("methods", "out"):
             result = run(store, model=model, data=data, task=task, examples=examples,
                          methods=options.pick(methods, method_old), seeds=seed_list, batch_size=batch_size,
                          normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
