@@ -1,0 +1,98 @@
+"""Contrastive targets (a foil), per-step attribution of a generation, and words: each checked
+against the slow reference of tests/slow_reference.py (float64, tiny configs) and completeness."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from attattr_cli.data.types import Example
+from attattr_cli.engine.integrate import nodes
+from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.scorer import Scorer
+from attattr_cli.errors import OptionError
+from attattr_cli.models.loading import prepare
+from conftest import build_model, with_sentiment_labels
+from slow_reference import slow_attribution
+
+PROMPT = Example(0, "w1 w2 w3 w4 w5 w6")
+
+
+@pytest.fixture
+def make(tokenizer):
+    def _make(kind="llama", dtype=torch.float64, layers=2, lm=True):
+        model = build_model(kind, dtype, num_labels=2, layers=layers, lm=lm)
+        if not lm:
+            model = with_sentiment_labels(model)
+        return prepare(model, tokenizer, f"tiny-{kind}", lm=lm)
+
+    return _make
+
+
+def _rel(a, b):
+    a, b = torch.as_tensor(np.asarray(a)), torch.as_tensor(np.asarray(b))
+    return float((a - b).abs().max() / b.abs().max())
+
+
+# -- contrastive targets -------------------------------------------------------------------
+@pytest.mark.parametrize("output", ["prob", "logprob", "logit"])
+def test_lm_foil_equals_slow_reference_of_the_difference(make, output):
+    loaded = make()
+    scorer = Scorer(loaded, ScoreOptions(steps=8, dtype="float64", lm=True, target_token="w5", foil="w9",
+                                         output=output))
+    result = scorer.score(PROMPT)
+    enc = scorer.encode(PROMPT)
+    t, f = loaded.tokenizer.convert_tokens_to_ids(["w5", "w9"])
+    lm = result.meta["lm"]
+    assert lm["target_ids"] == [t] and lm["foil_id"] == f and lm["foil_token"] == "w9"
+
+    def out(lg, tok):
+        lg = lg[:, -1]
+        if output == "logit":
+            return lg[:, tok]
+        lp = torch.log_softmax(lg, -1)[:, tok]
+        return lp if output == "logprob" else lp.exp()
+
+    alphas, weights = nodes("right", 8)
+    ref, f0 = slow_attribution(loaded.model, {"input_ids": torch.tensor([enc.input_ids])}, result.layers, alphas,
+                               weights, None, f_of_logits=lambda lg: out(lg, t) - out(lg, f),
+                               more_inputs={"use_cache": False, "logits_to_keep": torch.tensor(enc.lm_positions)})
+    for k, layer in enumerate(result.layers):
+        assert _rel(result.attribution[k], ref[layer]) < 1e-6
+        assert result.f_baseline[k] == pytest.approx(f0[layer], rel=1e-9)
+    with torch.no_grad():
+        lg = loaded.model(torch.tensor([enc.input_ids])).logits[:, -1:]
+    assert result.f_full == pytest.approx(float(out(lg, t) - out(lg, f)), rel=1e-9)
+
+
+def test_foil_completeness_with_tol(make):
+    loaded = make()
+    result = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, foil="w9", output="logprob")).score(PROMPT)
+    effect = result.f_full - result.f_baseline
+    assert np.abs(result.residual).max() < 1e-3 * max(np.abs(effect).max(), 1e-12) + 1e-9
+    assert np.abs(result.attribution.sum(axis=(1, 2, 3)) - effect).max() < 1e-3 * np.abs(effect).max() + 1e-9
+
+
+def test_classifier_foil_is_the_class_difference(make):
+    loaded = make("bert", lm=False)
+    ex = Example(0, "w1 w2 w3 w4", "w5 w6")
+    plain = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", target="positive", output="logit", group=1)).score(ex)
+    other = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", target="negative", output="logit", group=1)).score(ex)
+    both = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", target="positive", foil="negative",
+                                       output="logit", group=1)).score(ex)
+    # the integral is linear in F: the difference's attribution is the difference of attributions
+    assert _rel(both.attribution, plain.attribution - other.attribution) < 1e-9
+    assert both.f_full == pytest.approx(plain.f_full - other.f_full, rel=1e-9)
+    assert both.meta["foil"]["label"] == "negative"
+    from attattr_cli.engine.grouped import score_group
+
+    grouped = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", target="positive", foil="negative",
+                                          output="logit"))
+    exs = [ex, Example(1, "w7 w8", "w9 w1 w2")]
+    outs = score_group(grouped, exs, [grouped.encode(e) for e in exs])
+    assert _rel(outs[0].attribution, both.attribution) < 1e-9
+    with pytest.raises(OptionError, match="--foil names one class"):
+        Scorer(loaded, ScoreOptions(foil="predicted"))
+    with pytest.raises(OptionError, match="--foil 'w1 w2' is 2 tokens"):
+        Scorer(make(), ScoreOptions(lm=True, foil="w1 w2"))
