@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from attattr_cli.data.types import Example
+from attattr_cli.engine.encoding import Encoded
 from attattr_cli.engine.integrate import nodes
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
@@ -96,3 +97,84 @@ def test_classifier_foil_is_the_class_difference(make):
         Scorer(loaded, ScoreOptions(foil="predicted"))
     with pytest.raises(OptionError, match="--foil 'w1 w2' is 2 tokens"):
         Scorer(make(), ScoreOptions(lm=True, foil="w1 w2"))
+
+
+# -- per-step attribution of a generation ------------------------------------------------------
+def _step_reference(loaded, ids, position, token, output, alphas, weights, foil=None):
+    """The slow reference of one step: the prefix that ends at ``position`` alone, F the
+    output of ``token`` at its last position."""
+    def out(lg, tok):
+        lg = lg[:, -1]
+        if output == "logit":
+            return lg[:, tok]
+        lp = torch.log_softmax(lg, -1)[:, tok]
+        return lp if output == "logprob" else lp.exp()
+
+    f_of = (lambda lg: out(lg, token)) if foil is None else (lambda lg: out(lg, token) - out(lg, foil))
+    return slow_attribution(loaded.model, {"input_ids": torch.tensor([ids[:position + 1]])}, list(range(2)), alphas,
+                            weights, None, f_of_logits=f_of, more_inputs={"use_cache": False})
+
+
+@pytest.mark.parametrize("opts", [
+    {"generate": 3, "output": "logprob"},
+    {"continuation": "w7 w8 w9", "per_step": True},
+    {"generate": 2, "foil": "w9", "output": "logit"},
+])
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_every_step_equals_the_slow_reference(make, kind, opts):
+    loaded = make(kind)
+    scorer = Scorer(loaded, ScoreOptions(steps=6, rule="gauss", dtype="float64", lm=True, step_batch=5, **opts))
+    result = scorer.score(PROMPT)
+    enc = scorer.encode(PROMPT)
+    steps = result.steps
+    assert len(steps) == len(enc.lm_targets) == (opts.get("generate") or 3)
+    alphas, weights = nodes("gauss", 6)
+    foil = None if "foil" not in opts else loaded.tokenizer.convert_tokens_to_ids(opts["foil"])
+    total = 0
+    for t, st in enumerate(steps):
+        assert st.position == enc.lm_positions[t] and st.target == enc.lm_targets[t]
+        n_t = st.position + 1
+        ref, f0 = _step_reference(loaded, enc.input_ids, st.position, st.target, scorer.options.output,
+                                  alphas, weights, foil)
+        fs = st.family
+        assert fs.attribution.shape == (2, 4, n_t, n_t)
+        for k in range(2):
+            assert _rel(fs.attribution[k], ref[k]) < 1e-5, (t, k)
+            assert fs.f_baseline[k] == pytest.approx(f0[k], rel=1e-9, abs=1e-12)
+        total = total + np.pad(fs.attribution, ((0, 0), (0, 0), (0, len(enc.input_ids) - n_t),
+                                                (0, len(enc.input_ids) - n_t)))
+    # the example's own maps are those of the sum of the steps' F
+    assert np.abs(result.attribution - total).max() < 1e-9 * np.abs(total).max()
+    assert result.f_full == pytest.approx(sum(st.f_full for st in steps), rel=1e-12)
+    if "generate" in opts:  # greedy: every generated token is the arg-max at its position
+        assert [st.target for st in steps] == [st.pred for st in steps]
+
+
+def test_steps_with_tol_converge_and_are_complete(make):
+    loaded = make()
+    scorer = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, generate=3, output="logprob"))
+    result = scorer.score(PROMPT)
+    one = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, output="logprob"))
+    enc = scorer.encode(PROMPT)
+    p = result.steps[1].position
+    prefix = Encoded(enc.input_ids[:p + 1], enc.tokens[:p + 1], [0] * (p + 1), None, lm_positions=[p],
+                     lm_targets=[result.steps[1].target])
+    alone = one.score(PROMPT, encoded=prefix)
+    for st in result.steps:
+        fs = st.family
+        effect = st.f_full - fs.f_baseline
+        assert (fs.status == 0).all()
+        assert np.abs(fs.residual).max() <= 1e-3 * np.abs(effect).max() + 1e-9
+    # step 1 against a one-token run of its prefix (both to a tolerance of 1e-3 of max |Attr|)
+    assert _rel(result.steps[1].family.attribution, alone.attribution) < 1e-2
+
+
+def test_generation_options_refused(make):
+    with pytest.raises(OptionError, match="--per-step goes with --continuation"):
+        ScoreOptions(lm=True, per_step=True).check()
+    with pytest.raises(OptionError, match="--generate and --per-step need --lm"):
+        ScoreOptions(generate=2).check()
+    with pytest.raises(OptionError, match="does not go with --continuation"):
+        ScoreOptions(lm=True, generate=2, continuation="w1").check()
+    with pytest.raises(OptionError, match="--generate must be at least 1"):
+        ScoreOptions(lm=True, generate=0).check()

@@ -176,6 +176,9 @@ class Scorer(Integration, Assembly):
         prompt = list(tok(example.text_a, add_special_tokens=True)["input_ids"])
         if not prompt:
             raise DataError(f"example {example.index} has an empty prompt")
+        if self.options.stepwise:  # a generation, step by step (engine/generation.py)
+            from .generation import encode_steps
+            return encode_steps(self, example, prompt)
         if self.arch.is_encoder_decoder:
             return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
@@ -270,6 +273,9 @@ class Scorer(Integration, Assembly):
 
     def _score(self, example: Example, enc: Encoded,
                on_layer: Callable[[int], None] | None = None) -> ExampleScore:
+        if self.options.stepwise:  # every step of a generation, sharing passes (engine/generation.py)
+            from .generation import StepScorer
+            return StepScorer(self, example, enc).score(on_layer)
         model = self.model
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
