@@ -178,3 +178,44 @@ def test_generation_options_refused(make):
         ScoreOptions(lm=True, generate=2, continuation="w1").check()
     with pytest.raises(OptionError, match="--generate must be at least 1"):
         ScoreOptions(lm=True, generate=0).check()
+
+
+# -- the store and the command line --------------------------------------------------------------
+@pytest.fixture
+def llama_dir(tmp_path, tokenizer):
+    folder = tmp_path / "tiny-llama"
+    build_model("llama", torch.float32, num_labels=2, layers=2, lm=True).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
+    from attattr_cli.store import Store
+    from conftest import run_cli
+
+    out = tmp_path / "g.h5"
+    r = run_cli("score", "--lm", "--model", llama_dir, "--prompt", "w1 w2 w3 w4", "--generate", "3", "--foil", "w9",
+                "--logprob", "--steps", "4", "--quiet", "--out", out)
+    assert r.exit_code == 0, r.output
+    with Store(out) as s:
+        assert s.schema_version == "1.4"
+        e = s.get(0)
+        assert len(e.steps) == 3 and e.meta["lm"]["per_step"] and e.meta["lm"]["foil_token"] == "w9"
+        n = len(e.tokens)
+        for t, st in enumerate(e.steps):
+            assert st.tokens == e.tokens[:n - 2 + t] and st.attribution.shape == (2, 4, n - 2 + t, n - 2 + t)
+            assert st.meta["step"]["step"] == t and st.meta["step"]["foil"] >= 0
+            assert np.abs(st.attribution.sum(axis=(1, 2, 3)) - (st.f_full - st.f_baseline)).max() \
+                == pytest.approx(np.abs(st.residual).max(), abs=1e-4)
+        summed = sum(np.pad(st.attribution, ((0, 0), (0, 0), (0, n - len(st.tokens)), (0, n - len(st.tokens))))
+                     for st in e.steps)
+        assert np.abs(e.attribution - summed).max() < 1e-5 * np.abs(summed).max()
+    import attattr_cli as aa
+
+    model = aa.load_model(str(llama_dir), lm=True)
+    res = aa.score(model, ["w1 w2 w3 w4"], generate=3, foil="w9", output="logprob", steps=4)
+    assert [st.target for st in res[0].steps] == [st.target for st in e.steps]
+    assert _rel(res[0].steps[2].attribution, e.steps[2].attribution) < 1e-5
+    same = aa.score(model, ["w1 w2 w3 w4"], continuation=" ".join(st.tokens[-1] for st in e.steps[1:]) + " "
+                    + e.meta["lm"]["target_tokens"][-1], per_step=True, foil="w9", output="logprob", steps=4)
+    assert _rel(same[0].steps[1].attribution, e.steps[1].attribution) < 1e-5

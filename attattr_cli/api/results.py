@@ -37,6 +37,8 @@ class Attribution(StoredExample):
         """The same example with the API's conveniences."""
         values = {f.name: getattr(e, f.name) for f in fields(StoredExample)}
         values["label_names"] = list(label_names if label_names is not None else (e.label_names or []))
+        if values.get("steps"):  # a generation: every step with the same conveniences
+            values["steps"] = [cls.from_stored(st, label_names) for st in values["steps"]]
         return cls(**values)
 
     def _repr_html_(self) -> str:

@@ -64,6 +64,9 @@ class StoredExample:
     convergence_tol: float | None = None
     nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
     label_names: list | None = None  # the class names (Store.get gives the store's), for the names below
+    # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
+    # its prefix (store/steps.py); None otherwise
+    steps: list | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -425,7 +428,7 @@ class Store(OpenFile):
         attention = arr("attention")
         if attention is None:
             attention = arr("attention_mean")
-        return StoredExample(
+        example = StoredExample(
             index=int(read_attr(g, "index")),
             tokens=query_tokens,
             input_ids=g["input_ids"][()],
@@ -464,6 +467,10 @@ class Store(OpenFile):
             label_names=self._label_names(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
+        if family == "self":
+            from .steps import read_steps
+            example.steps = read_steps(example, g, arrays)
+        return example
 
     def __iter__(self) -> Iterable[StoredExample]:
         for i in self.indices():
