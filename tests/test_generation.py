@@ -210,6 +210,14 @@ def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
         summed = sum(np.pad(st.attribution, ((0, 0), (0, 0), (0, n - len(st.tokens)), (0, n - len(st.tokens))))
                      for st in e.steps)
         assert np.abs(e.attribution - summed).max() < 1e-5 * np.abs(summed).max()
+    r = run_cli("info", out)
+    assert r.exit_code == 0 and "generations" in r.stdout and "3 steps" in r.stdout, r.output
+    r = run_cli("info", out, "--json")
+    import json
+
+    gen = json.loads(r.stdout)["generations"]
+    assert gen["steps_total"] == 3 and gen["step_abs_residual_max"] == pytest.approx(
+        max(np.abs(st.residual).max() for st in e.steps))
     import attattr_cli as aa
 
     model = aa.load_model(str(llama_dir), lm=True)

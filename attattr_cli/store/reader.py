@@ -17,6 +17,7 @@ from .. import convergence
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
+from .steps import generation_summary
 
 UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 
@@ -481,10 +482,12 @@ class Store(OpenFile):
         """What ``attattr info`` shows (accuracy and residuals over the examples not flagged
         ``nonfinite``, listed in ``nonfinite_examples``)."""
         idx = self.indices()
-        lengths, correct, golds, resid = [], 0, 0, []
+        lengths, correct, golds, resid, gens = [], 0, 0, [], []
         for i in idx:
             e = self.get(i, arrays=False)
             lengths.append(len(e.tokens))
+            if e.steps:
+                gens.append(e)
             if e.nonfinite:  # left out of accuracy and residuals
                 continue
             if e.gold >= 0:
@@ -508,6 +511,7 @@ class Store(OpenFile):
             "with_gold": golds,
             "mean_abs_residual_per_layer": np.mean(resid, axis=0).tolist() if resid else None,
             "families": self._family_summary(idx),
+            "generations": generation_summary(gens),  # schema 1.4: per-step results (store/steps.py)
             "provenance": prov,
         }
         return out

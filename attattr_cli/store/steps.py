@@ -80,3 +80,27 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
             convergence_tol=float(sg["convergence"].attrs["tol"]) if "convergence" in sg else None,
             meta=meta, steps=None))
     return out
+
+
+def generation_summary(examples) -> dict | None:
+    """What ``attattr info`` says of the generations among ``examples`` (StoredExamples read
+    with their steps): how many, their steps, the largest per-step completeness residual
+    and the per-step convergence (None when no example is a generation)."""
+    from .. import convergence
+
+    gens = [e for e in examples if e.steps]
+    if not gens:
+        return None
+    resid, states, unconverged = [], [], []
+    for e in gens:
+        for t, st in enumerate(e.steps):
+            resid.extend(np.abs(st.residual).tolist())
+            states.extend(np.asarray(st.convergence).tolist() if st.convergence is not None else [])
+            unconverged.extend({"example": int(e.index), "step": t, "layer": layer, "state": why}
+                               for layer, why in convergence.unconverged_layers(st.layers, st.convergence).items())
+    counts = [len(e.steps) for e in gens]
+    return {"examples": len(gens), "steps_total": int(sum(counts)), "steps_max": int(max(counts)),
+            "step_abs_residual_max": float(max(resid)) if resid else None,
+            "step_abs_residual_mean": float(np.mean(resid)) if resid else None,
+            "step_convergence": convergence.counts(states), "step_layers_unconverged": len(unconverged),
+            "step_unconverged_at": unconverged[:100]}
