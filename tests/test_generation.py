@@ -227,3 +227,68 @@ def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
     same = aa.score(model, ["w1 w2 w3 w4"], continuation=" ".join(st.tokens[-1] for st in e.steps[1:]) + " "
                     + e.meta["lm"]["target_tokens"][-1], per_step=True, foil="w9", output="logprob", steps=4)
     assert _rel(same[0].steps[1].attribution, e.steps[1].attribution) < 1e-5
+
+
+# -- words and spans -------------------------------------------------------------------------------
+def test_word_groups_of_each_tokenizer_style():
+    from attattr_cli.analysis.aggregate import span_groups, word_groups, word_text
+
+    assert word_groups(["[CLS]", "cl", "##iche", "film", ".", "[SEP]"]) == [[0], [1, 2], [3], [4], [5]]
+    bpe = ["Paris", "Ġis", "Ġthe", "Ġcap", "ital", "Ġ", "1", "8", "8", "9", ","]
+    assert word_groups(bpe) == [[0], [1], [2], [3, 4], [5, 6, 7, 8, 9], [10]]
+    assert word_text(bpe[3:5]) == "capital"
+    assert word_groups(["▁Par", "is", "▁is"]) == [[0, 1], [2]]
+    assert word_groups(["a", "b", "c"], word_ids=[None, 0, 0]) == [[0], [1, 2]]
+    assert span_groups(5, [(1, 3)]) == [[0], [1, 2], [3], [4]]
+    with pytest.raises(OptionError, match="overlaps"):
+        span_groups(5, [(1, 3), (2, 4)])
+
+
+def test_aggregate_words_keeps_completeness(make):
+    from attattr_cli.analysis.aggregate import aggregate_example
+    from attattr_cli.api.results import Attribution
+
+    loaded = make("bert", lm=False)
+    r = Scorer(loaded, ScoreOptions(steps=4, dtype="float64", group=1)).score(Example(0, "w1 w2 w3", "w4 w5"))
+    from attattr_cli.store.reader import StoredExample
+    import dataclasses
+
+    fields = {f.name for f in dataclasses.fields(StoredExample)}
+    e = Attribution(**{k: getattr(r, k) for k in fields if hasattr(r, k)}, family="self", keep="maps",
+                    key_tokens=None, head_sum=None)
+    assert e.tokens == ["[CLS]", "w1", "w2", "w3", "[SEP]", "w4", "w5", "[SEP]"]
+    spans = e.aggregate([(1, 3), (5, 7)])
+    assert spans.tokens == ["[CLS]", "w1 w2", "w3", "[SEP]", "w4 w5", "[SEP]"]
+    # sums over merged queries and keys: every layer's total (= F(A) - F(0) + residual) is unchanged
+    assert np.allclose(spans.attribution.sum(axis=(1, 2, 3)), e.attribution.sum(axis=(1, 2, 3)))
+    assert spans.attribution[0, 0, 1, 1] == pytest.approx(e.attribution[0, 0, 1:3, 1:3].sum())
+    assert np.allclose(spans.attention.sum(-1), 1.0)  # attention rows still sum to 1
+    assert spans.head_max.shape == e.head_max.shape
+    same = aggregate_example(e, "words")
+    assert same.tokens == e.tokens  # whole-word vocabulary: nothing merges
+
+
+def test_generation_view_step_source_words(llama_dir, tmp_path):
+    from attattr_cli.analysis.aggregate import step_source
+    from attattr_cli.store import Store
+    from conftest import run_cli
+
+    out = tmp_path / "g.h5"
+    r = run_cli("score", "--lm", "--model", llama_dir, "--prompt", "w1 w2 w3", "--generate", "3", "--steps", "2",
+                "--quiet", "--out", out)
+    assert r.exit_code == 0, r.output
+    with Store(out) as s:
+        e = s.get(0)
+    m, rows, cols, f_rows, by_layer = step_source(e, words=False)
+    assert m.shape == (3, len(e.tokens)) and len(rows) == 3
+    for t, st in enumerate(e.steps):  # each row: the step's token importance, NaN beyond its prefix
+        assert np.allclose(m[t, :len(st.tokens)], st.token_importance())
+        assert np.isnan(m[t, len(st.tokens):]).all()
+    assert np.allclose(np.nansum(by_layer, 0), np.nan_to_num(m))
+    for fmt in ("png", "svg", "html"):
+        r = run_cli("view", out, "-n", "0", "-o", tmp_path / f"g.{fmt}")
+        assert r.exit_code == 0, r.output
+        assert "3 generated words x" in r.stderr
+        assert (tmp_path / f"g.{fmt}").stat().st_size > 1000
+    r = run_cli("view", out, "-n", "0", "-o", tmp_path / "w.svg", "--whole", "--no-tree", "--aggregate", "words")
+    assert r.exit_code == 0, r.output

@@ -61,6 +61,24 @@ class Attribution(StoredExample):
 
         return save(self, path, self.label_names, **options)
 
+    def aggregate(self, how="words", word_ids=None) -> "Attribution":
+        """The same example over words (``"words"``; ``word_ids`` from the tokenizer, one word
+        index or None per token, else the tokens' word-boundary markers) or user spans (a list
+        of (start, end) token positions, end exclusive): maps summed over merged queries and
+        keys, so completeness still holds (docs/views.md, "Words"). Per-step results follow."""
+        from ..analysis.aggregate import aggregate_example
+
+        return aggregate_example(self, how, word_ids)
+
+    def step_source(self, words: bool = True):
+        """A generation's step x source matrix: (matrix [generated, sources], row labels,
+        column labels), rows the generated words (tokens with ``words=False``), entries their
+        token importance (NaN outside a step's prefix)."""
+        from ..analysis.aggregate import step_source
+
+        matrix, rows, cols, _f, _layers = step_source(self, words)
+        return matrix, rows, cols
+
     def highlight(self, scores=None) -> str:
         """The text's tokens coloured green (positive) or red (negative) by ``scores`` (default:
         :meth:`token_importance`), as HTML; in a notebook, ``IPython.display.HTML(ex.highlight())``."""
@@ -77,6 +95,10 @@ class Attribution(StoredExample):
 
 class Results(list):
     """A list of :class:`Attribution`, one per input in order, as :func:`score` returns them."""
+
+    def aggregate(self, how="words") -> "Results":
+        """Every example over words or spans (:meth:`Attribution.aggregate`)."""
+        return Results(a.aggregate(how) for a in self)
 
     def __repr__(self) -> str:
         return f"Results({len(self)} examples)"
