@@ -292,3 +292,20 @@ def test_generation_view_step_source_words(llama_dir, tmp_path):
         assert (tmp_path / f"g.{fmt}").stat().st_size > 1000
     r = run_cli("view", out, "-n", "0", "-o", tmp_path / "w.svg", "--whole", "--no-tree", "--aggregate", "words")
     assert r.exit_code == 0, r.output
+
+
+def test_tree_of_a_step_in_words(llama_dir, tmp_path):
+    from conftest import run_cli
+
+    out = tmp_path / "g.h5"
+    r = run_cli("score", "--lm", "--model", llama_dir, "--prompt", "w1 w2 w3", "--generate", "2", "--steps", "2",
+                "--quiet", "--out", out)
+    assert r.exit_code == 0, r.output
+    r = run_cli("tree", out, "-n", "0", "--step", "1", "--aggregate", "words", "-f", "json")
+    assert r.exit_code == 0, r.output
+    import json
+
+    tree = json.loads(r.stdout)
+    assert len(tree["tokens"]) == 6  # [CLS] w1 w2 w3 [SEP] + the first generated token
+    r = run_cli("tree", out, "-n", "0", "--step", "5")
+    assert r.exit_code != 0 and "has 2 generation steps" in r.stderr
