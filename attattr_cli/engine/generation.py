@@ -32,6 +32,7 @@ this is the summed log-probability of the whole generation).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,7 +76,8 @@ class StepTargets:
 
     def value(self, scorer, logits: torch.Tensor) -> torch.Tensor:
         work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)  # [b, kept, vocab]
-        rows = work[torch.arange(work.shape[0], device=work.device), self.slot.to(work.device)]  # [b, vocab]
+        slot = self.slot.to(work.device) if work.shape[1] > 1 else torch.zeros_like(self.slot, device=work.device)
+        rows = work[torch.arange(work.shape[0], device=work.device), slot]  # [b, vocab]
         output = scorer.options.output
         logp = None if output == "logit" else torch.log_softmax(rows, dim=-1)
 
@@ -220,7 +222,9 @@ class StepScorer:
         saved_box = {}
 
         def run(part):
-            return sc._step_chunk(enc, site, self.targets.rows(owner[part]), clean, alphas[part], weights[part])
+            rows = self.targets.rows(owner[part])
+            with own_position_only(sc.model, rows.slot, self.count if sc._takes_logits_to_keep else 0):
+                return sc._step_chunk(enc, site, rows, clean, alphas[part], weights[part])
 
         size = sc.auto_step_batch(enc, site, len(owner))
         for part, (g, f, saved) in sc._back_off.chunks(len(owner), size, run, sc.warn):
@@ -309,6 +313,30 @@ class StepScorer:
             box["saved"] = self._f_at_zero(site, clean)[1]
         return (refining.g, [r.f[adaptive.ZERO] for r in results],
                 [(r.nodes, r.error, r.capped, r.status) for r in results], box["saved"])
+
+
+@contextlib.contextmanager
+def own_position_only(model, slot: torch.Tensor, kept: int):
+    """Inside, the LM head reads each row's own position only: its input [rows, kept, d] is cut
+    to [rows, 1, d] at ``slot[r]`` (StepTargets.value then reads position 0). A row's F reads
+    that one position, so nothing changes but the head's work (kept times less). Left as it is
+    where the head is not the output embeddings' module or its input has another shape."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or kept < 2:
+        yield
+        return
+
+    def pre(_module, args):
+        h = args[0] if args else None
+        if not torch.is_tensor(h) or h.dim() != 3 or h.shape[1] != kept or h.shape[0] != len(slot):
+            return None
+        return (h[torch.arange(h.shape[0], device=h.device), slot.to(h.device)].unsqueeze(1), *args[1:])
+
+    handle = head.register_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _summed_conv(convs: list) -> tuple:
