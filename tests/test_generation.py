@@ -210,6 +210,18 @@ def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
         summed = sum(np.pad(st.attribution, ((0, 0), (0, 0), (0, n - len(st.tokens)), (0, n - len(st.tokens))))
                      for st in e.steps)
         assert np.abs(e.attribution - summed).max() < 1e-5 * np.abs(summed).max()
+    older = tmp_path / "older.h5"  # the same store as schema 1.3 wrote it: no steps, read as before
+    import shutil
+
+    import h5py
+
+    shutil.copy(out, older)
+    with h5py.File(older, "a") as f:
+        del f["examples/00000000/steps"]
+        f.attrs["schema_version"] = "1.3"
+    with Store(older) as s:
+        assert s.get(0).steps is None and s.summary()["generations"] is None
+        assert np.array_equal(s.get(0).attribution, e.attribution)
     r = run_cli("info", out)
     assert r.exit_code == 0 and "generations" in r.stdout and "3 steps" in r.stdout, r.output
     r = run_cli("info", out, "--json")
