@@ -249,6 +249,7 @@ def test_word_groups_of_each_tokenizer_style():
     bpe = ["Paris", "Ġis", "Ġthe", "Ġcap", "ital", "Ġ", "1", "8", "8", "9", ","]
     assert word_groups(bpe) == [[0], [1], [2], [3, 4], [5, 6, 7, 8, 9], [10]]
     assert word_text(bpe[3:5]) == "capital"
+    assert word_groups(["ĠParis", ".", "Ċ", "The", "re"]) == [[0], [1], [2], [3, 4]]  # a line break is a word
     assert word_groups(["▁Par", "is", "▁is"]) == [[0, 1], [2]]
     assert word_groups(["a", "b", "c"], word_ids=[None, 0, 0]) == [[0], [1, 2]]
     assert span_groups(5, [(1, 3)]) == [[0], [1, 2], [3], [4]]

@@ -31,6 +31,7 @@ from ..errors import OptionError
 BPE_SPACE, SP_SPACE, WORDPIECE = "Ġ", "▁", "##"
 _SPECIAL = re.compile(r"^(\[[A-Z]+\]|<[^<>]+>|<\|[^|]+\|>)$")
 _PUNCT = set(string.punctuation) | set("“”‘’«»…–—")
+_BREAKS = set("Ċĉ\n\t")  # byte-level BPE's line break and tab, and the characters
 
 
 def _starts_word(token: str, style: str) -> bool:
@@ -50,6 +51,11 @@ def _style(tokens: list[str]) -> str:
     return "wordpiece"  # no marker at all: every token is a word
 
 
+def _alone(tok: str) -> bool:
+    """A special token, punctuation alone or a line break alone: a word of its own."""
+    return bool(_SPECIAL.match(tok)) or bool(tok) and (all(c in _PUNCT for c in tok) or set(tok) <= _BREAKS)
+
+
 def word_groups(tokens: list[str], word_ids: list | None = None) -> list[list[int]]:
     """Consecutive token positions grouped into words (see the module docstring)."""
     if word_ids is not None:
@@ -65,10 +71,7 @@ def word_groups(tokens: list[str], word_ids: list | None = None) -> list[list[in
     style = _style(tokens)
     groups = []
     for i, tok in enumerate(tokens):
-        alone = bool(_SPECIAL.match(tok)) or (tok and all(c in _PUNCT for c in tok))
-        prev_alone = i > 0 and (bool(_SPECIAL.match(tokens[i - 1])) or
-                                (tokens[i - 1] and all(c in _PUNCT for c in tokens[i - 1])))
-        if not groups or alone or prev_alone or _starts_word(tok, style):
+        if not groups or _alone(tok) or _alone(tokens[i - 1]) or _starts_word(tok, style):
             groups.append([i])
         else:
             groups[-1].append(i)
@@ -107,7 +110,7 @@ def word_text(tokens: list[str], style: str | None = None) -> str:
             out += t[2:] if t.startswith(WORDPIECE) else (" " if i else "") + t
         else:
             out += t.replace(BPE_SPACE, " ").replace(SP_SPACE, " ").replace("Ċ", "\n")
-    return out.strip() or out
+    return out.strip(" ") or out
 
 
 def membership(groups: list[list[int]], n: int) -> np.ndarray:

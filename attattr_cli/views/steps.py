@@ -17,6 +17,11 @@ from ..analysis.aggregate import step_source, word_text
 from .figure import ATTR_CMAP, MASKED, _pyplot
 
 
+def shown(text: str) -> str:
+    """A label as drawn: line breaks and tabs visible, an empty one as the open-box sign."""
+    return text.replace("\n", "⏎").replace("\t", "⇥") or "␣"
+
+
 @dataclass
 class StepView:
     rows: list[str]
@@ -45,7 +50,8 @@ def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
               f"prompt: {prompt[:120]}", f"generated: {generated[:120]}",
               f"largest |completeness residual| of a step and layer: {resid:.2e}"
               + (f" · NOT CONVERGED at {len(bad)} step-layers" if bad else " · every step-layer converged")]
-    return StepView(rows, cols, matrix, f_rows, words, list(example.steps[0].layers), header), by_layer
+    return StepView([shown(r) for r in rows], [shown(c) for c in cols], matrix, f_rows, words,
+                    list(example.steps[0].layers), [shown(h) for h in header]), by_layer
 
 
 def step_figure(view: StepView, by_layer: np.ndarray | None = None):
@@ -95,7 +101,7 @@ def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
     svg = buf.getvalue().decode("utf-8")
     svg = svg[svg.find("<svg"):]
     rows = "".join(
-        f"<tr><td>{t}</td><td>{html_mod.escape(st.meta['step']['target_token'])}</td><td>{st.f_full:.4g}</td>"
+        f"<tr><td>{t}</td><td>{html_mod.escape(shown(word_text([st.meta['step']['target_token']])))}</td><td>{st.f_full:.4g}</td>"
         f"<td>{float(np.abs(st.residual).max()):.2e}</td><td>{'yes' if st.converged else 'NO'}</td></tr>"
         for t, st in enumerate(example.steps))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_mod.escape(title)}</title>"
