@@ -82,21 +82,31 @@ def _prompt_ids(loaded, which: str) -> list[int]:
     return torch.randint(10, TINY["vocab_size"], (8,), generator=torch.Generator().manual_seed(1)).tolist()
 
 
+RULE: dict = {}  # --rule/--steps: a fixed rule instead of the default tol (set by main)
+
+
+def _options(**kw):
+    from attattr_cli.engine.options import DEFAULT_TOL, ScoreOptions
+
+    if RULE:
+        return ScoreOptions(rule=RULE["rule"], steps=RULE["steps"], **kw)
+    return ScoreOptions(tol=DEFAULT_TOL, **kw)
+
+
 def _ways(loaded, which: str, new: int):
     """(the generation's Encoded, a Scorer for it, [(prefix Encoded) per step], a one-token Scorer)."""
     from attattr_cli.engine.encoding import Encoded
     from attattr_cli.engine.generation import generate
-    from attattr_cli.engine.options import DEFAULT_TOL, ScoreOptions
     from attattr_cli.engine.scorer import Scorer
 
     prompt = _prompt_ids(loaded, which)
-    steps = Scorer(loaded, ScoreOptions(tol=DEFAULT_TOL, lm=True, generate=new, keep="maps"))
+    steps = Scorer(loaded, _options(lm=True, generate=new, keep="maps"))
     gen = generate(steps, prompt, new, None, 0)
     ids = prompt + gen[:-1]
     tok = loaded.tokenizer.convert_ids_to_tokens
     positions = list(range(len(prompt) - 1, len(prompt) - 1 + len(gen)))
     whole = Encoded(ids, tok(ids), [0] * len(ids), None, lm_positions=positions, lm_targets=gen)
-    one = Scorer(loaded, ScoreOptions(tol=DEFAULT_TOL, lm=True, keep="maps"))
+    one = Scorer(loaded, _options(lm=True, keep="maps"))
     prefixes = [Encoded(ids[:p + 1], tok(ids[:p + 1]), [0] * (p + 1), None, lm_positions=[p], lm_targets=[g])
                 for p, g in zip(positions, gen)]
     return whole, steps, prefixes, one, prompt, gen
@@ -146,7 +156,8 @@ def measure(which: str, folder: str | None, new: int) -> dict:
 
 
 def _child_peak(which: str, way: str, folder: str | None, new: int) -> int | None:
-    cmd = [sys.executable, __file__, "--child", which, way, "--new", str(new)] + (["--smollm2", folder] if folder else [])
+    cmd = [sys.executable, __file__, "--child", which, way, "--new", str(new)] + (["--smollm2", folder] if folder else []) \
+        + (["--rule", RULE["rule"], "--steps", str(RULE["steps"])] if RULE else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return None
@@ -159,8 +170,12 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=5, help="tokens generated")
     ap.add_argument("--models", default="tiny,smollm2")
     ap.add_argument("--no-memory", action="store_true", help="skip the child processes that measure memory")
+    ap.add_argument("--rule", default=None, help="a fixed rule (with --steps) instead of the default --tol 0.1")
+    ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.rule or args.steps:
+        RULE.update(rule=args.rule or "right", steps=args.steps or 20)
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.smollm2, args.new)))
         return
@@ -169,7 +184,8 @@ def main() -> None:
             print("smollm2: skipped (no model folder: pass --smollm2 DIR or set ATTATTR_SMOLLM2)")
             continue
         r = measure(which, args.smollm2, args.new)
-        print(f"{which} ({r['layers']} layers, {r['prompt_tokens']}-token prompt, {args.new} generated"
+        how = f"{RULE['rule']} m = {RULE['steps']}" if RULE else "tol 0.1"
+        print(f"{which} [{how}] ({r['layers']} layers, {r['prompt_tokens']}-token prompt, {args.new} generated"
               f" {r['generated']}, {r['threads']} thread): {args.new} separate one-token runs"
               f" {r['separate_cpu']:.2f} s CPU ({r['separate_wall']:.2f} s wall); step by step"
               f" {r['steps_cpu']:.2f} s CPU ({r['steps_wall']:.2f} s wall): ratio {r['cpu_ratio']:.2f};"

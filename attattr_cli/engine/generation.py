@@ -46,6 +46,11 @@ from .grouped import _crop
 from .layer_integral import map_measures
 
 
+# steps share one forward per node (StepScorer._shared) where the nodes the steps want, taken
+# together, are at most this many times the rows they ask for (fixed rules, --tol's first level)
+SHARED_SLACK = 1.25
+
+
 @dataclass
 class StepScore:
     """One generated token's attribution (``ExampleScore.steps``; docs/store.md)."""
@@ -218,6 +223,67 @@ class StepScorer:
 
     # -- fixed rules -----------------------------------------------------------------
     def _run(self, site, clean, owner, alphas, weights):
+        """Passes over rows (step ``owner[r]`` at ``alphas[r]``, weight ``weights[r]``): yields
+        (row slice, w_r dF_r/dO_r, F_r, saved projections). Where the steps want (nearly) the
+        same nodes, one forward per node serves every step (:meth:`_shared`), else rows of
+        several steps share passes."""
+        alist = [float(a) for a in alphas]
+        uniq = sorted(set(alist))
+        if self.count > 1 and len(uniq) * self.count <= SHARED_SLACK * len(alist) \
+                and len(set(zip(owner.tolist(), alist))) == len(alist):
+            yield from self._shared(site, clean, owner, alist, uniq, weights)
+            return
+        yield from self._rows(site, clean, owner, alphas, weights)
+
+    def _shared(self, site, clean, owner, alist, uniq, weights):
+        """One forward per node for every step, then one backward per step through it: the
+        forward at alpha is the same for every step (the whole sequence, the same alpha), only
+        F differs. Without weight gradients a backward costs about what the forward does, so S
+        steps cost about 1 + S passes' halves instead of 2S."""
+        sc, enc = self.sc, self.enc
+        col = torch.tensor([uniq.index(a) for a in alist])
+        ua = torch.tensor(uniq, dtype=torch.float64)
+        rows_of = [torch.nonzero(owner == t).flatten() for t in range(self.count)]
+        weights = weights.to(sc.device)
+        every = StepTargets(torch.arange(self.count, device=sc.device), self.targets.token, self.targets.foil)
+
+        def run(part):
+            k = part.stop - part.start
+            plan = attention.Attribute(site[1], ua[part].to(sc.device), sc.backend, family=site[0])
+            with sc.sites.target_pass(site, clean, plan), torch.enable_grad():
+                logits = sc._logits(enc, k, sc.sites.extra_inputs(site, clean, k))  # [k, steps, vocab]
+                if plan.leaf is None:
+                    raise attention.not_routed(sc.arch.model_type, *site)
+                f = torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(self.count)],
+                                dim=1)  # [k, steps]
+                grads = {}
+                todo = []
+                for t in range(self.count):
+                    mine = rows_of[t][(col[rows_of[t]] >= part.start) & (col[rows_of[t]] < part.stop)]
+                    if len(mine):
+                        todo.append((t, mine))
+                for i, (t, mine) in enumerate(todo):
+                    w = torch.zeros(k, dtype=f.dtype, device=f.device)
+                    w[(col[mine] - part.start).to(f.device)] = weights[mine.to(weights.device)].to(f.dtype)
+                    (g,) = torch.autograd.grad((f[:, t] * w).sum(), plan.leaf, retain_graph=i < len(todo) - 1)
+                    grads[t] = (mine, g)
+            return grads, f.detach(), plan.saved
+
+        g_all = f_all = saved_first = None
+        size = sc.auto_step_batch(enc, site, len(uniq))
+        for part, (grads, f, saved) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
+            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+            saved_first = saved_first or saved
+            for t, (mine, g) in grads.items():
+                if g_all is None:
+                    g_all = g.new_zeros((len(alist), *g.shape[1:]))
+                    f_all = torch.zeros(len(alist), dtype=f.dtype, device=f.device)
+                local = (col[mine] - part.start).to(g.device)
+                g_all[mine.to(g.device)] = g.index_select(0, local).to(weights.dtype)
+                f_all[mine.to(f.device)] = f[local.to(f.device), t]
+        yield slice(0, len(alist)), g_all, f_all, saved_first
+
+    def _rows(self, site, clean, owner, alphas, weights):
         sc, enc = self.sc, self.enc
         saved_box = {}
 
