@@ -21,6 +21,10 @@ What is shared, and why it is exact:
   gradient. With ``--tol`` the steps refine in lock-step
   (:class:`~attattr_cli.engine.adaptive.Refinement`, as examples of a group do), each
   with its own nodes, those still refining sharing one pass per level.
+* **One forward per node.** The pass at alpha is the same forward for every step; only F
+  differs. Where the steps want the same nodes (fixed rules, --tol's first level), one
+  forward per node serves them all and each step's gradient comes from its own backward
+  through it (no weight gradients: a backward costs about a forward).
 * **F at alpha = 0** of every step comes from one forward of the whole sequence.
 
 Step t's map is then cropped to its prefix (p_t + 1 tokens): its G has zero rows beyond,
