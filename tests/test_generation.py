@@ -322,3 +322,16 @@ def test_tree_of_a_step_in_words(llama_dir, tmp_path):
     assert len(tree["tokens"]) == 6  # [CLS] w1 w2 w3 [SEP] + the first generated token
     r = run_cli("tree", out, "-n", "0", "--step", "5")
     assert r.exit_code != 0 and "has 2 generation steps" in r.stderr
+
+
+def test_sampling_is_seeded(make):
+    loaded = make()
+    ids = [Scorer(loaded, ScoreOptions(lm=True, generate=6, sample_seed=seed)).encode(PROMPT).lm_targets
+           for seed in (3, 3, 4)]
+    greedy = Scorer(loaded, ScoreOptions(lm=True, generate=6)).encode(PROMPT)
+    assert ids[0] == ids[1] and len(ids[0]) == 6
+    assert ids[2] != ids[0] or ids[0] != greedy.lm_targets  # another seed (or greedy) gives other tokens
+    logits = loaded.model(torch.tensor([greedy.input_ids])).logits[0].argmax(-1)
+    assert greedy.lm_targets[:-1] == logits[greedy.lm_positions[0]:-1].tolist()  # greedy: the arg-max each time
+    with pytest.raises(OptionError, match="--sample"):
+        ScoreOptions(lm=True, sample_seed=1).check()

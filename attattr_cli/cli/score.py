@@ -38,7 +38,7 @@ def score(
     kernel: str = typer.Option("auto", "--kernel", help="auto (CUDA kernel where built and on GPU), cuda, or torch (the reference)."),
     store_dtype: str = typer.Option("float32", "--store-dtype", help="float32, or float16 to halve the store (values below 6e-8 round to 0)."),
     truncate: bool = options.truncate(),
-    seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
+    seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic); with --generate --sample, the sampling's seed."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
     keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Also keep the k strongest entries (largest |value|) of each head as (query, key, value)."),
