@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.aggregate import step_source, word_text
+from ..analysis.aggregate import _style, step_source, word_text
 from .figure import ATTR_CMAP, MASKED, _pyplot
 
 
@@ -86,28 +86,53 @@ def step_figure(view: StepView, by_layer: np.ndarray | None = None):
     return fig
 
 
-def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
-               title: str = "attattr view") -> tuple[bytes, StepView]:
-    view, by_layer = step_view(example, words)
-    fig = step_figure(view, by_layer if per_layer else None)
+def _figure_bytes(view: StepView, by_layer, fmt: str) -> bytes:
+    fig = step_figure(view, by_layer)
     buf = io.BytesIO()
     plt = _pyplot()
     try:
-        fig.savefig(buf, format="svg" if fmt == "html" else fmt, dpi=130, bbox_inches="tight")
+        fig.savefig(buf, format=fmt, dpi=130, bbox_inches="tight")
     finally:
         plt.close(fig)
+    return buf.getvalue()
+
+
+def _svg(view: StepView, by_layer) -> str:
+    svg = _figure_bytes(view, by_layer, "svg").decode("utf-8")
+    return svg[svg.find("<svg"):]
+
+
+def _step_details(t: int, st, style: str) -> str:
+    """One step's strongest interactions, opened by a click (HTML)."""
+    try:
+        top = st.top(8)
+    except Exception:  # a step kept without maps or top-k: nothing to list
+        return ""
+    cells = "".join(f"<tr><td>{r.layer}</td><td>{'sum' if r.head < 0 else r.head}</td>"
+                    f"<td>{html_mod.escape(shown(word_text([r.query_token], style)))} ({r.query})</td>"
+                    f"<td>{html_mod.escape(shown(word_text([r.key_token], style)))} ({r.key})</td><td>{r.value:.3g}</td></tr>" for r in top)
+    return (f"<details><summary>step {t}: the strongest interactions</summary><table><tr><th>layer</th><th>head</th>"
+            f"<th>query</th><th>key</th><th>attribution</th></tr>{cells}</table></details>")
+
+
+def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
+               title: str = "attattr view") -> tuple[bytes, StepView]:
+    view, by_layer = step_view(example, words)
     if fmt != "html":
-        return buf.getvalue(), view
-    svg = buf.getvalue().decode("utf-8")
-    svg = svg[svg.find("<svg"):]
+        return _figure_bytes(view, by_layer if per_layer else None, fmt), view
+    style = _style(list(example.tokens))
+    svg = _svg(view, None)
+    layers_svg = _svg(view, by_layer)
     rows = "".join(
         f"<tr><td>{t}</td><td>{html_mod.escape(shown(word_text([st.meta['step']['target_token']])))}</td><td>{st.f_full:.4g}</td>"
-        f"<td>{float(np.abs(st.residual).max()):.2e}</td><td>{'yes' if st.converged else 'NO'}</td></tr>"
+        f"<td>{float(np.abs(st.residual).max()):.2e}</td><td>{'yes' if st.converged else 'NO'}</td>"
+        f"<td>{_step_details(t, st, style)}</td></tr>"
         for t, st in enumerate(example.steps))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_mod.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1em}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
             "</style></head><body>"
             f"<h1>{html_mod.escape(title)}</h1>" + "".join(f"<p>{html_mod.escape(x)}</p>" for x in view.header)
-            + svg + "<h2>Steps</h2><table><tr><th>step</th><th>token</th><th>F</th>"
-            "<th>max |residual|</th><th>converged</th></tr>" + rows + "</table></body></html>")
+            + svg + "<details><summary>per layer</summary>" + layers_svg + "</details>"
+            "<h2>Steps</h2><table><tr><th>step</th><th>token</th><th>F</th>"
+            "<th>max |residual|</th><th>converged</th><th></th></tr>" + rows + "</table></body></html>")
     return page.encode("utf-8"), view
