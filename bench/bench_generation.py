@@ -83,11 +83,14 @@ def _prompt_ids(loaded, which: str) -> list[int]:
 
 
 RULE: dict = {}  # --rule/--steps: a fixed rule instead of the default tol (set by main)
+LAYERS: list = []  # --layers: the layers scored (default: all)
 
 
 def _options(**kw):
     from attattr_cli.engine.options import DEFAULT_TOL, ScoreOptions
 
+    if LAYERS:
+        kw["layers"] = list(LAYERS)
     if RULE:
         return ScoreOptions(rule=RULE["rule"], steps=RULE["steps"], **kw)
     return ScoreOptions(tol=DEFAULT_TOL, **kw)
@@ -157,7 +160,8 @@ def measure(which: str, folder: str | None, new: int) -> dict:
 
 def _child_peak(which: str, way: str, folder: str | None, new: int) -> int | None:
     cmd = [sys.executable, __file__, "--child", which, way, "--new", str(new)] + (["--smollm2", folder] if folder else []) \
-        + (["--rule", RULE["rule"], "--steps", str(RULE["steps"])] if RULE else [])
+        + (["--rule", RULE["rule"], "--steps", str(RULE["steps"])] if RULE else []) \
+        + (["--layers", ",".join(map(str, LAYERS))] if LAYERS else [])
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         return None
@@ -172,10 +176,13 @@ def main() -> None:
     ap.add_argument("--no-memory", action="store_true", help="skip the child processes that measure memory")
     ap.add_argument("--rule", default=None, help="a fixed rule (with --steps) instead of the default --tol 0.1")
     ap.add_argument("--steps", type=int, default=None)
+    ap.add_argument("--layers", default=None, help="layers to score, e.g. 0 or 0,5 (default: all)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rule or args.steps:
         RULE.update(rule=args.rule or "right", steps=args.steps or 20)
+    if args.layers:
+        LAYERS.extend(int(x) for x in args.layers.split(","))
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.smollm2, args.new)))
         return
@@ -184,7 +191,8 @@ def main() -> None:
             print("smollm2: skipped (no model folder: pass --smollm2 DIR or set ATTATTR_SMOLLM2)")
             continue
         r = measure(which, args.smollm2, args.new)
-        how = f"{RULE['rule']} m = {RULE['steps']}" if RULE else "tol 0.1"
+        how = (f"{RULE['rule']} m = {RULE['steps']}" if RULE else "tol 0.1") + (
+            f", layers {','.join(map(str, LAYERS))}" if LAYERS else "")
         print(f"{which} [{how}] ({r['layers']} layers, {r['prompt_tokens']}-token prompt, {args.new} generated"
               f" {r['generated']}, {r['threads']} thread): {args.new} separate one-token runs"
               f" {r['separate_cpu']:.2f} s CPU ({r['separate_wall']:.2f} s wall); step by step"
