@@ -54,7 +54,20 @@ def _rss() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def _reset_peak() -> None:
+    """Start the peak resident size (VmHWM) afresh, so that the model's loading is not in it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        pass
+
+
 def _peak_rss() -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
@@ -122,6 +135,7 @@ def child(which: str, way: str, folder: str | None, new: int) -> dict:
     loaded = _load(which, folder)
     whole, steps, prefixes, one, _prompt, _gen = _ways(loaded, which, new)
     base = _rss()
+    _reset_peak()
     if way == "steps":
         steps.score(Example(0, ""), whole)
     else:
@@ -174,6 +188,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=5, help="tokens generated")
     ap.add_argument("--models", default="tiny,smollm2")
     ap.add_argument("--no-memory", action="store_true", help="skip the child processes that measure memory")
+    ap.add_argument("--memory-only", action="store_true", help="only the memory of each way (child processes)")
     ap.add_argument("--rule", default=None, help="a fixed rule (with --steps) instead of the default --tol 0.1")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--layers", default=None, help="layers to score, e.g. 0 or 0,5 (default: all)")
@@ -190,19 +205,20 @@ def main() -> None:
         if which == "smollm2" and not (args.smollm2 and Path(args.smollm2, "config.json").is_file()):
             print("smollm2: skipped (no model folder: pass --smollm2 DIR or set ATTATTR_SMOLLM2)")
             continue
-        r = measure(which, args.smollm2, args.new)
+        r = None if args.memory_only else measure(which, args.smollm2, args.new)
         how = (f"{RULE['rule']} m = {RULE['steps']}" if RULE else "tol 0.1") + (
             f", layers {','.join(map(str, LAYERS))}" if LAYERS else "")
-        print(f"{which} [{how}] ({r['layers']} layers, {r['prompt_tokens']}-token prompt, {args.new} generated"
-              f" {r['generated']}, {r['threads']} thread): {args.new} separate one-token runs"
-              f" {r['separate_cpu']:.2f} s CPU ({r['separate_wall']:.2f} s wall); step by step"
-              f" {r['steps_cpu']:.2f} s CPU ({r['steps_wall']:.2f} s wall): ratio {r['cpu_ratio']:.2f};"
-              f" agreement {r['agreement']:.1e}; converged layers per step {r['converged_layers_per_step']};"
-              f" max |residual| per step {' '.join(f'{x:.1e}' for x in r['max_abs_residual_per_step'])}")
+        if r is not None:
+            print(f"{which} [{how}] ({r['layers']} layers, {r['prompt_tokens']}-token prompt, {args.new} generated"
+                  f" {r['generated']}, {r['threads']} thread): {args.new} separate one-token runs"
+                  f" {r['separate_cpu']:.2f} s CPU ({r['separate_wall']:.2f} s wall); step by step"
+                  f" {r['steps_cpu']:.2f} s CPU ({r['steps_wall']:.2f} s wall): ratio {r['cpu_ratio']:.2f};"
+                  f" agreement {r['agreement']:.1e}; converged layers per step {r['converged_layers_per_step']};"
+                  f" max |residual| per step {' '.join(f'{x:.1e}' for x in r['max_abs_residual_per_step'])}")
         if not args.no_memory:
             sep, steps = (_child_peak(which, way, args.smollm2, args.new) for way in ("separate", "steps"))
             if sep is not None and steps is not None:
-                print(f"{which}: peak memory above the model: separate {sep / 2**20:.1f} MiB,"
+                print(f"{which} [{how}]: peak memory above the model: separate {sep / 2**20:.1f} MiB,"
                       f" step by step {steps / 2**20:.1f} MiB")
         sys.stdout.flush()
 
