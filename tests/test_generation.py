@@ -335,3 +335,18 @@ def test_sampling_is_seeded(make):
     assert greedy.lm_targets[:-1] == logits[greedy.lm_positions[0]:-1].tolist()  # greedy: the arg-max each time
     with pytest.raises(OptionError, match="--sample"):
         ScoreOptions(lm=True, sample_seed=1).check()
+
+
+def test_steps_keep_sum_and_top_k_in_the_store(llama_dir, tmp_path):
+    import attattr_cli as aa
+
+    model = aa.load_model(str(llama_dir), lm=True)
+    maps = aa.score(model, ["w1 w2 w3"], generate=2, steps=2)[0]
+    summed = aa.score(model, ["w1 w2 w3"], generate=2, steps=2, keep="sum", top_k=3)[0]
+    for a, b in zip(maps.steps, summed.steps):
+        assert b.attribution is None and b.head_sum.shape == a.attribution.sum(1).shape
+        assert np.allclose(b.head_sum, a.attribution.sum(1), atol=1e-6)
+        assert b.topk_value.shape == (2, 4, 3)
+        assert np.allclose(b.token_importance(), a.token_importance(), atol=1e-5)
+    m, rows, cols = summed.step_source(words=False)
+    assert m.shape == (2, len(summed.tokens)) and len(cols) == len(summed.tokens)
