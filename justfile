@@ -96,6 +96,10 @@ gpu-bench: setup
     {{py}} bench/bench_kernel.py
     {{py}} bench/bench_gpu_score.py
 
+# A generation step by step against one-token runs of each step (SmolLM2 where ATTATTR_SMOLLM2 names its folder)
+bench-generation: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_generation.py
+
 # Long-context decoder benchmark on CPU: attattr vs the 2021 procedure, Qwen2-style 6-layer decoder, n = 512
 bench-long: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_long_decoder.py --json bench-long.json

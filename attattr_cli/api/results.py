@@ -11,7 +11,7 @@ import numpy as np
 from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
-from .checks import Array, File, Instance, Int, Ints, Out, checked
+from .checks import Array, File, Instance, Int, Ints, OneOf, Out, Str, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -42,6 +42,8 @@ class Attribution(StoredExample):
         """The same example with the API's conveniences."""
         values = {f.name: getattr(e, f.name) for f in fields(StoredExample)}
         values["label_names"] = list(label_names if label_names is not None else (e.label_names or []))
+        if values.get("steps"):  # a generation: every step with the same conveniences
+            values["steps"] = [cls.from_stored(st, label_names) for st in values["steps"]]
         return cls(**values)
 
     def _repr_html_(self) -> str:
@@ -76,6 +78,27 @@ class Attribution(StoredExample):
         from ..views import save
 
         return save(self, path, self.label_names, **options)
+
+    @checked(how=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")),
+             word_ids=Instance(list, tuple, what="a list of word indices (or None) per token"))
+    def aggregate(self, how="words", word_ids=None) -> "Attribution":
+        """The same example over words (``"words"``; ``word_ids`` from the tokenizer, one word
+        index or None per token, else the tokens' word-boundary markers) or user spans (a list
+        of (start, end) token positions, end exclusive): maps summed over merged queries and
+        keys, so completeness still holds (docs/views.md, "Words"). Per-step results follow."""
+        from ..analysis.aggregate import aggregate_example
+
+        return aggregate_example(self, how, word_ids)
+
+    @checked()
+    def step_source(self, words: bool = True):
+        """A generation's step x source matrix: (matrix [generated, sources], row labels,
+        column labels), rows the generated words (tokens with ``words=False``), entries their
+        token importance (NaN outside a step's prefix)."""
+        from ..analysis.aggregate import step_source
+
+        matrix, rows, cols, _f, _layers = step_source(self, words)
+        return matrix, rows, cols
 
     @checked(scores=Array())
     def highlight(self, scores=None):
@@ -221,6 +244,10 @@ class Results(list):
         from ..views.notebook import table_html
 
         return table_html([example_row(e) for e in self], EXAMPLE_COLUMNS, title=f"{len(self)} scored examples")
+
+    def aggregate(self, how="words") -> "Results":
+        """Every example over words or spans (:meth:`Attribution.aggregate`)."""
+        return Results(a.aggregate(how) for a in self)
 
     def __repr__(self) -> str:
         if not self:

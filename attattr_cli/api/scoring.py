@@ -24,7 +24,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
           continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
-          dist_timeout: float = 3600.0, progress=False, command=None, warn=None):
+          dist_timeout: float = 3600.0, progress=False, command=None, warn=None, foil: str | None = None,
+          generate: int | None = None, per_step: bool = False, sample: bool = False):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -46,7 +47,11 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
     attributes the next token (``target_token``) or a ``continuation``; with ``out``, its
-    ``prompts`` (texts) may be given instead of ``data``.
+    ``prompts`` (texts) may be given instead of ``data``. ``foil`` attributes the difference
+    out(target) - out(foil) of a token (LM) or a class (classifier); ``generate=N`` generates N
+    tokens (greedy; ``sample=True`` samples with ``seed``) and attributes each generated token
+    given everything before it, and ``continuation=..., per_step=True`` does the same for given
+    text (per-step results: ``result.steps``; docs/method.md section 1.5).
 
     With ``out`` and a model given by path or hub id (or none: the built-in default), the data
     is read and the examples chosen before the model loads (a bad file costs no load), and
@@ -62,7 +67,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
         return ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
                             output=output, layers=layers, dtype=dtype, truncate=truncate,
                             step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
-                            lm=is_lm, target_token=target_token, continuation=continuation, position=position)
+                            lm=is_lm, target_token=target_token, continuation=continuation, position=position,
+                            foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None)
 
     # the options, the selection, the output and the data file are checked before anything loads
     if out is not None:
@@ -88,8 +94,9 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     exs = to_examples(inputs) if inputs is not None else None
     model_id, names = model_arg(model)
     if not is_lm:
-        if target_token is not None or continuation is not None or position is not None:
-            raise OptionError("target_token, continuation and position go with a causal language model"
+        if target_token is not None or continuation is not None or position is not None or generate is not None \
+                or per_step:
+            raise OptionError("target_token, continuation, position, generate and per_step go with a causal language model"
                               " (load_model(..., lm=True))")
         task = default_task(model_id, data, task, exs)
     elif target not in ("predicted",):

@@ -91,13 +91,17 @@ def _check_out(out) -> None:
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,
          top_k: int | None = None, importance: str | None = None, family: str | None = None,
-         tree: bool = True):
+         tree: bool = True, aggregate: str | None = None, steps: bool = True, per_layer: bool = False):
     """Draw example ``example`` of ``store``: attribution and attention heatmaps per layer, the
     text coloured by token importance, the top interactions, the prediction and the
     completeness residual (docs/views.md). ``fmt`` png, svg, pdf or html (default: from
     ``out``'s extension, png without ``out``); ``out`` (optional) is written whole or not at
     all; a :class:`Picture` holding the bytes is returned either way (a notebook shows it).
-    ``fmt="figure"`` returns a matplotlib ``Figure`` instead."""
+    ``fmt="figure"`` returns a matplotlib ``Figure`` instead. ``aggregate="words"`` merges
+    subword tokens into words (analysis/aggregate.py). A generation scored step by step is
+    drawn as its step x source matrix (views/steps.py; words unless ``aggregate="tokens"``,
+    one panel per layer more with ``per_layer``); ``steps=False`` draws its summed maps as for
+    any example."""
     from ..fileio import write_atomic
     from ..views import format_of, from_store, render_bytes, spec_of
 
@@ -116,8 +120,20 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     spec = spec_of(layers=None if layers is None else list(layers), heads=heads, show=_shows(show),
                    queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
+    if aggregate not in (None, "words", "tokens"):
+        raise OptionError(f"unknown aggregation '{aggregate}'; use words or tokens")
     with open_store(store) as s:
         loaded = from_store(s.store, int(example), family=family)
+    if steps and getattr(loaded.example, "steps", None):  # a generation: the step x source matrix
+        from ..views.steps import step_bytes
+
+        data, sv = step_bytes(loaded.example, fmt, words=aggregate != "tokens", per_layer=per_layer,
+                              title=f"attattr view: {Path(store).name}, example {example}")
+        if out is not None:
+            write_atomic(out, data)
+        return Picture(data, fmt, None if out is None else str(out), sv)
+    if aggregate == "words":
+        loaded = _words(loaded)
     spec.num_layers = loaded.num_layers
     if as_figure:
         from ..views import view_figure_of
@@ -130,6 +146,18 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     if out is not None:
         write_atomic(out, data)
     return Picture(data, fmt, None if out is None else str(out), v)
+
+
+def _words(loaded):
+    """The loaded example and its stored token importance over words (analysis/aggregate.py)."""
+    import dataclasses
+
+    from ..analysis.aggregate import aggregate_example, membership, merge_vector
+
+    e = aggregate_example(loaded.example, "words")
+    p = membership(e.meta["aggregate"]["groups"], len(loaded.example.tokens))
+    ti = {k: merge_vector(v, p) for k, v in (loaded.token_importance or {}).items()}
+    return dataclasses.replace(loaded, example=e, token_importance=ti)
 
 
 @checked(store=File(), out=Out(either=True), importance=File(), progress=Progress())

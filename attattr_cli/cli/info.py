@@ -90,6 +90,12 @@ def info(
             ("runs", str(len(prov.get("runs") or []))),
             ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
         ]
+        gen = summary.get("generations")
+        if gen:  # a generation attributed step by step (schema 1.4)
+            rows.append(("generations", f"{gen['examples']} example{'s' if gen['examples'] != 1 else ''},"
+                         f" {gen['steps_total']} steps (at most {gen['steps_max']} per example);"
+                         f" max |residual| per step and layer {gen['step_abs_residual_max']:.1e};"
+                         f" {gen['step_layers_unconverged']} step-layers unconverged"))
         if summary.get("cut_short"):
             rows.append(("damaged", "cut short by a write that failed (a full disk): the examples shown lie wholly"
                                     " within the file; the next score run with space recovers them"))

@@ -38,7 +38,7 @@ def score(
     kernel: str = typer.Option("auto", "--kernel", help="auto (CUDA kernel where built and on GPU), cuda, or torch (the reference)."),
     store_dtype: str = typer.Option("float32", "--store-dtype", help="float32, or float16 to halve the store (values below 6e-8 round to 0)."),
     truncate: bool = options.truncate(),
-    seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic)."),
+    seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic); with --generate --sample, the sampling's seed."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
     keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Also keep the k strongest entries (largest |value|) of each head as (query, key, value)."),
@@ -48,6 +48,10 @@ def score(
     continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
     logprob: bool = typer.Option(False, "--logprob", help="Attribute the log-probability instead of the probability."),
+    foil: Optional[str] = typer.Option(None, "--foil", help="Contrastive target: attribute the target's output minus this one's (with --lm a token, e.g. ' London'; else a class name or index). With --logprob: log p(target) - log p(foil)."),
+    generate: Optional[int] = typer.Option(None, "--generate", help="With --lm: generate N tokens after each prompt (greedy; --sample: sampled with --seed) and attribute every generated token given everything before it."),
+    per_step: bool = typer.Option(False, "--per-step", help="With --lm --continuation: attribute every token of the continuation given everything before it (instead of their joint probability)."),
+    sample: bool = typer.Option(False, "--sample", help="With --generate: sample the tokens (seeded by --seed) instead of greedy decoding."),
     quiet: bool = options.quiet(),
     keep_shards: bool = typer.Option(False, "--keep-shards", help="Under torchrun: keep each process's shard (OUT.rankK-of-N.h5) after merging them into --out."),
     dist_timeout: float = typer.Option(3600, "--dist-timeout", help="Under torchrun: seconds a process waits for the others (to start, or to finish their share) before giving up."),
@@ -79,7 +83,8 @@ def score(
                          keep=keep, top_k=top_k, dtype=dtype, kernel=kernel, device=device, store_dtype=store_dtype,
                          truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
                          position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
-                         progress=None if quiet else bar, command=command_line(),
+                         progress=None if quiet else bar, command=command_line(), foil=foil, generate=generate,
+                         per_step=per_step, sample=sample,
                          warn=_warn if _distributed_rank() is None else _rank_warn)
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
             _report_distributed(report, quiet)

@@ -47,6 +47,8 @@ def tree(
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="dot (default), json, png or svg; inferred from -o's extension."),
     out_path: Optional[str] = typer.Option(None, "--out", "-o", help="File to write (default: stdout; PNG and SVG need -o when stdout is a terminal)."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default) or decoder; cross has no tree."),
+    aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: word nodes (subword tokens merged, their maps summed over merged queries and keys)."),
+    step: Optional[int] = typer.Option(None, "--step", help="A generation scored step by step: the tree of this step (its prefix; default: the summed maps)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
     example_e: Optional[int] = typer.Option(None, "-e", hidden=True, help="Old spelling of --example."),
     top: Optional[int] = typer.Option(None, "--top", hidden=True, help="Old spelling of --root."),
@@ -69,6 +71,13 @@ def tree(
         layers = parse_int_list(layers, "--layers")  # before the store opens
         with open_store(store) as s, renamed_options("compat", "family"):
             e = s.get(example, family=family)
+            if step is not None:
+                if not e.steps or not -len(e.steps) <= step < len(e.steps):
+                    raise OptionError(f"example {example} has {len(e.steps or [])} generation steps; --step {step}"
+                                      " is not one of them")
+                e = e.steps[step]
+            if aggregate not in (None, "tokens"):
+                e = e.aggregate(aggregate)
             t = build_tree(e, tau=tau, lam=lam, layers=layers, root=root, compat=compat,
                            num_layers=s.store.num_layers(e.family), title=f"{Path(store).name}, example {example}")
         g = t.graph

@@ -30,6 +30,9 @@ def view(
     importance: Optional[str] = typer.Option(None, "--importance", help="Token importance to colour the text by: attr-colsum (default) or a method `attattr faithfulness` stored."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default), decoder or cross."),
     tree: bool = typer.Option(True, "--tree/--no-tree", help="Add the attribution tree, with its legend (needs Graphviz's dot)."),
+    aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: merge subword tokens into words (maps summed over merged queries and keys); tokens: as scored. A generation's step x source view shows words unless --aggregate tokens."),
+    steps: bool = typer.Option(True, "--steps/--whole", help="A generation scored step by step: the step x source matrix (default), or --whole for its summed maps as for any example."),
+    per_layer: bool = typer.Option(False, "--per-layer", help="Step x source view: one more panel per layer."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
 ) -> None:
     """Draw one stored example: attribution and attention heatmaps per layer, the text coloured
@@ -48,13 +51,18 @@ def view(
         with renamed_options("out", "fmt", "show"):
             picture = draw(store, example, None if to_stdout else out_path, fmt=(fmt or "html") if to_stdout else fmt,
                            layers=_layers(layers), heads=heads, show=show, queries=parse_int_list(queries, "--queries"),
-                           window=window, top_k=top_k, importance=importance, family=family, tree=tree)
+                           window=window, top_k=top_k, importance=importance, family=family, tree=tree,
+                           aggregate=aggregate, steps=steps, per_layer=per_layer)
         if to_stdout:
             sys.stdout.flush()
             sys.stdout.buffer.write(picture.data)
             sys.stdout.buffer.flush()
         v = picture.view
-        if not quiet:
+        if not quiet and hasattr(v, "rows"):  # a generation's step x source matrix
+            err.print(f"example {example}: {len(v.rows)} generated {'words' if v.words else 'tokens'} x"
+                      f" {len(v.columns)} sources; {picture.format} to {'stdout' if to_stdout else out_path}",
+                      markup=False)
+        elif not quiet:
             shown = (f"{len(v.q_idx)}x{len(v.k_idx)} of {len(v.query_tokens)}x{len(v.key_tokens)} tokens"
                      if v.maps else "no maps, the top-k table")
             err.print(f"example {example} ({v.family}): layers {','.join(map(str, v.layers))}, heads {heads}, "

@@ -58,11 +58,19 @@ class Assembly:
                 "predicted_id": pred, "predicted_token": self.tokenizer.convert_ids_to_tokens([pred])[0],
                 "output": self.options.output,
             })
+            if getattr(self, "foil", None) is not None:  # F = out(target) - out(foil) at the position(s)
+                foil = int(self.foil)
+                meta["lm"].update(foil_id=foil, foil_token=self.tokenizer.convert_ids_to_tokens([foil])[0],
+                                  foil_logits=[float(x) for x in pos_logits[:, foil]],
+                                  foil_probs=[float(x) for x in torch.softmax(pos_logits, -1)[:, foil]])
             target_id = int(target[0])
         else:
             out_logits = logits[0].double()
             out_probs = torch.softmax(out_logits, -1)
             meta = dict(example.meta)
+            if getattr(self, "foil", None) is not None:
+                meta["foil"] = {"index": int(self.foil), "label": self.loaded.label_names[int(self.foil)]
+                                if int(self.foil) < len(self.loaded.label_names) else str(self.foil)}
             target_id = target
         out_logits_np, out_probs_np = out_logits.cpu().numpy(), out_probs.cpu().numpy()
         nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams)

@@ -80,6 +80,13 @@ class ScoreOptions:
     target_token: str | None = None  # the next token whose probability is attributed
     continuation: str | None = None  # several tokens after the prompt: F is their joint (log-)probability
     position: int | None = None  # position whose next-token distribution holds the target (default: last)
+    # contrastive target: F = out(target) - out(foil), a token (--lm) or a class (engine/scorer.py)
+    foil: str | None = None
+    # a generation attributed step by step (engine/generation.py): `generate` new tokens (greedy,
+    # or sampled with `sample_seed`), or `continuation` with per_step; F_t is step t's token
+    generate: int | None = None
+    per_step: bool = False
+    sample_seed: int | None = None
     # error-controlled integration (engine/adaptive.py): per example and layer, adaptive subdivision
     # of the path until the map's estimated error is below tol x max |Attr| of the layer and the
     # completeness residual agrees, at most max_nodes nodes
@@ -89,7 +96,8 @@ class ScoreOptions:
     # fields added after store schema 1.0; left out of the fingerprint at their defaults so
     # that stores written before them still resume
     _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
-              "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES}
+              "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES,
+              "foil": None, "generate": None, "per_step": False, "sample_seed": None}
 
     def __post_init__(self):
         if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
@@ -100,7 +108,7 @@ class ScoreOptions:
     def check(self) -> None:
         """Every check that needs no model (types, names, ranges, combinations): OptionError
         naming the option. The one validator of the CLI and the API, run before torch loads."""
-        for name in ("steps", "group", "step_batch", "top_k", "max_nodes", "position"):
+        for name in ("steps", "group", "step_batch", "top_k", "max_nodes", "position", "generate", "sample_seed"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise OptionError(f"--{_flag(name)} must be a whole number, got {value!r}")
@@ -153,12 +161,37 @@ class ScoreOptions:
             raise OptionError("give either --target-token or --continuation, not both")
         if self.continuation is not None and self.position is not None:
             raise OptionError("--continuation is scored right after the prompt; --position goes with --target-token")
+        if self.foil is not None and (not isinstance(self.foil, str) or self.foil == ""):
+            raise OptionError(f"--foil must be a token (with --lm) or a class name or index, got {self.foil!r}")
+        self._check_generation()
         if self.tol is not None and not (math.isfinite(self.tol) and self.tol > 0):
             raise OptionError(f"--tol must be a finite number > 0, got {self.tol}")
         if self.tol is not None and (self.rule != "clenshaw-curtis" or self.steps is not None):
             raise OptionError("--tol places its own nodes; it does not go with --steps or --rule")
         if self.max_nodes < 5:
             raise OptionError(f"--max-nodes must be at least 5 (the first interval's nodes), got {self.max_nodes}")
+
+    def _check_generation(self) -> None:
+        """--generate / --per-step: language models only, one way to give the tokens."""
+        if self.generate is not None and self.generate < 1:
+            raise OptionError(f"--generate must be at least 1, got {self.generate}")
+        if (self.generate is not None or self.per_step) and not self.lm:
+            raise OptionError("--generate and --per-step need --lm (a causal language model)")
+        if self.generate is not None and (self.continuation is not None or self.target_token is not None):
+            raise OptionError("--generate makes its own tokens; it does not go with --continuation or --target-token")
+        if self.per_step and self.continuation is None:
+            raise OptionError("--per-step goes with --continuation TEXT (or use --generate N)")
+        if (self.generate is not None or self.per_step) and self.position is not None:
+            raise OptionError("a generation is scored right after the prompt; --position goes with --target-token")
+        if self.sample_seed is not None and self.generate is None:
+            raise OptionError("--sample (sampling with --seed) goes with --generate")
+        if self.foil is not None and self.continuation is not None and not self.per_step:
+            raise OptionError("--foil contrasts one token: give --target-token, or --continuation with --per-step")
+
+    @property
+    def stepwise(self) -> bool:
+        """A generation attributed step by step (--generate, or --continuation --per-step)."""
+        return self.generate is not None or bool(self.per_step)
 
     def fingerprint(self, num_layers: int) -> dict:
         """The options that must agree for two runs to share a store."""

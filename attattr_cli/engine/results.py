@@ -62,3 +62,4 @@ class ExampleScore:
     decoder_input_ids: np.ndarray | None = None
     step_batch: int = 0  # steps per pass used (largest)
     nonfinite: list[str] = field(default_factory=list)  # parts holding NaN or inf (see assembly.nonfinite_parts)
+    steps: list | None = None  # a generation: one engine.generation.StepScore per generated token

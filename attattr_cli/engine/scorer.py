@@ -66,10 +66,16 @@ class Scorer(Integration, Assembly):
             self.task_labels = []
             self._fixed_target = None
             self._lm_token = self._one_token(options.target_token) if options.target_token is not None else None
+            self.foil = self._one_token(options.foil, "--foil") if options.foil is not None else None
         else:
             self.label_map, self.label_how = align_labels(task_labels, loaded)
             self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
             self._fixed_target = self._parse_target(options.target)
+            self.foil = None
+            if options.foil is not None:
+                self.foil = self._parse_target(options.foil)
+                if self.foil is None:
+                    raise OptionError(f"--foil names one class (a label name or index), not '{options.foil}'")
         self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
         self.last_integral = (options.steps or 0, float("nan"), False)  # nodes, error estimate, cap hit
@@ -96,12 +102,12 @@ class Scorer(Integration, Assembly):
             + ", ".join(self.loaded.label_names)
         )
 
-    def _one_token(self, text: str) -> int:
+    def _one_token(self, text: str, flag: str = "--target-token") -> int:
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         if len(ids) != 1:
             shown = self.tokenizer.convert_ids_to_tokens(ids)
             raise OptionError(
-                f"--target-token '{text}' is {len(ids)} tokens for this tokenizer ({' '.join(shown) or 'none'});"
+                f"{flag} '{text}' is {len(ids)} tokens for this tokenizer ({' '.join(shown) or 'none'});"
                 " give one token (mind a leading space) or use --continuation"
             )
         return int(ids[0])
@@ -110,7 +116,19 @@ class Scorer(Integration, Assembly):
         """F per batch row. Classifiers: logits [b, labels], target a label index.
         LMs: logits [b, positions, vocab] (the kept positions), target a list of token ids,
         one per kept position; F is their joint probability, summed log-probability or
-        summed logit."""
+        summed logit. With a foil (``--foil``), F is the target's output minus the foil's
+        (docs/method.md section 1.1); a generation's per-row targets (engine/generation.py)
+        compute their own."""
+        if hasattr(target, "value"):  # a generation's step targets, one (position, token) per row
+            return target.value(self, logits)
+        if self.foil is None:
+            return self._output_of(logits, target)
+        foil = [self.foil] * len(target) if self.options.lm else (
+            torch.full_like(target, self.foil) if torch.is_tensor(target) else self.foil)
+        return self._output_of(logits, target) - self._output_of(logits, foil)
+
+    def _output_of(self, logits: torch.Tensor, target) -> torch.Tensor:
+        """The chosen output (probability, log-probability or logit) of ``target`` per batch row."""
         work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
         if self.options.lm:
             idx = torch.as_tensor(target, device=work.device).view(1, -1, 1).expand(work.shape[0], -1, 1)
@@ -158,6 +176,9 @@ class Scorer(Integration, Assembly):
         prompt = list(tok(example.text_a, add_special_tokens=True)["input_ids"])
         if not prompt:
             raise DataError(f"example {example.index} has an empty prompt")
+        if self.options.stepwise:  # a generation, step by step (engine/generation.py)
+            from .generation import encode_steps
+            return encode_steps(self, example, prompt)
         if self.arch.is_encoder_decoder:
             return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
@@ -252,6 +273,9 @@ class Scorer(Integration, Assembly):
 
     def _score(self, example: Example, enc: Encoded,
                on_layer: Callable[[int], None] | None = None) -> ExampleScore:
+        if self.options.stepwise:  # every step of a generation, sharing passes (engine/generation.py)
+            from .generation import StepScorer
+            return StepScorer(self, example, enc).score(on_layer)
         model = self.model
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]

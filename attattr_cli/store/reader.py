@@ -17,6 +17,7 @@ from .. import convergence
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
+from .steps import generation_summary
 
 UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 
@@ -64,6 +65,9 @@ class StoredExample:
     convergence_tol: float | None = None
     nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
     label_names: list | None = None  # the class names (Store.get gives the store's), for the names below
+    # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
+    # its prefix (store/steps.py); None otherwise
+    steps: list | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -523,7 +527,7 @@ class Store(OpenFile):
         attention = arr("attention")
         if attention is None:
             attention = arr("attention_mean")
-        return StoredExample(
+        example = StoredExample(
             index=int(read_attr(g, "index")),
             tokens=query_tokens,
             input_ids=g["input_ids"][()],
@@ -561,6 +565,10 @@ class Store(OpenFile):
             label_names=self._label_names(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
+        if family == "self":
+            from .steps import read_steps
+            example.steps = read_steps(example, g, arrays)
+        return example
 
     def __iter__(self) -> Iterable[StoredExample]:
         for i in self.indices():
@@ -571,10 +579,12 @@ class Store(OpenFile):
         """What ``attattr info`` shows (accuracy and residuals over the examples not flagged
         ``nonfinite``, listed in ``nonfinite_examples``)."""
         idx = self.indices()
-        lengths, correct, golds, resid = [], 0, 0, []
+        lengths, correct, golds, resid, gens = [], 0, 0, [], []
         for i in idx:
             e = self.get(i, arrays=False)
             lengths.append(len(e.tokens))
+            if e.steps:
+                gens.append(e)
             if e.nonfinite:  # left out of accuracy and residuals
                 continue
             if e.gold >= 0:
@@ -598,6 +608,7 @@ class Store(OpenFile):
             "with_gold": golds,
             "mean_abs_residual_per_layer": np.mean(resid, axis=0).tolist() if resid else None,
             "families": self._family_summary(idx),
+            "generations": generation_summary(gens),  # schema 1.4: per-step results (store/steps.py)
             "provenance": prov,
         }
         return out

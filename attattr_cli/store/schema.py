@@ -5,13 +5,15 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.3"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
-# 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds
+SCHEMA_VERSION = "1.4"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
+# 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds;
+# 1.4: a generation's per-step results (examples/N/steps/TTTTT, store/steps.py)
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
 FAMILIES = "families"  # examples/N/families/<family>/ for every family but "self"
 PROVENANCE = "provenance"
+STEPS = "steps"  # examples/N/steps/<5-digit step>/ for a generation attributed step by step (schema 1.4)
 PARTIAL_PREFIX = ".partial-"
 SHARD_EXAMPLES = "shard_examples"  # root dataset of a distributed shard: the indices it was given
 

@@ -393,6 +393,9 @@ class StoreWriter(OpenFile):
         else:
             maps += [score.attribution, score.attention]
             arrays += [score.head_max, score.f_baseline, score.residual]
+        for st in getattr(score, "steps", None) or []:
+            maps += [st.family.attribution, st.family.head_sum]
+            arrays += [st.family.head_max, st.family.f_baseline, st.family.residual]
         total += sum(int(np.asarray(a).nbytes) for a in arrays if a is not None)
         total += sum(int(np.size(a)) * item for a in maps if a is not None)
         return total
@@ -454,19 +457,11 @@ class StoreWriter(OpenFile):
                 parent = g.require_group(FAMILIES)
                 where = parent.create_group(name)
                 self._held += [parent, where]
-            attention = fs.attention
-            self._write_family(where, dict(
-                layers=fs.layers, attribution=fs.attribution,
-                attention=attention if attention is not None and attention.ndim == 4 else None,
-                attention_mean=attention if attention is not None and attention.ndim == 3 else None,
-                head_sum=fs.head_sum if fs.keep != "maps" else None,
-                head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
-                topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
-                error_estimate=getattr(fs, "error", None),
-                node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
-                convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
-                convergence_tol=getattr(fs, "status_tol", None)))
+            self._write_family(where, family_arrays(fs))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
+        if getattr(score, "steps", None):  # schema 1.4: a generation's per-step results (store/steps.py)
+            from .steps import write_steps
+            write_steps(self, g, score.steps)
         a = g.attrs
         a["families"] = strict_dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
@@ -490,6 +485,22 @@ class StoreWriter(OpenFile):
         self.f.flush()
         examples.move(tmp, final)
         self.f.flush()
+
+def family_arrays(fs) -> dict:
+    """The datasets of one FamilyScore, by name (absent entries: None)."""
+    attention = fs.attention
+    return dict(
+        layers=fs.layers, attribution=fs.attribution,
+        attention=attention if attention is not None and attention.ndim == 4 else None,
+        attention_mean=attention if attention is not None and attention.ndim == 3 else None,
+        head_sum=fs.head_sum if fs.keep != "maps" else None,
+        head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
+        topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
+        error_estimate=getattr(fs, "error", None),
+        node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
+        convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
+        convergence_tol=getattr(fs, "status_tol", None))
+
 
 def _why(reason: BaseException | str) -> str:
     return reason if isinstance(reason, str) else first_line(reason)

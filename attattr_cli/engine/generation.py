@@ -1,0 +1,429 @@
+"""A generation attributed step by step (docs/method.md section 1.5).
+
+A prompt of P tokens followed by S generated (``--generate``) or given (``--continuation
+--per-step``) tokens g_0 .. g_{S-1}: the model sees x = prompt + g_0 .. g_{S-2}, and step t's
+target is F_t = out(g_t | x_0 .. x_{P-1+t}), read at position P - 1 + t (minus the foil's
+output with ``--foil``). Step t is the one-token question "why g_t here?" asked of the prefix
+that ends at its position.
+
+What is shared, and why it is exact:
+
+* **One clean forward.** Causal masking makes the forward of the whole sequence x, up to
+  position p, equal to the forward of the prefix x_0..x_p alone: no row at or before p
+  attends to a later key. So one clean forward gives every step's F_t(A), every layer's
+  input and attention, and its backward (one per step, through the same graph) every step's
+  dF_t/dO at alpha = 1.
+* **Batched steps.** For a target layer, the alpha-scaled pass of step t on the whole
+  sequence computes F_t exactly as the pass on its prefix would: the rows after p_t change
+  nothing before them, and dF_t/dO is exactly zero on them. So the rows of one pass hold
+  the nodes of several steps (row r: step s_r at alpha_r, its F read at p_{s_r}), each
+  row's F depends on its own row only, and one backward of sum_r w_r F_r gives every row's
+  gradient. With ``--tol`` the steps refine in lock-step
+  (:class:`~attattr_cli.engine.adaptive.Refinement`, as examples of a group do), each
+  with its own nodes, those still refining sharing one pass per level.
+* **One forward per node.** The pass at alpha is the same forward for every step; only F
+  differs. Where the steps want the same nodes (fixed rules, --tol's first level), one
+  forward per node serves them all and each step's gradient comes from its own backward
+  through it (no weight gradients: a backward costs about a forward).
+* **F at alpha = 0** of every step comes from one forward of the whole sequence.
+
+Step t's map is then cropped to its prefix (p_t + 1 tokens): its G has zero rows beyond,
+and with the prefix's projections the map, head maxima, residual and convergence are
+those of the one-token run of that prefix. The example's own (top-level) maps are those of
+F = sum_t F_t, the sum of the step maps (the integral is linear in F; with ``--logprob``
+this is the summed log-probability of the whole generation).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..data.types import Example
+from ..errors import DataError, OptionError
+from . import adaptive, attention
+from .encoding import Encoded
+from .grouped import _crop
+from .layer_integral import map_measures
+
+
+# steps share one forward per node (StepScorer._shared) where the nodes the steps want, taken
+# together, are at most this many times the rows they ask for (fixed rules, --tol's first level)
+SHARED_SLACK = 1.25
+
+
+@dataclass
+class StepScore:
+    """One generated token's attribution (``ExampleScore.steps``; docs/store.md)."""
+
+    step: int
+    position: int  # the position whose next token is the target (its prefix: position + 1 tokens)
+    target: int  # the token id
+    target_token: str
+    pred: int  # the arg-max next token at the position
+    f_full: float
+    logit: float
+    prob: float
+    family: object  # FamilyScore of the prefix (no attention: the example's holds it)
+    foil: int | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class StepTargets:
+    """Per-row targets of a pass holding several steps: row r's F is the output of token
+    ``token[r]`` at kept position ``slot[r]`` (minus ``foil``'s there)."""
+
+    def __init__(self, slot: torch.Tensor, token: torch.Tensor, foil: int | None):
+        self.slot, self.token, self.foil = slot, token, foil
+
+    def rows(self, steps: torch.Tensor) -> "StepTargets":
+        steps = steps.to(self.slot.device)
+        return StepTargets(self.slot.index_select(0, steps), self.token.index_select(0, steps), self.foil)
+
+    def value(self, scorer, logits: torch.Tensor) -> torch.Tensor:
+        work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)  # [b, kept, vocab]
+        slot = self.slot.to(work.device) if work.shape[1] > 1 else torch.zeros_like(self.slot, device=work.device)
+        rows = work[torch.arange(work.shape[0], device=work.device), slot]  # [b, vocab]
+        output = scorer.options.output
+        logp = None if output == "logit" else torch.log_softmax(rows, dim=-1)
+
+        def out(tokens):
+            idx = tokens.to(work.device).view(-1, 1)
+            if output == "logit":
+                return rows.gather(1, idx).squeeze(1)
+            lp = logp.gather(1, idx).squeeze(1)
+            return lp if output == "logprob" else lp.exp()
+
+        v = out(self.token)
+        return v if self.foil is None else v - out(torch.full_like(self.token, self.foil))
+
+
+# -- encoding ----------------------------------------------------------------------------
+def encode_steps(scorer, example: Example, prompt: list[int]) -> Encoded:
+    """The sequence the model sees and every step's (position, token): the continuation's
+    tokens, or ``generate`` tokens made here (greedy, or sampled with the seed + the
+    example's index; generation stops after an end-of-sequence token)."""
+    opts, tok = scorer.options, scorer.tokenizer
+    if scorer.arch.is_encoder_decoder:
+        raise OptionError("--generate and --per-step attribute decoder-only language models")
+    if opts.continuation is not None:
+        gen = list(tok(opts.continuation, add_special_tokens=False)["input_ids"])
+        if not gen:
+            raise OptionError("--continuation is empty for this tokenizer")
+    else:
+        gen = generate(scorer, prompt, opts.generate, opts.sample_seed, example.index)
+    ids = prompt + gen[:-1]
+    scorer._check_length(len(ids), example.index)
+    positions = list(range(len(prompt) - 1, len(prompt) - 1 + len(gen)))
+    return Encoded(ids, tok.convert_ids_to_tokens(ids), [0] * len(ids), None, False,
+                   lm_positions=positions, lm_targets=gen)
+
+
+def generate(scorer, prompt: list[int], count: int, seed: int | None, index: int) -> list[int]:
+    """``count`` tokens after ``prompt``: greedy, or sampled (temperature 1) from a generator
+    seeded with ``seed + index``; stops after the tokenizer's end-of-sequence token."""
+    limit = scorer.loaded.arch.max_length
+    if limit is not None and len(prompt) + count - 1 > limit:
+        raise DataError(f"example {index}: {len(prompt)} prompt tokens and {count} generated ones exceed the"
+                        f" model's {limit}")
+    eos = getattr(scorer.tokenizer, "eos_token_id", None)
+    gen_rng = None
+    if seed is not None:
+        gen_rng = torch.Generator(device="cpu")
+        gen_rng.manual_seed(int(seed) + int(index))
+    ids = list(prompt)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(count):
+            kwargs = {"use_cache": False}
+            if scorer._takes_logits_to_keep:
+                kwargs["logits_to_keep"] = 1
+            logits = scorer.model(input_ids=torch.tensor([ids], device=scorer.device), **kwargs).logits[0, -1]
+            if gen_rng is None:
+                nxt = int(logits.argmax())
+            else:
+                probs = torch.softmax(logits.double().cpu(), -1)
+                nxt = int(torch.multinomial(probs, 1, generator=gen_rng))
+            out.append(nxt)
+            ids.append(nxt)
+            if eos is not None and nxt == eos:
+                break
+    return out
+
+
+# -- scoring -------------------------------------------------------------------------------
+class StepScorer:
+    """Every step of one encoded generation, sharing the clean forward and the passes."""
+
+    def __init__(self, scorer, example: Example, enc: Encoded):
+        self.sc, self.example, self.enc = scorer, example, enc
+        self.positions = list(enc.lm_positions)
+        self.count = len(self.positions)
+        self.tokens = list(enc.lm_targets)
+        dev = scorer.device
+        self.targets = StepTargets(torch.arange(self.count, device=dev), torch.tensor(self.tokens, device=dev),
+                                   scorer.foil)
+        self.acc = torch.float64 if scorer.dtype == torch.float64 else torch.float32
+
+    def score(self, on_layer=None):
+        sc, enc, count = self.sc, self.enc, self.count
+        keep = sc.keep_for(enc)
+        fam = sc.families[0]
+        sites = [(fam.name, layer) for layer in sc.layers_of[fam.name]]
+        with attention.taken_over(sc.model):
+            share_one = bool((sc.alphas == 1).any()) and bool(sites)
+            record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
+                                      keep={"maps": "maps", "sum": "mean"}.get(keep))
+            with sc.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
+                logits_g = sc._logits(enc, 1)  # [1, steps, vocab]
+            logits = logits_g.detach()
+            f_rows = self.targets.value(sc, logits.expand(count, -1, -1))
+            f_full = f_rows.to("cpu", torch.float64)
+            at_one = {}
+            if share_one:
+                wanted = [s for s in sites if s in record.leaves]
+                if not wanted:
+                    raise attention.not_routed(sc.arch.model_type, *sites[0])
+                f_g = self.targets.value(sc, logits_g.expand(count, -1, -1))
+                per_step = [torch.autograd.grad(f_g[t], [record.leaves[s] for s in wanted], retain_graph=t < count - 1)
+                            for t in range(count)]
+                at_one = {s: torch.cat([per_step[t][i] for t in range(count)]) for i, s in enumerate(wanted)}
+                clean.outputs = {p: {i: _detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+            del logits_g, record.leaves
+            sc.last_step_batch = 0
+            integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
+            per_step_layers: list[list[dict]] = [[] for _ in range(count)]
+            summed_layers = []
+            for site in sites:
+                g, f0, convs, saved = integral(site, clean, at_one.get(site), f_full)
+                for t in range(count):
+                    n_t = self.positions[t] + 1
+                    per_step_layers[t].append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
+                                                               _crop(saved, n_t), convs[t]))
+                summed_layers.append(sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)),
+                                                      float(f_full.sum()), keep, saved, _summed_conv(convs)))
+                if on_layer is not None:
+                    on_layer(site[1])
+                del g
+            fams = {fam.name: sc._family_score(fam, keep, record.keep, record.probs, summed_layers,
+                                               len(enc.input_ids))}
+        preds = [int(p) for p in logits[0].argmax(-1)]
+        result = sc._example_score(self.example, enc, logits, preds[0], -1, self.tokens, float(f_full.sum()), fams)
+        step_logits = logits[0].double()
+        probs = torch.softmax(step_logits, -1)
+        names = sc.tokenizer.convert_ids_to_tokens(self.tokens)
+        result.steps = [StepScore(
+            step=t, position=self.positions[t], target=self.tokens[t], target_token=names[t], pred=preds[t],
+            f_full=float(f_full[t]), logit=float(step_logits[t, self.tokens[t]]), prob=float(probs[t, self.tokens[t]]),
+            family=sc._family_score(fam, keep, None, {}, per_step_layers[t], self.positions[t] + 1),
+            foil=sc.foil) for t in range(count)]
+        opts = sc.options
+        result.meta["lm"].update(per_step=True, generated=opts.generate is not None,
+                                 sampled=opts.sample_seed is not None, steps=count)
+        return result
+
+    # -- fixed rules -----------------------------------------------------------------
+    def _run(self, site, clean, owner, alphas, weights):
+        """Passes over rows (step ``owner[r]`` at ``alphas[r]``, weight ``weights[r]``): yields
+        (row slice, w_r dF_r/dO_r, F_r, saved projections). Where the steps want (nearly) the
+        same nodes, one forward per node serves every step (:meth:`_shared`), else rows of
+        several steps share passes."""
+        alist = [float(a) for a in alphas]
+        uniq = sorted(set(alist))
+        if self.count > 1 and len(uniq) * self.count <= SHARED_SLACK * len(alist) \
+                and len(set(zip(owner.tolist(), alist))) == len(alist):
+            yield from self._shared(site, clean, owner, alist, uniq, weights)
+            return
+        yield from self._rows(site, clean, owner, alphas, weights)
+
+    def _shared(self, site, clean, owner, alist, uniq, weights):
+        """One forward per node for every step, then one backward per step through it: the
+        forward at alpha is the same for every step (the whole sequence, the same alpha), only
+        F differs. Without weight gradients a backward costs about what the forward does, so S
+        steps cost about 1 + S passes' halves instead of 2S."""
+        sc, enc = self.sc, self.enc
+        col = torch.tensor([uniq.index(a) for a in alist])
+        ua = torch.tensor(uniq, dtype=torch.float64)
+        rows_of = [torch.nonzero(owner == t).flatten() for t in range(self.count)]
+        weights = weights.to(sc.device)
+        every = StepTargets(torch.arange(self.count, device=sc.device), self.targets.token, self.targets.foil)
+
+        def run(part):
+            k = part.stop - part.start
+            plan = attention.Attribute(site[1], ua[part].to(sc.device), sc.backend, family=site[0])
+            with sc.sites.target_pass(site, clean, plan), torch.enable_grad():
+                logits = sc._logits(enc, k, sc.sites.extra_inputs(site, clean, k))  # [k, steps, vocab]
+                if plan.leaf is None:
+                    raise attention.not_routed(sc.arch.model_type, *site)
+                f = torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(self.count)],
+                                dim=1)  # [k, steps]
+                grads = {}
+                todo = []
+                for t in range(self.count):
+                    mine = rows_of[t][(col[rows_of[t]] >= part.start) & (col[rows_of[t]] < part.stop)]
+                    if len(mine):
+                        todo.append((t, mine))
+                for i, (t, mine) in enumerate(todo):
+                    w = torch.zeros(k, dtype=f.dtype, device=f.device)
+                    w[(col[mine] - part.start).to(f.device)] = weights[mine.to(weights.device)].to(f.dtype)
+                    (g,) = torch.autograd.grad((f[:, t] * w).sum(), plan.leaf, retain_graph=i < len(todo) - 1)
+                    grads[t] = (mine, g)
+            return grads, f.detach(), plan.saved
+
+        g_all = f_all = saved_first = None
+        size = sc.auto_step_batch(enc, site, len(uniq))
+        for part, (grads, f, saved) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
+            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+            saved_first = saved_first or saved
+            for t, (mine, g) in grads.items():
+                if g_all is None:
+                    g_all = g.new_zeros((len(alist), *g.shape[1:]))
+                    f_all = torch.zeros(len(alist), dtype=f.dtype, device=f.device)
+                local = (col[mine] - part.start).to(g.device)
+                g_all[mine.to(g.device)] = g.index_select(0, local).to(weights.dtype)
+                f_all[mine.to(f.device)] = f[local.to(f.device), t]
+        yield slice(0, len(alist)), g_all, f_all, saved_first
+
+    def _rows(self, site, clean, owner, alphas, weights):
+        sc, enc = self.sc, self.enc
+        saved_box = {}
+
+        def run(part):
+            rows = self.targets.rows(owner[part])
+            with own_position_only(sc.model, rows.slot, self.count if sc._takes_logits_to_keep else 0):
+                return sc._step_chunk(enc, site, rows, clean, alphas[part], weights[part])
+
+        size = sc.auto_step_batch(enc, site, len(owner))
+        for part, (g, f, saved) in sc._back_off.chunks(len(owner), size, run, sc.warn):
+            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+            saved_box.setdefault("saved", saved)
+            yield part, g, f, saved_box["saved"]
+
+    def _f_at_zero(self, site, clean):
+        """F_t with the site's attention at 0, every step from one forward; and the saved projections."""
+        sc, enc = self.sc, self.enc
+        plan = attention.Attribute(site[1], torch.zeros(1, dtype=torch.float64, device=sc.device), sc.backend,
+                                   family=site[0])
+        with sc.sites.target_pass(site, clean, plan), torch.no_grad():
+            logits = sc._logits(enc, 1, sc.sites.extra_inputs(site, clean, 1))
+        return self.targets.value(sc, logits.expand(self.count, -1, -1)).to("cpu", torch.float64).tolist(), plan.saved
+
+    def _integrate(self, site, clean, grad_at_one, f_full):
+        sc, count = self.sc, self.count
+        alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
+        f0 = [float("nan")] * count
+        saved = None
+        m = len(alphas)
+        if m:
+            owner = torch.arange(count).repeat_interleave(m)
+            row_alpha = alphas.repeat(count)
+            row_w = weights.repeat(count).to(sc.device, self.acc)
+            row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
+            for part, g, f, saved in self._run(site, clean, owner, row_alpha, row_w):
+                own = owner[part].to(g.device)
+                total = g.new_zeros((count, *g.shape[1:])) if total is None else total
+                total.index_add_(0, own, g)
+                if row_ratio is not None:
+                    low = torch.zeros_like(total) if low is None else low
+                    low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
+                for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
+                    f0[int(owner[part][r])] = float(f[r])
+        if not bool((alphas == 0).any()):
+            f0, zero_saved = self._f_at_zero(site, clean)
+            saved = saved if saved is not None else zero_saved
+        convs = []
+        for t in range(count):
+            n_t = self.positions[t] + 1
+            err = sc.embedded_error(total[t:t + 1, :, :n_t], None if low is None else low[t:t + 1, :, :n_t],
+                                    _crop(saved, n_t))
+            convs.append((len(sc.alphas), err, False))
+        return total, f0, convs, saved
+
+    # -- --tol -----------------------------------------------------------------------
+    def _integrate_to_tol(self, site, clean, grad_at_one, f_full):
+        sc, count = self.sc, self.count
+        box: dict = {}
+
+        def stacks(dtype):
+            if "a" not in box:
+                box["a"] = sc.layer_probs(box["saved"], dtype)
+                box["v"] = box["saved"]["v"].to(dtype)
+            return box["a"], box["v"]
+
+        def measure(g, rows):  # every step's map lies within the whole sequence's, zero elsewhere
+            a, v = stacks(g.dtype)
+            return map_measures(a, v, g).cpu()
+
+        def derivative(g, rows):
+            a, v = stacks(g.dtype)
+            if "av" not in box:
+                box["av"] = torch.matmul(a, v)
+            return (g * box["av"]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
+
+        known = known_f = None
+        if grad_at_one is not None:
+            known = {adaptive.ONE: grad_at_one.to(self.acc)}
+            known_f = {adaptive.ONE: f_full.numpy()}
+        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative)
+        while not refining.done:
+            owner, keys, alphas = refining.wanted()
+            owner = torch.as_tensor(owner)
+            ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
+            grads, fs = [], []
+            for _part, g, f, saved in self._run(site, clean, owner, torch.from_numpy(alphas), ones):
+                box.setdefault("saved", saved)
+                grads.append(g)
+                fs.append(f)
+            refining.give(owner, keys, torch.cat(grads), torch.cat(fs))
+        results = [refining.result(t) for t in range(count)]
+        if "saved" not in box:  # every node was known (cannot happen: alpha = 0 is always evaluated)
+            box["saved"] = self._f_at_zero(site, clean)[1]
+        return (refining.g, [r.f[adaptive.ZERO] for r in results],
+                [(r.nodes, r.error, r.capped, r.status) for r in results], box["saved"])
+
+
+@contextlib.contextmanager
+def own_position_only(model, slot: torch.Tensor, kept: int):
+    """Inside, the LM head reads each row's own position only: its input [rows, kept, d] is cut
+    to [rows, 1, d] at ``slot[r]`` (StepTargets.value then reads position 0). A row's F reads
+    that one position, so nothing changes but the head's work (kept times less). Left as it is
+    where the head is not the output embeddings' module or its input has another shape."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is None or kept < 2:
+        yield
+        return
+
+    def pre(_module, args):
+        h = args[0] if args else None
+        if not torch.is_tensor(h) or h.dim() != 3 or h.shape[1] != kept or h.shape[0] != len(slot):
+            return None
+        return (h[torch.arange(h.shape[0], device=h.device), slot.to(h.device)].unsqueeze(1), *args[1:])
+
+    handle = head.register_forward_pre_hook(pre)
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _summed_conv(convs: list) -> tuple:
+    """The summed map's (nodes, error, cap hit, state): the most nodes of a step, the largest
+    estimate, any cap hit, and the first unconverged step's state (converged when all are)."""
+    states = [c[3] for c in convs if len(c) > 3]
+    if len(states) < len(convs):  # fixed rules: judged by the assembly from the summed map
+        return (max(c[0] for c in convs), float(np.nanmax([c[1] for c in convs])) if any(
+            np.isfinite(c[1]) for c in convs) else float("nan"), any(c[2] for c in convs))
+    bad = [s for s in states if s != adaptive.CONVERGED]
+    return (max(c[0] for c in convs), float(max(c[1] for c in convs)), any(c[2] for c in convs),
+            bad[0] if bad else adaptive.CONVERGED)
+
+
+def _detached(obj):
+    if torch.is_tensor(obj):
+        return obj.detach()
+    if isinstance(obj, tuple):
+        return tuple(_detached(o) for o in obj)
+    return obj
