@@ -245,6 +245,7 @@ class Results(list):
 
         return table_html([example_row(e) for e in self], EXAMPLE_COLUMNS, title=f"{len(self)} scored examples")
 
+    @checked(how=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
     def aggregate(self, how="words") -> "Results":
         """Every example over words or spans (:meth:`Attribution.aggregate`)."""
         return Results(a.aggregate(how) for a in self)

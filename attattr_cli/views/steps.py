@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.aggregate import _style, step_source, word_text
-from .figure import ATTR_CMAP, MASKED, _pyplot
+from .figure import ATTR_CMAP, MASKED
 
 
 def shown(text: str) -> str:
@@ -55,8 +55,12 @@ def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
 
 
 def step_figure(view: StepView, by_layer: np.ndarray | None = None):
-    plt = _pyplot()
+    """The step x source matrix (and one panel per layer with ``by_layer``): a matplotlib
+    ``Figure`` made directly (no pyplot)."""
+    import matplotlib
     from matplotlib.colors import TwoSlopeNorm
+
+    from .notebook import new_figure
 
     panels = [("all layers", view.matrix)] + ([(f"layer {layer}", by_layer[i]) for i, layer in enumerate(view.layers)]
                                              if by_layer is not None else [])
@@ -65,9 +69,9 @@ def step_figure(view: StepView, by_layer: np.ndarray | None = None):
     h = max(2.0, 0.4 * nr + 1.6)
     cols = min(len(panels), 4)
     grid_rows = 1 + (len(panels) - 1 + cols - 1) // cols if len(panels) > 1 else 1
-    fig = plt.figure(figsize=(w * (1 if len(panels) == 1 else cols * 0.8), h * grid_rows + 1.2))
+    fig = new_figure(w * (1 if len(panels) == 1 else cols * 0.8), h * grid_rows + 1.2)
     fig.text(0.01, 0.99, "\n".join(view.header), va="top", ha="left", fontsize=8, family="monospace")
-    cmap = plt.get_cmap(ATTR_CMAP).with_extremes(bad=MASKED)
+    cmap = matplotlib.colormaps.get_cmap(ATTR_CMAP).with_extremes(bad=MASKED)
     top = 0.82 if grid_rows == 1 else 0.9
     for k, (name, m) in enumerate(panels):
         if len(panels) == 1:
@@ -89,11 +93,7 @@ def step_figure(view: StepView, by_layer: np.ndarray | None = None):
 def _figure_bytes(view: StepView, by_layer, fmt: str) -> bytes:
     fig = step_figure(view, by_layer)
     buf = io.BytesIO()
-    plt = _pyplot()
-    try:
-        fig.savefig(buf, format=fmt, dpi=130, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    fig.savefig(buf, format=fmt, dpi=130, bbox_inches="tight")
     return buf.getvalue()
 
 
