@@ -43,11 +43,11 @@ def test_a_bad_value_is_refused_before_torch_loads(tmp_path, args, message):
 @pytest.mark.parametrize("call,text", [
     (lambda: aa.score(None, [{"text_a": 5}]), "inputs[0]['text_a'] must be a text"),
     (lambda: aa.score(steps="4"), "steps must be a whole number"),
-    (lambda: aa.score(layers="7"), "layers must be layer indices"),
+    (lambda: aa.score(layers="7"), "layers must be a whole number or a list of whole numbers"),
     (lambda: aa.score(examples=[1.5]), "examples must be a selection"),
     (lambda: aa.score(tol=0.1, rule="left"), "tol places its own nodes"),
-    (lambda: aa.open_store(None), "path must be a store's file path"),
-    (lambda: aa.open_store(123), "path must be a store's file path"),
+    (lambda: aa.open_store(None), "path must be a file path"),
+    (lambda: aa.open_store(123), "path must be a file path"),
     (lambda: aa.tree("s.h5"), "open the store first"),
     (lambda: aa.tree(None), "example must be a scored example"),
 ])

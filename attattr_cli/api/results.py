@@ -500,7 +500,7 @@ class Tree:
                 f"{g.number_of_edges()} edges" + (f", {self.prediction}" if self.prediction else "") + ")")
 
 
-@checked(example=Instance(StoredExample, what="a scored example (score(...)[i] or open_store(path)[i])"), layers=Ints(),
+@checked(example=Instance(StoredExample, what="a scored example (score(...)[i], or open_store(path)[i]: open the store first)"), layers=Ints(),
          num_layers=Int(min=1))
 def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,
          compat: str = "paper", num_layers: int | None = None, title: str | None = None) -> Tree:
