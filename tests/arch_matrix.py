@@ -31,6 +31,9 @@ ENCODER_DECODERS = ["bart", "mbart", "plbart", "t5", "mt5"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 
+# per-type fixes on top of the generic tiny config (types beyond MODEL_TYPES)
+EXTRA: dict[str, dict] = {}
+
 # model types attattr refuses at load_model, and a piece of the one line it gives
 REFUSED = {
     "mamba": "no attention",
@@ -38,9 +41,45 @@ REFUSED = {
 }
 
 
+# any other model type: each of these config fields that its default config has, set small
+# (a field's many names across architectures; per-type fixes in EXTRA)
+_TINY = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "word_embed_proj_dim",
+                     "embedding_size", "hidden_dim_model"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("head_dim", "d_kv", "d_head", "kv_channels", "attention_head_dim"), 16),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
+                     "ffn_hidden_size", "d_inner", "inner_hidden_size", "hidden_dim", "ffn_hidden_dim"), 128),
+    **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size",
+                     "moe_ffn_hidden_size"), 32),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "moe_k"), 2),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 64),
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
+    **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), 8),
+    "vocab_size": VOCAB,
+}
+
+
+def _tiny(model_type: str) -> dict:
+    """The keyword arguments that make ``model_type``'s default config tiny (fields it has)."""
+    defaults = tf.AutoConfig.for_model(model_type).to_dict()
+    return {k: v for k, v in _TINY.items() if k in defaults}
+
+
 def config_for(model_type: str, **overrides):
     """A tiny config of ``model_type``: hidden 64, 2 layers, 4 heads, two labels (``overrides``
     on top)."""
+    if model_type not in MODEL_TYPES:
+        kw = dict(_tiny(model_type), num_labels=2, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+        kw.update(EXTRA.get(model_type, {}))
+        kw.update(overrides)
+        return tf.AutoConfig.for_model(model_type, **kw)
     kw = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=0,
               bos_token_id=2, eos_token_id=3)

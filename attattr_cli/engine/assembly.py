@@ -109,7 +109,8 @@ class Assembly:
         tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
         f_base = [r["f0"] for r in per_layer]
         resid = [r["resid"] for r in per_layer]
-        all_layers = range(fam.num_layers)
+        # every layer's attention, or a hybrid's scored layers (the others compute none)
+        all_layers = range(fam.num_layers) if not fam.not_attention else self.layers_of[fam.name]
         attn = None
         if kept is not None:
             attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()

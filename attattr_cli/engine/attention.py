@@ -70,6 +70,17 @@ class Record:
     keep: str | None = "maps"  # what of the probabilities to keep: "maps", "mean" or None
     keep_graph: bool = False  # also keep the probabilities with their graph in ``live`` (site -> tensor)
     live: dict = field(default_factory=dict)
+    called: set = field(default_factory=set)  # sites whose attention has run in this forward
+
+
+def several_maps(model_type: str, site) -> ModelError:
+    """The one line for a layer whose attention runs more than once in one forward (differential
+    attention's two softmaxes, or a looped model running its layers again): attattr's map of a
+    layer is one softmax, so no one map would be right."""
+    return ModelError(f"model type '{model_type}' computes attention more than once in {site[0]} layer {site[1]} in"
+                      " one forward (several maps combined, as differential attention does, or layers run again, as"
+                      " a looped model does), and attattr's map of a layer is one softmax; see docs/models.md for"
+                      " the supported architectures")
 
 
 @dataclass
@@ -213,6 +224,9 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         mask = bias if mask is None else mask + bias
 
     if isinstance(plan, Record) and site is not None:
+        if site in plan.called:  # one site, two softmaxes combined: no one map to attribute
+            raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
+        plan.called.add(site)
         want_grad = site in plan.grad_layers
         if plan.keep_graph:  # probabilities with their graph: gradients with respect to A
             probs = reference.attention_probs(query, key, mask, scaling, softcap)
@@ -274,7 +288,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         plan.called = True
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
                       "softcap": softcap}
-        return leaf[..., :d_out].transpose(1, 2), None
+        # contiguous, as the interface's other paths return it: models .view it (afmoe, jetmoe, dory)
+        return leaf[..., :d_out].transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
@@ -477,7 +492,9 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
         original = type(module).forward
 
         def forward(x, *args, **kwargs):
-            if not plan.called and torch.is_tensor(x) and x.dim() > 1 and x.shape[0] > 1:
+            # [batch, tokens, features] only: a router's [batch * tokens, features] (JetMoE's
+            # attention experts) has no batch axis to take one row of
+            if not plan.called and torch.is_tensor(x) and x.dim() > 2 and x.shape[0] > 1:
                 if plan.first is None:
                     one = original(module, x[:1], *args, **kwargs)
                     return one.expand(x.shape[0], *one.shape[1:])
