@@ -32,7 +32,24 @@ MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 
 # per-type fixes on top of the generic tiny config (types beyond MODEL_TYPES)
-EXTRA: dict[str, dict] = {}
+_LIN_FULL = dict(layer_types=["linear_attention", "full_attention"])  # a hybrid: layer 0 not attention
+EXTRA: dict[str, dict] = {
+    **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "minimax"), _LIN_FULL),
+    "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"]),
+    "kimi_linear": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"]),
+    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"]),
+    "granitemoehybrid": dict(_LIN_FULL, mamba_n_heads=8, mamba_d_head=16),
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16),
+    "nemotron_h": dict(layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=8, mamba_head_dim=16),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16),
+    "zamba": dict(attn_layer_period=2, attn_layer_offset=1, layers_block_type=["linear_attention", "hybrid"]),
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "lfm3": dict(layer_types=["conv", "full_attention"]),
+}
 
 # model types attattr refuses at load_model, and a piece of the one line it gives
 REFUSED = {
@@ -62,14 +79,19 @@ _TINY = {
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
     **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), 8),
-    "vocab_size": VOCAB,
+    "rotary_dim": 8, "n_shared_experts": 1, "vocab_size": VOCAB,
 }
 
 
 def _tiny(model_type: str) -> dict:
     """The keyword arguments that make ``model_type``'s default config tiny (fields it has)."""
     defaults = tf.AutoConfig.for_model(model_type).to_dict()
-    return {k: v for k, v in _TINY.items() if k in defaults}
+    kw = {k: v for k, v in _TINY.items() if k in defaults}
+    if "qk_rope_head_dim" in defaults:  # multi-head latent attention: the head is nope + rope wide
+        kw.pop("head_dim", None)
+        if "num_key_value_heads" in kw:  # keys per query head (the latent is shared instead)
+            kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
+    return kw
 
 
 def config_for(model_type: str, **overrides):
