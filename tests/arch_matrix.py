@@ -36,13 +36,18 @@ _LIN_FULL = dict(layer_types=["linear_attention", "full_attention"])  # a hybrid
 EXTRA: dict[str, dict] = {
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "minimax"), _LIN_FULL),
     "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"]),
-    "kimi_linear": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"]),
-    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"]),
+    "kimi_linear": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], num_experts_per_token=2, linear_num_heads=4,
+                        linear_head_dim=16),
+    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16),
     "granitemoehybrid": dict(_LIN_FULL, mamba_n_heads=8, mamba_d_head=16),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16),
     "nemotron_h": dict(layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=8, mamba_head_dim=16),
-    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128),  # Mamba beside attention in each layer
+    "zaya": dict(num_experts_per_tok=1),
+    "mamba2": dict(num_heads=8, head_dim=16),
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),
+    "esmc": dict(num_key_value_heads=4),
     "zamba": dict(attn_layer_period=2, attn_layer_offset=1, layers_block_type=["linear_attention", "hybrid"]),
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
@@ -79,7 +84,7 @@ _TINY = {
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
     **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), 8),
-    "rotary_dim": 8, "n_shared_experts": 1, "vocab_size": VOCAB,
+    "rotary_dim": 8, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "num_expert_group": 1, "vocab_size": VOCAB,
 }
 
 
@@ -333,6 +338,12 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                 attr = {p: (state.probs[p] * g.view(len(alphas), *state.probs[p].shape).sum(0)).detach()
                         for p, g in zip(parts, grads)}
                 result[site] = attr[(site, 0)][0] if len(attr) == 1 else _longformer_dense(model, inputs, attr, site)
+                n_in = inputs["input_ids"].shape[1]
+                if site[0] == "self" and result[site].shape[-1] == n_in + 1:
+                    # an attention sink: the softmax ran over the keys and the sink logit, whose
+                    # column the model drops (its gradient, so its attribution, is 0)
+                    assert not result[site][..., -1].any()
+                    result[site] = result[site][..., :-1]
                 state.mode = "record"
     finally:
         for cfg, old in impl.values():

@@ -10,3 +10,14 @@ refuse("funnel", "the Funnel Transformer pools the sequence between its blocks, 
 refuse("diffllama", "differential attention computes two softmax maps per head and subtracts them"
                     " (softmax(Q1 K1^T) - lambda softmax(Q2 K2^T)); attattr's map of a layer is one softmax and"
                     " would attribute the first alone")
+_APPROXIMATE = ("its attention is approximate ({how}), so there is no n x n softmax map whose attribution the model"
+                " uses; attattr attributes exact softmax attention")
+refuse("reformer", _APPROXIMATE.format(how="locality-sensitive hashing buckets and chunked local attention"))
+refuse("nystromformer", _APPROXIMATE.format(how="the Nystrom approximation of the softmax through landmarks"))
+refuse("yoso", _APPROXIMATE.format(how="Bernoulli sampling of hashed keys (You Only Sample Almost Once)"))
+refuse("mra", _APPROXIMATE.format(how="multi-resolution block approximation"))
+refuse("perceiver", "its layers attend from a fixed array of latents, not from the input tokens (cross-attention"
+                    " from latents to inputs, then latent self-attention), so no layer has a token-by-token map")
+refuse("deepseek_v4", "its compressed attention layers attend to keys that each summarise several tokens (compressed"
+                      " sparse and heavily compressed attention), so their maps are not token by token")
+refuse("longcat_flash", "each of its layers runs two attention blocks, and attattr's map of a layer is one softmax")
