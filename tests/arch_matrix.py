@@ -54,6 +54,8 @@ EXTRA: dict[str, dict] = {
     "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
     "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
     "lfm3": dict(layer_types=["conv", "full_attention"]),
+    "umt5": dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0),
+    "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
 }
 
 # model types attattr refuses at load_model, and a piece of the one line it gives
@@ -244,13 +246,13 @@ def scopes(model) -> dict:
     if mt == "albert":
         shared = [layer.attention for group in model.albert.encoder.albert_layer_groups for layer in group.albert_layers]
         return {"shared": (shared, [("self", i) for i in range(model.config.num_hidden_layers)])}
-    if mt in ("t5", "mt5"):
+    if mt in ("t5", "mt5", "umt5"):
         base = getattr(model, "transformer", model)
         out = {("encoder", i): b.layer[0] for i, b in enumerate(base.encoder.block)}
         out.update({("decoder", i): b.layer[0] for i, b in enumerate(base.decoder.block)})
         out.update({("cross", i): b.layer[1] for i, b in enumerate(base.decoder.block)})
         return out
-    if mt in ("bart", "mbart", "plbart"):
+    if mt in ("bart", "mbart", "plbart", "mvp"):
         base = model.model
         out = {("encoder", i): layer.self_attn for i, layer in enumerate(base.encoder.layers)}
         out.update({("decoder", i): layer.self_attn for i, layer in enumerate(base.decoder.layers)})

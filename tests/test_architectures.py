@@ -1,16 +1,23 @@
 """The architecture matrix: every text model type of tests/arch_matrix.py either scores, in
 float64 with the right rule and 8 steps, and agrees with the independent reference (the
 model's own eager attention, its softmax intercepted) to 1e-6 relative for every layer of
-every attention family, or is refused by load_model with one ModelError line."""
+every attention family, or is refused by load_model with one ModelError line.
+
+The catalog (tests/arch_states.json, written by tests/arch_catalog.py from transformers' own
+mappings) extends it to every text model type transformers maps to a classifier or a causal
+LM: each verified one is checked the same way, each refused one gives its recorded line."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
 import attattr_cli as aa
+from attattr_cli import convergence
 from attattr_cli.data.types import Example
 from attattr_cli.engine.integrate import nodes
 from attattr_cli.engine.options import ScoreOptions
@@ -22,6 +29,9 @@ from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, b
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 TOL = 1e-6
+STATES = json.loads((Path(__file__).parent / "arch_states.json").read_text())
+CATALOG_VERIFIED = sorted(t for t, v in STATES.items() if v["state"] == "verified" and t not in MODEL_TYPES)
+CATALOG_REFUSED = sorted(t for t, v in STATES.items() if v["state"] == "refused" and t not in REFUSED)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -54,6 +64,59 @@ def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
 def test_scores_and_agrees_with_reference(model_type, tokenizer):
     diffs = check(model_type, tokenizer)
     assert diffs and max(diffs.values()) < TOL, diffs
+
+
+def test_catalog_is_transformers_own():
+    """The catalog holds exactly the text types transformers maps now: after an upgrade this
+    names the new ones (run python tests/arch_catalog.py)."""
+    from attattr_cli.models.catalog import text_types
+
+    now = set(text_types())
+    assert set(STATES) == now, f"new: {sorted(now - set(STATES))}, gone: {sorted(set(STATES) - now)}"
+    assert not [t for t, v in STATES.items() if v["state"] == "DISAGREES"]
+
+
+@pytest.mark.parametrize("model_type", CATALOG_VERIFIED)
+def test_catalog_types_agree_with_reference(model_type, tokenizer):
+    diffs = check(model_type, tokenizer)
+    assert diffs and max(diffs.values()) < TOL, diffs
+
+
+@pytest.mark.parametrize("model_type", CATALOG_REFUSED)
+def test_catalog_types_refused_with_their_line(model_type, tokenizer):
+    """A refused type gives its one recorded line (at load, or at its first forward for a layer
+    that computes attention twice), never a raw error or a map."""
+    with pytest.raises(ModelError) as info:
+        check(model_type, tokenizer)
+    assert str(info.value) == STATES[model_type]["detail"] and "\n" not in str(info.value)
+
+
+def _routed(config) -> bool:
+    """Whether the model routes tokens to experts (its F jumps where the routing changes along alpha)."""
+    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
+    return any(isinstance(getattr(config, k, None), int) and getattr(config, k) > 1 for k in keys) or \
+        any("expert" in k and isinstance(v, int) and v > 1 for k, v in config.to_dict().items())
+
+
+COMPLETE = sorted(t for t in [*MODEL_TYPES, *CATALOG_VERIFIED] if t not in REFUSED and not _routed(config_for(t)))
+
+
+@pytest.mark.parametrize("model_type", COMPLETE)
+def test_default_rule_converges_with_small_residual(model_type, tokenizer):
+    """The check that catches a wrong map (differential attention's two softmaxes scored as one):
+    where F is smooth along alpha (no expert routing), the default error-controlled rule
+    converges on every layer and the completeness residual sum Attr - (F(1) - F(0)) is small;
+    a type where it cannot is refused instead."""
+    model, lm = build(model_type)
+    loaded = prepare(model, tokenizer, model_type, lm=lm)
+    scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1))
+    result = scorer.score(Example(0, TEXT))
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            attr = abs(fs.attribution[k]).sum()
+            scale = abs(result.f_full - fs.f_baseline[k]) + attr
+            assert abs(fs.residual[k]) <= 0.05 * scale, (family, layer, fs.residual[k], scale)
+        assert fs.status.size and not convergence.unconverged(fs.status).any(), (family, fs.status)
 
 
 @pytest.mark.parametrize("model_type,overrides", [

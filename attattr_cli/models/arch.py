@@ -52,11 +52,12 @@ _T5 = (("encoder", "transformer.encoder.block", None),
        ("decoder", "transformer.decoder.block", "layer.0"),
        ("cross", "transformer.decoder.block", "layer.1"))
 FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
-    "bart": _BART, "mbart": _BART, "plbart": _BART, "t5": _T5, "mt5": _T5,
+    "bart": _BART, "mbart": _BART, "plbart": _BART, "mvp": _BART, "t5": _T5, "mt5": _T5, "umt5": _T5,
 }
 # model_type -> dotted path of the encoder stack of an encoder-decoder model
 ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder", "plbart": "model.encoder",
-                                 "t5": "transformer.encoder", "mt5": "transformer.encoder"}
+                                 "mvp": "model.encoder", "t5": "transformer.encoder", "mt5": "transformer.encoder",
+                                 "umt5": "transformer.encoder"}
 
 # the families' meaning, for messages and docs
 FAMILY_DOC = {

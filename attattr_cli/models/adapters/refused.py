@@ -21,3 +21,4 @@ refuse("perceiver", "its layers attend from a fixed array of latents, not from t
 refuse("deepseek_v4", "its compressed attention layers attend to keys that each summarise several tokens (compressed"
                       " sparse and heavily compressed attention), so their maps are not token by token")
 refuse("longcat_flash", "each of its layers runs two attention blocks, and attattr's map of a layer is one softmax")
+refuse("rwkv", "its time mixing is a recurrence (a linear, decaying sum over past tokens), not softmax attention")
