@@ -166,9 +166,10 @@ def config_for(model_type: str, **overrides):
     return tf.AutoConfig.for_model(model_type, **kw)
 
 
-def build(model_type: str, dtype=torch.float64, seed: int = 0, **overrides):
+def build(model_type: str, dtype=torch.float64, seed: int = 0, spread: float = 1.5, **overrides):
     """(model, lm): the tiny model of ``model_type`` in ``dtype``, a sequence classifier where
-    transformers has one, else a causal language model (lm True)."""
+    transformers has one, else a causal language model (lm True); its random weights times
+    ``spread``."""
     config = config_for(model_type, **overrides)
     torch.manual_seed(seed)
     try:
@@ -177,7 +178,7 @@ def build(model_type: str, dtype=torch.float64, seed: int = 0, **overrides):
         model, lm = tf.AutoModelForCausalLM.from_config(config), True
     with torch.no_grad():  # random init leaves the classifier nearly uniform: spread it
         for p in model.parameters():
-            p.mul_(1.5)
+            p.mul_(spread)
     return model.to(dtype).eval(), lm
 
 
