@@ -22,3 +22,5 @@ refuse("deepseek_v4", "its compressed attention layers attend to keys that each 
                       " sparse and heavily compressed attention), so their maps are not token by token")
 refuse("longcat_flash", "each of its layers runs two attention blocks, and attattr's map of a layer is one softmax")
 refuse("rwkv", "its time mixing is a recurrence (a linear, decaying sum over past tokens), not softmax attention")
+refuse("tapas", "it reads tables (seven token type ids per token: segment, column, row, rank, ...), which"
+                " attattr's text inputs do not give")

@@ -1,0 +1,56 @@
+"""Decoders whose causal self-attention is written in their own code, each taken over as it
+computes it:
+
+* OpenAI GPT: ``softmax(q k^T / sqrt(d) + causal)`` from one fused ``c_attn`` projection (its
+  causal mask adds -1e4, which is exp-underflow zero; attattr masks with the dtype's minimum);
+* GPT-Neo: unscaled scores ``q k^T`` (no 1/sqrt(d)), causal, and on its local layers only the
+  last ``window_size`` keys (the model's own mask buffer, read as it is). GPT-Neo's eager code
+  computes the scores in float32; attattr in the model's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import Adapter, additive, causal_mask, register
+
+
+def _with(mask: torch.Tensor, attention_mask, dtype) -> torch.Tensor:
+    """The causal (or banded) additive mask plus the model's padding mask, never below the dtype's minimum."""
+    extra = additive(attention_mask, dtype)
+    return mask if extra is None else (mask + extra.to(dtype)).clamp(min=torch.finfo(dtype).min)
+
+
+@register
+class OpenAIGPT(Adapter):
+    model_types = ("openai-gpt",)
+    modules = ("Attention",)
+    causal = True
+
+    def forward(self, module, attend, x, attention_mask=None, output_attentions=False, **kwargs):
+        q, k, v = module.c_attn(x).split(module.split_size, dim=2)
+        shape = (*q.shape[:-1], module.n_head, -1)
+        q, k, v = (t.reshape(shape).transpose(1, 2) for t in (q, k, v))
+        n = q.shape[-2]
+        mask = _with(causal_mask(n, n, q.dtype, q.device), attention_mask, q.dtype)
+        out, _ = attend(module, q, k, v, mask, scaling=1.0 / math.sqrt(v.shape[-1]) if module.scale else 1.0)
+        return [module.resid_dropout(module.c_proj(out.reshape(out.shape[0], out.shape[1], -1)))]
+
+
+@register
+class GPTNeo(Adapter):
+    model_types = ("gpt_neo",)
+    modules = ("GPTNeoSelfAttention",)
+    causal = True
+
+    def forward(self, module, attend, hidden_states, attention_mask=None, *args, **kwargs):
+        shape = (*hidden_states.shape[:-1], module.num_heads, module.head_dim)
+        q, k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (module.q_proj, module.k_proj, module.v_proj))
+        n = q.shape[-2]
+        allowed = module.bias[:, :, :n, :n]  # causal, and banded on local layers
+        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
+        out, _ = attend(module, q, k, v, _with(mask, attention_mask, q.dtype), scaling=1.0)
+        out = module.resid_dropout(module.out_proj(out.reshape(out.shape[0], out.shape[1], -1)))
+        return out, None
