@@ -56,6 +56,7 @@ EXTRA: dict[str, dict] = {
     "lfm3": dict(layer_types=["conv", "full_attention"]),
     "umt5": dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0),
     "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
+    "luke": dict(entity_vocab_size=10, entity_emb_size=16),
 }
 
 # model types attattr refuses at load_model, and a piece of the one line it gives

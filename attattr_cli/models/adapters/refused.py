@@ -24,3 +24,5 @@ refuse("longcat_flash", "each of its layers runs two attention blocks, and attat
 refuse("rwkv", "its time mixing is a recurrence (a linear, decaying sum over past tokens), not softmax attention")
 refuse("tapas", "it reads tables (seven token type ids per token: segment, column, row, rank, ...), which"
                 " attattr's text inputs do not give")
+refuse("squeezebert", "its encoder calls each layer's forward directly, past the module hooks with which attattr"
+                      " records and replays layers; not supported yet")
