@@ -29,7 +29,7 @@ def survey(types, tokenizer, seconds: int = 60) -> dict:
     import torch
 
     from attattr_cli.errors import AttattrError
-    from test_architectures import TOL, check
+    from test_architectures import check, tol_for
 
     torch.set_num_threads(1)
 
@@ -46,7 +46,8 @@ def survey(types, tokenizer, seconds: int = 60) -> dict:
         signal.alarm(seconds)
         try:
             worst = max(check(mt, tokenizer).values())
-            state = {"state": "verified" if worst < TOL else "DISAGREES", "detail": f"max rel {worst:.1e}"}
+            state = {"state": "verified" if worst < tol_for(mt) else "DISAGREES",
+                     "detail": f"max rel {worst:.1e}" + (" (float32)" if tol_for(mt) > 1e-6 else "")}
         except AttattrError as exc:
             state = {"state": "refused", "detail": str(exc)}
         except Slow:

@@ -31,6 +31,10 @@ ENCODER_DECODERS = ["bart", "mbart", "plbart", "t5", "mt5"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 
+# model types whose own eager code cannot run in float64 (XGLM clamps its scores with a float32
+# constant): checked in float32, to 1e-4
+FLOAT32_REFERENCE = frozenset({"xglm"})
+
 # per-type fixes on top of the generic tiny config (types beyond MODEL_TYPES)
 _LIN_FULL = dict(layer_types=["linear_attention", "full_attention"])  # a hybrid: layer 0 not attention
 EXTRA: dict[str, dict] = {
@@ -341,7 +345,9 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                                                 [state.leaves[p] for p in parts])
                 attr = {p: (state.probs[p] * g.view(len(alphas), *state.probs[p].shape).sum(0)).detach()
                         for p, g in zip(parts, grads)}
-                result[site] = attr[(site, 0)][0] if len(attr) == 1 else _longformer_dense(model, inputs, attr, site)
+                first = attr[(site, 0)]  # [1, head, q, k], or [head, q, k] where heads are folded into the batch
+                result[site] = (first[0] if first.dim() == 4 else first) if len(attr) == 1 \
+                    else _longformer_dense(model, inputs, attr, site)
                 n_in = inputs["input_ids"].shape[1]
                 if site[0] == "self" and result[site].shape[-1] == n_in + 1:
                     # an attention sink: the softmax ran over the keys and the sink logit, whose

@@ -25,7 +25,8 @@ from attattr_cli.engine.scorer import Scorer
 from attattr_cli.errors import ModelError
 from attattr_cli.models.loading import prepare
 from conftest import one_error_line, run_cli
-from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, config_for, reference
+from arch_matrix import (DECODERS, ENCODER_DECODERS, FLOAT32_REFERENCE, MODEL_TYPES, MOE, REFUSED, build, config_for,
+                         reference)
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 TOL = 1e-6
@@ -38,8 +39,14 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def tol_for(model_type: str) -> float:
+    return 1e-4 if model_type in FLOAT32_REFERENCE else TOL
+
+
 def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
-    """Score ``model_type`` and compare with the reference; {site: relative difference}."""
+    """Score ``model_type`` and compare with the reference; {site: relative difference}
+    (in float32 where the model's own code cannot run in float64)."""
+    dtype = torch.float32 if model_type in FLOAT32_REFERENCE else dtype
     model, lm = build(model_type, dtype, **overrides)
     loaded = prepare(model, tokenizer, f"tiny-{model_type}", lm=lm)
     scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64" if dtype == torch.float64
@@ -79,7 +86,7 @@ def test_catalog_is_transformers_own():
 @pytest.mark.parametrize("model_type", CATALOG_VERIFIED)
 def test_catalog_types_agree_with_reference(model_type, tokenizer):
     diffs = check(model_type, tokenizer)
-    assert diffs and max(diffs.values()) < TOL, diffs
+    assert diffs and max(diffs.values()) < tol_for(model_type), diffs
 
 
 @pytest.mark.parametrize("model_type", CATALOG_REFUSED)

@@ -54,3 +54,25 @@ class GPTNeo(Adapter):
         out, _ = attend(module, q, k, v, _with(mask, attention_mask, q.dtype), scaling=1.0)
         out = module.resid_dropout(module.out_proj(out.reshape(out.shape[0], out.shape[1], -1)))
         return out, None
+
+
+@register
+class XGLM(Adapter):
+    """XGLM: ``softmax((q / sqrt(d)) k^T + mask)`` in its own code, with the causal mask the model
+    builds. (Its eager code clamps the scores with a float32 constant and cannot run in float64;
+    taken over, it runs in any dtype.)"""
+
+    model_types = ("xglm",)
+    modules = ("XGLMAttention",)
+    causal = True
+
+    def forward(self, module, attend, hidden_states, key_value_states=None, cache=None, attention_mask=None,
+                **kwargs):
+        b, n, _ = hidden_states.shape
+        shape = (b, n, module.num_heads, module.head_dim)
+        q = (module.q_proj(hidden_states) * module.scaling).view(shape).transpose(1, 2)
+        k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (module.k_proj, module.v_proj))
+        mask = additive(attention_mask, q.dtype)
+        mask = causal_mask(n, n, q.dtype, q.device) if mask is None else mask
+        out, _ = attend(module, q, k, v, mask, scaling=1.0)
+        return module.out_proj(out.reshape(b, n, -1)), None
