@@ -11,6 +11,7 @@ computes it:
 from __future__ import annotations
 
 import math
+import sys
 
 import torch
 
@@ -76,3 +77,29 @@ class XGLM(Adapter):
         mask = causal_mask(n, n, q.dtype, q.device) if mask is None else mask
         out, _ = attend(module, q, k, v, mask, scaling=1.0)
         return module.out_proj(out.reshape(b, n, -1)), None
+
+
+@register
+class GPTNeoXJapanese(Adapter):
+    """GPT-NeoX-Japanese: one fused projection per head ``[q, k, v]``, rotary positions on the
+    first ``rotary_ndims`` dimensions of q and k (the model's own function), scores over
+    ``sqrt(d)``, the causal mask the model builds; returns the output bias apart, as the model."""
+
+    model_types = ("gpt_neox_japanese",)
+    modules = ("GPTNeoXJapaneseAttention",)
+    causal = True
+
+    def forward(self, module, attend, hidden_states, attention_mask=None, position_ids=None, layer_past=None,
+                use_cache=False, output_attentions=False, position_embeddings=None, **kwargs):
+        rotate = sys.modules[type(module).__module__].apply_rotary_pos_emb
+        b, n, _ = hidden_states.shape
+        h, d, r = module.num_attention_heads, module.head_size, module.rotary_ndims
+        qkv = module.query_key_value(hidden_states).view(b, n, h, 3 * d).permute(0, 2, 1, 3)
+        q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+        cos, sin = position_embeddings
+        q_rot, k_rot = rotate(q[..., :r], k[..., :r], cos, sin)
+        q, k = torch.cat((q_rot, q[..., r:]), -1), torch.cat((k_rot, k[..., r:]), -1)
+        mask = additive(attention_mask, q.dtype)
+        mask = causal_mask(n, n, q.dtype, q.device) if mask is None else mask
+        out, _ = attend(module, q, k, v, mask, scaling=1.0 / module.norm_factor)
+        return module.dense(out.reshape(b, n, -1)), None, module.dense_bias
