@@ -26,3 +26,14 @@ refuse("tapas", "it reads tables (seven token type ids per token: segment, colum
                 " attattr's text inputs do not give")
 refuse("squeezebert", "its encoder calls each layer's forward directly, past the module hooks with which attattr"
                       " records and replays layers; not supported yet")
+refuse("canine", "its deep stack attends over downsampled blocks of characters, not over the input's tokens, and"
+                 " its character encoders attend locally")
+refuse("lilt", "it reads layout boxes beside the text, with a second attention stream over them whose scores"
+               " are added to the text's")
+refuse("prophetnet", "its decoder runs n-gram predicting streams beside the main stream in every layer")
+refuse("xlm", "it keeps its layers as parallel lists (attentions, feed-forwards), which attattr's per-layer"
+              " replay does not follow yet")
+refuse("flaubert", "it keeps its layers as parallel lists (attentions, feed-forwards), which attattr's per-layer"
+                   " replay does not follow yet")
+refuse("hrm_text", "it runs its blocks in nested recurrent cycles, so one layer's attention runs many times per"
+                   " forward")
