@@ -61,6 +61,12 @@ EXTRA: dict[str, dict] = {
     "umt5": dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0),
     "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
     "luke": dict(entity_vocab_size=10, entity_emb_size=16),
+    "xmod": dict(languages=["en_XX"], default_language="en_XX"),
+    "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32]),
+    "perceiver": dict(d_latents=64, num_latents=8, d_model=64, num_blocks=1, num_self_attends_per_block=1,
+                      num_self_attention_heads=4, num_cross_attention_heads=4),
+    "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
 }
 
 # model types attattr refuses at load_model, and a piece of the one line it gives
