@@ -14,6 +14,7 @@ float64 for a float64 model (some eager paths ask for float32).
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import transformers as tf
@@ -36,13 +37,17 @@ MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 FLOAT32_REFERENCE = frozenset({"xglm"})
 
 # per-type fixes on top of the generic tiny config (types beyond MODEL_TYPES)
+_GEMMA_STACK = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, intermediate_size=128, max_position_embeddings=64, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"])
 _LIN_FULL = dict(layer_types=["linear_attention", "full_attention"])  # a hybrid: layer 0 not attention
 EXTRA: dict[str, dict] = {
     **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "minimax"), _LIN_FULL),
     "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"]),
     "kimi_linear": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], num_experts_per_token=2, linear_num_heads=4,
                         linear_head_dim=16),
-    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16),
+    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
+                           layer_group_size=2),
     "granitemoehybrid": dict(_LIN_FULL, mamba_n_heads=8, mamba_d_head=16),
     "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
     "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16),
@@ -52,7 +57,9 @@ EXTRA: dict[str, dict] = {
     "mamba2": dict(num_heads=8, head_dim=16),
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),
     "esmc": dict(num_key_value_heads=4),
-    "zamba": dict(attn_layer_period=2, attn_layer_offset=1, layers_block_type=["linear_attention", "hybrid"]),
+    "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=0,
+                  layers_block_type=["hybrid", "linear_attention", "hybrid"]),  # one attention block shared by two layers
+    "bigbird_pegasus": dict(attention_type="original_full", decoder_start_token_id=3, forced_eos_token_id=None),
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
@@ -61,6 +68,7 @@ EXTRA: dict[str, dict] = {
     "umt5": dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0),
     "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
     "luke": dict(entity_vocab_size=10, entity_emb_size=16),
+    "t5gemma": dict(encoder=_GEMMA_STACK, decoder=_GEMMA_STACK, decoder_start_token_id=0),
     "xmod": dict(languages=["en_XX"], default_language="en_XX"),
     "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32]),
     "perceiver": dict(d_latents=64, num_latents=8, d_model=64, num_blocks=1, num_self_attends_per_block=1,
@@ -92,7 +100,7 @@ _TINY = {
     **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size",
                      "moe_ffn_hidden_size"), 32),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
-    **dict.fromkeys(("num_experts_per_tok", "moe_topk", "top_k", "moe_k"), 2),
+    **dict.fromkeys(("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k"), 2),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 64),
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
@@ -264,7 +272,13 @@ def scopes(model) -> dict:
         out.update({("decoder", i): b.layer[0] for i, b in enumerate(base.decoder.block)})
         out.update({("cross", i): b.layer[1] for i, b in enumerate(base.decoder.block)})
         return out
-    if mt in ("bart", "mbart", "plbart", "mvp"):
+    if mt == "t5gemma":
+        base = model.model
+        out = {("encoder", i): layer.self_attn for i, layer in enumerate(base.encoder.layers)}
+        out.update({("decoder", i): layer.self_attn for i, layer in enumerate(base.decoder.layers)})
+        out.update({("cross", i): layer.cross_attn for i, layer in enumerate(base.decoder.layers)})
+        return out
+    if mt in ("bart", "mbart", "plbart", "mvp", "bigbird_pegasus"):
         base = model.model
         out = {("encoder", i): layer.self_attn for i, layer in enumerate(base.encoder.layers)}
         out.update({("decoder", i): layer.self_attn for i, layer in enumerate(base.decoder.layers)})
@@ -325,12 +339,14 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
     experts = getattr(model.config, "_experts_implementation", None)
     if experts not in (None, "eager"):  # grouped experts take no float64
         model.set_experts_implementation("eager")
+    # no cache, where the model's forward takes the flag (T5Gemma's classifier sets it itself)
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     state = _Intercept()
     state.per_call = 2 if model.config.model_type == "longformer" else 1
     try:
         with _patched(state), _scoped(model, state):
             with torch.no_grad():
-                logits = model(**inputs, use_cache=False).logits
+                logits = model(**inputs, **no_cache).logits
             last = logits[0, -1] if lm else logits[0]
             target = int(last.argmax()) if target is None else target
             result = {}
@@ -340,7 +356,7 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                 state.alphas = torch.as_tensor(alphas, dtype=torch.float64)
                 batch = {k: v.expand(len(alphas), -1) for k, v in inputs.items()}
                 with torch.enable_grad():
-                    out = model(**batch, use_cache=False).logits
+                    out = model(**batch, **no_cache).logits
                     if f_of_logits is not None:
                         f = f_of_logits(out.double())
                     else:

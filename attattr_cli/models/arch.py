@@ -51,13 +51,18 @@ _BART = (("encoder", "model.encoder.layers", None),
 _T5 = (("encoder", "transformer.encoder.block", None),
        ("decoder", "transformer.decoder.block", "layer.0"),
        ("cross", "transformer.decoder.block", "layer.1"))
+# T5Gemma: Gemma layers as an encoder and a decoder (self_attn, cross_attn)
+_T5GEMMA = (("encoder", "model.encoder.layers", None),
+            ("decoder", "model.decoder.layers", "self_attn"),
+            ("cross", "model.decoder.layers", "cross_attn"))
 FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
-    "bart": _BART, "mbart": _BART, "plbart": _BART, "mvp": _BART, "t5": _T5, "mt5": _T5, "umt5": _T5,
+    "t5gemma": _T5GEMMA,
+    "bart": _BART, "mbart": _BART, "plbart": _BART, "mvp": _BART, "bigbird_pegasus": _BART, "t5": _T5, "mt5": _T5, "umt5": _T5,
 }
 # model_type -> dotted path of the encoder stack of an encoder-decoder model
 ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder", "plbart": "model.encoder",
-                                 "mvp": "model.encoder", "t5": "transformer.encoder", "mt5": "transformer.encoder",
-                                 "umt5": "transformer.encoder"}
+                                 "mvp": "model.encoder", "bigbird_pegasus": "model.encoder", "t5": "transformer.encoder", "mt5": "transformer.encoder",
+                                 "umt5": "transformer.encoder", "t5gemma": "model.encoder"}
 
 # the families' meaning, for messages and docs
 FAMILY_DOC = {
@@ -323,6 +328,9 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     adapters.check(model)
     heads = _config_value(config, "num_attention_heads", "n_head", "n_heads", "num_heads",
                           "encoder_attention_heads")
+    stacks = {"encoder": getattr(config, "encoder", None), "decoder": getattr(config, "decoder", None)}
+    if heads is None and stacks["encoder"] is not None:  # an encoder and a decoder config (T5Gemma)
+        heads = _config_value(stacks["encoder"], "num_attention_heads")
     if not _has_attention(model):
         raise ModelError(
             f"model type '{model_type}' ({type(model).__name__}) has no attention (no attention heads or"
@@ -355,6 +363,9 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
             fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads", "num_heads")
         else:
             fheads = heads
+        stack = stacks["decoder" if name in ("decoder", "cross") else "encoder"]
+        if stack is not None and hasattr(stack, "num_attention_heads"):  # the stack's own config (T5Gemma)
+            fheads = _config_value(stack, "num_attention_heads") or fheads
         skip = tuple((i, _layer_kind(layer)) for i, (layer, ok) in enumerate(zip(flayers, routed[name])) if not ok)
         for i, kind in skip:
             if kind == "no attention" and _has_attention(flayers[i]):  # attention of its own, not a hybrid's layer
