@@ -22,7 +22,7 @@ from attattr_cli.data.types import Example
 from attattr_cli.engine.integrate import nodes
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
-from attattr_cli.errors import ModelError
+from attattr_cli.errors import ModelError, OptionError
 from attattr_cli.models.loading import prepare
 from conftest import one_error_line, run_cli
 from arch_matrix import (DECODERS, ENCODER_DECODERS, FLOAT32_REFERENCE, MODEL_TYPES, MOE, REFUSED, build, config_for,
@@ -294,6 +294,45 @@ def test_saved_projections_have_one_shape(model_type, tokenizer):
     assert seen
     for family, fs in checked.families.items():
         assert abs(fs.attribution - reference_maps.families[family].attribution).max() < 1e-12
+
+
+def test_hybrid_lists_its_other_layers_and_says_so_once(tokenizer, tmp_path):
+    """A hybrid (Jamba: a Mamba layer, then an attention layer) scores its attention layer only,
+    says so once on stderr, and lists the Mamba layer as not attention in the store and info."""
+    model, lm = build("jamba", torch.float32)
+    model.save_pretrained(tmp_path / "jamba")
+    tokenizer.save_pretrained(tmp_path / "jamba")
+    loaded = prepare(model, tokenizer, "jamba", lm=lm)
+    assert loaded.arch.families[0].not_attention == ((0, "Mamba"),) and loaded.arch.families[0].attention_layers == [1]
+    store = tmp_path / "s.h5"
+    result = run_cli("score", "--model", tmp_path / "jamba", "--data", _tsv(tmp_path), "--steps", "2",
+                     "--out", store)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("is a hybrid") == 1 and "Mamba: layers 0" in result.stderr, result.stderr
+    info = aa.info(store)
+    assert info["families"]["self"]["layers"] == [1]
+    assert info["provenance"]["families"]["self"]["not_attention"] == {"0": "Mamba"}
+    shown = run_cli("info", store)
+    assert "not attention (self)" in shown.stdout and "0 Mamba" in shown.stdout, shown.stdout
+    with pytest.raises(OptionError, match="compute no softmax attention; the attention layers are 1"):
+        aa.score((model, tokenizer), [TEXT], layers=[0], steps=2, dtype="float32", lm=lm)
+
+
+def test_attention_sink_stays_in_the_denominator(tokenizer):
+    """gpt-oss: the stored probabilities of the real keys are the model's (rows sum to less than
+    1, the sink logit in the denominator) and the attribution's shape is token by token."""
+    model, lm = build("gpt_oss")
+    res = aa.score((model, tokenizer), [TEXT], rule="right", steps=4, dtype="float64", lm=lm)[0]
+    probs = torch.as_tensor(res.attention)
+    n = len(res.tokens)
+    assert probs.shape[-2:] == (n, n) and res.attribution.shape[-2:] == (n, n)
+    rows = probs.sum(-1)
+    assert (rows < 1 - 1e-6).all() and (rows > 0).all()
+    model.config._attn_implementation = "eager"  # the model's own: softmax over [scores, sink], sink column dropped
+    model.set_experts_implementation("eager")  # grouped experts take no float64
+    with torch.no_grad():
+        own = model(torch.tensor([list(res.input_ids)]), output_attentions=True, use_cache=False).attentions
+    assert torch.allclose(probs.double(), torch.stack([a[0] for a in own]).double(), rtol=0, atol=1e-6)
 
 
 def test_mixture_of_experts_float64_path_is_flagged(tokenizer):
