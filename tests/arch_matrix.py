@@ -105,7 +105,8 @@ _TINY = {
     **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
     **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
     **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), 8),
-    "rotary_dim": 8, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "num_expert_group": 1, "vocab_size": VOCAB,
+    "emb_dim": 64, "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16, "rotary_dim": 8, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "num_expert_group": 1, "vocab_size": VOCAB,
 }
 
 

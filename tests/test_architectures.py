@@ -99,10 +99,12 @@ def test_catalog_types_refused_with_their_line(model_type, tokenizer):
 
 
 def _routed(config) -> bool:
-    """Whether the model routes tokens to experts (its F jumps where the routing changes along alpha)."""
-    keys = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_per_tok")
-    return any(isinstance(getattr(config, k, None), int) and getattr(config, k) > 1 for k in keys) or \
-        any("expert" in k and isinstance(v, int) and v > 1 for k, v in config.to_dict().items())
+    """Whether the model routes tokens to experts (its F jumps where the routing changes along
+    alpha): a config field (or a sub-config's, DBRX's ffn_config) naming more than one expert."""
+    def experts(d: dict) -> bool:
+        return any(("expert" in str(k) and isinstance(v, int) and not isinstance(v, bool) and v > 1)
+                   or (isinstance(v, dict) and experts(v)) for k, v in d.items())
+    return experts(config.to_dict())
 
 
 COMPLETE = sorted(t for t in [*MODEL_TYPES, *CATALOG_VERIFIED] if t not in REFUSED and not _routed(config_for(t)))
