@@ -69,6 +69,9 @@ EXTRA: dict[str, dict] = {
     "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
     "luke": dict(entity_vocab_size=10, entity_emb_size=16),
     "t5gemma": dict(encoder=_GEMMA_STACK, decoder=_GEMMA_STACK, decoder_start_token_id=0),
+    "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                                rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
+                                                 for t in ("sliding_attention", "full_attention")}),
     "xmod": dict(languages=["en_XX"], default_language="en_XX"),
     "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32]),
     "perceiver": dict(d_latents=64, num_latents=8, d_model=64, num_blocks=1, num_self_attends_per_block=1,
