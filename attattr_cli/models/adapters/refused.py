@@ -37,3 +37,5 @@ refuse("flaubert", "it keeps its layers as parallel lists (attentions, feed-forw
                    " replay does not follow yet")
 refuse("hrm_text", "it runs its blocks in nested recurrent cycles, so one layer's attention runs many times per"
                    " forward")
+refuse("cpmant", "it puts learned prompt tokens before the input inside the model, so its layers attend over more"
+                 " positions than the input has tokens")
