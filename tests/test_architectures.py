@@ -337,6 +337,17 @@ def test_attention_sink_stays_in_the_denominator(tokenizer):
     assert torch.allclose(probs.double(), torch.stack([a[0] for a in own]).double(), rtol=0, atol=1e-6)
 
 
+def test_memory_estimate_takes_per_layer_widths(tokenizer):
+    """Gemma 3n's config gives intermediate_size per layer: the estimate uses the widest."""
+    from attattr_cli.engine.memory import step_bytes
+
+    model, lm = build("llama", torch.float32)
+    arch = prepare(model, tokenizer, "llama", lm=lm).arch
+    one = step_bytes(model.config, arch, ("self", 0), 16, torch.float32, torch.device("cpu"))
+    model.config.intermediate_size = [64, 128]
+    assert step_bytes(model.config, arch, ("self", 0), 16, torch.float32, torch.device("cpu")) == one
+
+
 def test_mixture_of_experts_float64_path_is_flagged(tokenizer):
     """Float64 runs the eager experts; with the error-controlled rule, a layer whose routing
     switches along alpha is flagged as a non-smooth path rather than called converged."""

@@ -562,9 +562,11 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
         original = type(module).forward
 
         def forward(x, *args, **kwargs):
-            # [batch, tokens, features] only: a router's [batch * tokens, features] (JetMoE's
-            # attention experts) has no batch axis to take one row of
-            if not plan.called and torch.is_tensor(x) and x.dim() > 2 and x.shape[0] > 1:
+            # [batch, tokens, features] only, batch the pass's rows: a router's [batch * tokens,
+            # features] (JetMoE's attention experts) or Gemma 3n's [streams, batch, tokens,
+            # features] has no batch axis first to take one row of
+            rows = len(plan.local) if plan.local is not None else len(plan.alphas)
+            if not plan.called and torch.is_tensor(x) and x.dim() == 3 and x.shape[0] == rows > 1:
                 if plan.first is None:
                     one = original(module, x[:1], *args, **kwargs)
                     return one.expand(x.shape[0], *one.shape[1:])
