@@ -59,7 +59,8 @@ EXTRA: dict[str, dict] = {
     "esmc": dict(num_key_value_heads=4),
     "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=0,
                   layers_block_type=["hybrid", "linear_attention", "hybrid"]),  # one attention block shared by two layers
-    "bigbird_pegasus": dict(attention_type="original_full", decoder_start_token_id=3, forced_eos_token_id=None),
+    "bigbird_pegasus": dict(attention_type="block_sparse", block_size=4, num_random_blocks=1, decoder_start_token_id=3,
+                            forced_eos_token_id=None),  # full attention up to 28 tokens
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
     "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
     "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
