@@ -223,7 +223,9 @@ class _Intercept:
         self.leaf = None
 
     def softmax(self, original, x, dim, dtype):
-        if self.busy or self.current is None or self.taken >= self.per_call or x.dim() < 3:  # as asked
+        last = dim is None or dim in (-1, x.dim() - 1)  # attention normalises over keys, the last axis
+        # (ConvBERT's dynamic convolution normalises its kernel over dim 1: not an attention map)
+        if self.busy or self.current is None or self.taken >= self.per_call or x.dim() < 3 or not last:  # as asked
             return original(x.to(dtype) if dtype is not None else x, dim)
         self.busy = True  # functional softmax calls Tensor.softmax: one interception per call
         try:

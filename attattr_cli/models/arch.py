@@ -342,6 +342,9 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
             f"model type '{model_type}' ({type(model).__name__}) computes its attention outside transformers'"
             " attention interface, and attattr has no adapter for it yet; see docs/models.md for the supported"
             " architectures")
+    adapter = adapters.adapter_for(model)
+    if adapter is not None and adapter.num_heads(model) is not None:
+        heads = adapter.num_heads(model)
     if heads is None or not int(heads):
         raise ModelError(f"model type '{model_type}' ({type(model).__name__}): its config names no number of attention"
                          " heads attattr can read; see docs/models.md for the supported architectures")
