@@ -104,15 +104,11 @@ def score_group(scorer, examples: Sequence[Example], encs: Sequence[Encoded],
 def _crop(saved: dict, n: int) -> dict:
     """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
     out = dict(saved)
-    sink = bool(saved.get("sink"))  # an attention sink: the last key, kept (engine/attention.py: with_sink)
     for key in ("q", "k", "v"):
         out[key] = saved[key][:, :, :n]
-        if sink and key != "q":
-            out[key] = torch.cat([out[key], saved[key][:, :, -1:]], 2)
     mask = saved["mask"]
     if mask is not None:
-        mask = torch.cat([mask[..., :min(n, mask.shape[-2]), :n], mask[..., :min(n, mask.shape[-2]), -1:]], -1) \
-            if sink else mask[..., :min(n, mask.shape[-2]), :n]
+        mask = mask[..., :min(n, mask.shape[-2]), :n]
         blocked = mask <= torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else ~mask.bool()
         out["mask"] = mask if bool(blocked.any()) else None  # as at batch 1: no padding, no mask
     return out
@@ -307,16 +303,15 @@ class _Group:
         first = saved[0]
         q, k, v = (first[key].new_zeros((count, *first[key].shape[1:2], width, first[key].shape[-1]))
                    for key in ("q", "k", "v"))
-        sink = bool(first.get("sink"))  # the sink key (last, value 0) is left out of A and V here
         for e in range(count):
             n = self.lengths[e]
-            q[e, :, :n], k[e, :, :n], v[e, :, :n] = (saved[e][key][0, :, :n] for key in ("q", "k", "v"))
+            q[e, :, :n], k[e, :, :n], v[e, :, :n] = saved[e]["q"][0], saved[e]["k"][0], saved[e]["v"][0]
         real = torch.arange(width, device=q.device) < torch.tensor(self.lengths, device=q.device).view(-1, 1)  # [E, W]
-        if first["causal"] or sink or any(saved[e]["mask"] is not None for e in range(count)):
+        if first["causal"] or any(saved[e]["mask"] is not None for e in range(count)):
             a = q.new_zeros((count, q.shape[1], width, width), dtype=dtype)
             for e in range(count):
                 n = self.lengths[e]
-                a[e, :, :n, :n] = sc.layer_probs(saved[e], dtype)[0][..., :n]
+                a[e, :, :n, :n] = sc.layer_probs(saved[e], dtype)[0]
         else:
             blocked = torch.zeros(real.shape, dtype=q.dtype, device=q.device).masked_fill(~real, torch.finfo(q.dtype).min)
             a = reference.attention_probs(q, k, blocked[:, None, None, :], first["scale"], first["softcap"]).to(dtype)
