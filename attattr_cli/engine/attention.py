@@ -300,6 +300,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
         m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
         d_out = v1.shape[-1]
+        if sink is not None and plan.first is not None:  # (decoders, the models with sinks, are never grouped)
+            raise ModelError("attention sinks are scored one example per pass: pass --group 1")
         if sink is not None:  # q' is one wider than v (the sink's dimension): v padded to match
             v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
         if bias is not None:
