@@ -14,6 +14,7 @@ float64 for a float64 model (some eager paths ask for float32).
 from __future__ import annotations
 
 import contextlib
+import inspect
 
 import torch
 import transformers as tf
@@ -31,6 +32,55 @@ ENCODER_DECODERS = ["bart", "mbart", "plbart", "t5", "mt5"]
 MOE = ["mixtral", "qwen2_moe", "qwen3_moe"]
 MODEL_TYPES = ENCODERS + DECODERS + ENCODER_DECODERS + MOE
 
+# model types whose own eager code cannot run in float64 (XGLM clamps its scores with a float32
+# constant): checked in float32, to 1e-4
+FLOAT32_REFERENCE = frozenset({"xglm"})
+
+# per-type fixes on top of the generic tiny config (types beyond MODEL_TYPES)
+_GEMMA_STACK = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                    head_dim=16, intermediate_size=128, max_position_embeddings=64, sliding_window=4,
+                    layer_types=["sliding_attention", "full_attention"])
+_LIN_FULL = dict(layer_types=["linear_attention", "full_attention"])  # a hybrid: layer 0 not attention
+EXTRA: dict[str, dict] = {
+    **dict.fromkeys(("qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "minimax"), _LIN_FULL),
+    "qwen4_exp_text": dict(layer_types=["linear_attention", "indexed_attention"]),
+    "kimi_linear": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], num_experts_per_token=2, linear_num_heads=4,
+                        linear_head_dim=16),
+    "bailing_hybrid": dict(_LIN_FULL, mlp_layer_types=["dense", "sparse"], linear_num_heads=4, linear_head_dim=16,
+                           layer_group_size=2),
+    "granitemoehybrid": dict(_LIN_FULL, mamba_n_heads=8, mamba_d_head=16),
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=8, mamba_d_head=16),
+    "nemotron_h": dict(layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=8, mamba_head_dim=16),
+    "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128),  # Mamba beside attention in each layer
+    "zaya": dict(num_experts_per_tok=1),
+    "mamba2": dict(num_heads=8, head_dim=16),
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),
+    "esmc": dict(num_key_value_heads=4),
+    "zamba": dict(num_hidden_layers=3, attn_layer_period=2, attn_layer_offset=0,
+                  layers_block_type=["hybrid", "linear_attention", "hybrid"]),  # one attention block shared by two layers
+    "bigbird_pegasus": dict(attention_type="block_sparse", block_size=4, num_random_blocks=1, decoder_start_token_id=3,
+                            forced_eos_token_id=None),  # full attention up to 28 tokens
+    "zamba2": dict(layers_block_type=["linear_attention", "hybrid"], hybrid_layer_ids=[1]),
+    "recurrent_gemma": dict(block_types=["recurrent", "attention"]),
+    "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "lfm3": dict(layer_types=["conv", "full_attention"]),
+    "umt5": dict(relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0),
+    "mvp": dict(decoder_start_token_id=3, forced_eos_token_id=None),
+    "luke": dict(entity_vocab_size=10, entity_emb_size=16),
+    "t5gemma": dict(encoder=_GEMMA_STACK, decoder=_GEMMA_STACK, decoder_start_token_id=0),
+    "cohere_compass_text": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=4,
+                                rope_parameters={t: {"rope_type": "default", "rope_theta": 10000.0}
+                                                 for t in ("sliding_attention", "full_attention")}),
+    "xmod": dict(languages=["en_XX"], default_language="en_XX"),
+    "reformer": dict(is_decoder=True, attn_layers=["local", "lsh"], axial_pos_shape=[8, 8], axial_pos_embds_dim=[32, 32]),
+    "perceiver": dict(d_latents=64, num_latents=8, d_model=64, num_blocks=1, num_self_attends_per_block=1,
+                      num_self_attention_heads=4, num_cross_attention_heads=4),
+    "dbrx": dict(attn_config=dict(kv_n_heads=2, rope_theta=10000.0, clip_qkv=8.0),
+                 ffn_config=dict(ffn_hidden_size=128, moe_num_experts=4, moe_top_k=2)),
+}
+
 # model types attattr refuses at load_model, and a piece of the one line it gives
 REFUSED = {
     "mamba": "no attention",
@@ -38,9 +88,51 @@ REFUSED = {
 }
 
 
+# any other model type: each of these config fields that its default config has, set small
+# (a field's many names across architectures; per-type fixes in EXTRA)
+_TINY = {
+    **dict.fromkeys(("hidden_size", "d_model", "n_embd", "dim", "embed_dim", "n_embed", "word_embed_proj_dim",
+                     "embedding_size", "hidden_dim_model"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers", "decoder_layers",
+                     "num_decoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+                     "decoder_attention_heads", "attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("head_dim", "d_kv", "d_head", "kv_channels", "attention_head_dim"), 16),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "d_ff", "encoder_ffn_dim", "decoder_ffn_dim", "n_inner",
+                     "ffn_hidden_size", "d_inner", "inner_hidden_size", "hidden_dim", "ffn_hidden_dim"), 128),
+    **dict.fromkeys(("moe_intermediate_size", "expert_intermediate_size", "shared_expert_intermediate_size",
+                     "moe_ffn_hidden_size"), 32),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"), 4),
+    **dict.fromkeys(("num_experts_per_tok", "num_experts_per_token", "moe_topk", "top_k", "moe_k"), 2),
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 64),
+    **dict.fromkeys(("kv_lora_rank", "q_lora_rank"), 16),
+    **dict.fromkeys(("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"), 8),
+    **dict.fromkeys(("state_size", "mamba_d_state", "ssm_state_size"), 8),
+    "emb_dim": 64, "expert_ffn_hidden_size": 32, "zero_expert_num": 2, "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16, "rotary_dim": 8, "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "num_expert_group": 1, "vocab_size": VOCAB,
+}
+
+
+def _tiny(model_type: str) -> dict:
+    """The keyword arguments that make ``model_type``'s default config tiny (fields it has)."""
+    defaults = tf.AutoConfig.for_model(model_type).to_dict()
+    kw = {k: v for k, v in _TINY.items() if k in defaults}
+    if "qk_rope_head_dim" in defaults:  # multi-head latent attention: the head is nope + rope wide
+        kw.pop("head_dim", None)
+        if "num_key_value_heads" in kw:  # keys per query head (the latent is shared instead)
+            kw["num_key_value_heads"] = kw.get("num_attention_heads", 4)
+    return kw
+
+
 def config_for(model_type: str, **overrides):
     """A tiny config of ``model_type``: hidden 64, 2 layers, 4 heads, two labels (``overrides``
     on top)."""
+    if model_type not in MODEL_TYPES:
+        kw = dict(_tiny(model_type), num_labels=2, pad_token_id=0, bos_token_id=2, eos_token_id=3)
+        kw.update(EXTRA.get(model_type, {}))
+        kw.update(overrides)
+        return tf.AutoConfig.for_model(model_type, **kw)
     kw = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
               intermediate_size=128, max_position_embeddings=64, num_labels=2, pad_token_id=0,
               bos_token_id=2, eos_token_id=3)
@@ -98,9 +190,10 @@ def config_for(model_type: str, **overrides):
     return tf.AutoConfig.for_model(model_type, **kw)
 
 
-def build(model_type: str, dtype=torch.float64, seed: int = 0, **overrides):
+def build(model_type: str, dtype=torch.float64, seed: int = 0, spread: float = 1.5, **overrides):
     """(model, lm): the tiny model of ``model_type`` in ``dtype``, a sequence classifier where
-    transformers has one, else a causal language model (lm True)."""
+    transformers has one, else a causal language model (lm True); its random weights times
+    ``spread``."""
     config = config_for(model_type, **overrides)
     torch.manual_seed(seed)
     try:
@@ -109,7 +202,7 @@ def build(model_type: str, dtype=torch.float64, seed: int = 0, **overrides):
         model, lm = tf.AutoModelForCausalLM.from_config(config), True
     with torch.no_grad():  # random init leaves the classifier nearly uniform: spread it
         for p in model.parameters():
-            p.mul_(1.5)
+            p.mul_(spread)
     return model.to(dtype).eval(), lm
 
 
@@ -130,7 +223,9 @@ class _Intercept:
         self.leaf = None
 
     def softmax(self, original, x, dim, dtype):
-        if self.busy or self.current is None or self.taken >= self.per_call or x.dim() < 3:  # as asked
+        last = dim is None or dim in (-1, x.dim() - 1)  # attention normalises over keys, the last axis
+        # (ConvBERT's dynamic convolution normalises its kernel over dim 1: not an attention map)
+        if self.busy or self.current is None or self.taken >= self.per_call or x.dim() < 3 or not last:  # as asked
             return original(x.to(dtype) if dtype is not None else x, dim)
         self.busy = True  # functional softmax calls Tensor.softmax: one interception per call
         try:
@@ -178,13 +273,19 @@ def scopes(model) -> dict:
     if mt == "albert":
         shared = [layer.attention for group in model.albert.encoder.albert_layer_groups for layer in group.albert_layers]
         return {"shared": (shared, [("self", i) for i in range(model.config.num_hidden_layers)])}
-    if mt in ("t5", "mt5"):
+    if mt in ("t5", "mt5", "umt5"):
         base = getattr(model, "transformer", model)
         out = {("encoder", i): b.layer[0] for i, b in enumerate(base.encoder.block)}
         out.update({("decoder", i): b.layer[0] for i, b in enumerate(base.decoder.block)})
         out.update({("cross", i): b.layer[1] for i, b in enumerate(base.decoder.block)})
         return out
-    if mt in ("bart", "mbart", "plbart"):
+    if mt == "t5gemma":
+        base = model.model
+        out = {("encoder", i): layer.self_attn for i, layer in enumerate(base.encoder.layers)}
+        out.update({("decoder", i): layer.self_attn for i, layer in enumerate(base.decoder.layers)})
+        out.update({("cross", i): layer.cross_attn for i, layer in enumerate(base.decoder.layers)})
+        return out
+    if mt in ("bart", "mbart", "plbart", "mvp", "bigbird_pegasus"):
         base = model.model
         out = {("encoder", i): layer.self_attn for i, layer in enumerate(base.encoder.layers)}
         out.update({("decoder", i): layer.self_attn for i, layer in enumerate(base.decoder.layers)})
@@ -245,12 +346,14 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
     experts = getattr(model.config, "_experts_implementation", None)
     if experts not in (None, "eager"):  # grouped experts take no float64
         model.set_experts_implementation("eager")
+    # no cache, where the model's forward takes the flag (T5Gemma's classifier sets it itself)
+    no_cache = {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}
     state = _Intercept()
     state.per_call = 2 if model.config.model_type == "longformer" else 1
     try:
         with _patched(state), _scoped(model, state):
             with torch.no_grad():
-                logits = model(**inputs, use_cache=False).logits
+                logits = model(**inputs, **no_cache).logits
             last = logits[0, -1] if lm else logits[0]
             target = int(last.argmax()) if target is None else target
             result = {}
@@ -260,7 +363,7 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                 state.alphas = torch.as_tensor(alphas, dtype=torch.float64)
                 batch = {k: v.expand(len(alphas), -1) for k, v in inputs.items()}
                 with torch.enable_grad():
-                    out = model(**batch, use_cache=False).logits
+                    out = model(**batch, **no_cache).logits
                     if f_of_logits is not None:
                         f = f_of_logits(out.double())
                     else:
@@ -271,7 +374,15 @@ def reference(model, inputs: dict, alphas, weights, target: int | None = None, l
                                                 [state.leaves[p] for p in parts])
                 attr = {p: (state.probs[p] * g.view(len(alphas), *state.probs[p].shape).sum(0)).detach()
                         for p, g in zip(parts, grads)}
-                result[site] = attr[(site, 0)][0] if len(attr) == 1 else _longformer_dense(model, inputs, attr, site)
+                first = attr[(site, 0)]  # [1, head, q, k], or [head, q, k] where heads are folded into the batch
+                result[site] = (first[0] if first.dim() == 4 else first) if len(attr) == 1 \
+                    else _longformer_dense(model, inputs, attr, site)
+                n_in = inputs["input_ids"].shape[1]
+                if site[0] == "self" and result[site].shape[-1] == n_in + 1:
+                    # an attention sink: the softmax ran over the keys and the sink logit, whose
+                    # column the model drops (its gradient, so its attribution, is 0)
+                    assert not result[site][..., -1].any()
+                    result[site] = result[site][..., :-1]
                 state.mode = "record"
     finally:
         for cfg, old in impl.values():

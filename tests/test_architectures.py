@@ -1,35 +1,53 @@
 """The architecture matrix: every text model type of tests/arch_matrix.py either scores, in
 float64 with the right rule and 8 steps, and agrees with the independent reference (the
 model's own eager attention, its softmax intercepted) to 1e-6 relative for every layer of
-every attention family, or is refused by load_model with one ModelError line."""
+every attention family, or is refused by load_model with one ModelError line.
+
+The catalog (tests/arch_states.json, written by tests/arch_catalog.py from transformers' own
+mappings) extends it to every text model type transformers maps to a classifier or a causal
+LM: each verified one is checked the same way, each refused one gives its recorded line."""
 
 from __future__ import annotations
 
+import json
 import time
+from types import SimpleNamespace
+from pathlib import Path
 
 import pytest
 import torch
 
 import attattr_cli as aa
+from attattr_cli import convergence
 from attattr_cli.data.types import Example
 from attattr_cli.engine.integrate import nodes
 from attattr_cli.engine.options import ScoreOptions
 from attattr_cli.engine.scorer import Scorer
-from attattr_cli.errors import ModelError
+from attattr_cli.errors import ModelError, OptionError
 from attattr_cli.models.loading import prepare
 from conftest import one_error_line, run_cli
-from arch_matrix import DECODERS, ENCODER_DECODERS, MODEL_TYPES, MOE, REFUSED, build, config_for, reference
+from arch_matrix import (DECODERS, ENCODER_DECODERS, FLOAT32_REFERENCE, MODEL_TYPES, MOE, REFUSED, build, config_for,
+                         reference)
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 TOL = 1e-6
+STATES = json.loads((Path(__file__).parent / "arch_states.json").read_text())
+CATALOG_VERIFIED = sorted(t for t, v in STATES.items() if v["state"] == "verified" and t not in MODEL_TYPES)
+CATALOG_REFUSED = sorted(t for t, v in STATES.items() if v["state"] == "refused" and t not in REFUSED)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def tol_for(model_type: str) -> float:
+    return 1e-4 if model_type in FLOAT32_REFERENCE else TOL
+
+
 def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
-    """Score ``model_type`` and compare with the reference; {site: relative difference}."""
+    """Score ``model_type`` and compare with the reference; {site: relative difference}
+    (in float32 where the model's own code cannot run in float64)."""
+    dtype = torch.float32 if model_type in FLOAT32_REFERENCE else dtype
     model, lm = build(model_type, dtype, **overrides)
     loaded = prepare(model, tokenizer, f"tiny-{model_type}", lm=lm)
     scorer = Scorer(loaded, ScoreOptions(steps=8, rule="right", dtype="float64" if dtype == torch.float64
@@ -54,6 +72,70 @@ def check(model_type: str, tokenizer, dtype=torch.float64, **overrides) -> dict:
 def test_scores_and_agrees_with_reference(model_type, tokenizer):
     diffs = check(model_type, tokenizer)
     assert diffs and max(diffs.values()) < TOL, diffs
+
+
+def test_catalog_is_transformers_own():
+    """The catalog holds exactly the text types transformers maps now: after an upgrade this
+    names the new ones (run python tests/arch_catalog.py)."""
+    from attattr_cli.models.catalog import text_types
+
+    now = set(text_types())
+    assert set(STATES) == now, f"new: {sorted(now - set(STATES))}, gone: {sorted(set(STATES) - now)}"
+    assert not [t for t, v in STATES.items() if v["state"] == "DISAGREES"]
+
+
+@pytest.mark.parametrize("model_type", CATALOG_VERIFIED)
+def test_catalog_types_agree_with_reference(model_type, tokenizer):
+    diffs = check(model_type, tokenizer)
+    assert diffs and max(diffs.values()) < tol_for(model_type), diffs
+
+
+@pytest.mark.parametrize("model_type", CATALOG_REFUSED)
+def test_catalog_types_refused_with_their_line(model_type, tokenizer):
+    """A refused type gives its one recorded line (at load, or at its first forward for a layer
+    that computes attention twice), never a raw error or a map."""
+    with pytest.raises(ModelError) as info:
+        check(model_type, tokenizer)
+    assert str(info.value) == STATES[model_type]["detail"] and "\n" not in str(info.value)
+
+
+def _routed(config) -> bool:
+    """Whether the model routes tokens to experts (its F jumps where the routing changes along
+    alpha): a config field (or a sub-config's, DBRX's ffn_config) naming more than one expert."""
+    def experts(d: dict) -> bool:
+        return any(("expert" in str(k) and isinstance(v, int) and not isinstance(v, bool) and v > 1)
+                   or (isinstance(v, dict) and experts(v)) for k, v in d.items())
+    return experts(config.to_dict())
+
+
+COMPLETE = sorted(t for t in [*MODEL_TYPES, *CATALOG_VERIFIED] if t not in REFUSED and not _routed(config_for(t)))
+
+
+def _residuals(model_type: str, tokenizer, nodes: int) -> dict:
+    """{(family, layer): |sum Attr - (F(1) - F(0))| / (|F(1) - F(0)| + sum |Attr|)} with Gauss-Legendre
+    at ``nodes`` nodes, on the tiny model with its random weights as initialised."""
+    model, lm = build(model_type, spread=1.0)
+    scorer = Scorer(prepare(model, tokenizer, model_type, lm=lm),
+                    ScoreOptions(steps=nodes, rule="gauss", dtype="float64", lm=lm, group=1))
+    result = scorer.score(Example(0, TEXT))
+    out = {}
+    for family, fs in result.families.items():
+        for k, layer in enumerate(fs.layers):
+            scale = abs(result.f_full - fs.f_baseline[k]) + abs(fs.attribution[k]).sum()
+            out[(family, layer)] = abs(fs.residual[k]) / scale
+    return out
+
+
+@pytest.mark.parametrize("model_type", COMPLETE)
+def test_completeness_residual_vanishes_as_the_rule_refines(model_type, tokenizer):
+    """The check that catches a wrong map (differential attention's two softmaxes scored as
+    one): where F is smooth along alpha (no expert routing), the completeness residual
+    sum Attr - (F(1) - F(0)) of every layer goes to 0 as the quadrature refines (24 -> 48
+    Gauss-Legendre nodes: at least halved, or already below 1e-3 of the layer's scale), where
+    a wrong map leaves a residual that no rule removes. A type where it cannot is refused."""
+    coarse, fine = _residuals(model_type, tokenizer, 24), _residuals(model_type, tokenizer, 48)
+    for site, r in fine.items():
+        assert r <= 1e-3 or r <= 0.5 * coarse[site], (site, coarse[site], r)
 
 
 @pytest.mark.parametrize("model_type,overrides", [
@@ -215,6 +297,57 @@ def test_saved_projections_have_one_shape(model_type, tokenizer):
     assert seen
     for family, fs in checked.families.items():
         assert abs(fs.attribution - reference_maps.families[family].attribution).max() < 1e-12
+
+
+def test_hybrid_lists_its_other_layers_and_says_so_once(tokenizer, tmp_path):
+    """A hybrid (Jamba: a Mamba layer, then an attention layer) scores its attention layer only,
+    says so once on stderr, and lists the Mamba layer as not attention in the store and info."""
+    model, lm = build("jamba", torch.float32)
+    model.save_pretrained(tmp_path / "jamba")
+    tokenizer.save_pretrained(tmp_path / "jamba")
+    loaded = prepare(model, tokenizer, "jamba", lm=lm)
+    assert loaded.arch.families[0].not_attention == ((0, "Mamba"),) and loaded.arch.families[0].attention_layers == [1]
+    store = tmp_path / "s.h5"
+    result = run_cli("score", "--model", tmp_path / "jamba", "--data", _tsv(tmp_path), "--steps", "2",
+                     "--out", store)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("is a hybrid") == 1 and "Mamba: layers 0" in result.stderr, result.stderr
+    info = aa.info(store)
+    assert info["families"]["self"]["layers"] == [1]
+    assert info["provenance"]["families"]["self"]["not_attention"] == {"0": "Mamba"}
+    shown = run_cli("info", store)
+    assert "not attention (self)" in shown.stdout and "0 Mamba" in shown.stdout, shown.stdout
+    with pytest.raises(OptionError, match="compute no softmax attention; the attention layers are 1"):
+        aa.score((model, tokenizer), [TEXT], layers=[0], steps=2, dtype="float32", lm=lm)
+
+
+def test_attention_sink_stays_in_the_denominator(tokenizer):
+    """gpt-oss: the stored probabilities of the real keys are the model's (rows sum to less than
+    1, the sink logit in the denominator) and the attribution's shape is token by token."""
+    model, lm = build("gpt_oss")
+    res = aa.score((model, tokenizer), [TEXT], rule="right", steps=4, dtype="float64", lm=lm)[0]
+    probs = torch.as_tensor(res.attention)
+    n = len(res.tokens)
+    assert probs.shape[-2:] == (n, n) and res.attribution.shape[-2:] == (n, n)
+    rows = probs.sum(-1)
+    assert (rows < 1 - 1e-6).all() and (rows > 0).all()
+    model.config._attn_implementation = "eager"  # the model's own: softmax over [scores, sink], sink column dropped
+    model.set_experts_implementation("eager")  # grouped experts take no float64
+    with torch.no_grad():
+        own = model(torch.tensor([list(res.input_ids)]), output_attentions=True, use_cache=False).attentions
+    assert torch.allclose(probs.double(), torch.stack([a[0] for a in own]).double(), rtol=0, atol=1e-6)
+
+
+def test_memory_estimate_takes_per_layer_widths(tokenizer):
+    """Gemma 3n's config gives intermediate_size per layer: the estimate uses the widest."""
+    from attattr_cli.engine.memory import step_bytes
+
+    model, lm = build("llama", torch.float32)
+    arch = prepare(model, tokenizer, "llama", lm=lm).arch
+    one = step_bytes(model.config, arch, ("self", 0), 16, torch.float32, torch.device("cpu"))
+    per_layer = SimpleNamespace(**{k: getattr(model.config, k) for k in ("hidden_size", "vocab_size")},
+                                intermediate_size=[64, 128])  # the fields the estimate reads, as Gemma 3n gives them
+    assert step_bytes(per_layer, arch, ("self", 0), 16, torch.float32, torch.device("cpu")) == one
 
 
 def test_mixture_of_experts_float64_path_is_flagged(tokenizer):

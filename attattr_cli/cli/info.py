@@ -55,6 +55,16 @@ def _flagged(indices: list[int]) -> str:
     return f"{len(indices)} example{'s' if len(indices) != 1 else ''} with NaN or inf, skipped by every analysis ({shown})"
 
 
+def _not_attention(fams: dict) -> list[tuple[str, str]]:
+    """A hybrid's layers that compute no softmax attention (not scored), one row per family."""
+    rows = []
+    for name, d in fams.items():
+        skip = d.get("not_attention") if isinstance(d, dict) else None
+        if skip:
+            rows.append((f"not attention ({name})", ", ".join(f"{i} {kind}" for i, kind in skip.items())))
+    return rows
+
+
 def info(
     store: Path = typer.Argument(..., help="An attattr HDF5 store."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -87,6 +97,7 @@ def info(
             ("mean |residual| per layer", "" if summary["mean_abs_residual_per_layer"] is None else
              " ".join(f"{r:.1e}" for r in summary["mean_abs_residual_per_layer"])),
             ("families", _families(summary.get("families") or {})),
+            *_not_attention(prov.get("families") or {}),
             ("runs", str(len(prov.get("runs") or []))),
             ("size", f"{summary['size_bytes'] / 1e6:.2f} MB"),
         ]

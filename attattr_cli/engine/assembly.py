@@ -24,7 +24,11 @@ class Assembly:
         (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
         and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
         rule's state is judged here, from its embedded estimate and its residual)."""
-        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None), saved=saved)
+        sink = bool((self._saved if saved is None else saved).get("sink"))
+        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None or sink), saved=saved)
+        if sink:  # the sink key's column (value 0, so attribution 0) is not a token: dropped
+            maps = res["maps"][..., :-1]
+            res = {"maps": maps, "head_sum": maps.sum(1), "head_max": maps.amax(dim=(-2, -1))}
         hs = res["head_sum"][0]
         resid = float(hs.double().sum()) - (f_full - f0)
         if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
@@ -117,7 +121,8 @@ class Assembly:
         tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
         f_base = [r["f0"] for r in per_layer]
         resid = [r["resid"] for r in per_layer]
-        all_layers = range(fam.num_layers)
+        # every layer's attention, or a hybrid's scored layers (the others compute none)
+        all_layers = range(fam.num_layers) if not fam.not_attention else self.layers_of[fam.name]
         attn = None
         if kept is not None:
             attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()

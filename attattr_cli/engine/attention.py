@@ -70,6 +70,17 @@ class Record:
     keep: str | None = "maps"  # what of the probabilities to keep: "maps", "mean" or None
     keep_graph: bool = False  # also keep the probabilities with their graph in ``live`` (site -> tensor)
     live: dict = field(default_factory=dict)
+    called: set = field(default_factory=set)  # sites whose attention has run in this forward
+
+
+def several_maps(model_type: str, site) -> ModelError:
+    """The one line for a layer whose attention runs more than once in one forward (differential
+    attention's two softmaxes, or a looped model running its layers again): attattr's map of a
+    layer is one softmax, so no one map would be right."""
+    return ModelError(f"model type '{model_type}' computes attention more than once in {site[0]} layer {site[1]} in"
+                      " one forward (several maps combined, as differential attention does, or layers run again, as"
+                      " a looped model does), and attattr's map of a layer is one softmax; see docs/models.md for"
+                      " the supported architectures")
 
 
 @dataclass
@@ -181,6 +192,29 @@ def fold_bias(q: torch.Tensor, k: torch.Tensor, bias: torch.Tensor, scale: float
     return torch.cat([q * scale, eye], -1), torch.cat([k, bias.transpose(-1, -2)], -1)
 
 
+def with_sink(query, key, value, mask, scaling, sink, causal_module: bool):
+    """An attention sink (a learned logit per head in the softmax's denominator, gpt-oss's
+    ``s_aux``) as one more key: ``q' = [scale * q, 1]``, ``k'_j = [k_j, 0]``, the sink key
+    ``[0, s_h]`` with value 0, so that ``softmax(q' k'^T + mask)`` over n + 1 keys is the
+    model's attention, its first n columns the probabilities of the real keys (rows sum to
+    less than 1) and its output ``A V`` unchanged. Returns (q', k', v', mask', scale 1); the
+    mask becomes explicit (causal where the module is, the sink column open)."""
+    b, h, n_q, d = query.shape
+    n_k = key.shape[-2]
+    scale = d ** -0.5 if scaling is None else scaling
+    s = sink.to(query.dtype).reshape(1, -1, 1, 1).expand(b, h, 1, 1)
+    q = torch.cat([query * scale, query.new_ones(b, h, n_q, 1)], -1)
+    k = torch.cat([torch.cat([key, key.new_zeros(b, h, n_k, 1)], -1),
+                   torch.cat([key.new_zeros(b, h, 1, d), s], -1)], -2)
+    v = torch.cat([value, value.new_zeros(b, h, 1, value.shape[-1])], -2)
+    if mask is None and causal_module and n_q > 1:
+        mask = causal_fill(_Causal, query, key, None)
+    if mask is not None:
+        mask = mask.to(query.dtype)
+        mask = torch.cat([mask, mask.new_zeros(*mask.shape[:-1], 1)], -1)
+    return q, k, v, mask, 1.0
+
+
 def attattr_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Signature of transformers' attention interface; returns (output [b, q, h, d], weights).
 
@@ -190,8 +224,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     plan = _plan.get()
     softcap = kwargs.get("softcap")
     bias = kwargs.get("position_bias")
-    if kwargs.get("s_aux") is not None:
-        raise ModelError("attention sinks (s_aux) are not supported by attattr yet")
+    sink = kwargs.get("s_aux")
+    if sink is not None and (softcap is not None or bias is not None):
+        raise ModelError("attention sinks (s_aux) together with a soft cap or a position bias are not supported by"
+                         " attattr yet; see docs/models.md for the supported architectures")
     heads = query.shape[1]
     key = repeat_kv(key, heads)
     value = repeat_kv(value, heads)
@@ -200,6 +236,13 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
             ~mask, torch.finfo(query.dtype).min
         )
+    if sink is not None:  # the sink as one more key; every path below sees n + 1 keys
+        d_value = value.shape[-1]
+        query, key, value, mask, scaling = with_sink(query, key, value, mask, scaling, sink,
+                                                     bool(getattr(module, "is_causal", False)))
+        out = _sink_attention(plan, module, query, key, value, mask, d_value)
+        if out is not None:
+            return out
     site = None if plan is None else plan_site_of(module)
     # where a causal module's mask is exactly the causal pattern (attattr never pads its
     # inputs), use the flag instead of an n x n mask, so fused attention can run
@@ -213,6 +256,9 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         mask = bias if mask is None else mask + bias
 
     if isinstance(plan, Record) and site is not None:
+        if site in plan.called:  # one site, two softmaxes combined: no one map to attribute
+            raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
+        plan.called.add(site)
         want_grad = site in plan.grad_layers
         if plan.keep_graph:  # probabilities with their graph: gradients with respect to A
             probs = reference.attention_probs(query, key, mask, scaling, softcap)
@@ -254,6 +300,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
         m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
         d_out = v1.shape[-1]
+        if sink is not None and plan.first is not None:  # (decoders, the models with sinks, are never grouped)
+            raise ModelError("attention sinks are scored one example per pass: pass --group 1")
+        if sink is not None:  # q' is one wider than v (the sink's dimension): v padded to match
+            v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
         if bias is not None:
             b1 = bias if bias.shape[0] == 1 else bias[first]
             q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
@@ -273,8 +323,9 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         plan.leaf = leaf
         plan.called = True
         plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
-                      "softcap": softcap}
-        return leaf[..., :d_out].transpose(1, 2), None
+                      "softcap": softcap, "sink": sink is not None}
+        # contiguous, as the interface's other paths return it: models .view it (afmoe, jetmoe, dory)
+        return leaf[..., :d_out].transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
@@ -297,6 +348,42 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 
 class _Causal:
     is_causal = True
+
+
+def _sink_attention(plan, module, query, key, value, mask, d_value):
+    """The paths for attention with a sink key appended (:func:`with_sink`; scale 1, an explicit
+    mask, no bias): (output, probabilities of the real keys), or None for the target layer of
+    an attribution (the Attribute path of :func:`attattr_attention` runs it, its saved
+    projections carrying the sink)."""
+    site = None if plan is None else plan_site_of(module)
+    if isinstance(plan, Attribute) and site == plan.site:
+        return None
+    probs = reference.attention_probs(query, key, mask, 1.0, None)
+    out = torch.matmul(probs, value)
+    real = probs[..., :-1]
+    if isinstance(plan, Record) and site is not None:
+        if site in plan.called:
+            raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
+        plan.called.add(site)
+        if plan.keep_graph:
+            plan.live[site] = real
+        if plan.keep == "maps":
+            plan.probs[site] = real.detach()
+        elif plan.keep == "mean":
+            plan.probs[site] = real.detach().float().mean(1)
+        if site in plan.grad_layers:  # as wide as the target pass's output (v padded to q's width)
+            z = out.new_zeros(*out.shape[:-1], max(query.shape[-1], out.shape[-1])).requires_grad_(True)
+            plan.leaves[site] = z
+            out = out + z[..., :out.shape[-1]]
+    elif isinstance(plan, Permute) and site == plan.site:
+        index = plan.index.to(real.device)
+        if index.shape[0] != real.shape[0]:
+            index = index.expand(real.shape[0], *index.shape[1:])
+        real = torch.gather(real, -1, index)
+        out = torch.matmul(real, value[..., :-1, :])
+    elif isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
+        out = _head_scale(plan, site[1], out)
+    return out.transpose(1, 2).contiguous(), real
 
 
 AttentionInterface.register(IMPLEMENTATION, attattr_attention)
@@ -477,7 +564,11 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
         original = type(module).forward
 
         def forward(x, *args, **kwargs):
-            if not plan.called and torch.is_tensor(x) and x.dim() > 1 and x.shape[0] > 1:
+            # [batch, tokens, features] only, batch the pass's rows: a router's [batch * tokens,
+            # features] (JetMoE's attention experts) or Gemma 3n's [streams, batch, tokens,
+            # features] has no batch axis first to take one row of
+            rows = len(plan.local) if plan.local is not None else len(plan.alphas)
+            if not plan.called and torch.is_tensor(x) and x.dim() == 3 and x.shape[0] == rows > 1:
                 if plan.first is None:
                     one = original(module, x[:1], *args, **kwargs)
                     return one.expand(x.shape[0], *one.shape[1:])

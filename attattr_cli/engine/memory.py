@@ -51,8 +51,9 @@ def step_bytes(config, arch, site: tuple[str, int], n: int, dtype: torch.dtype, 
     through the layers at and above it, for ``n`` tokens (``kept`` LM positions)."""
     family, layer = site
     hidden = hidden_size(config)
-    inter = int(getattr(config, "intermediate_size", None) or getattr(config, "decoder_ffn_dim", None)
-                or getattr(config, "n_inner", None) or 4 * hidden)
+    inter = (getattr(config, "intermediate_size", None) or getattr(config, "decoder_ffn_dim", None)
+             or getattr(config, "n_inner", None) or 4 * hidden)
+    inter = int(max(inter) if isinstance(inter, (list, tuple)) else inter)  # per layer (Gemma 3n): the widest
     fam = arch.family(family)
     above = fam.num_layers - layer
     if family == "encoder":  # the whole decoder runs above an encoder target

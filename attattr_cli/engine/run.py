@@ -212,7 +212,8 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
         "num_layers": loaded.arch.num_layers,
         "num_heads": loaded.arch.num_heads,
         "families": {f.name: {"layers": f.num_layers, "heads": f.num_heads, "query": f.query_side,
-                              "key": f.key_side, "scored": f.name in scorer.layers_of}
+                              "key": f.key_side, "scored": f.name in scorer.layers_of,
+                              "not_attention": {str(i): kind for i, kind in f.not_attention}}
                      for f in loaded.arch.families},
         "lm": bool(req.options.lm),
         "max_length": loaded.arch.max_length or 0,
@@ -313,11 +314,14 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     prep = prepare_run(req, loaded)
     prep.scorer.warn = warn
     unknown = unknown_words(prep.scorer.tokenizer, prep.encoded, prep.loaded.model_id)
-    if unknown:
+    hybrid = prep.scorer.arch.hybrid_note  # a hybrid's layers without softmax attention: said once
+    for note in (unknown, hybrid):
+        if not note:
+            continue
         if warn is not None:
-            warn(unknown)
+            warn(note)
         else:
             from ..errors import warn_user
 
-            warn_user(unknown)  # at the caller of score()
+            warn_user(note)  # at the caller of score()
     return score_into(prep, progress=progress)

@@ -44,8 +44,10 @@ class Scorer(Integration, Assembly):
         self.arch = loaded.arch
         self.sites = SiteScorer(self.model, self.arch)
         self.families = self.sites.choose(options.family)
-        self.layers = options.validate(self.families[0].num_layers)
-        self.layers_of = {f.name: options.validate(f.num_layers) for f in self.families}
+        # a hybrid's layers without softmax attention are not scored (models/arch.py)
+        self.layers_of = {f.name: f.scored(options.validate(f.num_layers))
+                          for f in self.families}
+        self.layers = self.layers_of[self.families[0].name]
         if options.lm and not getattr(loaded, "lm", False):
             raise OptionError("--lm needs the model loaded as a causal language model")
         if getattr(loaded, "lm", False) and not options.lm:
@@ -164,7 +166,10 @@ class Scorer(Integration, Assembly):
     def _check_vocabulary(self, example: Example, enc: Encoded) -> None:
         """A token id the model's embeddings do not hold (a tokenizer from another model) is one
         line naming the example, not an IndexError from inside the model."""
-        embeddings = self.model.get_input_embeddings()
+        try:
+            embeddings = self.model.get_input_embeddings()
+        except NotImplementedError:  # no one token embedding (CANINE hashes characters): nothing to check
+            return
         size = getattr(embeddings, "num_embeddings", None)
         ids = list(enc.input_ids) + list(enc.decoder_input_ids or [])
         if size is not None and ids and max(ids) >= size:

@@ -15,11 +15,13 @@ kept as data in :data:`FAMILY_PATHS`. Every other model has the one family ``sel
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
 
-from ..errors import ModelError
+from ..errors import ModelError, OptionError
 from . import adapters
 
 # model_type -> dotted path of the layer ModuleList inside the *ForSequenceClassification model
@@ -49,12 +51,18 @@ _BART = (("encoder", "model.encoder.layers", None),
 _T5 = (("encoder", "transformer.encoder.block", None),
        ("decoder", "transformer.decoder.block", "layer.0"),
        ("cross", "transformer.decoder.block", "layer.1"))
+# T5Gemma: Gemma layers as an encoder and a decoder (self_attn, cross_attn)
+_T5GEMMA = (("encoder", "model.encoder.layers", None),
+            ("decoder", "model.decoder.layers", "self_attn"),
+            ("cross", "model.decoder.layers", "cross_attn"))
 FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
-    "bart": _BART, "mbart": _BART, "plbart": _BART, "t5": _T5, "mt5": _T5,
+    "t5gemma": _T5GEMMA,
+    "bart": _BART, "mbart": _BART, "plbart": _BART, "mvp": _BART, "bigbird_pegasus": _BART, "t5": _T5, "mt5": _T5, "umt5": _T5,
 }
 # model_type -> dotted path of the encoder stack of an encoder-decoder model
 ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder", "plbart": "model.encoder",
-                                 "t5": "transformer.encoder", "mt5": "transformer.encoder"}
+                                 "mvp": "model.encoder", "bigbird_pegasus": "model.encoder", "t5": "transformer.encoder", "mt5": "transformer.encoder",
+                                 "umt5": "transformer.encoder", "t5gemma": "model.encoder"}
 
 # the families' meaning, for messages and docs
 FAMILY_DOC = {
@@ -77,6 +85,26 @@ class FamilyInfo:
     num_heads: int
     query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
     key_side: str
+    # layer -> what it is, for the layers of a hybrid model that compute no softmax attention
+    # (a Mamba, linear-attention, convolution or recurrent layer): not scored
+    not_attention: tuple[tuple[int, str], ...] = ()
+
+    @property
+    def attention_layers(self) -> list[int]:
+        """The layers whose attention attattr scores (every layer but the not-attention ones)."""
+        skip = dict(self.not_attention)
+        return [i for i in range(self.num_layers) if i not in skip]
+
+    def scored(self, layers: list[int]) -> list[int]:
+        """``layers`` without the not-attention ones; OptionError when only such layers are asked for."""
+        skip = dict(self.not_attention)
+        out = [i for i in layers if i not in skip]
+        if not out:
+            raise OptionError(f"{self.name} layer{'s' if len(layers) > 1 else ''} "
+                             + ", ".join(f"{i} ({skip[i]})" for i in layers)
+                             + " compute no softmax attention; the attention layers are "
+                             + ", ".join(map(str, self.attention_layers)))
+        return out
 
 
 @dataclass(frozen=True)
@@ -105,6 +133,31 @@ class ArchInfo:
     @property
     def is_encoder_decoder(self) -> bool:
         return self.encoder_path is not None
+
+    @property
+    def hybrid_note(self) -> str | None:
+        """The one notice for a hybrid model (some layers compute no softmax attention), or None."""
+        parts = [f for f in self.families if f.not_attention]
+        if not parts:
+            return None
+        f = parts[0]
+        kinds = sorted({kind for _, kind in f.not_attention})
+        return (f"model type '{self.model_type}' is a hybrid: {len(f.not_attention)} of its {f.num_layers} layers"
+                f" compute no softmax attention ({', '.join(kinds)}: layers "
+                f"{_ranges([i for i, _ in f.not_attention])}) and are not scored; attention layers "
+                f"{_ranges(f.attention_layers)} are")
+
+
+def _ranges(xs: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    for k, x in enumerate(xs):
+        if start is None:
+            start = x
+        if k + 1 == len(xs) or xs[k + 1] != x + 1:
+            out.append(str(start) if start == x else f"{start}-{x}")
+            start = None
+    return ", ".join(out)
 
 
 def _get(obj, dotted: str):
@@ -224,6 +277,50 @@ def _has_attention(model: torch.nn.Module) -> bool:
                for m in model.modules())
 
 
+# what, in a module's class, calls transformers' attention interface
+_INTERFACE = ("ALL_ATTENTION_FUNCTIONS", "eager_attention_forward", "attention_interface")
+# kinds of layers without softmax attention, by a piece of their modules' class names
+_LAYER_KINDS = (("mamba", "Mamba"), ("ssm", "state-space"), ("mixer", "Mamba"), ("linearattention", "linear attention"),
+                ("gateddeltanet", "linear attention"), ("deltanet", "linear attention"), ("lightning", "linear attention"),
+                ("shortconv", "convolution"), ("conv", "convolution"), ("recurrent", "recurrent"), ("rglru", "recurrent"),
+                ("rwkv", "recurrent"), ("lstm", "recurrent"), ("linear_attn", "linear attention"))
+
+
+@functools.cache
+def _calls_interface(cls: type) -> bool:
+    """Whether a module class computes attention through transformers' attention interface
+    (read from its source: the interface's names)."""
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return False
+    return any(name in source for name in _INTERFACE)
+
+
+def _layer_kind(layer: torch.nn.Module) -> str:
+    """What a layer without softmax attention computes instead, from its modules' class names."""
+    names = [type(m).__name__.lower() for m in layer.modules()]
+    for piece, kind in _LAYER_KINDS:
+        if any(piece in name for name in names):
+            return kind
+    return "no attention"
+
+
+def attention_sites(model: torch.nn.Module, layers, attn: str | None) -> list[bool]:
+    """Per layer of a family, whether its attention goes through the interface or an adapter."""
+    if adapters.adapter_for(model) is not None:  # an adapter takes over every layer's attention
+        return [True] * len(layers)
+    out = []
+    for layer in layers:
+        try:
+            scope = attention_module(layer, attn)
+        except AttributeError:
+            out.append(False)
+            continue
+        out.append(any(_calls_interface(type(m)) for m in scope.modules()))
+    return out
+
+
 def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     """The facts attattr needs about a model; ModelError (one line) for one it cannot attribute."""
     config = model.config
@@ -231,11 +328,26 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     adapters.check(model)
     heads = _config_value(config, "num_attention_heads", "n_head", "n_heads", "num_heads",
                           "encoder_attention_heads")
-    if heads is None or not int(heads) or not _has_attention(model):
+    stacks = {"encoder": getattr(config, "encoder", None), "decoder": getattr(config, "decoder", None)}
+    if heads is None and stacks["encoder"] is not None:  # an encoder and a decoder config (T5Gemma)
+        heads = _config_value(stacks["encoder"], "num_attention_heads")
+    if not _has_attention(model):
         raise ModelError(
             f"model type '{model_type}' ({type(model).__name__}) has no attention (no attention heads or"
             " modules): attattr attributes self-attention and supports transformer models (see docs/models.md)")
     path, layers = find_layers(model)
+    routed = {name: attention_sites(model, flayers, attn) for name, _, attn, flayers in find_families(model)}
+    if not any(any(r) for r in routed.values()):
+        raise ModelError(
+            f"model type '{model_type}' ({type(model).__name__}) computes its attention outside transformers'"
+            " attention interface, and attattr has no adapter for it yet; see docs/models.md for the supported"
+            " architectures")
+    adapter = adapters.adapter_for(model)
+    if adapter is not None and adapter.num_heads(model) is not None:
+        heads = adapter.num_heads(model)
+    if heads is None or not int(heads):
+        raise ModelError(f"model type '{model_type}' ({type(model).__name__}): its config names no number of attention"
+                         " heads attattr can read; see docs/models.md for the supported architectures")
     max_len = _config_value(config, "max_position_embeddings", "n_positions")
     if max_len is not None and int(max_len) < 1:  # -1: no limit (XLNet)
         max_len = None
@@ -254,7 +366,17 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
             fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads", "num_heads")
         else:
             fheads = heads
+        stack = stacks["decoder" if name in ("decoder", "cross") else "encoder"]
+        if stack is not None and hasattr(stack, "num_attention_heads"):  # the stack's own config (T5Gemma)
+            fheads = _config_value(stack, "num_attention_heads") or fheads
+        skip = tuple((i, _layer_kind(layer)) for i, (layer, ok) in enumerate(zip(flayers, routed[name])) if not ok)
+        for i, kind in skip:
+            if kind == "no attention" and _has_attention(flayers[i]):  # attention of its own, not a hybrid's layer
+                raise ModelError(
+                    f"model type '{model_type}' computes its attention ({name} layer {i}) outside transformers'"
+                    " attention interface, and attattr has no adapter for it yet; see docs/models.md for the"
+                    " supported architectures")
         families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
                                    "decoder" if name in ("decoder", "cross") else "input",
-                                   "decoder" if name == "decoder" else "input"))
+                                   "decoder" if name == "decoder" else "input", skip))
     return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder)

@@ -64,8 +64,9 @@ def weights_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         t = tensor.detach().to("cpu").contiguous()
+        flat = t.reshape(-1)  # a 0-dim parameter (a learned scalar) has the same bytes as one element
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(flat.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 

@@ -56,6 +56,10 @@ class Adapter:
     def check(self, model: torch.nn.Module) -> None:
         """Raise ModelError (one line) for a configuration this adapter cannot attribute."""
 
+    def num_heads(self, model: torch.nn.Module) -> int | None:
+        """The attention heads of each layer where the config's count is not it (None: the config's)."""
+        return None
+
     def forward(self, module, attend: Callable, *args, **kwargs):
         raise NotImplementedError
 

@@ -1,4 +1,5 @@
-"""BigBird: full attention (``attention_type="original_full"``) in the model's own code.
+"""BigBird (and BigBird-Pegasus' encoder): full attention (``attention_type="original_full"``)
+in the model's own code.
 
 For inputs up to ``(5 + 2 * num_random_blocks) * block_size`` tokens a block-sparse BigBird
 itself switches to full attention (its sparse pattern would cover every key), so attattr runs
@@ -17,11 +18,12 @@ from . import Adapter, additive, register
 
 @register
 class BigBird(Adapter):
-    model_types = ("big_bird",)
-    modules = ("BigBirdSelfAttention",)
+    model_types = ("big_bird", "bigbird_pegasus")
+    modules = ("BigBirdSelfAttention", "BigBirdPegasusSelfAttention")
 
     def install_model(self, model):
-        base = getattr(model, "bert", model)
+        base = getattr(model, "bert", None)  # BigBird; BigBird-Pegasus: its encoder
+        base = base if base is not None else getattr(getattr(model, "model", model), "encoder", model)
         if getattr(base, "attention_type", "original_full") != "block_sparse":
             return []
         cfg = model.config
