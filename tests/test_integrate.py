@@ -555,3 +555,24 @@ def test_narrow_features_in_the_middle_converge_under_the_cap():
         alphas = np.array(sorted(adaptive.alpha_of(k) for k in res.weights))
         narrowest = int(np.argmin(np.diff(alphas)))
         assert 0.34 < alphas[narrowest] < 0.48  # the nodes are densest where the integrand moves
+
+
+def test_the_three_node_start_is_for_shared_passes_and_long_examples(tokenizer, loaded_factory, monkeypatch):
+    """A decoder scoring one short prompt starts from the five nodes (its passes are bound by
+    the weights, not the rows); an encoder classifier, whose examples share passes, from three,
+    alone or in a group."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import grouped
+    from attattr_cli.models.loading import prepare
+    from conftest import build_model
+
+    assert adaptive.coarse_start(4, True) and adaptive.coarse_start(adaptive.COARSE_MIN_TOKENS, False)
+    assert not adaptive.coarse_start(adaptive.COARSE_MIN_TOKENS - 1, False)
+    lm = Scorer(prepare(build_model("llama", lm=True), tokenizer, "tiny-llama", lm=True), ScoreOptions(tol=0.5, lm=True))
+    assert not grouped.groupable(lm)
+    prompt = Example(0, "w1 w2 w3 w4")
+    assert all(n >= 5 for n in lm.score(prompt).families["self"].nodes.tolist())
+    monkeypatch.setattr(adaptive, "COARSE_MIN_TOKENS", 1)  # the same prompt, as if it were long
+    assert 3 in lm.score(prompt).families["self"].nodes.tolist()
+    bert = Scorer(loaded_factory("bert"), ScoreOptions(tol=0.5))
+    assert grouped.groupable(bert) and 3 in bert.score(Example(0, "w1 w2", "w3")).families["self"].nodes.tolist()

@@ -9,10 +9,12 @@ nodes: the completeness residual of the interval.
 
 The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis variable t
 (alpha = (1 - cos(pi t)) / 2, which puts nodes near both ends of the path, where saturating
-classifiers move). Every interval (a leaf) carries five nodes at t = a, a + h/4, ..., b and
-two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule with the 3-node
-one below it (alpha = 0, 0.146, 0.5, 0.854, 1; alpha = 1 is free from the clean backward), a
-sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
+classifiers move). It starts (where :func:`coarse_start` says so) from three nodes, alpha = 0,
+1/2 and the free alpha = 1 (the clean backward): Simpson's rule in alpha with the midpoint rule
+below it. Where that does not converge, every interval (a leaf) carries five nodes at t = a,
+a + h/4, ..., b and two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule
+with the 3-node one below it (alpha = 0, 0.146, 0.5, 0.854, 1: two nodes more than the start),
+a sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
 reuses three of a leaf's nodes in each half, so it costs four new nodes. Per leaf:
 
 * e = max |Attr(Q5 - Q3)|, the map's error estimate (the error of the lower rule: an
@@ -21,8 +23,9 @@ reuses three of a leaf's nodes in each half, so it costs four new nodes. Per lea
 
 An example-layer is converged when sum_I e_I <= tol * max |Attr| **and** |sum_I rho_I| (the
 completeness residual the store keeps) <= tol * max(|F(1) - F(0)|, max |Attr|) (plus a
-floating-point floor). Until then the leaves holding more than their share (t-width) of
-either are split (into four at once where far over it). Where the leaves are all equal,
+floating-point floor). Until then, for each indicator over its budget, the leaves holding the
+most of it are split (largest first, until the others hold at most REST of the budget; into
+four at once where a leaf is far over its width's share). Where the leaves are all equal,
 their nodes are those of one Clenshaw-Curtis rule on the whole path, and that rule against
 the one on every other node (with the same residual test) may end the refinement: smooth
 integrands then need no more nodes than nested global levels would. A leaf
