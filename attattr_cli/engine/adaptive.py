@@ -9,10 +9,12 @@ nodes: the completeness residual of the interval.
 
 The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis variable t
 (alpha = (1 - cos(pi t)) / 2, which puts nodes near both ends of the path, where saturating
-classifiers move). Every interval (a leaf) carries five nodes at t = a, a + h/4, ..., b and
-two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule with the 3-node
-one below it (alpha = 0, 0.146, 0.5, 0.854, 1; alpha = 1 is free from the clean backward), a
-sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
+classifiers move). It starts (where :func:`coarse_start` says so) from three nodes, alpha = 0,
+1/2 and the free alpha = 1 (the clean backward): Simpson's rule in alpha with the midpoint rule
+below it. Where that does not converge, every interval (a leaf) carries five nodes at t = a,
+a + h/4, ..., b and two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule
+with the 3-node one below it (alpha = 0, 0.146, 0.5, 0.854, 1: two nodes more than the start),
+a sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
 reuses three of a leaf's nodes in each half, so it costs four new nodes. Per leaf:
 
 * e = max |Attr(Q5 - Q3)|, the map's error estimate (the error of the lower rule: an
@@ -21,8 +23,9 @@ reuses three of a leaf's nodes in each half, so it costs four new nodes. Per lea
 
 An example-layer is converged when sum_I e_I <= tol * max |Attr| **and** |sum_I rho_I| (the
 completeness residual the store keeps) <= tol * max(|F(1) - F(0)|, max |Attr|) (plus a
-floating-point floor). Until then the leaves holding more than their share (t-width) of
-either are split (into four at once where far over it). Where the leaves are all equal,
+floating-point floor). Until then, for each indicator over its budget, the leaves holding the
+most of it are split (largest first, until the others hold at most REST of the budget; into
+four at once where a leaf is far over its width's share). Where the leaves are all equal,
 their nodes are those of one Clenshaw-Curtis rule on the whole path, and that rule against
 the one on every other node (with the same residual test) may end the refinement: smooth
 integrands then need no more nodes than nested global levels would. A leaf
@@ -59,6 +62,8 @@ JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jum
 DEEP_SPLIT = 64.0  # a leaf whose error is this many times its share is split into four at once
 JUMP_RATIO = 4.0  # ... jumps: |F(b) - F(a)| > JUMP_RATIO x (b - a in alpha) x the largest |dF/dalpha| at its nodes
 CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the completeness check's only cost), for bench/
+COARSE_MIN_TOKENS = 32  # an example this long starts from three nodes even where it cannot share passes (coarse_start)
+REST = 0.9  # a split round leaves the unsplit leaves holding at most this share of an indicator's budget
 FLOOR = 16  # the residual test allows FLOOR x machine epsilon of |F(1)| + |F(0)| (and of sum |Attr|)
 
 # convergence states, per example and layer (the store's `convergence`; attattr_cli/convergence.py)
@@ -87,6 +92,17 @@ def alpha_of(t: float) -> float:
     return (1.0 - math.cos(math.pi * t)) / 2.0
 
 
+def coarse_start(tokens: int, shared: bool) -> bool:
+    """Whether to start from the three-node pair (two evaluated nodes) rather than the five-node
+    rule (four): where the examples share passes (``shared``: encoder classifiers, scored in
+    groups) or the example has at least COARSE_MIN_TOKENS tokens. A pass of a few short rows is
+    bound by reading the weights, not by its rows (SmolLM2 at 5 tokens costs about as much with
+    4 rows as with 2), so there the five nodes cost no more than three and spare the round a
+    failed three-node start adds (docs/integration.md). The choice depends on the model and
+    the example only, so an example gets the same nodes alone and in a group."""
+    return shared or tokens >= COARSE_MIN_TOKENS
+
+
 def residual_scale(effect: float, big: float) -> float:
     """What a layer's completeness residual is measured against: the larger of the layer's
     effect |F(A) - F(0)| and its largest single interaction max |Attr| (docs/integration.md)."""
@@ -112,9 +128,11 @@ def judge(error: float, residual: float, scale: float, f_scale: float, tol: floa
 
 
 @functools.lru_cache(maxsize=4096)
-def _leaf_rule(ta: float, tb: float) -> tuple[tuple[float, ...], np.ndarray, np.ndarray]:
-    """The five node keys of the leaf [ta, tb] and the weights (on them) of its upper and
-    lower rule for the integral over alpha(ta)..alpha(tb)."""
+def _leaf_rule(ta: float, tb: float, coarse: bool = False) -> tuple[tuple[float, ...], np.ndarray, np.ndarray]:
+    """The node keys of the leaf [ta, tb] (five; three for the coarse start) and the weights
+    (on them) of its upper and lower rule for the integral over alpha(ta)..alpha(tb)."""
+    if coarse:  # the whole path's first try: Clenshaw-Curtis 3 (Simpson's rule in alpha) over the midpoint rule
+        return (ZERO, 0.5, ONE), clenshaw_curtis(2)[1], np.array([0.0, 1.0, 0.0])
     h = tb - ta
     keys = tuple(ta + h * j / 4 for j in range(5))
     if ta == 0.0 and tb == 1.0:  # the whole path: Clenshaw-Curtis 5 and 3, exact in alpha
@@ -150,29 +168,33 @@ def _weighted(row: "_Row", keys, *weights) -> list[torch.Tensor]:
 
 
 class _Leaf:
-    __slots__ = ("ta", "tb", "q", "e", "rho", "jump", "score")
+    __slots__ = ("ta", "tb", "q", "e", "rho", "jump", "score", "coarse")
 
-    def __init__(self, ta: float, tb: float):
+    def __init__(self, ta: float, tb: float, coarse: bool = False):
         self.ta, self.tb = ta, tb
+        self.coarse = coarse  # the whole path's three-node start (alpha = 0, 1/2, 1)
         self.q = None  # the upper rule's G on this leaf
         self.e = 0.0  # max |Attr(upper - lower)|
         self.rho = 0.0  # completeness residual of the leaf
         self.jump = False
         self.score = 0.0
 
+    def rule(self) -> tuple[tuple[float, ...], np.ndarray, np.ndarray]:
+        return _leaf_rule(self.ta, self.tb, self.coarse)
+
 
 class _Row:
     """One integral's nodes and leaves."""
 
-    def __init__(self):
+    def __init__(self, coarse: bool = True):
         self.g: dict = {}  # key -> unweighted dF/dO
         self.f: dict = {}  # key -> F
         self.s: dict = {}  # key -> dF/dalpha (sum of the node's map)
-        self.leaves: list[_Leaf] = [_Leaf(ZERO, ONE)]
+        self.leaves: list[_Leaf] = [_Leaf(ZERO, ONE, coarse)]
         self.evaluated = 0
 
     def missing(self) -> list[float]:
-        keys = {k for leaf in self.leaves if leaf.q is None for k in _leaf_rule(leaf.ta, leaf.tb)[0]}
+        keys = {k for leaf in self.leaves if leaf.q is None for k in leaf.rule()[0]}
         return sorted(k for k in keys if k not in self.g)
 
 
@@ -190,7 +212,8 @@ class Refinement:
 
     def __init__(self, measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], count: int, tol: float,
                  max_nodes: int = MAX_NODES, known: dict | None = None, known_f: dict | None = None,
-                 derivative: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 derivative: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 coarse: bool = True):
         if tol <= 0:
             raise ValueError("the tolerance must be positive")
         if max_nodes < 5:
@@ -200,7 +223,7 @@ class Refinement:
             raise ValueError("a node given as known needs F there too (known_f)")
         self.measure, self.count, self.tol, self.max_nodes = measure, count, tol, max_nodes
         self.derivative = derivative
-        self.rows = [_Row() for _ in range(count)]
+        self.rows = [_Row(coarse) for _ in range(count)]
         self.active = list(range(count))
         self.dtype = None
         self.eps_f = self.eps_acc = 0.0
@@ -274,7 +297,7 @@ class Refinement:
             for leaf in row.leaves:
                 if leaf.q is not None:
                     continue
-                keys, upper, lower = _leaf_rule(leaf.ta, leaf.tb)
+                keys, upper, lower = leaf.rule()
                 if any(k not in row.g for k in keys):
                     continue
                 leaf.q, low = _weighted(row, keys, upper, lower)
@@ -351,23 +374,13 @@ class Refinement:
         scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
         smooth_residual = residual - sum(leaf.rho for leaf in row.leaves if leaf.jump)
         jumps = any(leaf.jump for leaf in row.leaves)
-        if error <= tol and residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc):
+        residual_agrees = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
+        if error <= tol and residual_agrees:
             return self._finish(i, total, error, residual, NON_SMOOTH if jumps else CONVERGED, False)
-        split = []
-        for leaf in row.leaves:
-            if leaf.jump:
-                continue
-            w = leaf.tb - leaf.ta
-            floor = FLOOR * self.eps_f * (abs(row.f[leaf.ta]) + abs(row.f[leaf.tb]))
-            share_e = leaf.e / max(tol * big * w, 1e-300)
-            share_r = abs(leaf.rho) / max(tol * scale * w + floor, 1e-300)
-            if share_e <= 1 and share_r <= 1:
-                continue
-            if share_r > 1 and w <= 2.0 ** -JUMP_DEPTH and self._jumps(row, leaf):
-                leaf.jump = True
-                continue
-            leaf.score = max(share_e, share_r)
-            split.append(leaf)
+        if row.leaves[0].coarse:  # the three-node start did not do: the whole path's five nodes (two more)
+            row.leaves = [_Leaf(ZERO, ONE)]
+            return
+        split = self._to_split(row, big, scale, error > tol, not residual_agrees)
         if not split:  # what is left over tolerance sits in jumps
             smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
             state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)
@@ -376,9 +389,8 @@ class Refinement:
         if room < 4:
             state = NON_SMOOTH if jumps else (CAP_HIT if error > tol else RESIDUAL)
             return self._finish(i, total, error, residual, state, True)
-        split.sort(key=lambda leaf: -leaf.score)
         depth = {}  # a leaf far over its share is split twice at once (one pass instead of two)
-        for leaf in split:
+        for leaf in split:  # the largest first: where the cap stops the splits, they went there
             want = 2 if leaf.score >= DEEP_SPLIT and leaf.tb - leaf.ta > 2.0 ** -JUMP_DEPTH else 1
             cost = 4 if want == 1 else 12
             if cost > room and want == 2:
@@ -398,10 +410,45 @@ class Refinement:
             leaves += [_Leaf(leaf.ta + k * h, leaf.ta + (k + 1) * h if k < parts - 1 else leaf.tb) for k in range(parts)]
         row.leaves = leaves
 
+    def _to_split(self, row: _Row, big: float, scale: float, over_e: bool, over_r: bool) -> list[_Leaf]:
+        """The leaves to split, largest first: for each indicator over its budget (tol x max |Attr|
+        for sum e, tol x the residual scale for the residual), the fewest leaves holding the
+        most of it, until what the others hold is at most REST x the budget. Leaves are
+        chosen by what they hold, not by what they hold per width: a width share asks a narrow
+        leaf near a feature for a tiny error however small the rest is, and spent SmolLM2's
+        layer 0 to the node cap on leaves of width 2^-9 while the wide one holding a quarter
+        of the error was never split (docs/integration.md). A narrow leaf whose residual F
+        jumps across is marked a jump instead (split no further)."""
+        tol, chosen = self.tol, {}
+        leaves = [leaf for leaf in row.leaves if not leaf.jump]
+        for over, size, budget in ((over_e, lambda leaf: leaf.e, tol * big),
+                                   (over_r, lambda leaf: abs(leaf.rho), tol * scale)):
+            if not over:
+                continue
+            rest = sum(size(leaf) for leaf in leaves)
+            for leaf in sorted(leaves, key=size, reverse=True):
+                if rest <= REST * budget:
+                    break
+                rest -= size(leaf)
+                chosen[id(leaf)] = max(chosen.get(id(leaf), 0.0), size(leaf) / max(budget * (leaf.tb - leaf.ta), 1e-300))
+        split = []
+        for leaf in leaves:
+            if id(leaf) not in chosen:
+                continue
+            floor = FLOOR * self.eps_f * (abs(row.f[leaf.ta]) + abs(row.f[leaf.tb]))
+            if (abs(leaf.rho) > tol * scale * (leaf.tb - leaf.ta) + floor and leaf.tb - leaf.ta <= 2.0 ** -JUMP_DEPTH
+                    and self._jumps(row, leaf)):
+                leaf.jump = True
+                continue
+            leaf.score = chosen[id(leaf)]  # what it holds per width, against the budget (DEEP_SPLIT reads it)
+            split.append(leaf)
+        split.sort(key=lambda leaf: -max(leaf.e / max(tol * big, 1e-300), abs(leaf.rho) / max(tol * scale, 1e-300)))
+        return split
+
     @staticmethod
     def _jumps(row: _Row, leaf: _Leaf) -> bool:
         """Whether F changes across the leaf faster than any derivative at its nodes explains."""
-        keys = _leaf_rule(leaf.ta, leaf.tb)[0]
+        keys = leaf.rule()[0]
         change = abs(row.f[leaf.tb] - row.f[leaf.ta])
         slope = max(abs(row.s[k]) for k in keys)
         return change > JUMP_RATIO * (alpha_of(leaf.tb) - alpha_of(leaf.ta)) * slope
@@ -415,7 +462,7 @@ class Refinement:
         if weights is None:
             weights = {}
             for leaf in row.leaves:
-                keys, upper, _ = _leaf_rule(leaf.ta, leaf.tb)
+                keys, upper, _ = leaf.rule()
                 for k, w in zip(keys, upper):
                     weights[k] = weights.get(k, 0.0) + float(w)
         self.out[i] = Integral(self.g[i], len(row.g), float(error), capped, row.evaluated,
@@ -435,7 +482,7 @@ class Refinement:
 def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
               measure: Callable[[torch.Tensor], torch.Tensor], tol: float, max_nodes: int = MAX_NODES,
               known: dict | None = None, known_f: dict | None = None,
-              derivative: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Integral:
+              derivative: Callable[[torch.Tensor], torch.Tensor] | None = None, coarse: bool = True) -> Integral:
     """Integrate one example-layer to ``tol`` with at most ``max_nodes`` nodes.
     ``evaluate(alphas)`` -> (unweighted dF/dO at each alpha [k, ...], F there [k]);
     ``measure(g)`` -> (max |Attr|, sum |Attr|, sum Attr) of a G's map; ``known`` / ``known_f``
@@ -444,7 +491,7 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
     one = Refinement(lambda g, rows: torch.tensor([list(measure(x)) for x in g], dtype=torch.float64), 1, tol,
                      max_nodes, {key: v.unsqueeze(0) for key, v in (known or {}).items()},
                      {key: [v] for key, v in (known_f or {}).items()},
-                     None if derivative is None else (lambda g, rows: derivative(g)))
+                     None if derivative is None else (lambda g, rows: derivative(g)), coarse)
     while not one.done:
         owner, keys, alphas = one.wanted()
         grads, f = evaluate(torch.from_numpy(alphas))

@@ -282,7 +282,8 @@ class _Group:
         if grad_at_one is not None:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
-        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative)
+        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
+                                       coarse=adaptive.coarse_start(self.width, True))
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
