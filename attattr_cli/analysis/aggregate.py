@@ -41,7 +41,8 @@ def _starts_word(token: str, style: str) -> bool:
     return token.startswith(marker) or token.startswith("Ċ") or token.startswith("\n")
 
 
-def _style(tokens: list[str]) -> str:
+def word_style(tokens: list[str]) -> str:
+    """How a tokenizer marks words in these tokens: "wordpiece" (##, also where nothing is marked), "sentencepiece" (▁) or "bpe" (Ġ)."""
     if any(t.startswith(WORDPIECE) for t in tokens):
         return "wordpiece"
     if any(t.startswith(SP_SPACE) for t in tokens):
@@ -68,7 +69,7 @@ def word_groups(tokens: list[str], word_ids: list | None = None) -> list[list[in
             else:
                 groups.append([i])
         return groups
-    style = _style(tokens)
+    style = word_style(tokens)
     groups = []
     for i, tok in enumerate(tokens):
         if not groups or _alone(tok) or _alone(tokens[i - 1]) or _starts_word(tok, style):
@@ -103,7 +104,7 @@ def span_groups(n: int, spans) -> list[list[int]]:
 def word_text(tokens: list[str], style: str | None = None) -> str:
     """The text of merged tokens as a reader would write it (markers removed); ``style`` is
     the tokenizer's (from the whole sequence; default: from these tokens)."""
-    style = style or _style(tokens)
+    style = style or word_style(tokens)
     out = ""
     for i, t in enumerate(tokens):
         if style == "wordpiece":
@@ -161,7 +162,7 @@ def aggregate_example(example, how="words", word_ids=None):
     if attribution is not None and np.ndim(attribution) == 4:
         head_max = attribution.reshape(*attribution.shape[:2], -1).max(-1).astype(np.float32)
     first = [g[0] for g in groups]
-    style = _style(tokens)
+    style = word_style(tokens)
     words = [word_text([tokens[i] for i in g], style) for g in groups]
     meta = dict(example.meta)
     meta["aggregate"] = {"how": how if isinstance(how, str) else "spans", "groups": groups}
@@ -223,7 +224,7 @@ def step_source(example, words: bool = True):
     by_layer[:, ~seen] = np.nan
     matrix = by_layer.sum(0) if layers else np.zeros(seen.shape)
     matrix[~seen] = np.nan
-    style = _style(full)
+    style = word_style(full)
     row_labels = [word_text([targets[t] for t in g], style) for g in row_groups]
     col_labels = [word_text([full[j] for j in g], style) for g in col_groups]
     return matrix, row_labels, col_labels, rows @ f_rows, by_layer

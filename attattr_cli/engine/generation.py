@@ -46,7 +46,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention
 from .encoding import Encoded
-from .grouped import _crop
+from .grouped import crop_saved
 from .layer_integral import map_measures
 
 
@@ -202,7 +202,7 @@ class StepScorer:
                 for t in range(count):
                     n_t = self.positions[t] + 1
                     per_step_layers[t].append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
-                                                               _crop(saved, n_t), convs[t]))
+                                                               crop_saved(saved, n_t), convs[t]))
                 summed_layers.append(sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)),
                                                       float(f_full.sum()), keep, saved, _summed_conv(convs)))
                 if on_layer is not None:
@@ -338,7 +338,7 @@ class StepScorer:
         for t in range(count):
             n_t = self.positions[t] + 1
             err = sc.embedded_error(total[t:t + 1, :, :n_t], None if low is None else low[t:t + 1, :, :n_t],
-                                    _crop(saved, n_t))
+                                    crop_saved(saved, n_t))
             convs.append((len(sc.alphas), err, False))
         return total, f0, convs, saved
 

@@ -101,7 +101,7 @@ def score_group(scorer, examples: Sequence[Example], encs: Sequence[Encoded],
     return _Group(scorer, examples, encs).score(on_layer)
 
 
-def _crop(saved: dict, n: int) -> dict:
+def crop_saved(saved: dict, n: int) -> dict:
     """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
     out = dict(saved)
     for key in ("q", "k", "v"):
@@ -220,7 +220,7 @@ class _Group:
         for i, e in enumerate(examples):
             if e not in saved:
                 one = {k: (v[i:i + 1] if torch.is_tensor(v) else v) for k, v in plan.saved.items()}
-                saved[e] = _crop(one, self.lengths[e])
+                saved[e] = crop_saved(one, self.lengths[e])
         return g, f.detach()
 
     # -- fixed rules -------------------------------------------------------------------

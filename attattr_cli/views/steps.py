@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.aggregate import _style, step_source, word_text
+from ..analysis.aggregate import word_style, step_source, word_text
 from .figure import ATTR_CMAP, MASKED
 
 
@@ -120,7 +120,7 @@ def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
     view, by_layer = step_view(example, words)
     if fmt != "html":
         return _figure_bytes(view, by_layer if per_layer else None, fmt), view
-    style = _style(list(example.tokens))
+    style = word_style(list(example.tokens))
     svg = _svg(view, None)
     layers_svg = _svg(view, by_layer)
     rows = "".join(
