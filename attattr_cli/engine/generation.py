@@ -46,7 +46,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention
 from .encoding import Encoded
-from .grouped import crop_saved
+from .grouped import add_rows, crop_saved
 from .layer_integral import map_measures
 
 
@@ -323,14 +323,7 @@ class StepScorer:
             row_w = weights.repeat(count).to(sc.device, self.acc)
             row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
             for part, g, f, saved in self._run(site, clean, owner, row_alpha, row_w):
-                own = owner[part].to(g.device)
-                total = g.new_zeros((count, *g.shape[1:])) if total is None else total
-                total.index_add_(0, own, g)
-                if row_ratio is not None:
-                    low = torch.zeros_like(total) if low is None else low
-                    low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
-                for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
-                    f0[int(owner[part][r])] = float(f[r])
+                total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio)
         if not bool((alphas == 0).any()):
             f0, zero_saved = self._f_at_zero(site, clean)
             saved = saved if saved is not None else zero_saved

@@ -101,6 +101,22 @@ def score_group(scorer, examples: Sequence[Example], encs: Sequence[Encoded],
     return _Group(scorer, examples, encs).score(on_layer)
 
 
+def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row_ratio):
+    """One pass of a fixed rule over several owners (examples or steps) added up: the rows
+    ``part`` of the pass belong to ``owner[part]``; their weighted gradients ``g`` go to
+    ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
+    rows to ``f0``. Returns (total, low), made on first use."""
+    own = owner[part].to(g.device)
+    total = g.new_zeros((count, *g.shape[1:])) if total is None else total
+    total.index_add_(0, own, g)
+    if row_ratio is not None:
+        low = torch.zeros_like(total) if low is None else low
+        low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
+    for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
+        f0[int(owner[part][r])] = float(f[r])
+    return total, low
+
+
 def crop_saved(saved: dict, n: int) -> dict:
     """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
     out = dict(saved)
@@ -237,14 +253,7 @@ class _Group:
             row_w = weights.repeat(count).to(sc.device, self.acc)
             row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
             for part, g, f in self._run(site, clean, owner, row_alpha, row_w, saved):
-                own = owner[part].to(g.device)
-                total = g.new_zeros((count, *g.shape[1:])) if total is None else total
-                total.index_add_(0, own, g)
-                if row_ratio is not None:
-                    low = torch.zeros_like(total) if low is None else low
-                    low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
-                for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
-                    f0[int(owner[part][r])] = float(f[r])
+                total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio)
         if not bool((alphas == 0).any()):  # F(0): one forward of the group, no backward
             owner = torch.arange(count)
             for _part, _g, f in self._run(site, clean, owner, torch.zeros(count, dtype=torch.float64), None,
