@@ -1,0 +1,85 @@
+"""attattr in Jupyter: progress in a kernel (a text line updated in place, no widgets), and
+examples/quickstart.ipynb executed with nbclient, its outputs checked, its nbconvert HTML
+opened in headless Chromium with and without scripts."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+nbformat = pytest.importorskip("nbformat", reason="nbformat is in the test extra (pip install -e .[test])")
+nbclient = pytest.importorskip("nbclient", reason="nbclient is in the test extra (pip install -e .[test])")
+
+
+def execute(nb, cwd: Path, timeout: int = 300):
+    """Run every cell of ``nb`` in a fresh python3 kernel (this interpreter, this environment)
+    with ``cwd`` as its working folder; raises on the first cell that fails."""
+    client = nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(cwd)}})
+    client.execute()
+    return nb
+
+
+def outputs_text(cell) -> str:
+    parts = []
+    for o in cell.get("outputs", []):
+        if o["output_type"] == "stream":
+            parts.append(o["text"])
+        elif "data" in o:
+            parts.append(str(o["data"].get("text/plain", "")))
+        elif o["output_type"] == "error":
+            parts.append("\n".join(o["traceback"]))
+    return "".join(parts)
+
+
+# -- progress ------------------------------------------------------------------------------
+def test_progress_in_a_kernel_is_one_text_line_without_widgets(tmp_path):
+    """``progress=True`` in a notebook: one text/plain output updated in place through a display
+    handle, ending as ``work 40/40 in … s``; nothing on stderr (rich's ipywidgets warning was)."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import time\n"
+        "from attattr_cli.api.model import in_notebook, progress_for\n"
+        "assert in_notebook()\n"
+        "with progress_for(True, 'work') as bar:\n"
+        "    for i in range(40):\n"
+        "        time.sleep(0.02)\n"
+        "        bar(i + 1, 40, f'item {i}')\n")]
+    cell = execute(nb, tmp_path).cells[0]
+    kinds = [o["output_type"] for o in cell.outputs]
+    assert kinds == ["display_data"], cell.outputs  # no stream (stderr) output, one display
+    out = cell.outputs[0]
+    assert set(out["data"]) == {"text/plain"} and "application/vnd.jupyter.widget-view+json" not in out["data"]
+    line = out["data"]["text/plain"]
+    assert line.startswith("work 40/40 in ") and line.endswith(" s") and "\n" not in line
+    # the first display said "work …": the line in the saved notebook is the last update, made in place
+
+
+def test_progress_line_text():
+    """The in-place line: a bar of the done share, done/total, the label and the time left."""
+    from attattr_cli.api.model import NotebookLine
+
+    line = NotebookLine.__new__(NotebookLine)
+    line.description, line.start = "score", __import__("time").monotonic() - 10.0
+    text = line.line(6, 24, "example 5")
+    assert text.startswith("score " + "█" * 6 + "░" * 18 + " 6/24 example 5  10.0 s, ") and text.endswith(" s left")
+    assert float(text.split(", ")[-1].split()[0]) == pytest.approx(30, abs=1)  # 10 s for 6 of 24: 30 s left
+    assert line.line(24, 24, "", final=True).startswith("score 24/24 in 10.")
+
+
+def test_progress_is_off_where_stderr_is_not_a_terminal(capsys):
+    """Outside a notebook and without a terminal (a script's log, CI) ``progress=True`` draws
+    nothing: the library gets no callback."""
+    from attattr_cli.api.model import in_notebook, progress_for
+
+    assert not in_notebook() and not sys.stderr.isatty()
+    with progress_for(True, "work") as bar:
+        assert bar is None
+    assert capsys.readouterr() == ("", "")
+    calls = []
+    with progress_for(lambda *a: calls.append(a), "work") as bar:
+        bar(1, 2, "x")
+    assert calls == [(1, 2, "x")]
