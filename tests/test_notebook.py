@@ -83,3 +83,44 @@ def test_progress_is_off_where_stderr_is_not_a_terminal(capsys):
     with progress_for(lambda *a: calls.append(a), "work") as bar:
         bar(1, 2, "x")
     assert calls == [(1, 2, "x")]
+
+
+# -- examples/quickstart.ipynb ---------------------------------------------------------------
+NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
+MAX_TEXT = 20_000  # characters of text (text/plain and streams) one cell may print
+MAX_NOTEBOOK = 340_000  # bytes of the executed notebook: a tenth of what a 50-cell walk once made
+RICH = ("image/png", "image/svg+xml", "text/html")
+
+
+@pytest.fixture(scope="module")
+def quickstart(tmp_path_factory):
+    """examples/quickstart.ipynb run top to bottom in a fresh kernel (a failing cell fails here)."""
+    work = tmp_path_factory.mktemp("quickstart")
+    nb = execute(nbformat.read(NOTEBOOK, as_version=4), work)
+    path = work / "executed.ipynb"
+    nbformat.write(nb, path)
+    return nb, path
+
+
+def test_quickstart_runs_clean_and_shows_rich_results(quickstart):
+    nb, path = quickstart
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code)
+    for c in code:
+        where = c.source.splitlines()[0]
+        assert not [o for o in c.outputs if o["output_type"] == "error"], where
+        text = outputs_text(c)
+        assert len(text) <= MAX_TEXT, f"{where}: {len(text):,} characters of text"
+        assert not [o for o in c.outputs if o.get("name") == "stderr"], f"{where}: {outputs_text(c)[:500]}"
+        if "rich" in c.metadata.get("tags", []):
+            kinds = {k for o in c.outputs for k in o.get("data", {})}
+            assert kinds & set(RICH), f"{where}: no rich display, only {sorted(kinds)}"
+    tagged = [c for c in code if "rich" in c.metadata.get("tags", [])]
+    assert len(tagged) >= 12
+    assert path.stat().st_size <= MAX_NOTEBOOK, f"the executed notebook is {path.stat().st_size:,} bytes"
+
+
+def test_quickstart_is_stored_without_outputs():
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nbformat.validate(nb)
+    assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
