@@ -88,7 +88,8 @@ def test_progress_is_off_where_stderr_is_not_a_terminal(capsys):
 # -- examples/quickstart.ipynb ---------------------------------------------------------------
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 MAX_TEXT = 20_000  # characters of text (text/plain and streams) one cell may print
-MAX_NOTEBOOK = 340_000  # bytes of the executed notebook: a tenth of what a 50-cell walk once made
+MAX_NOTEBOOK = 500_000  # bytes of the executed notebook (33 cells, 18 rich results; measured 484 KB)
+MAX_CELL = 150_000  # bytes of one cell's outputs: a view or a figure, never megabytes of PNG as text
 RICH = ("image/png", "image/svg+xml", "text/html")
 
 
@@ -110,6 +111,8 @@ def test_quickstart_runs_clean_and_shows_rich_results(quickstart):
         where = c.source.splitlines()[0]
         assert not [o for o in c.outputs if o["output_type"] == "error"], where
         text = outputs_text(c)
+        size = len(nbformat.writes(nbformat.v4.new_notebook(cells=[c])))
+        assert size <= MAX_CELL, f"{where}: {size:,} bytes"
         assert len(text) <= MAX_TEXT, f"{where}: {len(text):,} characters of text"
         assert not [o for o in c.outputs if o.get("name") == "stderr"], f"{where}: {outputs_text(c)[:500]}"
         if "rich" in c.metadata.get("tags", []):
@@ -124,3 +127,41 @@ def test_quickstart_is_stored_without_outputs():
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbformat.validate(nb)
     assert all(not c.get("outputs") and not c.get("execution_count") for c in nb.cells if c.cell_type == "code")
+
+
+CELLS = "svg.aa-still-map g[shape-rendering]"  # the cells of a view's still heatmaps
+OFFLINE = "net::ERR_"  # nbconvert's page loads require.js and MathJax from a CDN: offline, those fail
+
+
+@pytest.mark.skipif(__import__("browser").find_chromium() is None, reason="chromium is not installed")
+def test_quickstart_html_shows_the_heatmaps_with_and_without_scripts(quickstart, tmp_path):
+    """The notebook rendered by nbconvert, in headless Chromium: with scripts every view is drawn
+    by its script; with every <script> removed (GitHub's preview, an untrusted notebook) every
+    view shows its still heatmaps; the pictures (PNG, SVG) show in both."""
+    exporter = pytest.importorskip("nbconvert").HTMLExporter()
+    from browser import Chromium, painted_colours, strip_scripts
+
+    nb, _ = quickstart
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    views = sum("AttattrView.render" in str(o.get("data", {}).get("text/html", "")) for o in outputs)
+    pictures = sum("image/png" in o.get("data", {}) or "image/svg+xml" in o.get("data", {}) for o in outputs)
+    assert views >= 1 and pictures >= 5
+    body, _ = exporter.from_notebook_node(nb)
+    (tmp_path / "nb.html").write_text(body)
+    (tmp_path / "bare.html").write_text(strip_scripts(body))
+    loaded = "Array.from(document.querySelectorAll('img')).filter(i => i.complete && i.naturalWidth > 0).length"
+    with Chromium() as b:
+        p = b.open((tmp_path / "nb.html").as_uri())
+        assert p.eval("document.querySelectorAll('.aa-grid').length") == 2 * views  # attribution and attention
+        assert p.eval("document.querySelectorAll('.aa-still').length") == 0
+        png = p.screenshot()
+        assert painted_colours(p, png, ".aa-grid") > 10
+        assert p.eval(loaded) >= pictures
+        assert [e for e in p.errors() if OFFLINE not in e] == []
+        q = b.open((tmp_path / "bare.html").as_uri())
+        assert q.eval("document.querySelectorAll('.aa-grid').length") == 0  # no script ran
+        assert q.eval("document.querySelectorAll('svg.aa-still-map').length") == 2 * views
+        png = q.screenshot()
+        assert painted_colours(q, png, CELLS) > 10
+        assert q.eval(loaded) >= pictures
+        assert q.errors() == []
