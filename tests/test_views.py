@@ -528,6 +528,15 @@ def test_views_without_scripts_in_chromium(stores, tmp_path):
             assert s.eval("Array.from(document.querySelectorAll('.aa-grid')).every(g => g.querySelectorAll('.aa-cell')"
                           f".length === {n * n})")
             assert s.errors() == []
+        # the script reads the packed maps to the same numbers as Python; NaN and infinities as null
+        from attattr_cli.views.still import pack, unpack
+
+        page = (tmp_path / "v.html").read_text()
+        packed = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))["maps"]["attr"]
+        js = np.array(s.eval(f"AttattrView.unpack({json.dumps(packed)})"), dtype=np.float64)
+        assert js.shape == tuple(packed["shape"]) and np.array_equal(js, unpack(packed))
+        odd = pack([[1.5, -2.0e-6, float("nan"), float("inf")]])
+        assert s.eval(f"AttattrView.unpack({json.dumps(odd)})") == [[1.5, pytest.approx(-2.0e-6, rel=1e-3), None, None]]
         p = b.open((tmp_path / "r-bare.html").as_uri())
         assert p.eval("document.querySelectorAll('.aa-still table tr').length") == 4  # header and 3 rows
         png = p.screenshot()
