@@ -4,7 +4,7 @@ opened in headless Chromium with and without scripts."""
 
 from __future__ import annotations
 
-import io
+import re
 import sys
 from pathlib import Path
 
@@ -118,6 +118,9 @@ def test_quickstart_runs_clean_and_shows_rich_results(quickstart):
         if "rich" in c.metadata.get("tags", []):
             kinds = {k for o in c.outputs for k in o.get("data", {})}
             assert kinds & set(RICH), f"{where}: no rich display, only {sorted(kinds)}"
+    scored = next(c for c in code if "progress=True" in c.source)  # the progress line, finished in place
+    lines = [o["data"]["text/plain"] for o in scored.outputs if o["output_type"] == "display_data"]
+    assert len(lines) == 1 and re.fullmatch(r"score \d+/\d+ in \d+\.\d s", lines[0]), lines
     tagged = [c for c in code if "rich" in c.metadata.get("tags", [])]
     assert len(tagged) >= 12
     assert path.stat().st_size <= MAX_NOTEBOOK, f"the executed notebook is {path.stat().st_size:,} bytes"
