@@ -499,6 +499,8 @@ def test_views_without_scripts_in_chromium(stores, tmp_path):
     _ok("view", stores["default"], "-n", "1", "-o", tmp_path / "v.html", "-q")
     twice = f"<!DOCTYPE html><html><body>{example_html(e, ld.labels)}{example_html(e, ld.labels)}</body></html>"
     (tmp_path / "nb.html").write_text(twice)
+    one = example_html(e, ld.labels)  # one display stored twice (same text, same ids), each in its output box
+    (tmp_path / "same.html").write_text(f"<!DOCTYPE html><html><body><div>{one}</div><div>{one}</div></body></html>")
     imp = tmp_path / "imp.h5"
     _ok("importance", stores["default"], "--out", imp, "-q")
     _ok("report", stores["default"], "--importance", imp, "-o", tmp_path / "r.html", "-q")
@@ -537,6 +539,10 @@ def test_views_without_scripts_in_chromium(stores, tmp_path):
         assert js.shape == tuple(packed["shape"]) and np.array_equal(js, unpack(packed))
         odd = pack([[1.5, -2.0e-6, float("nan"), float("inf")]])
         assert s.eval(f"AttattrView.unpack({json.dumps(odd)})") == [[1.5, pytest.approx(-2.0e-6, rel=1e-3), None, None]]
+        same = b.open((tmp_path / "same.html").as_uri())  # both copies drawn, neither left blank
+        assert same.eval("document.querySelectorAll('.aa-still').length") == 0
+        assert same.eval("Array.from(document.body.children).map(d => d.querySelectorAll('.aa-grid').length)") == [2, 2]
+        assert same.errors() == []
         p = b.open((tmp_path / "r-bare.html").as_uri())
         assert p.eval("document.querySelectorAll('.aa-still table tr').length") == 4  # header and 3 rows
         png = p.screenshot()

@@ -113,13 +113,16 @@ def page_html(data: dict, title: str = "attattr view") -> str:
 def fragment_html(data: dict) -> str:
     """An HTML fragment for a notebook cell output: the same view (still picture first, replaced
     by the script where scripts run) under element ids made fresh on every call, so two
-    displays of one view never collide."""
+    displays of one view never collide. Even one fragment shown twice (the same text, the same
+    ids) draws each copy: its script finds the view beside itself (``document.currentScript``'s
+    parent, each output's own box in a notebook) before looking the id up in the document."""
     uid = "aa-" + uuid.uuid4().hex[:12]
     still, tree, payload = _parts(data, uid)
     return (f'<div id="{uid}">{still}</div>{tree}<style>{static("view.css")}</style>'
             f'<script type="application/json" id="{uid}-data">{payload}</script>'
-            f'<script>{static("view.js")}\nAttattrView.render(document.getElementById("{uid}"), '
-            f'JSON.parse(document.getElementById("{uid}-data").textContent));</script>')
+            f'<script>{static("view.js")}\n(function (s) {{ var box = s && s.parentNode;'
+            f' function find(id) {{ return (box && box.querySelector("#" + id)) || document.getElementById(id); }}'
+            f' AttattrView.render(find("{uid}"), JSON.parse(find("{uid}-data").textContent)); }})(document.currentScript);</script>')
 
 
 def _token_colour(v: float, top: float) -> str:
