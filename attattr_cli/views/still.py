@@ -105,7 +105,7 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
     head = int(max([_text_width(c, fs) for c in cols] + [0])) + 6
     legend = 30
     ox, oy = left, legend + head
-    width = max(ox + nk * cell + 2, 420)
+    width = int(max(ox + nk * cell + 2, _text_width(caption, 11) + 4, 240))  # the caption and the colour bar fit
     height = oy + nq * cell + 2
     paths: dict[str, list[str]] = {}  # colour -> runs of equal cells, each a stroke through a row's middle
     for i in range(nq):
