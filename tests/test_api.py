@@ -7,6 +7,7 @@ import inspect
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -193,15 +194,22 @@ def test_attribution_conveniences(cli_store):
     assert e.text == (e.text_a, e.text_b)
 
 
-def test_results_render_themselves(cli_store, tmp_path):
+def test_results_render_themselves(cli_store, tmp_path, monkeypatch):
     """In a notebook an example shows its view (_repr_html_, show, save) and colours its tokens;
     the tree carries the prediction into its drawing."""
     with aa.open_store(cli_store) as s:
         e = s[1]
     html = e._repr_html_()
     assert "<script" in html and all(t in html for t in set(e.tokens))
-    shown = e.show(layers=[0])  # the IPython object in a notebook, the HTML itself without IPython
-    shown = getattr(shown, "data", shown)
+    displayed = []
+    ipython = types.ModuleType("IPython")
+    ipython.display = types.ModuleType("IPython.display")
+    ipython.display.display = displayed.append
+    with monkeypatch.context() as mp:  # a notebook's display, for this call only
+        mp.setitem(sys.modules, "IPython", ipython)
+        mp.setitem(sys.modules, "IPython.display", ipython.display)
+        assert e.show(layers=[0]) is None  # displayed once in a notebook, nothing returned to show twice
+    shown = displayed[0]._repr_html_()
     assert "<script" in shown and all(t in shown for t in set(e.tokens))
     e.save(tmp_path / "v.svg", layers=[0])
     svg = (tmp_path / "v.svg").read_text()

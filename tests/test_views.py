@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import numpy as np
@@ -280,7 +281,7 @@ def test_highlight_html_colours_by_sign_and_size():
         highlight_html(["a", "b"], [1.0])
 
 
-def test_example_html_show_and_save(stores, tmp_path):
+def test_example_html_show_and_save(stores, tmp_path, monkeypatch):
     ld = _get(stores["default"])
     a = example_html(ld.example, ld.labels)
     b = example_html(ld.example, ld.labels)
@@ -295,8 +296,15 @@ def test_example_html_show_and_save(stores, tmp_path):
         assert (tmp_path / name).stat().st_size > 1000 and view.heads == ["0", "1", "2", "3"]
     from attattr_cli.views import show
 
-    shown = show(ld.example, ld.labels, layers=[1])  # IPython's HTML object in a notebook, else the HTML
-    text = shown if isinstance(shown, str) else shown.data
+    shown = []
+    ipython = types.ModuleType("IPython")
+    ipython.display = types.ModuleType("IPython.display")
+    ipython.display.display = shown.append
+    with monkeypatch.context() as mp:  # a notebook's display, for this call only
+        mp.setitem(sys.modules, "IPython", ipython)
+        mp.setitem(sys.modules, "IPython.display", ipython.display)
+        assert show(ld.example, ld.labels, layers=[1]) is None  # displayed once, nothing returned to display again
+    text = shown[0]._repr_html_()
     data = json.loads(re.search(r'id="aa-[0-9a-f]+-data">(.*?)</script>', text, re.S).group(1))
     assert data["layers"] == [1] and data["query_tokens"] == ld.example.tokens
 

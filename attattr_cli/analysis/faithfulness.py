@@ -602,18 +602,26 @@ def report_rows(report: dict) -> list[dict]:
 
 def plot_report(report: dict, path: str | Path) -> None:
     """Deletion curves per method and the agreement taus, to PNG/SVG/PDF."""
+    report_figure(report).savefig(str(path))
+
+
+def report_figure(report: dict):
+    """Deletion curves per method and the agreement taus (and the adversarial panel): a
+    matplotlib Figure drawn off screen."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from .plots import new_figure
 
     adv = report.get("adversarial")
     if adv:
-        fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(16, 4.4))
+        fig = new_figure(16, 4.4)
+        a1, a2, a3 = fig.subplots(1, 3)
     else:
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        fig = new_figure(11, 4.2)
+        a1, a2 = fig.subplots(1, 2)
     fr = report["settings"]["fractions"]
-    colours = plt.get_cmap("tab20").colors if len(report["methods"]) > 10 else plt.get_cmap("tab10").colors
+    cmap = matplotlib.colormaps.get_cmap
+    colours = cmap("tab20").colors if len(report["methods"]) > 10 else cmap("tab10").colors
     for i, (m, r) in enumerate(report["methods"].items()):
         a1.plot(fr, r["deletion_curve"], marker=".", label=m, color=colours[i % len(colours)],
                 linestyle="--" if m == "random" else "-")
@@ -656,5 +664,4 @@ def plot_report(report: dict, path: str | Path) -> None:
         a3.legend(fontsize=7)
     fig.suptitle(f"{report.get('model')} — {report['examples']} examples", fontsize=9)
     fig.tight_layout()
-    fig.savefig(str(path))
-    plt.close(fig)
+    return fig

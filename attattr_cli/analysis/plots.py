@@ -16,28 +16,55 @@ COLORS = {"attr": "tab:blue", "taylor": "tab:green", "attention": "tab:red", "ra
 LABELS = {"attr": "attribution", "taylor": "Taylor", "attention": "attention", "random": "random"}
 
 
-def _pyplot():
+def new_figure(width: float, height: float, **kwargs):
+    """A matplotlib Figure drawn off screen (Agg), made directly: no pyplot, so no GUI backend,
+    no global state, nothing left open. A notebook shows it (``_repr_png_``)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
     except ImportError:
-        raise OptionError("--plot needs matplotlib: pip install matplotlib") from None
-    return plt
+        raise OptionError("plots need matplotlib: pip install matplotlib") from None
+    fig = _figure_class()(figsize=(width, height), **kwargs)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+_FIGURE_CLASS = []
+
+
+def _figure_class():
+    """matplotlib's Figure with what a notebook and a caller want: ``_repr_png_`` (the
+    picture, shown without pyplot's inline backend) and ``save(path)`` (.png, .svg, .pdf by the
+    suffix, whole or not at all). Made on first use: matplotlib loads only when a plot is drawn."""
+    if not _FIGURE_CLASS:
+        from matplotlib.figure import Figure
+
+        class PlotFigure(Figure):
+            def _repr_png_(self) -> bytes:
+                import io
+
+                buf = io.BytesIO()
+                self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+                return buf.getvalue()
+
+            def save(self, path) -> Path:
+                """Write the figure to ``path`` (.png, .svg or .pdf), whole or not at all."""
+                _save(self, path)
+                return Path(path)
+
+        _FIGURE_CLASS.append(PlotFigure)
+    return _FIGURE_CLASS[0]
+
+
+def _figure(width: float, height: float, **kwargs):
+    return new_figure(width, height, **kwargs)
 
 
 def _save(fig, path: str | Path) -> None:
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise OptionError(f"--plot {path}: use a .png, .svg or .pdf file name")
-    try:
-        with replaced(path, suffix=path.suffix) as tmp:
-            fig.savefig(tmp, dpi=150, bbox_inches="tight")
-    finally:
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
+    with replaced(path, suffix=path.suffix) as tmp:
+        fig.savefig(tmp, dpi=150, bbox_inches="tight")
 
 
 _ORDER = {"attr": 0, "taylor": 1, "attention": 2, "random": 3}
@@ -63,16 +90,15 @@ def _table_title(t) -> str:
 
 
 def importance_figure(tables: Sequence, title: str = "", columns: int = 4):
-    """The figure of :func:`importance_heatmaps` (the caller saves or closes it)."""
-    plt = _pyplot()
+    """The figure of :func:`importance_heatmaps`: a matplotlib Figure (the caller saves it)."""
     tables = sorted(tables, key=lambda t: (_ORDER.get(t.method, 9), t.method, getattr(t, "seed", None) or 0, t.name))
     n = max(len(tables), 1)
     cols = min(n, columns)
     rows = -(-n // cols)
     L, H = tables[0].values.shape if tables else (1, 1)
     panel_w, panel_h = max(2.2, 0.42 * H + 1.6), max(1.8, 0.32 * L + 1.2)
-    fig, axes = plt.subplots(rows, cols, figsize=(panel_w * cols, panel_h * rows + (0.35 if title else 0)),
-                             squeeze=False, layout="constrained")
+    fig = _figure(panel_w * cols, panel_h * rows + (0.35 if title else 0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False)
     for ax, t in zip(axes.flat, tables):
         im = ax.imshow(t.values, aspect="auto", cmap="viridis", interpolation="nearest")
         ax.set_title(_table_title(t), fontsize=10)
@@ -160,13 +186,19 @@ def _effectiveness_panel(ax, eff: dict) -> None:
                  + (f"; bars: {eff.get('level', 0.95):.0%} bootstrap interval" if banded else ""), fontsize=10)
 
 
-def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
-    """The curves and/or the effectiveness analysis of a CURVES.json result, side by side."""
-    plt = _pyplot()
+def prune_plot(result: dict, title: str = ""):
+    """The curves and/or the effectiveness analysis of a CURVES.json result, side by side, as
+    a matplotlib Figure."""
     panels = [k for k in ("curves", "effectiveness") if result.get(k)]
-    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(6.0 * max(len(panels), 1), 4.2), squeeze=False)
+    fig = _figure(6.0 * max(len(panels), 1), 4.2)
+    axes = fig.subplots(1, max(len(panels), 1), squeeze=False)
     for ax, key in zip(axes[0], panels):
         (_curves_panel if key == "curves" else _effectiveness_panel)(ax, result[key])
     if title:
         fig.suptitle(short_title(title), fontsize=10)
-    _save(fig, path)
+    return fig
+
+
+def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
+    """:func:`prune_plot` written to ``path`` (.png, .svg, .pdf), whole or not at all."""
+    _save(prune_plot(result, title), path)

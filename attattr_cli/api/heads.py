@@ -15,6 +15,10 @@ from .model import progress_for, using
 
 # ----------------------------------------------------------------------------- importance
 
+IMPORTANCE_COLUMNS = ["table", "method", "seed", "layer", "head", "value", "rank", "rank_low", "rank_high"]
+PREDICTION_COLUMNS = ["position", "prediction", "prediction_id", "gold", "gold_id", "probability", "correct"]
+CURVE_COLUMNS = ["analysis", "method", "rate", "heads_masked", "k", "metric", "value", "low", "high"]
+
 
 def _stability_dict(st):
     if st is None:
@@ -51,13 +55,55 @@ class Importance:
         order = np.argsort(-v.ravel(), kind="stable")
         return [tuple(int(x) for x in np.unravel_index(i, v.shape)) for i in order]
 
-    def plot(self, path, title: str | None = None) -> None:
-        """One heatmap per table (attr, taylor, attention, random ...) to ``path`` (.png, .svg, .pdf)."""
-        from ..analysis.plots import importance_heatmaps
+    def plot(self, path=None, title: str | None = None):
+        """One heatmap per table (attr, taylor, attention, random ...): a matplotlib ``Figure``,
+        also written to ``path`` (.png, .svg, .pdf) when given."""
+        from ..analysis.plots import importance_figure
 
-        order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-        tables = sorted(self.tables.values(), key=lambda t: (order.get(t.method, 9), t.name))
-        importance_heatmaps(tables, path, title=self.identity.model if title is None else title)
+        fig = importance_figure(list(self.tables.values()), title=self.identity.model if title is None else title)
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per table, layer and head: ``table``, ``method``,
+        ``seed``, ``layer``, ``head``, ``value``, ``rank`` (1: the most important in its table)
+        and, for store tables, ``rank_low``/``rank_high`` (95 % bootstrap rank interval)."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self._rows(), IMPORTANCE_COLUMNS)
+
+    def _rows(self) -> list[dict]:
+        rows = []
+        for name, t in self.tables.items():
+            v = np.asarray(t.values, dtype=np.float64)
+            order = np.argsort(-v.ravel(), kind="stable")
+            rank = np.empty(v.size, dtype=int)
+            rank[order] = np.arange(1, v.size + 1)
+            st = getattr(t, "stability", None) or {}
+            lo, hi = st.get("rank_low"), st.get("rank_high")
+            for (layer, head), value in np.ndenumerate(v):
+                rows.append({"table": name, "method": t.method, "seed": t.seed, "layer": layer, "head": head,
+                             "value": float(value), "rank": int(rank[layer * v.shape[1] + head]),
+                             "rank_low": None if lo is None else float(np.asarray(lo)[layer, head]),
+                             "rank_high": None if hi is None else float(np.asarray(hi)[layer, head])})
+        return rows
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        rows = [[name, t.method, " ".join(f"L{l}H{h} ({self[name][l, h]:.3g})" for l, h in self.ranking(name)[:5])]
+                for name, t in self.tables.items()]
+        return table_html(rows, ["table", "method", "most important heads"], title=repr(self))
+
+    def __repr__(self) -> str:
+        ident = self.identity
+        names = list(self.tables)
+        shown = ", ".join(names[:6]) + (f", … ({len(names)} tables)" if len(names) > 6 else "")
+        return (f"Importance(model {ident.model!r}, {ident.num_layers} layers x {ident.num_heads} heads, "
+                f"tables: {shown}" + (f"; {self.used} examples" if self.used else "")
+                + (f", {self.unconverged} not converged" if self.unconverged else "")
+                + (f"; path {self.path!r}" if self.path else "") + ")")
 
     def as_file(self):
         """The tables as an ``analysis.importance.ImportanceFile`` (what pruning reads)."""
@@ -157,6 +203,40 @@ class Predictions:
             return None
         return float((self.logits.argmax(-1)[known] == self.gold[known]).mean())
 
+    def _rows(self) -> list[dict]:
+        ids = self.logits.argmax(-1)
+        rows = []
+        for i, (p, g) in enumerate(zip(ids, self.gold)):
+            g = int(g)
+            row = {"position": i, "prediction": self.predictions[i], "prediction_id": int(p),
+                   "gold": (self.label_names[g] if g < len(self.label_names) else str(g)) if g >= 0 else None,
+                   "gold_id": g, "probability": float(self.probabilities[i, int(p)]),
+                   "correct": None if g < 0 else bool(int(p) == g)}
+            row.update({f"p_{name}": float(self.probabilities[i, k]) for k, name in enumerate(self.label_names)})
+            rows.append(row)
+        return rows
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per example in input order: ``position``, ``prediction``,
+        ``prediction_id``, ``gold``, ``gold_id`` (-1 unknown), ``probability`` (of the
+        prediction), ``correct`` and ``p_<class>`` per class."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self._rows(), PREDICTION_COLUMNS + [f"p_{n}" for n in self.label_names])
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        rows = [[r[c] for c in PREDICTION_COLUMNS] for r in self._rows()]
+        return table_html(rows, PREDICTION_COLUMNS, title=repr(self))
+
+    def __repr__(self) -> str:
+        acc = self.accuracy
+        shown = self.predictions[:5]
+        return (f"Predictions({len(self.predictions)} examples"
+                + (f", accuracy {acc:.3f}" if acc is not None else "")
+                + f", predictions {shown}{' …' if len(self.predictions) > 5 else ''})")
+
 
 def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mask=None, batch_size: int = 64,
             truncate: bool = False, device: str = "auto") -> Predictions:
@@ -211,12 +291,82 @@ class PruneResult:
         """:meth:`to_dict` as JSON text."""
         return json.dumps(self.to_dict(), indent=2)
 
-    def plot(self, path) -> None:
-        """The curves and/or the effectiveness analysis side by side to ``path`` (.png, .svg, .pdf)."""
-        from ..analysis.plots import prune_figure
+    def plot(self, path=None):
+        """The curves and/or the effectiveness analysis side by side: a matplotlib ``Figure``,
+        also written to ``path`` (.png, .svg, .pdf) when given."""
+        from ..analysis.plots import prune_plot
 
         d = self.to_dict()
-        prune_figure(d, path, title=f"{d.get('model')} on {d['task'] if d.get('task') not in (None, 'generic') else 'data'}")
+        fig = prune_plot(d, title=f"{d.get('model')} on "
+                                  f"{d['task'] if d.get('task') not in (None, 'generic') else 'data'}")
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    def _rows(self) -> list[dict]:
+        rows = []
+        if self.curves:
+            c = self.curves
+            metric = c.get("metric", "accuracy")
+            rows.append({"analysis": "curves", "method": "unpruned", "rate": 0.0, "heads_masked": 0, "k": None,
+                         "metric": metric, "value": c["baseline"][metric], "low": None, "high": None})
+            for name, entry in c["methods"].items():
+                for j, rate in enumerate(c["rates"]):
+                    lo, hi, hm = entry.get(f"{metric}_low"), entry.get(f"{metric}_high"), entry.get("heads_masked")
+                    rows.append({"analysis": "curves", "method": name, "rate": float(rate),
+                                 "heads_masked": None if hm is None else int(hm[j]), "k": None, "metric": metric,
+                                 "value": entry[metric][j], "low": None if not lo else lo[j],
+                                 "high": None if not hi else hi[j]})
+        if self.effectiveness:
+            eff = self.effectiveness
+            for name, entry in eff["orders"].items():
+                for j, k in enumerate(eff["ks"]):
+                    lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+                    rows.append({"analysis": "effectiveness", "method": name, "rate": None, "heads_masked": None,
+                                 "k": int(k), "metric": "accuracy", "value": entry["accuracy"][j],
+                                 "low": None if not lo else lo[j], "high": None if not hi else hi[j]})
+        return rows
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per point of a curve: ``analysis`` (curves or
+        effectiveness), ``method`` (a table, ``unpruned`` for the baseline, or an
+        effectiveness order), ``rate`` (fraction of heads pruned), ``heads_masked``, ``k``
+        (heads per layer, effectiveness), ``metric``, ``value`` and its bootstrap ``low``/``high``."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self._rows(), CURVE_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        html = ""
+        if self.curves:
+            c = self.curves
+            metric = c.get("metric", "accuracy")
+            names = list(c["methods"])
+            rows = [[f"{r:.0%}"] + [c["methods"][n][metric][j] for n in names] for j, r in enumerate(c["rates"])]
+            html += table_html(rows, ["pruned"] + names, title=f"{metric} with the least important heads pruned"
+                               f" (unpruned {c['baseline'][metric]:.3g})")
+        if self.effectiveness:
+            eff = self.effectiveness
+            names = list(eff["orders"])
+            rows = [[k] + [eff["orders"][n]["accuracy"][j] for n in names] for j, k in enumerate(eff["ks"])]
+            html += table_html(rows, ["k per layer"] + names, title="effectiveness")
+        return html or f"<pre>{repr(self)}</pre>"
+
+    def __repr__(self) -> str:
+        parts = [f"model {self.info.get('model')!r}"]
+        if self.curves:
+            c = self.curves
+            metric = c.get("metric", "accuracy")
+            last = {n: round(float(e[metric][-1]), 4) for n, e in c["methods"].items()}
+            parts.append(f"curves at {len(c['rates'])} rates ({c['n_examples']} examples), unpruned {metric}"
+                         f" {c['baseline'][metric]:.4g}, at {c['rates'][-1]:.0%}: {last}")
+        if self.effectiveness:
+            parts.append(f"effectiveness k={self.effectiveness['ks']}")
+        if self.pruned_model:
+            parts.append("a pruned model saved")
+        return "PruneResult(" + "; ".join(parts) + ")"
 
 
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",

@@ -75,9 +75,11 @@ def default_task(model_id: str | None, data, task, inputs):
 
 
 def model_and_data(model=None, data=None, task=None, examples=None, inputs=None, *, device: str = "auto",
-                   dtype: str = "float32"):
+                   dtype: str = "float32", check_words: bool = True):
     """The one place models and data are resolved the way ``score`` does: returns
-    (Model, task or None, picked examples, label map, all examples, task label names)."""
+    (Model, task or None, picked examples, label map, all examples, task label names).
+    ``check_words``: one warning when most tokens of some picked examples are the tokenizer's
+    unknown token (as ``score`` warns; off where ``score`` runs on them next)."""
     from ..data import get_task, parse_examples
     from ..engine.run import resolve_inputs
     from ..models.loading import align_labels
@@ -99,6 +101,14 @@ def model_and_data(model=None, data=None, task=None, examples=None, inputs=None,
     picked = [rows[i] for i in parse_examples(examples, len(rows))]
     m = as_model(model, device=device, dtype=dtype)
     label_map, _ = align_labels(labels, m.loaded)
+    if check_words and not m.loaded.lm:
+        from ..engine.encoding import encode, unknown_words
+
+        note = unknown_words(m.tokenizer, {e.index: encode(m.tokenizer, e, tokens=False) for e in picked}, m.id)
+        if note:
+            import warnings
+
+            warnings.warn(note, UserWarning, stacklevel=3)  # at the caller of the API function
     return m, task_obj, picked, label_map, rows, labels
 
 

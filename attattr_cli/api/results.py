@@ -30,6 +30,10 @@ class Attribution(StoredExample):
     Per scored layer, ``nodes``, ``error_estimate`` and ``convergence`` (a state code,
     :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
     be trusted (docs/integration.md).
+
+    In a notebook it shows its interactive view; ``show()``, ``figure()``, ``highlight()``,
+    ``to_pandas()`` and ``save(path)`` (``.h5``: the example as scored, copied from the store
+    it was read from; else a picture or page of the view) are described at each method.
     """
 
     @classmethod
@@ -45,46 +49,206 @@ class Attribution(StoredExample):
 
         return example_html(self, self.label_names)
 
-    def show(self, **options):
-        """Display the interactive view in a notebook; ``options``: layers, heads ("sum", "all"
-        or an index), show ("attr", "attention"), queries, window, top_k (see docs/views.md)."""
+    def show(self, **options) -> None:
+        """Display the interactive view in a notebook (once; returns None); ``options``: layers,
+        heads ("sum", "all" or an index), show ("attr", "attention"), queries, window, top_k
+        (see docs/views.md)."""
         from ..views import show
 
-        return show(self, self.label_names, **options)
+        show(self, self.label_names, **options)
+
+    def figure(self, **options):
+        """The view as a matplotlib ``Figure`` (``options`` as for :meth:`show`); ``fig.savefig``
+        or ``fig.save(path)`` writes it."""
+        from ..views import view_figure_of
+
+        return view_figure_of(self, self.label_names, **options)
 
     def save(self, path, **options):
-        """Write the view to ``path``: PNG, SVG, PDF or a standalone HTML page, by the suffix
-        (written whole or not at all); ``options`` as for :meth:`show`."""
+        """Write ``path`` by its suffix: ``.h5``/``.hdf5`` the example as an attribution store
+        (the store ``score(..., out=)`` writes; every command reads it), else the view as PNG,
+        SVG, PDF or a standalone HTML page (``options`` as for :meth:`show`). Written whole or
+        not at all."""
+        if Path(path).suffix.lower() in STORE_SUFFIXES:
+            return save_store([self], path)
         from ..views import save
 
         return save(self, path, self.label_names, **options)
 
-    def highlight(self, scores=None) -> str:
+    def highlight(self, scores=None):
         """The text's tokens coloured green (positive) or red (negative) by ``scores`` (default:
-        :meth:`token_importance`), as HTML; in a notebook, ``IPython.display.HTML(ex.highlight())``."""
+        :meth:`token_importance`): an object a notebook shows as coloured tokens, whose
+        ``str()`` is the HTML (inline styles only, no script)."""
         from ..views import highlight_html
 
         return highlight_html(self.key_tokens or self.tokens,
                               self.token_importance() if scores is None else scores)
 
+    def to_pandas(self, table: str = "heads"):
+        """A pandas DataFrame: ``table="heads"`` one row per scored layer and head (columns in
+        docs/api.md), ``"tokens"`` one row per (key) token with its importance."""
+        from ..views.notebook import data_frame
+
+        return data_frame(_rows_of([self], table), _columns(table))
+
     def __repr__(self) -> str:
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
-        return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}, "
-                f"layers={list(self.layers)}, text={text[:60]!r})")
+        text = text if len(text) <= 60 else text[:59] + "…"
+        p = probability(self)
+        return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}"
+                + (f" (p {p:.3f})" if p is not None else "") + f", layers={list(self.layers)}, text={text!r})")
+
+
+STORE_SUFFIXES = (".h5", ".hdf5")
+HEAD_COLUMNS = ["example", "layer", "head", "head_max", "head_sum", "layer_residual", "converged",
+                "prediction", "gold"]
+TOKEN_COLUMNS = ["example", "position", "token", "importance"]
+
+
+def _columns(table: str) -> list[str]:
+    if table not in ("heads", "tokens"):
+        raise OptionError(f"table must be heads or tokens, got {table!r}")
+    return HEAD_COLUMNS if table == "heads" else TOKEN_COLUMNS
+
+
+def head_rows(e) -> list[dict]:
+    """Per scored (layer, head) of one example: ``head_max`` (the largest entry of the head's
+    attribution map, what head importance averages), ``head_sum`` (the map's sum; None when
+    no maps are kept), the layer's completeness ``layer_residual`` and ``converged``."""
+    hm = np.asarray(e.head_max, dtype=np.float64) if e.head_max is not None else None
+    sums = (np.asarray(e.attribution, dtype=np.float64).sum(axis=(2, 3))
+            if e.attribution is not None and np.ndim(e.attribution) == 4 else None)
+    resid = np.asarray(e.residual, dtype=np.float64).ravel()
+    bad = e.unconverged_layers
+    rows = []
+    for li, layer in enumerate(e.layers):
+        heads = hm.shape[1] if hm is not None and hm.ndim == 2 else (0 if sums is None else sums.shape[1])
+        for h in range(heads):
+            rows.append({"example": int(e.index), "layer": int(layer), "head": h,
+                         "head_max": None if hm is None else float(hm[li, h]),
+                         "head_sum": None if sums is None else float(sums[li, h]),
+                         "layer_residual": float(resid[li]) if li < resid.size else None,
+                         "converged": int(layer) not in bad, "prediction": e.prediction, "gold": e.gold_label})
+    return rows
+
+
+def token_rows(e) -> list[dict]:
+    """Per (key) token of one example: its position, text and importance (the attribution
+    summed over layers, heads and queries)."""
+    keys = e.key_tokens or e.tokens
+    values = e.token_importance()
+    return [{"example": int(e.index), "position": i, "token": t, "importance": float(v)}
+            for i, (t, v) in enumerate(zip(keys, values))]
+
+
+def _rows_of(examples, table: str) -> list[dict]:
+    _columns(table)
+    rows: list[dict] = []
+    for e in examples:
+        rows += head_rows(e) if table == "heads" else token_rows(e)
+    return rows
+
+
+EXAMPLE_COLUMNS = ["index", "text", "gold", "prediction", "probability", "max |residual|", "converged"]
+
+
+def probability(e) -> float | None:
+    """The probability of the prediction; for a language model that of the (first) target
+    token (what the view's header shows). None when unknown."""
+    probs = np.asarray(e.probs, dtype=np.float64).ravel()
+    meta = e.meta if isinstance(e.meta, dict) else {}
+    if meta.get("lm"):
+        return float(probs[0]) if probs.size else None
+    pred = int(e.pred) if e.pred is not None else -1
+    return float(probs[pred]) if 0 <= pred < probs.size else None
+
+
+def example_row(e) -> list:
+    """[index, text, gold, prediction, probability, max |residual|, converged] of one example."""
+    text = e.text_a if e.text_b is None else f"{e.text_a} / {e.text_b}"
+    p = probability(e)
+    resid = np.abs(np.asarray(e.residual, dtype=np.float64))
+    return [int(e.index), text if len(text) <= 80 else text[:79] + "…", e.gold_label, e.prediction, p,
+            float(resid.max()) if resid.size else None, e.converged]
+
+
+def save_store(examples, path) -> Path:
+    """Write scored examples to the attribution store ``path`` (whole or not at all): the file
+    ``score(..., out=path)`` writes for them (copied from the store they were read from, which
+    :func:`score` keeps while its results live). Returns the path."""
+    from ..store.copying import copy_examples
+
+    if Path(path).suffix.lower() not in STORE_SUFFIXES:
+        raise OptionError(f"a store is an HDF5 file: give a .h5 name, not {Path(path).name}")
+    sources = {str(getattr(e, "backing", None)) for e in examples}
+    if not examples or len(sources) != 1 or "None" in sources:
+        raise OptionError("save writes examples scored together (one score() call or one store); "
+                          "these come from " + ("nowhere" if not examples else f"{len(sources)} sources"))
+    indices = [int(e.index) for e in examples]
+    if len(set(indices)) != len(indices):
+        raise OptionError("save: the same example index appears twice")
+    return copy_examples(sources.pop(), path, indices)
 
 
 class Results(list):
-    """A list of :class:`Attribution`, one per input in order, as :func:`score` returns them."""
+    """A list of :class:`Attribution`, one per input in order, as :func:`score` returns them;
+    ``save("x.h5")`` writes them as the store ``score(..., out="x.h5")`` would, ``to_pandas()``
+    tabulates them, a notebook shows a table of the examples."""
+
+    def __getitem__(self, i):
+        got = super().__getitem__(i)
+        return Results(got) if isinstance(i, slice) else got  # a slice saves and shows as the whole does
+
+    def save(self, path) -> Path:
+        """Write these examples to the attribution store ``path`` (.h5), whole or not at all:
+        the store ``score(..., out=path)`` writes, readable by every command. Returns the path."""
+        return save_store(list(self), path)
+
+    def to_pandas(self, table: str = "heads"):
+        """A pandas DataFrame over every example: ``table="heads"`` one row per example, scored
+        layer and head; ``"tokens"`` one row per example and token (columns in docs/api.md)."""
+        from ..views.notebook import data_frame
+
+        return data_frame(_rows_of(self, table), _columns(table))
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        return table_html([example_row(e) for e in self], EXAMPLE_COLUMNS, title=f"{len(self)} scored examples")
 
     def __repr__(self) -> str:
-        return f"Results({len(self)} examples)"
+        if not self:
+            return "Results(0 examples)"
+        preds = [e.prediction for e in self[:5]]
+        return (f"Results({len(self)} examples, indices {self[0].index}..{self[-1].index}, "
+                f"layers {list(self[0].layers)}, predictions {preds}{' …' if len(self) > 5 else ''})")
+
+
+class TemporaryStore:
+    """A store file in a temporary folder of its own, removed with the last object holding it
+    (or by :meth:`remove`): what :func:`score` reads its results from, kept for their ``save``."""
+
+    def __init__(self, prefix: str):
+        import shutil
+        import tempfile
+        import weakref
+
+        folder = tempfile.mkdtemp(prefix=prefix)
+        self.path = Path(folder) / "scores.h5"
+        self._finalizer = weakref.finalize(self, shutil.rmtree, folder, True)
+
+    def remove(self) -> None:
+        self._finalizer()
 
 
 def read_all(path, label_names=None) -> Results:
     """Every example of the store at ``path`` as :class:`Attribution` objects (arrays read)."""
     with Store(path) as st:
         names = label_names if label_names is not None else st.provenance.get("label_names") or []
-        return Results(Attribution.from_stored(st.get(i), names) for i in st.indices())
+        res = Results(Attribution.from_stored(st.get(i), names) for i in st.indices())
+    for e in res:
+        e.backing = Path(path).resolve()  # the store save() copies from
+    return res
 
 
 class StoreView:
@@ -126,12 +290,16 @@ class StoreView:
         return self._store.fingerprint
 
     def info(self) -> dict:
-        """The store's summary (the JSON of ``attattr info --json``)."""
-        return self._store.summary()
+        """The store's summary (the JSON of ``attattr info --json``): a dict that shows itself short."""
+        from ..views.notebook import Summary
+
+        return Summary(self._store.summary(), "info")
 
     def get(self, index: int, family: str | None = None) -> Attribution:
         """The example ``index`` (of one attention ``family`` of an encoder-decoder model)."""
-        return Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
+        e = Attribution.from_stored(self._store.get(int(index), family=family), self.label_names)
+        e.backing = self.path.resolve()
+        return e
 
     def __getitem__(self, index: int) -> Attribution:
         if not isinstance(index, (int, np.integer)):
@@ -158,8 +326,27 @@ class StoreView:
     def __exit__(self, *exc):
         self.close()
 
+    def to_pandas(self, table: str = "heads", examples=None):
+        """A pandas DataFrame over the store's examples (``examples``: a list of indices, default
+        all): ``table="heads"`` one row per example, scored layer and head; ``"tokens"`` one
+        row per example and token (columns in docs/api.md)."""
+        from ..views.notebook import data_frame
+
+        chosen = self.indices if examples is None else [int(i) for i in examples]
+        return data_frame(_rows_of((self.get(i) for i in chosen), table), _columns(table))
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        rows = [example_row(self._store.get(i, arrays=False)) for i in self.indices[:20]]
+        return table_html(rows, EXAMPLE_COLUMNS, title=repr(self)) + (
+            f"<div style='font-size:smaller'>{len(self) - 20} more examples</div>" if len(self) > 20 else "")
+
     def __repr__(self) -> str:
-        return f"StoreView({str(self.path)!r}, {len(self)} examples)"
+        prov = self.provenance
+        model = prov.get("model") or "?"
+        return (f"StoreView({str(self.path)!r}, {len(self)} examples, model {model!r}, "
+                f"{prov.get('num_layers', '?')} layers x {prov.get('num_heads', '?')} heads)")
 
 
 def open_store(path) -> StoreView:
@@ -241,9 +428,36 @@ class Tree:
             raise OptionError(f"cannot write {p}: {exc.strerror or exc}") from None
         return p
 
+    def figure(self):
+        """The drawing as a matplotlib ``Figure`` (Graphviz's PNG shown on one axes)."""
+        import io
+
+        import matplotlib.image as mpimg
+
+        from ..views.notebook import new_figure
+
+        img = mpimg.imread(io.BytesIO(self.render("png")), format="png")
+        h, w = img.shape[:2]
+        fig = new_figure(w / 96.0, h / 96.0)
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.imshow(img)
+        ax.set_axis_off()
+        return fig
+
+    def _repr_svg_(self) -> str | None:
+        """The drawing in a notebook (None, and the text repr, when Graphviz's dot is missing)."""
+        import shutil
+
+        if shutil.which("dot") is None:
+            return None
+        return self.render("svg").decode("utf-8")
+
     def __repr__(self) -> str:
+        from ..analysis.tree import node_label
+
         g = self.graph
-        return f"Tree(top={self.top}, {g.number_of_nodes()} nodes, {g.number_of_edges()} edges)"
+        return (f"Tree(top {node_label(g, self.top)}, {g.number_of_nodes()} nodes, "
+                f"{g.number_of_edges()} edges" + (f", {self.prediction}" if self.prediction else "") + ")")
 
 
 def tree(example, tau: float | None = None, *, lam: float | None = None, layers=None, root: int | None = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
@@ -10,7 +9,7 @@ from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F
 from ..errors import OptionError
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, as_model, progress_for, using
-from .results import read_all
+from .results import TemporaryStore, read_all
 
 
 # ----------------------------------------------------------------------------- score
@@ -97,8 +96,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     tmp = None
     path = out
     if out is None:
-        tmp = tempfile.TemporaryDirectory(prefix="attattr-score-")
-        path = Path(tmp.name) / "scores.h5"
+        tmp = TemporaryStore("attattr-score-")
+        path = tmp.path
     try:
         with using(model, device=device, dtype=dtype, lm=is_lm) as m, progress_for(progress, "score") as bar:
             req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=selection(examples),
@@ -107,10 +106,14 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
             report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn)
             if out is not None:
                 return report
-            return read_all(path, m.label_names)
+            res = read_all(path, m.label_names)
+            for e in res:  # the store stays while an example lives: save() copies from it
+                e.backing_file = tmp
+            res.backing_file, tmp = tmp, None
+            return res
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            tmp.remove()
 
 
 def _score_store(req, progress, warn, keep_shards: bool, timeout: float):

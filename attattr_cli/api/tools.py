@@ -64,15 +64,37 @@ class FaithfulnessResult:
             w.writerow({k: ("" if v is None else v) for k, v in r.items()})
         return buf.getvalue()
 
-    def plot(self, path) -> None:
-        """Deletion curves and taus (and the adversarial panel) to ``path`` (.png, .svg, .pdf),
-        written whole or not at all."""
-        from ..analysis.faithfulness import plot_report
-        from ..fileio import replaced
+    def plot(self, path=None):
+        """Deletion curves and taus (and the adversarial panel): a matplotlib ``Figure``, also
+        written to ``path`` (.png, .svg, .pdf; whole or not at all) when given."""
+        from ..analysis.faithfulness import report_figure
 
-        path = Path(path)
-        with replaced(path, suffix=path.suffix) as tmp:
-            plot_report(self.report, tmp)
+        fig = report_figure(self.report)
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per method: the columns of :attr:`rows` (what ``--csv``
+        prints for the methods; docs/api.md)."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self.rows)
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        cols = ["method", "tau_loo", "tau_grad", "aopc_comprehensiveness", "aopc_sufficiency", "deletion_auc",
+                "mask_aopc", "examples"]
+        return table_html([[r.get(c) for c in cols] for r in self.rows], cols, title=repr(self))
+
+    def __repr__(self) -> str:
+        ms = self.report.get("methods", {})
+        best = max(ms, key=lambda m: ms[m].get("comprehensiveness") or float("-inf"), default=None)
+        return (f"FaithfulnessResult({self.report.get('examples')} examples, {len(ms)} methods: "
+                + ", ".join(list(ms)[:8]) + (" …" if len(ms) > 8 else "")
+                + (f"; highest AOPC comprehensiveness: {best}" if best else "")
+                + (f"; store {self.store!r}" if self.store else "") + ")")
 
     def to_json(self) -> str:
         """:meth:`to_dict` as JSON text."""
@@ -233,8 +255,10 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
         raise OptionError("shards must be a list of store paths")
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
+    from ..views.notebook import Summary
+
     result = merge_stores([str(s) for s in shards], str(out), partial=partial)
-    return dict(result, notes=notes, problems=problems)
+    return Summary(dict(result, notes=notes, problems=problems), "merge")
 
 
 def import_2021(attr_path, tokens_path, out, *, model: str | None = None, example: int | None = None,

@@ -15,6 +15,11 @@ from .scoring import score
 
 # ----------------------------------------------------------------------------- triggers
 
+TRIGGER_COLUMNS = ["rank", "class", "class_rank", "tokens", "segments", "relative", "count", "mean_strength",
+                   "total_strength"]
+ATTACK_COLUMNS = ["class", "n", "before", "trigger_mean", "trigger_drop", "control_mean", "control_drop",
+                  "control_sd", "worst_control", "p", "p_holm", "beats_controls"]
+
 
 @dataclass
 class TriggersResult:
@@ -47,6 +52,36 @@ class TriggersResult:
 
         write_atomic(Path(path), self.to_csv())
 
+    def _rows(self) -> list[dict]:
+        rows = []
+        for t in self.triggers:
+            d = t.to_json()
+            rows.append({"rank": d["rank"], "class": d["class"], "class_rank": d["class_rank"],
+                         "tokens": " ".join(d["tokens"]), "segments": list(d["segments"]),
+                         "relative": list(d["relative"]), "count": d["count"],
+                         "mean_strength": d["mean_strength"], "total_strength": d["total_strength"]})
+        return rows
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per trigger (ranked): ``rank``, ``class`` (the class it
+        pushes towards), ``class_rank``, ``tokens`` (space-separated), ``segments``,
+        ``relative`` (positions in their segment, 0..1), ``count``, ``mean_strength``,
+        ``total_strength``."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self._rows(), TRIGGER_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        return table_html([[r[c] for c in TRIGGER_COLUMNS] for r in self._rows()], TRIGGER_COLUMNS,
+                          title=repr(self))
+
+    def __repr__(self) -> str:
+        top = "; ".join(f"{' '.join(t.tokens)!r} -> {t.label} ({t.count}x)" for t in self.triggers[:3])
+        return (f"TriggersResult({len(self.triggers)} triggers of {self.distinct} distinct"
+                + (f", top: {top}" if top else "") + (" …" if len(self.triggers) > 3 else "") + ")")
+
 
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
@@ -75,7 +110,8 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     wanted = None
     try:
         if on_the_fly:
-            m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+            m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device,
+                                                             check_words=False)  # score says it
             positions = {id(e): k for k, e in enumerate(rows)}
             chosen = select_by_length(m.tokenizer, rows, [positions[id(e)] for e in picked], min_tokens, limit)
             wanted = [rows[i].index for i in chosen]
@@ -145,6 +181,35 @@ class AttackResult:
     def rows(self) -> list[dict]:
         """One row per trigger, then per control: tokens, accuracy per class, flipped, ..."""
         return self.document["triggers"] + self.document["controls"]
+
+    def _rows(self) -> list[dict]:
+        rows = []
+        for r in self.table:
+            worst = r.get("worst_control") or {}
+            rows.append({**{c: r.get(c) for c in ATTACK_COLUMNS},
+                         "worst_control": " ".join(worst.get("tokens", [])) or None})
+        return rows
+
+    def to_pandas(self):
+        """A pandas DataFrame of the paper's Table 2, one row per gold class: ``class``, ``n``,
+        ``before`` (accuracy), ``trigger_mean`` (accuracy under the triggers, their mean),
+        ``trigger_drop``, ``control_mean``, ``control_drop``, ``control_sd``, ``worst_control``
+        (its tokens), ``p``, ``p_holm`` and ``beats_controls``."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self._rows(), ATTACK_COLUMNS)
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        return table_html([[r[c] for c in ATTACK_COLUMNS] for r in self._rows()], ATTACK_COLUMNS,
+                          title=repr(self))
+
+    def __repr__(self) -> str:
+        t = self.document.get("triggers", [])
+        return (f"AttackResult({len(t)} triggers, {len(self.document.get('controls', []))} controls, "
+                f"{len(self.table)} classes, accuracy before {self.before if self.before is None else round(self.before, 4)}"
+                + "; drops " + ", ".join(f"{r['class']} {r.get('trigger_drop', 0):+.3f}" for r in self.table[:4]) + ")")
 
     def to_dict(self) -> dict:
         """The JSON document."""

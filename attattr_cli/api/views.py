@@ -13,15 +13,52 @@ from .model import progress_for
 from .results import open_store
 
 
-@dataclass
+INLINE_DPI = 72  # a view returned for a notebook (neither out nor fmt): the PNG at a screen's resolution
+
+
+@dataclass(repr=False)
 class Picture:
     """A drawn example: ``data`` (the file's bytes), ``format``, ``path`` (where it was
-    written; None when not), and the ``view`` drawn (layers, heads, the maps' window)."""
+    written; None when not), and the ``view`` drawn (layers, heads, the maps' window). A
+    notebook shows it (PNG, SVG or the HTML view); ``repr()`` is one line."""
 
     data: bytes
     format: str
     path: str | None
     view: Any
+
+    def size(self) -> tuple[int, int] | None:
+        """(width, height) in pixels of a PNG, None for the other formats."""
+        if self.format == "png" and self.data[:8] == b"\x89PNG\r\n\x1a\n" and len(self.data) >= 24:
+            return int.from_bytes(self.data[16:20], "big"), int.from_bytes(self.data[20:24], "big")
+        return None
+
+    def save(self, path) -> Path:
+        """Write the bytes to ``path`` (whole or not at all)."""
+        from ..fileio import write_atomic
+
+        write_atomic(Path(path), self.data)
+        return Path(path)
+
+    def _repr_png_(self) -> bytes | None:
+        return self.data if self.format == "png" else None
+
+    def _repr_svg_(self) -> str | None:
+        return self.data.decode("utf-8") if self.format == "svg" else None
+
+    def _repr_html_(self) -> str | None:
+        if self.format != "html":
+            return None
+        import html
+
+        # the page in a frame of its own (its script and styles stay inside it)
+        return (f'<iframe srcdoc="{html.escape(self.data.decode("utf-8"), quote=True)}" '
+                'style="width:100%;height:900px;border:1px solid #ddd"></iframe>')
+
+    def __repr__(self) -> str:
+        px = self.size()
+        return (f"Picture({self.format}" + (f", {px[0]}x{px[1]} px" if px else "") + f", {len(self.data):,} bytes"
+                + (f", path={self.path!r}" if self.path else "") + ")")
 
 
 def _shows(show) -> list[str]:
@@ -51,18 +88,23 @@ def _check_out(out) -> None:
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,
          top_k: int | None = None, importance: str | None = None, family: str | None = None,
-         tree: bool = True) -> Picture:
+         tree: bool = True):
     """Draw example ``example`` of ``store``: attribution and attention heatmaps per layer, the
     text coloured by token importance, the top interactions, the prediction and the
     completeness residual (docs/views.md). ``fmt`` png, svg, pdf or html (default: from
-    ``out``'s extension); ``out`` (optional) is written whole or not at all; the bytes are
-    returned either way."""
+    ``out``'s extension, png without ``out``); ``out`` (optional) is written whole or not at
+    all; a :class:`Picture` holding the bytes is returned either way (a notebook shows it).
+    ``fmt="figure"`` returns a matplotlib ``Figure`` instead."""
     from ..fileio import write_atomic
     from ..views import format_of, from_store, render_bytes, spec_of
 
-    if out is None and fmt is None:
-        raise OptionError("give out (a .png, .svg, .pdf or .html file) or fmt")
-    fmt = format_of(None if out is None else str(out), fmt)
+    as_figure = isinstance(fmt, str) and fmt.lower() == "figure"
+    if as_figure and out is not None:
+        raise OptionError("fmt figure returns a matplotlib Figure: leave out out (fig.savefig writes it)")
+    inline = out is None and fmt is None
+    if inline:
+        fmt = "png"  # something a notebook shows inline, at a screen's resolution (a small notebook)
+    fmt = "png" if as_figure else format_of(None if out is None else str(out), fmt)
     if out is not None:
         _check_out(out)
     spec = spec_of(layers=None if layers is None else list(layers), heads=heads, show=_shows(show),
@@ -71,8 +113,14 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     with open_store(store) as s:
         loaded = from_store(s.store, int(example), family=family)
     spec.num_layers = loaded.num_layers
+    if as_figure:
+        from ..views import view_figure_of
+
+        return view_figure_of(loaded.example, loaded.labels, spec, loaded.token_importance, tree=tree,
+                              num_layers=loaded.num_layers)
     data, v = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
-                           num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}")
+                           num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}",
+                           dpi=INLINE_DPI if inline else 150)
     if out is not None:
         write_atomic(out, data)
     return Picture(data, fmt, None if out is None else str(out), v)

@@ -54,4 +54,8 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
 
 
 def main() -> None:
+    import warnings
+
+    # a library warning (unknown words, the memory back-off) is one "Warning: ..." line on stderr
+    warnings.formatwarning = lambda message, category, filename, lineno, line=None: f"Warning: {message}\n"
     app()

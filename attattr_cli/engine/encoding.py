@@ -34,6 +34,25 @@ class Encoded:
         return row
 
 
+def unknown_words(tokenizer, encoded: dict, model: str) -> str | None:
+    """One line when most of some examples' tokens (their segments' tokens, special tokens
+    aside) are the tokenizer's unknown token: the model does not know their words, and what is
+    scored says little about them. None when no example is so."""
+    unk = getattr(tokenizer, "unk_token_id", None)
+    if unk is None:
+        return None
+    mostly = []
+    for index, enc in encoded.items():
+        ids = [i for i, seg in zip(enc.input_ids, enc.segment_ids) if seg >= 0] or list(enc.input_ids)
+        if ids and 2 * sum(int(i) == unk for i in ids) > len(ids):
+            mostly.append(index)
+    if not mostly:
+        return None
+    shown = ", ".join(map(str, mostly[:5])) + (" …" if len(mostly) > 5 else "")
+    return (f"{len(mostly)} of {len(encoded)} examples ({shown}) are mostly the unknown token "
+            f"{tokenizer.unk_token} of {model}'s tokenizer ({type(tokenizer).__name__}): it does not know their words")
+
+
 def too_long(index: int, n: int, limit: int, hint: bool = True) -> DataError:
     """The error for an example longer than the model takes."""
     return DataError(f"example {index} has {n} tokens; the model takes at most {limit}"

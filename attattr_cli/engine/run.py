@@ -17,6 +17,7 @@ from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
 from ..store.writer import already_done
 from . import grouped
+from .encoding import unknown_words
 from .options import ScoreOptions
 from .provenance import libraries
 from .scorer import Scorer
@@ -311,4 +312,12 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     """
     prep = prepare_run(req, loaded)
     prep.scorer.warn = warn
+    unknown = unknown_words(prep.scorer.tokenizer, prep.encoded, prep.loaded.model_id)
+    if unknown:
+        if warn is not None:
+            warn(unknown)
+        else:
+            import warnings
+
+            warnings.warn(unknown, UserWarning, stacklevel=3)  # at the caller of score()
     return score_into(prep, progress=progress)

@@ -83,10 +83,27 @@ class StoredExample:
         names = self.label_names or []
         return names[int(i)] if int(i) < len(names) else str(int(i))
 
+    def _lm(self) -> dict | None:
+        lm = self.meta.get("lm") if isinstance(self.meta, dict) else None
+        return lm if isinstance(lm, dict) else None
+
     @property
     def prediction(self) -> str | None:
-        """The predicted class's name."""
+        """The predicted class's name; for a language model the predicted next token."""
+        lm = self._lm()
+        if lm is not None and self.pred is not None and int(self.pred) >= 0:
+            return str(lm.get("predicted_token", self.pred))
         return self._name(self.pred)
+
+    @property
+    def prediction_id(self) -> int:
+        """The predicted class's index; for a language model the predicted token's id (-1: none)."""
+        return int(self.pred)
+
+    @property
+    def target_id(self) -> int:
+        """The attributed class's index; for a language model the (first) target token's id."""
+        return int(self.target)
 
     @property
     def probabilities(self) -> np.ndarray:
@@ -100,7 +117,11 @@ class StoredExample:
 
     @property
     def target_label(self) -> str | None:
-        """The name of the class whose probability was attributed."""
+        """The name of the class whose probability was attributed; for a language model the
+        target token(s), space-separated (the view's header shows the same)."""
+        lm = self._lm()
+        if lm is not None and lm.get("target_tokens"):
+            return " ".join(map(str, lm["target_tokens"]))
         return self._name(self.target)
 
     @property

@@ -5,7 +5,8 @@ Functions here read an example by duck typing (the attributes of
 import neither torch nor (until a figure is drawn) matplotlib.
 
 - :func:`example_html` the interactive view as an HTML fragment (a notebook's ``_repr_html_``)
-- :func:`show` display it in a notebook (returns the IPython object, or the HTML elsewhere)
+- :func:`show` display it in a notebook (once; returns None)
+- :func:`view_figure_of` the view as a matplotlib Figure
 - :func:`save` write PNG, SVG, PDF (matplotlib) or a standalone HTML page, by the suffix
 - :func:`highlight_html` the tokens coloured green (positive) / red (negative) by a score
 - :func:`build_view` the numbers every renderer shares (:class:`View`)
@@ -27,6 +28,7 @@ FORMATS = ("png", "svg", "pdf", "html")
 
 __all__ = ["FORMATS", "SHOWS", "View", "ViewSpec", "Loaded", "build_view", "example_html", "from_store",
            "highlight_html", "prediction_line", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg",
+           "view_figure_of",
            "COLSUM"]
 
 
@@ -144,17 +146,25 @@ def example_html(example, labels: Sequence[str] | None = None, spec: ViewSpec | 
 
 
 def show(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
-         token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None, **options):
-    """Display the view in a notebook; returns the ``IPython.display.HTML`` object (the HTML
-    string when IPython is not installed)."""
+         token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
+         **options) -> None:
+    """Display the view in a notebook, once (returns None: nothing to display a second time);
+    without IPython an OptionError says to use :func:`save`."""
+    from .notebook import Html, display
+
     text = example_html(example, labels, spec, token_importance, tree, num_layers, **options)
-    try:
-        from IPython.display import HTML, display
-    except ImportError:
-        return text
-    obj = HTML(text)
-    display(obj)
-    return obj
+    display(Html(text, f"view of example {example.index}"))
+
+
+def view_figure_of(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
+                   token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
+                   **options):
+    """The view of one example as a matplotlib ``Figure`` (what :func:`save` draws for PNG)."""
+    from .figure import view_figure
+
+    spec = spec or spec_of(**options)
+    view, tree_png = _view_and_data(example, labels, spec, token_importance, tree, num_layers, "png")
+    return view_figure(view, tree_png)
 
 
 def format_of(path: str | Path | None, fmt: str | None = None) -> str:
@@ -175,8 +185,9 @@ def format_of(path: str | Path | None, fmt: str | None = None) -> str:
 
 def render_bytes(example, fmt: str, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,
                  token_importance: dict | None = None, tree: bool = True, num_layers: int | None = None,
-                 title: str = "attattr view") -> tuple[bytes, View]:
-    """The view in ``fmt`` (png, svg, pdf or html) as bytes, with the :class:`View` drawn."""
+                 title: str = "attattr view", dpi: int = 150) -> tuple[bytes, View]:
+    """The view in ``fmt`` (png, svg, pdf or html) as bytes, with the :class:`View` drawn
+    (``dpi``: a PNG's resolution)."""
     if fmt not in FORMATS:
         raise OptionError(f"unknown format '{fmt}'; available: {', '.join(FORMATS)}")
     view, data = _view_and_data(example, labels, spec, token_importance, tree, num_layers, fmt)
@@ -186,7 +197,7 @@ def render_bytes(example, fmt: str, labels: Sequence[str] | None = None, spec: V
         return page_html(data, title).encode("utf-8"), view
     from .figure import figure_bytes
 
-    return figure_bytes(view, fmt, tree_png=data), view
+    return figure_bytes(view, fmt, dpi=dpi, tree_png=data), view
 
 
 def save(example, path: str | Path, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,

@@ -23,15 +23,6 @@ MASKED = "#e3d9c6"
 KIND_NAMES = {"attr": "attribution", "attention": "attention"}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3g}"
 
@@ -73,8 +64,10 @@ def _colour(v: float, top: float) -> tuple:
 def view_figure(view: View, tree_png: bytes | None = None):
     """A matplotlib Figure of the view (the caller saves or shows it); ``tree_png``, the
     attribution tree rendered by Graphviz, goes at the foot."""
-    plt = _pyplot()
+    import matplotlib
     from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    from .notebook import new_figure
 
     kinds = [k for k in ("attr", "attention") if k in view.maps]
     nq, nk = len(view.q_idx), len(view.k_idx)
@@ -118,7 +111,7 @@ def view_figure(view: View, tree_png: bytes | None = None):
         tree_w = min(tree_img.shape[1] / 96.0, width - 0.5)  # Graphviz renders at 96 dpi
         tree_h = tree_w * tree_img.shape[0] / tree_img.shape[1]
     height = header_h + map_h + strip_h + table_h + (tree_h + 0.3 if tree_img is not None else 0) + 0.2
-    fig = plt.figure(figsize=(width, height))
+    fig = new_figure(width, height)
 
     y = height - 0.15
     for k, line in enumerate(wrapped):
@@ -138,7 +131,7 @@ def view_figure(view: View, tree_png: bytes | None = None):
             data = np.asarray(view.maps[kind][lp, hi])
             if view.masked is not None:
                 data = np.ma.masked_array(data, mask=view.masked)
-            cmap = plt.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
+            cmap = matplotlib.colormaps.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
             im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
             head_name = "sum of heads" if head == "sum" and kind == "attr" else (
                 "mean of heads" if head == "sum" else f"head {head}")
@@ -220,12 +213,10 @@ def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = 
 
     if fmt not in FIGURE_FORMATS:
         raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
-    plt = _pyplot()
+    import matplotlib
+
     fig = view_figure(view, tree_png)
     buf = io.BytesIO()
-    try:
-        with plt.rc_context({"svg.fonttype": "none"}):
-            fig.savefig(buf, dpi=dpi, format=fmt)
-    finally:
-        plt.close(fig)
+    with matplotlib.rc_context({"svg.fonttype": "none"}):
+        fig.savefig(buf, dpi=dpi, format=fmt)
     return buf.getvalue()

@@ -135,7 +135,8 @@ def _token_colour(v: float, top: float) -> str:
 def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float | None = None) -> str:
     """The notebook's green-token display in one call: each token on a background whose
     green (positive) or red (negative) strength is |score| / ``scale`` (default: the largest
-    |score|); hovering a token shows its score. Plain HTML with inline styles, no script."""
+    |score|); hovering a token shows its score. Plain HTML with inline styles, no script: a
+    string (``str()`` for a file) that a notebook shows as the coloured tokens."""
     values = np.asarray(list(scores), dtype=np.float64)
     tokens = [str(t) for t in tokens]
     if len(tokens) != len(values):
@@ -148,7 +149,10 @@ def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float 
         f'margin:0 1px;border-radius:3px;font-family:monospace">{html.escape(t)}</span>'
         for i, (t, v) in enumerate(zip(tokens, values))
     ]
-    return '<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>"
+    from .notebook import Html
+
+    return Html('<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>",
+                f"highlighted text, {len(tokens)} tokens")
 
 
 def with_attribution_from_sums(example):
