@@ -9,7 +9,14 @@ stays cheap (no torch until a function is used). The command-line interface live
 ``attattr_cli.cli`` and calls these functions.
 """
 
+import warnings
+
 __version__ = "0.1.0"
+
+# transformers imports tqdm.auto, which in a notebook without ipywidgets writes "IProgress not
+# found" to the cell's stderr; attattr draws no tqdm bar (progress=True is api/model.progress_for,
+# no widgets), so in a notebook that line is noise about nothing attattr shows
+warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 __all__ = [
     "Attribution", "AttackResult", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",

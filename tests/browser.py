@@ -182,3 +182,29 @@ class Page:
     def screenshot(self) -> bytes:
         r = self.b.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True}, session=self.session)
         return base64.b64decode(r["data"])
+
+
+def strip_scripts(text: str) -> str:
+    """The page as a reader without JavaScript gets it (an untrusted notebook, GitHub's preview):
+    every <script> element removed."""
+    import re
+
+    return re.sub(r"<script\b[^>]*>.*?</script\s*>", "", text, flags=re.S | re.I)
+
+
+def painted_colours(page: Page, png: bytes, selector: str) -> int:
+    """How many distinct colours the screenshot ``png`` has inside the elements ``selector``
+    matches (their bounding boxes, page coordinates): a drawn heatmap has many, a blank one 1."""
+    import io
+
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    boxes = page.eval(f"Array.from(document.querySelectorAll({json.dumps(selector)})).map(e => {{"
+                      "var r = e.getBoundingClientRect(); return [r.left + scrollX, r.top + scrollY, r.width, r.height]; })")
+    img = mpimg.imread(io.BytesIO(png), format="png")[..., :3]
+    seen = set()
+    for x, y, w, h in boxes:
+        part = img[int(y):int(y + h), int(x):int(x + w)].reshape(-1, 3)
+        seen |= {tuple(c) for c in np.round(part * 255).astype(int).tolist()}
+    return len(seen)

@@ -21,7 +21,7 @@ from attattr_cli.cli import app
 from attattr_cli.errors import OptionError
 from attattr_cli.store import Store
 from attattr_cli.views import ViewSpec, build_view, example_html, from_store, highlight_html, save
-from browser import Chromium, find_chromium
+from browser import Chromium, find_chromium, painted_colours, strip_scripts
 from conftest import WORDS, build_model, with_sentiment_labels
 
 runner = CliRunner()
@@ -221,9 +221,11 @@ def test_tree_at_the_foot_of_figures_and_pages(stores, tmp_path):
     assert with_tree.shape[1] == without.shape[1] and with_tree.shape[0] > without.shape[0] + 300
     page = _ok("view", stores["default"], "-n", "0", "-o", "-", "-q").stdout
     data = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))
-    assert data["tree_svg"].startswith("<svg") and "prediction: " in data["tree_svg"]
+    assert "tree_svg" not in data  # the tree is drawn once, statically, below the view (scripts or not)
+    tree = re.search(r'<div class="aa-tree">(<svg.*?</svg>)\s*</div>', page, re.S).group(1)
+    assert "prediction: " in tree and 'id="aa-graph0"' in tree
     cross = _ok("view", stores["bart"], "-n", "0", "--family", "cross", "-o", "-", "-q").stdout
-    assert "tree_svg" not in json.loads(re.search(r'id="aa-data">(.*?)</script>', cross, re.S).group(1))  # no tree
+    assert 'class="aa-tree"' not in cross  # no tree
 
 
 def test_any_object_with_the_names_renders_and_many_layers_wrap(tmp_path):
@@ -285,7 +287,10 @@ def test_example_html_show_and_save(stores, tmp_path, monkeypatch):
     b = example_html(ld.example, ld.labels)
     ids = re.findall(r'<div id="(aa-[0-9a-f]+)"', a)
     assert len(ids) == 1 and ids != re.findall(r'<div id="(aa-[0-9a-f]+)"', b)
-    assert "AttattrView.render" in a and "<noscript>" in a
+    assert "AttattrView.render" in a and 'class="aa-still"' in a.split(f'<div id="{ids[0]}">')[1]
+    tree_ids = set(re.findall(r'<g id="([^"]+)"', a)) | set(re.findall(r'<g id="([^"]+)"', b))
+    assert tree_ids and all(i.startswith("aa-") for i in tree_ids)  # the tree's SVG ids are per display too
+    assert not set(re.findall(r'\bid="([^"]+)"', a)) & set(re.findall(r'\bid="([^"]+)"', b))
     for name in ("x.html", "x.png", "x.svg"):
         view = save(ld.example, tmp_path / name, ld.labels, heads="all")
         assert (tmp_path / name).stat().st_size > 1000 and view.heads == ["0", "1", "2", "3"]
@@ -487,6 +492,101 @@ def test_report_in_chromium(stores, tmp_path):
             _not_blank(p.screenshot())
             assert p.errors() == []
             assert all(u.startswith("file://") for u in p.requests())
+
+
+CELLS = "svg.aa-still-map g[shape-rendering]"  # the cells of the still heatmaps
+
+
+@needs_chromium
+def test_views_without_scripts_in_chromium(stores, tmp_path):
+    """With every <script> removed (an untrusted notebook, GitHub's preview) the view page, two
+    notebook displays of one view and the report still show their heatmaps and coloured tokens;
+    with scripts, the script replaces the still picture and the two displays do not collide."""
+    ld = _get(stores["default"], 1)
+    e = ld.example
+    _ok("view", stores["default"], "-n", "1", "-o", tmp_path / "v.html", "-q")
+    twice = f"<!DOCTYPE html><html><body>{example_html(e, ld.labels)}{example_html(e, ld.labels)}</body></html>"
+    (tmp_path / "nb.html").write_text(twice)
+    one = example_html(e, ld.labels)  # one display stored twice (same text, same ids), each in its output box
+    (tmp_path / "same.html").write_text(f"<!DOCTYPE html><html><body><div>{one}</div><div>{one}</div></body></html>")
+    imp = tmp_path / "imp.h5"
+    _ok("importance", stores["default"], "--out", imp, "-q")
+    _ok("report", stores["default"], "--importance", imp, "-o", tmp_path / "r.html", "-q")
+    for name in ("v", "nb", "r"):
+        bare = strip_scripts((tmp_path / f"{name}.html").read_text())
+        assert "<script" not in bare
+        (tmp_path / f"{name}-bare.html").write_text(bare)
+    n = len(e.tokens)
+    with Chromium() as b:
+        for name, displays in (("v", 1), ("nb", 2)):
+            p = b.open((tmp_path / f"{name}-bare.html").as_uri())
+            assert p.eval("document.querySelectorAll('.aa-grid').length") == 0  # no script ran
+            assert p.eval("document.querySelectorAll('svg.aa-still-map').length") == 2 * displays  # attr, attention
+            labels = p.eval("Array.from(document.querySelector('svg.aa-still-map').querySelectorAll('text'))"
+                            ".map(t => t.textContent)")
+            assert labels[-n:] == e.tokens  # the query labels, in order
+            tokens = p.eval("Array.from(document.querySelectorAll('.aa-highlight span')).map(s => s.textContent)")
+            assert tokens == e.tokens * displays
+            png = p.screenshot()
+            _not_blank(png)
+            assert painted_colours(p, png, CELLS) > 10  # the heatmaps are painted, not blank
+            assert p.eval("document.querySelectorAll('.aa-tree svg').length") == displays
+            assert p.errors() == []
+            s = b.open((tmp_path / f"{name}.html").as_uri())
+            assert s.eval("document.querySelectorAll('.aa-still').length") == 0  # replaced by the script
+            assert s.eval("document.querySelectorAll('.aa-grid').length") == 2 * displays
+            assert s.eval("Array.from(document.querySelectorAll('.aa-grid')).every(g => g.querySelectorAll('.aa-cell')"
+                          f".length === {n * n})")
+            assert s.errors() == []
+        # the script reads the packed maps to the same numbers as Python; NaN and infinities as null
+        from attattr_cli.views.still import pack, unpack
+
+        page = (tmp_path / "v.html").read_text()
+        packed = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))["maps"]["attr"]
+        js = np.array(s.eval(f"AttattrView.unpack({json.dumps(packed)})"), dtype=np.float64)
+        assert js.shape == tuple(packed["shape"]) and np.array_equal(js, unpack(packed))
+        odd = pack([[1.5, -2.0e-6, float("nan"), float("inf")]])
+        assert s.eval(f"AttattrView.unpack({json.dumps(odd)})") == [[1.5, pytest.approx(-2.0e-6, rel=1e-3), None, None]]
+        same = b.open((tmp_path / "same.html").as_uri())  # both copies drawn, neither left blank
+        assert same.eval("document.querySelectorAll('.aa-still').length") == 0
+        assert same.eval("Array.from(document.body.children).map(d => d.querySelectorAll('.aa-grid').length)") == [2, 2]
+        assert same.errors() == []
+        p = b.open((tmp_path / "r-bare.html").as_uri())
+        assert p.eval("document.querySelectorAll('.aa-still table tr').length") == 4  # header and 3 rows
+        png = p.screenshot()
+        assert painted_colours(p, png, "svg.aa-still-map") > 10  # head importance grids
+        s = b.open((tmp_path / "r.html").as_uri())
+        assert s.eval("document.querySelectorAll('.aa-still').length") == 0
+        assert s.eval("document.querySelectorAll('tr.aa-row').length") == 3
+        assert p.errors() == [] and s.errors() == []
+
+
+def test_still_picture_is_the_scripts_picture(stores):
+    """The still heatmap's cells carry view.js's colours (to one of 40 steps) of the packed maps,
+    and the packed maps are the view's maps to float16 precision."""
+    from attattr_cli.views.html import view_data
+    from attattr_cli.views.still import LEVELS, cell_colour, shared_scale, unpack, view_still
+
+    ld = _get(stores["default"], 1)
+    data = view_data(ld.example, ld.labels)
+    attr = unpack(data["maps"]["attr"])
+    want = np.concatenate([ld.example.attribution.sum(axis=1)[:, None], ld.example.attribution], axis=1)
+    np.testing.assert_allclose(attr, want, rtol=2e-3, atol=np.abs(want).max() * 2e-4)
+    assert len(data["maps"]["attr"]["f16"]) < 3 * attr.size  # about 2.7 characters a value
+    still = view_still(data)
+    layer, top = data["initial"]["layer"], shared_scale(attr, data["heads"], 0, None)
+    svg = re.search(r'<svg[^>]*data-kind="attr".*?</svg>', still, re.S).group(0)
+    drawn = {}
+    for colour, d in re.findall(r'<path stroke="(#[0-9a-f]{6})" d="([^"]+)"', svg):
+        for j, i, run in re.findall(r"M(\d+) (\d+)\.5h(\d+)", d):
+            for k in range(int(run)):
+                drawn[int(i), int(j) + k] = colour
+    n = len(ld.example.tokens)
+    assert len(drawn) == n * n
+    assert all(drawn[i, j] == cell_colour("attr", attr[layer, 0, i, j], top) for i in range(n) for j in range(n))
+    v = attr[layer, 0]
+    i, j = np.unravel_index(np.argmax(np.abs(v)), v.shape)
+    assert drawn[i, j] == cell_colour("attr", np.sign(v[i, j]) * top, top) != "#ffffff" and LEVELS == 40
 
 
 def test_report_draws_every_row_with_a_nan_and_a_text_holding_its_placeholder(stores, tmp_path):

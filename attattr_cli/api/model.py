@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -204,10 +206,54 @@ def using(model, *, device: str = "auto", dtype: str = "float32", lm: bool = Fal
 Progress = Callable[[int, int, str], None]
 
 
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (an IPython shell with a kernel; never imports IPython)."""
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class NotebookLine:
+    """A progress line in a notebook cell: one text output updated in place through an
+    ``IPython.display`` handle (no widgets, so no ipywidgets warning), at most every
+    ``every`` seconds; the last update stays as one line (``work 12/12 in 3.1 s``)."""
+
+    WIDTH = 24
+
+    def __init__(self, description: str, every: float = 0.25):
+        from IPython.display import display
+
+        self.description, self.every = description, every
+        self.start = self.last = time.monotonic()
+        self.state = (0, 0, "")
+        self.handle = display({"text/plain": f"{description} …"}, raw=True, display_id=True)
+
+    def line(self, done: int, total: int, label: str, final: bool = False) -> str:
+        took = time.monotonic() - self.start
+        if final:
+            return f"{self.description} {done}/{total} in {took:.1f} s" if total else f"{self.description} in {took:.1f} s"
+        if not total:
+            return f"{self.description} {done} {label}  {took:.1f} s".rstrip()
+        full = round(self.WIDTH * min(done / total, 1.0))
+        left = f", {took / done * (total - done):.0f} s left" if 0 < done < total else ""
+        return f"{self.description} {'█' * full}{'░' * (self.WIDTH - full)} {done}/{total} {label}  {took:.1f} s{left}"
+
+    def __call__(self, done: int, total: int, label: str) -> None:
+        self.state = (done, total, label)
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self.handle.update({"text/plain": self.line(done, total, label)}, raw=True)
+
+    def close(self) -> None:
+        self.handle.update({"text/plain": self.line(*self.state, final=True)}, raw=True)
+
+
 @contextlib.contextmanager
 def progress_for(progress, description: str):
-    """``progress`` as the library's callback: False/None nothing, True a rich bar on stderr,
-    a callable ``f(done, total, label)`` as it is."""
+    """``progress`` as the library's callback: False/None nothing; True a text line updated in
+    place in a Jupyter notebook (:class:`NotebookLine`), a rich bar on stderr when stderr is a
+    terminal, nothing otherwise (a script's log, CI); a callable ``f(done, total, label)`` as it is."""
     if progress is None or progress is False:
         yield None
         return
@@ -216,6 +262,16 @@ def progress_for(progress, description: str):
         return
     if progress is not True:
         raise OptionError("progress must be True, False or a callable f(done, total, label)")
+    if in_notebook():
+        line = NotebookLine(description)
+        try:
+            yield line
+        finally:
+            line.close()
+        return
+    if not sys.stderr.isatty():
+        yield None
+        return
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 

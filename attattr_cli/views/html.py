@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import html
 import json
+import re
 import uuid
 from dataclasses import replace
 from functools import lru_cache
@@ -16,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from .data import View, ViewSpec, build_view
+from .still import pack, view_still
 
 MAX_HTML_VALUES = 2_000_000  # above this many map values a page keeps the head sums only
 
@@ -62,8 +64,9 @@ def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | Non
         layer = int(np.argmax(np.abs(base.maps["attr"]).reshape(len(base.layers), -1).max(axis=1)))
     data["initial"] = {"layer": layer, "head": initial_head,
                        "kind": "both" if len(shows) > 1 else (shows[0] if shows else "attr")}
-    if tree_svg:
+    if tree_svg:  # drawn once, in the page's still part (see tree_html), never inside the JSON
         data["tree_svg"] = _strip_xml_prolog(tree_svg)
+    data["maps"] = {kind: pack(m) for kind, m in data["maps"].items()}  # float16 in base64 (still.pack)
     return data
 
 
@@ -72,14 +75,35 @@ def _strip_xml_prolog(svg: str) -> str:
     return svg[start:] if start >= 0 else svg
 
 
+def tree_html(svg: str | None, uid: str) -> str:
+    """The attribution tree below a view: static in both the page and the notebook (it needs no
+    script), its SVG ids prefixed with ``uid`` so two displays never share an element id."""
+    if not svg:
+        return ""
+    svg = re.sub(r'\bid="([^"]*)"', lambda m: f'id="{uid}-{m.group(1)}"', svg)
+    svg = re.sub(r'url\(#([^)]*)\)', lambda m: f"url(#{uid}-{m.group(1)})", svg)
+    svg = re.sub(r'href="#([^"]*)"', lambda m: f'href="#{uid}-{m.group(1)}"', svg)
+    return (f'<div class="aa-view aa-tree-box" style="font:13px/1.4 system-ui,sans-serif;max-width:100%;overflow:auto">'
+            f'<div style="margin:2px 0">attribution tree</div><div class="aa-tree">{svg}</div></div>')
+
+
+def _parts(data: dict, uid: str) -> tuple[str, str, str]:
+    """(still picture, tree, JSON) of a view's data: the tree travels outside the JSON."""
+    data = dict(data)
+    tree = data.pop("tree_svg", None)
+    return view_still(data), tree_html(tree, uid), script_json(data)
+
+
 def page_html(data: dict, title: str = "attattr view") -> str:
-    """A standalone, offline HTML page of one example's view."""
+    """A standalone, offline HTML page of one example's view: a still picture inside the element
+    the script draws into (what a browser with scripts off shows), the data, the script."""
+    still, tree, payload = _parts(data, "aa")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
 <style>{static("view.css")}</style></head>
-<body><div id="aa-root"></div>
-<script type="application/json" id="aa-data">{script_json(data)}</script>
+<body><div id="aa-root">{still}</div>{tree}
+<script type="application/json" id="aa-data">{payload}</script>
 <script>{static("view.js")}</script>
 <script>AttattrView.render(document.getElementById("aa-root"), JSON.parse(document.getElementById("aa-data").textContent));</script>
 </body></html>
@@ -87,13 +111,18 @@ def page_html(data: dict, title: str = "attattr view") -> str:
 
 
 def fragment_html(data: dict) -> str:
-    """An HTML fragment for a notebook cell output: the same view, with its own element id."""
+    """An HTML fragment for a notebook cell output: the same view (still picture first, replaced
+    by the script where scripts run) under element ids made fresh on every call, so two
+    displays of one view never collide. Even one fragment shown twice (the same text, the same
+    ids) draws each copy: its script finds the view beside itself (``document.currentScript``'s
+    parent, each output's own box in a notebook) before looking the id up in the document."""
     uid = "aa-" + uuid.uuid4().hex[:12]
-    return (f'<div id="{uid}"></div><style>{static("view.css")}</style>'
-            f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
-            f'<script>{static("view.js")}\nAttattrView.render(document.getElementById("{uid}"), '
-            f'JSON.parse(document.getElementById("{uid}-data").textContent));</script>'
-            f'<noscript>{highlight_html(data["importance"]["tokens"], data["importance"]["values"])}</noscript>')
+    still, tree, payload = _parts(data, uid)
+    return (f'<div id="{uid}">{still}</div>{tree}<style>{static("view.css")}</style>'
+            f'<script type="application/json" id="{uid}-data">{payload}</script>'
+            f'<script>{static("view.js")}\n(function (s) {{ var box = s && s.parentNode;'
+            f' function find(id) {{ return (box && box.querySelector("#" + id)) || document.getElementById(id); }}'
+            f' AttattrView.render(find("{uid}"), JSON.parse(find("{uid}-data").textContent)); }})(document.currentScript);</script>')
 
 
 def _token_colour(v: float, top: float) -> str:

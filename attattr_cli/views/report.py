@@ -21,6 +21,7 @@ from ..errors import OptionError
 from .data import ViewSpec
 from .html import script_json, static, view_data
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from .still import report_still
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
 RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
@@ -99,7 +100,7 @@ def page(data: dict, title: str, examples: str = "") -> str:
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
 <style>{static("view.css")}</style></head>
-<body class="aa-report"><div id="aa-report"></div>
+<body class="aa-report"><div id="aa-report">{report_still(data)}</div>
 <script type="application/json" id="aa-report-data">{script_json(data)}</script>
 <script>{static("view.js")}</script>
 <script>{static("report.js")}</script>

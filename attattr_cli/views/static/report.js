@@ -17,6 +17,7 @@
 
   function start(host, data) {
     var state = { sort: 0, dir: 1, page: 0, filter: "", flag: "", rows: data.rows };
+    host.innerHTML = "";  /* the still table the page carries for readers without scripts */
     host.appendChild(el("h1", null, "attattr report: " + data.title));
     var summary = el("div", "aa-meta");
     var f = data.flagged || {};

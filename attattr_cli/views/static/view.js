@@ -1,6 +1,6 @@
 /* attattr views: the interactive view of one example. Plain JavaScript, no external assets.
    AttattrView.render(element, data) draws into element; data is what attattr's views module
-   writes (tokens, maps [layer][head][query][key] for "attr" and "attention", the causal mask,
+   writes (tokens, maps [layer][head][query][key] for "attr" and "attention", packed as float16 in base64 by views/still.py, the causal mask,
    token importance, top-k rows, header, notes). */
 (function (root) {
   "use strict";
@@ -47,8 +47,31 @@
     return top || 1;
   }
 
+  function half(u) {  /* an IEEE float16 (little-endian uint16) as a number; NaN and infinities as null */
+    var e = (u >> 10) & 31, f = u & 1023, v;
+    if (e === 31) return null;
+    v = e === 0 ? f * Math.pow(2, -24) : (1 + f / 1024) * Math.pow(2, e - 15);
+    return u & 0x8000 ? -v : v;
+  }
+  function unpack(m) {  /* a map packed by views/still.py pack(): {f16: base64, exp, shape} -> nested arrays */
+    if (!m || Array.isArray(m)) return m;
+    var bin = atob(m.f16), s = Math.pow(2, -m.exp), k = 0;
+    function build(d) {
+      var out = new Array(m.shape[d]);
+      for (var i = 0; i < out.length; i++) {
+        if (d < m.shape.length - 1) { out[i] = build(d + 1); continue; }
+        var v = half(bin.charCodeAt(2 * k) | (bin.charCodeAt(2 * k + 1) << 8));
+        out[i] = v === null ? null : v * s;
+        k++;
+      }
+      return out;
+    }
+    return build(0);
+  }
+
   function render(host, data) {
-    host.innerHTML = "";
+    host.innerHTML = "";  /* the still picture the page carries for readers without scripts */
+    if (data.maps) for (var mk in data.maps) data.maps[mk] = unpack(data.maps[mk]);
     var view = el("div", "aa-view");
     host.appendChild(view);
     var kinds = ["attr", "attention"].filter(function (k) { return data.maps && data.maps[k]; });
@@ -183,12 +206,6 @@
       });
       view.appendChild(tb);
     }
-    if (data.tree_svg) {
-      view.appendChild(el("div", "aa-meta", "attribution tree"));
-      var tree = el("div", "aa-tree");
-      tree.innerHTML = data.tree_svg;
-      view.appendChild(tree);
-    }
 
     function shown() { return state.kind === "both" ? kinds : [state.kind]; }
     function draw() {
@@ -271,5 +288,5 @@
     return box;
   }
 
-  root.AttattrView = { render: render, highlight: highlight, fmt: fmt };
+  root.AttattrView = { render: render, highlight: highlight, fmt: fmt, unpack: unpack };
 })(window);
