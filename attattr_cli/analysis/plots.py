@@ -44,7 +44,14 @@ def _figure_class():
 
                 buf = io.BytesIO()
                 self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-                return buf.getvalue()
+                return compact_png(buf.getvalue())
+
+            def _ipython_display_(self) -> None:
+                # shown as _repr_png_ says (the compact PNG), not by the inline backend's own
+                # printer for every Figure, which would store the full-colour picture
+                from IPython.display import display
+
+                display({"image/png": self._repr_png_(), "text/plain": f"<{type(self).__name__}>"}, raw=True)
 
             def save(self, path) -> Path:
                 """Write the figure to ``path`` (.png, .svg or .pdf), whole or not at all."""
@@ -53,6 +60,22 @@ def _figure_class():
 
         _FIGURE_CLASS.append(PlotFigure)
     return _FIGURE_CLASS[0]
+
+
+def compact_png(data: bytes) -> bytes:
+    """A PNG for a notebook: the same picture on a palette of 256 colours (plots and views use
+    far fewer; about a third of the bytes), or ``data`` as it is where that is not smaller or
+    Pillow is missing. Files written with ``save``/``out`` keep their full colours."""
+    import io
+
+    try:
+        from PIL import Image
+    except ImportError:
+        return data
+    im = Image.open(io.BytesIO(data)).convert("RGB")
+    buf = io.BytesIO()
+    im.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buf, format="png", optimize=True)
+    return buf.getvalue() if buf.tell() < len(data) else data
 
 
 def _figure(width: float, height: float, **kwargs):

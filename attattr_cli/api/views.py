@@ -143,6 +143,10 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     data, v = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
                            num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}",
                            dpi=INLINE_DPI if inline else 150)
+    if inline:  # shown in a notebook, not written: the same picture on a 256-colour palette
+        from ..analysis.plots import compact_png
+
+        data = compact_png(data)
     if out is not None:
         write_atomic(out, data)
     return Picture(data, fmt, None if out is None else str(out), v)
