@@ -255,32 +255,13 @@ def random_gemma3() -> str:
 
 
 def flop_rate(runs: dict, chunks: list, scored) -> None:
-    """The default's achieved floating-point rate (FLOPs counted by torch's FlopCounterMode over
-    one scoring of the examples, CPU time of another) against one thread's float32 matmul rate."""
-    from torch.utils.flop_counter import FlopCounterMode
+    """The default's achieved floating-point rate over the examples (bench_score.flop_rate: FLOPs
+    counted over one scoring, CPU time of another) against one thread's float32 matmul rate."""
+    from bench_score import flop_rate as measured_rate  # the one measurement, beside this bench
 
     name = next((n for n in runs if n == "tol 1e-1"), None) or next(n for n in runs if n.startswith("tol"))
     run = runs[name]
-    counter = FlopCounterMode(display=False)
-    with counter:
-        for chunk in chunks:
-            scored(run, chunk)
-    flops = counter.get_total_flops()
-    t0 = time.process_time()
-    for chunk in chunks:
-        scored(run, chunk)
-    seconds = time.process_time() - t0
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    for _ in range(3):
-        a @ b
-    reps, t0 = 20, time.process_time()
-    for _ in range(reps):
-        a @ b
-    peak = 2 * 1024 ** 3 * reps / (time.process_time() - t0)
-    print(f"floating-point rate of {name} (matmuls counted by FlopCounterMode): {flops / 1e9:.2f} GFLOP in"
-          f" {seconds:.2f} CPU s = {flops / seconds / 1e9:.2f} GFLOP/s; this machine's float32 matmul"
-          f" (1024^3, {torch.get_num_threads()} thread(s)): {peak / 1e9:.2f} GFLOP/s; ratio {flops / seconds / peak:.1%}",
-          flush=True)
+    measured_rate(name, lambda: [scored(run, chunk) for chunk in chunks])
 
 
 def collect(s: dict, kw: dict, chunk, results: dict, refs: dict) -> None:

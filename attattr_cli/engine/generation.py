@@ -47,6 +47,7 @@ from ..errors import DataError, OptionError
 from . import adaptive, attention
 from .encoding import Encoded
 from .grouped import add_rows, crop_saved
+from .scorer import detached
 from .layer_integral import map_measures
 
 
@@ -191,7 +192,7 @@ class StepScorer:
                 per_step = [torch.autograd.grad(f_g[t], [record.leaves[s] for s in wanted], retain_graph=t < count - 1)
                             for t in range(count)]
                 at_one = {s: torch.cat([per_step[t][i] for t in range(count)]) for i, s in enumerate(wanted)}
-                clean.outputs = {p: {i: _detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
             del logits_g, record.leaves
             sc.last_step_batch = 0
             integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
@@ -412,11 +413,3 @@ def _summed_conv(convs: list) -> tuple:
     bad = [s for s in states if s != adaptive.CONVERGED]
     return (max(c[0] for c in convs), float(max(c[1] for c in convs)), any(c[2] for c in convs),
             bad[0] if bad else adaptive.CONVERGED)
-
-
-def _detached(obj):
-    if torch.is_tensor(obj):
-        return obj.detach()
-    if isinstance(obj, tuple):
-        return tuple(_detached(o) for o in obj)
-    return obj
