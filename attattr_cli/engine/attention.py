@@ -126,6 +126,24 @@ class Attribute:
 
 
 @dataclass
+class Sweep:
+    """One pass for several target layers of one attention family (engine/sweep.py): row r of
+    the batch is the integral of target layer ``row_layer[r]`` at ``alphas[r]``, rows ordered
+    by layer. Inside :func:`swept`, layer j runs only the rows whose target is at or below j
+    (``rows_now``, set by the layer); the others keep the clean forward's output. The rows
+    targeting j get the alpha-scaled clean A V as a leaf (``leaves[j]``, its projections in
+    ``saved[j]``); the rows of lower targets run layer j as usual."""
+
+    family: str
+    row_layer: torch.Tensor  # [rows] long, ascending
+    alphas: torch.Tensor  # [rows]
+    backend: Any
+    rows_now: torch.Tensor | None = None  # the batch rows of the layer running now
+    leaves: dict = field(default_factory=dict)  # layer -> leaf [its rows, head, query, d]
+    saved: dict = field(default_factory=dict)  # layer -> its saved projections (as Attribute.saved)
+
+
+@dataclass
 class HeadScale:
     """Multiply each head's attention output by a factor.
 
@@ -296,36 +314,20 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and site == plan.site:
-        first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
-        q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
-        m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
-        d_out = v1.shape[-1]
         if sink is not None and plan.first is not None:  # (decoders, the models with sinks, are never grouped)
             raise ModelError("attention sinks are scored one example per pass: pass --group 1")
-        if sink is not None:  # q' is one wider than v (the sink's dimension): v padded to match
-            v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
-        if bias is not None:
-            b1 = bias if bias.shape[0] == 1 else bias[first]
-            q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
-            scaling = 1.0
-            # values padded with zeros to the folded width: [A V, 0], whose extra columns the
-            # model never reads (their gradient is 0), so A * (G V^T) is unchanged and every
-            # backend sees q, k and v of one shape
-            v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
-        with torch.no_grad():
-            ctx = plan.backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
-                if softcap is None else torch.matmul(reference.attention_probs(
-                    q1, k1, bare_mask[first] if bare_mask is not None else None, scaling, softcap), v1)
-        if plan.local is not None:  # each row takes its example's A V
-            ctx = ctx.index_select(0, plan.local.to(ctx.device))
-        alphas = plan.alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
-        leaf = (alphas * ctx).requires_grad_(True)
+        first = slice(0, 1) if plan.first is None else plan.first.to(query.device)
+        leaf, plan.saved, d_out = _target_leaf(plan.backend, plan.alphas, first, plan.local, query, key, value,
+                                               bare_mask, bias, scaling, softcap, sink is not None, causal)
         plan.leaf = leaf
         plan.called = True
-        plan.saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
-                      "softcap": softcap, "sink": sink is not None}
         # contiguous, as the interface's other paths return it: models .view it (afmoe, jetmoe, dory)
         return leaf[..., :d_out].transpose(1, 2).contiguous(), None
+
+    if isinstance(plan, Sweep) and site is not None and site[0] == plan.family and sink is None:
+        out = _swept_layer(plan, site[1], query, key, value, mask, bare_mask, bias, scaling, softcap, causal)
+        if out is not None:
+            return out.transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
@@ -344,6 +346,73 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         return out.transpose(1, 2).contiguous(), None
     probs = reference.attention_probs(query, key, mask, scaling, softcap)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+
+def _target_leaf(backend, alphas, first, local, query, key, value, bare_mask, bias, scaling, softcap,
+                 sink: bool, causal: bool):
+    """The target layer's rows of a pass: A V of the clean input (the rows ``first`` of the batch,
+    one per example; ``local`` [rows] the example of each row, None: one example) times each
+    row's alpha, as a leaf whose gradient is dF/dO. Returns (leaf, saved projections, d_out)."""
+    q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
+    m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
+    d_out = v1.shape[-1]
+    if sink:  # q' is one wider than v (the sink's dimension): v padded to match
+        v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
+    if bias is not None:
+        b1 = bias if bias.shape[0] == 1 else bias[first]
+        q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
+        scaling = 1.0
+        # values padded with zeros to the folded width: [A V, 0], whose extra columns the
+        # model never reads (their gradient is 0), so A * (G V^T) is unchanged and every
+        # backend sees q, k and v of one shape
+        v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
+    with torch.no_grad():
+        ctx = backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
+            if softcap is None else torch.matmul(reference.attention_probs(
+                q1, k1, bare_mask[first] if bare_mask is not None else None, scaling, softcap), v1)
+    if local is not None:  # each row takes its example's A V
+        ctx = ctx.index_select(0, local.to(ctx.device))
+    alphas = alphas.to(device=ctx.device, dtype=ctx.dtype).view(-1, 1, 1, 1)
+    leaf = (alphas * ctx).requires_grad_(True)
+    saved = {"q": q1, "k": k1, "v": v1, "mask": m1, "causal": causal, "scale": scaling,
+             "softcap": softcap, "sink": sink}
+    return leaf, saved, d_out
+
+
+def _plain_attention(query, key, value, mask, scaling, softcap, causal) -> torch.Tensor:
+    """Attention as the model computes it ([batch, head, query, d]; fused where PyTorch has it)."""
+    if softcap is None:
+        return F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
+                                              scale=scaling, is_causal=causal)
+    return torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
+
+
+def _swept_layer(plan, layer: int, query, key, value, mask, bare_mask, bias, scaling, softcap, causal):
+    """Layer ``layer`` in a sweep (:class:`Sweep`): its batch is the rows whose target layer is at or
+    below it (:func:`swept`); those targeting it get the alpha-scaled leaf of the clean input,
+    the others plain attention of their own input. [batch, head, query, d], or None where no
+    row targets this layer (plain attention then)."""
+    rows = plan.rows_now
+    if rows is None or len(rows) != query.shape[0]:
+        return None
+    is_target = plan.row_layer.index_select(0, rows) == layer
+    if not bool(is_target.any()):
+        return None
+    t = torch.nonzero(is_target).flatten().to(query.device)
+    alphas = plan.alphas.index_select(0, rows.to(plan.alphas.device))[is_target.to(plan.alphas.device)]
+    leaf, saved, d_out = _target_leaf(plan.backend, alphas, t[:1], None, query, key, value, bare_mask, bias,
+                                      scaling, softcap, False, causal)
+    plan.leaves[layer] = leaf
+    plan.saved[layer] = saved
+    out = leaf[..., :d_out]
+    if len(t) < query.shape[0]:
+        o = torch.nonzero(~is_target).flatten().to(query.device)
+        m = mask if (mask is None or mask.shape[0] == 1) else mask.index_select(0, o)
+        plain = _plain_attention(query.index_select(0, o), key.index_select(0, o), value.index_select(0, o), m,
+                                 scaling, softcap, causal)
+        out = plain.new_zeros(query.shape[0], *plain.shape[1:]).index_copy(0, t, out.to(plain.dtype)) \
+            .index_copy(0, o, plain)
+    return out
 
 
 class _Causal:
@@ -510,6 +579,70 @@ def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int,
     finally:
         for layer in patched:
             del layer.forward
+
+
+class NotSweepable(Exception):
+    """A sweep found the model's layers other than it needs them (a target layer's attention
+    did not run through the sweep, or a layer's output is not its hidden states): the caller
+    scores the family one target layer per pass instead."""
+
+
+def _rows_of(obj, idx: torch.Tensor, batch: int):
+    """``obj`` (a layer's argument) cut to the batch rows ``idx``: tensors with a batch axis of
+    ``batch`` rows first (and two axes or more: a 1-D tensor is positions, not rows)."""
+    if torch.is_tensor(obj) and obj.dim() >= 2 and obj.shape[0] == batch:
+        return obj.index_select(0, idx.to(obj.device))
+    if isinstance(obj, tuple):
+        return tuple(_rows_of(o, idx, batch) for o in obj)
+    return obj
+
+
+@contextlib.contextmanager
+def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int):
+    """The layers of one sweep (:class:`Sweep`): below the lowest target layer, the clean
+    forward's output is replayed (:func:`replayed_below`); layer j at or above it runs the rows
+    whose target layer is at most j and returns the clean output of layer j (``outputs[j]``)
+    for the others, whose input is still clean there."""
+    row_layer = plan.row_layer.cpu()
+    lowest = int(row_layer.min())
+    patched = []
+
+    def wrap(layer, j):
+        original = layer.forward
+        idx = torch.nonzero(row_layer <= j).flatten()
+        if len(idx) == batch:
+            def forward(*args, **kwargs):
+                plan.rows_now = idx
+                return original(*args, **kwargs)
+            return forward
+        clean = outputs.get(j)
+        clean = clean[0] if isinstance(clean, tuple) else clean
+        if not torch.is_tensor(clean):
+            raise NotSweepable(f"layer {j}'s output is a {type(clean).__name__}")
+
+        def forward(*args, **kwargs):
+            plan.rows_now = idx
+            out = original(*_rows_of(args, idx, batch), **{k: _rows_of(v, idx, batch) for k, v in kwargs.items()})
+            hidden = out[0] if isinstance(out, tuple) else out
+            if not torch.is_tensor(hidden) or hidden.shape[0] != len(idx):
+                raise NotSweepable(f"layer {j} returned {type(hidden).__name__}")
+            full = clean.to(hidden.dtype).expand(batch, *clean.shape[1:]).index_copy(0, idx.to(hidden.device), hidden)
+            return (full, *out[1:]) if isinstance(out, tuple) else full
+        return forward
+
+    with replayed_below(layers, lowest, outputs.get(lowest - 1), batch):
+        try:
+            for j in range(lowest, len(layers)):
+                had = layers[j].__dict__.get("forward")
+                layers[j].forward = wrap(layers[j], j)
+                patched.append((layers[j], had))
+            yield
+        finally:
+            for layer, had in patched:
+                if had is None:
+                    del layer.forward
+                else:
+                    layer.forward = had
 
 
 # sequence classifiers whose head reads only the first token's final hidden state, built of

@@ -18,6 +18,10 @@ class Integration:
     """The Scorer's integration (a mixin: it uses the scorer's model, options, sites and
     backend)."""
 
+    # the passes of every target layer of an example in one sweep per round (engine/sweep.py);
+    # False: one pass per target layer (benches compare the two; the numbers agree)
+    sweep = True
+
     # -- step micro-batching ------------------------------------------------------
     def auto_step_batch(self, enc: Encoded, site, steps: int | None = None) -> int:
         """Steps per pass (at most ``steps``, default all) that fit the free memory of the

@@ -21,7 +21,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
-from . import attention, options as options_mod
+from . import attention, options as options_mod, sweep
 from .batching import pad_id_of
 from .encoding import Encoded, decoder_start_of, encode, too_long
 from .assembly import Assembly
@@ -318,7 +318,20 @@ class Scorer(Integration, Assembly):
             self.last_step_batch = 0
             for fam in self.families:
                 per_layer = []
-                for layer in self.layers_of[fam.name]:
+                layers = self.layers_of[fam.name]
+                swept = None
+                if sweep.usable(self, enc, fam.name, layers):  # every layer's passes in one sweep per round
+                    try:
+                        swept = sweep.integrate(self, enc, fam.name, layers, target, clean, at_one, f_full)
+                    except attention.NotSweepable:
+                        self._sweeps_work = False  # this model: one pass per target layer from now on
+                if swept is not None:
+                    for layer, (g, f0, saved, conv) in zip(layers, swept):
+                        self._saved = saved
+                        per_layer.append(self._layer_result(g, f0, f_full, keep, saved, conv))
+                        if on_layer is not None:
+                            on_layer(layer)
+                for layer in (layers if swept is None else []):
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)
                     per_layer.append(self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral))

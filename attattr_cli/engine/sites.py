@@ -117,3 +117,21 @@ class SiteScorer:
                 attention.first_token_only(self._first_token if family == "self" else None), \
                 attention.projections_once(layers[layer], plan), attention.active(plan):
             yield
+
+    def sweepable(self, family: str) -> bool:
+        """Whether passes for several target layers of ``family`` can share a sweep
+        (:class:`~attattr_cli.engine.attention.Sweep`): a decoder-only or encoder-only model's
+        own layer list, each layer its own module."""
+        if family != "self" or self.encoder is not None or family not in self._lists:
+            return False
+        layers = self._lists[family][1]
+        return not getattr(layers, "shared_calls", False) and len({id(m) for m in layers}) == len(layers)
+
+    @contextlib.contextmanager
+    def sweep_pass(self, family: str, clean: Clean, plan):
+        """Set up one sweep (engine/sweep.py) through ``family``'s layers."""
+        path, layers = self._lists[family]
+        with attention.swept(layers, plan, clean.outputs.get(path, {}), len(plan.alphas)), \
+                attention.first_token_only(self._first_token if family == "self" else None), attention.active(plan):
+            yield
+
