@@ -169,7 +169,7 @@ def test_attention_implementation_restored_after_exception(loaded_factory):
 
     def boom(module, args, output):
         calls["n"] += 1
-        if calls["n"] == 3:  # the pass for target layer 1, while layer 0 is replayed
+        if calls["n"] == 3:  # an integration pass (a sweep: F(0) of every layer, the rule lacking alpha = 0)
             raise RuntimeError("boom")
 
     handle = layers[2].register_forward_hook(boom)

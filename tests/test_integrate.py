@@ -559,22 +559,21 @@ def test_narrow_features_in_the_middle_converge_under_the_cap():
         assert 0.34 < alphas[narrowest] < 0.48  # the nodes are densest where the integrand moves
 
 
-def test_the_three_node_start_is_for_shared_passes_and_long_examples(tokenizer, loaded_factory, monkeypatch):
-    """A decoder scoring one short prompt starts from the five nodes (its passes are bound by
-    the weights, not the rows); an encoder classifier, whose examples share passes, from three,
-    alone or in a group."""
+def test_every_integral_starts_from_three_nodes(tokenizer, loaded_factory):
+    """A decoder scoring one short prompt starts from the three nodes, with its layers in sweeps
+    (engine/sweep.py) or one pass per layer, as an encoder classifier's examples in a group
+    do: where every node is rows of a shared pass, the start's two nodes cost half the five's."""
     from attattr_cli.data.types import Example
     from attattr_cli.engine import grouped
     from attattr_cli.models.loading import prepare
     from conftest import build_model
 
-    assert adaptive.coarse_start(4, True) and adaptive.coarse_start(adaptive.COARSE_MIN_TOKENS, False)
-    assert not adaptive.coarse_start(adaptive.COARSE_MIN_TOKENS - 1, False)
     lm = Scorer(prepare(build_model("llama", lm=True), tokenizer, "tiny-llama", lm=True), ScoreOptions(tol=0.5, lm=True))
     assert not grouped.groupable(lm)
     prompt = Example(0, "w1 w2 w3 w4")
-    assert all(n >= 5 for n in lm.score(prompt).families["self"].nodes.tolist())
-    monkeypatch.setattr(adaptive, "COARSE_MIN_TOKENS", 1)  # the same prompt, as if it were long
-    assert 3 in lm.score(prompt).families["self"].nodes.tolist()
+    swept = lm.score(prompt).families["self"].nodes.tolist()
+    lm.sweep = False
+    layered = lm.score(prompt).families["self"].nodes.tolist()
+    assert 3 in swept and swept == layered
     bert = Scorer(loaded_factory("bert"), ScoreOptions(tol=0.5))
     assert grouped.groupable(bert) and 3 in bert.score(Example(0, "w1 w2", "w3")).families["self"].nodes.tolist()

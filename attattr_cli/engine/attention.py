@@ -587,22 +587,40 @@ class NotSweepable(Exception):
     scores the family one target layer per pass instead."""
 
 
-def _rows_of(obj, idx: torch.Tensor, batch: int):
-    """``obj`` (a layer's argument) cut to the batch rows ``idx``: tensors with a batch axis of
-    ``batch`` rows first (and two axes or more: a 1-D tensor is positions, not rows)."""
-    if torch.is_tensor(obj) and obj.dim() >= 2 and obj.shape[0] == batch:
-        return obj.index_select(0, idx.to(obj.device))
-    if isinstance(obj, tuple):
-        return tuple(_rows_of(o, idx, batch) for o in obj)
+def shapes_of(obj):
+    """The shapes of a layer's argument (tensors; tuples of them), None for anything else."""
+    if torch.is_tensor(obj):
+        return tuple(obj.shape)
+    if isinstance(obj, (tuple, list)):
+        return tuple(shapes_of(o) for o in obj)
+    return None
+
+
+def _rows_of(obj, clean_shape, idx: torch.Tensor, batch: int):
+    """A layer's argument ``obj`` in a sweep cut to the batch rows ``idx``: a tensor whose shape
+    in the clean forward (batch 1) was ``clean_shape`` and is that with ``batch`` rows first
+    now; unchanged where its shape is the clean forward's (positions, rotary tables, relative
+    embeddings). Any other change of shape: the batch is not the first axis (NotSweepable)."""
+    if torch.is_tensor(obj):
+        shape = tuple(obj.shape)
+        if clean_shape is None or shape == tuple(clean_shape):
+            return obj
+        if len(shape) == len(clean_shape) and clean_shape[0] == 1 and shape[0] == batch \
+                and shape[1:] == tuple(clean_shape[1:]):
+            return obj.index_select(0, idx.to(obj.device))
+        raise NotSweepable(f"an argument of shape {shape} (clean forward: {tuple(clean_shape)}) has no batch axis first")
+    if isinstance(obj, (tuple, list)) and isinstance(clean_shape, tuple) and len(clean_shape) == len(obj):
+        return type(obj)(_rows_of(o, c, idx, batch) for o, c in zip(obj, clean_shape))
     return obj
 
 
 @contextlib.contextmanager
-def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int):
+def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, arg_shapes: dict):
     """The layers of one sweep (:class:`Sweep`): below the lowest target layer, the clean
     forward's output is replayed (:func:`replayed_below`); layer j at or above it runs the rows
     whose target layer is at most j and returns the clean output of layer j (``outputs[j]``)
-    for the others, whose input is still clean there."""
+    for the others, whose input is still clean there. ``arg_shapes[j]``: the shapes of layer
+    j's arguments in the clean forward (which of them carry the batch, :func:`_rows_of`)."""
     row_layer = plan.row_layer.cpu()
     lowest = int(row_layer.min())
     patched = []
@@ -616,18 +634,33 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int):
                 return original(*args, **kwargs)
             return forward
         clean = outputs.get(j)
-        clean = clean[0] if isinstance(clean, tuple) else clean
-        if not torch.is_tensor(clean):
-            raise NotSweepable(f"layer {j}'s output is a {type(clean).__name__}")
+        first = clean[0] if isinstance(clean, tuple) else clean
+        if not torch.is_tensor(first) or first.dim() < 2 or first.shape[0] != 1:  # (the clean forward's batch is 1)
+            raise NotSweepable(f"layer {j}'s output is not [batch, ...] hidden states")
+        if j not in arg_shapes:
+            raise NotSweepable(f"layer {j} did not run in the clean forward")
+        pos_shapes, kw_shapes = arg_shapes[j]
+        rows = idx.to(first.device)
+
+        def merged(out, clean_out):  # the rows run, the clean output in the others (every tensor of a tuple)
+            if torch.is_tensor(out):
+                if torch.is_tensor(clean_out) and clean_out.dim() == out.dim() and clean_out.shape[0] == 1 \
+                        and out.shape[0] == len(idx) and out.shape[1:] == clean_out.shape[1:]:
+                    return clean_out.to(out.dtype).expand(batch, *clean_out.shape[1:]).index_copy(0, rows, out)
+                raise NotSweepable(f"layer {j} returned a tensor of shape {tuple(out.shape)} without its batch first")
+            if isinstance(out, tuple) and isinstance(clean_out, tuple) and len(out) == len(clean_out):
+                return tuple(merged(o, c) for o, c in zip(out, clean_out))
+            if out is None or not isinstance(out, (tuple, list, dict)):
+                return out
+            raise NotSweepable(f"layer {j} returned a {type(out).__name__}")
 
         def forward(*args, **kwargs):
             plan.rows_now = idx
-            out = original(*_rows_of(args, idx, batch), **{k: _rows_of(v, idx, batch) for k, v in kwargs.items()})
-            hidden = out[0] if isinstance(out, tuple) else out
-            if not torch.is_tensor(hidden) or hidden.shape[0] != len(idx):
-                raise NotSweepable(f"layer {j} returned {type(hidden).__name__}")
-            full = clean.to(hidden.dtype).expand(batch, *clean.shape[1:]).index_copy(0, idx.to(hidden.device), hidden)
-            return (full, *out[1:]) if isinstance(out, tuple) else full
+            if len(args) != len(pos_shapes) or set(kwargs) - set(kw_shapes):
+                raise NotSweepable(f"layer {j} is called with other arguments than in the clean forward")
+            out = original(*_rows_of(args, pos_shapes, idx, batch),
+                           **{k: _rows_of(v, kw_shapes.get(k), idx, batch) for k, v in kwargs.items()})
+            return merged(out, clean)
         return forward
 
     with replayed_below(layers, lowest, outputs.get(lowest - 1), batch):

@@ -121,11 +121,10 @@ class Integration:
                 s["out"] = torch.matmul(self.layer_probs(s, g.dtype), s["v"].to(g.dtype))
             return (g.reshape(len(g), *s["out"].shape[-3:]) * s["out"]).sum(dim=(-3, -2, -1), dtype=torch.float64)
 
-        from .grouped import groupable  # (grouped builds on the scorer)
-
-        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        # the three-node start, as in sweeps (engine/sweep.py) and groups: an example gets the same
+        # nodes whichever way its passes run
         res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
-                                 derivative, coarse=adaptive.coarse_start(n, groupable(self)))
+                                 derivative, coarse=True)
         self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 

@@ -324,7 +324,9 @@ class Scorer(Integration, Assembly):
                     try:
                         swept = sweep.integrate(self, enc, fam.name, layers, target, clean, at_one, f_full)
                     except attention.NotSweepable:
-                        self._sweeps_work = False  # this model: one pass per target layer from now on
+                        # a model whose layers do not run as a sweep needs them (engine/sweep.py):
+                        # one pass per target layer, for this model from now on
+                        self._sweeps_work = False
                 if swept is not None:
                     for layer, (g, f0, saved, conv) in zip(layers, swept):
                         self._saved = saved

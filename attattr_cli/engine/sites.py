@@ -37,6 +37,9 @@ class Clean:
 
     outputs: dict  # layer-list path -> {layer index: output of that layer}
     encoder_out: torch.Tensor | None = None  # [1, n, hidden] for encoder-decoder models
+    # layer-list path -> {layer index: (shapes of its positional arguments, of its keyword
+    # arguments)}: a sweep (engine/sweep.py) tells the batch axis of an argument by them
+    arg_shapes: dict | None = None
 
 
 class SiteScorer:
@@ -74,7 +77,7 @@ class SiteScorer:
     @contextlib.contextmanager
     def capture(self):
         """Hooks that keep every layer's output (per layer list) and the encoder's output."""
-        clean = Clean(outputs={})
+        clean = Clean(outputs={}, arg_shapes={})
         hooks = []
         seen = set()
         try:
@@ -83,8 +86,12 @@ class SiteScorer:
                     continue
                 seen.add(path)
                 store = clean.outputs.setdefault(path, {})
+                shapes = clean.arg_shapes.setdefault(path, {})
                 for i, layer in enumerate(layers):
-                    hooks.append(layer.register_forward_hook(lambda m, a, o, _s=store, _i=i: _s.__setitem__(_i, o)))
+                    def keep(m, a, kw, o, _s=store, _a=shapes, _i=i):
+                        _s[_i] = o
+                        _a[_i] = (attention.shapes_of(a), {k: attention.shapes_of(v) for k, v in kw.items()})
+                    hooks.append(layer.register_forward_hook(keep, with_kwargs=True))
             if self.encoder is not None:
                 def keep_encoder(m, a, o):
                     clean.encoder_out = o[0] if isinstance(o, (tuple, list)) else o.last_hidden_state
@@ -131,7 +138,8 @@ class SiteScorer:
     def sweep_pass(self, family: str, clean: Clean, plan):
         """Set up one sweep (engine/sweep.py) through ``family``'s layers."""
         path, layers = self._lists[family]
-        with attention.swept(layers, plan, clean.outputs.get(path, {}), len(plan.alphas)), \
+        with attention.swept(layers, plan, clean.outputs.get(path, {}), len(plan.alphas),
+                             (clean.arg_shapes or {}).get(path, {})), \
                 attention.first_token_only(self._first_token if family == "self" else None), attention.active(plan):
             yield
 

@@ -26,6 +26,8 @@ scorer falls back to one pass per layer for that model (``attention.NotSweepable
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 
@@ -66,15 +68,29 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
     return g, f.detach()
 
 
-def _run(sc, enc, family, target, clean, row_layer, alphas, weights, saved, acc):
+def same_shapes(at_one: dict, family: str, layers: list[int]) -> None:
+    """NotSweepable where the layers' attention outputs differ in shape (heads or head width
+    per layer): their node gradients cannot share one batch."""
+    if len({tuple(g.shape[1:]) for (fam, layer), g in at_one.items() if fam == family and layer in layers}) > 1:
+        raise attention.NotSweepable("layers of different attention shapes")
+
+
+def _one_target(target):
+    return lambda part: (target, contextlib.nullcontext())
+
+
+def _run(sc, enc, family, targets, clean, row_layer, alphas, weights, saved, acc):
     """Sweeps over all rows in chunks that fit memory (halved on an out-of-memory error):
-    (gradients or None, F) of every row, in row order."""
+    (gradients or None, F) of every row, in row order. ``targets(part)`` -> (the target of
+    the rows ``part``, a context to run their pass in)."""
     lowest = (family, int(row_layer.min()))
     size = sc.auto_step_batch(enc, lowest, len(alphas))
 
     def run(part):
         w = None if weights is None else weights[part]
-        return _pass(sc, enc, family, target, clean, row_layer[part], alphas[part], w, saved)
+        target, context = targets(part)
+        with context:
+            return _pass(sc, enc, family, target, clean, row_layer[part], alphas[part], w, saved)
 
     gs, fs = [], []
     for part, (g, f) in sc._back_off.chunks(len(alphas), size, run, sc.warn):
@@ -91,8 +107,18 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
     ``_integrate`` gives them. Raises attention.NotSweepable where the model cannot sweep."""
     acc = torch.float64 if sc.dtype == torch.float64 else torch.float32
     saved: dict = {}
+    targets = _one_target(target)
+    same_shapes(at_one, family, layers)
     if sc.options.tol is not None:
-        return _to_tol(sc, enc, family, layers, target, clean, at_one, f_full, saved, acc)
+        ones = [at_one.get((family, layer)) for layer in layers]
+        known = None if any(x is None for x in ones) else torch.cat(ones)
+        refining = refine(sc, enc, family, layers, 1, clean, known, np.array([f_full], dtype=np.float64),
+                          lambda part, steps: targets(part), saved, acc)
+        out = []
+        for i, layer in enumerate(layers):
+            r = refining.result(i)
+            out.append((r.g.unsqueeze(0), r.f[adaptive.ZERO], saved[layer], (r.nodes, r.error, r.capped, r.status)))
+        return out
     count = len(layers)
     ones = [at_one.get((family, layer)) for layer in layers]
     stacked = torch.cat(ones) if all(x is not None for x in ones) else None
@@ -104,7 +130,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         owner = torch.arange(count).repeat_interleave(m)
         row_alpha = alphas.repeat(count)
         row_w = weights.repeat(count).to(sc.device, acc)
-        g, f = _run(sc, enc, family, target, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
+        g, f = _run(sc, enc, family, targets, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
         total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add(0, owner.to(g.device), g)
         if ratio is not None:
             r = ratio.repeat(count).to(g.device, acc).view(-1, *[1] * (g.dim() - 1))
@@ -112,7 +138,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         for r in torch.nonzero(row_alpha == 0).flatten().tolist():
             f0[int(owner[r])] = float(f[r])
     if not bool((alphas == 0).any()):  # F(0) of every layer: one sweep without a backward
-        _g, f = _run(sc, enc, family, target, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
+        _g, f = _run(sc, enc, family, targets, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
                      saved, acc)
         f0 = [float(x) for x in f]
     out = []
@@ -123,10 +149,16 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
     return out
 
 
-def _to_tol(sc, enc, family, layers, target, clean, at_one, f_full, saved, acc) -> list:
-    """As :func:`integrate` for ``--tol``: one Refinement whose integrals are the layers, each
-    round's wanted nodes of every layer in one sweep."""
-    count = len(layers)
+def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
+           coarse: bool = True) -> adaptive.Refinement:
+    """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
+    steps of a generation; one for an example), integral i = (layer i // per_layer, i %
+    per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
+    layer). ``known`` [layers x per_layer, ...] and ``known_f`` [per_layer]: the clean
+    backward's alpha = 1, or None. ``targets(part, which)`` -> (target of those rows, a
+    context for their pass), ``which`` the rows' index within their layer. The three-node
+    start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start)."""
+    count = len(layers) * per_layer
     layer_ids = torch.tensor(layers, dtype=torch.long)
     a_v: dict = {}
 
@@ -140,36 +172,32 @@ def _to_tol(sc, enc, family, layers, target, clean, at_one, f_full, saved, acc) 
 
     def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row, each with its layer's A and V
         out = torch.empty((len(rows), 3), dtype=torch.float64)
-        for i in torch.unique(rows).tolist():
-            sel = torch.nonzero(rows == i).flatten()
+        of_layer = rows // per_layer
+        for i in torch.unique(of_layer).tolist():
+            sel = torch.nonzero(of_layer == i).flatten()
             a, v, _ = stacks(i, g.dtype)
             out[sel] = map_measures(a, v, g[sel.to(g.device)]).cpu()
         return out
 
     def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
         out = torch.empty(len(rows), dtype=torch.float64)
-        for i in torch.unique(rows).tolist():
-            sel = torch.nonzero(rows == i).flatten()
+        of_layer = rows // per_layer
+        for i in torch.unique(of_layer).tolist():
+            sel = torch.nonzero(of_layer == i).flatten()
             out[sel] = (g[sel.to(g.device)] * stacks(i, g.dtype)[2]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
         return out
 
-    ones = [at_one.get((family, layer)) for layer in layers]
-    known = known_f = None
-    if all(x is not None for x in ones):
-        known = {adaptive.ONE: torch.cat(ones).to(acc)}
-        known_f = {adaptive.ONE: np.full(count, f_full, dtype=np.float64)}
-    n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-    from .grouped import groupable  # (grouped builds on the scorer)
-
-    refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                   coarse=adaptive.coarse_start(n, groupable(sc)))
+    k = k_f = None
+    if known is not None:
+        k = {adaptive.ONE: known.to(acc)}
+        k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
+    refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
+                                   coarse=coarse)
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
+        which = owner % per_layer
         ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
-        g, f = _run(sc, enc, family, target, clean, layer_ids[owner], torch.from_numpy(alphas), ones_w, saved, acc)
+        g, f = _run(sc, enc, family, lambda part: targets(part, which[part]), clean, layer_ids[owner // per_layer],
+                    torch.from_numpy(alphas), ones_w, saved, acc)
         refining.give(owner, keys, g, f)
-    out = []
-    for i, layer in enumerate(layers):
-        r = refining.result(i)
-        out.append((r.g.unsqueeze(0), r.f[adaptive.ZERO], saved[layer], (r.nodes, r.error, r.capped, r.status)))
-    return out
+    return refining
