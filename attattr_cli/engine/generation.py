@@ -44,7 +44,7 @@ import torch
 
 from ..data.types import Example
 from ..errors import DataError, OptionError
-from . import adaptive, attention
+from . import adaptive, attention, sweep
 from .encoding import Encoded
 from .grouped import add_rows, crop_saved
 from .scorer import detached
@@ -198,8 +198,9 @@ class StepScorer:
             integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             per_step_layers: list[list[dict]] = [[] for _ in range(count)]
             summed_layers = []
+            swept = self._swept(fam.name, clean, at_one, f_full)
             for site in sites:
-                g, f0, convs, saved = integral(site, clean, at_one.get(site), f_full)
+                g, f0, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full)
                 for t in range(count):
                     n_t = self.positions[t] + 1
                     per_step_layers[t].append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
@@ -225,6 +226,38 @@ class StepScorer:
         result.meta["lm"].update(per_step=True, generated=opts.generate is not None,
                                  sampled=opts.sample_seed is not None, steps=count)
         return result
+
+    # -- --tol by sweeps ---------------------------------------------------------------
+    def _swept(self, family, clean, at_one, f_full) -> dict | None:
+        """With ``--tol``, every (layer, step) integral refined in one Refinement, each round's
+        nodes of every layer and step in one sweep (engine/sweep.py): site -> what
+        :meth:`_integrate_to_tol` gives for it. None where sweeps are not used."""
+        sc, count = self.sc, self.count
+        layers = sc.layers_of[family]
+        if sc.options.tol is None or not sweep.usable(sc, self.enc, family, layers):
+            return None
+        kept = count if sc._takes_logits_to_keep else 0
+
+        def targets(_part, steps):
+            rows = self.targets.rows(steps)
+            return rows, own_position_only(sc.model, rows.slot, kept)
+
+        saved: dict = {}
+        try:
+            sweep.same_shapes(at_one, family, layers)
+            ones = [at_one.get((family, layer)) for layer in layers]
+            known = None if any(x is None for x in ones) else torch.cat(ones)
+            refining = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets, saved,
+                                    self.acc)
+        except attention.NotSweepable:
+            sc._sweeps_work = False  # this model: one pass per target layer from now on
+            return None
+        out = {}
+        for i, layer in enumerate(layers):
+            results = [refining.result(i * count + t) for t in range(count)]
+            out[(family, layer)] = (refining.g[i * count:(i + 1) * count], [r.f[adaptive.ZERO] for r in results],
+                                    [(r.nodes, r.error, r.capped, r.status) for r in results], saved[layer])
+        return out
 
     # -- fixed rules -----------------------------------------------------------------
     def _run(self, site, clean, owner, alphas, weights):
