@@ -101,7 +101,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     ``aggregate="words"``: triggers are words, each example's maps merged into words before
     its top entries are taken (analysis/aggregate.py; such triggers are for reading, attack
     inserts tokens). Returns :class:`TriggersResult`."""
-    from ..analysis.triggers import (RANKINGS, aggregate, patterns_from_store, select, select_by_length,
+    from ..analysis.triggers import (RANKINGS, aggregate as rank_triggers, patterns_from_store, select, select_by_length,
                                      triggers_csv, triggers_document)
     from ..fileio import write_atomic
 
@@ -149,7 +149,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
                                                counts=counts, words=words)
         finally:
             close()
-        ranked = aggregate(patterns, labels, rank_by=rank_by)
+        ranked = rank_triggers(patterns, labels, rank_by=rank_by)
         chosen_t = select(ranked, top_k, per_class, labels)
         src = {
             "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
