@@ -16,6 +16,10 @@ Llama 3, SmolLM) starts one with ``Ä `` and SentencePiece (Llama 2, T5) with ``â
 of punctuation alone and a special token (``[CLS]``, ``<s>``, ``<|im_start|>``) are words
 of their own. User spans are (start, end) position pairs, end exclusive; the tokens
 outside every span stay as they are.
+
+The analyses take the same groups (``aggregate="words"``): triggers are found on the merged
+maps, token tables sum a word's tokens, and faithfulness ranks words by the sum of their
+tokens' scores and erases a word by erasing all its tokens (:func:`token_keep`).
 """
 
 from __future__ import annotations
