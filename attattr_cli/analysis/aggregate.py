@@ -16,6 +16,10 @@ Llama 3, SmolLM) starts one with ``Ä `` and SentencePiece (Llama 2, T5) with ``â
 of punctuation alone and a special token (``[CLS]``, ``<s>``, ``<|im_start|>``) are words
 of their own. User spans are (start, end) position pairs, end exclusive; the tokens
 outside every span stay as they are.
+
+The analyses take the same groups (``aggregate="words"``): triggers are found on the merged
+maps, token tables sum a word's tokens, and faithfulness ranks words by the sum of their
+tokens' scores and erases a word by erasing all its tokens (:func:`token_keep`).
 """
 
 from __future__ import annotations
@@ -137,20 +141,45 @@ def merge_vector(v: np.ndarray | None, p: np.ndarray):
     return None if v is None else (p @ np.asarray(v, np.float64)).astype(np.asarray(v).dtype)
 
 
+def words_asked(aggregate) -> bool:
+    """The ``aggregate`` argument of the analyses (triggers, faithfulness, token tables):
+    True for "words", False for None or "tokens" (as scored); anything else is refused."""
+    if aggregate is None or aggregate == "tokens":
+        return False
+    if aggregate == "words":
+        return True
+    raise OptionError(f"unknown aggregate '{aggregate}'; use words or tokens")
+
+
+def groups_of(tokens: list[str], how="words", word_ids=None) -> list[list[int]]:
+    """The merge ``how`` asks for over ``tokens``: "words" (``word_ids`` optional), "tokens"
+    (each token alone) or a list of (start, end) spans."""
+    if isinstance(how, str):
+        if how not in ("words", "tokens"):
+            raise OptionError(f"unknown aggregation '{how}'; use words, tokens or a list of (start, end) spans")
+        return word_groups(tokens, word_ids) if how == "words" else [[i] for i in range(len(tokens))]
+    return span_groups(len(tokens), how)
+
+
+def token_keep(keep: np.ndarray, groups: list[list[int]], n: int) -> np.ndarray:
+    """A keep-mask over ``n`` tokens from one over ``groups`` (bool [groups]): a token is kept
+    when its group is, so erasing a word erases every piece of it."""
+    out = np.ones(n, dtype=bool)
+    for g, idx in enumerate(groups):
+        if not keep[g]:
+            out[idx] = False
+    return out
+
+
 def aggregate_example(example, how="words", word_ids=None):
     """A copy of a StoredExample (or Attribution) over words or spans: ``how`` "words"
     (``word_ids`` optional) or a list of (start, end) spans; maps, head sums, attention, head
     maxima and top-k follow (see the module docstring), per-step results too."""
     tokens = list(example.tokens)
     n = len(tokens)
-    if isinstance(how, str):
-        if how not in ("words", "tokens"):
-            raise OptionError(f"unknown aggregation '{how}'; use words, tokens or a list of (start, end) spans")
-        if how == "tokens":
-            return example
-        groups = word_groups(tokens, word_ids)
-    else:
-        groups = span_groups(n, how)
+    if isinstance(how, str) and how == "tokens":
+        return example
+    groups = groups_of(tokens, how, word_ids)
     p = membership(groups, n)
     keys = list(example.key_tokens or tokens)
     p_k = p if keys == tokens else np.eye(len(keys))

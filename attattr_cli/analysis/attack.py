@@ -282,6 +282,9 @@ def from_document(doc: dict, top: int | None = 3) -> list[Insertion]:
     was made with --per-class, else the ``top`` best overall (None: all)."""
     if top is not None and top < 1:
         raise OptionError(f"top_k must be at least 1, got {top}")
+    if (doc.get("source") or {}).get("aggregate") == "words":
+        raise OptionError("these triggers are words (triggers --aggregate words); an attack inserts tokens:"
+                          " extract the triggers without --aggregate")
     chosen = []
     for t in doc["triggers"]:
         rank = t.get("class_rank") if doc.get("per_class") else t.get("rank")

@@ -28,6 +28,10 @@
   distributions, TVD = 0.5 sum_c |p_c - p'_c|, is taken per permutation, and the median
   over permutations is the example's value for that layer.
 
+With ``aggregate="words"`` the agreement, erasure and masking metrics rank and erase words
+instead of tokens (:class:`Units`): a word's score is the sum of its tokens' scores, and
+erasing a word erases all its tokens; the bins and fractions count content words.
+
 Pure functions first; :func:`evaluate_store` runs them over a store.
 """
 
@@ -287,9 +291,13 @@ class FaithfulnessOptions:
     seed: int = 0
     mask_fractions: tuple = MASK_FRACTIONS  # (): no masking protocol
     adversarial: object | None = None  # adversarial.AdversarialOptions: run the adversarial-attention experiment
+    aggregate: str | None = None  # "words": rank, erase and compare words (see :class:`Units`); None/"tokens": tokens
 
     def validate(self) -> None:
+        from .aggregate import words_asked
+
         self.methods = check_methods(self.methods)
+        words_asked(self.aggregate)
         for q in self.mask_fractions:
             if not 0 < q < 1:
                 raise OptionError(f"mask fractions are in (0, 1), got {q}")
@@ -300,6 +308,48 @@ class FaithfulnessOptions:
         for q in self.bins:
             if not 0 < q <= 1:
                 raise OptionError(f"bins are fractions in (0, 1], got {q}")
+
+
+@dataclass
+class Units:
+    """What the metrics rank and erase in one example: its tokens, or with ``aggregate
+    "words"`` its words (analysis/aggregate.py's word groups of the stored tokens). Over words a
+    method's score of a word is the sum of its tokens' scores (leave-one-out and gradient norms
+    too: the sums of the tokens', not a word removed at once), a word is content when all its
+    tokens are, and erasing (removing or masking) a word erases every one of its tokens."""
+
+    n: int
+    content: np.ndarray
+    groups: list | None = None  # None: the tokens themselves
+    tokens: int = 0
+
+    @classmethod
+    def of(cls, stored, ex: Prepared, words: bool) -> "Units":
+        if not words:
+            return cls(ex.n, ex.content, None, ex.n)
+        from .aggregate import word_groups
+
+        groups = word_groups([str(t) for t in stored.tokens][:ex.n])
+        content = set(np.asarray(ex.content).tolist())
+        kept = [g for g, idx in enumerate(groups) if all(i in content for i in idx)]
+        return cls(len(groups), np.asarray(kept, dtype=np.int64), groups, ex.n)
+
+    def scores(self, scores: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Each method's scores over the units (summed over a word's tokens)."""
+        if self.groups is None:
+            return scores
+        from .aggregate import membership
+
+        p = membership(self.groups, self.tokens)
+        return {m: p @ np.asarray(v, dtype=np.float64) for m, v in scores.items()}
+
+    def keeps(self, keeps: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Keep-masks over the units as keep-masks over the tokens."""
+        if self.groups is None:
+            return list(keeps)
+        from .aggregate import token_keep
+
+        return [token_keep(k, self.groups, self.tokens) for k in keeps]
 
 
 def _mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
@@ -406,6 +456,9 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             if not -num_layers <= x < num_layers:
                 raise OptionError(f"layer {x} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
         needed = list(dict.fromkeys([*options.methods, "loo", "grad"]))
+        from .aggregate import words_asked
+
+        words = words_asked(options.aggregate)
         per_example = []
         adversarial_rows = []
         tvd_medians = []
@@ -445,12 +498,13 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                 if batch_examples:  # every erased and masked input of the group's examples together
                     wanted = []
                     for _, stored, ex, scores, _ in items:
-                        ranked = {m: scores[m] for m in options.methods}
-                        wanted.append((ex, erasure_keeps(ex.n, ex.content, ranked, options.bins, options.fractions)[0],
-                                       None))
+                        u = Units.of(stored, ex, words)
+                        ranked = u.scores({m: scores[m] for m in options.methods})
+                        wanted.append((ex, u.keeps(erasure_keeps(u.n, u.content, ranked, options.bins,
+                                                                 options.fractions)[0]), None))
                         if masking:
-                            wanted.append((ex, mask_keeps(ex.n, ex.content, ranked, scores["loo"],
-                                                          options.mask_fractions)[0], "mask"))
+                            wanted.append((ex, u.keeps(mask_keeps(u.n, u.content, ranked, u.scores(scores)["loo"],
+                                                                  options.mask_fractions)[0]), "mask"))
                     runner.prefetch(wanted)
                 tvds = None
                 if batch_examples and options.permutations and perm_layers:
@@ -458,22 +512,26 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                                             options.seed)
                 for k, (index, stored, ex, scores, _) in enumerate(items):
                     done += 1
-                    content = ex.content
+                    u = Units.of(stored, ex, words)
+                    content = u.content
                     row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
                                  "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
+                    if words:  # n_content counts content words
+                        row["n_words"] = int(u.n)
+                    scores = u.scores(scores)
                     for m in options.methods:
                         row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
                         row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]),
                                                               np.abs(scores["loo"][content]))
                         row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
-                    er = erasure_metrics(lambda keeps: runner.target_probability(ex, keeps), ex.n, content,
+                    er = erasure_metrics(lambda keeps: runner.target_probability(ex, u.keeps(keeps)), u.n, content,
                                          {m: scores[m] for m in options.methods}, options.bins, options.fractions)
                     row["erasure"] = er
                     if masking:
                         label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
                         row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0
-                        row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, keeps, erase="mask"), ex.n,
-                                                      content, {m: scores[m] for m in options.methods}, int(ex.target),
+                        row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, u.keeps(keeps), erase="mask"),
+                                                      u.n, content, {m: scores[m] for m in options.methods}, int(ex.target),
                                                       label, bounds=scores["loo"], fractions=options.mask_fractions)
                     if options.adversarial is not None:
                         from .adversarial import adversarial_example
@@ -714,7 +772,8 @@ def report_figure(report: dict):
     for i, (m, r) in enumerate(report["methods"].items()):
         a1.plot(fr, r["deletion_curve"], marker=".", label=m, color=colours[i % len(colours)],
                 linestyle="--" if m == "random" else "-")
-    a1.set_xlabel("fraction of content tokens removed (most important first)")
+    unit = "words" if (report.get("settings") or {}).get("aggregate") == "words" else "tokens"
+    a1.set_xlabel(f"fraction of content {unit} removed (most important first)")
     a1.set_ylabel("probability of the target class")
     a1.set_title("deletion curves (lower = more faithful)")
     a1.legend(fontsize=7)

@@ -218,11 +218,18 @@ def example_patterns(
 
 def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE,
                         min_tokens: int = 0, special: bool = False,
-                        indices: Sequence[int] | None = None, counts: dict | None = None) -> list[Pattern]:
+                        indices: Sequence[int] | None = None, counts: dict | None = None,
+                        words: bool = False) -> list[Pattern]:
     """The patterns of the store's examples (all, or those of ``indices`` that it holds);
     examples with fewer than ``min_tokens`` tokens, special tokens included, are skipped,
     as the 2021 code skips SST-2 inputs under 15; examples flagged ``nonfinite`` are skipped,
-    and their number put in ``counts["skipped_nonfinite"]`` when ``counts`` is given."""
+    and their number put in ``counts["skipped_nonfinite"]`` when ``counts`` is given.
+    ``words``: each example's maps merged into words first (analysis/aggregate.py: an entry
+    between two words is the sum of the entries between their pieces), so that a pattern is
+    made of words ("cliche", not "cl ##iche") and its offsets and segment lengths count
+    words; ``min_tokens`` still counts tokens."""
+    from .aggregate import aggregate_example
+
     out: list[Pattern] = []
     held = store.indices()
     if indices is not None:
@@ -240,6 +247,8 @@ def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE
     for k, i in enumerate(indices):
         e = store.get(i)
         if len(e.tokens) >= min_tokens:
+            if words:
+                e = aggregate_example(e, "words")
             out.extend(example_patterns(e.attribution, e.tokens, e.segment_ids, e.layers, example=e.index,
                                         target=e.target, gold=e.gold, pred=e.pred, entries=entries, special=special))
         if progress is not None:

@@ -110,13 +110,15 @@ class Attribution(StoredExample):
         return highlight_html(self.key_tokens or self.tokens,
                               self.token_importance() if scores is None else scores)
 
-    @checked()
-    def to_pandas(self, table: str = "heads"):
+    @checked(aggregate=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
+    def to_pandas(self, table: str = "heads", aggregate=None):
         """A pandas DataFrame: ``table="heads"`` one row per scored layer and head (columns in
-        docs/api.md), ``"tokens"`` one row per (key) token with its importance."""
+        docs/api.md), ``"tokens"`` one row per (key) token with its importance; with
+        ``aggregate="words"`` (or a list of spans, as :meth:`aggregate` takes) one row per
+        word, its importance the sum of its tokens'."""
         from ..views.notebook import data_frame
 
-        return data_frame(_rows_of([self], table), _columns(table))
+        return data_frame(_rows_of([self], table, aggregate), _columns(table))
 
     def __repr__(self) -> str:
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
@@ -159,20 +161,31 @@ def head_rows(e) -> list[dict]:
     return rows
 
 
-def token_rows(e) -> list[dict]:
+def token_rows(e, aggregate=None) -> list[dict]:
     """Per (key) token of one example: its position, text and importance (the attribution
-    summed over layers, heads and queries)."""
+    summed over layers, heads and queries). ``aggregate`` "words" (or spans): per word, its
+    position among the words and its importance the sum of its tokens' (analysis/aggregate.py)."""
+    if aggregate is not None and not (isinstance(aggregate, str) and aggregate == "tokens"):
+        from ..analysis.aggregate import aggregate_example
+
+        e = aggregate_example(e, aggregate)
     keys = e.key_tokens or e.tokens
     values = e.token_importance()
     return [{"example": int(e.index), "position": i, "token": t, "importance": float(v)}
             for i, (t, v) in enumerate(zip(keys, values))]
 
 
-def _rows_of(examples, table: str) -> list[dict]:
+def _rows_of(examples, table: str, aggregate=None) -> list[dict]:
     _columns(table)
+    if isinstance(aggregate, str):
+        from ..analysis.aggregate import words_asked
+
+        words_asked(aggregate)
+    if table == "heads" and aggregate is not None and aggregate != "tokens":
+        raise OptionError("aggregate goes with table='tokens' (the head table has no tokens to merge)")
     rows: list[dict] = []
     for e in examples:
-        rows += head_rows(e) if table == "heads" else token_rows(e)
+        rows += head_rows(e) if table == "heads" else token_rows(e, aggregate)
     return rows
 
 
@@ -233,12 +246,13 @@ class Results(list):
         return save_store(list(self), path)
 
     @checked()
-    def to_pandas(self, table: str = "heads"):
+    def to_pandas(self, table: str = "heads", aggregate: str | None = None):
         """A pandas DataFrame over every example: ``table="heads"`` one row per example, scored
-        layer and head; ``"tokens"`` one row per example and token (columns in docs/api.md)."""
+        layer and head; ``"tokens"`` one row per example and token (columns in docs/api.md),
+        per example and word with ``aggregate="words"``."""
         from ..views.notebook import data_frame
 
-        return data_frame(_rows_of(self, table), _columns(table))
+        return data_frame(_rows_of(self, table, aggregate), _columns(table))
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -362,14 +376,15 @@ class StoreView:
         self.close()
 
     @checked(examples=Ints())
-    def to_pandas(self, table: str = "heads", examples=None):
+    def to_pandas(self, table: str = "heads", examples=None, aggregate: str | None = None):
         """A pandas DataFrame over the store's examples (``examples``: a list of indices, default
         all): ``table="heads"`` one row per example, scored layer and head; ``"tokens"`` one
-        row per example and token (columns in docs/api.md)."""
+        row per example and token (columns in docs/api.md), per example and word with
+        ``aggregate="words"`` (a word's importance: the sum of its tokens')."""
         from ..views.notebook import data_frame
 
         chosen = self.indices if examples is None else [int(i) for i in examples]
-        return data_frame(_rows_of((self.get(i) for i in chosen), table), _columns(table))
+        return data_frame(_rows_of((self.get(i) for i in chosen), table, aggregate), _columns(table))
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html

@@ -112,7 +112,8 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
-                 device: str = "auto", truncate: bool = False, out=None, progress=False, command=None) -> FaithfulnessResult:
+                 device: str = "auto", truncate: bool = False, out=None, progress=False, command=None,
+                 aggregate: str | None = None) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
@@ -123,7 +124,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     names it. Scoring first, they are kept in ``score_store``. ``methods``: names from the registry
     (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
     model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
-    (default 0.01, 0.05) on layer ``adversarial_layer``. ``out``: write the JSON report.
+    (default 0.01, 0.05) on layer ``adversarial_layer``. ``aggregate="words"``: the agreement,
+    erasure and masking metrics rank and erase whole words, a word's score the sum of its
+    tokens' (docs/faithfulness.md, "Words"). ``out``: write the JSON report.
     Returns :class:`FaithfulnessResult`."""
     import time
 
@@ -144,6 +147,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     chosen = check_methods(list(methods) if methods else list(METHODS))
     if erase not in ERASE_MODES:
         raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
+    from ..analysis.aggregate import words_asked
+
+    words_asked(aggregate)
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
     from .inputs import check_outputs
@@ -186,7 +192,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
             store = keep_in or store
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
-                                    seed=seed)
+                                    seed=seed, aggregate=None if aggregate == "tokens" else aggregate)
         if adversarial:
             from ..analysis.adversarial import EPSILONS, AdversarialOptions
 

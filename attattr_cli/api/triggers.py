@@ -91,20 +91,25 @@ class TriggersResult:
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
              min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
-             progress=False, command=None) -> TriggersResult:
+             progress=False, command=None, aggregate: str | None = None) -> TriggersResult:
     """Adversarial triggers from attention attribution (Hao et al. 2021, section 4). From
     ``source`` (a store path, an open store, or results of :func:`score`), or scored on the fly
     from model and data/inputs (into ``store`` when given, else a temporary one). ``top_k``
     keeps the k best (of each class with ``per_class``); ``rank_by`` count, total or mean.
     ``out``: write JSON (or CSV when it ends in .csv). On the fly the examples are scored as
-    :func:`score` scores them (``tol`` 0.1 unless ``steps`` or ``tol`` is given). Returns
-    :class:`TriggersResult`."""
-    from ..analysis.triggers import (RANKINGS, aggregate, patterns_from_store, select, select_by_length,
+    :func:`score` scores them (``tol`` 0.1 unless ``steps`` or ``tol`` is given).
+    ``aggregate="words"``: triggers are words, each example's maps merged into words before
+    its top entries are taken (analysis/aggregate.py; such triggers are for reading, attack
+    inserts tokens). Returns :class:`TriggersResult`."""
+    from ..analysis.triggers import (RANKINGS, aggregate as rank_triggers, patterns_from_store, select, select_by_length,
                                      triggers_csv, triggers_document)
     from ..fileio import write_atomic
 
+    from ..analysis.aggregate import words_asked
+
     if rank_by not in RANKINGS:
         raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
+    words = words_asked(aggregate)
     on_the_fly = source is None
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
@@ -141,17 +146,17 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             labels = prov.get("label_names") or []
             with progress_for(progress, "triggers") as bar:
                 patterns = patterns_from_store(st, progress=bar, min_tokens=min_tokens, special=special, indices=wanted,
-                                               counts=counts)
+                                               counts=counts, words=words)
         finally:
             close()
-        ranked = aggregate(patterns, labels, rank_by=rank_by)
+        ranked = rank_triggers(patterns, labels, rank_by=rank_by)
         chosen_t = select(ranked, top_k, per_class, labels)
         src = {
             "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
             "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
             "task": prov.get("task"), "data": prov.get("data"),
             "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"],
-            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "command": command_of(command),
+            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "aggregate": "words" if words else "tokens", "command": command_of(command),
         }
         doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
                                 source=src, patterns=patterns)

@@ -36,7 +36,9 @@ def _table(report: dict):
 
 
     t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
-                    f"{report['examples']} examples, target {report.get('target')}", title_justify="left")
+                    f"{report['examples']} examples, target {report.get('target')}"
+                    + (", over words" if (report.get("settings") or {}).get("aggregate") == "words" else ""),
+              title_justify="left")
     for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
         t.add_column(col, justify="left" if col == "method" else "right")
     for m, r in report["methods"].items():
@@ -157,6 +159,7 @@ def faithfulness(
     adversarial: bool = typer.Option(False, "--adversarial", help="Also run the adversarial-attention experiment (Jain & Wallace 2019, 4.2) and compare attention attribution under it."),
     epsilons: Optional[str] = typer.Option(None, "--epsilons", help="With --adversarial: output TVD bounds, e.g. 0.01,0.05 (the default)."),
     adversarial_layer: int = typer.Option(-1, "--adversarial-layer", help="With --adversarial: the layer whose attention is searched (default: the last)."),
+    aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: rank, erase and compare whole words (a word's score the sum of its tokens'; erasing a word erases all its tokens); tokens (default): as scored."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
     device: str = options.device(),
     truncate: bool = options.truncate(),
@@ -192,7 +195,7 @@ def faithfulness(
                 raise OptionError(f"{p} is a directory")
             if p is not None and not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
-        names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store", "importance_store")
+        names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store", "importance_store", "aggregate")
         with progress_bar("faithfulness", quiet) as bar, renamed_options(*names):
             res = run(store, model=model, data=data, task=task, examples=examples,
                       methods=methods.split(",") if methods is not None else list(METHODS),
@@ -201,7 +204,8 @@ def faithfulness(
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
                       adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
-                      device=device, truncate=truncate, out=out_path, progress=bar, command=command_line())
+                      device=device, truncate=truncate, out=out_path, progress=bar, command=command_line(),
+                      aggregate=aggregate)
         report = res.report
         store = res.store
         for note in report.get("left_out") or []:

@@ -22,6 +22,7 @@ def triggers(
     rank_by: str = typer.Option("count", "--rank", help="Rank by " + RANKINGS_HELP + "."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the triggers as CSV here."),
     special: bool = typer.Option(False, "--special/--words", help="--special: every entry counts, also those touching [CLS]/[SEP] (the 2021 code); default --words: entries between two real tokens."),
+    aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: triggers are words (each example's maps merged into words, entries summed over their pieces, before the top entries are taken); tokens (default): as scored."),
     min_tokens: int = typer.Option(0, "--min-tokens", help="Skip examples with fewer tokens, special tokens included (the 2021 code: 15 for SST-2)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="On the fly: score only the first N selected examples that pass --min-tokens."),
     model: Optional[str] = options.model("Score on the fly with this model (default: the built-in synthetic-task BERT)."),
@@ -46,10 +47,11 @@ def triggers(
     with edge():
         from ..api import triggers as run
         top = options.pick(top_k, top_old)
-        with progress_bar("triggers", quiet) as bar, renamed_options(*FLAGS):
+        with progress_bar("triggers", quiet) as bar, renamed_options(*FLAGS, "aggregate"):
             res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, tol=tol, top_k=top,
                       per_class=per_class, rank_by=rank_by, special=special, min_tokens=min_tokens, limit=limit,
-                      store=keep_store, device=device, out=out_path, progress=bar, command=command_line())
+                      store=keep_store, device=device, out=out_path, progress=bar, command=command_line(),
+                      aggregate=aggregate)
         if csv_path is not None:
             res.save_csv(csv_path)
         doc, chosen = res.document, res.triggers
