@@ -203,7 +203,7 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None) -> str:
     low = "−" + format_number(top)
     bar = int(_text_width(low, 10)) + 4
     e = html_mod.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-still-map aa-step-matrix" data-kind="attr" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-step-matrix" data-kind="attr" '
            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
            f'<text x="0" y="11" font-size="11" fill="#333">{e(caption)}</text>',
            f'<text x="0" y="24" font-size="10" fill="#333">{e(low)}</text>']
@@ -241,7 +241,7 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
     view, by_layer = step_view(example, words)
     kind = "words" if words else "tokens"
     cap = f"step x source, all layers: generated {kind} (rows, F) x the {kind} before them; token importance"
-    parts = [f'<div class="aa-still aa-steps" style="font:13px/1.4 {FONT};color:#1d1d1d">',
+    parts = [f'<div class="aa-steps" style="font:13px/1.4 {FONT};color:#1d1d1d">',
              f'<div style="font-size:15px;font-weight:600;margin:4px 0 6px">example {example.index} · generation of'
              f' {f["steps"]} steps ({e(f["how"])})</div>',
              f'<div style="margin:2px 0"><b>prompt:</b> <span style="color:#555">{e(f["prompt"])}</span></div>',
