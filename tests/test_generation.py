@@ -370,6 +370,8 @@ def test_generation_in_a_notebook(llama_dir, tmp_path):
     assert repr(g).startswith("Attribution(index=0, generation of 3 steps (generated), generated="
                               f"{' '.join(targets)!r}, foil='w9', target log p(token) - log p(w9)")
     assert repr(res).startswith("Results(1 generations") and len(repr(g)) < 300
+    table = res._repr_html_()  # the table of generations: prompt, generated text, steps, foil
+    assert all(f">{c}<" in table for c in ("prompt", "generated", "steps", "foil", "w1 w2 w3", " ".join(targets), "w9"))
     page = g._repr_html_()
     assert "<script" not in page and html.escape(" ".join(targets)) in page
     m = step_source(g, words=True)[0]
