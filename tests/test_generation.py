@@ -352,7 +352,7 @@ def test_steps_keep_sum_and_top_k_in_the_store(llama_dir, tmp_path):
     assert m.shape == (2, len(summed.tokens)) and len(cols) == len(summed.tokens)
 
 
-def test_generation_in_a_notebook(llama_dir, tmp_path):
+def test_generation_in_a_notebook(llama_dir, tmp_path, monkeypatch):
     """What a notebook shows of a generation: a short repr, a still picture (the generated text
     and the step x source matrix, no script), plot() the matrix's Figure, to_pandas() one row
     per step with the stored numbers."""
@@ -380,6 +380,14 @@ def test_generation_in_a_notebook(llama_dir, tmp_path):
     assert len(tips) == m.size
     assert [t.rsplit(": ", 1)[1] for t in tips] == [format_number(v, signed=True) if np.isfinite(v)
                                                     else "not in the step's prefix" for v in m.ravel()]
+    assert page.count('class="aa-step-matrix"') == 1 + 2  # and one per layer behind a click
+    from attattr_cli.views import steps as steps_mod
+
+    monkeypatch.setattr(steps_mod, "TIP_CELLS", m.size - 1)  # larger matrices: compact, no values on hover
+    monkeypatch.setattr(steps_mod, "LAYER_CELLS", 2 * m.size - 1)  # and their per-layer matrices a note
+    small = g._repr_html_()
+    assert "<title>" not in small and small.count('class="aa-step-matrix"') == 1
+    assert "plot(per_layer=True)" in small and len(small) < len(page)
     df = g.to_pandas()
     assert list(df["step"]) == [0, 1, 2] and list(df["token"]) == targets and set(df["foil"]) == {"w9"}
     assert np.allclose(df["target_value"], [st.f_full for st in g.steps])

@@ -179,17 +179,28 @@ def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
 
 
 # -- the still picture: the notebook's display and the report's example, no script ----------------
-def matrix_svg(rows, cols, matrix, caption: str, row_values=None) -> str:
+TIP_CELLS = 2000  # a matrix of more cells is drawn as still.py's heatmaps are (runs of a colour, no value on hover)
+LAYER_CELLS = 5000  # the per-layer matrices of a still picture, in all; more: a note names plot(per_layer=True)
+
+
+def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = True) -> str:
     """A step x source matrix as an SVG (still.py's colours and sizes): one ``<rect>`` per cell
     with its value in a ``<title>`` (the browser shows it on hover, no script), cells outside a
-    step's prefix in the masked colour, key labels on top, ``token (F)`` labels on the left."""
+    step's prefix in the masked colour, key labels on top, ``token (F)`` labels on the left.
+    Without ``tips``, or above ``TIP_CELLS`` cells, still.py's compact heatmap (one path per
+    colour step, no values on hover)."""
     from .data import format_number
-    from .still import FONT, MASKED, _cut, _text_width, cell_colour
+    from .still import FONT, MASKED, _cut, _text_width, cell_colour, heatmap_svg
 
     m = np.asarray(matrix, np.float64)
     nr, nc = m.shape
     finite = np.abs(m[np.isfinite(m)])
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    if not tips or m.size > TIP_CELLS:
+        labels = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
+                  zip(rows, row_values if row_values is not None else rows)]
+        return heatmap_svg(np.nan_to_num(m), "attr", top, labels, [str(c) for c in cols], caption, np.isnan(m),
+                           cls="aa-step-matrix")
     cell = max(10, min(22, 520 // max(nc, 1)))
     fs = min(11, cell - 1)
     full_rows = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
@@ -261,10 +272,13 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
         okind = "tokens" if words else "words"
         parts.append(f"<details><summary>the same over {okind}</summary>" + matrix_svg(
             other.rows, other.columns, other.matrix, cap.replace(kind, okind), other.f_rows) + "</details>")
-    if per_layer and len(view.layers) > 1:
+    if per_layer and len(view.layers) > 1 and by_layer.size <= LAYER_CELLS:
         parts.append('<details><summary>per layer</summary><div style="display:flex;flex-wrap:wrap;gap:10px">'
-                     + "".join(matrix_svg(view.rows, view.columns, by_layer[k], f"layer {layer}", view.f_rows)
-                               for k, layer in enumerate(view.layers)) + "</div></details>")
+                     + "".join(matrix_svg(view.rows, view.columns, by_layer[k], f"layer {layer}", view.f_rows,
+                                          tips=False) for k, layer in enumerate(view.layers)) + "</div></details>")
+    elif per_layer and len(view.layers) > 1:
+        parts.append(f'<div style="margin:2px 0;color:#777;font-size:11px">per layer ({len(view.layers)} matrices):'
+                     " plot(per_layer=True), or attattr view --per-layer</div>")
     style = word_style(list(example.tokens))
     td = 'style="padding:2px 8px;border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top"'
     heads = ["step", "token", "F", "p(token)"] + (["p(foil)"] if f["foil"] is not None else []) + \

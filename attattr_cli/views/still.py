@@ -93,7 +93,7 @@ def _text_width(s: str, size: float) -> float:
 
 # -- one heatmap ---------------------------------------------------------------------------------
 def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None) -> str:
+                caption: str, masked=None, cls: str = "aa-still-map") -> str:
     """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
     (vertical), query labels on the left, one ``<path>`` per colour step (runs of equal cells
     merged), drawn at view.js's cell size."""
@@ -120,7 +120,7 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
             j += run
     low = ("−" + format_number(top)) if kind == "attr" else "0"
     bar = int(_text_width(low, 10)) + 4
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-still-map" data-kind="{kind}" width="{width}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" data-kind="{kind}" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
            f'<text x="0" y="11" font-size="11" fill="#333">{html.escape(caption)}</text>',
            f'<text x="0" y="24" font-size="10" fill="#333">{html.escape(low)}</text>']
