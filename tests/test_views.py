@@ -562,6 +562,8 @@ def test_report_of_generations_in_chromium(stores, tmp_path):
             p = b.open(url)
             assert p.eval("Array.from(document.querySelectorAll('table.aa-rows th')).map(t => t.textContent)"
                           ".map(t => t.replace(/ [▲▼]$/, ''))") == data["columns"]
+            assert p.eval("Array.from(document.querySelectorAll('.aa-flag-filter option')).map(o => o.value)") == [
+                "", "residual", "truncated", "unconverged"]  # no wrong prediction in a generation
             cells = p.eval("Array.from(document.querySelectorAll('tr.aa-row')[1].children).map(c => c.textContent)")
             assert cells[2] == data["rows"][1][2] and cells[3] == "3"  # generated words, steps
             order = "Array.from(document.querySelectorAll('tr.aa-row')).map(r => +r.dataset.index)"

@@ -40,7 +40,9 @@
     var bar = el("div", "aa-bar-row");
     var search = el("input"); search.type = "search"; search.placeholder = "filter: text, label, index"; search.className = "aa-filter";
     var flag = el("select", "aa-flag-filter");
-    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"], ["unconverged", "not converged"]].forEach(function (o) {
+    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"], ["unconverged", "not converged"]].filter(function (o) {
+      return !(g && o[0] === "wrong");  /* a generation has no wrong prediction */
+    }).forEach(function (o) {
       var op = el("option", null, o[1]); op.value = o[0]; flag.appendChild(op);
     });
     var prev = el("button", "aa-prev", "‹ previous"), next = el("button", "aa-next", "next ›");
