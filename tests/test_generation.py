@@ -402,6 +402,8 @@ def test_generation_in_a_notebook(llama_dir, tmp_path, monkeypatch):
     assert np.allclose(np.ma.filled(ax.images[0].get_array(), np.nan), m, equal_nan=True)
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(g.plot(per_layer=True).axes) > len(fig.axes)  # one panel per layer more
+    with pytest.raises(OptionError, match="give prompts or inputs, not both"):
+        aa.score(model, ["w1"], prompts=["w2"], generate=1)
     plain = aa.score(model, ["w1 w2 w3"], steps=2)[0]  # not a generation: no steps table
     with pytest.raises(OptionError, match="not a generation scored step by step"):
         plain.to_pandas("steps")
