@@ -409,3 +409,20 @@ def test_generation_in_a_notebook(llama_dir, tmp_path, monkeypatch):
         plain.to_pandas("steps")
     assert list(plain.to_pandas().columns)[:3] == ["example", "layer", "head"]  # its default: the heads table
     assert "generation" not in repr(plain) and plain.plot().axes  # its plot: the view's figure
+
+
+def test_generation_without_maps_shows_its_steps(llama_dir, tmp_path):
+    """A generation kept without maps (keep none) has no step x source matrix: its notebook
+    display and its report say so and still list the steps."""
+    import attattr_cli as aa
+
+    model = aa.load_model(str(llama_dir), lm=True)
+    res = aa.score(model, prompts=["w1 w2 w3"], generate=2, steps=2, keep="none")
+    page = res[0]._repr_html_()
+    assert "no step x source matrix" in page and "aa-step-matrix" not in page
+    assert page.count("<tr>") == 1 + 2 and len(res[0].to_pandas()) == 2
+    with pytest.raises(OptionError, match="keeps no maps"):
+        res[0].plot()
+    res.save(tmp_path / "g.h5")
+    done = aa.report(tmp_path / "g.h5", tmp_path / "r.html")
+    assert done.examples == 1 and "no step x source matrix" in (tmp_path / "r.html").read_text()

@@ -238,6 +238,29 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
     return "".join(out)
 
 
+def _matrices(example, view: StepView, by_layer, words: bool, per_layer: bool) -> str:
+    """The still picture's matrices: over words (or tokens), the other grouping behind a click
+    where it differs, and one per layer behind a click (up to ``LAYER_CELLS``; else a note)."""
+    def caption(kind):
+        return f"step x source, all layers: generated {kind} (rows, F) x the {kind} before them; token importance"
+
+    kind, okind = ("words", "tokens") if words else ("tokens", "words")
+    out = ['<div style="margin:8px 0">' + matrix_svg(view.rows, view.columns, view.matrix, caption(kind), view.f_rows)
+           + "</div>"]
+    other = step_view(example, not words)[0]
+    if other.rows != view.rows or other.columns != view.columns:
+        out.append(f"<details><summary>the same over {okind}</summary>"
+                   + matrix_svg(other.rows, other.columns, other.matrix, caption(okind), other.f_rows) + "</details>")
+    if per_layer and len(view.layers) > 1 and by_layer.size <= LAYER_CELLS:
+        out.append('<details><summary>per layer</summary><div style="display:flex;flex-wrap:wrap;gap:10px">'
+                   + "".join(matrix_svg(view.rows, view.columns, by_layer[k], f"layer {layer}", view.f_rows, tips=False)
+                             for k, layer in enumerate(view.layers)) + "</div></details>")
+    elif per_layer and len(view.layers) > 1:
+        out.append(f'<div style="margin:2px 0;color:#777;font-size:11px">per layer ({len(view.layers)} matrices):'
+                   " plot(per_layer=True), or attattr view --per-layer</div>")
+    return "".join(out)
+
+
 def step_still(example, words: bool = True, per_layer: bool = True, details: bool = True) -> str:
     """A generation as HTML without script (inline styles and SVG only): what it is, the prompt
     and the generated text, the step x source matrix (words by default; the other grouping and,
@@ -245,13 +268,15 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
     target value F, probability, foil, largest |residual|, convergence; with ``details`` each
     step's strongest interactions behind a click). The notebook's display and the report's
     view of a generation."""
+    from ..errors import OptionError
     from .still import FONT
 
     e = html_mod.escape
     f = facts(example)
-    view, by_layer = step_view(example, words)
-    kind = "words" if words else "tokens"
-    cap = f"step x source, all layers: generated {kind} (rows, F) x the {kind} before them; token importance"
+    try:
+        view, by_layer = step_view(example, words)
+    except OptionError as exc:  # kept without maps or head sums (keep none): the text and the steps
+        view, by_layer, missing = None, None, str(exc)
     parts = [f'<div class="aa-steps" style="font:13px/1.4 {FONT};color:#1d1d1d">',
              f'<div style="font-size:15px;font-weight:600;margin:4px 0 6px">example {example.index} · generation of'
              f' {f["steps"]} steps ({e(f["how"])})</div>',
@@ -265,20 +290,10 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
                  f'{f["max_residual"] or 0.0:.2e}'
                  + (f'<span style="color:#b30000;font-weight:600"> · not converged at {len(bad)} step-layers</span>'
                     if bad else " · every step-layer converged") + "</div>")
-    parts.append('<div style="margin:8px 0">' + matrix_svg(view.rows, view.columns, view.matrix, cap, view.f_rows)
-                 + "</div>")
-    other, _ = step_view(example, not words)
-    if other.rows != view.rows or other.columns != view.columns:
-        okind = "tokens" if words else "words"
-        parts.append(f"<details><summary>the same over {okind}</summary>" + matrix_svg(
-            other.rows, other.columns, other.matrix, cap.replace(kind, okind), other.f_rows) + "</details>")
-    if per_layer and len(view.layers) > 1 and by_layer.size <= LAYER_CELLS:
-        parts.append('<details><summary>per layer</summary><div style="display:flex;flex-wrap:wrap;gap:10px">'
-                     + "".join(matrix_svg(view.rows, view.columns, by_layer[k], f"layer {layer}", view.f_rows,
-                                          tips=False) for k, layer in enumerate(view.layers)) + "</div></details>")
-    elif per_layer and len(view.layers) > 1:
-        parts.append(f'<div style="margin:2px 0;color:#777;font-size:11px">per layer ({len(view.layers)} matrices):'
-                     " plot(per_layer=True), or attattr view --per-layer</div>")
+    if view is None:
+        parts.append(f'<div style="margin:8px 0;color:#555">no step x source matrix: {e(missing)}</div>')
+    else:
+        parts.append(_matrices(example, view, by_layer, words, per_layer))
     style = word_style(list(example.tokens))
     td = 'style="padding:2px 8px;border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top"'
     heads = ["step", "token", "F", "p(token)"] + (["p(foil)"] if f["foil"] is not None else []) + \
