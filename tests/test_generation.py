@@ -402,6 +402,11 @@ def test_generation_in_a_notebook(llama_dir, tmp_path, monkeypatch):
     assert np.allclose(np.ma.filled(ax.images[0].get_array(), np.nan), m, equal_nan=True)
     assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(g.plot(per_layer=True).axes) > len(fig.axes)  # one panel per layer more
+    view = g.save(tmp_path / "g.html")  # what `attattr view` writes for a generation
+    assert view.rows == targets and "<h2>Steps</h2>" in (tmp_path / "g.html").read_text()
+    shown = []
+    monkeypatch.setattr("attattr_cli.views.notebook.display", shown.append)
+    assert g.show() is None and len(shown) == 1 and "aa-step-matrix" in str(shown[0])  # displayed once, as a result shows
     with pytest.raises(OptionError, match="give prompts or inputs, not both"):
         aa.score(model, ["w1"], prompts=["w2"], generate=1)
     plain = aa.score(model, ["w1 w2 w3"], steps=2)[0]  # not a generation: no steps table

@@ -81,7 +81,13 @@ class Attribution(StoredExample):
     def show(self, **options) -> None:
         """Display the interactive view in a notebook (once; returns None); ``options``: layers,
         heads ("sum", "all" or an index), show ("attr", "attention"), queries, window, top_k
-        (see docs/views.md)."""
+        (see docs/views.md). A generation without options: what it shows as a result (its
+        text, step x source matrix and steps); with options, its summed maps' view."""
+        if self.steps and not options:
+            from ..views.notebook import Html, display
+            from ..views.steps import step_still
+
+            return display(Html(step_still(self), f"generation of example {self.index}"))
         from ..views import show
 
         show(self, self.label_names, **options)
@@ -98,9 +104,18 @@ class Attribution(StoredExample):
         """Write ``path`` by its suffix: ``.h5``/``.hdf5`` the example as an attribution store
         (the store ``score(..., out=)`` writes; every command reads it), else the view as PNG,
         SVG, PDF or a standalone HTML page (``options`` as for :meth:`show`). Written whole or
-        not at all."""
+        not at all. A generation without options: its step x source view, what ``attattr
+        view`` writes for it (returns the drawn ``StepView``)."""
         if Path(path).suffix.lower() in STORE_SUFFIXES:
             return save_store([self], path)
+        if self.steps and not options:
+            from ..fileio import write_atomic
+            from ..views import format_of
+            from ..views.steps import step_bytes
+
+            data, view = step_bytes(self, format_of(path), title=f"attattr view: example {self.index}")
+            write_atomic(path, data)
+            return view
         from ..views import save
 
         return save(self, path, self.label_names, **options)
