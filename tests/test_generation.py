@@ -350,3 +350,84 @@ def test_steps_keep_sum_and_top_k_in_the_store(llama_dir, tmp_path):
         assert np.allclose(b.token_importance(), a.token_importance(), atol=1e-5)
     m, rows, cols = summed.step_source(words=False)
     assert m.shape == (2, len(summed.tokens)) and len(cols) == len(summed.tokens)
+
+
+def test_generation_in_a_notebook(llama_dir, tmp_path, monkeypatch):
+    """What a notebook shows of a generation: a short repr, a still picture (the generated text
+    and the step x source matrix, no script), plot() the matrix's Figure, to_pandas() one row
+    per step with the stored numbers."""
+    import html
+    import re
+
+    import attattr_cli as aa
+    from attattr_cli.analysis.aggregate import step_source
+    from attattr_cli.views.data import format_number
+
+    model = aa.load_model(str(llama_dir), lm=True)
+    res = aa.score(model, prompts=["w1 w2 w3"], generate=3, foil="w9", output="logprob", steps=2)
+    g = res[0]
+    targets = [st.meta["step"]["target_token"] for st in g.steps]
+    assert repr(g).startswith("Attribution(index=0, generation of 3 steps (generated), generated="
+                              f"{' '.join(targets)!r}, foil='w9', target log p(token) - log p(w9)")
+    assert repr(res).startswith("Results(1 generations") and len(repr(g)) < 300
+    table = res._repr_html_()  # the table of generations: prompt, generated text, steps, foil
+    assert all(f">{c}<" in table for c in ("prompt", "generated", "steps", "foil", "w1 w2 w3", " ".join(targets), "w9"))
+    page = g._repr_html_()
+    assert "<script" not in page and html.escape(" ".join(targets)) in page
+    m = step_source(g, words=True)[0]
+    svg = re.search(r'<svg[^>]*aa-step-matrix.*?</svg>', page, re.S).group(0)
+    tips = [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", svg)]
+    assert len(tips) == m.size
+    assert [t.rsplit(": ", 1)[1] for t in tips] == [format_number(v, signed=True) if np.isfinite(v)
+                                                    else "not in the step's prefix" for v in m.ravel()]
+    assert page.count('class="aa-step-matrix"') == 1 + 2  # and one per layer behind a click
+    from attattr_cli.views import steps as steps_mod
+
+    monkeypatch.setattr(steps_mod, "TIP_CELLS", m.size - 1)  # larger matrices: compact, no values on hover
+    monkeypatch.setattr(steps_mod, "LAYER_CELLS", 2 * m.size - 1)  # and their per-layer matrices a note
+    small = g._repr_html_()
+    assert "<title>" not in small and small.count('class="aa-step-matrix"') == 1
+    assert "plot(per_layer=True)" in small and len(small) < len(page)
+    df = g.to_pandas()
+    assert list(df["step"]) == [0, 1, 2] and list(df["token"]) == targets and set(df["foil"]) == {"w9"}
+    assert np.allclose(df["target_value"], [st.f_full for st in g.steps])
+    assert np.allclose(df["max_abs_residual"], [np.abs(st.residual).max() for st in g.steps])
+    assert list(df["converged"]) == [st.converged for st in g.steps]
+    assert list(df["position"]) == g.meta["lm"]["positions"]
+    assert np.allclose(df["foil_probability"], g.meta["lm"]["foil_probs"])
+    assert res.to_pandas().equals(df) and len(g.to_pandas("heads")) == 2 * 4
+    fig = g.plot(tmp_path / "g.png")
+    ax = fig.axes[0]
+    assert [t.get_text().split(" (")[0] for t in ax.get_yticklabels()] == targets  # whole-word vocabulary
+    assert np.allclose(np.ma.filled(ax.images[0].get_array(), np.nan), m, equal_nan=True)
+    assert (tmp_path / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(g.plot(per_layer=True).axes) > len(fig.axes)  # one panel per layer more
+    view = g.save(tmp_path / "g.html")  # what `attattr view` writes for a generation
+    assert view.rows == targets and "<h2>Steps</h2>" in (tmp_path / "g.html").read_text()
+    shown = []
+    monkeypatch.setattr("attattr_cli.views.notebook.display", shown.append)
+    assert g.show() is None and len(shown) == 1 and "aa-step-matrix" in str(shown[0])  # displayed once, as a result shows
+    with pytest.raises(OptionError, match="give prompts or inputs, not both"):
+        aa.score(model, ["w1"], prompts=["w2"], generate=1)
+    plain = aa.score(model, ["w1 w2 w3"], steps=2)[0]  # not a generation: no steps table
+    with pytest.raises(OptionError, match="not a generation scored step by step"):
+        plain.to_pandas("steps")
+    assert list(plain.to_pandas().columns)[:3] == ["example", "layer", "head"]  # its default: the heads table
+    assert "generation" not in repr(plain) and plain.plot().axes  # its plot: the view's figure
+
+
+def test_generation_without_maps_shows_its_steps(llama_dir, tmp_path):
+    """A generation kept without maps (keep none) has no step x source matrix: its notebook
+    display and its report say so and still list the steps."""
+    import attattr_cli as aa
+
+    model = aa.load_model(str(llama_dir), lm=True)
+    res = aa.score(model, prompts=["w1 w2 w3"], generate=2, steps=2, keep="none")
+    page = res[0]._repr_html_()
+    assert "no step x source matrix" in page and "aa-step-matrix" not in page
+    assert page.count("<tr>") == 1 + 2 and len(res[0].to_pandas()) == 2
+    with pytest.raises(OptionError, match="keeps no maps"):
+        res[0].plot()
+    res.save(tmp_path / "g.h5")
+    done = aa.report(tmp_path / "g.h5", tmp_path / "r.html")
+    assert done.examples == 1 and "no step x source matrix" in (tmp_path / "r.html").read_text()

@@ -4,6 +4,7 @@ functions, the tree legend, the importance figure, and the HTML in a real headle
 
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -69,13 +70,15 @@ def stores(tmp_path_factory):
     llama = saved(tf.LlamaForCausalLM(cfg).eval(), "llama")
     tsv = d / "pairs.tsv"
     tsv.write_text("sentence\tlabel\n" + "\n".join(f"{' '.join(WORDS[i:i + 5])}\t{i % 2}" for i in range(2)) + "\n")
-    s = {k: d / f"{k}.h5" for k in ("default", "gpt2", "bart", "long_sum", "long_none", "no_maps")}
+    s = {k: d / f"{k}.h5" for k in ("default", "gpt2", "bart", "long_sum", "long_none", "no_maps", "gen")}
     _ok("score", "--out", s["default"], "--examples", "0:3", "--steps", "4", "-q")
     _ok("score", "--lm", "--model", gpt2, "--prompt", "w1 w2 w3 w4 w5 w6", "--steps", "4", "-q", "--out", s["gpt2"])
     _ok("score", "--model", bart, "--data", tsv, "--examples", "0:1", "--steps", "4", "-q", "--out", s["bart"])
     for key, extra in (("long_sum", ["--keep", "sum", "--top-k", "4"]), ("long_none", ["--keep", "none", "--top-k", "4"]),
                        ("no_maps", ["--keep", "none"])):
         _ok("score", "--lm", "--model", llama, "--prompt", LONG, *extra, "--steps", "2", "-q", "--out", s[key])
+    _ok("score", "--lm", "--model", llama, "--prompt", "w1 w2 w3", "--prompt", "w4 w5", "--generate", "3", "--foil", "w9",
+        "--logprob", "--steps", "2", "-q", "--out", s["gen"])  # two generations of 3 steps against a foil
     return s
 
 
@@ -368,6 +371,55 @@ def test_report_with_importance(stores, tmp_path):
     assert not (tmp_path / "r2.html").exists()
 
 
+def _report_data(page: str) -> dict:
+    return json.loads(re.search(r'id="aa-report-data">(.*?)</script>', page, re.S).group(1))
+
+
+def test_report_of_generations(stores, tmp_path):
+    """A store of generations: one row per prompt with its generated words, steps, foil and the
+    largest |residual| of a step and layer, flagged by its steps; each example's page part is
+    its step x source matrix and steps (views/steps.py), the same numbers as step_source."""
+    from attattr_cli.analysis.aggregate import step_source
+    from attattr_cli.views.report import GENERATION_COLUMNS
+    from attattr_cli.views.steps import facts
+
+    _ok("report", stores["gen"], "-o", tmp_path / "g.html", "-q")
+    page = (tmp_path / "g.html").read_text()
+    data = _report_data(page)
+    assert data["columns"] == GENERATION_COLUMNS
+    assert data["generations"]["examples"] == 2 and data["generations"]["steps"] == 6
+    assert data["generations"]["target"] == "log p(token) - log p(w9)"
+    with Store(stores["gen"]) as s:
+        examples = [s.get(i) for i in s.indices()]
+    for row, e in zip(data["rows"], examples):
+        got = dict(zip(data["columns"], row))
+        targets = [st.meta["step"]["target_token"] for st in e.steps]
+        assert got["prompt"] == e.text_a and got["generated"].split() == targets and got["steps"] == 3
+        assert got["foil"] == "w9" and got["tokens"] == len(e.tokens)
+        worst = max(float(np.abs(st.residual).max()) for st in e.steps)
+        assert got["max |step residual|"] == pytest.approx(worst, rel=1e-2)
+        assert ("unconverged" in got["flags"]) == any(not st.converged for st in e.steps)
+        assert "wrong" not in got["flags"]
+        part = json.loads(re.search(rf'id="aa-ex-{e.index}">(.*?)</script>', page, re.S).group(1))
+        assert set(part) == {"steps_html"}
+        m, rows, cols, _f, _l = step_source(e, words=True)
+        svg = re.search(r'<svg[^>]*aa-step-matrix.*?</svg>', part["steps_html"], re.S).group(0)
+        tips = [html.unescape(t) for t in re.findall(r"<title>([^<]*)</title>", svg)]
+        assert len(tips) == m.size  # one cell per generated word and source, each with its value
+        from attattr_cli.views.data import format_number
+
+        for (i, j), v in np.ndenumerate(m):
+            want = format_number(v, signed=True) if np.isfinite(v) else "not in the step's prefix"
+            assert tips[i * m.shape[1] + j].endswith(f": {want}")
+        assert facts(e)["generated"] in part["steps_html"]
+    bare = strip_scripts(page)  # without script: the table of generations
+    assert "2 generations scored step by step, 6 steps in all" in bare
+    assert all(f">{dict(zip(data['columns'], r))['generated']}<" in bare for r in data["rows"])
+    _ok("report", stores["default"], "-o", tmp_path / "d.html", "-q")  # a store of classified examples keeps its columns
+    assert _report_data((tmp_path / "d.html").read_text())["columns"][:5] == ["index", "text", "gold", "prediction",
+                                                                             "probability"]
+
+
 # -- fixes of the older figures ----------------------------------------------------------------
 def test_tree_dot_has_legend_and_prediction(stores):
     from attattr_cli.analysis.tree import tree_for_example, tree_to_dot
@@ -490,6 +542,45 @@ def test_report_in_chromium(stores, tmp_path):
             assert p.eval("document.querySelector('.aa-overlay [data-shown]').getAttribute('data-shown')") == "1"
             assert p.eval("document.querySelectorAll('.aa-overlay .aa-cell').length") > 0
             _not_blank(p.screenshot())
+            assert p.errors() == []
+            assert all(u.startswith("file://") for u in p.requests())
+
+
+@needs_chromium
+def test_report_of_generations_in_chromium(stores, tmp_path):
+    _ok("report", stores["gen"], "-o", f"{tmp_path / 'rep'}/", "-q")
+    _ok("report", stores["gen"], "-o", tmp_path / "one.html", "-q")
+    data = _report_data((tmp_path / "one.html").read_text())
+    worst = data["columns"].index("max |step residual|")
+    with Store(stores["gen"]) as s:
+        e = s.get(1)
+    from attattr_cli.analysis.aggregate import step_source
+
+    m = step_source(e, words=True)[0]
+    with Chromium() as b:
+        for url in ((tmp_path / "rep" / "index.html").as_uri(), (tmp_path / "one.html").as_uri()):
+            p = b.open(url)
+            assert p.eval("Array.from(document.querySelectorAll('table.aa-rows th')).map(t => t.textContent)"
+                          ".map(t => t.replace(/ [▲▼]$/, ''))") == data["columns"]
+            assert p.eval("Array.from(document.querySelectorAll('.aa-flag-filter option')).map(o => o.value)") == [
+                "", "residual", "truncated", "unconverged"]  # no wrong prediction in a generation
+            cells = p.eval("Array.from(document.querySelectorAll('tr.aa-row')[1].children).map(c => c.textContent)")
+            assert cells[2] == data["rows"][1][2] and cells[3] == "3"  # generated words, steps
+            order = "Array.from(document.querySelectorAll('tr.aa-row')).map(r => +r.dataset.index)"
+            p.eval(f"document.querySelectorAll('table.aa-rows th')[{worst}].click(); 1")  # by the worst step, ascending
+            assert p.eval(order) == sorted([0, 1], key=lambda i: data["rows"][i][worst])
+            p.eval(f"var f = document.querySelector('.aa-filter'); f.value = {json.dumps(data['rows'][1][2])};"
+                   " f.dispatchEvent(new Event('input')); 1")  # the filter reads the generated text
+            p.settle(0.4)
+            assert 1 in p.eval(order)
+            p.eval("document.querySelector('tr.aa-row[data-index=\"1\"]').click(); 1")
+            p.settle(0.4)
+            assert p.eval("document.querySelector('.aa-overlay [data-shown]').getAttribute('data-shown')") == "1"
+            assert p.eval("document.querySelector('.aa-overlay svg.aa-step-matrix').querySelectorAll('rect title')"
+                          ".length") == m.size
+            assert p.eval("document.querySelectorAll('.aa-overlay table.aa-step-table > tbody > tr').length") == 4  # head + 3 steps
+            png = p.screenshot()
+            assert painted_colours(p, png, ".aa-overlay svg.aa-step-matrix") > 5  # the matrix is painted
             assert p.errors() == []
             assert all(u.startswith("file://") for u in p.requests())
 

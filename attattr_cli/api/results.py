@@ -35,6 +35,9 @@ class Attribution(StoredExample):
     In a notebook it shows its interactive view; ``show()``, ``figure()``, ``highlight()``,
     ``to_pandas()`` and ``save(path)`` (``.h5``: the example as scored, copied from the store
     it was read from; else a picture or page of the view) are described at each method.
+    A generation scored step by step (``steps``: one Attribution per generated token, of its
+    prefix) shows its generated text and step x source matrix instead; ``plot()`` draws that
+    matrix and ``to_pandas()`` gives one row per step.
     """
 
     @classmethod
@@ -47,15 +50,44 @@ class Attribution(StoredExample):
         return cls(**values)
 
     def _repr_html_(self) -> str:
-        """The interactive view (heatmaps per layer, coloured tokens, top interactions) in a notebook."""
+        """The interactive view (heatmaps per layer, coloured tokens, top interactions) in a
+        notebook; for a generation its text, step x source matrix and steps (a still picture:
+        inline SVG and styles, no script; views/steps.py ``step_still``)."""
+        if self.steps:
+            from ..views.steps import step_still
+
+            return step_still(self)
         from ..views import example_html
 
         return example_html(self, self.label_names)
 
+    @checked(path=Out())
+    def plot(self, path=None, words: bool = True, per_layer: bool = False):
+        """A generation's step x source matrix (what ``attattr view`` draws for it: rows the
+        generated words, or tokens with ``words=False``; one panel per layer more with
+        ``per_layer``) as a matplotlib ``Figure``, also written to ``path`` (.png, .svg, .pdf;
+        whole or not at all) when given. Any other example: the view's figure (:meth:`figure`)."""
+        if self.steps:
+            from ..views.steps import step_figure, step_view
+
+            view, by_layer = step_view(self, words)
+            fig = step_figure(view, by_layer if per_layer else None)
+        else:
+            fig = self.figure()
+        if path is not None:
+            fig.save(path)
+        return fig
+
     def show(self, **options) -> None:
         """Display the interactive view in a notebook (once; returns None); ``options``: layers,
         heads ("sum", "all" or an index), show ("attr", "attention"), queries, window, top_k
-        (see docs/views.md)."""
+        (see docs/views.md). A generation without options: what it shows as a result (its
+        text, step x source matrix and steps); with options, its summed maps' view."""
+        if self.steps and not options:
+            from ..views.notebook import Html, display
+            from ..views.steps import step_still
+
+            return display(Html(step_still(self), f"generation of example {self.index}"))
         from ..views import show
 
         show(self, self.label_names, **options)
@@ -72,9 +104,18 @@ class Attribution(StoredExample):
         """Write ``path`` by its suffix: ``.h5``/``.hdf5`` the example as an attribution store
         (the store ``score(..., out=)`` writes; every command reads it), else the view as PNG,
         SVG, PDF or a standalone HTML page (``options`` as for :meth:`show`). Written whole or
-        not at all."""
+        not at all. A generation without options: its step x source view, what ``attattr
+        view`` writes for it (returns the drawn ``StepView``)."""
         if Path(path).suffix.lower() in STORE_SUFFIXES:
             return save_store([self], path)
+        if self.steps and not options:
+            from ..fileio import write_atomic
+            from ..views import format_of
+            from ..views.steps import step_bytes
+
+            data, view = step_bytes(self, format_of(path), title=f"attattr view: example {self.index}")
+            write_atomic(path, data)
+            return view
         from ..views import save
 
         return save(self, path, self.label_names, **options)
@@ -111,16 +152,28 @@ class Attribution(StoredExample):
                               self.token_importance() if scores is None else scores)
 
     @checked(aggregate=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
-    def to_pandas(self, table: str = "heads", aggregate=None):
+    def to_pandas(self, table: str | None = None, aggregate=None):
         """A pandas DataFrame: ``table="heads"`` one row per scored layer and head (columns in
-        docs/api.md), ``"tokens"`` one row per (key) token with its importance; with
-        ``aggregate="words"`` (or a list of spans, as :meth:`aggregate` takes) one row per
-        word, its importance the sum of its tokens'."""
+        docs/api.md), ``"tokens"`` one row per (key) token with its importance (with
+        ``aggregate="words"``, or a list of spans as :meth:`aggregate` takes, one row per word,
+        its importance the sum of its tokens'), ``"steps"`` (a generation's default) one row
+        per generated token: step, token, target value, foil, residual, convergence."""
         from ..views.notebook import data_frame
 
-        return data_frame(_rows_of([self], table, aggregate), _columns(table))
+        table = table or ("steps" if self.steps else "heads")
+        return data_frame(*_table([self], table, aggregate))
 
     def __repr__(self) -> str:
+        if self.steps:
+            from ..views.steps import facts
+
+            f = facts(self)
+            gen = f["generated"] if len(f["generated"]) <= 40 else f["generated"][:39] + "…"
+            bad = len(f["unconverged"])
+            return (f"Attribution(index={self.index}, generation of {f['steps']} steps ({f['how']}), "
+                    f"generated={gen!r}" + (f", foil={f['foil']!r}" if f["foil"] is not None else "")
+                    + f", target {f['target']}, max |step residual| {f['max_residual'] or 0.0:.2e}"
+                    + (f", {bad} step-layers not converged" if bad else "") + ")")
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
         text = text if len(text) <= 60 else text[:59] + "…"
         p = probability(self)
@@ -135,9 +188,20 @@ TOKEN_COLUMNS = ["example", "position", "token", "importance"]
 
 
 def _columns(table: str) -> list[str]:
-    if table not in ("heads", "tokens"):
-        raise OptionError(f"table must be heads or tokens, got {table!r}")
-    return HEAD_COLUMNS if table == "heads" else TOKEN_COLUMNS
+    from ..views.steps import STEP_COLUMNS
+
+    if table not in ("heads", "tokens", "steps"):
+        raise OptionError(f"table must be heads, tokens or steps, got {table!r}")
+    return {"heads": HEAD_COLUMNS, "tokens": TOKEN_COLUMNS, "steps": STEP_COLUMNS}[table]
+
+
+def _table(examples, table: str, aggregate=None) -> tuple[list[dict], list[str]]:
+    """(rows, columns) of ``table`` over ``examples``; the steps table names a foil only when
+    one was used."""
+    rows, columns = _rows_of(examples, table, aggregate), _columns(table)
+    if table == "steps" and all(r["foil"] is None for r in rows):
+        columns = [c for c in columns if c not in ("foil", "foil_probability")]
+    return rows, columns
 
 
 def head_rows(e) -> list[dict]:
@@ -176,6 +240,8 @@ def token_rows(e, aggregate=None) -> list[dict]:
 
 
 def _rows_of(examples, table: str, aggregate=None) -> list[dict]:
+    from ..views.steps import step_rows
+
     _columns(table)
     if isinstance(aggregate, str):
         from ..analysis.aggregate import words_asked
@@ -185,7 +251,10 @@ def _rows_of(examples, table: str, aggregate=None) -> list[dict]:
         raise OptionError("aggregate goes with table='tokens' (the head table has no tokens to merge)")
     rows: list[dict] = []
     for e in examples:
-        rows += head_rows(e) if table == "heads" else token_rows(e, aggregate)
+        if table == "steps" and not e.steps:
+            raise OptionError(f"example {e.index} is not a generation scored step by step: it has no steps table"
+                              " (score it with generate=N, or continuation=... with per_step=True)")
+        rows += head_rows(e) if table == "heads" else token_rows(e, aggregate) if table == "tokens" else step_rows(e)
     return rows
 
 
@@ -201,6 +270,26 @@ def probability(e) -> float | None:
         return float(probs[0]) if probs.size else None
     pred = int(e.pred) if e.pred is not None else -1
     return float(probs[pred]) if 0 <= pred < probs.size else None
+
+
+GENERATION_COLUMNS = ["index", "prompt", "generated", "steps", "foil", "max |step residual|", "converged"]
+
+
+def generation_row(e) -> list:
+    """[index, prompt, generated, steps, foil, largest |residual| of a step, every step converged] of a generation."""
+    from ..views.steps import facts
+
+    f = facts(e)
+    prompt = e.text_a if len(e.text_a) <= 60 else e.text_a[:59] + "…"
+    return [int(e.index), prompt, f["generated"], f["steps"], f["foil"], f["max_residual"], not f["unconverged"]]
+
+
+def rows_and_columns(examples) -> tuple[list[list], list[str]]:
+    """The rows and columns of a notebook's table of ``examples``: generations (every example
+    one) by :func:`generation_row`, else :func:`example_row`."""
+    if examples and all(e.steps for e in examples):
+        return [generation_row(e) for e in examples], GENERATION_COLUMNS
+    return [example_row(e) for e in examples], EXAMPLE_COLUMNS
 
 
 def example_row(e) -> list:
@@ -246,18 +335,20 @@ class Results(list):
         return save_store(list(self), path)
 
     @checked()
-    def to_pandas(self, table: str = "heads", aggregate: str | None = None):
+    def to_pandas(self, table: str | None = None, aggregate: str | None = None):
         """A pandas DataFrame over every example: ``table="heads"`` one row per example, scored
-        layer and head; ``"tokens"`` one row per example and token (columns in docs/api.md),
-        per example and word with ``aggregate="words"``."""
+        layer and head; ``"tokens"`` one row per example and token (per example and word with
+        ``aggregate="words"``); ``"steps"`` (the default when every example is a generation)
+        one row per example and generated token (columns in docs/api.md)."""
         from ..views.notebook import data_frame
 
-        return data_frame(_rows_of(self, table, aggregate), _columns(table))
+        table = table or ("steps" if self and all(e.steps for e in self) else "heads")
+        return data_frame(*_table(self, table, aggregate))
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
 
-        return table_html([example_row(e) for e in self], EXAMPLE_COLUMNS, title=f"{len(self)} scored examples")
+        return table_html(*rows_and_columns(self), title=f"{len(self)} scored examples")
 
     @checked(how=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
     def aggregate(self, how="words") -> "Results":
@@ -267,6 +358,13 @@ class Results(list):
     def __repr__(self) -> str:
         if not self:
             return "Results(0 examples)"
+        if all(e.steps for e in self):
+            from ..views.steps import facts
+
+            gens = [facts(e)["generated"] for e in self[:3]]
+            return (f"Results({len(self)} generations, indices {self[0].index}..{self[-1].index}, "
+                    f"layers {list(self[0].layers)}, steps {[len(e.steps) for e in self[:5]]}"
+                    f"{' …' if len(self) > 5 else ''}, generated {gens}{' …' if len(self) > 3 else ''})")
         preds = [e.prediction for e in self[:5]]
         return (f"Results({len(self)} examples, indices {self[0].index}..{self[-1].index}, "
                 f"layers {list(self[0].layers)}, predictions {preds}{' …' if len(self) > 5 else ''})")
@@ -376,21 +474,24 @@ class StoreView:
         self.close()
 
     @checked(examples=Ints())
-    def to_pandas(self, table: str = "heads", examples=None, aggregate: str | None = None):
+    def to_pandas(self, table: str | None = None, examples=None, aggregate: str | None = None):
         """A pandas DataFrame over the store's examples (``examples``: a list of indices, default
         all): ``table="heads"`` one row per example, scored layer and head; ``"tokens"`` one
-        row per example and token (columns in docs/api.md), per example and word with
-        ``aggregate="words"`` (a word's importance: the sum of its tokens')."""
+        row per example and token (per example and word with ``aggregate="words"``, a word's
+        importance the sum of its tokens'); ``"steps"`` (the default for a store of
+        generations) one row per example and generated token (columns in docs/api.md)."""
         from ..views.notebook import data_frame
 
         chosen = self.indices if examples is None else [int(i) for i in examples]
-        return data_frame(_rows_of((self.get(i) for i in chosen), table, aggregate), _columns(table))
+        if table is None:  # a store's examples are scored alike: the first tells
+            table = "steps" if chosen and self._store.get(chosen[0], arrays=False).steps else "heads"
+        return data_frame(*_table((self.get(i) for i in chosen), table, aggregate))
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
 
-        rows = [example_row(self._store.get(i, arrays=False)) for i in self.indices[:20]]
-        return table_html(rows, EXAMPLE_COLUMNS, title=repr(self)) + (
+        rows, columns = rows_and_columns([self._store.get(i, arrays=False) for i in self.indices[:20]])
+        return table_html(rows, columns, title=repr(self)) + (
             f"<div style='font-size:smaller'>{len(self) - 20} more examples</div>" if len(self) > 20 else "")
 
     def __repr__(self) -> str:

@@ -46,8 +46,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``steps`` choose a fixed rule instead (``rule="right", steps=20`` is the paper's,
     ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
     same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
-    attributes the next token (``target_token``) or a ``continuation``; with ``out``, its
-    ``prompts`` (texts) may be given instead of ``data``. ``foil`` attributes the difference
+    attributes the next token (``target_token``) or a ``continuation``; its ``prompts`` (texts)
+    may be given instead of ``data`` (with ``out``) or of ``inputs``. ``foil`` attributes the difference
     out(target) - out(foil) of a token (LM) or a class (classifier); ``generate=N`` generates N
     tokens (greedy; ``sample=True`` samples with ``seed``) and attributes each generated token
     given everything before it, and ``continuation=..., per_step=True`` does the same for given
@@ -85,8 +85,10 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
             task=task, examples=selection(examples), options=options_for(bool(lm)), device=device,
             store_dtype=store_dtype, seed=seed, command=command_of(command), prompts=list(prompts) if prompts else None),
             progress, warn, keep_shards, dist_timeout)
-    if prompts:
-        raise OptionError("prompts go with out (a store); for results in memory pass them as inputs")
+    if prompts:  # results in memory: the prompts are the inputs
+        if inputs is not None:
+            raise OptionError("give prompts or inputs, not both")
+        inputs = list(prompts)
 
     if model is not None and not isinstance(model, (str, Path)):
         model = as_model(model, lm=bool(lm))  # once: wrapping a (model, tokenizer) pair hashes its weights

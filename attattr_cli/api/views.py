@@ -169,7 +169,9 @@ def report(store, out, *, importance=None, family: str | None = None, progress=N
     """Write the report of a whole store to ``out`` (a .html file, or a folder DIR/ for large
     stores): provenance, a sortable and filterable table of the examples (text, gold,
     prediction, probability, residual, flags: wrong, large residual, truncated, not
-    converged) and each example's view one click away; offline. Written whole or not at all.
+    converged; a store of generations: prompt, generated words, steps, foil, the largest
+    residual of a step and layer, flags from the steps) and each example's view one click
+    away (a generation's text, step x source matrix and steps; views/steps.py); offline. Written whole or not at all.
     Returns what was written (path, folder, examples, bytes, flagged counts)."""
     from ..fileio import check_output
     from ..views.report import build_report

@@ -18,8 +18,9 @@ def report(
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
 ) -> None:
     """Write a report of a whole store: provenance, a sortable and filterable table of the
-    examples (text, gold, prediction, probability, residual, flags) and each example's view
-    one click away. Offline: the CSS and JavaScript are in the page, nothing is fetched."""
+    examples (text, gold, prediction, probability, residual, flags; for generations the prompt,
+    generated words, steps, foil and worst step residual) and each example's view (a
+    generation's step x source matrix and steps) one click away. Offline: the CSS and JavaScript are in the page, nothing is fetched."""
     with edge():
         from ..api.views import report as write_report
 

@@ -44,27 +44,51 @@ def _text(e) -> str:
     return e.text_a if e.text_b is None else f"{e.text_a} ‖ {e.text_b}"
 
 
-def row_of(e, labels: Sequence[str]) -> list:
-    """[index, text, gold, prediction, probability, max |residual|, tokens, flags] of one example."""
+COLUMNS = ["index", "text", "gold", "prediction", "probability", "max |residual|", "tokens", "flags"]
+# a store of generations scored step by step: one row per prompt and its generated tokens
+GENERATION_COLUMNS = ["index", "prompt", "generated", "steps", "foil", "max |step residual|", "tokens", "flags"]
+
+
+def _large_residual(e) -> bool:
+    """Whether some layer's |residual| exceeds RESIDUAL_FLAG of the largest |f(x) - f(baseline)| (and 1% of |f(x)|)."""
+    resid = np.abs(np.asarray(e.residual, dtype=np.float64)).ravel()
+    spread = np.abs(float(getattr(e, "f_full", 0.0)) - np.asarray(getattr(e, "f_baseline", np.zeros_like(resid)),
+                                                                    dtype=np.float64).ravel())
+    limit = max(RESIDUAL_FLAG * float(spread.max(initial=0.0)), 0.01 * abs(float(getattr(e, "f_full", 0.0))), 1e-12)
+    return bool(resid.size and np.any(resid > limit))
+
+
+def row_of(e, labels: Sequence[str]) -> dict:
+    """One example's row by column name: index, text, gold, prediction, probability, max
+    |residual|, tokens, flags; a generation's also prompt, generated (its words), steps, foil
+    and max |step residual| (the largest of a step and layer), flagged by its steps."""
     from .data import header_of
 
     h = header_of(e, labels)
     resid = np.abs(np.asarray(e.residual, dtype=np.float64)).ravel()
-    spread = np.abs(float(getattr(e, "f_full", 0.0)) - np.asarray(getattr(e, "f_baseline", np.zeros_like(resid)),
-                                                                    dtype=np.float64).ravel())
+    steps = getattr(e, "steps", None)
     flags = []
-    if h.get("correct") is False:
+    if h.get("correct") is False and not steps:
         flags.append("wrong")
-    limit = max(RESIDUAL_FLAG * float(spread.max(initial=0.0)), 0.01 * abs(float(getattr(e, "f_full", 0.0))), 1e-12)
-    if resid.size and np.any(resid > limit):
+    if _large_residual(e) if not steps else any(_large_residual(st) for st in steps):
         flags.append("residual")
     if h.get("truncated"):
         flags.append("truncated")
-    if h.get("unconverged"):
+    if h.get("unconverged") if not steps else any(st.unconverged_layers for st in steps):
         flags.append("unconverged")
     prob = h.get("probability")
-    return [int(e.index), _text(e), h.get("gold"), h["prediction"], None if prob is None else round(prob, 4),
-            float(f"{resid.max():.3g}") if resid.size else None, len(e.tokens), flags]
+    row = {"index": int(e.index), "text": _text(e), "gold": h.get("gold"), "prediction": h["prediction"],
+           "probability": None if prob is None else round(prob, 4),
+           "max |residual|": float(f"{resid.max():.3g}") if resid.size else None, "tokens": len(e.tokens),
+           "flags": flags, "prompt": _text(e), "generated": h["prediction"], "steps": None, "foil": None,
+           "max |step residual|": None}
+    if steps:
+        from .steps import facts
+
+        f = facts(e)
+        row.update({"generated": f["generated"], "steps": f["steps"], "foil": f["foil"],
+                    "max |step residual|": None if f["max_residual"] is None else float(f"{f['max_residual']:.3g}")})
+    return row
 
 
 def _provenance(store) -> dict:
@@ -153,6 +177,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
         raise OptionError(f"{store.path} has no attention family '{family}'; it has: {', '.join(fams)}")
     prov = store.provenance
     rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0, "unconverged": 0}
+    generations: dict = {}  # what a store of generations says once: the target per step, the steps
     labels: list = []
     tmp = temp_dir_for(out) if folder else None
     inline: list[str] = []
@@ -165,9 +190,17 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
             spec.num_layers = loaded.num_layers
             row = row_of(e, labels)
             rows.append(row)
-            for f in row[-1]:
+            for f in row["flags"]:
                 flagged[f] += 1
-            data = view_data(e, labels, spec, loaded.token_importance, per_head=False, digits=EXAMPLE_DIGITS)
+            if getattr(e, "steps", None):  # a generation: its text, step x source matrix and steps, as HTML
+                from .steps import facts, step_still
+
+                data = {"steps_html": step_still(e, details=True)}
+                generations.setdefault("target", facts(e)["target"])
+                generations["steps"] = generations.get("steps", 0) + len(e.steps)
+                generations["examples"] = generations.get("examples", 0) + 1
+            else:
+                data = view_data(e, labels, spec, loaded.token_importance, per_head=False, digits=EXAMPLE_DIGITS)
             text = script_json(data)
             if tmp is not None:
                 (tmp / "examples" / f"{i:08d}.js").write_text(f"AttattrReport.example({i},{text});\n", encoding="utf-8")
@@ -175,9 +208,12 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                 inline.append(f'<script type="application/json" id="aa-ex-{i}">{text}</script>')
             if progress:
                 progress(k + 1, len(indices), f"example {i}")
+        columns = COLUMNS
+        if generations:
+            columns = [c for c in GENERATION_COLUMNS if c != "foil" or any(r["foil"] is not None for r in rows)]
         data = {"title": Path(store.path).name, "provenance": _provenance(store), "labels": labels,
-                "columns": ["index", "text", "gold", "prediction", "probability", "max |residual|", "tokens", "flags"],
-                "rows": rows, "mode": "folder" if folder else "inline", "family": family or (fams[0] if fams else "self"),
+                "columns": columns, "rows": [[r[c] for c in columns] for r in rows],
+                "generations": generations or None, "mode": "folder" if folder else "inline", "family": family or (fams[0] if fams else "self"),
                 "families": fams, "importance": imp, "flagged": flagged, "residual_flag": RESIDUAL_FLAG}
         title = f"attattr report: {Path(store.path).name}"
         if tmp is not None:

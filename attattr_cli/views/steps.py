@@ -33,21 +33,61 @@ class StepView:
     header: list[str] = field(default_factory=list)
 
 
-def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
-    matrix, rows, cols, f_rows, by_layer = step_source(example, words=words)
-    lm = example.meta.get("lm", {})
-    prompt_n = len(example.tokens) - len(example.steps) + 1
-    prompt = word_text(list(example.tokens[:prompt_n]))
-    generated = word_text([st.meta["step"]["target_token"] for st in example.steps])
+def facts(example) -> dict:
+    """What every display of a generation says of it (the view's header, the report's row, the
+    notebook): the prompt and generated text (words), the generated tokens, the target per step,
+    the foil, how the steps came (generated, sampled, given), the largest |completeness
+    residual| of a step and layer and the step-layers whose integral did not converge."""
+    lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
+    steps = list(example.steps)
+    prompt_n = len(example.tokens) - len(steps) + 1
+    tokens = [str(st.meta["step"]["target_token"]) for st in steps]
     what = {"prob": "p", "logprob": "log p", "logit": "logit"}.get(lm.get("output", "prob"), "F")
     foil = lm.get("foil_token")
-    target = f"{what}(token){' - ' + what + '(' + word_text([foil]) + ')' if foil else ''}"
-    resid = max(float(np.abs(st.residual).max()) for st in example.steps)
-    bad = [(t, layer, why) for t, st in enumerate(example.steps) for layer, why in st.unconverged_layers.items()]
-    header = [f"example {example.index} · {len(example.steps)} steps"
-              f" ({'generated' if lm.get('generated') else 'given'}{', sampled' if lm.get('sampled') else ''})"
-              f" · target per step: {target} given everything before it",
-              f"prompt: {prompt[:120]}", f"generated: {generated[:120]}",
+    foil_text = None if foil is None else word_text([str(foil)])
+    resid = [float(np.abs(np.asarray(st.residual, np.float64)).max()) for st in steps if np.size(st.residual)]
+    return {"prompt": word_text(list(example.tokens[:prompt_n])), "generated": word_text(tokens), "tokens": tokens,
+            "steps": len(steps), "foil": foil_text,
+            "target": f"{what}(token)" + (f" - {what}({foil_text})" if foil is not None else ""),
+            "how": ("generated" if lm.get("generated") else "given") + (", sampled" if lm.get("sampled") else ""),
+            "max_residual": max(resid) if resid else None,
+            "unconverged": [(t, layer, why) for t, st in enumerate(steps) for layer, why in st.unconverged_layers.items()]}
+
+
+STEP_COLUMNS = ["example", "step", "position", "token", "target_value", "probability", "foil", "foil_probability",
+                "max_abs_residual", "converged", "unconverged_layers"]
+
+
+def step_rows(example) -> list[dict]:
+    """One row per step of a generation: the step, the position it was scored at, the token,
+    the target value F (what was attributed: p, log p or logit of the token, minus the foil's
+    with a foil), the token's probability, the foil and its probability (None without one),
+    the step's largest |completeness residual| over layers, whether every layer converged and
+    which did not (``"L0 (why), ..."``)."""
+    lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
+    foil = lm.get("foil_token")
+    foil_probs = list(lm.get("foil_probs") or [])
+    rows = []
+    for t, st in enumerate(example.steps):
+        s = st.meta["step"]
+        resid = np.abs(np.asarray(st.residual, np.float64))
+        bad = st.unconverged_layers
+        rows.append({"example": int(example.index), "step": t, "position": int(s["position"]),
+                     "token": str(s["target_token"]), "target_value": float(st.f_full), "probability": float(s["prob"]),
+                     "foil": None if foil is None else str(foil),
+                     "foil_probability": float(foil_probs[t]) if foil is not None and t < len(foil_probs) else None,
+                     "max_abs_residual": float(resid.max()) if resid.size else None, "converged": not bad,
+                     "unconverged_layers": ", ".join(f"L{layer} ({why})" for layer, why in bad.items())})
+    return rows
+
+
+def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
+    matrix, rows, cols, f_rows, by_layer = step_source(example, words=words)
+    f = facts(example)
+    resid, bad = f["max_residual"] or 0.0, f["unconverged"]
+    header = [f"example {example.index} · {f['steps']} steps ({f['how']})"
+              f" · target per step: {f['target']} given everything before it",
+              f"prompt: {f['prompt'][:120]}", f"generated: {f['generated'][:120]}",
               f"largest |completeness residual| of a step and layer: {resid:.2e}"
               + (f" · NOT CONVERGED at {len(bad)} step-layers" if bad else " · every step-layer converged")]
     return StepView([shown(r) for r in rows], [shown(c) for c in cols], matrix, f_rows, words,
@@ -136,3 +176,138 @@ def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
             "<h2>Steps</h2><table><tr><th>step</th><th>token</th><th>F</th>"
             "<th>max |residual|</th><th>converged</th><th></th></tr>" + rows + "</table></body></html>")
     return page.encode("utf-8"), view
+
+
+# -- the still picture: the notebook's display and the report's example, no script ----------------
+TIP_CELLS = 2000  # a matrix of more cells is drawn as still.py's heatmaps are (runs of a colour, no value on hover)
+LAYER_CELLS = 5000  # the per-layer matrices of a still picture, in all; more: a note names plot(per_layer=True)
+
+
+def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = True) -> str:
+    """A step x source matrix as an SVG (still.py's colours and sizes): one ``<rect>`` per cell
+    with its value in a ``<title>`` (the browser shows it on hover, no script), cells outside a
+    step's prefix in the masked colour, key labels on top, ``token (F)`` labels on the left.
+    Without ``tips``, or above ``TIP_CELLS`` cells, still.py's compact heatmap (one path per
+    colour step, no values on hover)."""
+    from .data import format_number
+    from .still import FONT, MASKED, _cut, _text_width, cell_colour, heatmap_svg
+
+    m = np.asarray(matrix, np.float64)
+    nr, nc = m.shape
+    finite = np.abs(m[np.isfinite(m)])
+    top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    if not tips or m.size > TIP_CELLS:
+        labels = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
+                  zip(rows, row_values if row_values is not None else rows)]
+        return heatmap_svg(np.nan_to_num(m), "attr", top, labels, [str(c) for c in cols], caption, np.isnan(m),
+                           cls="aa-step-matrix")
+    cell = max(10, min(22, 520 // max(nc, 1)))
+    fs = min(11, cell - 1)
+    full_rows = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
+                 zip(rows, row_values if row_values is not None else rows)]
+    rl, cl = [_cut(r) for r in full_rows], [_cut(str(c)) for c in cols]
+    left = int(max([_text_width(r, fs) for r in rl] + [0])) + 6
+    head = int(max([_text_width(c, fs) for c in cl] + [0])) + 6
+    ox, oy = left, 30 + head
+    width = int(max(ox + nc * cell + 2, _text_width(caption, 11) + 4, 240))
+    height = oy + nr * cell + 2
+    low = "−" + format_number(top)
+    bar = int(_text_width(low, 10)) + 4
+    e = html_mod.escape
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-step-matrix" data-kind="attr" '
+           f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
+           f'<text x="0" y="11" font-size="11" fill="#333">{e(caption)}</text>',
+           f'<text x="0" y="24" font-size="10" fill="#333">{e(low)}</text>']
+    for s in range(16):
+        v = (2 * s / 15 - 1) * top
+        out.append(f'<rect x="{bar + s * 8}" y="16" width="8" height="9" fill="{cell_colour("attr", v, top)}"/>')
+    out.append(f'<text x="{bar + 132}" y="24" font-size="10" fill="#333">{e(format_number(top))}</text>')
+    out.append(f'<g font-size="{fs}" fill="#222" transform="rotate(-90)">')
+    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{e(c)}</text>' for j, c in enumerate(cl))
+    out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
+    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{e(r)}</text>' for i, r in enumerate(rl))
+    out.append(f'</g><g shape-rendering="crispEdges">')
+    for i in range(nr):
+        for j in range(nc):
+            v = float(m[i, j])
+            fill = MASKED if not np.isfinite(v) else cell_colour("attr", v, top)
+            tip = f"{rows[i]} ← {cols[j]}: " + (format_number(v, signed=True) if np.isfinite(v) else "not in the step's prefix")
+            out.append(f'<rect x="{ox + j * cell}" y="{oy + i * cell}" width="{cell}" height="{cell}" fill="{fill}">'
+                       f"<title>{e(tip)}</title></rect>")
+    out.append("</g></svg>")
+    return "".join(out)
+
+
+def _matrices(example, view: StepView, by_layer, words: bool, per_layer: bool) -> str:
+    """The still picture's matrices: over words (or tokens), the other grouping behind a click
+    where it differs, and one per layer behind a click (up to ``LAYER_CELLS``; else a note)."""
+    def caption(kind):
+        return f"step x source, all layers: generated {kind} (rows, F) x the {kind} before them; token importance"
+
+    kind, okind = ("words", "tokens") if words else ("tokens", "words")
+    out = ['<div style="margin:8px 0">' + matrix_svg(view.rows, view.columns, view.matrix, caption(kind), view.f_rows)
+           + "</div>"]
+    other = step_view(example, not words)[0]
+    if other.rows != view.rows or other.columns != view.columns:
+        out.append(f"<details><summary>the same over {okind}</summary>"
+                   + matrix_svg(other.rows, other.columns, other.matrix, caption(okind), other.f_rows) + "</details>")
+    if per_layer and len(view.layers) > 1 and by_layer.size <= LAYER_CELLS:
+        out.append('<details><summary>per layer</summary><div style="display:flex;flex-wrap:wrap;gap:10px">'
+                   + "".join(matrix_svg(view.rows, view.columns, by_layer[k], f"layer {layer}", view.f_rows, tips=False)
+                             for k, layer in enumerate(view.layers)) + "</div></details>")
+    elif per_layer and len(view.layers) > 1:
+        out.append(f'<div style="margin:2px 0;color:#777;font-size:11px">per layer ({len(view.layers)} matrices):'
+                   " plot(per_layer=True), or attattr view --per-layer</div>")
+    return "".join(out)
+
+
+def step_still(example, words: bool = True, per_layer: bool = True, details: bool = True) -> str:
+    """A generation as HTML without script (inline styles and SVG only): what it is, the prompt
+    and the generated text, the step x source matrix (words by default; the other grouping and,
+    with ``per_layer``, one matrix per layer behind a click), and a table of the steps (token,
+    target value F, probability, foil, largest |residual|, convergence; with ``details`` each
+    step's strongest interactions behind a click). The notebook's display and the report's
+    view of a generation."""
+    from ..errors import OptionError
+    from .still import FONT
+
+    e = html_mod.escape
+    f = facts(example)
+    try:
+        view, by_layer = step_view(example, words)
+    except OptionError as exc:  # kept without maps or head sums (keep none): the text and the steps
+        view, by_layer, missing = None, None, str(exc)
+    parts = [f'<div class="aa-steps" style="font:13px/1.4 {FONT};color:#1d1d1d">',
+             f'<div style="font-size:15px;font-weight:600;margin:4px 0 6px">example {example.index} · generation of'
+             f' {f["steps"]} steps ({e(f["how"])})</div>',
+             f'<div style="margin:2px 0"><b>prompt:</b> <span style="color:#555">{e(f["prompt"])}</span></div>',
+             f'<div style="margin:2px 0" class="aa-generated"><b>generated:</b> <span style="font-weight:600">'
+             f'{e(f["generated"])}</span></div>',
+             f'<div style="margin:2px 0">target per step: {e(f["target"])} given everything before it'
+             + (f' · <b>foil</b> {e(f["foil"])}' if f["foil"] is not None else "") + "</div>"]
+    bad = f["unconverged"]
+    parts.append(f'<div style="margin:2px 0">largest |completeness residual| of a step and layer: '
+                 f'{f["max_residual"] or 0.0:.2e}'
+                 + (f'<span style="color:#b30000;font-weight:600"> · not converged at {len(bad)} step-layers</span>'
+                    if bad else " · every step-layer converged") + "</div>")
+    if view is None:
+        parts.append(f'<div style="margin:8px 0;color:#555">no step x source matrix: {e(missing)}</div>')
+    else:
+        parts.append(_matrices(example, view, by_layer, words, per_layer))
+    style = word_style(list(example.tokens))
+    td = 'style="padding:2px 8px;border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top"'
+    heads = ["step", "token", "F", "p(token)"] + (["p(foil)"] if f["foil"] is not None else []) + \
+        ["max |residual|", "converged", ""]
+    rows = []
+    for r, st in zip(step_rows(example), example.steps):
+        cells = [r["step"], shown(word_text([r["token"]])), f"{r['target_value']:.4g}", f"{r['probability']:.3g}"]
+        if f["foil"] is not None:
+            cells.append("" if r["foil_probability"] is None else f"{r['foil_probability']:.3g}")
+        cells += ["n/a" if r["max_abs_residual"] is None else f"{r['max_abs_residual']:.2e}",
+                  "yes" if r["converged"] else f"NO: {r['unconverged_layers']}"]
+        rows.append("<tr>" + "".join(f"<td {td}>{e(str(c))}</td>" for c in cells)
+                    + f"<td {td}>{_step_details(r['step'], st, style) if details else ''}</td></tr>")
+    parts.append('<table class="aa-step-table" style="border-collapse:collapse;font-size:12px;margin:6px 0">'
+                 "<tr>" + "".join(f"<th {td}>{e(h)}</th>" for h in heads) + "</tr>" + "".join(rows) + "</table>")
+    parts.append("</div>")
+    return "".join(parts)

@@ -93,7 +93,7 @@ def _text_width(s: str, size: float) -> float:
 
 # -- one heatmap ---------------------------------------------------------------------------------
 def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None) -> str:
+                caption: str, masked=None, cls: str = "aa-still-map") -> str:
     """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
     (vertical), query labels on the left, one ``<path>`` per colour step (runs of equal cells
     merged), drawn at view.js's cell size."""
@@ -120,7 +120,7 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
             j += run
     low = ("−" + format_number(top)) if kind == "attr" else "0"
     bar = int(_text_width(low, 10)) + 4
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-still-map" data-kind="{kind}" width="{width}" '
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" data-kind="{kind}" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
            f'<text x="0" y="11" font-size="11" fill="#333">{html.escape(caption)}</text>',
            f'<text x="0" y="24" font-size="10" fill="#333">{html.escape(low)}</text>']
@@ -228,6 +228,25 @@ def importance_svg(table: dict) -> str:
     return "".join(out)
 
 
+def generations_line(g: dict) -> str:
+    """The report's line on a store of generations (report.js writes the same)."""
+    return (f"{g['examples']} generations scored step by step, {g['steps']} steps in all; target per step:"
+            f" {g['target']} given everything before it; max |step residual|: the largest of a step and layer")
+
+
+def report_cell(column: str, v) -> str:
+    """A report table cell as text, by its column (report.js's cell() writes the same)."""
+    if v is None:
+        return ""
+    if column == "flags":
+        return " ".join(v)
+    if column == "probability":
+        return f"{v:.3f}"
+    if column.startswith("max |"):
+        return format_number(v)
+    return str(v)
+
+
 def report_still(data: dict, rows_shown: int = 50) -> str:
     """The report page before its script: title, summary, head importance grids and the first
     ``rows_shown`` rows of the table (the script pages, sorts and filters them all)."""
@@ -238,6 +257,8 @@ def report_still(data: dict, rows_shown: int = 50) -> str:
            _div(e(f"{len(data['rows'])} examples · family {data['family']} · flagged: {f.get('wrong', 0)} wrong, "
                   f"{f.get('residual', 0)} with a large residual, {f.get('truncated', 0)} truncated, "
                   f"{f.get('unconverged', 0)} not converged"))]
+    if data.get("generations"):
+        out.append(_div(e(generations_line(data["generations"]))))
     if data.get("importance"):
         out.append(_div(e(f"head importance ({data['importance']['file']}; rows layers, columns heads; darker = more"
                           " important)")))
@@ -247,8 +268,7 @@ def report_still(data: dict, rows_shown: int = 50) -> str:
     out.append('<table style="border-collapse:collapse;font-size:12px;margin-top:8px"><tr>'
                + "".join(f'<th style="{cell};background:#f0f2f5">{e(c)}</th>' for c in data["columns"]) + "</tr>")
     for r in data["rows"][:rows_shown]:
-        vals = [r[0], r[1], "" if r[2] is None else r[2], r[3], "" if r[4] is None else f"{r[4]:.3f}",
-                "" if r[5] is None else format_number(r[5]), r[6], " ".join(r[7])]
+        vals = [report_cell(c, v) for c, v in zip(data["columns"], r)]
         out.append("<tr>" + "".join(f'<td style="{cell}">{e(str(v))}</td>' for v in vals) + "</tr>")
     out.append("</table>")
     more = len(data["rows"]) - rows_shown

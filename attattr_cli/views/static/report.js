@@ -25,6 +25,9 @@
       " wrong, " + (f.residual || 0) + " with a |residual| above " + (100 * data.residual_flag) + "% of the largest |f(x) − f(baseline)| (and 1% of f(x)), " +
       (f.truncated || 0) + " truncated, " + (f.unconverged || 0) + " with a layer whose integral is not converged";
     host.appendChild(summary);
+    var g = data.generations;
+    if (g) host.appendChild(el("div", "aa-meta", g.examples + " generations scored step by step, " + g.steps +
+      " steps in all; target per step: " + g.target + " given everything before it; max |step residual|: the largest of a step and layer"));
 
     var prov = el("details"); prov.appendChild(el("summary", null, "provenance"));
     var pt = el("table", "aa-prov");
@@ -37,7 +40,9 @@
     var bar = el("div", "aa-bar-row");
     var search = el("input"); search.type = "search"; search.placeholder = "filter: text, label, index"; search.className = "aa-filter";
     var flag = el("select", "aa-flag-filter");
-    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"], ["unconverged", "not converged"]].forEach(function (o) {
+    [["", "all examples"], ["wrong", "wrong predictions"], ["residual", "large residual"], ["truncated", "truncated"], ["unconverged", "not converged"]].filter(function (o) {
+      return !(g && o[0] === "wrong");  /* a generation has no wrong prediction */
+    }).forEach(function (o) {
       var op = el("option", null, o[1]); op.value = o[0]; flag.appendChild(op);
     });
     var prev = el("button", "aa-prev", "‹ previous"), next = el("button", "aa-next", "next ›");
@@ -67,6 +72,15 @@
     prev.onclick = function () { if (state.page > 0) { state.page--; draw(); } };
     next.onclick = function () { if ((state.page + 1) * PAGE < state.rows.length) { state.page++; draw(); } };
 
+    var FLAGS = data.columns.indexOf("flags");
+    var TEXTS = ["index", "text", "gold", "prediction", "prompt", "generated", "foil"].map(function (c) {
+      return data.columns.indexOf(c); }).filter(function (i) { return i >= 0; });
+    function cell(c, v) {  /* a cell's text by its column (still.py's report_cell writes the same) */
+      if (v === null || v === undefined) return "";
+      if (c === "probability") return v.toFixed(3);
+      if (c.indexOf("max |") === 0) return AttattrView.fmt(v);
+      return String(v);
+    }
     function cmp(a, b) {
       var x = a[state.sort], y = b[state.sort];
       if (Array.isArray(x)) { x = x.length; y = y.length; }
@@ -78,9 +92,9 @@
     function update() {
       var q = state.filter, fl = state.flag;
       state.rows = data.rows.filter(function (r) {
-        if (fl && r[7].indexOf(fl) < 0) return false;
+        if (fl && r[FLAGS].indexOf(fl) < 0) return false;
         if (!q) return true;
-        return (String(r[0]) + " " + r[1] + " " + r[2] + " " + r[3]).toLowerCase().indexOf(q) >= 0;
+        return TEXTS.map(function (i) { return r[i] === null ? "" : String(r[i]); }).join(" ").toLowerCase().indexOf(q) >= 0;
       });
       state.rows.sort(cmp);
       draw();
@@ -91,16 +105,17 @@
       for (var k = lo; k < hi; k++) {
         var r = state.rows[k], tr = el("tr", "aa-row");
         tr.setAttribute("data-index", r[0]);
-        tr.appendChild(el("td", null, r[0]));
-        var t = el("td", "aa-text", r[1]); t.title = r[1]; tr.appendChild(t);
-        tr.appendChild(el("td", null, r[2] === null ? "" : r[2]));
-        tr.appendChild(el("td", null, r[3]));
-        tr.appendChild(el("td", null, r[4] === null ? "" : r[4].toFixed(3)));
-        tr.appendChild(el("td", null, r[5] === null ? "" : AttattrView.fmt(r[5])));
-        tr.appendChild(el("td", null, r[6]));
-        var fc = el("td");
-        r[7].forEach(function (x) { fc.appendChild(el("span", "aa-flag", x)); });
-        tr.appendChild(fc);
+        data.columns.forEach(function (c, i) {
+          if (c === "flags") {
+            var fc = el("td");
+            r[i].forEach(function (x) { fc.appendChild(el("span", "aa-flag", x)); });
+            tr.appendChild(fc);
+          } else if (c === "text" || c === "prompt" || c === "generated") {
+            var t = el("td", "aa-text", cell(c, r[i])); t.title = cell(c, r[i]); tr.appendChild(t);
+          } else {
+            tr.appendChild(el("td", null, cell(c, r[i])));
+          }
+        });
         tr.onclick = (function (i) { return function () { open(i); }; })(r[0]);
         tbody.appendChild(tr);
       }
@@ -124,7 +139,13 @@
       document.head.appendChild(s);
       s.onload = function () { s.parentNode.removeChild(s); };
     }
-    function show(i, d) { AttattrView.render(target, d); target.setAttribute("data-shown", i); }
+    function show(i, d) {
+      /* a generation comes as its still HTML (views/steps.py step_still, escaped by Python): the
+         step x source matrix with a value on every cell's hover, the steps, each step's strongest
+         interactions a click away */
+      if (d.steps_html !== undefined) target.innerHTML = d.steps_html; else AttattrView.render(target, d);
+      target.setAttribute("data-shown", i);
+    }
     update();
     root.AttattrReport.open = open;
   }
