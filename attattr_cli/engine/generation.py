@@ -243,12 +243,55 @@ class StepScorer:
             return rows, own_position_only(sc.model, rows.slot, kept)
 
         saved: dict = {}
+        every = StepTargets(torch.arange(count, device=sc.device), self.targets.token, self.targets.foil)
+
+        def values(logits):  # F of every step on every row: [rows, steps]
+            k = logits.shape[0]
+            return torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(count)],
+                               dim=1)
+
+        def evaluate(owner, keys, alphas, row_layer):
+            """The round's (layer, step, node) pairs: where the steps want (nearly) the same nodes
+            of a layer, one row per (layer, node) serves every step (sweep.shared_pass), else
+            one row per pair."""
+            pairs = list(zip(row_layer.tolist(), keys))
+            uniq = sorted(set(pairs))
+            if count < 2 or len(uniq) * count > SHARED_SLACK * len(pairs):
+                step = owner % count
+                ones_w = torch.ones(len(owner), dtype=self.acc, device=sc.device)
+                return sweep._run(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
+                                  torch.from_numpy(alphas), ones_w, saved, self.acc)
+            col = torch.tensor([uniq.index(p) for p in pairs])
+            step = (owner % count).long()
+            u_layer = torch.tensor([u[0] for u in uniq], dtype=torch.long)
+            u_alpha = torch.tensor([adaptive.alpha_of(u[1]) for u in uniq], dtype=torch.float64)
+            w = torch.zeros((count, len(uniq)), dtype=self.acc, device=sc.device)
+            w[step, col] = 1
+            g_out = f_out = None
+            size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(uniq))
+
+            def run(part):
+                return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
+                                         w[:, part], saved)
+
+            for part, (grads, f) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
+                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+                mine = torch.nonzero((col >= part.start) & (col < part.stop)).flatten()
+                for r in mine.tolist():
+                    t, c = int(step[r]), int(col[r]) - part.start
+                    if g_out is None:
+                        g_out = grads[t].new_zeros((len(pairs), *grads[t].shape[1:]), dtype=self.acc)
+                        f_out = torch.zeros(len(pairs), dtype=f.dtype)
+                    g_out[r] = grads[t][c]
+                    f_out[r] = f[c, t]
+            return g_out, f_out
+
         try:
             sweep.same_shapes(at_one, family, layers)
             ones = [at_one.get((family, layer)) for layer in layers]
             known = None if any(x is None for x in ones) else torch.cat(ones)
             refining = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets, saved,
-                                    self.acc)
+                                    self.acc, evaluate=evaluate)
         except attention.NotSweepable:
             sc._sweeps_work = False  # this model: one pass per target layer from now on
             return None

@@ -68,6 +68,33 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
     return g, f.detach()
 
 
+def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
+                weights: torch.Tensor, saved: dict):
+    """One sweep whose rows serve several targets at once (a generation's steps: the pass at
+    (layer, alpha) is the same forward for every step, only F differs): ``values(logits)`` ->
+    F [rows, targets]; ``weights`` [targets, rows] the rows each target wants. One forward,
+    then one backward per target with rows (without weight gradients a backward costs about
+    a forward). Returns ([per target: dF/dO of every row, or None], F [rows, targets])."""
+    plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
+    wanted = sorted(set(row_layer.tolist()))
+    with sc.sites.sweep_pass(family, clean, plan), torch.enable_grad():
+        f = values(sc._logits(enc, len(alphas)))
+        missing = [layer for layer in wanted if layer not in plan.leaves]
+        if missing:
+            raise attention.NotSweepable(f"layer {missing[0]}'s attention did not run through the sweep")
+        leaves = [plan.leaves[layer] for layer in wanted]
+        if len({tuple(x.shape[1:]) for x in leaves}) > 1:
+            raise attention.NotSweepable("layers of different attention shapes")
+        used = [t for t in range(weights.shape[0]) if bool(weights[t].any())]
+        grads: list = [None] * weights.shape[0]
+        for i, t in enumerate(used):
+            gs = torch.autograd.grad((f[:, t] * weights[t].to(f)).sum(), leaves, retain_graph=i < len(used) - 1)
+            grads[t] = torch.cat(gs)
+    for layer in wanted:
+        saved.setdefault(layer, plan.saved[layer])
+    return grads, f.detach()
+
+
 def same_shapes(at_one: dict, family: str, layers: list[int]) -> None:
     """NotSweepable where the layers' attention outputs differ in shape (heads or head width
     per layer): their node gradients cannot share one batch."""
@@ -150,14 +177,17 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
 
 
 def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
-           coarse: bool = True) -> adaptive.Refinement:
+           coarse: bool = True, evaluate=None) -> adaptive.Refinement:
     """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
     steps of a generation; one for an example), integral i = (layer i // per_layer, i %
     per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
     layer). ``known`` [layers x per_layer, ...] and ``known_f`` [per_layer]: the clean
     backward's alpha = 1, or None. ``targets(part, which)`` -> (target of those rows, a
     context for their pass), ``which`` the rows' index within their layer. The three-node
-    start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start)."""
+    start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start).
+    ``evaluate(owner, keys, alphas, row_layer)`` -> (unweighted dF/dO, F) of the wanted
+    pairs, where a caller shares more than rows (engine/generation.py); default: one row per
+    pair."""
     count = len(layers) * per_layer
     layer_ids = torch.tensor(layers, dtype=torch.long)
     a_v: dict = {}
@@ -195,9 +225,13 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
                                    coarse=coarse)
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
-        which = owner % per_layer
-        ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
-        g, f = _run(sc, enc, family, lambda part: targets(part, which[part]), clean, layer_ids[owner // per_layer],
-                    torch.from_numpy(alphas), ones_w, saved, acc)
+        row_layer = layer_ids[owner // per_layer]
+        if evaluate is not None:
+            g, f = evaluate(owner, keys, alphas, row_layer)
+        else:
+            which = owner % per_layer
+            ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
+            g, f = _run(sc, enc, family, lambda part: targets(part, which[part]), clean, row_layer,
+                        torch.from_numpy(alphas), ones_w, saved, acc)
         refining.give(owner, keys, g, f)
     return refining
