@@ -193,6 +193,11 @@ class _Row:
         self.leaves: list[_Leaf] = [_Leaf(ZERO, ONE, coarse)]
         self.evaluated = 0
 
+    def used(self) -> int:
+        """Nodes the leaves use (a caller may have given more: engine/generation.py hands every
+        step of a layer the nodes its shared passes computed for the others)."""
+        return len({k for leaf in self.leaves for k in leaf.rule()[0]})
+
     def missing(self) -> list[float]:
         keys = {k for leaf in self.leaves if leaf.q is None for k in leaf.rule()[0]}
         return sorted(k for k in keys if k not in self.g)
@@ -385,7 +390,7 @@ class Refinement:
             smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
             state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)
             return self._finish(i, total, error, residual, state, False)
-        room = self.max_nodes - len(row.g)
+        room = self.max_nodes - row.used()
         if room < 4:
             state = NON_SMOOTH if jumps else (CAP_HIT if error > tol else RESIDUAL)
             return self._finish(i, total, error, residual, state, True)
@@ -465,7 +470,7 @@ class Refinement:
                 keys, upper, _ = leaf.rule()
                 for k, w in zip(keys, upper):
                     weights[k] = weights.get(k, 0.0) + float(w)
-        self.out[i] = Integral(self.g[i], len(row.g), float(error), capped, row.evaluated,
+        self.out[i] = Integral(self.g[i], row.used(), float(error), capped, row.evaluated,
                                dict(row.f), state, float(residual), len(row.leaves), weights)
         self.active.remove(i)
         row.g = {}  # the node gradients are no longer needed

@@ -250,41 +250,50 @@ class StepScorer:
             return torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(count)],
                                dim=1)
 
-        def evaluate(owner, keys, alphas, row_layer):
-            """The round's (layer, step, node) pairs: where the steps want (nearly) the same nodes
-            of a layer, one row per (layer, node) serves every step (sweep.shared_pass), else
-            one row per pair."""
+        def evaluate(owner, keys, alphas, row_layer, active):
+            """The round's (layer, step, node) pairs. Where one row per (layer, node) serving every
+            step costs less than a row per pair (a forward for all, a backward per step, against
+            a forward and backward per pair), it does, and each active step of the layer gets
+            every node of those rows (its backward covers them all at no extra cost; a leaf uses
+            a node only if its rule has it, so this changes no number, and later rounds want
+            fewer). Else one row per pair."""
             pairs = list(zip(row_layer.tolist(), keys))
             uniq = sorted(set(pairs))
-            if count < 2 or len(uniq) * count > SHARED_SLACK * len(pairs):
+            if count < 2 or len(uniq) * (1 + count) >= 2 * len(pairs):
                 step = owner % count
                 ones_w = torch.ones(len(owner), dtype=self.acc, device=sc.device)
-                return sweep._run(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
+                g, f = sweep._run(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
                                   torch.from_numpy(alphas), ones_w, saved, self.acc)
-            col = torch.tensor([uniq.index(p) for p in pairs])
-            step = (owner % count).long()
+                return owner, keys, g, f
             u_layer = torch.tensor([u[0] for u in uniq], dtype=torch.long)
             u_alpha = torch.tensor([adaptive.alpha_of(u[1]) for u in uniq], dtype=torch.float64)
+            position = {layer: i for i, layer in enumerate(layers)}
+            # every active step of each row's layer takes the row (the steps' weights)
             w = torch.zeros((count, len(uniq)), dtype=self.acc, device=sc.device)
-            w[step, col] = 1
-            g_out = f_out = None
+            for c, (layer, _key) in enumerate(uniq):
+                for t in range(count):
+                    if position[layer] * count + t in active:
+                        w[t, c] = 1
             size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(uniq))
 
             def run(part):
                 return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
                                          w[:, part], saved)
 
+            own, ks, gs, fs = [], [], [], []
             for part, (grads, f) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
                 sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-                mine = torch.nonzero((col >= part.start) & (col < part.stop)).flatten()
-                for r in mine.tolist():
-                    t, c = int(step[r]), int(col[r]) - part.start
-                    if g_out is None:
-                        g_out = grads[t].new_zeros((len(pairs), *grads[t].shape[1:]), dtype=self.acc)
-                        f_out = torch.zeros(len(pairs), dtype=f.dtype)
-                    g_out[r] = grads[t][c]
-                    f_out[r] = f[c, t]
-            return g_out, f_out
+                for t in range(count):
+                    if grads[t] is None:
+                        continue
+                    cols = torch.nonzero(w[t, part] > 0).flatten()
+                    for c in cols.tolist():
+                        layer, key = uniq[part.start + c]
+                        own.append(position[layer] * count + t)
+                        ks.append(key)
+                    gs.append(grads[t].index_select(0, cols.to(grads[t].device)).to(self.acc))
+                    fs.append(f[cols.to(f.device), t])
+            return torch.tensor(own, dtype=torch.long), ks, torch.cat(gs), torch.cat(fs)
 
         try:
             sweep.same_shapes(at_one, family, layers)

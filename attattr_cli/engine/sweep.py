@@ -185,9 +185,9 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
     backward's alpha = 1, or None. ``targets(part, which)`` -> (target of those rows, a
     context for their pass), ``which`` the rows' index within their layer. The three-node
     start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start).
-    ``evaluate(owner, keys, alphas, row_layer)`` -> (unweighted dF/dO, F) of the wanted
-    pairs, where a caller shares more than rows (engine/generation.py); default: one row per
-    pair."""
+    ``evaluate(owner, keys, alphas, row_layer, active)`` -> (owner, keys, unweighted dF/dO,
+    F) of the wanted pairs and of any more it has at hand for integrals still ``active``,
+    where a caller shares more than rows (engine/generation.py); default: one row per pair."""
     count = len(layers) * per_layer
     layer_ids = torch.tensor(layers, dtype=torch.long)
     a_v: dict = {}
@@ -227,7 +227,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
         row_layer = layer_ids[owner // per_layer]
         if evaluate is not None:
-            g, f = evaluate(owner, keys, alphas, row_layer)
+            owner, keys, g, f = evaluate(owner, keys, alphas, row_layer, set(refining.active))
         else:
             which = owner % per_layer
             ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
