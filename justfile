@@ -100,6 +100,11 @@ gpu-bench: setup
 bench-generation: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_generation.py
 
+# Short prompts on a 30-layer Llama shape (random weights; SmolLM2 where ATTATTR_SMOLLM2 names its folder): one sweep
+# per refinement round against one pass per layer and round
+bench-sweep: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_sweep.py
+
 # Long-context decoder benchmark on CPU: attattr vs the 2021 procedure, Qwen2-style 6-layer decoder, n = 512
 bench-long: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_long_decoder.py --json bench-long.json
