@@ -91,3 +91,13 @@ def test_sweeps_converge_like_layers_under_the_completeness_axiom(tokenizer):
     for k in range(len(fam.layers)):  # sum Attr = F(A) - F(0), to the tolerance's scale
         effect = result.f_full - fam.f0[k] if hasattr(fam, "f0") else None
         assert abs(result.residual[k]) <= 1e-3 * max(abs(effect or 0.0), np.abs(fam.attribution[k]).max())
+
+
+def test_progress_tells_each_layer_once_as_it_is_done(tokenizer):
+    model, lm = build("llama", torch.float64)
+    loaded = prepare(model, tokenizer, "tiny", lm=lm)
+    for options in (dict(tol=0.05), dict(steps=4, rule="gauss")):
+        scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, **options))
+        ticks = []
+        result = scorer.score(Example(0, TEXT), on_layer=ticks.append)
+        assert sorted(ticks) == list(result.layers)

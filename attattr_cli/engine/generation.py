@@ -198,7 +198,7 @@ class StepScorer:
             integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             per_step_layers: list[list[dict]] = [[] for _ in range(count)]
             summed_layers = []
-            swept = self._swept(fam.name, clean, at_one, f_full)
+            swept = self._swept(fam.name, clean, at_one, f_full, on_layer)
             for site in sites:
                 g, f0, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full)
                 for t in range(count):
@@ -207,7 +207,7 @@ class StepScorer:
                                                                crop_saved(saved, n_t), convs[t]))
                 summed_layers.append(sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)),
                                                       float(f_full.sum()), keep, saved, _summed_conv(convs)))
-                if on_layer is not None:
+                if on_layer is not None and not swept:  # (a sweep tells as each layer is done)
                     on_layer(site[1])
                 del g
             fams = {fam.name: sc._family_score(fam, keep, record.keep, record.probs, summed_layers,
@@ -228,7 +228,7 @@ class StepScorer:
         return result
 
     # -- --tol by sweeps ---------------------------------------------------------------
-    def _swept(self, family, clean, at_one, f_full) -> dict | None:
+    def _swept(self, family, clean, at_one, f_full, on_layer=None) -> dict | None:
         """With ``--tol``, every (layer, step) integral refined in one Refinement, each round's
         nodes of every layer and step in one sweep (engine/sweep.py): site -> what
         :meth:`_integrate_to_tol` gives for it. None where sweeps are not used."""
@@ -300,7 +300,7 @@ class StepScorer:
             ones = [at_one.get((family, layer)) for layer in layers]
             known = None if any(x is None for x in ones) else torch.cat(ones)
             refining = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets, saved,
-                                    self.acc, evaluate=evaluate)
+                                    self.acc, evaluate=evaluate, on_layer=on_layer)
         except attention.NotSweepable:
             sc._sweeps_work = False  # this model: one pass per target layer from now on
             return None

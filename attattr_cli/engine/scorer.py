@@ -322,7 +322,8 @@ class Scorer(Integration, Assembly):
                 swept = None
                 if sweep.usable(self, enc, fam.name, layers):  # every layer's passes in one sweep per round
                     try:
-                        swept = sweep.integrate(self, enc, fam.name, layers, target, clean, at_one, f_full)
+                        swept = sweep.integrate(self, enc, fam.name, layers, target, clean, at_one, f_full,
+                                                on_layer)
                     except attention.NotSweepable:
                         # a model whose layers do not run as a sweep needs them (engine/sweep.py):
                         # one pass per target layer, for this model from now on
@@ -331,8 +332,6 @@ class Scorer(Integration, Assembly):
                     for layer, (g, f0, saved, conv) in zip(layers, swept):
                         self._saved = saved
                         per_layer.append(self._layer_result(g, f0, f_full, keep, saved, conv))
-                        if on_layer is not None:
-                            on_layer(layer)
                 for layer in (layers if swept is None else []):
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)

@@ -128,10 +128,12 @@ def _run(sc, enc, family, targets, clean, row_layer, alphas, weights, saved, acc
     return (torch.cat(gs) if gs else None), torch.cat(fs)
 
 
-def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: dict, f_full: float) -> list:
+def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: dict, f_full: float,
+              on_layer=None) -> list:
     """Every layer of ``family`` integrated by sweeps: per layer (G [1, ...], F(0), saved
     projections, (nodes, error estimate, cap hit[, state])), as the scorer's per-layer
-    ``_integrate`` gives them. Raises attention.NotSweepable where the model cannot sweep."""
+    ``_integrate`` gives them; ``on_layer(layer)`` as each layer's integral is done. Raises
+    attention.NotSweepable where the model cannot sweep."""
     acc = torch.float64 if sc.dtype == torch.float64 else torch.float32
     saved: dict = {}
     targets = _one_target(target)
@@ -140,7 +142,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         ones = [at_one.get((family, layer)) for layer in layers]
         known = None if any(x is None for x in ones) else torch.cat(ones)
         refining = refine(sc, enc, family, layers, 1, clean, known, np.array([f_full], dtype=np.float64),
-                          lambda part, steps: targets(part), saved, acc)
+                          lambda part, steps: targets(part), saved, acc, on_layer=on_layer)
         out = []
         for i, layer in enumerate(layers):
             r = refining.result(i)
@@ -170,6 +172,8 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         f0 = [float(x) for x in f]
     out = []
     for i, layer in enumerate(layers):
+        if on_layer is not None:
+            on_layer(layer)
         g_i = total[i:i + 1]
         g_low = None if low is None else low[i:i + 1]
         out.append((g_i, f0[i], saved[layer], (len(sc.alphas), sc.embedded_error(g_i, g_low, saved[layer]), False)))
@@ -177,7 +181,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
 
 
 def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
-           coarse: bool = True, evaluate=None) -> adaptive.Refinement:
+           coarse: bool = True, evaluate=None, on_layer=None) -> adaptive.Refinement:
     """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
     steps of a generation; one for an example), integral i = (layer i // per_layer, i %
     per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
@@ -187,7 +191,8 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
     start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start).
     ``evaluate(owner, keys, alphas, row_layer, active)`` -> (owner, keys, unweighted dF/dO,
     F) of the wanted pairs and of any more it has at hand for integrals still ``active``,
-    where a caller shares more than rows (engine/generation.py); default: one row per pair."""
+    where a caller shares more than rows (engine/generation.py); default: one row per pair.
+    ``on_layer(layer)`` once all of a layer's integrals are done (progress)."""
     count = len(layers) * per_layer
     layer_ids = torch.tensor(layers, dtype=torch.long)
     a_v: dict = {}
@@ -223,6 +228,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
     refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
                                    coarse=coarse)
+    reported: set = set()
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
         row_layer = layer_ids[owner // per_layer]
@@ -234,4 +240,10 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
             g, f = _run(sc, enc, family, lambda part: targets(part, which[part]), clean, row_layer,
                         torch.from_numpy(alphas), ones_w, saved, acc)
         refining.give(owner, keys, g, f)
+        if on_layer is not None:
+            active = {i // per_layer for i in refining.active}
+            for i in range(len(layers)):
+                if i not in active and i not in reported:
+                    reported.add(i)
+                    on_layer(layers[i])
     return refining
