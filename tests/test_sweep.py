@@ -101,3 +101,23 @@ def test_progress_tells_each_layer_once_as_it_is_done(tokenizer):
         ticks = []
         result = scorer.score(Example(0, TEXT), on_layer=ticks.append)
         assert sorted(ticks) == list(result.layers)
+
+
+@pytest.mark.parametrize("options", [dict(steps=5, rule="gauss"), dict(steps=4, rule="right"), dict(tol=0.05)],
+                         ids=["gauss", "right", "tol"])
+def test_a_generation_by_sweeps_gives_the_per_layer_numbers(options, tokenizer):
+    from conftest import build_model
+
+    loaded = prepare(build_model("llama", dtype=torch.float64, lm=True), tokenizer, "tiny", lm=True)
+    got = {}
+    for swept in (True, False):
+        scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=True, generate=3, group=1, **options))
+        scorer.sweep = swept
+        got[swept] = scorer.score(Example(0, "w1 w2 w3 w4"))
+    assert len(got[True].steps) == len(got[False].steps) == 3
+    for a, b in zip(got[True].steps, got[False].steps):
+        for k in range(len(a.family.layers)):
+            x, y = a.family.attribution[k], b.family.attribution[k]
+            assert np.abs(x - y).max() <= 1e-9 * np.abs(y).max()
+        assert np.array_equal(a.family.nodes, b.family.nodes) and np.array_equal(a.family.status, b.family.status)
+    _same(got[True], got[False])

@@ -229,13 +229,29 @@ class StepScorer:
 
     # -- --tol by sweeps ---------------------------------------------------------------
     def _swept(self, family, clean, at_one, f_full, on_layer=None) -> dict | None:
-        """With ``--tol``, every (layer, step) integral refined in one Refinement, each round's
-        nodes of every layer and step in one sweep (engine/sweep.py): site -> what
-        :meth:`_integrate_to_tol` gives for it. None where sweeps are not used."""
+        """Every layer's passes in sweeps (engine/sweep.py): with ``--tol`` every (layer, step)
+        integral refined in one Refinement, each round's nodes of every layer and step in one
+        sweep; a fixed rule in one sweep of a row per (layer, node) serving every step. Site ->
+        what :meth:`_integrate_to_tol` / :meth:`_integrate` give for it; None where sweeps are
+        not used."""
         sc, count = self.sc, self.count
         layers = sc.layers_of[family]
-        if sc.options.tol is None or not sweep.usable(sc, self.enc, family, layers):
+        if not sweep.usable(sc, self.enc, family, layers):
             return None
+        every = StepTargets(torch.arange(count, device=sc.device), self.targets.token, self.targets.foil)
+
+        def values(logits):  # F of every step on every row: [rows, steps]
+            k = logits.shape[0]
+            return torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(count)],
+                               dim=1)
+
+        if sc.options.tol is None:
+            try:
+                sweep.same_shapes(at_one, family, layers)
+                return self._swept_fixed(family, layers, clean, at_one, values, on_layer)
+            except attention.NotSweepable:
+                sc._sweeps_work = False  # this model: one pass per target layer from now on
+                return None
         kept = count if sc._takes_logits_to_keep else 0
 
         def targets(_part, steps):
@@ -243,12 +259,6 @@ class StepScorer:
             return rows, own_position_only(sc.model, rows.slot, kept)
 
         saved: dict = {}
-        every = StepTargets(torch.arange(count, device=sc.device), self.targets.token, self.targets.foil)
-
-        def values(logits):  # F of every step on every row: [rows, steps]
-            k = logits.shape[0]
-            return torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(count)],
-                               dim=1)
 
         def evaluate(owner, keys, alphas, row_layer, active):
             """The round's (layer, step, node) pairs. Where one row per (layer, node) serving every
@@ -309,6 +319,63 @@ class StepScorer:
             results = [refining.result(i * count + t) for t in range(count)]
             out[(family, layer)] = (refining.g[i * count:(i + 1) * count], [r.f[adaptive.ZERO] for r in results],
                                     [(r.nodes, r.error, r.capped, r.status) for r in results], saved[layer])
+        return out
+
+    def _swept_fixed(self, family, layers, clean, at_one, values, on_layer) -> dict:
+        """A fixed rule by sweeps: one row per (layer, node) serves every step (the pass at
+        (layer, alpha) is the same forward for each; one backward per step), in chunks that
+        fit memory; F(0) of every layer and step from one sweep without a backward where the
+        rule lacks alpha = 0."""
+        sc, count, acc = self.sc, self.count, self.acc
+        ones = [at_one.get((family, layer)) for layer in layers]
+        known = None if any(x is None for x in ones) else torch.cat(ones)  # [layers x steps, ...]
+        alphas, weights, ratio, total, low = sc.fixed_nodes(known, acc)
+        m, n_layers = len(alphas), len(layers)
+        layer_ids = torch.tensor(layers, dtype=torch.long)
+        saved: dict = {}
+        f0 = np.full((n_layers, count), np.nan)
+
+        def sweep_rows(row_layer, row_alpha, row_w):
+            size = sc.auto_step_batch(self.enc, (family, int(row_layer.min())), len(row_alpha))
+            run = lambda part: sweep.shared_pass(sc, self.enc, family, values, clean, row_layer[part],  # noqa: E731
+                                                 row_alpha[part], row_w[:, part], saved)
+            for part, out in sc._back_off.chunks(len(row_alpha), size, run, sc.warn):
+                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+                yield part, out
+
+        if m:
+            of_row = torch.arange(n_layers).repeat_interleave(m)  # layer position of each row
+            node = torch.arange(m).repeat(n_layers)
+            row_alpha = alphas.repeat(n_layers)
+            row_w = weights.to(sc.device, acc)[node].expand(count, -1)
+            for part, (grads, f) in sweep_rows(layer_ids[of_row], row_alpha, row_w):
+                own = of_row[part]
+                for t in range(count):
+                    g = grads[t].to(acc)
+                    idx = (own * count + t).to(g.device)
+                    total = (g.new_zeros((n_layers * count, *g.shape[1:])) if total is None else total).index_add(0, idx, g)
+                    if ratio is not None:
+                        r = ratio.to(g.device, acc)[node[part]].view(-1, *[1] * (g.dim() - 1))
+                        low = (torch.zeros_like(total) if low is None else low).index_add(0, idx, g * r)
+                for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
+                    f0[int(own[r])] = f[r].double().cpu().numpy()
+        if not bool((alphas == 0).any()):  # F(0): one forward per layer for every step, no backward
+            no_w = torch.zeros((count, n_layers), dtype=acc, device=sc.device)
+            for part, (_grads, f) in sweep_rows(layer_ids, torch.zeros(n_layers, dtype=torch.float64), no_w):
+                f0[part] = f.double().cpu().numpy()
+        out = {}
+        for i, layer in enumerate(layers):
+            g = total[i * count:(i + 1) * count]
+            g_low = None if low is None else low[i * count:(i + 1) * count]
+            convs = []
+            for t in range(count):
+                n_t = self.positions[t] + 1
+                err = sc.embedded_error(g[t:t + 1, :, :n_t], None if g_low is None else g_low[t:t + 1, :, :n_t],
+                                        crop_saved(saved[layer], n_t))
+                convs.append((len(sc.alphas), err, False))
+            out[(family, layer)] = (g, [float(x) for x in f0[i]], convs, saved[layer])
+            if on_layer is not None:
+                on_layer(layer)
         return out
 
     # -- fixed rules -----------------------------------------------------------------
