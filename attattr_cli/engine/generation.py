@@ -240,15 +240,27 @@ class StepScorer:
             return None
         every = StepTargets(torch.arange(count, device=sc.device), self.targets.token, self.targets.foil)
 
+        box: dict = {}  # "parts": each position's own logits, where head_per_position gives them
+
         def values(logits):  # F of every step on every row: [rows, steps]
             k = logits.shape[0]
-            return torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(count)],
-                               dim=1)
+            parts = box.get("parts") or []
+            own = parts if len(parts) == count else [logits[:, t:t + 1] for t in range(count)]
+            return torch.stack([every.rows(torch.full((k,), t)).value(sc, own[t]) for t in range(count)], dim=1)
+
+        @contextlib.contextmanager
+        def per_position():
+            with head_per_position(sc.model, count if sc._takes_logits_to_keep else 0) as parts:
+                box["parts"] = parts
+                try:
+                    yield
+                finally:
+                    box.clear()
 
         if sc.options.tol is None:
             try:
                 sweep.same_shapes(at_one, family, layers)
-                return self._swept_fixed(family, layers, clean, at_one, values, on_layer)
+                return self._swept_fixed(family, layers, clean, at_one, values, per_position, on_layer)
             except attention.NotSweepable:
                 sc._sweeps_work = False  # this model: one pass per target layer from now on
                 return None
@@ -287,8 +299,9 @@ class StepScorer:
             size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(uniq))
 
             def run(part):
-                return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
-                                         w[:, part], saved)
+                with per_position():
+                    return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
+                                             w[:, part], saved)
 
             own, ks, gs, fs = [], [], [], []
             for part, (grads, f) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
@@ -321,7 +334,7 @@ class StepScorer:
                                     [(r.nodes, r.error, r.capped, r.status) for r in results], saved[layer])
         return out
 
-    def _swept_fixed(self, family, layers, clean, at_one, values, on_layer) -> dict:
+    def _swept_fixed(self, family, layers, clean, at_one, values, per_position, on_layer) -> dict:
         """A fixed rule by sweeps: one row per (layer, node) serves every step (the pass at
         (layer, alpha) is the same forward for each; one backward per step), in chunks that
         fit memory; F(0) of every layer and step from one sweep without a backward where the
@@ -337,8 +350,11 @@ class StepScorer:
 
         def sweep_rows(row_layer, row_alpha, row_w):
             size = sc.auto_step_batch(self.enc, (family, int(row_layer.min())), len(row_alpha))
-            run = lambda part: sweep.shared_pass(sc, self.enc, family, values, clean, row_layer[part],  # noqa: E731
-                                                 row_alpha[part], row_w[:, part], saved)
+            def run(part):
+                with per_position():
+                    return sweep.shared_pass(sc, self.enc, family, values, clean, row_layer[part], row_alpha[part],
+                                             row_w[:, part], saved)
+
             for part, out in sc._back_off.chunks(len(row_alpha), size, run, sc.warn):
                 sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
                 yield part, out
@@ -529,6 +545,39 @@ class StepScorer:
             box["saved"] = self._f_at_zero(site, clean)[1]
         return (refining.g, [r.f[adaptive.ZERO] for r in results],
                 [(r.nodes, r.error, r.capped, r.status) for r in results], box["saved"])
+
+
+@contextlib.contextmanager
+def head_per_position(model, kept: int):
+    """Inside, the LM head runs each of the ``kept`` positions as its own product and yields
+    the list of their logits ([rows, 1, vocab] each; empty where the head is not the output
+    embeddings' module or its input has another shape). The model's logits are the same
+    numbers; an F read from position i's own logits has a backward through that position's
+    product only (one step of a shared row, sweep.shared_pass), not through the head for every
+    position (the head is the largest matrix of a small LM: SmolLM2's 576 x 49152)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    parts: list = []
+    if head is None or kept < 2:
+        yield parts
+        return
+    original = head.forward
+
+    def forward(h, *args, **kwargs):
+        if not torch.is_tensor(h) or h.dim() != 3 or h.shape[1] != kept:
+            return original(h, *args, **kwargs)
+        parts[:] = [original(h[:, i:i + 1].contiguous(), *args, **kwargs) for i in range(kept)]
+        with torch.no_grad():  # what the model returns; F reads ``parts``
+            return torch.cat(parts, 1)
+
+    had = head.__dict__.get("forward")
+    head.forward = forward
+    try:
+        yield parts
+    finally:
+        if had is None:
+            del head.forward
+        else:
+            head.forward = had
 
 
 @contextlib.contextmanager
