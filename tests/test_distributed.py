@@ -213,31 +213,44 @@ def test_merge_checks_options_completeness_ranks_and_overlap(tmp_path, tiny_mode
 # -- out-of-memory back-off ----------------------------------------------------------------
 
 def _fake_oom(monkeypatch, fits: int, sizes: list):
-    real = Scorer._step_chunk
+    from attattr_cli.engine import sweep
 
-    def step_chunk(self, *args):  # (enc, site, target, clean, alphas, weights)
-        a = args[-2]
+    real, real_sweep = Scorer._step_chunk, sweep._pass
+
+    def too_many(a):
         sizes.append(len(a))
         if len(a) > fits:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected by a test)")
+
+    def step_chunk(self, *args):  # (enc, site, target, clean, alphas, weights)
+        too_many(args[-2])
         return real(self, *args)
 
+    def sweep_pass(*args):  # (scorer, enc, family, target, clean, row_layer, alphas, weights, saved)
+        too_many(args[6])
+        return real_sweep(*args)
+
     monkeypatch.setattr(Scorer, "_step_chunk", step_chunk)
+    monkeypatch.setattr(sweep, "_pass", sweep_pass)
 
 
-def test_oom_back_off_halves_the_step_batch_and_says_so_once(tmp_path, monkeypatch, tiny_model_dir, sst2_small):
+@pytest.mark.parametrize("swept", [False, True], ids=["per-layer", "sweeps"])
+def test_oom_back_off_halves_the_step_batch_and_says_so_once(tmp_path, monkeypatch, tiny_model_dir, sst2_small, swept):
     def req(name):
         return ScoreRequest(out=str(tmp_path / name), model=str(tiny_model_dir), data=str(sst2_small), task="sst2",
                             examples="0:3", options=ScoreOptions(steps=9, group=1), device="cpu", command=["test"])
 
+    monkeypatch.setattr(Scorer, "sweep", swept)
     score_to_store(req("plain.h5"))
     sizes: list[int] = []
     _fake_oom(monkeypatch, fits=2, sizes=sizes)
     said: list[str] = []
     score_to_store(req("backoff.h5"), warn=said.append)
     assert len(said) == 1 and "halving the step micro-batch" in said[0]
-    assert sizes[:3] == [8, 4, 2]  # 9 right-rule steps, alpha = 1 shared: 8 in the first pass, then halved
-    assert max(sizes[3:]) <= 2  # the lowered size is kept for the next layers and examples
+    # 9 right-rule steps, alpha = 1 shared: 8 in the first pass (a sweep: 8 for each of the 3
+    # layers), then halved until it fits
+    assert (sizes[:3] == [8, 4, 2]) if not swept else (sizes[:5] == [24, 12, 6, 3, 2]), sizes
+    assert max(sizes[5 if swept else 3:]) <= 2  # the lowered size is kept for the next passes and examples
     with Store(tmp_path / "plain.h5") as p, Store(tmp_path / "backoff.h5") as b:
         for i in range(3):
             np.testing.assert_allclose(b.get(i).attribution, p.get(i).attribution, rtol=1e-5, atol=1e-7)
@@ -254,11 +267,12 @@ def test_oom_at_one_step_is_a_resource_error_with_exit_code_5(tmp_path, monkeypa
                                  "--examples", "0:2", "--steps", "4", "--group", "1", "--out", str(tmp_path / "y.h5"), "-q"])
     assert result.exit_code == 5
     lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 2 and lines[0].startswith("Warning: out of memory with 3 integration steps per pass")
+    # 3 steps (4, alpha = 1 shared) for each of the 3 layers in one sweep
+    assert len(lines) == 2 and lines[0].startswith("Warning: out of memory with 9 integration steps per pass")
     assert lines[1].startswith("Error: out of memory on cpu even with one integration step per pass")
     with Store(tmp_path / "y.h5") as s:
         assert s.indices() == []
-    assert sizes[-3:] == [3, 2, 1]  # 3 steps (4, alpha = 1 shared), halved rounding up to 2, then 1, then the end
+    assert sizes[-5:] == [9, 5, 3, 2, 1]  # halved rounding up, then 1, then the end
 
 
 def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
