@@ -284,7 +284,7 @@ class StepScorer:
             if count < 2 or len(uniq) * (1 + count) >= 2 * len(pairs):
                 step = owner % count
                 ones_w = torch.ones(len(owner), dtype=self.acc, device=sc.device)
-                g, f = sweep._run(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
+                g, f = sweep.run_rows(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
                                   torch.from_numpy(alphas), ones_w, saved, self.acc)
                 return owner, keys, g, f
             u_layer = torch.tensor([u[0] for u in uniq], dtype=torch.long)

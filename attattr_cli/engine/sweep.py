@@ -106,7 +106,7 @@ def _one_target(target):
     return lambda part: (target, contextlib.nullcontext())
 
 
-def _run(sc, enc, family, targets, clean, row_layer, alphas, weights, saved, acc):
+def run_rows(sc, enc, family, targets, clean, row_layer, alphas, weights, saved, acc):
     """Sweeps over all rows in chunks that fit memory (halved on an out-of-memory error):
     (gradients or None, F) of every row, in row order. ``targets(part)`` -> (the target of
     the rows ``part``, a context to run their pass in)."""
@@ -159,7 +159,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         owner = torch.arange(count).repeat_interleave(m)
         row_alpha = alphas.repeat(count)
         row_w = weights.repeat(count).to(sc.device, acc)
-        g, f = _run(sc, enc, family, targets, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
+        g, f = run_rows(sc, enc, family, targets, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
         total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add(0, owner.to(g.device), g)
         if ratio is not None:
             r = ratio.repeat(count).to(g.device, acc).view(-1, *[1] * (g.dim() - 1))
@@ -167,7 +167,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         for r in torch.nonzero(row_alpha == 0).flatten().tolist():
             f0[int(owner[r])] = float(f[r])
     if not bool((alphas == 0).any()):  # F(0) of every layer: one sweep without a backward
-        _g, f = _run(sc, enc, family, targets, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
+        _g, f = run_rows(sc, enc, family, targets, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
                      saved, acc)
         f0 = [float(x) for x in f]
     out = []
@@ -237,7 +237,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         else:
             which = owner % per_layer
             ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
-            g, f = _run(sc, enc, family, lambda part: targets(part, which[part]), clean, row_layer,
+            g, f = run_rows(sc, enc, family, lambda part: targets(part, which[part]), clean, row_layer,
                         torch.from_numpy(alphas), ones_w, saved, acc)
         refining.give(owner, keys, g, f)
         if on_layer is not None:

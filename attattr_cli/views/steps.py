@@ -190,7 +190,7 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
     Without ``tips``, or above ``TIP_CELLS`` cells, still.py's compact heatmap (one path per
     colour step, no values on hover)."""
     from .data import format_number
-    from .still import FONT, MASKED, _cut, _text_width, cell_colour, heatmap_svg
+    from .still import FONT, MASKED, cell_colour, cut_label, heatmap_svg, text_width
 
     m = np.asarray(matrix, np.float64)
     nr, nc = m.shape
@@ -205,14 +205,14 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
     fs = min(11, cell - 1)
     full_rows = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
                  zip(rows, row_values if row_values is not None else rows)]
-    rl, cl = [_cut(r) for r in full_rows], [_cut(str(c)) for c in cols]
-    left = int(max([_text_width(r, fs) for r in rl] + [0])) + 6
-    head = int(max([_text_width(c, fs) for c in cl] + [0])) + 6
+    rl, cl = [cut_label(r) for r in full_rows], [cut_label(str(c)) for c in cols]
+    left = int(max([text_width(r, fs) for r in rl] + [0])) + 6
+    head = int(max([text_width(c, fs) for c in cl] + [0])) + 6
     ox, oy = left, 30 + head
-    width = int(max(ox + nc * cell + 2, _text_width(caption, 11) + 4, 240))
+    width = int(max(ox + nc * cell + 2, text_width(caption, 11) + 4, 240))
     height = oy + nr * cell + 2
     low = "−" + format_number(top)
-    bar = int(_text_width(low, 10)) + 4
+    bar = int(text_width(low, 10)) + 4
     e = html_mod.escape
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-step-matrix" data-kind="attr" '
            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',

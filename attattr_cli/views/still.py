@@ -83,11 +83,11 @@ def shared_scale(maps: np.ndarray, heads: Sequence[str], head: int, masked) -> f
     return top or 1.0
 
 
-def _cut(s: str) -> str:
+def cut_label(s: str) -> str:
     return s if len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"
 
 
-def _text_width(s: str, size: float) -> float:
+def text_width(s: str, size: float) -> float:
     return len(s) * size * 0.62
 
 
@@ -100,12 +100,12 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
     nq, nk = len(rows), len(cols)
     cell = max(9, min(22, 420 // max(nk, 1)))
     fs = min(11, cell - 1)
-    rows, cols = [_cut(str(r)) for r in rows], [_cut(str(c)) for c in cols]
-    left = int(max([_text_width(r, fs) for r in rows] + [0])) + 6
-    head = int(max([_text_width(c, fs) for c in cols] + [0])) + 6
+    rows, cols = [cut_label(str(r)) for r in rows], [cut_label(str(c)) for c in cols]
+    left = int(max([text_width(r, fs) for r in rows] + [0])) + 6
+    head = int(max([text_width(c, fs) for c in cols] + [0])) + 6
     legend = 30
     ox, oy = left, legend + head
-    width = int(max(ox + nk * cell + 2, _text_width(caption, 11) + 4, 240))  # the caption and the colour bar fit
+    width = int(max(ox + nk * cell + 2, text_width(caption, 11) + 4, 240))  # the caption and the colour bar fit
     height = oy + nq * cell + 2
     paths: dict[str, list[str]] = {}  # colour -> runs of equal cells, each a stroke through a row's middle
     for i in range(nq):
@@ -119,7 +119,7 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
             paths.setdefault(colour, []).append(f"M{j} {i}.5h{run}")
             j += run
     low = ("−" + format_number(top)) if kind == "attr" else "0"
-    bar = int(_text_width(low, 10)) + 4
+    bar = int(text_width(low, 10)) + 4
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" data-kind="{kind}" width="{width}" '
            f'height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
            f'<text x="0" y="11" font-size="11" fill="#333">{html.escape(caption)}</text>',
