@@ -85,7 +85,7 @@ def main() -> None:
         for k, layer in enumerate(r.layers):
             want = ref.attribution[k].astype(np.float64)
             err = float(np.abs(r.attribution[k].astype(np.float64) - want).max() / np.abs(want).max())
-            rows.append({**log[(e.index, int(layer))], "err": err})
+            rows.append({**log[(e.index, int(layer))], "err": err, "layer": int(layer)})
     lengths = [len(run.encoded[e.index].input_ids) for e in run.picked]
     print(f"model: {args.model} ({run.loaded.arch.num_layers} layers), {len(run.picked)} examples ({args.examples}),"
           f" {min(lengths)}..{max(lengths)} tokens, {len(rows)} example-layers; reference gauss m={ref_steps}")
@@ -154,6 +154,11 @@ def report(rows: list, tols: list) -> None:
     q = np.quantile(err / np.maximum(mid, 1e-300), [0.5, 0.9, 0.99, 1.0])
     print(f"true error of Simpson's map / the midpoint estimate: median {q[0]:.3f}, 90 % {q[1]:.3f}, 99 % {q[2]:.3f},"
           f" max {q[3]:.3f}")
+    layers = np.array([r["layer"] for r in rows])
+    for name in ("midpoint", "scaled"):
+        ended = (estimates[name] <= tols[0]) & np.array([r["residual_ok"][tols[0]] for r in rows])
+        print(f"ended at T = {tols[0]:g} by layer, {name}: " + ", ".join(
+            f"{layer}: {ended[layers == layer].mean():.0%}" for layer in sorted(set(layers.tolist()))))
     print(f"{'estimate':<13} {'T':>5} {'ended':>6} {'max err':>8} {'> T':>4} {'> 2T':>4} {'est>=err':>8}")
     for name, est in estimates.items():
         for t in tols:
