@@ -88,6 +88,9 @@ def main() -> None:
           f"{len(examples)} SST-2 dev sentences, {min(lengths)}..{max(lengths)} tokens (mean {sum(lengths)/len(lengths):.1f}), "
           f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32, "
           f"reference gauss m={args.ref_steps}", flush=True)
+    sizes = [len(g) for g in grouped.plan_groups(examples, encs, grouped.group_size(probe))]
+    print(f"groups sharing passes (sorted by length, cut where padding would pass {grouped.PAD_RATIO}x + "
+          f"{grouped.PAD_SLACK}): {', '.join(map(str, sizes))} sentences", flush=True)
 
     def attattr_run(options):
         scorer = Scorer(loaded, options, task_labels=labels)
