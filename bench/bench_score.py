@@ -7,6 +7,8 @@ seeded randomly initialised 2-way classification head (fine for timing), all lay
                      the examples in groups sharing passes as `attattr score` runs them
   --tol T 5-start    the first of them with every integral starting from the five-node rule
                      (no three-node try: docs/integration.md)
+  --tol T mid-start  the first of them with the three-node start judged by the midpoint rule's
+                     error alone (adaptive.start_factor at 1: the previous version's start)
   right m=20         the paper's right rule in attattr (same groups)
   2021 @real         the reference procedure (tests/slow_reference.py): every layer at batch m
                      with full probabilities, one example at a time, m rows and no F(0) row, at
@@ -86,6 +88,9 @@ def main() -> None:
           f"{len(examples)} SST-2 dev sentences, {min(lengths)}..{max(lengths)} tokens (mean {sum(lengths)/len(lengths):.1f}), "
           f"all layers, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fp32, "
           f"reference gauss m={args.ref_steps}", flush=True)
+    sizes = [len(g) for g in grouped.plan_groups(examples, encs, grouped.group_size(probe))]
+    print(f"groups sharing passes (sorted by length, cut where padding would pass {grouped.PAD_RATIO}x + "
+          f"{grouped.PAD_SLACK}): {', '.join(map(str, sizes))} sentences", flush=True)
 
     def attattr_run(options):
         scorer = Scorer(loaded, options, task_labels=labels)
@@ -121,6 +126,8 @@ def main() -> None:
     runs = [(f"attattr --tol {t:g}", attattr_run(ScoreOptions(tol=t)), t) for t in tols]
     if tols:  # the default's rule with the previous version's start: five nodes on every layer
         runs.insert(1, (f"--tol {tols[0]:g} 5-start", five_node_start(attattr_run(ScoreOptions(tol=tols[0]))), tols[0]))
+        runs.insert(2, (f"--tol {tols[0]:g} mid-start", midpoint_start(attattr_run(ScoreOptions(tol=tols[0]))),
+                        tols[0]))
     runs += [(f"right m={args.steps}", attattr_run(ScoreOptions(rule="right", steps=args.steps)), None),
              ("2021 @real", run_ref(None), None), ("2021 @128", run_ref(128), None)]
     rows = {}
@@ -168,6 +175,18 @@ def five_node_start(go):
             return go()
         finally:
             adaptive.coarse_start = start
+    return run
+
+
+def midpoint_start(go):
+    """``go`` with the three-node start's estimate the midpoint rule's error alone (no residual ratio)."""
+    def run():
+        floor = adaptive.START_FLOOR
+        adaptive.START_FLOOR = 1.0  # min(1, max(8 q, 1)) = 1
+        try:
+            return go()
+        finally:
+            adaptive.START_FLOOR = floor
     return run
 
 

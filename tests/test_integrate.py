@@ -545,6 +545,25 @@ def test_a_smooth_integrand_ends_at_the_three_node_start_and_a_rough_one_goes_on
     assert field.true_error(res, _exact("runge")) <= res.error <= 1e-2
 
 
+def test_the_three_node_start_reads_simpsons_error_from_the_two_residuals(monkeypatch):
+    """The start's estimate is the midpoint rule's error, max |Attr(Simpson - midpoint)|, times
+    min(1, max(8 q, 1/2)), q = |Simpson's residual| / |the midpoint rule's| on dF/dalpha (their
+    exact errors on the scalar). On exp(3 alpha) Simpson's error is 7.5 % of the midpoint
+    rule's: the start ends at --tol 0.2 with an estimate still above the true error, where the
+    midpoint rule's error alone (0.31) sends it on to five nodes."""
+    assert adaptive.start_factor(0.01, 1.0, 1e-9) == adaptive.START_FLOOR
+    assert adaptive.start_factor(0.1, 1.0, 1e-9) == pytest.approx(adaptive.START_RATIO * 0.1)
+    assert adaptive.start_factor(0.5, 1.0, 1e-9) == 1.0  # never above the midpoint rule's error
+    assert adaptive.start_factor(0.0, 1e-12, 1e-9) == 1.0  # a residual at the rounding says nothing
+    field, exact = _Field(*FUNCTIONS["exp"]), _exact("exp")
+    res = field.run(0.2)
+    assert res.nodes == 3 and res.evaluated == 2 and res.status == adaptive.CONVERGED
+    assert field.true_error(res, exact) <= res.error <= 0.2
+    monkeypatch.setattr(adaptive, "START_FLOOR", 1.0)  # the midpoint rule's error alone
+    res = field.run(0.2)
+    assert res.nodes == 5 and res.status == adaptive.CONVERGED and field.true_error(res, exact) <= res.error
+
+
 def test_narrow_features_in_the_middle_converge_under_the_cap():
     """Spikes of width 0.004 near alpha = 0.4: the leaves holding the most error are split (not
     every leaf holding more than its width's share), and the nodes are densest there."""

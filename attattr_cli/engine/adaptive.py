@@ -11,7 +11,8 @@ The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis vari
 (alpha = (1 - cos(pi t)) / 2, which puts nodes near both ends of the path, where saturating
 classifiers move). It starts (where :func:`coarse_start` says so) from three nodes, alpha = 0,
 1/2 and the free alpha = 1 (the clean backward): Simpson's rule in alpha with the midpoint rule
-below it. Where that does not converge, every interval (a leaf) carries five nodes at t = a,
+below it, the midpoint rule's error scaled by what the two rules' residuals on dF/dalpha say of
+Simpson's (:func:`start_factor`). Where that does not converge, every interval (a leaf) carries five nodes at t = a,
 a + h/4, ..., b and two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule
 with the 3-node one below it (alpha = 0, 0.146, 0.5, 0.854, 1: two nodes more than the start),
 a sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
@@ -65,6 +66,9 @@ CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the compl
 COARSE_MIN_TOKENS = 32  # an example this long starts from three nodes even where it cannot share passes (coarse_start)
 REST = 0.9  # a split round leaves the unsplit leaves holding at most this share of an indicator's budget
 FLOOR = 16  # the residual test allows FLOOR x machine epsilon of |F(1)| + |F(0)| (and of sum |Attr|)
+# the three-node start's estimate: |Attr(Simpson - midpoint)| times min(1, max(START_RATIO x q, START_FLOOR)),
+# q = |Simpson's residual| / |the midpoint rule's residual| on dF/dalpha (start_factor; docs/integration.md)
+START_RATIO, START_FLOOR = 8.0, 0.5
 
 # convergence states, per example and layer (the store's `convergence`; attattr_cli/convergence.py)
 CONVERGED, CAP_HIT, RESIDUAL, NON_SMOOTH, ESTIMATE = (convergence.CONVERGED, convergence.CAP_HIT, convergence.RESIDUAL,
@@ -101,6 +105,19 @@ def coarse_start(tokens: int, shared: bool) -> bool:
     failed three-node start adds (docs/integration.md). The choice depends on the model and
     the example only, so an example gets the same nodes alone and in a group."""
     return shared or tokens >= COARSE_MIN_TOKENS
+
+
+def start_factor(simpson_residual: float, midpoint_residual: float, noise: float) -> float:
+    """The factor on the three-node start's estimate max |Attr(Simpson - midpoint)|, the midpoint
+    rule's error: the two rules' completeness residuals are their exact errors on the scalar
+    dF/dalpha = sum Attr, and their ratio q says how much of the midpoint rule's error Simpson's
+    keeps there. A map's entries do not all share the scalar's ratio, so the factor is
+    START_RATIO x q, never below START_FLOOR nor above 1 (1 where the midpoint residual is at the
+    floating-point ``noise``, and q says nothing). Validated against the true error on held-out
+    sentences and examples (bench/bench_start_rule.py, docs/integration.md)."""
+    if not abs(midpoint_residual) > noise:
+        return 1.0
+    return min(1.0, max(START_RATIO * abs(simpson_residual) / abs(midpoint_residual), START_FLOOR))
 
 
 def residual_scale(effect: float, big: float) -> float:
@@ -376,6 +393,10 @@ class Refinement:
         error = relative(sum(leaf.e for leaf in row.leaves), big)
         residual = sum(leaf.rho for leaf in row.leaves)
         f_scale = abs(row.f[ONE]) + abs(row.f[ZERO])
+        if row.leaves[0].coarse:  # Simpson's error, from the midpoint rule's and the two residuals
+            effect = row.f[ONE] - row.f[ZERO]
+            noise = FLOOR * (self.eps_f * f_scale + self.eps_acc * residual_scale(effect, big))
+            error *= start_factor(residual, row.s[0.5] - effect, noise)
         scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
         smooth_residual = residual - sum(leaf.rho for leaf in row.leaves if leaf.jump)
         jumps = any(leaf.jump for leaf in row.leaves)
