@@ -170,7 +170,7 @@ def five_node_start(go):
     """``go`` with every integral starting from the five-node rule (no three-node try)."""
     def run():
         start = adaptive.coarse_start
-        adaptive.coarse_start = lambda tokens, shared: False
+        adaptive.coarse_start = lambda: False
         try:
             return go()
         finally:

@@ -9,7 +9,7 @@ nodes: the completeness residual of the interval.
 
 The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis variable t
 (alpha = (1 - cos(pi t)) / 2, which puts nodes near both ends of the path, where saturating
-classifiers move). It starts (where :func:`coarse_start` says so) from three nodes, alpha = 0,
+classifiers move). It starts (:func:`coarse_start`) from three nodes, alpha = 0,
 1/2 and the free alpha = 1 (the clean backward): Simpson's rule in alpha with the midpoint rule
 below it, the midpoint rule's error scaled by what the two rules' residuals on dF/dalpha say of
 Simpson's (:func:`start_factor`). Where that does not converge, every interval (a leaf) carries five nodes at t = a,
@@ -63,7 +63,6 @@ JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jum
 DEEP_SPLIT = 64.0  # a leaf whose error is this many times its share is split into four at once
 JUMP_RATIO = 4.0  # ... jumps: |F(b) - F(a)| > JUMP_RATIO x (b - a in alpha) x the largest |dF/dalpha| at its nodes
 CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the completeness check's only cost), for bench/
-COARSE_MIN_TOKENS = 32  # an example this long starts from three nodes even where it cannot share passes (coarse_start)
 REST = 0.9  # a split round leaves the unsplit leaves holding at most this share of an indicator's budget
 FLOOR = 16  # the residual test allows FLOOR x machine epsilon of |F(1)| + |F(0)| (and of sum |Attr|)
 # the three-node start's estimate: |Attr(Simpson - midpoint)| times min(1, max(START_RATIO x q, START_FLOOR)),
@@ -96,15 +95,14 @@ def alpha_of(t: float) -> float:
     return (1.0 - math.cos(math.pi * t)) / 2.0
 
 
-def coarse_start(tokens: int, shared: bool) -> bool:
-    """Whether to start from the three-node pair (two evaluated nodes) rather than the five-node
-    rule (four): where the examples share passes (``shared``: encoder classifiers, scored in
-    groups) or the example has at least COARSE_MIN_TOKENS tokens. A pass of a few short rows is
-    bound by reading the weights, not by its rows (SmolLM2 at 5 tokens costs about as much with
-    4 rows as with 2), so there the five nodes cost no more than three and spare the round a
-    failed three-node start adds (docs/integration.md). The choice depends on the model and
-    the example only, so an example gets the same nodes alone and in a group."""
-    return shared or tokens >= COARSE_MIN_TOKENS
+def coarse_start() -> bool:
+    """Whether integrals start from the three-node pair (two evaluated nodes) rather than the
+    five-node rule (four): always, now that every node is rows of a shared pass (the examples
+    of a group, or every layer of an example in one sweep, engine/sweep.py), so the start's two
+    nodes cost about half the five's. (Before sweeps, a decoder scoring one short prompt
+    started from five: its per-layer passes were bound by reading the weights, not by their
+    rows.) A function, so that benches can compare the five-node start."""
+    return True
 
 
 def start_factor(simpson_residual: float, midpoint_residual: float, noise: float) -> float:

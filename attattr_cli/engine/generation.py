@@ -529,7 +529,8 @@ class StepScorer:
         if grad_at_one is not None:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.numpy()}
-        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative)
+        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
+                                       coarse=adaptive.coarse_start())
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             owner = torch.as_tensor(owner)

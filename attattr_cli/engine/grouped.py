@@ -292,7 +292,7 @@ class _Group:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
         refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                       coarse=adaptive.coarse_start(self.width, True))
+                                       coarse=adaptive.coarse_start())
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)

@@ -181,7 +181,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
 
 
 def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
-           coarse: bool = True, evaluate=None, on_layer=None) -> adaptive.Refinement:
+           coarse: bool | None = None, evaluate=None, on_layer=None) -> adaptive.Refinement:
     """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
     steps of a generation; one for an example), integral i = (layer i // per_layer, i %
     per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
@@ -227,7 +227,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         k = {adaptive.ONE: known.to(acc)}
         k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
     refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
-                                   coarse=coarse)
+                                   coarse=adaptive.coarse_start() if coarse is None else coarse)
     reported: set = set()
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
