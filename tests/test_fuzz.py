@@ -251,6 +251,18 @@ def test_import_json(tmp_path_factory, files, labels, attention, again):
 
 # -- the store opener --------------------------------------------------------------------------
 
+@pytest.fixture(scope="module", autouse=True)
+def _no_writer_to_wait_for():
+    """A store read that fails waits ``reader._SETTLE`` seconds for a writer changing the file
+    before it is an error (docs/store.md, "Readers during a write"); no writer runs here, so
+    the damaged stores fail at once (tests/test_store_hardening.py holds the wait itself)."""
+    from attattr_cli.store import reader
+
+    settle, reader._SETTLE = reader._SETTLE, 0.0
+    yield
+    reader._SETTLE = settle
+
+
 @pytest.fixture(scope="module")
 def base_store(tmp_path_factory):
     """A small real store of the built-in default (2 examples, 2 steps), and where its

@@ -275,10 +275,11 @@ def _file_state(path: Path) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
-def _changes(path: Path, state: tuple[int, int] | None, within: float = _SETTLE) -> bool:
+def _changes(path: Path, state: tuple[int, int] | None, within: float | None = None) -> bool:
     """Whether the file's size or modification time moves away from ``state`` within
-    ``within`` seconds: a writer at work (read again), or a file at rest (the failure stands)."""
-    end = time.monotonic() + within
+    ``within`` seconds (default ``_SETTLE``): a writer at work (read again), or a file at rest
+    (the failure stands)."""
+    end = time.monotonic() + (_SETTLE if within is None else within)
     while True:
         if _file_state(path) != state:
             return True
