@@ -139,11 +139,6 @@ class Sweep:
     alphas: torch.Tensor  # [rows]
     backend: Any
     rows_now: torch.Tensor | None = None  # the batch rows of the layer running now
-    # several examples (engine/grouped.py): the example of each row within the clean forward's
-    # batch; None: every row is the one example
-    owner: torch.Tensor | None = None
-    clean_batch: int = 1  # examples in the clean forward (the batch of the layers' clean outputs)
-    examples: dict = field(default_factory=dict)  # layer -> the examples ``saved[layer]`` holds, in order
     leaves: dict = field(default_factory=dict)  # layer -> leaf [its rows, head, query, d]
     saved: dict = field(default_factory=dict)  # layer -> its saved projections (as Attribute.saved)
 
@@ -359,8 +354,6 @@ def _target_leaf(backend, alphas, first, local, query, key, value, bare_mask, bi
     one per example; ``local`` [rows] the example of each row, None: one example) times each
     row's alpha, as a leaf whose gradient is dF/dO. Returns (leaf, saved projections, d_out)."""
     q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
-    if bare_mask is not None and bare_mask.shape[0] == 1:  # one mask for every row
-        bare_mask = bare_mask.expand(query.shape[0], *bare_mask.shape[1:])
     m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
     d_out = v1.shape[-1]
     if sink:  # q' is one wider than v (the sink's dimension): v padded to match
@@ -407,13 +400,7 @@ def _swept_layer(plan, layer: int, query, key, value, mask, bare_mask, bias, sca
         return None
     t = torch.nonzero(is_target).flatten().to(query.device)
     alphas = plan.alphas.index_select(0, rows.to(plan.alphas.device))[is_target.to(plan.alphas.device)]
-    first, local = t[:1], None
-    if plan.owner is not None:  # several examples: each target row takes its example's clean A V
-        owners = plan.owner.index_select(0, rows.to(plan.owner.device))[is_target.to(plan.owner.device)]
-        examples, local = torch.unique(owners, return_inverse=True)
-        first = t[torch.tensor([int(torch.nonzero(owners == e)[0]) for e in examples.tolist()], device=t.device)]
-        plan.examples[layer] = examples.tolist()
-    leaf, saved, d_out = _target_leaf(plan.backend, alphas, first, local, query, key, value, bare_mask, bias,
+    leaf, saved, d_out = _target_leaf(plan.backend, alphas, t[:1], None, query, key, value, bare_mask, bias,
                                       scaling, softcap, False, causal)
     plan.leaves[layer] = leaf
     plan.saved[layer] = saved
@@ -609,7 +596,7 @@ def shapes_of(obj):
     return None
 
 
-def _rows_of(obj, clean_shape, idx: torch.Tensor, batch: int, clean_batch: int = 1):
+def _rows_of(obj, clean_shape, idx: torch.Tensor, batch: int):
     """A layer's argument ``obj`` in a sweep cut to the batch rows ``idx``: a tensor whose shape
     in the clean forward (batch 1) was ``clean_shape`` and is that with ``batch`` rows first
     now; unchanged where its shape is the clean forward's (positions, rotary tables, relative
@@ -618,12 +605,12 @@ def _rows_of(obj, clean_shape, idx: torch.Tensor, batch: int, clean_batch: int =
         shape = tuple(obj.shape)
         if clean_shape is None or shape == tuple(clean_shape):
             return obj
-        if len(shape) == len(clean_shape) and clean_shape[0] == clean_batch and shape[0] == batch \
+        if len(shape) == len(clean_shape) and clean_shape[0] == 1 and shape[0] == batch \
                 and shape[1:] == tuple(clean_shape[1:]):
             return obj.index_select(0, idx.to(obj.device))
         raise NotSweepable(f"an argument of shape {shape} (clean forward: {tuple(clean_shape)}) has no batch axis first")
     if isinstance(obj, (tuple, list)) and isinstance(clean_shape, tuple) and len(clean_shape) == len(obj):
-        return type(obj)(_rows_of(o, c, idx, batch, clean_batch) for o, c in zip(obj, clean_shape))
+        return type(obj)(_rows_of(o, c, idx, batch) for o, c in zip(obj, clean_shape))
     return obj
 
 
@@ -637,8 +624,6 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
     row_layer = plan.row_layer.cpu()
     lowest = int(row_layer.min())
     patched = []
-    owner = None if plan.owner is None else plan.owner.cpu()
-    clean_batch = plan.clean_batch
 
     def wrap(layer, j):
         original = layer.forward
@@ -650,7 +635,7 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
             return forward
         clean = outputs.get(j)
         first = clean[0] if isinstance(clean, tuple) else clean
-        if not torch.is_tensor(first) or first.dim() < 2 or first.shape[0] != clean_batch:  # the clean forward's batch
+        if not torch.is_tensor(first) or first.dim() < 2 or first.shape[0] != 1:  # (the clean forward's batch is 1)
             raise NotSweepable(f"layer {j}'s output is not [batch, ...] hidden states")
         if j not in arg_shapes:
             raise NotSweepable(f"layer {j} did not run in the clean forward")
@@ -659,12 +644,9 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
 
         def merged(out, clean_out):  # the rows run, the clean output in the others (every tensor of a tuple)
             if torch.is_tensor(out):
-                if torch.is_tensor(clean_out) and clean_out.dim() == out.dim() and clean_out.shape[0] == clean_batch \
+                if torch.is_tensor(clean_out) and clean_out.dim() == out.dim() and clean_out.shape[0] == 1 \
                         and out.shape[0] == len(idx) and out.shape[1:] == clean_out.shape[1:]:
-                    base = clean_out.to(out.dtype)
-                    base = base.expand(batch, *base.shape[1:]) if owner is None \
-                        else base.index_select(0, owner.to(base.device))
-                    return base.index_copy(0, rows, out)
+                    return clean_out.to(out.dtype).expand(batch, *clean_out.shape[1:]).index_copy(0, rows, out)
                 raise NotSweepable(f"layer {j} returned a tensor of shape {tuple(out.shape)} without its batch first")
             if isinstance(out, tuple) and isinstance(clean_out, tuple) and len(out) == len(clean_out):
                 return tuple(merged(o, c) for o, c in zip(out, clean_out))
@@ -676,12 +658,12 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
             plan.rows_now = idx
             if len(args) != len(pos_shapes) or set(kwargs) - set(kw_shapes):
                 raise NotSweepable(f"layer {j} is called with other arguments than in the clean forward")
-            out = original(*_rows_of(args, pos_shapes, idx, batch, clean_batch),
-                           **{k: _rows_of(v, kw_shapes.get(k), idx, batch, clean_batch) for k, v in kwargs.items()})
+            out = original(*_rows_of(args, pos_shapes, idx, batch),
+                           **{k: _rows_of(v, kw_shapes.get(k), idx, batch) for k, v in kwargs.items()})
             return merged(out, clean)
         return forward
 
-    with replayed_below(layers, lowest, outputs.get(lowest - 1), batch, owner):
+    with replayed_below(layers, lowest, outputs.get(lowest - 1), batch):
         try:
             for j in range(lowest, len(layers)):
                 had = layers[j].__dict__.get("forward")

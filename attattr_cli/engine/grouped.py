@@ -31,7 +31,7 @@ import torch
 
 from ..data.types import Example
 from ..ops import reference
-from . import adaptive, attention, memory, sweep
+from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
@@ -171,14 +171,13 @@ class _Group:
             sc.last_step_batch = 0
             per_example: list[list[dict]] = [[] for _ in range(count)]
             integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
-            swept = self._swept(fam.name, clean, at_one, f_full, on_layer) if sc.options.tol is not None else None
             for site in sites:
-                gs, f0s, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full)
+                gs, f0s, convs, saved = integral(site, clean, at_one.get(site), f_full)
                 for e in range(count):
                     n = self.lengths[e]
                     per_example[e].append(sc._layer_result(gs[e:e + 1, :, :n], f0s[e], float(f_full[e]), keep,
                                                            saved[e], convs[e]))
-                    if on_layer is not None and not swept:  # (a sweep tells as each layer is done)
+                    if on_layer is not None:
                         on_layer(e, site[1])
                 del gs
         out = []
@@ -305,76 +304,6 @@ class _Group:
         results = [refining.result(e) for e in range(count)]
         return (refining.g, [r.f[adaptive.ZERO] for r in results],
                 [(r.nodes, r.error, r.capped, r.status) for r in results], saved)
-
-    # -- --tol by sweeps ---------------------------------------------------------------
-    def _swept(self, family, clean, at_one, f_full, on_layer) -> dict | None:
-        """With ``--tol``, every (layer, example) integral of the group refined in one Refinement,
-        each round's nodes of every layer and example in one sweep through the stack
-        (engine/sweep.py): site -> what :meth:`_integrate_to_tol` gives for it. None where
-        sweeps are not used."""
-        sc, count = self.sc, len(self.examples)
-        layers = sc.layers_of[family]
-        if not sweep.usable(sc, None, family, layers, tokens=self.width):
-            return None
-        saved: dict = {}  # layer -> {example: its saved projections}
-
-        def evaluate(owner, keys, alphas, row_layer, active):
-            example = owner % count
-            size = self._rows_per_pass((family, int(row_layer.min())), len(owner))
-            run = lambda part: self._sweep_pass(family, clean, row_layer[part], example[part],  # noqa: E731
-                                                torch.from_numpy(alphas[part]), saved)
-            gs, fs = [], []
-            for part, (g, f) in sc._back_off.chunks(len(owner), size, run, sc.warn):
-                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-                gs.append(g)
-                fs.append(f)
-            return owner, keys, torch.cat(gs), torch.cat(fs)
-
-        def stacks_of(i, dtype):  # every example's A, V and A V of layer i, zero-padded to the width
-            a, v = self._padded_a_v(saved[layers[i]], dtype)
-            return a, v, torch.matmul(a, v)
-
-        tell = None if on_layer is None else (lambda layer: [on_layer(e, layer) for e in range(count)])
-        try:
-            sweep.same_shapes(at_one, family, layers)
-            ones = [at_one.get((family, layer)) for layer in layers]
-            known = None if any(x is None for x in ones) else torch.cat(ones)
-            refining = sweep.refine(sc, None, family, layers, count, clean, known,
-                                    f_full.detach().to("cpu", torch.float64).numpy(), None, saved, self.acc,
-                                    evaluate=evaluate, on_layer=tell, stacks_of=stacks_of)
-        except attention.NotSweepable:
-            sc._sweeps_work = False  # this model: one pass per target layer from now on
-            return None
-        out = {}
-        for i, layer in enumerate(layers):
-            results = [refining.result(i * count + e) for e in range(count)]
-            out[(family, layer)] = (refining.g[i * count:(i + 1) * count], [r.f[adaptive.ZERO] for r in results],
-                                    [(r.nodes, r.error, r.capped, r.status) for r in results], saved[layer])
-        return out
-
-    def _sweep_pass(self, family, clean, row_layer, example, alphas, saved):
-        """One sweep over rows (target layer ``row_layer[r]``, example ``example[r]``, at
-        ``alphas[r]``, ascending by layer): (dF/dO per row, F per row). Fills ``saved``."""
-        sc = self.sc
-        plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend, owner=example.to(sc.device),
-                               clean_batch=len(self.examples))
-        rows = {k: v.index_select(0, plan.owner) for k, v in self.inputs.items()}
-        wanted = sorted(set(row_layer.tolist()))
-        with sc.sites.sweep_pass(family, clean, plan), torch.enable_grad():
-            f = sc._target_value(sc.model(**rows).logits, self.targets.index_select(0, plan.owner))
-            if any(layer not in plan.leaves for layer in wanted):
-                raise attention.NotSweepable("a target layer's attention did not run through the sweep")
-            leaves = [plan.leaves[layer] for layer in wanted]
-            if len({tuple(x.shape[1:]) for x in leaves}) > 1:
-                raise attention.NotSweepable("layers of different attention shapes")
-            g = torch.cat(torch.autograd.grad(f.sum(), leaves)).to(self.acc)
-        for layer in wanted:
-            mine = saved.setdefault(layer, {})
-            for i, e in enumerate(plan.examples[layer]):
-                if e not in mine:
-                    one = {k: (v[i:i + 1] if torch.is_tensor(v) else v) for k, v in plan.saved[layer].items()}
-                    mine[e] = crop_saved(one, self.lengths[e])
-        return g, f.detach()
 
     def _padded_a_v(self, saved: dict, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every example's clean attention A [E, head, W, W] and values V [E, head, W, d] of the

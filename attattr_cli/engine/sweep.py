@@ -37,10 +37,9 @@ from .layer_integral import map_measures
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 
 
-def usable(sc, enc, family: str, layers: list[int], tokens: int | None = None) -> bool:
-    """Whether ``family``'s layers of this example (of ``tokens`` tokens, a group's width) are
-    scored by sweeps."""
-    n = tokens if tokens is not None else max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+def usable(sc, enc, family: str, layers: list[int]) -> bool:
+    """Whether ``family``'s layers of this example are scored by sweeps."""
+    n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
     return (sc.sweep and getattr(sc, "_sweeps_work", True) and len(layers) > 1 and n <= MAX_TOKENS
             and sc.sites.sweepable(family))
 
@@ -182,7 +181,7 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
 
 
 def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
-           coarse: bool | None = None, evaluate=None, on_layer=None, stacks_of=None) -> adaptive.Refinement:
+           coarse: bool | None = None, evaluate=None, on_layer=None) -> adaptive.Refinement:
     """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
     steps of a generation; one for an example), integral i = (layer i // per_layer, i %
     per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
@@ -193,37 +192,25 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
     ``evaluate(owner, keys, alphas, row_layer, active)`` -> (owner, keys, unweighted dF/dO,
     F) of the wanted pairs and of any more it has at hand for integrals still ``active``,
     where a caller shares more than rows (engine/generation.py); default: one row per pair.
-    ``on_layer(layer)`` once all of a layer's integrals are done (progress). ``stacks_of(i,
-    dtype)`` -> (A, V, A V) of layer i with one entry per integral of the layer (several
-    examples: engine/grouped.py); default: the layer's saved projections, one for all."""
+    ``on_layer(layer)`` once all of a layer's integrals are done (progress)."""
     count = len(layers) * per_layer
     layer_ids = torch.tensor(layers, dtype=torch.long)
     a_v: dict = {}
 
     def stacks(i, dtype):
         if i not in a_v:
-            if stacks_of is not None:
-                a_v[i] = stacks_of(i, dtype)
-            else:
-                s = saved[layers[i]]
-                a = sc.layer_probs(s, dtype)
-                v = s["v"].to(dtype)
-                a_v[i] = (a, v, torch.matmul(a, v))
+            s = saved[layers[i]]
+            a = sc.layer_probs(s, dtype)
+            v = s["v"].to(dtype)
+            a_v[i] = (a, v, torch.matmul(a, v))
         return a_v[i]
-
-    def of_rows(i, sel, rows, dtype):  # layer i's (A, V, A V) for the rows ``sel``
-        a, v, av = stacks(i, dtype)
-        if a.shape[0] == 1:
-            return a, v, av
-        which = (rows[sel] % per_layer).to(a.device)
-        return a[which], v[which], av[which]
 
     def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row, each with its layer's A and V
         out = torch.empty((len(rows), 3), dtype=torch.float64)
         of_layer = rows // per_layer
         for i in torch.unique(of_layer).tolist():
             sel = torch.nonzero(of_layer == i).flatten()
-            a, v, _ = of_rows(i, sel, rows, g.dtype)
+            a, v, _ = stacks(i, g.dtype)
             out[sel] = map_measures(a, v, g[sel.to(g.device)]).cpu()
         return out
 
@@ -232,8 +219,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         of_layer = rows // per_layer
         for i in torch.unique(of_layer).tolist():
             sel = torch.nonzero(of_layer == i).flatten()
-            av = of_rows(i, sel, rows, g.dtype)[2]
-            out[sel] = (g[sel.to(g.device)] * av).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
+            out[sel] = (g[sel.to(g.device)] * stacks(i, g.dtype)[2]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
         return out
 
     k = k_f = None
