@@ -354,6 +354,8 @@ def _target_leaf(backend, alphas, first, local, query, key, value, bare_mask, bi
     one per example; ``local`` [rows] the example of each row, None: one example) times each
     row's alpha, as a leaf whose gradient is dF/dO. Returns (leaf, saved projections, d_out)."""
     q1, k1, v1 = query[first].detach(), key[first].detach(), value[first].detach()
+    if bare_mask is not None and bare_mask.shape[0] == 1:  # one mask for every row (a sweep's target rows are not first)
+        bare_mask = bare_mask.expand(query.shape[0], *bare_mask.shape[1:])
     m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
     d_out = v1.shape[-1]
     if sink:  # q' is one wider than v (the sink's dimension): v padded to match
