@@ -596,3 +596,37 @@ def test_every_integral_starts_from_three_nodes(tokenizer, loaded_factory):
     assert 3 in swept and swept == layered
     bert = Scorer(loaded_factory("bert"), ScoreOptions(tol=0.5))
     assert grouped.groupable(bert) and 3 in bert.score(Example(0, "w1 w2", "w3")).families["self"].nodes.tolist()
+
+
+def _spike(c, h, w=0.01):
+    f = lambda a: h * np.exp(-((a - c) / w) ** 2)  # noqa: E731
+    erf = np.vectorize(math.erf)
+    return f, lambda a: h * w * math.sqrt(math.pi) / 2 * (erf((a - c) / w) - math.erf(-c / w))
+
+
+def test_the_leaves_estimates_add_entry_by_entry_not_worst_entry_to_worst_entry():
+    """Two entries of a map, each with a spike of its own (alpha = 0.2 and 0.7): the leaves
+    near one spike err in one entry, those near the other in the other. Summing every leaf's
+    worst entry adds the two entries' errors; summing the leaves' maps entry by entry
+    (``spread``, max over entries of sum_I |Attr(upper_I - lower_I)|) does not, and is still
+    a bound: the refinement ends with fewer nodes, its estimate above the true error."""
+    (f1, i1), (f2, i2) = _spike(0.2, 2.0, 0.05), _spike(0.7, 2.0, 0.05)
+
+    def evaluate(alphas):
+        a = alphas.numpy()
+        g = torch.from_numpy(np.stack([0.5 + f1(a), 0.5 + f2(a)], axis=1))
+        return g, torch.from_numpy(0.5 * a + i1(a) + 0.5 * a + i2(a))
+
+    def measure(g):
+        return float(g.abs().max()), float(g.abs().sum()), float(g.sum())
+
+    exact = torch.tensor([0.5 + float(i1(np.ones(1))[0]), 0.5 + float(i2(np.ones(1))[0])], dtype=torch.float64)
+    one, f_one = evaluate(torch.ones(1, dtype=torch.float64))
+    runs = {}
+    for name, spread in (("worst entries", None), ("entry by entry", lambda g: g.abs().sum(0).amax())):
+        res = adaptive.integrate(evaluate, measure, 1e-3, 257, {adaptive.ONE: one[0]}, {adaptive.ONE: float(f_one[0])},
+                                 spread=spread)
+        true = float((res.g - exact).abs().max() / exact.abs().max())
+        assert res.status == adaptive.CONVERGED and true <= res.error <= 1e-3, (name, true, res.error)
+        runs[name] = res.nodes
+    assert runs["entry by entry"] < runs["worst entries"], runs  # 61 nodes against 73

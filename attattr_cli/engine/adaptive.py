@@ -19,10 +19,14 @@ a sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(
 reuses three of a leaf's nodes in each half, so it costs four new nodes. Per leaf:
 
 * e = max |Attr(Q5 - Q3)|, the map's error estimate (the error of the lower rule: an
-  overestimate of the upper one's, which is what is returned);
+  overestimate of the upper one's, which is what is returned), times the start's factor
+  min(1, max(8 q, 1/2)) with q = |rho| / |the lower rule's residual| (:func:`start_factor`);
 * rho = Q5(dF/dalpha) - (F(b) - F(a)), the completeness residual of the leaf.
 
-An example-layer is converged when sum_I e_I <= tol * max |Attr| **and** |sum_I rho_I| (the
+The leaves' estimates add entry by entry where the caller gives ``spread``: the error is
+max over the map's entries of sum_I |Attr(Q5_I - Q3_I)| (scaled as e), not sum_I e_I, which
+adds the worst entry of each leaf wherever it lies (:meth:`Refinement._spread`).
+An example-layer is converged when that error <= tol * max |Attr| **and** |sum_I rho_I| (the
 completeness residual the store keeps) <= tol * max(|F(1) - F(0)|, max |Attr|) (plus a
 floating-point floor). Until then, for each indicator over its budget, the leaves holding the
 most of it are split (largest first, until the others hold at most REST of the budget; into
@@ -183,12 +187,13 @@ def _weighted(row: "_Row", keys, *weights) -> list[torch.Tensor]:
 
 
 class _Leaf:
-    __slots__ = ("ta", "tb", "q", "e", "rho", "jump", "score", "coarse")
+    __slots__ = ("ta", "tb", "q", "d", "e", "rho", "jump", "score", "coarse")
 
     def __init__(self, ta: float, tb: float, coarse: bool = False):
         self.ta, self.tb = ta, tb
         self.coarse = coarse  # the whole path's three-node start (alpha = 0, 1/2, 1)
         self.q = None  # the upper rule's G on this leaf
+        self.d = None  # the upper rule's G minus the lower rule's (the estimate's G)
         self.e = 0.0  # max |Attr(upper - lower)|
         self.rho = 0.0  # completeness residual of the leaf
         self.jump = False
@@ -233,7 +238,7 @@ class Refinement:
     def __init__(self, measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], count: int, tol: float,
                  max_nodes: int = MAX_NODES, known: dict | None = None, known_f: dict | None = None,
                  derivative: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 coarse: bool = True):
+                 coarse: bool = True, spread: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
         if tol <= 0:
             raise ValueError("the tolerance must be positive")
         if max_nodes < 5:
@@ -243,6 +248,7 @@ class Refinement:
             raise ValueError("a node given as known needs F there too (known_f)")
         self.measure, self.count, self.tol, self.max_nodes = measure, count, tol, max_nodes
         self.derivative = derivative
+        self.spread = spread
         self.rows = [_Row(coarse) for _ in range(count)]
         self.active = list(range(count))
         self.dtype = None
@@ -322,9 +328,14 @@ class Refinement:
                     continue
                 leaf.q, low = _weighted(row, keys, upper, lower)
                 s = np.array([row.s[k] for k in keys])
-                leaf.rho = float(upper @ s) - (row.f[keys[-1]] - row.f[keys[0]])
+                change = row.f[keys[-1]] - row.f[keys[0]]
+                leaf.rho = float(upper @ s) - change
                 todo.append(leaf)
-                diffs.append(leaf.q - low)
+                leaf.d = leaf.q - low
+                if not leaf.coarse:  # as the start reads Simpson's error (its own factor at _step)
+                    noise = FLOOR * self.eps_f * (abs(row.f[keys[-1]]) + abs(row.f[keys[0]]))
+                    leaf.d = leaf.d * start_factor(leaf.rho, float(lower @ s) - change, noise)
+                diffs.append(leaf.d)
                 owners.append(i)
         if todo:
             es = self._measure(diffs, owners)[:, 0]
@@ -388,7 +399,8 @@ class Refinement:
 
     def _step(self, i: int, total: torch.Tensor, big: float) -> None:
         row, tol = self.rows[i], self.tol
-        error = relative(sum(leaf.e for leaf in row.leaves), big)
+        held = sum(leaf.e for leaf in row.leaves)
+        error = relative(self._spread(i, held), big)
         residual = sum(leaf.rho for leaf in row.leaves)
         f_scale = abs(row.f[ONE]) + abs(row.f[ZERO])
         if row.leaves[0].coarse:  # Simpson's error, from the midpoint rule's and the two residuals
@@ -404,7 +416,8 @@ class Refinement:
         if row.leaves[0].coarse:  # the three-node start did not do: the whole path's five nodes (two more)
             row.leaves = [_Leaf(ZERO, ONE)]
             return
-        split = self._to_split(row, big, scale, error > tol, not residual_agrees)
+        split = self._to_split(row, big * held / max(self._spread(i, held), 1e-300) if held > 0 else big, scale,
+                               error > tol, not residual_agrees)
         if not split:  # what is left over tolerance sits in jumps
             smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
             state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)
@@ -469,6 +482,19 @@ class Refinement:
         split.sort(key=lambda leaf: -max(leaf.e / max(tol * big, 1e-300), abs(leaf.rho) / max(tol * scale, 1e-300)))
         return split
 
+    def _spread(self, i: int, held: float) -> float:
+        """The leaves' estimates of integral ``i`` summed entry by entry: max over the map's
+        entries of sum_I |Attr(upper_I - lower_I)| (``spread``), never above ``held`` = sum_I
+        max |Attr(upper_I - lower_I)|, which adds each leaf's worst entry wherever it is. Both
+        bound the error of the leaves' rule where each leaf's lower rule errs more than its
+        upper one, entry by entry; the first does not add the errors of different entries
+        (docs/integration.md). ``held`` where there is no ``spread`` or a single leaf."""
+        leaves = self.rows[i].leaves
+        if self.spread is None or len(leaves) < 2 or held == 0:
+            return held
+        d = torch.stack([leaf.d.to(self.dtype) for leaf in leaves])
+        return min(held, float(self.spread(d, torch.full((len(leaves),), i, dtype=torch.long))))
+
     @staticmethod
     def _jumps(row: _Row, leaf: _Leaf) -> bool:
         """Whether F changes across the leaf faster than any derivative at its nodes explains."""
@@ -506,16 +532,19 @@ class Refinement:
 def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
               measure: Callable[[torch.Tensor], torch.Tensor], tol: float, max_nodes: int = MAX_NODES,
               known: dict | None = None, known_f: dict | None = None,
-              derivative: Callable[[torch.Tensor], torch.Tensor] | None = None, coarse: bool = True) -> Integral:
+              derivative: Callable[[torch.Tensor], torch.Tensor] | None = None, coarse: bool = True,
+              spread: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Integral:
     """Integrate one example-layer to ``tol`` with at most ``max_nodes`` nodes.
     ``evaluate(alphas)`` -> (unweighted dF/dO at each alpha [k, ...], F there [k]);
     ``measure(g)`` -> (max |Attr|, sum |Attr|, sum Attr) of a G's map; ``known`` / ``known_f``
     map node keys to the gradient and F already at hand (the clean forward's alpha = 1);
-    ``derivative(g)`` (optional) -> sum Attr of each ``g[i]``'s map, cheaper than ``measure``."""
+    ``derivative(g)`` (optional) -> sum Attr of each ``g[i]``'s map, cheaper than ``measure``;
+    ``spread(g)`` (optional) -> max over entries of sum_i |Attr(g[i])| (:meth:`Refinement._spread`)."""
     one = Refinement(lambda g, rows: torch.tensor([list(measure(x)) for x in g], dtype=torch.float64), 1, tol,
                      max_nodes, {key: v.unsqueeze(0) for key, v in (known or {}).items()},
                      {key: [v] for key, v in (known_f or {}).items()},
-                     None if derivative is None else (lambda g, rows: derivative(g)), coarse)
+                     None if derivative is None else (lambda g, rows: derivative(g)), coarse,
+                     None if spread is None else (lambda g, rows: spread(g)))
     while not one.done:
         owner, keys, alphas = one.wanted()
         grads, f = evaluate(torch.from_numpy(alphas))

@@ -48,7 +48,7 @@ from . import adaptive, attention, sweep
 from .encoding import Encoded
 from .grouped import add_rows, crop_saved
 from .scorer import detached
-from .layer_integral import map_measures
+from .layer_integral import map_measures, map_spread
 
 
 # steps share one forward per node (StepScorer._shared) where the nodes the steps want, taken
@@ -519,6 +519,10 @@ class StepScorer:
             a, v = stacks(g.dtype)
             return map_measures(a, v, g).cpu()
 
+        def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
+            a, v = stacks(g.dtype)
+            return map_spread(a, v, g).cpu()
+
         def derivative(g, rows):
             a, v = stacks(g.dtype)
             if "av" not in box:
@@ -530,7 +534,7 @@ class StepScorer:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.numpy()}
         refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                       coarse=adaptive.coarse_start())
+                                       coarse=adaptive.coarse_start(), spread=spread)
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             owner = torch.as_tensor(owner)

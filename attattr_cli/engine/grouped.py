@@ -35,7 +35,7 @@ from . import adaptive, attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
-from .layer_integral import map_measures
+from .layer_integral import map_measures, map_spread
 from .scorer import detached
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
@@ -280,6 +280,12 @@ class _Group:
             a, v = stacks[:2]
             return map_measures(a[rows], v[rows], g).cpu()
 
+        def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
+            if not stacks:
+                stacks.extend(self._padded_a_v(saved, g.dtype))
+            r = int(rows[0])
+            return map_spread(stacks[0][r], stacks[1][r], g).cpu()
+
         def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
@@ -292,7 +298,7 @@ class _Group:
             known = {adaptive.ONE: grad_at_one.to(self.acc)}
             known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
         refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                       coarse=adaptive.coarse_start())
+                                       coarse=adaptive.coarse_start(), spread=spread)
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)

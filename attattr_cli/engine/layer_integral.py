@@ -121,10 +121,14 @@ class Integration:
                 s["out"] = torch.matmul(self.layer_probs(s, g.dtype), s["v"].to(g.dtype))
             return (g.reshape(len(g), *s["out"].shape[-3:]) * s["out"]).sum(dim=(-3, -2, -1), dtype=torch.float64)
 
+        def spread(g: torch.Tensor) -> torch.Tensor:  # the leaves' maps summed entry by entry (adaptive.Refinement)
+            s = self._saved
+            return map_spread(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g.reshape(len(g), *g.shape[-3:]))
+
         # the three-node start, as in sweeps (engine/sweep.py) and groups: an example gets the same
         # nodes whichever way its passes run
         res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
-                                 derivative, coarse=adaptive.coarse_start())
+                                 derivative, coarse=adaptive.coarse_start(), spread=spread)
         self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 
@@ -189,3 +193,9 @@ def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Ten
     dims = (-3, -2, -1)
     return torch.stack([attr.abs().amax(dim=dims).double(), attr.abs().sum(dim=dims, dtype=torch.float64),
                         attr.sum(dim=dims, dtype=torch.float64)], dim=-1)
+
+
+def map_spread(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """max over the entries of sum_k |Attr_k|, the maps Attr_k = A * (G_k V^T) of one integral's
+    leaves: A [head, n, n] (or one per G), V and G [k, head, n, d] -> a float64 scalar."""
+    return (a * torch.matmul(g, v.transpose(-1, -2))).abs().sum(0, dtype=torch.float64).amax()

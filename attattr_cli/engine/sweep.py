@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from . import adaptive, attention
-from .layer_integral import map_measures
+from .layer_integral import map_measures, map_spread
 
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 
@@ -214,6 +214,10 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
             out[sel] = map_measures(a, v, g[sel.to(g.device)]).cpu()
         return out
 
+    def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
+        a, v, _ = stacks(int(rows[0]) // per_layer, g.dtype)
+        return map_spread(a, v, g).cpu()
+
     def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
         out = torch.empty(len(rows), dtype=torch.float64)
         of_layer = rows // per_layer
@@ -227,7 +231,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         k = {adaptive.ONE: known.to(acc)}
         k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
     refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
-                                   coarse=adaptive.coarse_start() if coarse is None else coarse)
+                                   coarse=adaptive.coarse_start() if coarse is None else coarse, spread=spread)
     reported: set = set()
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
