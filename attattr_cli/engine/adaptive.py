@@ -64,7 +64,7 @@ from .options import MAX_NODES
 
 ZERO, ONE = 0.0, 1.0  # node keys: t (floats, exact for j / 2^k); t = 0, 1/2, 1 are alpha = 0, 1/2, 1
 JUMP_DEPTH = 9  # a leaf this narrow (t-width 2^-9) whose F still jumps is a jump of F, not a steep change
-DEEP_SPLIT = 64.0  # a leaf whose error is this many times its share is split into four at once
+DEEP_SPLIT = 256.0  # a leaf whose error is this many times its share is split into four at once (docs/integration.md)
 JUMP_RATIO = 4.0  # ... jumps: |F(b) - F(a)| > JUMP_RATIO x (b - a in alpha) x the largest |dF/dalpha| at its nodes
 CHECK_SECONDS = [0.0]  # process time spent on dF/dalpha at the nodes (the completeness check's only cost), for bench/
 REST = 0.9  # a split round leaves the unsplit leaves holding at most this share of an indicator's budget
