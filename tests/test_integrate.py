@@ -630,3 +630,17 @@ def test_the_leaves_estimates_add_entry_by_entry_not_worst_entry_to_worst_entry(
         assert res.status == adaptive.CONVERGED and true <= res.error <= 1e-3, (name, true, res.error)
         runs[name] = res.nodes
     assert runs["entry by entry"] < runs["worst entries"], runs  # 61 nodes against 73
+
+
+def test_the_leaves_maps_are_added_in_chunks_with_the_same_sum(monkeypatch):
+    """map_spread makes and adds the leaves' maps a chunk at a time (bounded memory on long
+    inputs); the chunks change nothing but the order of the float64 sum."""
+    from attattr_cli.engine import layer_integral
+
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(4, 7, 7, generator=gen)
+    v, g = torch.randn(4, 7, 3, generator=gen), torch.randn(9, 4, 7, 3, generator=gen)
+    want = (a * (g @ v.transpose(-1, -2))).abs().sum(0, dtype=torch.float64).amax()
+    assert float(layer_integral.map_spread(a, v, g)) == pytest.approx(float(want), rel=1e-12)
+    monkeypatch.setattr(layer_integral, "SPREAD_CHUNK", 2 * a.numel())  # five chunks of two leaves and one
+    assert float(layer_integral.map_spread(a, v, g)) == pytest.approx(float(want), rel=1e-12)

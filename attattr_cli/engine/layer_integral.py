@@ -197,12 +197,16 @@ def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Ten
 
 def map_spread(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """max over the entries of sum_k |Attr_k|, the maps Attr_k = A * (G_k V^T) of one integral's
-    leaves: A [head, n, n], V [head, n, d] and G [k, head, n, d] -> a float64 scalar. One map
-    at a time is made and added (a long input's map is large, and a layer may hold dozens of
-    leaves)."""
+    leaves: A [head, n, n], V [head, n, d] and G [k, head, n, d] -> a float64 scalar. The maps
+    are made and added in chunks of about SPREAD_CHUNK entries (a long input's map is large,
+    and a layer may hold dozens of leaves)."""
     vt = v.transpose(-1, -2)
+    step = max(1, SPREAD_CHUNK // max(a.numel(), 1))
     total = None
-    for gk in g:
-        part = (a * torch.matmul(gk, vt)).abs().to(torch.float64)
+    for start in range(0, len(g), step):
+        part = (a * torch.matmul(g[start:start + step], vt)).abs().sum(0, dtype=torch.float64)
         total = part if total is None else total.add_(part)
     return total.amax()
+
+
+SPREAD_CHUNK = 1 << 24  # map entries made at once by map_spread (64 MiB in float32)
