@@ -400,7 +400,8 @@ class Refinement:
     def _step(self, i: int, total: torch.Tensor, big: float) -> None:
         row, tol = self.rows[i], self.tol
         held = sum(leaf.e for leaf in row.leaves)
-        error = relative(self._spread(i, held), big)
+        spread = self._spread(i, held)
+        error = relative(spread, big)
         residual = sum(leaf.rho for leaf in row.leaves)
         f_scale = abs(row.f[ONE]) + abs(row.f[ZERO])
         if row.leaves[0].coarse:  # Simpson's error, from the midpoint rule's and the two residuals
@@ -416,8 +417,9 @@ class Refinement:
         if row.leaves[0].coarse:  # the three-node start did not do: the whole path's five nodes (two more)
             row.leaves = [_Leaf(ZERO, ONE)]
             return
-        split = self._to_split(row, big * held / max(self._spread(i, held), 1e-300) if held > 0 else big, scale,
-                               error > tol, not residual_agrees)
+        # the leaves' e over the budget as the entry-by-entry sum reads them: the budget scaled by held / spread
+        split = self._to_split(row, big * held / max(spread, 1e-300) if held > 0 else big, scale, error > tol,
+                               not residual_agrees)
         if not split:  # what is left over tolerance sits in jumps
             smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
             state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)

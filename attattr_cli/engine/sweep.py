@@ -53,19 +53,24 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
     with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
         logits = sc._logits(enc, len(alphas))
         f = sc._target_value(logits, target)
-        missing = [layer for layer in wanted if layer not in plan.leaves]
-        if missing:
-            raise attention.NotSweepable(f"layer {missing[0]}'s attention did not run through the sweep")
-        g = None
-        if weights is not None:
-            leaves = [plan.leaves[layer] for layer in wanted]
-            if len({tuple(x.shape[1:]) for x in leaves}) > 1:
-                raise attention.NotSweepable("layers of different attention shapes")
-            grads = torch.autograd.grad((f * weights.to(f)).sum(), leaves)
-            g = torch.cat(grads)
+        leaves = _leaves(plan, wanted, same_shape=weights is not None)
+        g = None if weights is None else torch.cat(torch.autograd.grad((f * weights.to(f)).sum(), leaves))
     for layer in wanted:
         saved.setdefault(layer, plan.saved[layer])
     return g, f.detach()
+
+
+def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
+    """The leaves of a sweep's target layers ``wanted``, in order; NotSweepable where one of them
+    did not run through the sweep or (``same_shape``: their gradients are to be stacked) where
+    their shapes differ."""
+    missing = [layer for layer in wanted if layer not in plan.leaves]
+    if missing:
+        raise attention.NotSweepable(f"layer {missing[0]}'s attention did not run through the sweep")
+    leaves = [plan.leaves[layer] for layer in wanted]
+    if same_shape and len({tuple(x.shape[1:]) for x in leaves}) > 1:
+        raise attention.NotSweepable("layers of different attention shapes")
+    return leaves
 
 
 def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
@@ -79,12 +84,7 @@ def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, al
     wanted = sorted(set(row_layer.tolist()))
     with sc.sites.sweep_pass(family, clean, plan), torch.enable_grad():
         f = values(sc._logits(enc, len(alphas)))
-        missing = [layer for layer in wanted if layer not in plan.leaves]
-        if missing:
-            raise attention.NotSweepable(f"layer {missing[0]}'s attention did not run through the sweep")
-        leaves = [plan.leaves[layer] for layer in wanted]
-        if len({tuple(x.shape[1:]) for x in leaves}) > 1:
-            raise attention.NotSweepable("layers of different attention shapes")
+        leaves = _leaves(plan, wanted, same_shape=True)
         used = [t for t in range(weights.shape[0]) if bool(weights[t].any())]
         grads: list = [None] * weights.shape[0]
         for i, t in enumerate(used):
