@@ -292,11 +292,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
                     plan.probs[site] = probs.detach()
                 elif plan.keep == "mean":
                     plan.probs[site] = probs.detach().float().mean(1)
-            if softcap is None:
-                out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
-                                                     scale=scaling, is_causal=causal)
-            else:
-                out = torch.matmul(reference.attention_probs(query, key, mask, scaling, softcap), value)
+            out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
         if want_grad:
             # as wide as the target pass's output (with a bias: padded, see the Attribute branch)
             extra = 0 if bias is None else query.shape[-1] + query.shape[-2] - out.shape[-1]
@@ -341,9 +337,7 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
 
     # plain attention (fused where PyTorch has it)
     if softcap is None:
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=None if causal else mask,
-                                             scale=scaling, is_causal=causal)
-        return out.transpose(1, 2).contiguous(), None
+        return _plain_attention(query, key, value, mask, scaling, softcap, causal).transpose(1, 2).contiguous(), None
     probs = reference.attention_probs(query, key, mask, scaling, softcap)
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
