@@ -7,8 +7,9 @@ seeded randomly initialised 2-way classification head (fine for timing), all lay
                      the examples in groups sharing passes as `attattr score` runs them
   --tol T 5-start    the first of them with every integral starting from the five-node rule
                      (no three-node try: docs/integration.md)
-  --tol T mid-start  the first of them with the three-node start judged by the midpoint rule's
-                     error alone (adaptive.start_factor at 1: the previous version's start)
+  --tol T mid-start  the first of them with adaptive.start_factor at 1: the three-node start
+                     judged by the midpoint rule's error alone and every leaf by its lower
+                     rule's error alone (the estimates before the residual factor)
   right m=20         the paper's right rule in attattr (same groups)
   2021 @real         the reference procedure (tests/slow_reference.py): every layer at batch m
                      with full probabilities, one example at a time, m rows and no F(0) row, at
@@ -179,7 +180,9 @@ def five_node_start(go):
 
 
 def midpoint_start(go):
-    """``go`` with the three-node start's estimate the midpoint rule's error alone (no residual ratio)."""
+    """``go`` with the residual factor at 1 (adaptive.start_factor, which the three-node start and
+    every leaf read): the start's estimate the midpoint rule's error alone, a leaf's its lower
+    rule's error alone."""
     def run():
         floor = adaptive.START_FLOOR
         adaptive.START_FLOOR = 1.0  # min(1, max(8 q, 1)) = 1
