@@ -495,10 +495,10 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                                         ALL_METHODS[m])
                             scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
                 runner.clear()  # the metrics' passes the same whether or not LOO ran
+                units = [Units.of(stored, ex, words) for _, stored, ex, _, _ in items]
                 if batch_examples:  # every erased and masked input of the group's examples together
                     wanted = []
-                    for _, stored, ex, scores, _ in items:
-                        u = Units.of(stored, ex, words)
+                    for (_, _stored, ex, scores, _), u in zip(items, units):
                         ranked = u.scores({m: scores[m] for m in options.methods})
                         wanted.append((ex, u.keeps(erasure_keeps(u.n, u.content, ranked, options.bins,
                                                                  options.fractions)[0]), None))
@@ -512,7 +512,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                                             options.seed)
                 for k, (index, stored, ex, scores, _) in enumerate(items):
                     done += 1
-                    u = Units.of(stored, ex, words)
+                    u = units[k]
                     content = u.content
                     row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
                                  "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
