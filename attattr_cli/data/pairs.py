@@ -1,0 +1,220 @@
+"""Counterfactual prompt pairs: the data of a circuit task (docs/circuits.md).
+
+A pair is a clean prompt, a counterfactual prompt of the same token length, the right
+answer and the wrong one (the foil) of the clean prompt, each a continuation token or a
+set of them. The metric of a pair is the logit difference answer - foil (set: the mean
+logit of the set), taken on the clean and on the counterfactual run alike.
+
+JSONL, one object per line::
+
+    {"prompt": "When Mary and John went to the store, John gave a drink to",
+     "counterfactual": "When Anna and Paul went to the store, Mark gave a drink to",
+     "answer": " Mary", "foil": " John"}
+
+``answer`` and ``foil`` are strings or lists of strings (each must be one token for the
+model's tokenizer); other fields are kept as ``meta``.
+
+Generators (``GENERATORS``, one registered entry each) write such pairs for any tokenizer:
+``ioi`` here; further tasks register with :func:`generator`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..errors import DataError
+
+FIELDS = ("prompt", "counterfactual", "answer", "foil")
+
+
+@dataclass
+class Pair:
+    """One clean / counterfactual pair. ``answer`` and ``foil`` are tuples of strings."""
+
+    index: int
+    prompt: str
+    counterfactual: str
+    answer: tuple[str, ...]
+    foil: tuple[str, ...]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        one = lambda t: t[0] if len(t) == 1 else list(t)  # noqa: E731
+        return {"prompt": self.prompt, "counterfactual": self.counterfactual,
+                "answer": one(self.answer), "foil": one(self.foil), **self.meta}
+
+
+def _tokens(value: Any, name: str, where: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise DataError(f"{where}: {name!r} must be a non-empty string or a list of them")
+    return tuple(value)
+
+
+def pair_from_dict(obj: Any, index: int, where: str) -> Pair:
+    if not isinstance(obj, dict):
+        raise DataError(f"{where}: a pair is a JSON object with fields {', '.join(FIELDS)}")
+    missing = [f for f in FIELDS if f not in obj]
+    if missing:
+        raise DataError(f"{where}: missing field {missing[0]!r} (a pair needs {', '.join(FIELDS)})")
+    for f in ("prompt", "counterfactual"):
+        if not isinstance(obj[f], str) or not obj[f].strip():
+            raise DataError(f"{where}: {f!r} must be a non-empty string")
+    answer = _tokens(obj["answer"], "answer", where)
+    foil = _tokens(obj["foil"], "foil", where)
+    if set(answer) & set(foil):
+        raise DataError(f"{where}: the answer and the foil share {sorted(set(answer) & set(foil))[0]!r};"
+                        " the metric answer - foil would be zero")
+    meta = {k: v for k, v in obj.items() if k not in FIELDS}
+    return Pair(index, obj["prompt"], obj["counterfactual"], answer, foil, meta)
+
+
+def read_pairs(path: str | os.PathLike) -> list[Pair]:
+    """Pairs from a JSONL file (one object per line; blank lines skipped)."""
+    name = os.fspath(path)
+    try:
+        with open(name, encoding="utf-8") as fh:
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{name}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{name}: cannot read ({exc})") from None
+    pairs: list[Pair] = []
+    for line_no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"{name} line {line_no}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{where}: not JSON ({exc.msg})") from None
+        pairs.append(pair_from_dict(obj, len(pairs), where))
+    if not pairs:
+        raise DataError(f"{name}: no pairs (a JSONL file of objects with {', '.join(FIELDS)})")
+    return pairs
+
+
+def write_pairs(path: str | os.PathLike, pairs: Sequence[Pair]) -> None:
+    from ..fileio import dumps
+
+    with open(os.fspath(path), "w", encoding="utf-8") as fh:
+        for p in pairs:
+            fh.write(dumps(p.to_json()) + "\n")
+
+
+def one_token(tokenizer, text: str) -> int | None:
+    """The id of ``text`` as one continuation token, or None when it is several."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[0] if len(ids) == 1 else None
+
+
+@dataclass
+class Encoded:
+    """A pair as token ids: clean and counterfactual ids of equal length, answer and foil ids."""
+
+    clean: list[int]
+    counterfactual: list[int]
+    answer: list[int]
+    foil: list[int]
+
+
+def encode_pair(tokenizer, pair: Pair, limit: int | None = None) -> Encoded:
+    """Token ids of a pair, checked: equal lengths, one-token answers and foils."""
+    enc = lambda s: list(tokenizer(s, add_special_tokens=True)["input_ids"])  # noqa: E731
+    clean, cf = enc(pair.prompt), enc(pair.counterfactual)
+    where = f"pair {pair.index}"
+    if len(clean) != len(cf):
+        raise DataError(f"{where}: the prompt has {len(clean)} tokens and the counterfactual {len(cf)};"
+                        " a pair must have equal token lengths")
+    if limit is not None and len(clean) > limit:
+        raise DataError(f"{where}: {len(clean)} tokens, more than the model's {limit}")
+    ids = {}
+    for name in ("answer", "foil"):
+        out = []
+        for t in getattr(pair, name):
+            i = one_token(tokenizer, t)
+            if i is None:
+                raise DataError(f"{where}: the {name} {t!r} is not one token for this tokenizer")
+            out.append(i)
+        ids[name] = out
+    if set(ids["answer"]) & set(ids["foil"]):
+        raise DataError(f"{where}: the answer and the foil are the same token; the metric would be zero")
+    return Encoded(clean, cf, ids["answer"], ids["foil"])
+
+
+# ---------------------------------------------------------------- generators
+
+Generator = Callable[..., list[Pair]]
+GENERATORS: dict[str, Generator] = {}
+
+
+def generator(name: str):
+    def deco(fn: Generator) -> Generator:
+        GENERATORS[name] = fn
+        return fn
+    return deco
+
+
+def generate(task: str, tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    if task not in GENERATORS:
+        raise DataError(f"no pair generator {task!r}; available: {', '.join(sorted(GENERATORS))}")
+    if count < 1:
+        raise DataError("count must be at least 1")
+    return GENERATORS[task](tokenizer, count=count, seed=seed)
+
+
+NAMES = ("Mary", "John", "Tom", "James", "Dan", "Sarah", "Michael", "David", "Paul", "Mark", "Anna",
+         "Lisa", "Kate", "Amy", "Emma", "Sam", "Jack", "Ben", "Alex", "Peter", "George", "Laura",
+         "Rachel", "Chris", "Mike", "Joe", "Steve", "Robert", "Kevin", "Jessica", "Andrew", "Eric")
+PLACES = ("store", "park", "school", "garden", "hospital", "office", "station", "restaurant")
+OBJECTS = ("drink", "book", "ring", "ball", "bag", "snack", "computer", "necklace")
+# the templates of the IOI task (Wang et al. 2022, as MIB uses them): A and B introduced, S repeated, IO answered
+IOI_TEMPLATES = (
+    "When {A} and {B} went to the {PLACE}, {S} gave a {OBJECT} to",
+    "Then, {A} and {B} went to the {PLACE}. {S} gave a {OBJECT} to",
+    "After {A} and {B} went to the {PLACE}, {S} gave a {OBJECT} to",
+    "While {A} and {B} were working at the {PLACE}, {S} gave a {OBJECT} to",
+    "Then, {A} and {B} had a long argument. Afterwards {S} said to",
+    "When {A} and {B} got a {OBJECT} at the {PLACE}, {S} decided to give it to",
+    "Friends {A} and {B} found a {OBJECT} at the {PLACE}. {S} gave it to",
+    "The {PLACE} {A} and {B} went to had a {OBJECT}. {S} gave it to",
+)
+
+
+def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
+    """Names that are one token with a leading space (as the answer) and inside a sentence."""
+    return [n for n in names if one_token(tokenizer, " " + n) is not None]
+
+
+@generator("ioi")
+def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """Indirect-object identification: "When Mary and John went to the store, John gave a drink
+    to" -> " Mary" against " John"; the counterfactual puts three other names in (the ABC
+    distribution), so that it carries no information about which name is the answer."""
+    names = usable_names(tokenizer)
+    if len(names) < 5:
+        raise DataError(f"only {len(names)} of the IOI names are one token for this tokenizer (5 needed)")
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    attempts = 0
+    while len(pairs) < count:
+        attempts += 1
+        if attempts > 100 * count:
+            raise DataError("could not make IOI pairs of equal token length for this tokenizer")
+        template = IOI_TEMPLATES[len(pairs) % len(IOI_TEMPLATES)]
+        io, s, c1, c2, c3 = rng.sample(names, 5)
+        place, obj = rng.choice(PLACES), rng.choice(OBJECTS)
+        first, second = (io, s) if rng.random() < 0.5 else (s, io)
+        fill = dict(PLACE=place, OBJECT=obj)
+        clean = template.format(A=first, B=second, S=s, **fill)
+        cf = template.format(A=c1, B=c2, S=c3, **fill)
+        if len(tokenizer(clean)["input_ids"]) != len(tokenizer(cf)["input_ids"]):
+            continue
+        pairs.append(Pair(len(pairs), clean, cf, (" " + io,), (" " + s,),
+                          {"task": "ioi", "template": IOI_TEMPLATES.index(template)}))
+    return pairs
