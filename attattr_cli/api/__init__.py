@@ -14,6 +14,7 @@ demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments,
 per function (``@checked``) and checked before any work.
 """
 
+from .circuits import Circuit, circuit, make_pairs
 from .demo import synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
 from .scoring import score
@@ -24,7 +25,7 @@ from .results import Attribution, Interaction, Results, StoreView, Tree, open_st
 from .views import Picture, info, report, view
 
 __all__ = [
-    "Attribution", "AttackResult", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
+    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data",

@@ -12,6 +12,7 @@ import typer
 from .. import __version__
 from . import demo
 from .attack import attack
+from .circuit import circuit
 from .common import EXIT_CODES_HELP, Command, Group
 from .faithfulness import faithfulness
 from .finetune import finetune
@@ -36,7 +37,7 @@ app = typer.Typer(
 for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tree", tree),
                         ("import-json", import_json), ("finetune", finetune), ("importance", importance),
                         ("prune", prune), ("triggers", triggers), ("attack", attack),
-                        ("faithfulness", faithfulness), ("view", view.view),
+                        ("faithfulness", faithfulness), ("circuit", circuit), ("view", view.view),
                         ("report", report.report)):
     app.command(_name, cls=Command)(_command)
 app.add_typer(demo.app, name="demo", cls=Group)

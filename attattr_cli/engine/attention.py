@@ -154,6 +154,84 @@ class HeadScale:
     scale: torch.Tensor
 
 
+@dataclass
+class HeadPatch:
+    """Head outputs as nodes of a circuit: record them, gate them, patch them.
+
+    A head's output is ``z_h = A_h V_h`` ([batch, head, query, d], before the output
+    projection, which is linear: replacing z_h replaces exactly the head's contribution).
+
+    - ``source`` (layer -> [1 or batch, head, query, d]) and ``gate`` ([batch, layer, head] or
+      [layer, head]): each head's output becomes ``source + gate * (z - source)`` with z the
+      head's live output: gate 1 keeps the head, 0 patches it (from the counterfactual run,
+      a mean, or zeros), values between interpolate. Without ``source`` nothing is patched.
+    - ``record``: filled with each layer's (gated) output, with its graph, so that gradients
+      with respect to head outputs can be taken (``torch.autograd.grad``).
+    - ``probs``: filled with each layer's attention probabilities when ``want_probs``.
+    """
+
+    source: dict | None = None
+    gate: torch.Tensor | None = None
+    record: dict | None = None
+    leaves: dict | None = None  # filled with a zero leaf added to each layer's output: d/d leaf = d/d z
+    want_probs: bool = False
+    probs: dict = field(default_factory=dict)
+
+
+@dataclass
+class PatternPath:
+    """Each batch row interpolates one layer's attention pattern (all its heads) between a
+    baseline and the live pattern: ``A(alpha) = A' + alpha (A - A')`` for the rows whose
+    ``target`` is that layer, every other layer plain. ``source`` (layer -> [1 or batch, head,
+    query, key]) is the baseline A' (zeros: the paper's path; the counterfactual run's
+    pattern: the counterfactual path). ``leaves`` is filled with a zero leaf added to the
+    interpolated pattern of each targeted layer ([rows of that layer, head, query, key]), so
+    that the gradient with respect to the pattern is the gradient with respect to the leaf;
+    ``delta`` with ``A - A'`` of those rows."""
+
+    target: torch.Tensor  # [batch] layer index of each row
+    alpha: torch.Tensor  # [batch]
+    source: dict
+    leaves: dict = field(default_factory=dict)
+    delta: dict = field(default_factory=dict)
+
+
+def _pattern_path(plan: PatternPath, layer: int, query, key, value, mask, scaling, softcap):
+    rows = (plan.target == layer).nonzero().flatten()
+    if rows.numel() == 0:
+        return None
+    probs = reference.attention_probs(query, key, mask, scaling, softcap)
+    src = plan.source[layer].to(probs)
+    src = src if src.shape[0] == 1 else src[rows]
+    live = probs[rows]
+    a = plan.alpha[rows].to(probs).view(-1, 1, 1, 1)
+    leaf = torch.zeros_like(live, requires_grad=True)
+    plan.leaves[layer], plan.delta[layer] = leaf, (live - src).detach()
+    mixed = src + a * (live - src) + leaf
+    probs = probs.index_put((rows,), mixed)
+    return torch.matmul(probs, value)
+
+
+def _head_patch(plan: HeadPatch, layer: int, out: torch.Tensor) -> torch.Tensor:
+    if plan.leaves is not None:
+        leaf = torch.zeros_like(out, requires_grad=True)
+        plan.leaves[layer] = leaf
+        out = out + leaf
+    if plan.source is not None and layer in plan.source:
+        src = plan.source[layer].to(device=out.device, dtype=out.dtype)
+        g = plan.gate
+        if g is None:
+            out = src.expand_as(out)
+        else:
+            g = (g[layer].view(1, -1, 1, 1) if g.dim() == 2 else g[:, layer].view(g.shape[0], -1, 1, 1))
+            if g.shape[1] != out.shape[1]:
+                raise ModelError(f"head gate has {g.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
+            out = src + g.to(device=out.device, dtype=out.dtype) * (out - src)
+    if plan.record is not None:
+        plan.record[layer] = out
+    return out
+
+
 def _head_scale(plan: HeadScale, layer: int, out: torch.Tensor) -> torch.Tensor:
     """out [batch, head, query, d] times the plan's factors of ``layer``."""
     s = plan.scale
@@ -324,6 +402,22 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         out = _swept_layer(plan, site[1], query, key, value, mask, bare_mask, bias, scaling, softcap, causal)
         if out is not None:
             return out.transpose(1, 2).contiguous(), None
+
+    if isinstance(plan, PatternPath) and site is not None and site[0] in ("self", "encoder"):
+        out = _pattern_path(plan, site[1], query, key, value, mask, scaling, softcap)
+        if out is None:
+            out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
+        return out.transpose(1, 2).contiguous(), None
+
+    if isinstance(plan, HeadPatch) and site is not None and site[0] in ("self", "encoder"):
+        if plan.want_probs or softcap is not None:
+            probs = reference.attention_probs(query, key, mask, scaling, softcap)
+            if plan.want_probs:
+                plan.probs[site[1]] = probs
+            out = torch.matmul(probs, value)
+        else:
+            out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
+        return _head_patch(plan, site[1], out).transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
         layer = site[1]
@@ -537,6 +631,11 @@ def taken_over(model):
         cfg.pad_token_id = old_pad
         for c, impl in old.values():
             c._attn_implementation = impl
+
+
+def is_taken_over() -> bool:
+    """True inside :func:`taken_over` (plans are applied)."""
+    return _owner.get() is not None
 
 
 @contextlib.contextmanager

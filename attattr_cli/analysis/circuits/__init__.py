@@ -1,0 +1,73 @@
+"""Which heads carry a behaviour: head-ranking methods and MIB's faithfulness evaluation
+(docs/circuits.md).
+
+A head method is one registered :class:`HeadMethod`: a name, a one-line description, the
+paper, and how to compute each pair's score of every head (``[pairs, layer, head]``, larger
+= the head carries more of the clean behaviour, in units of the metric). Adding a method is
+one module under this package that calls :func:`register`; the CLI's ``--methods`` list and
+``all``, the JSON and the docs table read this registry.
+
+Modules import NumPy only at the top (torch inside the functions) so ``attattr --help`` stays
+quick.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ...errors import OptionError
+
+
+@dataclass(frozen=True)
+class HeadMethod:
+    name: str
+    description: str
+    compute: Callable[[Any], Any]  # Context -> [pairs, layer, head] float64
+    kind: str = "gradient"  # causal, gradient, attribution, attention, baseline
+    reference: str = ""
+    passes: Callable[[Any], str] = field(default=lambda settings: "")  # what it costs per pair, in words
+    default: bool = False  # computed by default (with the recommended method)
+
+
+REGISTRY: dict[str, HeadMethod] = {}
+
+
+def register(method: HeadMethod) -> HeadMethod:
+    if method.name in REGISTRY or method.name == "all":
+        raise ValueError(f"head method '{method.name}' is registered twice")
+    REGISTRY[method.name] = method
+    return method
+
+
+# the method modules register themselves; their order is the order of tables and --help
+from . import gates, atp, patching, nap_ig, pattern, attention, baseline  # noqa: E402,F401
+
+NAMES = tuple(REGISTRY)
+RECOMMENDED = "attr-gates"  # chosen by measurement: docs/circuits.md
+DEFAULT = tuple(dict.fromkeys((RECOMMENDED,) + tuple(m.name for m in REGISTRY.values() if m.default)))
+
+
+def parse_methods(spec: str | None) -> tuple[str, ...]:
+    """``None`` -> the default set; ``all``; or a comma-separated list of registered names.
+    The recommended method is always computed."""
+    if spec is None:
+        return DEFAULT
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise OptionError("methods is empty; give one or more of: " + ", ".join(NAMES) + " (or all)")
+    if names == ["all"]:
+        return NAMES
+    for n in names:
+        if n not in REGISTRY:
+            raise OptionError(f"unknown head method {n!r}; available: {', '.join(NAMES)} (or all)")
+    return tuple(dict.fromkeys([RECOMMENDED] + names))
+
+
+def markdown_table() -> str:
+    """The methods table of docs/circuits.md (a test keeps the two equal)."""
+    rows = ["| method | kind | what it computes | cost per pair | reference |", "|---|---|---|---|---|"]
+    for m in REGISTRY.values():
+        star = " (recommended)" if m.name == RECOMMENDED else ""
+        rows.append(f"| `{m.name}`{star} | {m.kind} | {m.description} | {m.passes(None)} | {m.reference} |")
+    return "\n".join(rows)

@@ -1,0 +1,85 @@
+"""Head gates: every head's output written ``z' + g (z - z')`` between its ablated value z'
+(the counterfactual run's output under patching) and its live value z.
+
+The metric is a function F(g) of the gates; g = 1 everywhere is the clean model (m(N)),
+g = 0 everywhere every head patched (m(empty)): the two ends of MIB's faithfulness ratio,
+and a circuit is a 0/1 gate vector. Two methods read its gradient:
+
+* ``atp``: attribution patching, ``dF/dg_h`` at g = 1, which is ``<dm/dz_h, z_h - z'_h>``
+  (one clean forward and backward, one counterfactual forward).
+* ``attr-gates``: attattr's integrated gradients along the diagonal g = alpha 1, alpha from 0
+  to 1 (Gauss-Legendre nodes): ``IG_h = int_0^1 dF/dg_h(alpha 1) d alpha``. The scores add up
+  to ``m(N) - m(empty)`` (completeness), so a head's score is its share of the behaviour that
+  MIB's curve measures; pairs of the same length run their nodes as one batch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import HeadMethod, register
+
+STEPS = 4  # Gauss-Legendre nodes of the diagonal (docs/circuits.md: how many are enough)
+
+
+def nodes(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Gauss-Legendre nodes and weights on [0, 1]."""
+    x, w = np.polynomial.legendre.leggauss(k)
+    return (x + 1) / 2, w / 2
+
+
+def gate_gradients(ctx, alphas, weights) -> np.ndarray:
+    """sum_k weights[k] * dF/dg (alphas[k] * 1) per pair: [pairs, layer, head]."""
+    import torch
+
+    from ...engine import attention
+
+    task = ctx.task
+    L, H = task.layers, task.heads
+    k = len(alphas)
+    out = np.zeros((task.n, L, H))
+    a = torch.tensor(np.asarray(alphas), dtype=task.dtype, device=task.device)
+    w = torch.tensor(np.asarray(weights), dtype=torch.float64)
+    with attention.taken_over(task.model):
+        for i, b in enumerate(task.batches):
+            src = ctx.source(b)
+            per_chunk = max(1, 64 // k)  # pairs per pass
+            for s in range(0, b.size, per_chunk):
+                pos = list(range(s, min(b.size, s + per_chunk)))
+                rows = len(pos) * k
+                idx = torch.tensor(pos, device=task.device).repeat_interleave(k)
+                gate = a.repeat(len(pos)).view(rows, 1, 1).expand(rows, L, H).clone().requires_grad_(True)
+                source = {l: (v if v.shape[0] == 1 else v[idx]) for l, v in src.items()}
+                plan = attention.HeadPatch(source=source, gate=gate)
+                with torch.enable_grad():
+                    logits = task.logits(b.clean[idx], plan)
+                    m = task.metric(logits, _rows(b, idx))
+                    (g,) = torch.autograd.grad(m.sum(), gate)
+                g = g.detach().double().cpu().view(len(pos), k, L, H)
+                out[[b.positions[p] for p in pos]] = (g * w.view(1, k, 1, 1)).sum(1).numpy()
+            ctx.tick(i + 1, "gates")
+    return out
+
+
+def _rows(b, idx):
+    from .task import PairBatch
+
+    return PairBatch([b.positions[i] for i in idx.tolist()], b.clean[idx], b.counterfactual[idx],
+                     b.answer[idx], b.answer_w[idx], b.foil[idx], b.foil_w[idx])
+
+
+def _attr_gates(ctx) -> np.ndarray:
+    x, w = nodes(ctx.steps or STEPS)
+    return gate_gradients(ctx, x, w)
+
+
+register(HeadMethod(
+    name="attr-gates",
+    description="integrated gradients of the metric along head gates from all heads ablated to all kept "
+                "(the scores add up to m(N) - m(empty))",
+    compute=_attr_gates,
+    kind="attribution",
+    reference="attattr (integrated gradients, Sundararajan et al. 2017, over MIB's node gates)",
+    passes=lambda s: "1 counterfactual forward + (steps) forward and backward rows, batched",
+    default=True,
+))

@@ -1,0 +1,84 @@
+"""One circuit evaluation: score heads by each method, draw MIB's curve for each ranking."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import REGISTRY, RECOMMENDED
+from .evaluate import PERCENTAGES, area, bootstrap, curve_from, ends, keep_masks, per_pair_metrics
+from .task import Context
+
+
+@dataclass
+class MethodResult:
+    name: str
+    scores: np.ndarray  # [layer, head], the mean over pairs
+    per_pair: np.ndarray  # [pairs, layer, head]
+    curve: list  # f(k) for the signed ranking (CPR's)
+    curve_abs: list  # f(k) for the absolute ranking (CMD's)
+    cpr: float
+    cmd: float
+    cpr_interval: tuple
+    cmd_interval: tuple
+    cpu_s_per_pair: float
+    spearman: float | None = None  # with exact patching, where computed
+    top10_shared: int | None = None
+    completeness: float | None = None  # |sum of scores - (m(N) - m(empty))| / |m(N) - m(empty)|, where it applies
+
+
+@dataclass
+class CircuitRun:
+    methods: dict = field(default_factory=dict)
+    clean: float = 0.0  # m(N), mean over pairs
+    empty: float = 0.0  # m(empty)
+    n_pairs: int = 0
+    ablation: str = "patching"
+    metric: str = "logit-diff"
+    layers: int = 0
+    heads: int = 0
+
+
+def _cpu() -> float:
+    return time.process_time()
+
+
+def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun:
+    from scipy.stats import spearmanr
+
+    task = ctx.task
+    run = CircuitRun(n_pairs=task.n, ablation=ctx.ablation, metric=task.metric_name,
+                     layers=task.layers, heads=task.heads)
+    t = _cpu()
+    for b in task.batches:  # the ablation's sources, shared by every method (not charged to any)
+        ctx.source(b)
+    clean, empty = ends(ctx)
+    run.clean, run.empty = float(clean.mean()), float(empty.mean())
+    shared = (_cpu() - t) / task.n
+    for name in methods:
+        t = _cpu()
+        per = np.asarray(REGISTRY[name].compute(ctx), dtype=np.float64)
+        cost = (_cpu() - t) / task.n + (shared if name not in ("random",) else 0.0)
+        mean = per.mean(0)
+        masks = np.concatenate([keep_masks(mean, False), keep_masks(mean, True)])
+        pm = per_pair_metrics(ctx, masks)
+        k = len(PERCENTAGES)
+        signed, absolute = pm[:k], pm[k:]
+        f_s, f_a = curve_from(signed, clean, empty), curve_from(absolute, clean, empty)
+        cpr, cmd = area(PERCENTAGES, f_s)[0], area(PERCENTAGES, f_a)[1]
+        ci_cpr, ci_cmd = bootstrap(signed, absolute, clean, empty, samples=bootstrap_samples, seed=ctx.seed)
+        res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
+        if name in ("attr-gates",):
+            total = per.sum((1, 2))
+            gap = clean - empty
+            res.completeness = float(np.abs(total - gap).mean() / max(np.abs(gap).mean(), 1e-12))
+        run.methods[name] = res
+    ref = run.methods.get("patching")
+    if ref is not None:
+        for r in run.methods.values():
+            r.spearman = float(spearmanr(r.scores.ravel(), ref.scores.ravel())[0])
+            top = lambda s: set(np.argsort(-s.ravel())[:10].tolist())  # noqa: E731
+            r.top10_shared = len(top(r.scores) & top(ref.scores))
+    return run

@@ -1,0 +1,209 @@
+"""A circuit task: counterfactual pairs on a causal language model, run with heads as nodes.
+
+:class:`CircuitTask` encodes the pairs once, groups them into batches of equal token
+length (no padding ever reaches a head), and runs the model with a
+:class:`~attattr_cli.engine.attention.HeadPatch` plan: clean and counterfactual runs that
+record every head's output, runs with heads gated (kept, patched or interpolated), and the
+metric of each pair on the last position's logits.
+
+Shapes: a head output is ``[batch, head, query, d]`` (before the output projection); gates
+are ``[rows, layer, head]``; metrics are ``[rows]``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ...data.pairs import Pair, encode_pair
+from ...errors import DataError, OptionError
+from ...engine import attention
+
+METRICS = ("logit-diff", "logprob-diff", "prob")
+ABLATIONS = ("patching", "mean", "zero")
+
+
+@dataclass
+class PairBatch:
+    """Pairs of one token length: ``positions`` index the task's pairs."""
+
+    positions: list[int]
+    clean: torch.Tensor  # [b, n] token ids
+    counterfactual: torch.Tensor  # [b, n]
+    answer: torch.Tensor  # [b, a] ids, padded by repeating the first
+    answer_w: torch.Tensor  # [b, a] weights: 1 / len for real entries, 0 for padding
+    foil: torch.Tensor
+    foil_w: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return len(self.positions)
+
+
+def _set(ids: Sequence[Sequence[int]]):
+    width = max(len(x) for x in ids)
+    idx = torch.tensor([list(x) + [x[0]] * (width - len(x)) for x in ids], dtype=torch.long)
+    w = torch.tensor([[1.0 / len(x)] * len(x) + [0.0] * (width - len(x)) for x in ids])
+    return idx, w
+
+
+class CircuitTask:
+    """Pairs encoded for one loaded causal LM (``models.loading.LoadedModel`` with ``lm``)."""
+
+    def __init__(self, loaded, pairs: Sequence[Pair], metric: str = "logit-diff", batch_size: int = 32):
+        if not getattr(loaded, "lm", False):
+            raise OptionError("circuits need a causal language model: load it with lm=True (--lm)")
+        if metric not in METRICS:
+            raise OptionError(f"unknown metric {metric!r}; available: {', '.join(METRICS)}")
+        if not pairs:
+            raise DataError("no pairs to evaluate")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.pairs = list(pairs)
+        self.metric_name = metric
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        limit = getattr(loaded.arch, "max_length", None)
+        enc = [encode_pair(loaded.tokenizer, p, limit) for p in self.pairs]
+        by_len: dict[int, list[int]] = {}
+        for i, e in enumerate(enc):
+            by_len.setdefault(len(e.clean), []).append(i)
+        self.batches: list[PairBatch] = []
+        for n in sorted(by_len):
+            idx = by_len[n]
+            for s in range(0, len(idx), batch_size):
+                part = idx[s:s + batch_size]
+                a, aw = _set([enc[i].answer for i in part])
+                f, fw = _set([enc[i].foil for i in part])
+                t = lambda rows: torch.tensor(rows, dtype=torch.long, device=self.device)  # noqa: E731
+                self.batches.append(PairBatch(part, t([enc[i].clean for i in part]),
+                                              t([enc[i].counterfactual for i in part]),
+                                              a.to(self.device), aw.to(self.device),
+                                              f.to(self.device), fw.to(self.device)))
+        self.n = len(self.pairs)
+        self.layers = int(loaded.arch.num_layers)
+        self.heads = int(loaded.arch.num_heads)
+
+    # ------------------------------------------------------------------ running
+
+    def over(self):
+        """The model's attention routed through attattr (a no-op where it already is)."""
+        return contextlib.nullcontext() if attention.is_taken_over() else attention.taken_over(self.model)
+
+    def logits(self, ids: torch.Tensor | None, plan=None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Last-position logits [rows, vocab] under ``plan`` (the model already taken over)."""
+        kw = {"input_ids": ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
+        with attention.active(plan):
+            out = self.model(**kw, use_cache=False)
+        return out.logits[:, -1].double()
+
+    def metric(self, logits: torch.Tensor, batch: PairBatch, rows_per_pair: int = 1) -> torch.Tensor:
+        """The metric of each row; row r belongs to pair ``r // rows_per_pair`` of the batch."""
+        a, aw, f, fw = batch.answer, batch.answer_w, batch.foil, batch.foil_w
+        if rows_per_pair > 1:
+            rep = lambda x: x.repeat_interleave(rows_per_pair, 0)  # noqa: E731
+            a, aw, f, fw = rep(a), rep(aw), rep(f), rep(fw)
+        if self.metric_name == "logit-diff":
+            x = logits
+        elif self.metric_name == "logprob-diff":
+            x = torch.log_softmax(logits, -1)
+        else:
+            x = torch.softmax(logits, -1)
+        good = (x.gather(1, a) * aw).sum(1)
+        bad = (x.gather(1, f) * fw).sum(1)
+        if self.metric_name == "prob":  # the probability of the answer set minus that of the foils
+            good, bad = good * a.shape[1] / aw.gt(0).sum(1), bad * f.shape[1] / fw.gt(0).sum(1)
+        return good - bad
+
+    def record(self, ids: torch.Tensor, want_probs: bool = False, grad: bool = False):
+        """(logits, {layer: head output [b, head, n, d]}, {layer: probs}) of a plain run."""
+        plan = attention.HeadPatch(record={}, want_probs=want_probs)
+        with self.over(), torch.set_grad_enabled(grad):
+            logits = self.logits(ids, plan)
+        outs = plan.record if grad else {k: v.detach() for k, v in plan.record.items()}
+        return logits, outs, plan.probs
+
+    def sources(self, batch: PairBatch, ablation: str, means: dict | None = None) -> dict:
+        """What a patched head's output becomes: {layer: [b or 1, head, n, d]}."""
+        if ablation == "patching":
+            _, outs, _ = self.record(batch.counterfactual)
+            return outs
+        if ablation == "mean":  # aligned at the last token (mean_outputs is as long as the longest pair)
+            return {k: v[:, :, -batch.clean.shape[1]:] for k, v in (means or {}).items()}
+        if ablation == "zero":
+            _, outs, _ = self.record(batch.clean[:1])
+            return {k: torch.zeros_like(v) for k, v in outs.items()}
+        raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
+
+    def mean_outputs(self) -> dict:
+        """Each head's output averaged over the clean prompts, per position from the end
+        (prompts of several lengths are aligned at their last token): MIB's mean ablation."""
+        sums: dict = {}
+        counts: dict = {}
+        for b in self.batches:
+            _, outs, _ = self.record(b.clean)
+            n = b.clean.shape[1]
+            for k, v in outs.items():
+                s = v.sum(0, keepdim=True)
+                if k not in sums:
+                    sums[k], counts[k] = s, torch.full((n,), float(b.size))
+                    continue
+                width = max(sums[k].shape[2], n)
+                grow = lambda t, w: torch.cat([t.new_zeros(*t.shape[:2], w - t.shape[2], *t.shape[3:]), t], 2)  # noqa: E731
+                sums[k] = grow(sums[k], width) + grow(s, width)
+                c = torch.zeros(width)
+                c[width - counts[k].shape[0]:] += counts[k]
+                c[width - n:] += b.size
+                counts[k] = c
+        return {k: sums[k] / counts[k].clamp(min=1).view(1, 1, -1, 1).to(sums[k]) for k in sums}
+
+    def gated(self, batch: PairBatch, source: dict, gate: torch.Tensor, chunk: int = 64,
+              rows_per_pair: int | None = None) -> torch.Tensor:
+        """Metric [rows] with heads gated by ``gate`` [rows, layer, head]; rows go pair-major:
+        row r is pair ``r // rows_per_pair`` of the batch (``rows_per_pair`` = rows / pairs)."""
+        rows = gate.shape[0]
+        per = rows_per_pair or rows // batch.size
+        out = []
+        for s in range(0, rows, chunk):
+            g = gate[s:s + chunk]
+            owner = torch.arange(s, s + g.shape[0], device=self.device) // per
+            src = {k: (v if v.shape[0] == 1 else v[owner]) for k, v in source.items()}
+            plan = attention.HeadPatch(source=src, gate=g)
+            with torch.no_grad():
+                logits = self.logits(batch.clean[owner], plan)
+            sub = PairBatch([batch.positions[i] for i in owner.tolist()], batch.clean[owner], batch.counterfactual[owner],
+                            batch.answer[owner], batch.answer_w[owner], batch.foil[owner], batch.foil_w[owner])
+            out.append(self.metric(logits, sub))
+        return torch.cat(out)
+
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class Context:
+    """What every head method gets: the task, the ablation, the settings; the ablation's
+    sources are computed once per batch and shared by every method."""
+
+    task: CircuitTask
+    ablation: str = "patching"
+    steps: int | None = None  # integration nodes of the path methods (None: each method's own default)
+    seed: int = 0
+    progress: Progress | None = None
+    _sources: dict = field(default_factory=dict)
+    _means: dict | None = None
+
+    def source(self, batch: PairBatch) -> dict:
+        key = id(batch)
+        if key not in self._sources:
+            if self.ablation == "mean" and self._means is None:
+                self._means = self.task.mean_outputs()
+            self._sources[key] = self.task.sources(batch, self.ablation, self._means)
+        return self._sources[key]
+
+    def tick(self, done: int, what: str) -> None:
+        if self.progress is not None:
+            self.progress(done, len(self.task.batches), what)

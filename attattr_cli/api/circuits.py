@@ -1,0 +1,236 @@
+"""Circuits: ``circuit`` (which heads carry a behaviour, judged by MIB's faithfulness curve)
+and ``make_pairs`` (counterfactual pairs from a built-in generator)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError
+from ..fileio import dumps as strict_dumps
+from .checks import File, Instance, Int, ModelArg, Names, OneOf, Out, Progress, Str, checked
+from .model import progress_for, using
+
+SUMMARY_COLUMNS = ["method", "cpr", "cpr_low", "cpr_high", "cmd", "cmd_low", "cmd_high", "spearman_patching",
+                   "top10_shared", "cpu_s_per_pair", "completeness"]
+CURVE_COLUMNS = ["method", "ranking", "k", "heads_kept", "f"]
+
+
+@dataclass
+class Circuit:
+    """Head rankings and their faithfulness curves.
+
+    ``methods`` maps a method name to its result: ``scores`` [layer, head] (mean over pairs,
+    in units of the metric), ``curve`` (f at each k, heads ranked by signed score: CPR's),
+    ``curve_abs`` (by absolute score: CMD's), ``cpr``, ``cmd`` and their bootstrap intervals,
+    ``spearman`` with exact patching (when ``patching`` was computed), ``cpu_s_per_pair``.
+    ``recommended`` is the method docs/circuits.md recommends."""
+
+    methods: dict
+    recommended: str
+    clean: float  # m(N): the metric of the clean model, mean over pairs
+    empty: float  # m(empty): every head ablated
+    n_pairs: int
+    ablation: str
+    metric: str
+    layers: int
+    heads: int
+    model: str = ""
+    percentages: tuple = ()
+    path: str | None = None
+    extra: dict = field(default_factory=dict)
+
+    # ------------------------------------------------------------- tables
+    def _rows(self) -> list[dict]:
+        rows = []
+        for name, r in self.methods.items():
+            rows.append({"method": name, "cpr": r.cpr, "cpr_low": r.cpr_interval[0], "cpr_high": r.cpr_interval[1],
+                         "cmd": r.cmd, "cmd_low": r.cmd_interval[0], "cmd_high": r.cmd_interval[1],
+                         "spearman_patching": r.spearman, "top10_shared": r.top10_shared,
+                         "cpu_s_per_pair": r.cpu_s_per_pair, "completeness": r.completeness})
+        return rows
+
+    def to_pandas(self, what: str = "summary"):
+        """``summary`` (default): one row per method (``cpr``, ``cmd`` with 95 % bootstrap
+        intervals, ``spearman_patching``, ``top10_shared``, ``cpu_s_per_pair``,
+        ``completeness``); ``curves``: one row per method, ranking (signed, absolute) and k;
+        ``scores``: one row per method, layer and head."""
+        from ..views.notebook import data_frame
+
+        if what == "summary":
+            return data_frame(self._rows(), SUMMARY_COLUMNS)
+        if what == "curves":
+            n = self.layers * self.heads
+            rows = [{"method": name, "ranking": ranking, "k": k, "heads_kept": int(k * n), "f": f}
+                    for name, r in self.methods.items()
+                    for ranking, curve in (("signed", r.curve), ("absolute", r.curve_abs))
+                    for k, f in zip(self.percentages, curve)]
+            return data_frame(rows, CURVE_COLUMNS)
+        if what == "scores":
+            rows = [{"method": name, "layer": l, "head": h, "score": float(r.scores[l, h])}
+                    for name, r in self.methods.items() for l in range(self.layers) for h in range(self.heads)]
+            return data_frame(rows, ["method", "layer", "head", "score"])
+        raise OptionError(f"to_pandas takes 'summary', 'curves' or 'scores', got {what!r}")
+
+    def ranking(self, method: str | None = None) -> list[tuple[int, int]]:
+        """(layer, head) from the most to the least important by ``method`` (default: the recommended)."""
+        s = self._method(method).scores
+        return [tuple(int(x) for x in np.unravel_index(i, s.shape)) for i in np.argsort(-s.ravel(), kind="stable")]
+
+    def _method(self, method):
+        name = self.recommended if method is None else method
+        if name not in self.methods:
+            raise OptionError(f"no method {name!r} in this result; there are: {', '.join(self.methods)}")
+        return self.methods[name]
+
+    # ------------------------------------------------------------- pictures
+    @checked(path=Out())
+    def plot(self, path=None, absolute: bool = False):
+        """The faithfulness curves, one line per method (f against the share of heads kept; the
+        signed ranking, or with ``absolute`` the ranking by |score|): a matplotlib Figure, also
+        written to ``path`` (.png, .svg, .pdf) when given."""
+        from ..analysis.circuits.plots import curves_figure
+
+        fig = curves_figure(self, absolute=absolute)
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    @checked(path=Out())
+    def heatmap(self, method: str | None = None, path=None):
+        """A layer x head heatmap of ``method``'s scores (default: the recommended method)."""
+        from ..analysis.circuits.plots import heatmap_figure
+
+        fig = heatmap_figure(self, self._method(method).name)
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        rows = []
+        for r in self._rows():
+            rows.append([r["method"] + (" (recommended)" if r["method"] == self.recommended else ""),
+                         f"{r['cpr']:.3f} [{r['cpr_low']:.3f}, {r['cpr_high']:.3f}]",
+                         f"{r['cmd']:.3f} [{r['cmd_low']:.3f}, {r['cmd_high']:.3f}]",
+                         "" if r["spearman_patching"] is None else f"{r['spearman_patching']:.3f}",
+                         f"{r['cpu_s_per_pair']:.2f}"])
+        return table_html(rows, ["method", "CPR (higher better)", "CMD (lower better)", "Spearman with patching",
+                                 "CPU s per pair"], title=repr(self))
+
+    def __repr__(self) -> str:
+        best = self.methods[self.recommended]
+        return (f"Circuit({self.n_pairs} pairs, {self.layers} layers x {self.heads} heads, metric {self.metric}, "
+                f"ablation {self.ablation}: m(N) {self.clean:.4g}, m(empty) {self.empty:.4g}; methods "
+                f"{', '.join(self.methods)}; {self.recommended}: CPR {best.cpr:.3f}, CMD {best.cmd:.3f})")
+
+    # ------------------------------------------------------------- files
+    def to_dict(self) -> dict:
+        """The JSON of ``attattr circuit --json``."""
+        return {
+            "model": self.model, "pairs": self.n_pairs, "metric": self.metric, "ablation": self.ablation,
+            "layers": self.layers, "heads": self.heads, "m_clean": self.clean, "m_empty": self.empty,
+            "percentages": list(self.percentages),
+            "methods": {name: {"cpr": r.cpr, "cmd": r.cmd, "cpr_interval": list(r.cpr_interval),
+                               "cmd_interval": list(r.cmd_interval), "curve": list(r.curve),
+                               "curve_abs": list(r.curve_abs), "spearman_patching": r.spearman,
+                               "top10_shared": r.top10_shared, "completeness": r.completeness,
+                               "scores": [[l, h, float(r.scores[l, h])] for l in range(self.layers)
+                                          for h in range(self.heads)],
+                               "cpu_s_per_prompt": r.cpu_s_per_pair}
+                        for name, r in self.methods.items()},
+            "recommended": self.recommended,
+        }
+
+    def to_json(self) -> str:
+        return strict_dumps(self.to_dict(), indent=2)
+
+    @checked(path=Out())
+    def save(self, path) -> str:
+        """Write the result as an HDF5 file (schema ``attattr.circuit``; docs/circuits.md)."""
+        from ..analysis.circuits.io import write
+
+        write(path, self)
+        self.path = os.fspath(path)
+        return self.path
+
+
+def _pairs_of(pairs):
+    from ..data.pairs import Pair, pair_from_dict, read_pairs
+
+    if isinstance(pairs, (str, os.PathLike)):
+        return read_pairs(pairs)
+    out = []
+    for i, p in enumerate(pairs):
+        if isinstance(p, Pair):
+            out.append(p)
+        else:
+            out.append(pair_from_dict(p, i, f"pairs[{i}]"))
+    if not out:
+        raise OptionError("pairs is empty")
+    return out
+
+
+PairsArg = OneOf(File(), Instance(list, tuple, what="a list"), what="a JSONL path or a list of pairs")
+
+
+@checked(model=ModelArg(), task=Str(), count=Int(min=1), seed=Int(), out=Out())
+def make_pairs(model, task: str = "ioi", count: int = 32, seed: int = 0, out=None) -> list:
+    """Counterfactual pairs from a built-in generator (``ioi``, ...; see
+    ``attattr_cli.data.pairs.GENERATORS``) for ``model``'s tokenizer: a list of ``Pair``,
+    also written as JSONL to ``out`` when given."""
+    from ..data.pairs import generate, write_pairs
+
+    with using(model, lm=True) as m:
+        pairs = generate(task, m.loaded.tokenizer, count, seed)
+    if out is not None:
+        write_pairs(out, pairs)
+    return pairs
+
+
+@checked(model=ModelArg(), pairs=PairsArg, methods=Names(), ablation=Str(), metric=Str(), nodes=Str(),
+         steps=Int(min=1), seed=Int(), bootstrap=Int(min=10), progress=Progress(), out=Out(), json=Out())
+def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: str = "logit-diff",
+            nodes: str = "heads", steps: int | None = None, seed: int = 0, bootstrap: int = 1000,
+            device: str = "auto", progress=False, out=None, json=None) -> Circuit:
+    """Rank attention heads by each of ``methods`` (a list or comma string of registered head
+    methods, ``"all"``; default: the recommended one, AtP and NAP-IG) on counterfactual
+    ``pairs`` (a JSONL path or a list of pairs / dicts with prompt, counterfactual, answer,
+    foil), and judge each ranking by MIB's faithfulness curve with the heads outside the
+    circuit ablated by ``ablation`` (patching, mean, zero). ``metric``: logit-diff (default),
+    logprob-diff or prob. Returns :class:`Circuit`; ``out`` also writes it as HDF5, ``json``
+    as JSON."""
+    from ..analysis import circuits as reg
+    from ..analysis.circuits.evaluate import PERCENTAGES
+    from ..analysis.circuits.run import evaluate
+    from ..analysis.circuits.task import ABLATIONS, CircuitTask, Context
+
+    if ablation not in ABLATIONS:
+        raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
+    if nodes != "heads":
+        raise OptionError(f"nodes {nodes!r} is not available; heads are the nodes (MLP nodes are not scored yet)")
+    if isinstance(methods, (list, tuple)):
+        methods = ",".join(methods)
+    wanted = reg.parse_methods(methods)
+    the_pairs = _pairs_of(pairs)
+    with using(model, device=device, lm=True) as m:
+        task = CircuitTask(m.loaded, the_pairs, metric=metric)
+        with progress_for(progress, "circuit") as bar:
+            ctx = Context(task, ablation=ablation, steps=steps, seed=seed, progress=bar)
+            run = evaluate(ctx, wanted, bootstrap_samples=bootstrap)
+        name = m.loaded.model_id
+    result = Circuit(run.methods, reg.RECOMMENDED, run.clean, run.empty, run.n_pairs, run.ablation, run.metric,
+                     run.layers, run.heads, model=str(name), percentages=PERCENTAGES)
+    if out is not None:
+        result.save(out)
+    if json is not None:
+        from ..fileio import replaced
+
+        with replaced(json) as tmp:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(result.to_json() + "\n")
+    return result

@@ -1,0 +1,254 @@
+"""Circuits: head methods against independent references, MIB's curve, the command and the API.
+
+The references here do not use attattr's HeadPatch plan: they patch a head's output by a
+forward pre-hook on the layer's output projection (``o_proj``), whose input is the heads'
+outputs side by side ([batch, query, head * d]).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import build_model, one_error_line, run_cli
+
+
+def _pairs():
+    from attattr_cli.data.pairs import Pair
+
+    rows = [("w1 w2 w3 w4 w1", "w5 w6 w7 w8 w9", "w2", "w1"),
+            ("w3 w1 w2 w5 w3", "w9 w8 w7 w6 w5", "w1", "w3"),
+            ("w4 w6 w2 w4", "w1 w3 w5 w7", "w6", "w4"),
+            ("w7 w8 w9 w10 w7", "w11 w12 w13 w14 w15", "w8", "w7")]
+    return [Pair(i, p, c, (a,), (f,)) for i, (p, c, a, f) in enumerate(rows)]
+
+
+@pytest.fixture
+def loaded(tokenizer):
+    from attattr_cli.models.loading import prepare
+
+    model = build_model("llama", torch.float64, num_labels=2, layers=2, lm=True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return prepare(model, tokenizer, "tiny-llama", lm=True)
+
+
+def _ctx(loaded, **kw):
+    from attattr_cli.analysis.circuits.task import CircuitTask, Context
+
+    return Context(CircuitTask(loaded, _pairs()), **kw)
+
+
+def _hooked_metric(loaded, task, ids, answer, foil, patch=None, leaf=False):
+    """The metric with heads replaced through o_proj pre-hooks: ``patch`` {(layer, head): z'}."""
+    model = loaded.model
+    layers = model.model.layers
+    d = model.config.head_dim if getattr(model.config, "head_dim", None) else model.config.hidden_size // model.config.num_attention_heads
+    handles, grabbed = [], {}
+
+    def hook_for(l):
+        def hook(module, args):
+            x = args[0]
+            if leaf:
+                x = x + torch.zeros_like(x, requires_grad=True)
+                grabbed[l] = x
+            if patch:
+                x = x.clone()
+                for (pl, h), z in patch.items():
+                    if pl == l:
+                        x[..., h * d:(h + 1) * d] = z
+            return (x,) + args[1:]
+        return hook
+
+    for l, layer in enumerate(layers):
+        handles.append(layer.self_attn.o_proj.register_forward_pre_hook(hook_for(l)))
+    try:
+        logits = model(input_ids=ids, use_cache=False).logits[:, -1]
+    finally:
+        for h in handles:
+            h.remove()
+    return logits[:, answer].mean(-1) - logits[:, foil].mean(-1), grabbed, d
+
+
+def _grab(loaded, ids):
+    """Each layer's heads' outputs [batch, query, head * d] (the o_proj input) of a plain run."""
+    seen = {}
+    hs = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0].detach()))
+          for l, layer in enumerate(loaded.model.model.layers)]
+    try:
+        with torch.no_grad():
+            loaded.model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hs:
+            h.remove()
+    return seen
+
+
+def test_exact_patching_equals_patching_one_head_by_hand(loaded):
+    from attattr_cli.analysis.circuits import REGISTRY
+
+    ctx = _ctx(loaded)
+    scores = REGISTRY["patching"].compute(ctx)
+    task = ctx.task
+    for b in task.batches:
+        for p in range(b.size):
+            ids, cf = b.clean[p:p + 1], b.counterfactual[p:p + 1]
+            a, f = b.answer[p].unique(), b.foil[p].unique()
+            cf_z = _grab(loaded, cf)
+            with torch.no_grad():
+                clean_m, _, d = _hooked_metric(loaded, task, ids, a, f)
+                for l, h in ((0, 0), (1, 3), (1, 1)):
+                    m, _, _ = _hooked_metric(loaded, task, ids, a, f, {(l, h): cf_z[l][..., h * d:(h + 1) * d]})
+                    assert scores[b.positions[p], l, h] == pytest.approx(float(clean_m - m), abs=1e-9)
+
+
+def test_atp_is_the_gradient_times_the_output_change(loaded):
+    from attattr_cli.analysis.circuits import REGISTRY
+
+    ctx = _ctx(loaded)
+    scores = REGISTRY["atp"].compute(ctx)
+    task = ctx.task
+    b = task.batches[0]
+    ids, cf = b.clean[:1], b.counterfactual[:1]
+    cf_z, clean_z = _grab(loaded, cf), _grab(loaded, ids)
+    with torch.enable_grad():
+        m, grabbed, d = _hooked_metric(loaded, task, ids, b.answer[0].unique(), b.foil[0].unique(), leaf=True)
+        grads = torch.autograd.grad(m.sum(), [grabbed[l] for l in sorted(grabbed)])
+    for l, g in enumerate(grads):
+        for h in range(loaded.model.config.num_attention_heads):
+            s = slice(h * d, (h + 1) * d)
+            want = float((g[..., s] * (clean_z[l][..., s] - cf_z[l][..., s])).sum())
+            assert scores[b.positions[0], l, h] == pytest.approx(want, rel=1e-8, abs=1e-10)
+
+
+def test_gate_integrals_add_up_to_the_clean_minus_ablated_metric(loaded):
+    """Completeness: the scores of attr-gates add up to m(N) - m(empty); more nodes, smaller residual."""
+    from attattr_cli.analysis.circuits import REGISTRY
+    from attattr_cli.analysis.circuits.evaluate import ends
+
+    residual = []
+    for steps in (2, 8):
+        ctx = _ctx(loaded, steps=steps)
+        clean, empty = ends(ctx)
+        scores = REGISTRY["attr-gates"].compute(ctx)
+        residual.append(np.abs(scores.sum((1, 2)) - (clean - empty)).max())
+    assert residual[1] < 1e-6 * max(1.0, np.abs(clean - empty).max())
+    assert residual[1] <= residual[0]
+
+
+def test_counterfactual_pattern_attribution_is_complete_per_layer(loaded):
+    """attr-cf: a layer's head scores add up to F(clean) - F(that layer's pattern from the counterfactual)."""
+    from attattr_cli.analysis.circuits.pattern import pattern_attribution
+    from attattr_cli.engine import attention
+
+    ctx = _ctx(loaded, steps=12)
+    per = pattern_attribution(ctx, counterfactual=True, reduce="sum")
+    task = ctx.task
+    b = task.batches[0]
+    with task.over(), torch.no_grad():
+        _, _, cf_probs = task.record(b.counterfactual[:1], want_probs=True)
+        clean = task.metric(task.logits(b.clean[:1]), b)[0]
+        for l in range(task.layers):
+            plan = attention.PatternPath(target=torch.tensor([l]), alpha=torch.zeros(1), source={l: cf_probs[l]})
+            swapped = task.metric(task.logits(b.clean[:1], plan), b)[0]
+            assert per[b.positions[0], l].sum() == pytest.approx(float(clean - swapped), abs=1e-7)
+
+
+def test_area_is_trapezoids_over_k_and_masks_keep_int_k_n():
+    from attattr_cli.analysis.circuits.evaluate import area, keep_masks
+
+    cpr, cmd = area([0, 0.5, 1], [0, 1, 1])
+    assert cpr == pytest.approx(0.75) and cmd == pytest.approx(0.25)
+    scores = np.arange(20, dtype=float).reshape(4, 5) - 10
+    m = keep_masks(scores, absolute=False, ks=(0.1, 0.5, 1.0))
+    assert m.sum((1, 2)).tolist() == [2, 10, 20]
+    assert m[0, 3, 4] == 1 and m[0, 3, 3] == 1  # the two largest signed scores
+    a = keep_masks(scores, absolute=True, ks=(0.05,))
+    assert a[0, 0, 0] == 1  # |-10| is the largest absolute score
+
+
+def test_curve_ends_at_one_and_the_recommended_method_is_always_run(loaded):
+    import attattr_cli as aa
+
+    res = aa.circuit(loaded, _pairs(), methods="random,attention", bootstrap=20)
+    assert list(res.methods)[0] == res.recommended
+    for r in res.methods.values():
+        assert r.curve[-1] == pytest.approx(1.0) and r.curve_abs[-1] == pytest.approx(1.0)
+        assert r.cpr_interval[0] <= r.cpr <= r.cpr_interval[1] + 1e-12
+    df = res.to_pandas()
+    assert set(df["method"]) == {res.recommended, "random", "attention"}
+    assert len(res.to_pandas("curves")) == 3 * 2 * 10
+    assert "CPR" in res._repr_html_() and "Circuit(" in repr(res)
+    fig = res.plot()
+    assert fig.axes and len(fig.axes[0].lines) >= 3
+    assert res.heatmap("random").axes
+
+
+def test_ablations_mean_and_zero_run_and_differ(loaded):
+    import attattr_cli as aa
+
+    zero = aa.circuit(loaded, _pairs(), methods="atp", ablation="zero", bootstrap=10)
+    mean = aa.circuit(loaded, _pairs(), methods="atp", ablation="mean", bootstrap=10)
+    assert zero.empty != pytest.approx(mean.empty)
+    assert zero.clean == pytest.approx(mean.clean)
+
+
+def test_docs_table_is_the_registry():
+    from pathlib import Path
+
+    from attattr_cli.analysis.circuits import markdown_table
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "circuits.md").read_text()
+    assert markdown_table() in doc
+
+
+@pytest.fixture
+def llama_dir(tmp_path, tokenizer):
+    folder = tmp_path / "tiny-llama"
+    build_model("llama", torch.float32, num_labels=2, layers=2, lm=True).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_cli_circuit_json_and_hdf5(llama_dir, tmp_path):
+    import h5py
+
+    from attattr_cli.data.pairs import write_pairs
+
+    data = tmp_path / "pairs.jsonl"
+    write_pairs(data, _pairs())
+    js, h5 = tmp_path / "c.json", tmp_path / "c.h5"
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "--methods", "patching,atp",
+                "--json", str(js), "--out", str(h5), "--bootstrap", "20", "-q")
+    assert r.exit_code == 0, r.stderr
+    assert "CPR" in r.stdout and "patching" in r.stdout
+    doc = json.loads(js.read_text())
+    assert set(doc["methods"]) >= {"patching", "atp", doc["recommended"]}
+    m = doc["methods"]["atp"]
+    assert len(m["curve"]) == 10 and len(m["scores"]) == 2 * 4 and m["spearman_patching"] is not None
+    assert doc["methods"]["patching"]["spearman_patching"] == pytest.approx(1.0)
+    with h5py.File(h5) as f:
+        assert f.attrs["schema"] == "attattr.circuit"
+        assert f["methods/atp/per_pair"].shape == (4, 2, 4)
+
+
+def test_cli_circuit_refuses_pairs_of_unequal_length(llama_dir, tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"prompt": "w1 w2 w3", "counterfactual": "w1 w2", "answer": "w4", "foil": "w5"}) + "\n")
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "-q")
+    assert r.exit_code == 2
+    line = one_error_line(r, "pair 0", "equal token lengths")
+    assert line.startswith("Error:")
+
+
+def test_cli_circuit_refuses_unknown_method_before_loading(llama_dir, tmp_path):
+    from attattr_cli.data.pairs import write_pairs
+
+    data = tmp_path / "pairs.jsonl"
+    write_pairs(data, _pairs())
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "--methods", "nope", "-q")
+    assert r.exit_code == 2
+    one_error_line(r, "unknown head method 'nope'")
