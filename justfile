@@ -100,6 +100,11 @@ gpu-bench: setup
 bench-generation: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_generation.py
 
+# Which heads carry a behaviour: every head method's CPR, CMD, Spearman with exact patching and CPU per pair (MIB's node level;
+# a tiny Llama trained here, and SmolLM2 where ATTATTR_SMOLLM2 names its folder)
+bench-circuits: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_circuits.py
+
 # Short prompts on a 30-layer Llama shape (random weights; SmolLM2 where ATTATTR_SMOLLM2 names its folder): one sweep
 # per refinement round against one pass per layer and round
 bench-sweep: setup

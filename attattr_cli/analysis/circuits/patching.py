@@ -1,6 +1,7 @@
 """Exact activation patching, one head at a time: ``m(N) - m(N with head h ablated)`` per
-pair (the causal effect itself; what the other rankings are compared with). Each head's
-pass starts at its own layer: the layers below it run once for the pair, clean."""
+pair (the causal effect itself; what the other rankings are compared with). The rows of a
+pass patch the heads of one layer; the layers below it are not recomputed (their clean
+output is replayed), so a pass costs the layers from its own up."""
 
 from __future__ import annotations
 
@@ -13,30 +14,31 @@ def _patching(ctx) -> np.ndarray:
     import torch
 
     from ...engine import attention
+    from .gates import _rows
 
     task = ctx.task
     L, H = task.layers, task.heads
     out = np.zeros((task.n, L, H))
-    eye = torch.ones(L * H, L, H, device=task.device)
-    eye.view(L * H, L * H)[torch.arange(L * H), torch.arange(L * H)] = 0
-    with attention.taken_over(task.model), torch.no_grad():
+    with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
             clean = task.metric(task.logits(b.clean), b)
-            for p in range(b.size):
-                one = _one(b, p)
-                patched = task.gated(one, {l: (v if v.shape[0] == 1 else v[p:p + 1]) for l, v in src.items()},
-                                     eye, chunk=max(1, 2048 // b.clean.shape[1]), rows_per_pair=L * H)
-                out[b.positions[p]] = (clean[p] - patched).double().cpu().view(L, H).numpy()
+            below = task.layer_outputs(b.clean)
+            per_pass = max(1, 256 // H)  # pairs per pass
+            for s in range(0, b.size, per_pass):
+                pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
+                owner = pos.repeat_interleave(H)
+                heads = torch.arange(H, device=task.device).repeat(len(pos))
+                for l in range(L):
+                    gate = torch.ones(len(owner), L, H, dtype=task.dtype, device=task.device)
+                    gate[torch.arange(len(owner)), l, heads] = 0
+                    source = {l: src[l] if src[l].shape[0] == 1 else src[l][owner]}
+                    plan = attention.HeadPatch(source=source, gate=gate)
+                    m = task.metric(task.from_layer(l, below, b.clean, owner, plan), _rows(b, owner))
+                    eff = (clean[owner] - m).view(len(pos), H).double().cpu().numpy()
+                    out[[b.positions[p] for p in pos.tolist()], l] = eff
             ctx.tick(i + 1, "patching")
     return out
-
-
-def _one(b, p):
-    from .task import PairBatch
-
-    s = slice(p, p + 1)
-    return PairBatch([b.positions[p]], b.clean[s], b.counterfactual[s], b.answer[s], b.answer_w[s], b.foil[s], b.foil_w[s])
 
 
 register(HeadMethod(

@@ -10,8 +10,9 @@ a path while every other layer computes its own (docs/method.md).
   measures what the head's *pattern* change does; what changes in its values (the
   counterfactual's names themselves) is left out, and that is where it differs from patching.
 
-Both integrate with a fixed Gauss-Legendre rule (``steps`` nodes, 4 by default); each row of
-a pass scores one (layer, node), so a pair's layers and nodes run as one batch.
+Both integrate with a fixed Gauss-Legendre rule (``steps`` nodes, 4 by default); a pass holds
+the nodes of one layer for several pairs, and the layers below it are replayed from the
+clean run, not recomputed.
 """
 
 from __future__ import annotations
@@ -28,36 +29,35 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
     import torch
 
     from ...engine import attention
+    from .gates import _rows
 
     task = ctx.task
     L, H = task.layers, task.heads
     x, w = nodes(ctx.steps or STEPS)
     k = len(x)
     out = np.zeros((task.n, L, H))
-    with attention.taken_over(task.model):
+    with task.over():
         for i, b in enumerate(task.batches):
             if counterfactual:
                 _, _, cf_probs = task.record(b.counterfactual, want_probs=True)
-            for p in range(b.size):
-                rows = L * k
-                target = torch.arange(L, device=task.device).repeat_interleave(k)
-                alpha = torch.tensor(x, dtype=task.dtype, device=task.device).repeat(L)
-                if counterfactual:
-                    source = {l: cf_probs[l][p:p + 1] for l in range(L)}
-                else:
-                    source = {l: torch.zeros(1, device=task.device) for l in range(L)}
-                plan = attention.PatternPath(target=target, alpha=alpha, source=source)
-                idx = torch.full((rows,), p, device=task.device)
-                from .gates import _rows
-
-                with torch.enable_grad():
-                    m = task.metric(task.logits(b.clean[idx], plan), _rows(b, idx))
-                    grads = torch.autograd.grad(m.sum(), [plan.leaves[l] for l in range(L)])
-                wt = torch.tensor(w, dtype=grads[0].dtype, device=task.device).view(k, 1, 1, 1)
+            below = task.layer_outputs(b.clean)
+            per_pass = max(1, 64 // k)  # pairs per pass
+            for s in range(0, b.size, per_pass):
+                pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
+                owner = pos.repeat_interleave(k)
+                alpha = torch.tensor(x, dtype=task.dtype, device=task.device).repeat(len(pos))
+                wt = torch.tensor(w, dtype=task.dtype, device=task.device).repeat(len(pos)).view(-1, 1, 1, 1)
                 for l in range(L):
-                    attr = plan.delta[l][0] * (grads[l] * wt).sum(0)  # [head, q, k]
-                    v = attr.flatten(1).max(1).values if reduce == "max" else attr.flatten(1).sum(1)
-                    out[b.positions[p], l] = v.double().cpu().numpy()
+                    source = {l: cf_probs[l][owner] if counterfactual else torch.zeros(1, dtype=task.dtype,
+                                                                                         device=task.device)}
+                    plan = attention.PatternPath(target=torch.full((len(owner),), l, device=task.device),
+                                                 alpha=alpha, source=source)
+                    with torch.enable_grad():
+                        m = task.metric(task.from_layer(l, below, b.clean, owner, plan), _rows(b, owner))
+                        (g,) = torch.autograd.grad(m.sum(), plan.leaves[l])
+                    attr = (plan.delta[l] * g * wt).view(len(pos), k, H, -1).sum(1)  # [pairs, head, q * k]
+                    v = attr.max(-1).values if reduce == "max" else attr.sum(-1)
+                    out[[b.positions[p] for p in pos.tolist()], l] = v.double().cpu().numpy()
             ctx.tick(i + 1, "attr-cf" if counterfactual else "attr")
     return out
 

@@ -138,6 +138,34 @@ class CircuitTask:
             return {k: torch.zeros_like(v) for k, v in outs.items()}
         raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
 
+    def layer_outputs(self, ids: torch.Tensor) -> dict:
+        """{layer: what the decoder layer returned} of a plain run without gradients, for
+        :meth:`from_layer` (the layers below a target replayed instead of recomputed)."""
+        from ...models.arch import find_layers
+
+        _, layers = find_layers(self.model)
+        seen: dict = {}
+        det = lambda o: o.detach() if torch.is_tensor(o) else tuple(det(x) for x in o) if isinstance(o, tuple) else o  # noqa: E731
+        hooks = [layer.register_forward_hook(lambda m, a, o, i=i: seen.__setitem__(i, det(o)))
+                 for i, layer in enumerate(layers)]
+        try:
+            with self.over(), torch.no_grad():
+                self.logits(ids)
+        finally:
+            for h in hooks:
+                h.remove()
+        return seen
+
+    def from_layer(self, layer: int, outputs: dict, ids: torch.Tensor, owner: torch.Tensor, plan) -> torch.Tensor:
+        """Last-position logits of rows that differ from their clean run only from ``layer`` up:
+        the layers below return the clean run's output (``outputs`` of :meth:`layer_outputs`,
+        row r taking pair ``owner[r]``'s)."""
+        from ...models.arch import find_layers
+
+        _, layers = find_layers(self.model)
+        with attention.replayed_below(layers, layer, outputs.get(layer - 1), len(owner), owner):
+            return self.logits(ids[owner], plan)
+
     def mean_outputs(self) -> dict:
         """Each head's output averaged over the clean prompts, per position from the end
         (prompts of several lengths are aligned at their last token): MIB's mean ablation."""
