@@ -27,6 +27,9 @@ from attattr_cli.store import Store, StoreWriter
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers")
+# what scoring needs none of (pictures, tables, other attribution libraries, graphs): ``score``
+# pays torch and transformers' model code only
+NOT_FOR_SCORING = ("matplotlib", "pandas", "captum", "networkx", "IPython")
 
 # runs the app as `attattr ARGS...` and prints, as the last line on stderr, the exit code and
 # which of HEAVY were imported
@@ -39,8 +42,9 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code or 0
-print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), file=sys.stderr)
-""" % (HEAVY,)
+print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules],
+                  "not_for_scoring": [m for m in %r if m in sys.modules]}), file=sys.stderr)
+""" % (HEAVY, NOT_FOR_SCORING)
 
 
 def _run(*args, cwd) -> tuple[dict, subprocess.CompletedProcess]:
@@ -98,6 +102,15 @@ def test_store_only_commands_import_neither_torch_nor_transformers(small_store, 
     if args[0] == "merge":
         with Store(tmp_path / "merged.h5") as s:
             assert s.indices() == [0, 1]
+
+
+def test_score_imports_nothing_it_does_not_use(tmp_path):
+    """Every ``score`` pays for its imports (about 5 s of CPU: torch and transformers' model
+    code); nothing for pictures, tables or other methods is added to that."""
+    report, result = _run("score", "--examples", "0", "--steps", "2", "--out", tmp_path / "s.h5", "-q", cwd=tmp_path)
+    assert report["code"] == 0, result.stderr
+    assert report["heavy"] == ["torch", "transformers"]
+    assert report["not_for_scoring"] == [], f"attattr score imported {report['not_for_scoring']}"
 
 
 def test_help_constants_agree_with_the_library():
