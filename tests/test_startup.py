@@ -1,6 +1,7 @@
 """The root of the CLI: store-only commands start without torch or transformers (so shell
 pipelines stay quick), exit codes in help, shell completion, help without type tags on flags,
-plain progress lines when stderr is not a terminal, tree's --root/--example, merge --json.
+plain progress lines when stderr is not a terminal, tree's --root/--example, merge --json;
+``score`` imports nothing it does not use, and docs/cli.md's option table is ``score``'s.
 
 Startup: each command runs in a fresh interpreter that imports the CLI and runs it, then
 reports which heavy modules were imported; the store is written by hand, without a model.
@@ -111,6 +112,17 @@ def test_score_imports_nothing_it_does_not_use(tmp_path):
     assert report["code"] == 0, result.stderr
     assert report["heavy"] == ["torch", "transformers"]
     assert report["not_for_scoring"] == [], f"attattr score imported {report['not_for_scoring']}"
+
+
+def test_the_option_table_of_docs_cli_is_scores_options():
+    """docs/cli.md's table of ``score`` options names every option ``score`` has, and no other."""
+    from typer.main import get_command
+
+    table = [line for line in (REPO / "docs" / "cli.md").read_text().splitlines() if line.startswith("| `-")]
+    named = {flag for line in table for flag in re.findall(r"`(--[a-z][a-z-]*)", line.split(" | ")[0])}
+    params = get_command(app).commands["score"].params
+    options = {o for p in params if not getattr(p, "hidden", False) for o in p.opts if o.startswith("--")}
+    assert named == options, (sorted(options - named), sorted(named - options))
 
 
 def test_help_constants_agree_with_the_library():
