@@ -84,8 +84,8 @@ def _module_graph() -> dict[str, set[str]]:
             "__init__" if key == "" else None
 
     root = ast.parse(mods["__init__"].read_text())
-    lazy = {n.value for node in root.body if isinstance(node, ast.Assign) and node.targets[0].id == "__all__"
-            for n in node.value.elts} - {"__version__"}
+    lazy = {n.value for node in root.body if isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", None) == "__all__" for n in node.value.elts} - {"__version__"}
     graph = {}
     for name, path in mods.items():
         package, out = name.split("/")[:-1], set()
