@@ -112,11 +112,11 @@ def _options(**kw):
 def _ways(loaded, which: str, new: int):
     """(the generation's Encoded, a Scorer for it, [(prefix Encoded) per step], a one-token Scorer)."""
     from attattr_cli.engine.encoding import Encoded
-    from attattr_cli.engine.generation import generate
+    from attattr_cli.engine.generation import StepwiseScorer, generate
     from attattr_cli.engine.scorer import Scorer
 
     prompt = _prompt_ids(loaded, which)
-    steps = Scorer(loaded, _options(lm=True, generate=new, keep="maps"))
+    steps = StepwiseScorer(loaded, _options(lm=True, generate=new, keep="maps"))
     gen = generate(steps, prompt, new, None, 0)
     ids = prompt + gen[:-1]
     tok = loaded.tokenizer.convert_ids_to_tokens

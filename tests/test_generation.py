@@ -11,6 +11,7 @@ from attattr_cli.data.types import Example
 from attattr_cli.engine.encoding import Encoded
 from attattr_cli.engine.integrate import nodes
 from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.run import scorer_for
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.errors import OptionError
 from attattr_cli.models.loading import prepare
@@ -123,7 +124,7 @@ def _step_reference(loaded, ids, position, token, output, alphas, weights, foil=
 @pytest.mark.parametrize("kind", ["llama", "gpt2"])
 def test_every_step_equals_the_slow_reference(make, kind, opts):
     loaded = make(kind)
-    scorer = Scorer(loaded, ScoreOptions(steps=6, rule="gauss", dtype="float64", lm=True, step_batch=5, **opts))
+    scorer = scorer_for(loaded, ScoreOptions(steps=6, rule="gauss", dtype="float64", lm=True, step_batch=5, **opts))
     result = scorer.score(PROMPT)
     enc = scorer.encode(PROMPT)
     steps = result.steps
@@ -152,7 +153,7 @@ def test_every_step_equals_the_slow_reference(make, kind, opts):
 
 def test_steps_with_tol_converge_and_are_complete(make):
     loaded = make()
-    scorer = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, generate=3, output="logprob"))
+    scorer = scorer_for(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, generate=3, output="logprob"))
     result = scorer.score(PROMPT)
     one = Scorer(loaded, ScoreOptions(tol=1e-3, dtype="float64", lm=True, output="logprob"))
     enc = scorer.encode(PROMPT)
@@ -326,9 +327,9 @@ def test_tree_of_a_step_in_words(llama_dir, tmp_path):
 
 def test_sampling_is_seeded(make):
     loaded = make()
-    ids = [Scorer(loaded, ScoreOptions(lm=True, generate=6, sample_seed=seed)).encode(PROMPT).lm_targets
+    ids = [scorer_for(loaded, ScoreOptions(lm=True, generate=6, sample_seed=seed)).encode(PROMPT).lm_targets
            for seed in (3, 3, 4)]
-    greedy = Scorer(loaded, ScoreOptions(lm=True, generate=6)).encode(PROMPT)
+    greedy = scorer_for(loaded, ScoreOptions(lm=True, generate=6)).encode(PROMPT)
     assert ids[0] == ids[1] and len(ids[0]) == 6
     assert ids[2] != ids[0] or ids[0] != greedy.lm_targets  # another seed (or greedy) gives other tokens
     logits = loaded.model(torch.tensor([greedy.input_ids])).logits[0].argmax(-1)

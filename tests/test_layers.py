@@ -60,3 +60,97 @@ def test_every_command_module_imports_the_api_and_nothing_below_it():
             if level == 2 and module.split(".")[0] not in ("api", "errors", "names", ""):
                 below.append(f"cli/{path.name}: ..{module}")
     assert below == []
+
+
+# -- no import circle ------------------------------------------------------------------------
+# One exception, a registry: analysis/methods/__init__.py defines Method and register(), then
+# imports its method modules at its end so that each registers itself; their import of the
+# package is that registration, not a circle. The package root's ``__getattr__`` (PEP 562)
+# hands out the public names of api/ lazily: a module importing one of those names from the
+# root depends on api/ (the edge goes there), one importing ``__version__`` (bound with no
+# import) on the root alone. Importing a submodule runs its package's ``__init__`` first; that
+# is Python's doing, not an import written in the code, and is not an edge (cli/__init__ and
+# data/__init__, which import their own modules, are therefore no circle).
+REGISTRIES = {"analysis/methods/__init__"}
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the package's modules it imports, at the top or inside a function."""
+    mods = {"/".join(p.relative_to(PACKAGE).with_suffix("").parts): p for p in PACKAGE.rglob("*.py")}
+
+    def resolve(dotted: str) -> str | None:
+        key = dotted.strip(".").replace(".", "/")
+        return key if key in mods else f"{key}/__init__" if f"{key}/__init__" in mods else \
+            "__init__" if key == "" else None
+
+    root = ast.parse(mods["__init__"].read_text())
+    lazy = {n.value for node in root.body if isinstance(node, ast.Assign)
+            and getattr(node.targets[0], "id", None) == "__all__" for n in node.value.elts} - {"__version__"}
+    graph = {}
+    for name, path in mods.items():
+        package, out = name.split("/")[:-1], set()
+        tree = ast.parse(path.read_text(), str(path))
+        skip = {id(n) for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == "__getattr__"
+                and name.endswith("__init__") for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("attattr_cli")):
+                base = package[:len(package) + 1 - node.level] if node.level else []
+                base = ".".join(base + ([node.module] if node.module else []))
+                base = base.removeprefix("attattr_cli").strip(".") if not node.level else base
+                for alias in node.names:
+                    target = resolve(f"{base}.{alias.name}") or resolve(base)
+                    out.add("api/__init__" if target == "__init__" and alias.name in lazy else target)
+            elif isinstance(node, ast.Import):
+                out.update(resolve(a.name.removeprefix("attattr_cli")) for a in node.names
+                           if a.name.split(".")[0] == "attattr_cli")
+        out -= {None, name}
+        if name in REGISTRIES:
+            out = {t for t in out if not t.startswith(name.removesuffix("__init__"))}
+        graph[name] = out
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while not component or component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_circle_finder_finds_a_circle_and_none_in_a_line():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circle_among_the_modules():
+    """No set of modules imports itself round (lazy imports inside functions included): a
+    circle means the modules are one piece that pretends to be several."""
+    graph = _module_graph()
+    assert graph["engine/run"] >= {"engine/scorer", "engine/grouped", "engine/generation"}  # the pass sees edges
+    report = ["  " + " <-> ".join(c) + ":  " + "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c)
+              for c in _circles(graph)]
+    assert not report, "import circles:\n" + "\n".join(report)

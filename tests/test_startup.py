@@ -1,6 +1,7 @@
 """The root of the CLI: store-only commands start without torch or transformers (so shell
 pipelines stay quick), exit codes in help, shell completion, help without type tags on flags,
-plain progress lines when stderr is not a terminal, tree's --root/--example, merge --json.
+plain progress lines when stderr is not a terminal, tree's --root/--example, merge --json;
+``score`` imports nothing it does not use, and docs/cli.md's option table is ``score``'s.
 
 Startup: each command runs in a fresh interpreter that imports the CLI and runs it, then
 reports which heavy modules were imported; the store is written by hand, without a model.
@@ -27,6 +28,9 @@ from attattr_cli.store import Store, StoreWriter
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "transformers")
+# what scoring needs none of (pictures, tables, other attribution libraries, graphs): ``score``
+# pays torch and transformers' model code only
+NOT_FOR_SCORING = ("matplotlib", "pandas", "captum", "networkx", "IPython")
 
 # runs the app as `attattr ARGS...` and prints, as the last line on stderr, the exit code and
 # which of HEAVY were imported
@@ -39,8 +43,9 @@ try:
     code = 0
 except SystemExit as exc:
     code = exc.code or 0
-print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), file=sys.stderr)
-""" % (HEAVY,)
+print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules],
+                  "not_for_scoring": [m for m in %r if m in sys.modules]}), file=sys.stderr)
+""" % (HEAVY, NOT_FOR_SCORING)
 
 
 def _run(*args, cwd) -> tuple[dict, subprocess.CompletedProcess]:
@@ -98,6 +103,26 @@ def test_store_only_commands_import_neither_torch_nor_transformers(small_store, 
     if args[0] == "merge":
         with Store(tmp_path / "merged.h5") as s:
             assert s.indices() == [0, 1]
+
+
+def test_score_imports_nothing_it_does_not_use(tmp_path):
+    """Every ``score`` pays for its imports (about 5 s of CPU: torch and transformers' model
+    code); nothing for pictures, tables or other methods is added to that."""
+    report, result = _run("score", "--examples", "0", "--steps", "2", "--out", tmp_path / "s.h5", "-q", cwd=tmp_path)
+    assert report["code"] == 0, result.stderr
+    assert report["heavy"] == ["torch", "transformers"]
+    assert report["not_for_scoring"] == [], f"attattr score imported {report['not_for_scoring']}"
+
+
+def test_the_option_table_of_docs_cli_is_scores_options():
+    """docs/cli.md's table of ``score`` options names every option ``score`` has, and no other."""
+    from typer.main import get_command
+
+    table = [line for line in (REPO / "docs" / "cli.md").read_text().splitlines() if line.startswith("| `-")]
+    named = {flag for line in table for flag in re.findall(r"`(--[a-z][a-z-]*)", line.split(" | ")[0])}
+    params = get_command(app).commands["score"].params
+    options = {o for p in params if not getattr(p, "hidden", False) for o in p.opts if o.startswith("--")}
+    assert named == options, (sorted(options - named), sorted(named - options))
 
 
 def test_help_constants_agree_with_the_library():

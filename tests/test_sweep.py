@@ -12,6 +12,7 @@ import torch
 from attattr_cli.data.types import Example
 from attattr_cli.engine import adaptive, attention, sweep
 from attattr_cli.engine.options import ScoreOptions
+from attattr_cli.engine.run import scorer_for
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.models.loading import prepare
 from arch_matrix import build
@@ -111,7 +112,7 @@ def test_a_generation_by_sweeps_gives_the_per_layer_numbers(options, tokenizer):
     loaded = prepare(build_model("llama", dtype=torch.float64, lm=True), tokenizer, "tiny", lm=True)
     got = {}
     for swept in (True, False):
-        scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=True, generate=3, group=1, **options))
+        scorer = scorer_for(loaded, ScoreOptions(dtype="float64", lm=True, generate=3, group=1, **options))
         scorer.sweep = swept
         got[swept] = scorer.score(Example(0, "w1 w2 w3 w4"))
     assert len(got[True].steps) == len(got[False].steps) == 3

@@ -46,8 +46,8 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention, sweep
 from .encoding import Encoded
-from .grouped import add_rows, crop_saved
-from .scorer import detached
+from .rows import add_rows, crop_saved, detached
+from .scorer import Scorer
 from .layer_integral import map_measures, map_spread
 
 
@@ -156,6 +156,19 @@ def generate(scorer, prompt: list[int], count: int, seed: int | None, index: int
 
 
 # -- scoring -------------------------------------------------------------------------------
+class StepwiseScorer(Scorer):
+    """A Scorer whose examples are generations: encoded by ``encode_steps``, scored by
+    ``StepScorer`` (engine/run.py's ``scorer_for`` chooses it for --generate, --per-step)."""
+
+    scores_steps = True
+
+    def _encode_steps(self, example: Example, prompt: list[int]) -> Encoded:
+        return encode_steps(self, example, prompt)
+
+    def _score(self, example: Example, enc: Encoded, on_layer=None):
+        return StepScorer(self, example, enc).score(on_layer)
+
+
 class StepScorer:
     """Every step of one encoded generation, sharing the clean forward and the passes."""
 

@@ -36,7 +36,7 @@ from .batching import pad_rows
 from .encoding import Encoded
 from .results import ExampleScore
 from .layer_integral import map_measures, map_spread
-from .scorer import detached
+from .rows import add_rows, crop_saved, detached
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
 DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
@@ -99,35 +99,6 @@ def score_group(scorer, examples: Sequence[Example], encs: Sequence[Encoded],
         tick = None if on_layer is None else (lambda layer: on_layer(0, layer))
         return [scorer.score(examples[0], encs[0], on_layer=tick)]
     return _Group(scorer, examples, encs).score(on_layer)
-
-
-def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row_ratio):
-    """One pass of a fixed rule over several owners (examples or steps) added up: the rows
-    ``part`` of the pass belong to ``owner[part]``; their weighted gradients ``g`` go to
-    ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
-    rows to ``f0``. Returns (total, low), made on first use."""
-    own = owner[part].to(g.device)
-    total = g.new_zeros((count, *g.shape[1:])) if total is None else total
-    total.index_add_(0, own, g)
-    if row_ratio is not None:
-        low = torch.zeros_like(total) if low is None else low
-        low.index_add_(0, own, g * row_ratio[part].view(-1, 1, 1, 1))
-    for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
-        f0[int(owner[part][r])] = float(f[r])
-    return total, low
-
-
-def crop_saved(saved: dict, n: int) -> dict:
-    """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
-    out = dict(saved)
-    for key in ("q", "k", "v"):
-        out[key] = saved[key][:, :, :n]
-    mask = saved["mask"]
-    if mask is not None:
-        mask = mask[..., :min(n, mask.shape[-2]), :n]
-        blocked = mask <= torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else ~mask.bool()
-        out["mask"] = mask if bool(blocked.any()) else None  # as at batch 1: no padding, no mask
-    return out
 
 
 class _Group:

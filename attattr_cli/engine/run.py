@@ -17,6 +17,7 @@ from ..models.loading import LoadedModel, load
 from ..store import StoreWriter
 from ..store.writer import already_done
 from . import grouped
+from .generation import StepwiseScorer
 from .encoding import unknown_words
 from .options import ScoreOptions
 from .provenance import libraries
@@ -146,6 +147,14 @@ class PreparedRun:
         return {i: len(e.input_ids) for i, e in self.encoded.items()}
 
 
+def scorer_for(loaded: LoadedModel, options: ScoreOptions, task_labels=None) -> Scorer:
+    """The scoring strategy, chosen once: a generation step by step (engine/generation.py),
+    else one example at a time, or in groups where the model allows (engine/grouped.py,
+    per group in ``score_into``)."""
+    kind = StepwiseScorer if options.stepwise else Scorer
+    return kind(loaded, options, task_labels=task_labels)
+
+
 def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> PreparedRun:
     """Load the model and data, choose and encode the examples, and compute the fingerprint.
 
@@ -189,7 +198,7 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
              f" {len(examples)} the data has); scoring the {len(chosen)} that do"] if missing else []
     if loaded is None:
         loaded = load(model_id, device=req.device, dtype=req.options.dtype, lm=req.options.lm)
-    scorer = Scorer(loaded, req.options, task_labels=labels)
+    scorer = scorer_for(loaded, req.options, task_labels=labels)
     picked = [examples[i] for i in chosen]
     builtin_model = is_builtin(model_id)
     if builtin_model:

@@ -30,13 +30,19 @@ from .layer_integral import Integration
 from .memory import BackOff, is_out_of_memory
 from .options import ScoreOptions
 from .results import ExampleScore
+from .rows import detached
 from .sites import SiteScorer
 
 
 class Scorer(Integration, Assembly):
-    """Scores examples with one model and one set of options."""
+    """Scores examples with one model and one set of options (a generation step by step:
+    engine/generation.py's StepwiseScorer)."""
+
+    scores_steps = False
 
     def __init__(self, loaded: LoadedModel, options: ScoreOptions, task_labels=None):
+        if options.stepwise and not self.scores_steps:  # engine/run.py's scorer_for chooses the strategy
+            raise TypeError("a generation is scored by engine/generation.py's StepwiseScorer, not Scorer")
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -182,8 +188,7 @@ class Scorer(Integration, Assembly):
         if not prompt:
             raise DataError(f"example {example.index} has an empty prompt")
         if self.options.stepwise:  # a generation, step by step (engine/generation.py)
-            from .generation import encode_steps
-            return encode_steps(self, example, prompt)
+            return self._encode_steps(example, prompt)
         if self.arch.is_encoder_decoder:
             return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
@@ -204,6 +209,9 @@ class Scorer(Integration, Assembly):
         segments = [0] * len(ids)
         return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
                        lm_positions=positions, lm_targets=targets)
+
+    def _encode_steps(self, example: Example, prompt: list[int]) -> Encoded:
+        raise TypeError("a generation is scored by engine/generation.py's StepwiseScorer (engine/run.py's scorer_for)")
 
     def _encode_seq2seq(self, example: Example, prompt: list[int]) -> Encoded:
         """An encoder-decoder LM (T5, BART for generation): the prompt is the encoder's input;
@@ -278,9 +286,6 @@ class Scorer(Integration, Assembly):
 
     def _score(self, example: Example, enc: Encoded,
                on_layer: Callable[[int], None] | None = None) -> ExampleScore:
-        if self.options.stepwise:  # every step of a generation, sharing passes (engine/generation.py)
-            from .generation import StepScorer
-            return StepScorer(self, example, enc).score(on_layer)
         model = self.model
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
@@ -351,13 +356,3 @@ class Scorer(Integration, Assembly):
                 raise DataError(f"example {example.index} has no gold label; --target gold needs one")
             return gold
         return pred
-
-
-
-def detached(obj):
-    if torch.is_tensor(obj):
-        return obj.detach()
-    if isinstance(obj, tuple):
-        return tuple(detached(o) for o in obj)
-    return obj
-

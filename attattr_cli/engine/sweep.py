@@ -33,6 +33,7 @@ import torch
 
 from . import adaptive, attention
 from .layer_integral import map_measures, map_spread
+from .rows import add_rows
 
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 
@@ -160,12 +161,8 @@ def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: di
         row_alpha = alphas.repeat(count)
         row_w = weights.repeat(count).to(sc.device, acc)
         g, f = run_rows(sc, enc, family, targets, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
-        total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add(0, owner.to(g.device), g)
-        if ratio is not None:
-            r = ratio.repeat(count).to(g.device, acc).view(-1, *[1] * (g.dim() - 1))
-            low = (torch.zeros_like(total) if low is None else low).index_add(0, owner.to(g.device), g * r)
-        for r in torch.nonzero(row_alpha == 0).flatten().tolist():
-            f0[int(owner[r])] = float(f[r])
+        row_ratio = None if ratio is None else ratio.repeat(count).to(g.device, acc)
+        total, low = add_rows(total, low, f0, count, owner, slice(None), g, f, row_alpha, row_ratio)
     if not bool((alphas == 0).any()):  # F(0) of every layer: one sweep without a backward
         _g, f = run_rows(sc, enc, family, targets, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
                      saved, acc)

@@ -1,0 +1,44 @@
+"""Row bookkeeping shared by the scorers that put several owners (examples of a group, steps
+of a generation, layers of a sweep) in the rows of one pass: their gradients added up per
+owner, one owner's saved projections cut from a padded pass, and clean outputs detached."""
+
+from __future__ import annotations
+
+import torch
+
+
+def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row_ratio):
+    """One pass of a fixed rule over several owners (examples or steps) added up: the rows
+    ``part`` of the pass belong to ``owner[part]``; their weighted gradients ``g`` go to
+    ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
+    rows to ``f0``. Returns (total, low), made on first use."""
+    own = owner[part].to(g.device)
+    total = g.new_zeros((count, *g.shape[1:])) if total is None else total
+    total.index_add_(0, own, g)
+    if row_ratio is not None:
+        low = torch.zeros_like(total) if low is None else low
+        low.index_add_(0, own, g * row_ratio[part].view(-1, *[1] * (g.dim() - 1)))
+    for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
+        f0[int(owner[part][r])] = float(f[r])
+    return total, low
+
+
+def crop_saved(saved: dict, n: int) -> dict:
+    """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
+    out = dict(saved)
+    for key in ("q", "k", "v"):
+        out[key] = saved[key][:, :, :n]
+    mask = saved["mask"]
+    if mask is not None:
+        mask = mask[..., :min(n, mask.shape[-2]), :n]
+        blocked = mask <= torch.finfo(mask.dtype).min / 2 if mask.is_floating_point() else ~mask.bool()
+        out["mask"] = mask if bool(blocked.any()) else None  # as at batch 1: no padding, no mask
+    return out
+
+
+def detached(obj):
+    if torch.is_tensor(obj):
+        return obj.detach()
+    if isinstance(obj, tuple):
+        return tuple(detached(o) for o in obj)
+    return obj
