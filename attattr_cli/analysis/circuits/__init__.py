@@ -13,32 +13,8 @@ quick.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-
 from ...errors import OptionError
-
-
-@dataclass(frozen=True)
-class HeadMethod:
-    name: str
-    description: str
-    compute: Callable[[Any], Any]  # Context -> [pairs, layer, head] float64
-    kind: str = "gradient"  # causal, gradient, attribution, attention, baseline
-    reference: str = ""
-    passes: Callable[[Any], str] = field(default=lambda settings: "")  # what it costs per pair, in words
-    default: bool = False  # computed by default (with the recommended method)
-
-
-REGISTRY: dict[str, HeadMethod] = {}
-
-
-def register(method: HeadMethod) -> HeadMethod:
-    if method.name in REGISTRY or method.name == "all":
-        raise ValueError(f"head method '{method.name}' is registered twice")
-    REGISTRY[method.name] = method
-    return method
-
+from .registry import REGISTRY, HeadMethod, register  # noqa: F401
 
 # the method modules register themselves; their order is the order of tables and --help
 from . import gates, atp, patching, nap_ig, pattern, attention, baseline  # noqa: E402,F401

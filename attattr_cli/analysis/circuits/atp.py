@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 from .gates import gate_gradients
 
 

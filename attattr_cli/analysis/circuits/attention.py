@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 
 
 def _attention(ctx) -> np.ndarray:

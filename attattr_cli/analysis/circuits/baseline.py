@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 
 
 def _random(ctx) -> np.ndarray:

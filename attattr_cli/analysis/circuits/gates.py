@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 
 STEPS = 4  # Gauss-Legendre nodes of the diagonal (docs/circuits.md: how many are enough)
 
@@ -53,19 +53,12 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
                 plan = attention.HeadPatch(source=source, gate=gate)
                 with torch.enable_grad():
                     logits = task.logits(b.clean[idx], plan)
-                    m = task.metric(logits, _rows(b, idx))
+                    m = task.metric(logits, b.take(idx))
                     (g,) = torch.autograd.grad(m.sum(), gate)
                 g = g.detach().double().cpu().view(len(pos), k, L, H)
                 out[[b.positions[p] for p in pos]] = (g * w.view(1, k, 1, 1)).sum(1).numpy()
             ctx.tick(i + 1, "gates")
     return out
-
-
-def _rows(b, idx):
-    from .task import PairBatch
-
-    return PairBatch([b.positions[i] for i in idx.tolist()], b.clean[idx], b.counterfactual[idx],
-                     b.answer[idx], b.answer_w[idx], b.foil[idx], b.foil_w[idx])
 
 
 def _attr_gates(ctx) -> np.ndarray:

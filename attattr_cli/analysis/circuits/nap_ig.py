@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 
 
 def _nap_ig(ctx) -> np.ndarray:
@@ -34,9 +34,8 @@ def _nap_ig(ctx) -> np.ndarray:
                 idx = torch.full((steps,), p, device=task.device)
                 with torch.enable_grad():
                     logits = task.logits(None, plan, inputs_embeds=x)
-                    from .gates import _rows
 
-                    m = task.metric(logits, _rows(b, idx))
+                    m = task.metric(logits, b.take(idx))
                     grads = torch.autograd.grad(m.sum(), [plan.leaves[l] for l in range(L)])
                 for l in range(L):
                     d = clean_z[l][p:p + 1] - (src[l] if src[l].shape[0] == 1 else src[l][p:p + 1])

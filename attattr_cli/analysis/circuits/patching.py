@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 
 
 def _patching(ctx) -> np.ndarray:
     import torch
 
     from ...engine import attention
-    from .gates import _rows
 
     task = ctx.task
     L, H = task.layers, task.heads
@@ -34,7 +33,7 @@ def _patching(ctx) -> np.ndarray:
                     gate[torch.arange(len(owner)), l, heads] = 0
                     source = {l: src[l] if src[l].shape[0] == 1 else src[l][owner]}
                     plan = attention.HeadPatch(source=source, gate=gate)
-                    m = task.metric(task.from_layer(l, below, b.clean, owner, plan), _rows(b, owner))
+                    m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                     eff = (clean[owner] - m).view(len(pos), H).double().cpu().numpy()
                     out[[b.positions[p] for p in pos.tolist()], l] = eff
             ctx.tick(i + 1, "patching")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import HeadMethod, register
+from .registry import HeadMethod, register
 from .gates import nodes
 
 STEPS = 4
@@ -29,7 +29,6 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
     import torch
 
     from ...engine import attention
-    from .gates import _rows
 
     task = ctx.task
     L, H = task.layers, task.heads
@@ -53,7 +52,7 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
                     plan = attention.PatternPath(target=torch.full((len(owner),), l, device=task.device),
                                                  alpha=alpha, source=source)
                     with torch.enable_grad():
-                        m = task.metric(task.from_layer(l, below, b.clean, owner, plan), _rows(b, owner))
+                        m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                         (g,) = torch.autograd.grad(m.sum(), plan.leaves[l])
                     attr = (plan.delta[l] * g * wt).view(len(pos), k, H, -1).sum(1)  # [pairs, head, q * k]
                     v = attr.max(-1).values if reduce == "max" else attr.sum(-1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plots import _figure, short_title
+from ..plots import new_figure as _figure, short_title
 
 
 def curves_figure(result, absolute: bool = False):

@@ -42,6 +42,11 @@ class PairBatch:
     def size(self) -> int:
         return len(self.positions)
 
+    def take(self, idx: torch.Tensor) -> "PairBatch":
+        """The batch's rows ``idx`` (a pair may repeat: one row per node, head or mask)."""
+        return PairBatch([self.positions[i] for i in idx.tolist()], self.clean[idx], self.counterfactual[idx],
+                         self.answer[idx], self.answer_w[idx], self.foil[idx], self.foil_w[idx])
+
 
 def _set(ids: Sequence[Sequence[int]]):
     width = max(len(x) for x in ids)
@@ -202,9 +207,7 @@ class CircuitTask:
             plan = attention.HeadPatch(source=src, gate=g)
             with torch.no_grad():
                 logits = self.logits(batch.clean[owner], plan)
-            sub = PairBatch([batch.positions[i] for i in owner.tolist()], batch.clean[owner], batch.counterfactual[owner],
-                            batch.answer[owner], batch.answer_w[owner], batch.foil[owner], batch.foil_w[owner])
-            out.append(self.metric(logits, sub))
+            out.append(self.metric(logits, batch.take(owner)))
         return torch.cat(out)
 
 

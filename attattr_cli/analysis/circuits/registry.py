@@ -1,0 +1,26 @@
+"""The registry of head methods: one :class:`HeadMethod` per method module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+@dataclass(frozen=True)
+class HeadMethod:
+    name: str
+    description: str
+    compute: Callable[[Any], Any]  # Context -> [pairs, layer, head] float64
+    kind: str = "gradient"  # causal, gradient, attribution, attention, baseline
+    reference: str = ""
+    passes: Callable[[Any], str] = field(default=lambda settings: "")  # what it costs per pair, in words
+    default: bool = False  # computed by default (with the recommended method)
+
+
+REGISTRY: dict[str, HeadMethod] = {}
+
+
+def register(method: HeadMethod) -> HeadMethod:
+    if method.name in REGISTRY or method.name == "all":
+        raise ValueError(f"head method '{method.name}' is registered twice")
+    REGISTRY[method.name] = method
+    return method
