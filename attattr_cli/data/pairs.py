@@ -102,6 +102,44 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
     return pairs
 
 
+def is_pairs_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a JSONL file of pairs: its first object has every field of a pair
+    (``prompt``, ``counterfactual``, ``answer``, ``foil``). Reads only its first line."""
+    name = os.fspath(path)
+    if not name.lower().endswith((".jsonl", ".json")):
+        return False
+    try:
+        with open(name, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and all(f in obj for f in FIELDS)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def as_examples(pairs: Sequence[Pair]):
+    """Pairs as the examples a scoring run reads (data/types.py ``Example``): the clean prompt
+    as the text, the counterfactual, answer and foil under ``meta["pair"]`` (kept with each
+    example in a store), the pair's other fields in ``meta``."""
+    from .types import Example
+
+    return [Example(p.index, p.prompt, meta={**p.meta, "pair": {
+        "counterfactual": p.counterfactual, "answer": list(p.answer), "foil": list(p.foil)}}) for p in pairs]
+
+
+def pair_of_example(example) -> Pair:
+    """The pair an example made by :func:`as_examples` holds (DataError when it holds none)."""
+    pair = (example.meta or {}).get("pair") if isinstance(example.meta, dict) else None
+    if not isinstance(pair, dict):
+        raise DataError(f"example {example.index} is not a pair: --metric scores a JSONL of pairs"
+                        f" ({', '.join(FIELDS)})")
+    where = f"pair {example.index}"
+    obj = {"prompt": example.text_a, **pair}
+    return pair_from_dict(obj, example.index, where)
+
+
 def write_pairs(path: str | os.PathLike, pairs: Sequence[Pair]) -> None:
     from ..fileio import dumps
 
