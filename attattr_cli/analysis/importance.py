@@ -7,7 +7,8 @@ Methods, each a ``[layer, head]`` table (larger = more important):
                 float64 from the full maps, whatever ``--store-dtype`` was).
 * ``attention`` (from a store) I_h = E_x[ max_{i,j} A_h(i, j) ], the paper's attention
                 score baseline. (The mean of A_h over (i, j) is 1/n for every head,
-                since each row sums to one, so it cannot rank heads.)
+                since each row sums to one, so it cannot rank heads.) For a language
+                model the rows i are the positions whose next token is attributed.
 * ``taylor``    (model + data) Michel et al. 2019: I_h = E_x | sum_{i,j} A_h ⊙ dL/dA_h |
                 = E_x | <dL/dO_h, O_h> |, the gradient of the loss L (cross-entropy with
                 the gold label; the predicted label where there is none) with respect
@@ -185,7 +186,7 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
                 raise StoreError(
                     f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
                     " the attention method needs them: score with keep maps, or use the attr method")
-            each["attention"].append(np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1))
+            each["attention"].append(attention_max(e, L, H))
             sums["attention"] += each["attention"][-1]
         if progress:
             progress(k + 1, len(idx), f"example {i}")
@@ -197,6 +198,17 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
                     skipped_nonfinite=skipped, unconverged=unconverged if m == "attr" else 0,
                     stability=stability(np.stack(each[m]))) for m in methods]
     return ident, tables
+
+
+def attention_max(e, L: int, H: int) -> np.ndarray:
+    """max_ij A_h(i, j) of one store example [layer, head]. A language model's queries are the
+    positions whose next token is attributed (the first row of a causal map attends only to
+    itself, so its maximum is 1 in every head and cannot rank them)."""
+    a = np.asarray(e.attention, np.float64)
+    lm = e.meta.get("lm") if isinstance(e.meta, dict) else None
+    if isinstance(lm, dict) and lm.get("positions"):
+        a = a[:, :, [int(p) for p in lm["positions"]], :]
+    return a.reshape(L, H, -1).max(-1)
 
 
 def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None = None, batch_size: int = 32,
