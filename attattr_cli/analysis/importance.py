@@ -240,6 +240,33 @@ def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None 
                  + (", L2-normalised per layer" if normalize else ""))
 
 
+def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | None = None) -> Table:
+    """Michel et al.'s importance for clean / counterfactual pairs of a language model
+    (analysis/prune.py ``PairBatches``): I_h = E_x |d m_x / d gate_h| with m_x the pair's
+    metric (the logit difference answer - foil by default) in place of the loss."""
+    from ..engine.heads import masked
+
+    model = loaded.model
+    L, H = loaded.arch.num_layers, loaded.arch.num_heads
+    total = torch.zeros(L, H, dtype=torch.float64)
+    extra = {"logits_to_keep": 1} if batches.last_only else {}
+    for k, (rows, ids) in enumerate(batches.batches):
+        gate = torch.ones(len(rows), L, H, device=batches.device, requires_grad=True)
+        with torch.enable_grad(), masked(model, gate):
+            logits = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()
+            (g,) = torch.autograd.grad(batches.values(logits, rows).sum(), gate)
+        total += g.detach().abs().double().sum(0).cpu()
+        if progress:
+            progress(k + 1, len(batches.batches), "")
+    values = total / max(batches.n, 1)
+    if normalize:
+        norm = values.norm(dim=1, keepdim=True)
+        values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return Table("taylor", "taylor", values.numpy(), [], None, "",
+                 f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}"
+                 + (", L2-normalised per layer" if normalize else ""))
+
+
 def random_table(num_layers: int, num_heads: int, seed: int) -> Table:
     gen = np.random.default_rng(seed)
     return Table(f"random-{seed}", "random", gen.random((num_layers, num_heads)), [], seed, "",

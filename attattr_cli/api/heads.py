@@ -133,12 +133,15 @@ class Importance:
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
                seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
-               progress=False, command=None) -> Importance:
+               progress=False, command=None, metric: str | None = None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``
     (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
     unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
     ``methods`` a list or comma string (default attr,attention with a store, taylor,random
-    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
+    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`.
+    With clean / counterfactual pairs (``data`` a JSONL of pairs, or ``Pair`` inputs) and a causal
+    language model, ``taylor`` takes the gradient of each pair's ``metric`` (logit-diff by
+    default) instead of a loss; a store of pairs gives attr and attention as any store does."""
     from ..analysis import importance as imp
 
     check_methods_given(methods)
@@ -168,14 +171,19 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
         if family is not None:
             raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
         wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS)
-        m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
-        with using(m) as m:
-            ident = imp.identity_of(m.loaded)
-            if "taylor" in wanted:
-                with progress_for(progress, "taylor") as bar:
-                    t = imp.taylor(m.loaded, picked, label_map, batch_size, normalize, truncate, bar)
-                t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
-                tables.append(t)
+        if _pairs_given(data, inputs) or metric is not None:  # clean / counterfactual pairs of a language model
+            tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
+                                   progress, metric)
+            ident = tables.pop()
+        else:
+            m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+            with using(m) as m:
+                ident = imp.identity_of(m.loaded)
+                if "taylor" in wanted:
+                    with progress_for(progress, "taylor") as bar:
+                        t = imp.taylor(m.loaded, picked, label_map, batch_size, normalize, truncate, bar)
+                    t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
+                    tables.append(t)
     if "random" in wanted:
         tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
     skipped = max((t.skipped_nonfinite for t in tables), default=0)
@@ -506,3 +514,45 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
     if out is not None:
         write_json_file(out, res.to_dict())
     return res
+
+
+def _pair_rows(data, inputs, examples):
+    """The picked examples of clean / counterfactual pairs (a pairs JSONL or Pair inputs)."""
+    from ..data import parse_examples
+    from ..data.pairs import as_examples, read_pairs
+    from .inputs import to_examples
+
+    if data is not None and inputs is not None:
+        raise OptionError("give inputs or data, not both")
+    if not _pairs_given(data, inputs):
+        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
+                          " foil; or Pair inputs)")
+    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
+    return [rows[i] for i in parse_examples(selection(examples), len(rows))]
+
+
+def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device, progress, metric):
+    """The model tables of :func:`importance` on pairs: [taylor (when wanted), identity]."""
+    from ..analysis import importance as imp
+    from ..analysis import prune as pr
+    from ..engine.options import METRICS
+    from .model import as_model
+
+    metric = "logit-diff" if metric is None else metric
+    if metric not in METRICS:
+        raise OptionError(f"unknown metric '{metric}'; available: {', '.join(METRICS)}")
+    if task is not None:
+        raise OptionError("task presets are classification tasks; pairs are their own task")
+    if model is None:
+        raise OptionError("pairs need a model: a causal language model")
+    picked = _pair_rows(data, inputs, examples)
+    tables = []
+    with using(as_model(model, device=device, lm=True)) as m:
+        ident = imp.identity_of(m.loaded)
+        if "taylor" in wanted:
+            with progress_for(progress, "taylor") as bar:
+                t = imp.taylor_pairs(m.loaded, pr.PairBatches(m.loaded, picked, metric, batch_size), normalize, bar)
+            t.source = str(data or "memory")
+            t.examples = [e.index for e in picked]
+            tables.append(t)
+    return tables + [ident]
