@@ -64,3 +64,111 @@ def ioi_file(tmp_path_factory, lm_dir):
     r = run_cli("demo", "data", "--task", "ioi", "--model", lm_dir, "--count", 6, "--seed", 3, "--out", out)
     assert r.exit_code == 0, r.output
     return out
+
+
+def _direct_metric(model, tokenizer, pair: P.Pair, metric: str, dtype=torch.float32) -> float:
+    """The pair's metric from one plain forward of the clean prompt (no attattr code but the
+    token lookup): the test's own definition of engine/metrics.py."""
+    ids = tokenizer(pair.prompt)["input_ids"]
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].to(dtype)
+    a = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(t))[0] for t in pair.answer]
+    f = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(t))[0] for t in pair.foil]
+    if metric == "logit-diff":
+        return float(logits[a].mean() - logits[f].mean())
+    p = torch.softmax(logits, -1)
+    if metric == "prob":
+        return float(p[a].sum())
+    return float(torch.log(p[a].sum()) - torch.log(p[f].sum()))
+
+
+# -- generators -------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", ["ioi", "greater-than", "capitals"])
+@pytest.mark.parametrize("two", [False, True], ids=["digits", "two-digit"])
+def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two):
+    tok = bpe_two if two else bpe
+    made = P.generate(task, tok, 12, seed=5)
+    assert len(made) == 12 and [p.index for p in made] == list(range(12))
+    assert [p.to_json() for p in P.generate(task, tok, 12, seed=5)] == [p.to_json() for p in made]  # seeded
+    assert [p.to_json() for p in P.generate(task, tok, 12, seed=6)] != [p.to_json() for p in made]
+    for p in made:
+        enc = P.encode_pair(tok, p)  # equal lengths and one-token answers and foils, or it raises
+        assert len(enc.clean) == len(enc.counterfactual) and enc.answer and enc.foil
+        assert not set(enc.answer) & set(enc.foil)
+        assert p.meta["task"] == task
+    if task == "capitals":
+        assert not {" " + c for c in MISSING} & {t for p in made for t in p.answer + p.foil}
+        capital = dict(P.COUNTRIES)
+        for p in made:  # the foil is the counterfactual country's capital, another city
+            country = next(c for c in capital if p.counterfactual == p.prompt.replace(
+                next(k for k in capital if " " + capital[k] == p.answer[0]), c))
+            assert p.foil == (" " + capital[country],) and p.foil != p.answer
+    if task == "greater-than":
+        for p in made:
+            year = p.meta["year"]
+            assert p.prompt.endswith(f"to the year {p.prompt.split('year ')[1][:2]}")
+            assert p.counterfactual == p.prompt.replace(f"{year:02d} to", "01 to")
+            if two:
+                assert p.meta["digits"] == "two"
+                assert [int(t) for t in p.answer] == list(range(year + 1, 100))
+                assert [int(t) for t in p.foil] == list(range(0, year + 1))
+            else:
+                assert p.meta["digits"] == "one"
+                assert [int(t) for t in p.answer] == list(range(year // 10 + 1, 10))
+                assert [int(t) for t in p.foil] == list(range(0, year // 10))
+
+
+def test_greater_than_sets_and_year_tokens(bpe, bpe_two):
+    assert P.greater_than_sets(32, "two") == ([f"{y:02d}" for y in range(33, 100)], [f"{y:02d}" for y in range(33)])
+    assert P.greater_than_sets(32, "one") == ([str(d) for d in range(4, 10)], ["0", "1", "2"])
+    assert P.year_tokens(bpe)[0] == "one" and P.year_tokens(bpe_two)[0] == "two"
+
+
+def test_a_tokenizer_without_the_words_is_one_clear_error(tokenizer):
+    for task, text in (("ioi", "IOI names are one token"), ("capitals", "capitals are one token"),
+                       ("greater-than", "greater-than task needs")):
+        with pytest.raises(DataError, match=text):
+            P.generate(task, tokenizer, 3)
+
+
+def test_pairs_read_back_and_bad_pairs_name_the_line(tmp_path, bpe):
+    made = P.generate("capitals", bpe, 4, seed=1)
+    f = tmp_path / "c.jsonl"
+    P.write_pairs(f, made)
+    back = P.read_pairs(f)
+    assert [p.to_json() for p in back] == [p.to_json() for p in made] and P.is_pairs_file(f)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "The capital of France is", "counterfactual": "The capital of Germany is",
+                               "answer": " Paris", "foil": " Paris"}) + "\n")
+    with pytest.raises(DataError, match="line 1"):
+        P.read_pairs(bad)
+    uneven = P.Pair(7, "The capital of France is", "The capital city of Spain is", (" Paris",), (" Madrid",))
+    with pytest.raises(DataError, match="pair 7: the prompt has 6 tokens and the counterfactual 7"):
+        P.encode_pair(bpe, uneven)
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir(SMOLLM2), reason="SmolLM2's tokenizer folder is absent")
+def test_generators_with_smollm2_tokenizer():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(SMOLLM2)
+    assert P.year_tokens(tok)[0] == "one"  # SmolLM2 writes digits one by one
+    for task in ("ioi", "greater-than", "capitals"):
+        for p in P.generate(task, tok, 20, seed=0):
+            P.encode_pair(tok, p)
+
+
+def test_demo_data_task_cli(tmp_path, lm_dir):
+    out = tmp_path / "gt.jsonl"
+    r = run_cli("demo", "data", "--task", "greater-than", "--model", lm_dir, "--count", 5, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert r.stdout.strip() == str(out) and len(P.read_pairs(out)) == 5
+    one_error_line(run_cli("demo", "data", "--task", "greater-than", "--model", lm_dir, "--out", out), "exists")
+    one_error_line(run_cli("demo", "data", "--task", "facts", "--model", lm_dir, "--out", tmp_path / "x.jsonl"),
+                   "unknown --task 'facts'", "capitals")
+    one_error_line(run_cli("demo", "data", "--task", "ioi", "--out", tmp_path / "x.jsonl"), "needs a model")
+    one_error_line(run_cli("demo", "data", "--task", "ioi", "--model", tmp_path / "nowhere", "--out",
+                           tmp_path / "x.jsonl"), "tokenizer")
+    syn = tmp_path / "syn.tsv"
+    r = run_cli("demo", "data", "--out", syn, "--count", 4)  # the default task is still the synthetic TSV
+    assert r.exit_code == 0 and syn.read_text().splitlines()[0].split("\t")[:2] == ["premise", "hypothesis"]

@@ -149,9 +149,12 @@ def write_pairs(path: str | os.PathLike, pairs: Sequence[Pair]) -> None:
 
 
 def one_token(tokenizer, text: str) -> int | None:
-    """The id of ``text`` as one continuation token, or None when it is several."""
+    """The id of ``text`` as one continuation token, or None when it is several (or the
+    tokenizer's unknown token, which stands for any word it does not know)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids[0] if len(ids) == 1 else None
+    if len(ids) != 1 or (getattr(tokenizer, "unk_token_id", None) is not None and ids[0] == tokenizer.unk_token_id):
+        return None
+    return ids[0]
 
 
 @dataclass
