@@ -172,3 +172,125 @@ def test_demo_data_task_cli(tmp_path, lm_dir):
     syn = tmp_path / "syn.tsv"
     r = run_cli("demo", "data", "--out", syn, "--count", 4)  # the default task is still the synthetic TSV
     assert r.exit_code == 0 and syn.read_text().splitlines()[0].split("\t")[:2] == ["premise", "hypothesis"]
+
+
+# -- scoring pairs: each with its own answer and foil -------------------------------------------
+@pytest.mark.parametrize("metric", ["logit-diff", "logprob-diff", "prob"])
+def test_pair_target_equals_slow_reference_of_the_metric(lm_dir, bpe, metric):
+    """F of a pair is its metric (checked against a plain forward), and the attribution of a
+    pair equals the slow reference of that F (float64), layer by layer."""
+    from transformers import AutoModelForCausalLM
+
+    from attattr_cli.engine.integrate import nodes
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.models.loading import prepare
+    from slow_reference import slow_attribution
+
+    model = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float64).eval()
+    loaded = prepare(model, bpe, "tiny-llama-bpe", lm=True)
+    pair = P.generate("greater-than", bpe, 1, seed=2)[0]  # answer and foil are sets of tokens
+    ex = P.as_examples([pair])[0]
+    result = Scorer(loaded, ScoreOptions(steps=6, dtype="float64", lm=True, metric=metric)).score(ex)
+    assert result.f_full == pytest.approx(_direct_metric(model, bpe, pair, metric, torch.float64), rel=1e-9)
+    lm = result.meta["lm"]
+    assert lm["metric"] == metric and lm["target_tokens"] == [bpe.tokenize(t)[0] for t in pair.answer]
+    assert lm["foil_tokens"] == [bpe.tokenize(t)[0] for t in pair.foil] and result.meta["pair"]["foil"] == list(pair.foil)
+    enc = bpe(pair.prompt)["input_ids"]
+    a, f = lm["target_ids"], lm["foil_ids"]
+
+    def f_of(lg):
+        lg = lg[:, -1].double()
+        if metric == "logit-diff":
+            return lg[:, a].mean(-1) - lg[:, f].mean(-1)
+        p = torch.softmax(lg, -1)
+        return p[:, a].sum(-1) if metric == "prob" else torch.log(p[:, a].sum(-1)) - torch.log(p[:, f].sum(-1))
+
+    alphas, weights = nodes("right", 6)
+    ref, f0 = slow_attribution(model, {"input_ids": torch.tensor([enc])}, result.layers, alphas, weights, None,
+                               f_of_logits=f_of, more_inputs={"use_cache": False})
+    for k, layer in enumerate(result.layers):
+        got, want = torch.as_tensor(np.asarray(result.attribution[k])), ref[layer]
+        assert float((got - want).abs().max() / want.abs().max()) < 1e-6
+        assert result.f_baseline[k] == pytest.approx(f0[layer], rel=1e-9, abs=1e-12)
+
+
+def _store_arrays(path):
+    import attattr_cli as aa
+
+    st = aa.open_store(path)
+    return {i: (np.asarray(st[i].head_max), st[i].f_full, st[i].meta["lm"]["target_ids"], st[i].meta["lm"]["foil_ids"])
+            for i in st.indices}
+
+
+def test_pairs_share_one_store_merge_resume_and_refusals(tmp_path, lm_dir, ioi_file):
+    whole, a, b, m = (tmp_path / f"{n}.h5" for n in ("whole", "a", "b", "m"))
+    common = ("score", "--lm", "--model", lm_dir, "--data", ioi_file, "--steps", 3, "-q")
+    assert run_cli(*common, "--out", whole).exit_code == 0
+    assert run_cli(*common, "--out", a, "--examples", "0:3").exit_code == 0
+    assert run_cli(*common, "--out", b, "--examples", "3:6").exit_code == 0
+    r = run_cli("merge", a, b, "--out", m)
+    assert r.exit_code == 0, r.output
+    ref, got = _store_arrays(whole), _store_arrays(m)
+    assert sorted(got) == list(range(6))
+    for i in ref:
+        assert np.array_equal(ref[i][0], got[i][0]) and ref[i][1:] == got[i][1:]
+    assert len({tuple(v[2]) for v in ref.values()}) > 1  # the pairs have their own answers in one store
+    pairs = P.read_pairs(ioi_file)
+    model = __import__("transformers").AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    for i, p in enumerate(pairs):
+        assert ref[i][1] == pytest.approx(_direct_metric(model, P_tok(lm_dir), p, "logit-diff"), rel=1e-4, abs=1e-5)
+    # resume: the store of 0:3 takes the rest
+    r = run_cli(*common[:-1], "--out", a)
+    assert r.exit_code == 0 and "scored 3 examples (3 already in the store)" in r.stderr
+    # a real mismatch is refused: another metric, other pairs
+    one_error_line(run_cli(*common, "--out", b, "--metric", "prob"), "other options", "metric")
+    edited = tmp_path / "edited.jsonl"
+    rows = [json.loads(x) for x in ioi_file.read_text().splitlines()]
+    rows[0]["foil"] = rows[1]["answer"] if rows[1]["answer"] != rows[0]["answer"] else rows[2]["answer"]
+    edited.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    one_error_line(run_cli(*common[:5], edited, *common[6:], "--out", b), "other data")
+
+
+def P_tok(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def test_pairs_in_memory_save_and_read_back(tmp_path, lm_dir, ioi_file):
+    import attattr_cli as aa
+
+    model = aa.load_model(str(lm_dir), lm=True)
+    pairs = P.read_pairs(ioi_file)
+    res = aa.score(model, pairs, steps=3, metric="logprob-diff")
+    assert [e.meta["lm"]["metric"] for e in res] == ["logprob-diff"] * len(pairs)
+    out = res.save(tmp_path / "mem.h5")
+    st = aa.open_store(out)
+    assert st.indices == list(range(len(pairs)))
+    assert [st[i].f_full for i in st.indices] == pytest.approx([e.f_full for e in res])
+    imp = aa.importance(out)
+    assert imp["attr"].shape == (2, 4)
+
+
+@pytest.mark.parametrize("args, text", [
+    (("--metric", "prob"), "--metric goes with clean / counterfactual pairs"),
+    (("--metric", "nope"), "unknown --metric"),
+    (("--target-token", " Mary"), "does not go with --target-token"),
+    (("--logprob",), "does not go with --logit or --logprob"),
+])
+def test_score_option_refusals_are_one_line(tmp_path, lm_dir, ioi_file, args, text):
+    data = ioi_file
+    if args[:2] == ("--metric", "prob"):
+        data = tmp_path / "p.txt"
+        data.write_text("text\nw1 w2\n")
+    one_error_line(run_cli("score", "--lm", "--model", lm_dir, "--data", data, "--out", tmp_path / "x.h5", *args), text)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_unequal_pair_is_one_line_naming_it(tmp_path, lm_dir):
+    f = tmp_path / "uneven.jsonl"
+    f.write_text(json.dumps({"prompt": "The capital of France is", "counterfactual": "The capital city of Spain is",
+                             "answer": " Paris", "foil": " Madrid"}) + "\n")
+    one_error_line(run_cli("score", "--lm", "--model", lm_dir, "--data", f, "--out", tmp_path / "x.h5"),
+                   "pair 0", "equal token lengths")
