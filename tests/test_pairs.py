@@ -294,3 +294,115 @@ def test_unequal_pair_is_one_line_naming_it(tmp_path, lm_dir):
                              "answer": " Paris", "foil": " Madrid"}) + "\n")
     one_error_line(run_cli("score", "--lm", "--model", lm_dir, "--data", f, "--out", tmp_path / "x.h5"),
                    "pair 0", "equal token lengths")
+
+
+# -- importance and prune on a pooled pair store -----------------------------------------------
+@pytest.fixture(scope="module")
+def pair_store(tmp_path_factory, lm_dir, ioi_file):
+    out = tmp_path_factory.mktemp("pair_store") / "ioi.h5"
+    r = run_cli("score", "--lm", "--model", lm_dir, "--data", ioi_file, "--steps", 3, "--out", out, "-q")
+    assert r.exit_code == 0, r.output
+    return out
+
+
+def test_importance_of_a_pair_store(tmp_path, pair_store):
+    import attattr_cli as aa
+
+    imp = aa.importance(pair_store, methods="attr,attention,random", seeds=[0, 1])
+    st = aa.open_store(pair_store)
+    examples = [st[i] for i in st.indices]
+    assert np.allclose(imp["attr"], np.mean([np.asarray(e.head_max, np.float64) for e in examples], axis=0))
+    # a language model's attention baseline reads the rows of the attributed position (the last)
+    want = np.mean([np.asarray(e.attention, np.float64)[:, :, -1, :].max(-1) for e in examples], axis=0)
+    assert np.allclose(imp["attention"], want) and not np.allclose(imp["attention"], 1.0)
+    assert set(imp.tables) == {"attr", "attention", "random-0", "random-1"}
+
+
+def _masked_metric(model, tok, pair, mask, metric="logit-diff") -> float:
+    """The pair's metric with heads zeroed: one example alone through engine.heads.masked."""
+    from attattr_cli.engine.heads import masked
+
+    with torch.no_grad(), masked(model, torch.as_tensor(mask, dtype=torch.float32)):
+        ids = tok(pair.prompt)["input_ids"]
+        logits = model(torch.tensor([ids]), use_cache=False).logits[0, -1]
+    a = [tok.convert_tokens_to_ids(tok.tokenize(t))[0] for t in pair.answer]
+    f = [tok.convert_tokens_to_ids(tok.tokenize(t))[0] for t in pair.foil]
+    if metric == "logit-diff":
+        return float(logits[a].mean() - logits[f].mean())
+    p = torch.softmax(logits.double(), -1)
+    return float(torch.log(p[a].sum()) - torch.log(p[f].sum()))
+
+
+@pytest.mark.parametrize("metric", ["logit-diff", "logprob-diff"])
+def test_prune_curves_of_pairs_equal_a_direct_evaluation(tmp_path, lm_dir, ioi_file, pair_store, metric):
+    import attattr_cli as aa
+    from attattr_cli.analysis.prune import mask_at
+    from transformers import AutoModelForCausalLM
+
+    imp = aa.importance(pair_store, methods="attr,attention,random", seeds=[0, 1], out=tmp_path / "imp.h5")
+    rates = [0, 0.25, 0.5, 1]
+    out = tmp_path / "curves.json"
+    r = run_cli("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp.path, "--rates", "0,0.25,0.5,1",
+                "--metric", metric, "--out", out, "--batch-size", 4)
+    assert r.exit_code == 0, r.output
+    assert f"{metric} with the least important heads masked" in r.stderr
+    doc = json.loads(out.read_text())
+    c = doc["curves"]
+    assert c["metric"] == metric and doc["metric"] == metric and c["n_examples"] == 6
+    model = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    tok = P_tok(lm_dir)
+    pairs = P.read_pairs(ioi_file)
+    ones = np.ones((2, 4))
+    full = np.mean([_masked_metric(model, tok, p, ones, metric) for p in pairs])
+    zero = np.mean([_masked_metric(model, tok, p, 0 * ones, metric) for p in pairs])
+    assert c["baseline"][metric] == pytest.approx(full, rel=1e-4, abs=1e-5)
+    assert c["zeroed"][metric] == pytest.approx(zero, rel=1e-4, abs=1e-5)
+    if metric == "logit-diff":  # the unpruned metric is the store's F, the mean over its pairs
+        st = aa.open_store(pair_store)
+        assert full == pytest.approx(np.mean([st[i].f_full for i in st.indices]), rel=1e-4, abs=1e-5)
+    for name in ("attr", "attention"):
+        entry = c["methods"][name]
+        for j, rate in enumerate(rates):
+            mask = mask_at(imp[name], rate).numpy()
+            want = np.mean([_masked_metric(model, tok, p, mask, metric) for p in pairs])
+            assert entry[metric][j] == pytest.approx(want, rel=1e-4, abs=1e-5)
+            assert entry["faithfulness"][j] == pytest.approx((want - zero) / (full - zero), rel=1e-3, abs=1e-4)
+            assert entry[f"{metric}_low"][j] <= entry[metric][j] + 1e-9 <= entry[f"{metric}_high"][j] + 2e-9
+    rnd = c["methods"]["random"]
+    assert rnd["seeds"] == 2 and rnd[metric] == pytest.approx(
+        np.mean([rnd["tables"][n][metric] for n in ("random-0", "random-1")], axis=0))
+    assert set(c["methods"]["attr"]["tests"]) == {"attention", "random"}
+    r = run_cli("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp.path, "--rates", "0,1", "--out",
+                tmp_path / "c.json", "--csv", "-q")
+    assert r.exit_code == 0 and "faithfulness" in r.stdout.splitlines()[0]
+
+
+def test_taylor_of_pairs_equals_a_direct_gradient(lm_dir, ioi_file):
+    import attattr_cli as aa
+    from attattr_cli.engine.heads import masked
+    from transformers import AutoModelForCausalLM
+
+    imp = aa.importance(model=str(lm_dir), data=str(ioi_file), methods="taylor", normalize=False)
+    model = AutoModelForCausalLM.from_pretrained(lm_dir).eval()
+    tok = P_tok(lm_dir)
+    total = torch.zeros(2, 4, dtype=torch.float64)
+    pairs = P.read_pairs(ioi_file)
+    for p in pairs:
+        gate = torch.ones(2, 4, requires_grad=True)
+        with masked(model, gate):
+            logits = model(torch.tensor([tok(p.prompt)["input_ids"]]), use_cache=False).logits[0, -1]
+            a, f = (tok.convert_tokens_to_ids(tok.tokenize(t[0])) for t in (p.answer, p.foil))
+            (g,) = torch.autograd.grad(logits[a].mean() - logits[f].mean(), gate)
+        total += g.abs().double()
+    assert np.allclose(imp["taylor"], (total / len(pairs)).numpy(), rtol=1e-4, atol=1e-7)
+
+
+def test_prune_and_importance_pair_refusals_are_one_line(tmp_path, lm_dir, ioi_file, pair_store):
+    imp = tmp_path / "imp.h5"
+    assert run_cli("importance", pair_store, "--out", imp, "-q").exit_code == 0
+    base = ("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp, "--out", tmp_path / "c.json")
+    one_error_line(run_cli(*base, "--metric", "nope"), "unknown metric 'nope'")
+    one_error_line(run_cli(*base, "--effectiveness", pair_store), "go with classifiers")
+    one_error_line(run_cli("prune", "--model", lm_dir, "--data", ioi_file, "--out", tmp_path / "c.json"),
+                   "nothing to do")
+    assert not (tmp_path / "c.json").exists()
