@@ -159,6 +159,9 @@ def test_generators_with_smollm2_tokenizer():
 
 
 def test_demo_data_task_cli(tmp_path, lm_dir):
+    from attattr_cli.api.demo import PAIR_TASKS
+
+    assert set(PAIR_TASKS) == set(P.GENERATORS)  # the CLI's choices are the registered generators
     out = tmp_path / "gt.jsonl"
     r = run_cli("demo", "data", "--task", "greater-than", "--model", lm_dir, "--count", 5, "--out", out)
     assert r.exit_code == 0, r.output
