@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
 __all__ = [
-    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
+    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "__version__",

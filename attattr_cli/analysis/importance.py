@@ -7,7 +7,8 @@ Methods, each a ``[layer, head]`` table (larger = more important):
                 float64 from the full maps, whatever ``--store-dtype`` was).
 * ``attention`` (from a store) I_h = E_x[ max_{i,j} A_h(i, j) ], the paper's attention
                 score baseline. (The mean of A_h over (i, j) is 1/n for every head,
-                since each row sums to one, so it cannot rank heads.)
+                since each row sums to one, so it cannot rank heads.) For a language
+                model the rows i are the positions whose next token is attributed.
 * ``taylor``    (model + data) Michel et al. 2019: I_h = E_x | sum_{i,j} A_h ⊙ dL/dA_h |
                 = E_x | <dL/dO_h, O_h> |, the gradient of the loss L (cross-entropy with
                 the gold label; the predicted label where there is none) with respect
@@ -185,7 +186,7 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
                 raise StoreError(
                     f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
                     " the attention method needs them: score with keep maps, or use the attr method")
-            each["attention"].append(np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1))
+            each["attention"].append(attention_max(e, L, H))
             sums["attention"] += each["attention"][-1]
         if progress:
             progress(k + 1, len(idx), f"example {i}")
@@ -197,6 +198,17 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
                     skipped_nonfinite=skipped, unconverged=unconverged if m == "attr" else 0,
                     stability=stability(np.stack(each[m]))) for m in methods]
     return ident, tables
+
+
+def attention_max(e, L: int, H: int) -> np.ndarray:
+    """max_ij A_h(i, j) of one store example [layer, head]. A language model's queries are the
+    positions whose next token is attributed (the first row of a causal map attends only to
+    itself, so its maximum is 1 in every head and cannot rank them)."""
+    a = np.asarray(e.attention, np.float64)
+    lm = e.meta.get("lm") if isinstance(e.meta, dict) else None
+    if isinstance(lm, dict) and lm.get("positions"):
+        a = a[:, :, [int(p) for p in lm["positions"]], :]
+    return a.reshape(L, H, -1).max(-1)
 
 
 def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None = None, batch_size: int = 32,
@@ -225,6 +237,33 @@ def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None 
         values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
     return Table("taylor", "taylor", values.numpy(), [e.index for e in examples], None, "",
                  "E_x|sum A_h * dL/dA_h| (Michel et al. 2019), L = cross-entropy of the gold label"
+                 + (", L2-normalised per layer" if normalize else ""))
+
+
+def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | None = None) -> Table:
+    """Michel et al.'s importance for clean / counterfactual pairs of a language model
+    (analysis/prune.py ``PairBatches``): I_h = E_x |d m_x / d gate_h| with m_x the pair's
+    metric (the logit difference answer - foil by default) in place of the loss."""
+    from ..engine.heads import masked
+
+    model = loaded.model
+    L, H = loaded.arch.num_layers, loaded.arch.num_heads
+    total = torch.zeros(L, H, dtype=torch.float64)
+    extra = {"logits_to_keep": 1} if batches.last_only else {}
+    for k, (rows, ids) in enumerate(batches.batches):
+        gate = torch.ones(len(rows), L, H, device=batches.device, requires_grad=True)
+        with torch.enable_grad(), masked(model, gate):
+            logits = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()
+            (g,) = torch.autograd.grad(batches.values(logits, rows).sum(), gate)
+        total += g.detach().abs().double().sum(0).cpu()
+        if progress:
+            progress(k + 1, len(batches.batches), "")
+    values = total / max(batches.n, 1)
+    if normalize:
+        norm = values.norm(dim=1, keepdim=True)
+        values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
+    return Table("taylor", "taylor", values.numpy(), [], None, "",
+                 f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}"
                  + (", L2-normalised per layer" if normalize else ""))
 
 

@@ -155,7 +155,9 @@ def _curves_panel(ax, curves: dict) -> None:
         label = LABELS.get(name, name)
         if "tables" in entry:
             label += f" (mean of {len(entry['tables'])})"
-        if metric == "accuracy":
+        if "accuracy" not in curves["baseline"]:  # a language-model pair task: its metric's band
+            banded |= _band(ax, rates, entry, color, metric)
+        elif metric == "accuracy":
             banded |= _band(ax, rates, entry, color)
             if not banded and "accuracy_std" in entry:  # a result written before the bands: ± sd of the orders
                 sd = np.asarray(entry["accuracy_std"])
@@ -171,9 +173,10 @@ def _curves_panel(ax, curves: dict) -> None:
                  + (f"; shaded: {curves.get('level', 0.95):.0%} bootstrap interval" if banded else ""), fontsize=10)
 
 
-def _band(ax, x, entry: dict, color) -> bool:
-    """Shade an entry's bootstrap interval (``accuracy_low``/``accuracy_high``) where it has one."""
-    lo, hi = entry.get("accuracy_low"), entry.get("accuracy_high")
+def _band(ax, x, entry: dict, color, metric: str = "accuracy") -> bool:
+    """Shade an entry's bootstrap interval (``accuracy_low``/``accuracy_high``, or another
+    metric's) where it has one."""
+    lo, hi = entry.get(f"{metric}_low"), entry.get(f"{metric}_high")
     if not lo or not hi or any(v is None for v in (*lo, *hi)):
         return False
     ax.fill_between(x, lo, hi, color=color, alpha=0.15, linewidth=0)

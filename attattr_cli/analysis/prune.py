@@ -301,6 +301,173 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
+# ----------------------------------------------------------------------------- language-model pairs
+
+
+class PairBatches:
+    """Clean / counterfactual pairs of a causal LM (data/pairs.py) encoded once: their clean
+    prompts grouped by token length (no padding: a batch's rows are exactly what the model sees
+    one by one), each with its own answer and foil ids. ``metric`` (engine/metrics.py) is what
+    an evaluation takes of the next-token logits after each prompt."""
+
+    def __init__(self, loaded, examples, metric: str = "logit-diff", batch_size: int = 64):
+        import inspect
+
+        from ..data.pairs import encode_pair, pair_of_example
+
+        self.device = next(loaded.model.parameters()).device
+        self.metric = metric
+        self.n = len(examples)
+        enc = [encode_pair(loaded.tokenizer, pair_of_example(e), loaded.arch.max_length) for e in examples]
+        self.answer = [x.answer for x in enc]
+        self.foil = [x.foil for x in enc]
+        by_length: dict[int, list[int]] = {}
+        for i, x in enumerate(enc):
+            by_length.setdefault(len(x.clean), []).append(i)
+        self.batches: list[tuple[list[int], torch.Tensor]] = []
+        for length in sorted(by_length):
+            rows = by_length[length]
+            for s in range(0, len(rows), batch_size):
+                chunk = rows[s:s + batch_size]
+                self.batches.append((chunk, torch.tensor([enc[i].clean for i in chunk], device=self.device)))
+        self.last_only = "logits_to_keep" in inspect.signature(loaded.model.forward).parameters
+
+    def values(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
+        """The metric of each of ``rows`` from its next-token logits [rows, vocab]."""
+        from ..engine.metrics import pair_metric
+
+        return torch.stack([pair_metric(logits[k], self.answer[i], self.foil[i], self.metric)
+                            for k, i in enumerate(rows)])
+
+
+def pair_values_under_masks(loaded, batches: PairBatches, masks: Sequence[torch.Tensor],
+                            max_tokens: int = MASK_TOKENS, on_masks: Callable[[int], None] | None = None
+                            ) -> list[np.ndarray]:
+    """Per mask ([layer, head] of head scales; all ones: the model as it is) the metric of every pair [examples]
+    (float64, the examples' order), several masks per pass (each batch repeated once per mask,
+    as :func:`logits_under_masks` does)."""
+    from ..engine.heads import masked
+
+    model = loaded.model
+    widest = max((ids.numel() for _, ids in batches.batches), default=1)
+    per = max(1, max_tokens // max(widest, 1))
+    out: list[np.ndarray] = []
+    with torch.no_grad():
+        for start in range(0, len(masks), per):
+            group = masks[start:start + per]
+            full = np.empty((len(group), batches.n), np.float64)
+            for rows, ids in batches.batches:
+                n = ids.shape[0]
+                scale = torch.cat([m.expand(n, *m.shape) for m in group])
+                extra = {"logits_to_keep": 1} if batches.last_only else {}
+                with masked(model, scale.to(batches.device)):
+                    logits = model(input_ids=ids.repeat(len(group), 1), use_cache=False, **extra).logits[:, -1]
+                logits = logits.float().view(len(group), n, -1)
+                for g in range(len(group)):
+                    full[g, rows] = batches.values(logits[g], rows).double().cpu().numpy()
+            out.extend(full)
+            if on_masks is not None:
+                on_masks(len(group))
+    return out
+
+
+def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequence[float],
+                methods: Sequence[str] | None = None, progress: Progress | None = None, level: float = 0.95,
+                seed: int = 0, max_tokens: int = MASK_TOKENS) -> dict:
+    """The pruning curves of a language-model pair task: at each rate the mean ``metric``
+    (``batches.metric``: the logit difference answer - foil by default) of the pairs with the
+    least important heads zeroed, per table of ``imp`` (random seeds averaged), against the
+    unpruned model; ``zeroed`` is the metric with every head zeroed, and ``faithfulness`` per
+    rate (m(kept) - m(none kept)) / (m(all) - m(none kept)). Bands: bootstrap over the pairs;
+    tests: attr keeps the metric higher than each other method (paired sign-flip, Holm)."""
+    from . import stats
+
+    metric = batches.metric
+    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+    tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
+                    key=lambda t: (order.get(t.method, len(order)), t.name))
+    if not tables:
+        raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
+    L, H = tables[0].values.shape
+    distinct: dict[bytes, torch.Tensor] = {}
+    for t in tables:
+        for r in rates:
+            m = mask_at(t.values, r)
+            distinct.setdefault(m.numpy().tobytes(), m)
+    zero = torch.zeros(L, H)
+    distinct.setdefault(zero.numpy().tobytes(), zero)
+    todo, done = len(distinct) + 1, 0
+
+    def tick(k: int) -> None:
+        nonlocal done
+        done += k
+        if progress:
+            progress(done, todo, "masks")
+
+    keys = [b"none"] + list(distinct)
+    got = pair_values_under_masks(loaded, batches, [torch.ones(L, H)] + list(distinct.values()), max_tokens, tick)
+    cache = dict(zip(keys, got))
+    full, none_kept = float(cache[b"none"].mean()), float(cache[zero.numpy().tobytes()].mean())
+
+    def faithful(values: Sequence[float]) -> list[float | None]:
+        span = full - none_kept
+        return [_num((v - none_kept) / span + 0.0) if span != 0 else None for v in values]
+
+    per_table: dict[str, dict] = {}
+    each: dict[str, np.ndarray] = {}
+    for t in tables:
+        rows = [cache[mask_at(t.values, r).numpy().tobytes()] for r in rates]
+        each[t.name] = np.stack(rows, axis=1)  # [examples, rates]
+        values = each[t.name].mean(0).tolist()
+        per_table[t.name] = {"method": t.method, metric: values, "faithfulness": faithful(values),
+                             "heads_masked": [int(round(r * t.values.size)) for r in rates]}
+    result: dict[str, dict] = {}
+    per_method: dict[str, np.ndarray] = {}
+    for t in tables:
+        if t.method in result:
+            continue
+        group = [n for n, v in per_table.items() if v["method"] == t.method]
+        per_method[t.method] = np.mean([each[n] for n in group], axis=0)
+        if len(group) == 1 and group[0] == t.method:
+            result[t.method] = per_table[group[0]]
+        else:
+            values = per_method[t.method].mean(0).tolist()
+            seeds = np.asarray([per_table[n][metric] for n in group])
+            result[t.method] = {"method": t.method, metric: values, "faithfulness": faithful(values),
+                                "heads_masked": per_table[group[0]]["heads_masked"], "seeds": len(group),
+                                f"{metric}_seed_min": seeds.min(0).tolist(), f"{metric}_seed_max": seeds.max(0).tolist(),
+                                "tables": {n: per_table[n] for n in group}}
+        lo, hi = stats.bootstrap_ci(per_method[t.method], level=level, seed=seed)
+        result[t.method][f"{metric}_low"] = [_num(x) for x in lo]
+        result[t.method][f"{metric}_high"] = [_num(x) for x in hi]
+    if "attr" in per_method:
+        tests = {}
+        for name, m in per_method.items():
+            if name == "attr":
+                continue
+            rows = [stats.paired_test(per_method["attr"][:, j], m[:, j], "greater", seed=seed + j)
+                    for j in range(len(rates))]
+            ps = [r["p"] for r in rows]
+            tests[name] = {"p": ps, "p_holm": stats.holm(ps), "difference": [r["statistic"] for r in rows],
+                           "test": "sign-flip"}
+        result["attr"]["tests"] = tests
+    return {
+        "metric": metric,
+        "rates": list(rates),
+        "n_examples": batches.n,
+        "num_layers": int(L),
+        "num_heads": int(H),
+        "baseline": {metric: full},
+        "zeroed": {metric: none_kept},
+        "methods": result,
+        "level": level,
+        "tests": ("per rate: attr against each method on the same pairs, one-sided (attr keeps the metric higher):"
+                  " paired sign-flip test; p_holm: Holm over the rates of one comparison. Bands: percentile"
+                  " bootstrap over the pairs. faithfulness: (m(pruned) - m(every head zeroed)) / (m(unpruned) -"
+                  " m(every head zeroed))"),
+    }
+
+
 # ----------------------------------------------------------------------------- effectiveness
 
 

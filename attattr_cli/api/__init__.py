@@ -14,8 +14,8 @@ demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments,
 per function (``@checked``) and checked before any work.
 """
 
-from .circuits import Circuit, circuit, make_pairs
-from .demo import synthetic_data, train_default
+from .circuits import Circuit, circuit
+from .demo import make_pairs, pair_data, synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
 from .scoring import score
 from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge
@@ -25,7 +25,7 @@ from .results import Attribution, Interaction, Results, StoreView, Tree, open_st
 from .views import Picture, info, report, view
 
 __all__ = [
-    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
+    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data",

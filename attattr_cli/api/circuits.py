@@ -1,5 +1,5 @@
-"""Circuits: ``circuit`` (which heads carry a behaviour, judged by MIB's faithfulness curve)
-and ``make_pairs`` (counterfactual pairs from a built-in generator)."""
+"""Circuits: ``circuit``, which heads carry a behaviour, judged by MIB's faithfulness curve
+(pairs from ``make_pairs`` / ``pair_data`` in api/demo.py, or a JSONL file)."""
 
 from __future__ import annotations
 
@@ -176,20 +176,6 @@ def _pairs_of(pairs):
 
 
 PairsArg = OneOf(File(), Instance(list, tuple, what="a list"), what="a JSONL path or a list of pairs")
-
-
-@checked(model=ModelArg(), task=Str(), count=Int(min=1), seed=Int(), out=Out())
-def make_pairs(model, task: str = "ioi", count: int = 32, seed: int = 0, out=None) -> list:
-    """Counterfactual pairs from a built-in generator (``ioi``, ...; see
-    ``attattr_cli.data.pairs.GENERATORS``) for ``model``'s tokenizer: a list of ``Pair``,
-    also written as JSONL to ``out`` when given."""
-    from ..data.pairs import generate, write_pairs
-
-    with using(model, lm=True) as m:
-        pairs = generate(task, m.loaded.tokenizer, count, seed)
-    if out is not None:
-        write_pairs(out, pairs)
-    return pairs
 
 
 @checked(model=ModelArg(), pairs=PairsArg, methods=Names(), ablation=Str(), metric=Str(), nodes=Str(),

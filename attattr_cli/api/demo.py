@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Int, Out, Progress, checked
+from .checks import Int, Out, Progress, Str, checked
 from .model import progress_for
 
 
@@ -46,4 +46,59 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     if out.exists():
         raise OptionError(f"{out} exists; it was left as it is (choose another file)")
     synthetic.write(out, synthetic.generate(count, seed))
+    return out
+
+
+PAIR_TASKS = ("ioi", "greater-than", "capitals")  # data/pairs.py GENERATORS (checked against it in the tests)
+
+
+def tokenizer_of(model):
+    """The tokenizer of ``model``: a :class:`Model`, a tokenizer itself, or a local folder / hub
+    id in the local cache (only its tokenizer files are read, never its weights)."""
+    from ..errors import ModelError
+    from .model import Model
+
+    if isinstance(model, Model):
+        return model.tokenizer
+    if callable(model) and hasattr(model, "convert_ids_to_tokens"):
+        return model
+    if not isinstance(model, (str, Path)):
+        raise OptionError(f"model must be a Model, a tokenizer, a folder or a hub id, not {type(model).__name__}")
+    from transformers import AutoTokenizer
+
+    path = Path(model).expanduser()
+    if path.exists() and not path.is_dir():
+        raise ModelError(f"--model {model} is a file; give the model's folder")
+    try:
+        return AutoTokenizer.from_pretrained(str(path) if path.exists() else str(model),
+                                             local_files_only=not path.exists())
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ModelError(f"cannot load the tokenizer of {model}: {first}") from None
+
+
+@checked(count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
+def make_pairs(model, task: str = "ioi", *, count: int = 100, seed: int = 0) -> list:
+    """``count`` clean / counterfactual pairs (data/pairs.py ``Pair``) of the built-in ``task``
+    (ioi, greater-than, capitals) for ``model``'s tokenizer (a Model, a tokenizer, a folder or
+    hub id): every answer and foil one token, prompt and counterfactual of equal token length."""
+    from ..data import pairs
+
+    return pairs.generate(task, tokenizer_of(model), count, seed)
+
+
+@checked(out=Out(), count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
+def pair_data(out, *, task: str = "ioi", model=None, count: int = 100, seed: int = 0) -> Path:
+    """Write ``count`` pairs of ``task`` for ``model``'s tokenizer as JSONL (``prompt``,
+    ``counterfactual``, ``answer``, ``foil``, and what made them) to ``out``, which must not
+    exist; returns its path. `attattr demo data --task ...` is this call."""
+    from ..data import pairs
+
+    out = Path(out)
+    if model is None:
+        raise OptionError(f"the {task} task needs a model (its tokenizer decides which answers are one token)")
+    if out.exists():
+        raise OptionError(f"{out} exists; it was left as it is (choose another file)")
+    made = make_pairs(model, task, count=count, seed=seed)
+    pairs.write_pairs(out, made)
     return out

@@ -133,12 +133,15 @@ class Importance:
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
                seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
-               progress=False, command=None) -> Importance:
+               progress=False, command=None, metric: str | None = None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``
     (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
     unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
     ``methods`` a list or comma string (default attr,attention with a store, taylor,random
-    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
+    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`.
+    With clean / counterfactual pairs (``data`` a JSONL of pairs, or ``Pair`` inputs) and a causal
+    language model, ``taylor`` takes the gradient of each pair's ``metric`` (logit-diff by
+    default) instead of a loss; a store of pairs gives attr and attention as any store does."""
     from ..analysis import importance as imp
 
     check_methods_given(methods)
@@ -168,14 +171,19 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
         if family is not None:
             raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
         wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS)
-        m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
-        with using(m) as m:
-            ident = imp.identity_of(m.loaded)
-            if "taylor" in wanted:
-                with progress_for(progress, "taylor") as bar:
-                    t = imp.taylor(m.loaded, picked, label_map, batch_size, normalize, truncate, bar)
-                t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
-                tables.append(t)
+        if _pairs_given(data, inputs) or metric is not None:  # clean / counterfactual pairs of a language model
+            tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
+                                   progress, metric)
+            ident = tables.pop()
+        else:
+            m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
+            with using(m) as m:
+                ident = imp.identity_of(m.loaded)
+                if "taylor" in wanted:
+                    with progress_for(progress, "taylor") as bar:
+                        t = imp.taylor(m.loaded, picked, label_map, batch_size, normalize, truncate, bar)
+                    t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
+                    tables.append(t)
     if "random" in wanted:
         tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
     skipped = max((t.skipped_nonfinite for t in tables), default=0)
@@ -384,13 +392,19 @@ class PruneResult:
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
           methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,
           keep_method: str | None = None, effectiveness=None, ks=None, device: str = "auto",
-          truncate: bool = False, out=None, progress=False, command=None) -> PruneResult:
+          truncate: bool = False, out=None, progress=False, command=None, metric: str | None = None) -> PruneResult:
     """Mask the least important heads at each rate (a fraction of all heads) and evaluate, for
     every table of ``importance`` (an :class:`Importance`, or an importance file's path);
     ``rates`` "start:stop:step", a comma string or a list. ``effectiveness``: a store of the
     model on the data: the paper's per-example analysis (``ks`` heads per layer). ``keep_heads``
     with ``save_model``: save a model with only that fraction of heads. ``out``: write the
-    JSON document. Returns :class:`PruneResult`."""
+    JSON document. Returns :class:`PruneResult`.
+
+    Clean / counterfactual pairs of a causal language model (``data`` a JSONL of pairs, or
+    ``Pair`` inputs; data/pairs.py): the curves are the mean ``metric`` of the pairs
+    (``"logit-diff"``, the default, ``"logprob-diff"`` or ``"prob"``; engine/metrics.py) with the
+    pruned heads zeroed, instead of accuracy, with the faithfulness of each point
+    (docs/pruning.md); the model loads as a language model."""
     from ..analysis import importance as imp
     from ..analysis import prune as pr
     from ..engine.heads import Batches
@@ -413,6 +427,9 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         imp_file = imp.read(importance)
     if isinstance(methods, str):
         methods = [x.strip() for x in methods.split(",") if x.strip()]
+    if _pairs_given(data, inputs) or metric is not None:
+        return _prune_pairs(model, imp_file, data, task, examples, inputs, rate_list, methods, batch_size, keep_heads,
+                            effectiveness, device, out, progress, command, metric)
     m, task_obj, picked, label_map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m:
         loaded = m.loaded
@@ -439,3 +456,103 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
     if out is not None:
         write_json_file(out, res.to_dict())
     return res
+
+
+def _pairs_given(data, inputs) -> bool:
+    from pathlib import Path
+
+    from ..data.pairs import Pair, is_pairs_file
+
+    return (isinstance(data, (str, Path)) and is_pairs_file(data)) or (
+        isinstance(inputs, (list, tuple)) and bool(inputs) and all(isinstance(x, Pair) for x in inputs))
+
+
+def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, batch_size, keep_heads, effectiveness,
+                 device, out, progress, command, metric) -> PruneResult:
+    """:func:`prune` on clean / counterfactual pairs of a causal language model: the curves of the
+    mean pair metric with the pruned heads zeroed (analysis/prune.py ``pair_curves``)."""
+    from ..analysis import importance as imp
+    from ..analysis import prune as pr
+    from ..data import parse_examples
+    from ..data.pairs import as_examples, read_pairs
+    from ..engine.options import METRICS
+    from .inputs import to_examples
+    from .model import as_model
+
+    metric = "logit-diff" if metric is None else metric
+    if metric not in METRICS:
+        raise OptionError(f"unknown metric '{metric}'; available: {', '.join(METRICS)}")
+    if not _pairs_given(data, inputs):
+        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
+                          " foil; or Pair inputs)")
+    if task is not None:
+        raise OptionError("task presets are classification tasks; pairs are their own task")
+    if effectiveness is not None or keep_heads is not None:
+        raise OptionError("effectiveness and keep_heads/save_model go with classifiers; pairs get the curves")
+    if imp_file is None:
+        raise OptionError("pairs need importance (the curves)")
+    if model is None:
+        raise OptionError("pairs need a model: the causal language model the importance file ranks")
+    if data is not None and inputs is not None:
+        raise OptionError("give inputs or data, not both")
+    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
+    picked = [rows[i] for i in parse_examples(examples, len(rows))]
+    with using(as_model(model, device=device, lm=True)) as m:
+        loaded = m.loaded
+        if not getattr(loaded, "lm", False):
+            raise OptionError("pairs are scored by a causal language model: load it with lm=True")
+        imp.check_model(imp_file, loaded)
+        ident = imp.identity_of(loaded)
+        res = PruneResult(info={
+            "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
+            "task": "pairs", "data": data or "memory", "examples": selection(examples) or "all",
+            "importance": imp_file.path, "command": command_of(command), "metric": metric,
+        })
+        batches = pr.PairBatches(loaded, picked, metric, batch_size)
+        with progress_for(progress, "prune") as bar:
+            res.curves = pr.pair_curves(loaded, batches, imp_file, rates, methods, bar)
+    if out is not None:
+        write_json_file(out, res.to_dict())
+    return res
+
+
+def _pair_rows(data, inputs, examples):
+    """The picked examples of clean / counterfactual pairs (a pairs JSONL or Pair inputs)."""
+    from ..data import parse_examples
+    from ..data.pairs import as_examples, read_pairs
+    from .inputs import to_examples
+
+    if data is not None and inputs is not None:
+        raise OptionError("give inputs or data, not both")
+    if not _pairs_given(data, inputs):
+        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
+                          " foil; or Pair inputs)")
+    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
+    return [rows[i] for i in parse_examples(selection(examples), len(rows))]
+
+
+def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device, progress, metric):
+    """The model tables of :func:`importance` on pairs: [taylor (when wanted), identity]."""
+    from ..analysis import importance as imp
+    from ..analysis import prune as pr
+    from ..engine.options import METRICS
+    from .model import as_model
+
+    metric = "logit-diff" if metric is None else metric
+    if metric not in METRICS:
+        raise OptionError(f"unknown metric '{metric}'; available: {', '.join(METRICS)}")
+    if task is not None:
+        raise OptionError("task presets are classification tasks; pairs are their own task")
+    if model is None:
+        raise OptionError("pairs need a model: a causal language model")
+    picked = _pair_rows(data, inputs, examples)
+    tables = []
+    with using(as_model(model, device=device, lm=True)) as m:
+        ident = imp.identity_of(m.loaded)
+        if "taylor" in wanted:
+            with progress_for(progress, "taylor") as bar:
+                t = imp.taylor_pairs(m.loaded, pr.PairBatches(m.loaded, picked, metric, batch_size), normalize, bar)
+            t.source = str(data or "memory")
+            t.examples = [e.index for e in picked]
+            tables.append(t)
+    return tables + [ident]

@@ -23,7 +23,8 @@ API_COMMAND = ["python", "attattr_cli.api"]
 
 
 def to_examples(inputs) -> list:
-    """Texts, (first, second) pairs, dicts with text_a/text_b/label, or ``Example`` objects, as
+    """Texts, (first, second) pairs, dicts with text_a/text_b/label, ``Example`` objects or
+    counterfactual ``Pair`` objects (data/pairs.py), as
     a list of ``Example`` (indices 0, 1, ... unless the examples carry their own)."""
     from ..data.tasks import check_text
     from ..data.types import Example
@@ -31,9 +32,13 @@ def to_examples(inputs) -> list:
     if isinstance(inputs, (str, Example)) or (isinstance(inputs, tuple) and len(inputs) == 2
                                               and all(isinstance(x, str) for x in inputs)):
         inputs = [inputs]
+    from ..data.pairs import Pair, as_examples
+
     out = []
     for i, x in enumerate(inputs):
-        if isinstance(x, Example):
+        if isinstance(x, Pair):  # a clean / counterfactual pair (data/pairs.py): its answer and foil in meta
+            out.extend(as_examples([x]))
+        elif isinstance(x, Example):
             out.append(x)
         elif isinstance(x, str):
             out.append(Example(i, x))

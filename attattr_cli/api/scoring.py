@@ -25,7 +25,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
           continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
           dist_timeout: float = 3600.0, progress=False, command=None, warn=None, foil: str | None = None,
-          generate: int | None = None, per_step: bool = False, sample: bool = False):
+          generate: int | None = None, per_step: bool = False, sample: bool = False, metric: str | None = None):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -57,18 +57,26 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     is read and the examples chosen before the model loads (a bad file costs no load), and
     under torchrun (``torchrun --nproc-per-node N``) every process scores its share into its
     own shard beside ``out`` and rank 0 merges them (``keep_shards``, ``dist_timeout``); the
-    report is then the run's ``DistributedReport``. `attattr score` is this call."""
+    report is then the run's ``DistributedReport``. `attattr score` is this call.
+
+    Clean / counterfactual pairs (a JSONL ``data`` of prompt, counterfactual, answer, foil, or
+    ``Pair`` inputs; data/pairs.py) are scored each with its own answer and foil, F = ``metric``:
+    ``"logit-diff"`` (the default for pairs; mean logit of the answer set - that of the foil set),
+    ``"logprob-diff"`` or ``"prob"`` (engine/metrics.py); the tokens are kept with each example,
+    so that the pairs share one store (merge, resume, save)."""
     from ..engine.options import ScoreOptions, integration, precheck
 
     if isinstance(family, str):
         family = [f.strip() for f in family.split(",") if f.strip()]
+    metric = _pair_metric(metric, data, inputs)
 
     def options_for(is_lm):
         return ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
                             output=output, layers=layers, dtype=dtype, truncate=truncate,
                             step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position,
-                            foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None)
+                            foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None,
+                            metric=metric)
 
     # the options, the selection, the output and the data file are checked before anything loads
     if out is not None:
@@ -126,6 +134,20 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     finally:
         if tmp is not None:
             tmp.remove()
+
+
+def _pair_metric(metric, data, inputs):
+    """The metric of a run: as given, or ``logit-diff`` for pairs (a pairs JSONL or Pair inputs)."""
+    from ..data.pairs import Pair, is_pairs_file
+
+    pairs = (data is not None and isinstance(data, (str, Path)) and is_pairs_file(data)) or (
+        isinstance(inputs, (list, tuple)) and bool(inputs) and all(isinstance(x, Pair) for x in inputs))
+    if metric is None:
+        return "logit-diff" if pairs else None
+    if not pairs:
+        raise OptionError("--metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual,"
+                          " answer, foil; or Pair inputs)")
+    return metric
 
 
 def _score_store(req, progress, warn, keep_shards: bool, timeout: float):

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 import typer
 
+from ..api.demo import PAIR_TASKS
+from ..errors import OptionError
 from .common import Command, Group, edge, err, out, progress_bar, renamed_options
 
 app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True, cls=Group)
@@ -33,16 +36,33 @@ def train(
         out.print(str(out_dir), markup=False)
 
 
+TASKS = ("synthetic",) + PAIR_TASKS
+
+
 @app.command("data", cls=Command)
 def data(
-    out_file: Path = typer.Option(..., "--out", "-o", help="TSV file to write."),
-    count: int = typer.Option(200, "--count", help="Number of examples."),
-    seed: int = typer.Option(1, "--seed", help="Generator seed."),
+    out_file: Path = typer.Option(..., "--out", "-o", help="File to write: TSV (synthetic) or JSONL (pair tasks)."),
+    task: str = typer.Option("synthetic", "--task", help="synthetic (premise, hypothesis, label, planted pair; TSV), or a"
+                             " counterfactual pair task for --model's tokenizer (JSONL of prompt, counterfactual, answer,"
+                             " foil): " + ", ".join(PAIR_TASKS) + "."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="With a pair task: the model folder or hub id whose"
+                                        " tokenizer the pairs are made for (only its tokenizer is read)."),
+    count: Optional[int] = typer.Option(None, "--count", help="Number of examples (default 200 synthetic, 100 pairs)."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Generator seed (default 1 synthetic, 0 pairs)."),
 ) -> None:
-    """Write synthetic examples (premise, hypothesis, label, planted pair) as TSV."""
+    """Write examples of a built-in task: synthetic examples as TSV, or clean / counterfactual
+    prompt pairs (ioi, greater-than, capitals) as JSONL for a model's tokenizer."""
     with edge():
-        from ..api.demo import synthetic_data
+        from ..api.demo import pair_data, synthetic_data
 
-        with renamed_options("out", "count"):
-            written = synthetic_data(out_file, count=count, seed=seed)
+        if task not in TASKS:
+            raise OptionError(f"unknown --task '{task}'; available: {', '.join(TASKS)}")
+        with renamed_options("out", "count", "model", "task"):
+            if task == "synthetic":
+                if model is not None:
+                    raise OptionError("--model goes with a pair task (--task " + "|".join(PAIR_TASKS) + ")")
+                written = synthetic_data(out_file, count=200 if count is None else count, seed=1 if seed is None else seed)
+            else:
+                written = pair_data(out_file, task=task, model=model, count=100 if count is None else count,
+                                    seed=0 if seed is None else seed)
         out.print(str(written), markup=False)

@@ -27,6 +27,7 @@ def importance(
     device: str = options.device(),
     truncate: bool = options.truncate(),
     family: Optional[str] = typer.Option(None, "--family", help="With a STORE of an encoder-decoder model: the attention family (encoder; decoder and cross heads cannot be masked, so they are refused). Default: the store's first."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="With --data a JSONL of clean / counterfactual pairs and --model a causal language model: Taylor takes the gradient of each pair's logit-diff (the default), logprob-diff or prob."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the tables as heatmaps into FILE.png or FILE.svg."),
     as_json: bool = options.as_json(),
     as_csv: bool = options.as_csv(),
@@ -46,7 +47,7 @@ def importance(
             result = run(store, model=model, data=data, task=task, examples=examples,
                          methods=options.pick(methods, method_old), seeds=seed_list, batch_size=batch_size,
                          normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
-                         progress=bar, command=command_line())
+                         progress=bar, command=command_line(), metric=metric)
         tables = list(result.tables.values())
         if result.skipped_nonfinite:
             err.print(skipped_line(result.skipped_nonfinite), markup=False)

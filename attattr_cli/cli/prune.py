@@ -29,6 +29,7 @@ def prune(
     ks: Optional[str] = typer.Option(None, "--ks", help="Heads pruned per layer in the effectiveness analysis (default 2,4,...,all)."),
     device: str = options.device(),
     truncate: bool = options.truncate(),
+    metric: Optional[str] = typer.Option(None, "--metric", help="With a --data JSONL of clean / counterfactual pairs and --model a causal language model: the curves' metric, the mean over the pairs of logit-diff (the default; answer - foil), logprob-diff or prob."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the curves (and the effectiveness analysis) into FILE.png or FILE.svg."),
     as_json: bool = options.as_json(),
     as_csv: bool = options.as_csv(),
@@ -49,7 +50,7 @@ def prune(
             res = run(model, importance_path, data=data, task=task, examples=examples, rates=rates, methods=methods,
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
-                      out=out_path, progress=bar, command=command_line())
+                      out=out_path, progress=bar, command=command_line(), metric=metric)
         if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
             err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
         if res.effectiveness is not None and res.effectiveness.get("unconverged"):
@@ -78,9 +79,15 @@ def _rows(res) -> list[dict]:
         for name, per in c["methods"].items():
             for i, r in enumerate(c["rates"]):
                 row = {"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
-                       "value": per[c["metric"]][i], "accuracy": per["accuracy"][i],
-                       "accuracy_low": (per.get("accuracy_low") or [None] * len(c["rates"]))[i],
-                       "accuracy_high": (per.get("accuracy_high") or [None] * len(c["rates"]))[i]}
+                       "value": per[c["metric"]][i]}
+                if "accuracy" in per:
+                    row.update({"accuracy": per["accuracy"][i],
+                                "accuracy_low": (per.get("accuracy_low") or [None] * len(c["rates"]))[i],
+                                "accuracy_high": (per.get("accuracy_high") or [None] * len(c["rates"]))[i]})
+                else:  # a language-model pair task: the metric's own band, and the faithfulness
+                    row.update({"low": (per.get(f"{c['metric']}_low") or [None] * len(c["rates"]))[i],
+                                "high": (per.get(f"{c['metric']}_high") or [None] * len(c["rates"]))[i],
+                                "faithfulness": (per.get("faithfulness") or [None] * len(c["rates"]))[i]})
                 for other, t in (c["methods"].get("attr", {}).get("tests") or {}).items():
                     if name == "attr":
                         row[f"p_attr_vs_{other}"] = t["p"][i]
@@ -122,23 +129,29 @@ def _report_curves(c: dict) -> None:
     for name in tests:
         t.add_column(f"p vs {name}", justify="right")
 
+    band = "accuracy" if "accuracy" in c["baseline"] else metric  # a pair task's curves carry their metric's band
+
     def cell(m, i):
         v = f"{m[metric][i]:.3f}"
-        lo, hi = (m.get("accuracy_low") or [None] * (i + 1))[i], (m.get("accuracy_high") or [None] * (i + 1))[i]
+        lo, hi = (m.get(f"{band}_low") or [None] * (i + 1))[i], (m.get(f"{band}_high") or [None] * (i + 1))[i]
         return v if lo is None or hi is None else f"{v} [{lo:.3f}, {hi:.3f}]"
 
     for i, r in enumerate(c["rates"]):
         t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
-                  *[f"{c['methods'][n]['accuracy_seed_min'][i]:.3f}..{c['methods'][n]['accuracy_seed_max'][i]:.3f}"
+                  *[f"{c['methods'][n][f'{band}_seed_min'][i]:.3f}..{c['methods'][n][f'{band}_seed_max'][i]:.3f}"
                     for n in seeded],
                   *[_p(tests[n]["p_holm"][i]) for n in tests])
     wide_err().print(t)
-    notes = [f"[low, high]: {level:.0%} bootstrap interval of the accuracy over the examples"]
+    notes = [f"[low, high]: {level:.0%} bootstrap interval of the {band} over the examples"]
+    if "zeroed" in c:
+        notes.append(f"every head zeroed: {metric} {c['zeroed'][metric]:.4f}; faithfulness in the JSON"
+                     " ((pruned - zeroed) / (unpruned - zeroed))")
     rnd = c["methods"].get("random") or {}
     if rnd.get("seeds"):
-        notes.append(f"random: the mean of {rnd['seeds']} orders; random orders: the range of their accuracies")
+        notes.append(f"random: the mean of {rnd['seeds']} orders; random orders: the range of their {band} values")
     if tests:
-        notes.append("p vs M: attr keeps more right than M, Holm-adjusted over the rates; " + c.get("tests", ""))
+        keeps = "keeps more right" if band == "accuracy" else f"keeps the {metric} higher"
+        notes.append(f"p vs M: attr {keeps} than M, Holm-adjusted over the rates; " + c.get("tests", ""))
     err.print("\n".join(notes), markup=False)
 
 

@@ -49,6 +49,7 @@ def score(
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
     logprob: bool = typer.Option(False, "--logprob", help="Attribute the log-probability instead of the probability."),
     foil: Optional[str] = typer.Option(None, "--foil", help="Contrastive target: attribute the target's output minus this one's (with --lm a token, e.g. ' London'; else a class name or index). With --logprob: log p(target) - log p(foil)."),
+    metric: Optional[str] = typer.Option(None, "--metric", help="With --lm and a --data JSONL of pairs (prompt, counterfactual, answer, foil; `attattr demo data --task ioi`): what each pair attributes with its own answer and foil: logit-diff (the default), logprob-diff, prob."),
     generate: Optional[int] = typer.Option(None, "--generate", help="With --lm: generate N tokens after each prompt (greedy; --sample: sampled with --seed) and attribute every generated token given everything before it."),
     per_step: bool = typer.Option(False, "--per-step", help="With --lm --continuation: attribute every token of the continuation given everything before it (instead of their joint probability)."),
     sample: bool = typer.Option(False, "--sample", help="With --generate: sample the tokens (seeded by --seed) instead of greedy decoding."),
@@ -84,7 +85,7 @@ def score(
                          truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
                          position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
                          progress=None if quiet else bar, command=command_line(), foil=foil, generate=generate,
-                         per_step=per_step, sample=sample,
+                         per_step=per_step, sample=sample, metric=metric,
                          warn=_warn if _distributed_rank() is None else _rank_warn)
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
             _report_distributed(report, quiet)

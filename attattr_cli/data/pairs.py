@@ -15,7 +15,10 @@ JSONL, one object per line::
 model's tokenizer); other fields are kept as ``meta``.
 
 Generators (``GENERATORS``, one registered entry each) write such pairs for any tokenizer:
-``ioi`` here; further tasks register with :func:`generator`.
+``ioi`` (indirect-object identification), ``greater-than`` (years after a given one) and
+``capitals`` (a fact: a country's capital); further tasks register with :func:`generator`.
+Each checks, for the tokenizer it is given, that every answer and foil is one token and that
+the clean and the counterfactual prompt have the same token length.
 """
 
 from __future__ import annotations
@@ -99,6 +102,44 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
     return pairs
 
 
+def is_pairs_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a JSONL file of pairs: its first object has every field of a pair
+    (``prompt``, ``counterfactual``, ``answer``, ``foil``). Reads only its first line."""
+    name = os.fspath(path)
+    if not name.lower().endswith((".jsonl", ".json")):
+        return False
+    try:
+        with open(name, encoding="utf-8") as fh:
+            for line in fh:
+                if line.strip():
+                    obj = json.loads(line)
+                    return isinstance(obj, dict) and all(f in obj for f in FIELDS)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return False
+
+
+def as_examples(pairs: Sequence[Pair]):
+    """Pairs as the examples a scoring run reads (data/types.py ``Example``): the clean prompt
+    as the text, the counterfactual, answer and foil under ``meta["pair"]`` (kept with each
+    example in a store), the pair's other fields in ``meta``."""
+    from .types import Example
+
+    return [Example(p.index, p.prompt, meta={**p.meta, "pair": {
+        "counterfactual": p.counterfactual, "answer": list(p.answer), "foil": list(p.foil)}}) for p in pairs]
+
+
+def pair_of_example(example) -> Pair:
+    """The pair an example made by :func:`as_examples` holds (DataError when it holds none)."""
+    pair = (example.meta or {}).get("pair") if isinstance(example.meta, dict) else None
+    if not isinstance(pair, dict):
+        raise DataError(f"example {example.index} is not a pair: --metric scores a JSONL of pairs"
+                        f" ({', '.join(FIELDS)})")
+    where = f"pair {example.index}"
+    obj = {"prompt": example.text_a, **pair}
+    return pair_from_dict(obj, example.index, where)
+
+
 def write_pairs(path: str | os.PathLike, pairs: Sequence[Pair]) -> None:
     from ..fileio import dumps
 
@@ -108,9 +149,12 @@ def write_pairs(path: str | os.PathLike, pairs: Sequence[Pair]) -> None:
 
 
 def one_token(tokenizer, text: str) -> int | None:
-    """The id of ``text`` as one continuation token, or None when it is several."""
+    """The id of ``text`` as one continuation token, or None when it is several (or the
+    tokenizer's unknown token, which stands for any word it does not know)."""
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids[0] if len(ids) == 1 else None
+    if len(ids) != 1 or (getattr(tokenizer, "unk_token_id", None) is not None and ids[0] == tokenizer.unk_token_id):
+        return None
+    return ids[0]
 
 
 @dataclass
@@ -217,4 +261,126 @@ def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
             continue
         pairs.append(Pair(len(pairs), clean, cf, (" " + io,), (" " + s,),
                           {"task": "ioi", "template": IOI_TEMPLATES.index(template)}))
+    return pairs
+
+
+def _length(tokenizer, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
+# ---------------------------------------------------------------- greater-than
+
+# the nouns and the template of the greater-than task (Hanna et al. 2023)
+GT_NOUNS = ("war", "expedition", "project", "reign", "campaign", "journey", "contract", "drought", "famine",
+            "dynasty", "pilgrimage", "siege", "voyage", "occupation", "empire", "festival", "strike", "revolt")
+GT_TEMPLATE = "The {noun} lasted from the year {century}{year:02d} to the year {century}"
+GT_CENTURIES = tuple(range(11, 18))
+
+
+def year_tokens(tokenizer) -> tuple[str, dict[str, int]]:
+    """How a tokenizer writes the two last digits of a year after its century: ``("two", ids)``
+    where every two-digit string 00..99 is one token (GPT-2's), else ``("one", ids)`` where
+    the digits are tokens one by one (SmolLM2's, Llama's): the next token is the tens digit.
+    ``ids`` maps each string to its token id."""
+    two = {f"{y:02d}": one_token(tokenizer, f"{y:02d}") for y in range(100)}
+    if all(v is not None for v in two.values()):
+        return "two", two
+    one = {str(d): one_token(tokenizer, str(d)) for d in range(10)}
+    if all(v is not None for v in one.values()):
+        return "one", one
+    raise DataError("this tokenizer writes neither every two-digit number nor every digit as one token;"
+                    " the greater-than task needs one of them")
+
+
+def greater_than_sets(year: int, mode: str) -> tuple[list[str], list[str]]:
+    """The answer and foil continuations of "... to the year {century}" after the year ``year``
+    (0..99): with two-digit tokens the years above it against those at or below it; with one
+    digit per token the tens digits above ``year``'s against those below (its own tens digit
+    holds years on both sides and is neither)."""
+    if mode == "two":
+        return [f"{y:02d}" for y in range(year + 1, 100)], [f"{y:02d}" for y in range(0, year + 1)]
+    tens = year // 10
+    return [str(d) for d in range(tens + 1, 10)], [str(d) for d in range(0, tens)]
+
+
+@generator("greater-than")
+def greater_than(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """Greater-than: "The war lasted from the year 1732 to the year 17" -> the years above 32
+    against those at or below it (answer and foil are sets of tokens; the metric is the mean
+    logit of the answer set minus that of the foil set). The counterfactual names the year 01
+    ("... from the year 1701 ..."), as the task's literature does. A tokenizer with a token
+    for every two-digit number is asked for the two digits; one that splits digits one by one
+    for the tens digit (:func:`greater_than_sets`)."""
+    mode, ids = year_tokens(tokenizer)
+    years = list(range(2, 99)) if mode == "two" else list(range(10, 90))  # both sets non-empty
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    attempts = 0
+    while len(pairs) < count:
+        attempts += 1
+        if attempts > 100 * count:
+            raise DataError("could not make greater-than pairs of equal token length whose last token is the"
+                            " century for this tokenizer")
+        noun, century, year = rng.choice(GT_NOUNS), rng.choice(GT_CENTURIES), rng.choice(years)
+        clean = GT_TEMPLATE.format(noun=noun, century=century, year=year)
+        cf = GT_TEMPLATE.format(noun=noun, century=century, year=1)
+        answer, foil = greater_than_sets(year, mode)
+        # the next token after the prompt must be the one asked for: "17" + "33" -> ... "33"
+        plain = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+        base = plain(clean)
+        if _length(tokenizer, cf) != _length(tokenizer, clean) or any(
+                plain(clean + t) != base + [ids[t]] for t in (answer[0], answer[-1], foil[0], foil[-1])):
+            continue
+        pairs.append(Pair(len(pairs), clean, cf, tuple(answer), tuple(foil),
+                          {"task": "greater-than", "year": year, "digits": mode}))
+    return pairs
+
+
+# ---------------------------------------------------------------- capitals
+
+COUNTRIES = (
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
+    ("Russia", "Moscow"), ("England", "London"), ("China", "Beijing"), ("Egypt", "Cairo"), ("Greece", "Athens"),
+    ("Austria", "Vienna"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Poland", "Warsaw"),
+    ("Hungary", "Budapest"), ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Canada", "Ottawa"),
+    ("Australia", "Canberra"), ("India", "Delhi"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Chile", "Santiago"),
+    ("Cuba", "Havana"), ("Thailand", "Bangkok"), ("Turkey", "Ankara"), ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"),
+    ("Colombia", "Bogota"), ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"),
+    ("Nigeria", "Abuja"), ("Morocco", "Rabat"), ("Switzerland", "Bern"), ("Scotland", "Edinburgh"),
+)
+CAPITAL_TEMPLATES = (
+    "The capital of {country} is",
+    "The capital city of {country} is",
+    "{country}'s capital is the city of",
+    "The government of {country} sits in the city of",
+)
+
+
+@generator("capitals")
+def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """A fact: "The capital of France is" -> " Paris" against the capital of the counterfactual's
+    country ("The capital of Germany is" -> " Berlin"), a country of the same token length
+    whose capital is another city. Only countries whose capital (with a leading space) is one
+    token for the tokenizer take part (``COUNTRIES``, about 40)."""
+    usable = [(c, cap) for c, cap in COUNTRIES if one_token(tokenizer, " " + cap) is not None]
+    if len(usable) < 2:
+        raise DataError(f"only {len(usable)} of the capitals are one token for this tokenizer (2 needed)")
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    attempts = 0
+    while len(pairs) < count:
+        attempts += 1
+        if attempts > 100 * count:
+            raise DataError("could not make capital pairs of equal token length for this tokenizer")
+        template = CAPITAL_TEMPLATES[len(pairs) % len(CAPITAL_TEMPLATES)]
+        (country, capital), (other, other_capital) = rng.sample(usable, 2)
+        if one_token(tokenizer, " " + capital) == one_token(tokenizer, " " + other_capital):
+            continue
+        clean, cf = template.format(country=country), template.format(country=other)
+        if _length(tokenizer, clean) != _length(tokenizer, cf):
+            continue
+        pairs.append(Pair(len(pairs), clean, cf, (" " + capital,), (" " + other_capital,),
+                          {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)}))
     return pairs

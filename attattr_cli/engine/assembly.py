@@ -51,7 +51,22 @@ class Assembly:
         """The scored example from its logits ([1, ...]), prediction, target and families."""
         first = fams[self.families[0].name]
         n = len(enc.input_ids)
-        if self.options.lm:
+        if self.options.lm and hasattr(target, "answer"):  # a pair (engine/metrics.py): its own answer and foil
+            pos_logits = logits[0, -1].double()  # [vocab]
+            probs = torch.softmax(pos_logits, -1)
+            ids = {"answer": target.answer, "foil": target.foil}
+            meta = dict(example.meta, lm={
+                "positions": list(enc.lm_positions), "target_ids": list(target.answer),
+                "target_tokens": self.tokenizer.convert_ids_to_tokens(list(target.answer)),
+                "foil_ids": list(target.foil), "foil_tokens": self.tokenizer.convert_ids_to_tokens(list(target.foil)),
+                "predicted_id": pred, "predicted_token": self.tokenizer.convert_ids_to_tokens([pred])[0],
+                "metric": target.metric,
+                **{f"{k}_{what}": [float(x) for x in (pos_logits if what == "logits" else probs)[v]]
+                   for k, v in ids.items() for what in ("logits", "probs")},
+            })
+            out_logits, out_probs = pos_logits[target.answer], probs[target.answer]
+            target_id = int(target.answer[0])
+        elif self.options.lm:
             pos_logits = logits[0].double()  # [positions, vocab]
             tgt = torch.as_tensor(target, device=pos_logits.device).view(-1, 1)
             out_logits = pos_logits.gather(-1, tgt).squeeze(-1)

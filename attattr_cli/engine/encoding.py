@@ -22,6 +22,7 @@ class Encoded:
     truncated: bool = False
     lm_positions: list[int] | None = None  # LM: positions whose next token is the target
     lm_targets: list[int] | None = None  # LM: target token ids (None: the predicted one)
+    lm_foils: list[int] | None = None  # LM pair (options.metric): the foil token ids; lm_targets the answer's
     decoder_input_ids: list[int] | None = None  # encoder-decoder: the decoder's input
     decoder_tokens: list[str] | None = None
 

@@ -12,6 +12,9 @@ from ..errors import OptionError
 from ..names import api_names, cli_words, flag  # noqa: F401  (api_names, cli_words: each caller's words)
 
 OUTPUTS = ("prob", "logit", "logprob")
+# what is attributed for clean / counterfactual pairs (data/pairs.py), per example its own answer and foil
+# (engine/metrics.py computes them): the logit difference answer - foil, the log-probability difference, p(answer)
+METRICS = ("logit-diff", "logprob-diff", "prob")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # compute dtypes (models/loading.py maps them to torch's)
 KEEPS = ("auto", "maps", "sum", "none")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
@@ -92,12 +95,16 @@ class ScoreOptions:
     # completeness residual agrees, at most max_nodes nodes
     tol: float | None = None
     max_nodes: int = MAX_NODES
+    # pairs (data/pairs.py): each example's own answer and foil, F = this metric of them (METRICS);
+    # the tokens are part of each example's record (and of the data's digest), not of the options,
+    # so that the examples of one pairs file share one store
+    metric: str | None = None
 
     # fields added after store schema 1.0; left out of the fingerprint at their defaults so
     # that stores written before them still resume
     _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
               "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES,
-              "foil": None, "generate": None, "per_step": False, "sample_seed": None}
+              "foil": None, "generate": None, "per_step": False, "sample_seed": None, "metric": None}
 
     def __post_init__(self):
         if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
@@ -164,6 +171,7 @@ class ScoreOptions:
         if self.foil is not None and (not isinstance(self.foil, str) or self.foil == ""):
             raise OptionError(f"--foil must be a token (with --lm) or a class name or index, got {self.foil!r}")
         self._check_generation()
+        self._check_metric()
         if self.tol is not None and not (math.isfinite(self.tol) and self.tol > 0):
             raise OptionError(f"--tol must be a finite number > 0, got {self.tol}")
         if self.tol is not None and (self.rule != "clenshaw-curtis" or self.steps is not None):
@@ -187,6 +195,21 @@ class ScoreOptions:
             raise OptionError("--sample (sampling with --seed) goes with --generate")
         if self.foil is not None and self.continuation is not None and not self.per_step:
             raise OptionError("--foil contrasts one token: give --target-token, or --continuation with --per-step")
+
+    def _check_metric(self) -> None:
+        """--metric: pairs of a causal language model, each with its own answer and foil."""
+        if self.metric is None:
+            return
+        if not isinstance(self.metric, str) or self.metric not in METRICS:
+            raise OptionError(f"unknown --metric {self.metric!r}; available: {', '.join(METRICS)}")
+        if not self.lm:
+            raise OptionError("--metric scores clean / counterfactual pairs of a causal language model: it needs --lm")
+        given = [flag(n) for n in ("target_token", "continuation", "position", "foil", "generate")
+                 if getattr(self, n) is not None] + ([flag("per_step")] if self.per_step else [])
+        if given:
+            raise OptionError(f"--metric takes each pair's own answer and foil; it does not go with {', '.join(given)}")
+        if self.output != "prob":
+            raise OptionError("--metric says what is attributed; it does not go with --logit or --logprob")
 
     @property
     def stepwise(self) -> bool:

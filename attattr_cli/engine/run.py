@@ -105,6 +105,10 @@ def resolve_lm_inputs(model: str | None, data: str | None, prompts: list[str] | 
         return model, [Example(i, p) for i, p in enumerate(prompts)]
     if data is None:
         raise OptionError("--lm needs --prompt TEXT (or --data with a text column)")
+    from ..data import pairs
+
+    if pairs.is_pairs_file(data):  # clean / counterfactual pairs: each example keeps its own answer and foil
+        return model, pairs.as_examples(pairs.read_pairs(data))
     examples, _ = load_examples(data, None, None)
     return model, [Example(e.index, e.text_a if e.text_b is None else f"{e.text_a} {e.text_b}", meta=dict(e.meta))
                    for e in examples]
@@ -124,7 +128,10 @@ def _config_labels(model: str) -> list[str] | None:
 def data_digest(examples: list[Example]) -> str:
     h = hashlib.sha256()
     for e in examples:
-        h.update(json.dumps([e.index, e.text_a, e.text_b, e.label], ensure_ascii=False).encode())
+        row = [e.index, e.text_a, e.text_b, e.label]
+        if isinstance(e.meta, dict) and "pair" in e.meta:  # a pair's answer and foil are part of its data
+            row.append(e.meta["pair"])
+        h.update(json.dumps(row, ensure_ascii=False, sort_keys=True).encode())
     return h.hexdigest()
 
 

@@ -189,6 +189,8 @@ class Scorer(Integration, Assembly):
             raise DataError(f"example {example.index} has an empty prompt")
         if self.options.stepwise:  # a generation, step by step (engine/generation.py)
             return self._encode_steps(example, prompt)
+        if self.options.metric is not None:  # a clean / counterfactual pair with its own answer and foil
+            return self._encode_pair(example)
         if self.arch.is_encoder_decoder:
             return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
@@ -212,6 +214,20 @@ class Scorer(Integration, Assembly):
 
     def _encode_steps(self, example: Example, prompt: list[int]) -> Encoded:
         raise TypeError("a generation is scored by engine/generation.py's StepwiseScorer (engine/run.py's scorer_for)")
+
+    def _encode_pair(self, example: Example) -> Encoded:
+        """A pair (data/pairs.py; its answer, foil and counterfactual in ``example.meta["pair"]``):
+        the clean prompt, its next token's answer and foil ids, checked as data/pairs.py checks
+        them (equal token lengths, one-token answers and foils)."""
+        from ..data.pairs import encode_pair, pair_of_example
+
+        if self.arch.is_encoder_decoder:
+            raise OptionError("--metric scores pairs of a decoder-only language model")
+        pair = pair_of_example(example)
+        enc = encode_pair(self.tokenizer, pair, self.loaded.arch.max_length)
+        ids = enc.clean
+        return Encoded(ids, self.tokenizer.convert_ids_to_tokens(ids), [0] * len(ids), None, False,
+                       lm_positions=[len(ids) - 1], lm_targets=enc.answer, lm_foils=enc.foil)
 
     def _encode_seq2seq(self, example: Example, prompt: list[int]) -> Encoded:
         """An encoder-decoder LM (T5, BART for generation): the prompt is the encoder's input;
@@ -302,6 +318,9 @@ class Scorer(Integration, Assembly):
                 pred = int(logits[0, 0].argmax())
                 gold = -1
                 target = list(enc.lm_targets) if enc.lm_targets is not None else [pred]
+                if enc.lm_foils is not None:  # a pair: F is the metric of its own answer and foil
+                    from .metrics import PairTarget
+                    target = PairTarget(enc.lm_targets, enc.lm_foils, self.options.metric)
             else:
                 pred = int(logits[0].argmax())
                 gold = -1 if example.label is None else self.label_map[example.label]
