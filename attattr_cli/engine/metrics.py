@@ -25,17 +25,34 @@ from .options import METRICS
 def pair_metric(logits: torch.Tensor, answer: Sequence[int], foil: Sequence[int], metric: str = "logit-diff") -> torch.Tensor:
     """The metric of next-token ``logits`` [..., vocab] for the ``answer`` and ``foil`` token
     ids: a tensor of the leading shape (float32, or float64 for float64 logits)."""
+    lead = logits.shape[:-1]
+    flat = logits.reshape(-1, logits.shape[-1])
+    a = torch.as_tensor(list(answer), device=logits.device, dtype=torch.long).expand(flat.shape[0], -1)
+    f = torch.as_tensor(list(foil), device=logits.device, dtype=torch.long).expand(flat.shape[0], -1)
+    return pair_metric_rows(flat, a, torch.ones_like(a, dtype=torch.bool), f, torch.ones_like(f, dtype=torch.bool),
+                            metric).reshape(lead)
+
+
+def pair_metric_rows(logits: torch.Tensor, answer: torch.Tensor, answer_in: torch.Tensor, foil: torch.Tensor,
+                     foil_in: torch.Tensor, metric: str = "logit-diff") -> torch.Tensor:
+    """:func:`pair_metric` of each row of ``logits`` [rows, vocab] with its own sets: ``answer``
+    [rows, a] token ids, ``answer_in`` [rows, a] True for the real entries (sets of different
+    sizes padded), the same for the foil. [rows]."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; available: {', '.join(METRICS)}")
     work = logits.to(torch.float64 if logits.dtype == torch.float64 else torch.float32)
-    a = torch.as_tensor(list(answer), device=work.device, dtype=torch.long)
-    f = torch.as_tensor(list(foil), device=work.device, dtype=torch.long)
     if metric == "logit-diff":
-        return work.index_select(-1, a).mean(-1) - work.index_select(-1, f).mean(-1)
+        def mean(idx, real):
+            w = real.to(work.dtype)
+            return (work.gather(-1, idx) * w).sum(-1) / w.sum(-1)
+        return mean(answer, answer_in) - mean(foil, foil_in)
     logp = torch.log_softmax(work, dim=-1)
+
+    def set_logp(idx, real):
+        return torch.logsumexp(logp.gather(-1, idx).masked_fill(~real, float("-inf")), -1)
     if metric == "prob":
-        return logp.index_select(-1, a).exp().sum(-1)
-    return torch.logsumexp(logp.index_select(-1, a), -1) - torch.logsumexp(logp.index_select(-1, f), -1)
+        return set_logp(answer, answer_in).exp()
+    return set_logp(answer, answer_in) - set_logp(foil, foil_in)
 
 
 class PairTarget:

@@ -21,8 +21,9 @@ import torch
 from ...data.pairs import Pair, encode_pair
 from ...errors import DataError, OptionError
 from ...engine import attention
+from ...engine.metrics import pair_metric_rows
+from ...engine.options import METRICS
 
-METRICS = ("logit-diff", "logprob-diff", "prob")
 ABLATIONS = ("patching", "mean", "zero")
 
 
@@ -105,23 +106,9 @@ class CircuitTask:
             out = self.model(**kw, use_cache=False)
         return out.logits[:, -1].double()
 
-    def metric(self, logits: torch.Tensor, batch: PairBatch, rows_per_pair: int = 1) -> torch.Tensor:
-        """The metric of each row; row r belongs to pair ``r // rows_per_pair`` of the batch."""
-        a, aw, f, fw = batch.answer, batch.answer_w, batch.foil, batch.foil_w
-        if rows_per_pair > 1:
-            rep = lambda x: x.repeat_interleave(rows_per_pair, 0)  # noqa: E731
-            a, aw, f, fw = rep(a), rep(aw), rep(f), rep(fw)
-        if self.metric_name == "logit-diff":
-            x = logits
-        elif self.metric_name == "logprob-diff":
-            x = torch.log_softmax(logits, -1)
-        else:
-            x = torch.softmax(logits, -1)
-        good = (x.gather(1, a) * aw).sum(1)
-        bad = (x.gather(1, f) * fw).sum(1)
-        if self.metric_name == "prob":  # the probability of the answer set minus that of the foils
-            good, bad = good * a.shape[1] / aw.gt(0).sum(1), bad * f.shape[1] / fw.gt(0).sum(1)
-        return good - bad
+    def metric(self, logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
+        """The metric of each row (engine/metrics.py: one definition for scoring and circuits)."""
+        return pair_metric_rows(logits, batch.answer, batch.answer_w > 0, batch.foil, batch.foil_w > 0, self.metric_name)
 
     def record(self, ids: torch.Tensor, want_probs: bool = False, grad: bool = False):
         """(logits, {layer: head output [b, head, n, d]}, {layer: probs}) of a plain run."""
