@@ -26,6 +26,15 @@ STEPS = 4
 
 
 def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
+    """[pairs, layer, head]: each head's map reduced by its max or its sum; both reductions come
+    from one integral, made once per context and path."""
+    key = ("pattern", counterfactual)
+    if key not in ctx.cache:
+        ctx.cache[key] = _integrate(ctx, counterfactual)
+    return ctx.cache[key][reduce]
+
+
+def _integrate(ctx, counterfactual: bool) -> dict:
     import torch
 
     from ...engine import attention
@@ -34,7 +43,7 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
     L, H = task.layers, task.heads
     x, w = nodes(ctx.steps or STEPS)
     k = len(x)
-    out = np.zeros((task.n, L, H))
+    out = {"max": np.zeros((task.n, L, H)), "sum": np.zeros((task.n, L, H))}
     with task.over():
         for i, b in enumerate(task.batches):
             if counterfactual:
@@ -55,8 +64,9 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
                         m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                         (g,) = torch.autograd.grad(m.sum(), plan.leaves[l])
                     attr = (plan.delta[l] * g * wt).view(len(pos), k, H, -1).sum(1)  # [pairs, head, q * k]
-                    v = attr.max(-1).values if reduce == "max" else attr.sum(-1)
-                    out[[b.positions[p] for p in pos.tolist()], l] = v.double().cpu().numpy()
+                    rows = [b.positions[p] for p in pos.tolist()]
+                    out["max"][rows, l] = attr.max(-1).values.double().cpu().numpy()
+                    out["sum"][rows, l] = attr.sum(-1).double().cpu().numpy()
             ctx.tick(i + 1, "attr-cf" if counterfactual else "attr")
     return out
 

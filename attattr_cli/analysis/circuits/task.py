@@ -211,6 +211,7 @@ class Context:
     steps: int | None = None  # integration nodes of the path methods (None: each method's own default)
     seed: int = 0
     progress: Progress | None = None
+    cache: dict = field(default_factory=dict)  # what several methods share (one integral, two reductions)
     _sources: dict = field(default_factory=dict)
     _means: dict | None = None
 
