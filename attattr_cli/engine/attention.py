@@ -176,6 +176,7 @@ class HeadPatch:
     leaves: dict | None = None  # filled with a zero leaf added to each layer's output: d/d leaf = d/d z
     want_probs: bool = False
     probs: dict = field(default_factory=dict)
+    values: dict | None = None  # filled with each layer's values [batch, head, key, d] (key/value heads repeated)
 
 
 @dataclass
@@ -417,6 +418,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
             out = torch.matmul(probs, value)
         else:
             out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
+        if plan.values is not None:
+            plan.values[site[1]] = value
         return _head_patch(plan, site[1], out).transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):

@@ -10,7 +10,7 @@ import numpy as np
 from .registry import HeadMethod, register
 
 
-def _patching(ctx) -> np.ndarray:
+def _patching(ctx, part: str = "output") -> np.ndarray:
     import torch
 
     from ...engine import attention
@@ -20,7 +20,7 @@ def _patching(ctx) -> np.ndarray:
     out = np.zeros((task.n, L, H))
     with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
-            src = ctx.source(b)
+            src = ctx.source(b) if part == "output" else ctx.part_source(b, part)
             clean = task.metric(task.logits(b.clean), b)
             below = task.layer_outputs(b.clean)
             per_pass = max(1, 256 // H)  # pairs per pass
@@ -36,7 +36,7 @@ def _patching(ctx) -> np.ndarray:
                     m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                     eff = (clean[owner] - m).view(len(pos), H).double().cpu().numpy()
                     out[[b.positions[p] for p in pos.tolist()], l] = eff
-            ctx.tick(i + 1, "patching")
+            ctx.tick(i + 1, "patching" if part == "output" else f"patching-{part}")
     return out
 
 
@@ -47,4 +47,22 @@ register(HeadMethod(
     kind="causal",
     reference="Vig et al. 2020; Wang et al. 2022 (activation patching)",
     passes=lambda s: "1 counterfactual forward + 1 forward per head, batched",
+))
+register(HeadMethod(
+    name="patching-pattern",
+    description="exact patching of only where the head looks: its output becomes A' V (the counterfactual's "
+                "pattern, the clean values)",
+    compute=lambda ctx: _patching(ctx, "pattern"),
+    kind="causal",
+    reference="attattr (the pattern part of activation patching)",
+    passes=lambda s: "2 recording forwards + 1 forward per head, batched",
+))
+register(HeadMethod(
+    name="patching-values",
+    description="exact patching of only what the head reads: its output becomes A V' (the clean pattern, the "
+                "counterfactual's values)",
+    compute=lambda ctx: _patching(ctx, "values"),
+    kind="causal",
+    reference="attattr (the value part of activation patching)",
+    passes=lambda s: "2 recording forwards + 1 forward per head, batched",
 ))

@@ -118,6 +118,20 @@ class CircuitTask:
         outs = plan.record if grad else {k: v.detach() for k, v in plan.record.items()}
         return logits, outs, plan.probs
 
+    def parts(self, batch: PairBatch) -> dict:
+        """Head outputs with one part of the counterfactual run's head swapped in:
+        ``{"pattern": {layer: A' V}, "values": {layer: A V'}}`` (A, V the clean run's pattern and
+        values, A', V' the counterfactual's): what patching only where a head looks, or only
+        what it reads, puts in its place."""
+        runs = []
+        for ids in (batch.clean, batch.counterfactual):
+            plan = attention.HeadPatch(want_probs=True, values={})
+            with self.over(), torch.no_grad():
+                self.logits(ids, plan)
+            runs.append((plan.probs, plan.values))
+        (a, v), (a2, v2) = runs
+        return {"pattern": {l: a2[l] @ v[l] for l in a}, "values": {l: a[l] @ v2[l] for l in a}}
+
     def sources(self, batch: PairBatch, ablation: str, means: dict | None = None) -> dict:
         """What a patched head's output becomes: {layer: [b or 1, head, n, d]}."""
         if ablation == "patching":
@@ -214,6 +228,17 @@ class Context:
     cache: dict = field(default_factory=dict)  # what several methods share (one integral, two reductions)
     _sources: dict = field(default_factory=dict)
     _means: dict | None = None
+
+    def part_source(self, batch: PairBatch, part: str) -> dict:
+        """The sources of patching one part of each head (``pattern`` or ``values``; only where
+        the ablation is the counterfactual run)."""
+        if self.ablation != "patching":
+            raise OptionError(f"patching only a head's {part} needs --ablation patching (a counterfactual run), "
+                              f"not {self.ablation}")
+        key = ("parts", id(batch))
+        if key not in self._sources:
+            self._sources[key] = self.task.parts(batch)
+        return self._sources[key][part]
 
     def source(self, batch: PairBatch) -> dict:
         key = id(batch)
