@@ -120,6 +120,15 @@ def build_model(kind: str, dtype=torch.float32, num_labels: int = 3, layers: int
 
 
 @pytest.fixture
+def llama_dir(tmp_path, tokenizer):
+    """A tiny causal Llama (float32, 2 layers) saved with the word tokenizer."""
+    folder = tmp_path / "tiny-llama"
+    build_model("llama", torch.float32, num_labels=2, layers=2, lm=True).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
 def loaded_factory(tokenizer):
     from attattr_cli.models.loading import prepare
 

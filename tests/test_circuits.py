@@ -205,12 +205,6 @@ def test_docs_table_is_the_registry():
     assert markdown_table() in doc
 
 
-@pytest.fixture
-def llama_dir(tmp_path, tokenizer):
-    folder = tmp_path / "tiny-llama"
-    build_model("llama", torch.float32, num_labels=2, layers=2, lm=True).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_cli_circuit_json_and_hdf5(llama_dir, tmp_path):

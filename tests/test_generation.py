@@ -182,12 +182,6 @@ def test_generation_options_refused(make):
 
 
 # -- the store and the command line --------------------------------------------------------------
-@pytest.fixture
-def llama_dir(tmp_path, tokenizer):
-    folder = tmp_path / "tiny-llama"
-    build_model("llama", torch.float32, num_labels=2, layers=2, lm=True).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
