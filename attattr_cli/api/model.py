@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, OptionError
-from .checks import ModelArg, checked
+from .checks import Kind, checked, is_path, loaded_type
 
 
 @dataclass
@@ -66,6 +66,23 @@ class Model:
     def __repr__(self) -> str:
         return (f"Model({self.id!r}, {type(self.model).__name__}, {self.num_layers} layers x {self.num_heads} heads"
                 + (f", labels {self.label_names}" if self.label_names else "") + ")")
+
+
+
+class ModelArg(Kind):
+    """What :func:`as_model` accepts: a :class:`Model`, a loaded model, a folder, a GGUF file or hub
+    id, or a (model, tokenizer) pair."""
+
+    what, sample, error = ("a Model from load_model, a folder, a GGUF file, a hub id or a (model, tokenizer) pair",
+                           "model", ModelError)
+
+    def check(self, value):
+        loaded = loaded_type("attattr_cli.models.loading", "LoadedModel")
+        if isinstance(value, Model) or (loaded is not None and isinstance(value, loaded)) or is_path(value):
+            return value
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return value
+        self.refuse()
 
 
 @checked(source=ModelArg())
