@@ -167,16 +167,34 @@ def refuse_pruned(folder: Path) -> None:
         " and load the pruned one in Python with attattr_cli.analysis.prune.load_pruned")
 
 
-def _is_encoder_decoder(model_id: str) -> bool:
-    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
+def _config(model_id: str):
+    """The model's config (a local folder, or a hub id in the cache), or None."""
     from transformers import AutoConfig
 
     try:
         path = Path(model_id).expanduser()
-        cfg = AutoConfig.from_pretrained(str(path) if path.exists() else model_id, local_files_only=True)
+        return AutoConfig.from_pretrained(str(path) if path.exists() else model_id, local_files_only=True)
     except (OSError, ValueError, KeyError):
-        return False
-    return bool(getattr(cfg, "is_encoder_decoder", False))
+        return None
+
+
+def _is_encoder_decoder(model_id: str) -> bool:
+    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
+    return bool(getattr(_config(model_id), "is_encoder_decoder", False))
+
+
+# the endings of the class names of models whose head predicts tokens, not classes
+_LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def refuse_lm_as_classifier(model_id: str) -> None:
+    """Refuse a language model's folder loaded as a classifier: its classification head would be
+    new random weights (transformers initialises a missing head), and every score of it noise."""
+    names = [str(a) for a in getattr(_config(model_id), "architectures", None) or []]
+    if names and all(a.endswith(_LM_HEADS) for a in names):
+        raise OptionError(f"--model {model_id} is a language model ({names[0]}), not a sequence classifier: scored as"
+                         " a classifier its classification head would be random weights; pass --lm to attribute"
+                         " its next tokens (or fine-tune a classifier from it first: attattr finetune)")
 
 
 def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool = False) -> LoadedModel:
@@ -185,6 +203,8 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
     auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
+    if not lm:
+        refuse_lm_as_classifier(model_id)
     if lm and _is_encoder_decoder(model_id):  # T5, BART for generation: targets on the decoder side
         from transformers import AutoModelForSeq2SeqLM as auto
     from transformers.utils import logging as hf_logging
