@@ -37,6 +37,7 @@ import sys
 import typing
 
 from ..errors import OptionError
+from ..fileio import is_stream
 from ..names import api_names
 
 _repr = reprlib.Repr()
@@ -194,6 +195,10 @@ class File(Kind):
         return value
 
 
+# the suffixes of an attribution store's name
+STORE_SUFFIXES = (".h5", ".hdf5")
+
+
 class Out(File):
     """A path to write: a file (an existing folder is refused), or with ``folder`` a folder
     (an existing file is refused), or with ``either`` a file or a folder."""
@@ -210,6 +215,12 @@ class Out(File):
                 self.refuse("(a folder)")
             if self.folder and os.path.exists(value) and not os.path.isdir(value):
                 self.refuse("(a file)")
+        if not self.folder and str(os.fspath(value)) != "-":
+            folder = os.path.dirname(os.path.abspath(os.fspath(value)))
+            if not os.path.isdir(folder):  # as every command's --out: the folder is never made on the way
+                self.refuse(f"(its folder {os.path.dirname(os.fspath(value)) or folder} does not exist)")
+            if os.path.splitext(os.fspath(value))[1].lower() in STORE_SUFFIXES and is_stream(value):
+                self.refuse("(a device, a FIFO or a socket: a store is a regular file, written where it lies)")
         return value
 
 
