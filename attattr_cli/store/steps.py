@@ -94,6 +94,10 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
         for key in ("head_max", "f_baseline", "residual"):
             if key not in sg:
                 raise damaged(path, here, f"'{key}' is missing")
+        for key in ("attribution", "head_sum"):  # maps over the step's prefix, one per layer
+            if key in sg and sg[key].size and (sg[key].shape[0] != n_layers or sg[key].shape[-2:] != (n, n)):
+                raise damaged(path, here, f"'{key}' has the shape {sg[key].shape}, not {n_layers} layers of {n} x {n}"
+                              " tokens")
         states, tol = read_convergence(path, sg, here, n_layers)
 
         def arr(key, big=True):
