@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, OptionError
-from .checks import Kind, checked, is_path, loaded_type
+from .checks import File, Kind, Out, Str, checked, is_path, loaded_type
 
 
 @dataclass
@@ -300,3 +300,16 @@ def progress_for(progress, description: str):
             bar.update(task, completed=done, total=total or None, description=label)
 
         yield update
+
+
+@checked(source=File(), out=Out(folder=True), dtype=Str(choices=("float32", "float64", "bfloat16", "float16")))
+def convert(source, out, *, dtype: str = "float32") -> dict:
+    """Write a GGUF file (llama.cpp's format; or the folder holding one) as a plain transformers
+    model folder ``out`` (new or empty): every weight dequantized to ``dtype``, the tokenizer
+    the file describes, ``config.json``. ``load_model(out, lm=True)`` and ``--model out --lm``
+    then load it in seconds, where ``load_model("x.gguf", lm=True)`` dequantizes the file on
+    every load (docs/models.md, "GGUF files"). Returns {"out", "gguf", "model_type",
+    "parameters", "weights_sha256"}. `attattr convert` is this call."""
+    from ..models.gguf import convert as write
+
+    return write(source, out, dtype)
