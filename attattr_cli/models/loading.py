@@ -229,9 +229,9 @@ def load_gguf(model_id: str, folder: Path, name: str, dtype: torch.dtype):
         with contextlib.redirect_stderr(io.StringIO()):  # its own progress bar of the dequantization (tqdm)
             model = from_pretrained(AutoModelForCausalLM, str(folder), model_id, gguf_file=name, dtype=dtype,
                                     quantization_config=GgufConfig(dequantize=True))
-    except ModelError:
+    except (ModelError, MemoryError):
         raise
-    except (OSError, ValueError, KeyError, RuntimeError, ImportError, EOFError) as exc:
+    except Exception as exc:  # a file cut short or not GGUF: its reader's own errors (struct.error, ...)
         raise ModelError(f"cannot load the GGUF file {Path(folder) / name}: {first_line(exc)}") from exc
     model.config.__dict__.pop("quantization_config", None)  # dequantized: plain dense weights now
     if getattr(model, "hf_quantizer", None) is not None:
