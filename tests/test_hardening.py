@@ -297,7 +297,7 @@ def test_an_output_in_a_missing_folder_is_refused_and_no_folder_made(scored, tmp
 
     e = scored[0]
     for call in (lambda p: e.plot(path=p), lambda p: e.save(p), lambda p: scored.save(p.with_suffix(".h5"))):
-        with pytest.raises(OptionError, match="its folder .*nodir does not exist"):
+        with pytest.raises(OptionError, match="the folder .*nodir does not exist"):
             call(tmp_path / "nodir" / "x.png")
     assert list(tmp_path.iterdir()) == []
 

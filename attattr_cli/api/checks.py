@@ -218,7 +218,7 @@ class Out(File):
         if not self.folder and str(os.fspath(value)) != "-":
             folder = os.path.dirname(os.path.abspath(os.fspath(value)))
             if not os.path.isdir(folder):  # as every command's --out: the folder is never made on the way
-                self.refuse(f"(its folder {os.path.dirname(os.fspath(value)) or folder} does not exist)")
+                self.refuse(f"(the folder {os.path.dirname(os.fspath(value)) or folder} does not exist)")
             if os.path.splitext(os.fspath(value))[1].lower() in STORE_SUFFIXES and is_stream(value):
                 self.refuse("(a device, a FIFO or a socket: a store is a regular file, written where it lies)")
         return value
