@@ -22,7 +22,7 @@ __all__ = [
     "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "__version__",
+    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "__version__",
 ]
 
 

@@ -29,7 +29,7 @@ def survey(types, tokenizer, seconds: int = 60) -> dict:
     import torch
 
     from attattr_cli.errors import AttattrError
-    from test_architectures import check, tol_for
+    from test_architectures import check, group_difference, tol_for
 
     torch.set_num_threads(1)
 
@@ -48,6 +48,11 @@ def survey(types, tokenizer, seconds: int = 60) -> dict:
             worst = max(check(mt, tokenizer).values())
             state = {"state": "verified" if worst < tol_for(mt) else "DISAGREES",
                      "detail": f"max rel {worst:.1e}" + (" (float32)" if tol_for(mt) > 1e-6 else "")}
+            grouped = group_difference(mt, tokenizer)  # scored in groups: the same numbers as one at a time
+            state["groupable"] = grouped is not None
+            if grouped is not None and grouped > 1e-9:
+                state = {"state": "DISAGREES", "detail": f"a group differs from one at a time by {grouped:.1e}",
+                         "groupable": True}
         except AttattrError as exc:
             state = {"state": "refused", "detail": str(exc)}
         except Slow:

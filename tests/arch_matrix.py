@@ -54,6 +54,9 @@ EXTRA: dict[str, dict] = {
     "nemotron_h": dict(layers_block_type=["linear_attention", "full_attention"], mamba_num_heads=8, mamba_head_dim=16),
     "falcon_h1": dict(mamba_n_heads=8, mamba_d_head=16, mamba_d_ssm=128),  # Mamba beside attention in each layer
     "zaya": dict(num_experts_per_tok=1),
+    # no layer reusing another's keys and values (refused: tests/test_architectures.py); the generic
+    # two layers would share them from layer 1 on
+    "gemma3n_text": dict(num_kv_shared_layers=0),
     "mamba2": dict(num_heads=8, head_dim=16),
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]], window_size=4),
     "esmc": dict(num_key_value_heads=4),

@@ -153,6 +153,35 @@ def test_variants_agree_with_reference(model_type, overrides, tokenizer):
     assert diffs and max(diffs.values()) < TOL, diffs
 
 
+@pytest.mark.parametrize("model_type,overrides,said", [
+    # a sliding-window layer of 64 heads (swa_num_attention_heads) below a full one of 4
+    ("inkling_text", dict(layer_types=["hybrid_sliding", "hybrid"]),
+     "has self layers with different numbers of attention heads (layer 0: 64, layer 1: 4)"),
+    ("gemma3n_text", dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[128] * 4,
+                          activation_sparsity_pattern=[0.0] * 4,
+                          layer_types=["sliding_attention", "full_attention"] * 2),
+     "is not supported with num_kv_shared_layers = 2"),
+    ("gemma4_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
+                         layer_types=["sliding_attention", "full_attention"] * 2),
+     "is not supported with num_kv_shared_layers = 2"),
+])
+def test_configurations_attattr_cannot_attribute_are_one_line(model_type, overrides, said, tokenizer):
+    """Layers of different head counts cannot share one [layer, head, query, key] array, and
+    layers that reuse the keys and values of a lower one miss them when the layers below a
+    target are replayed: each is one ModelError at load, never a raw error or a wrong map."""
+    model, _ = build(model_type, torch.float32, **overrides)
+    with pytest.raises(ModelError) as info:
+        aa.load_model((model, tokenizer))
+    assert said in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_gemma3n_altup_streams_replay_with_their_batch(tokenizer):
+    """Gemma 3n's layers hand up [streams, batch, tokens, features]: the replay below a target
+    layer expands the batch axis, and every layer agrees with the reference."""
+    diffs = check("gemma3n_text", tokenizer)
+    assert set(diffs) == {("self", 0), ("self", 1)} and max(diffs.values()) < TOL, diffs
+
+
 @pytest.mark.parametrize("model_type", sorted(REFUSED))
 def test_refused_at_load_with_one_line(model_type, tokenizer):
     model, _ = build(model_type)
@@ -198,17 +227,53 @@ def test_decoders_from_the_model(model_type, tokenizer):
     assert arch.is_encoder_decoder == (model_type in ENCODER_DECODERS), model_type
 
 
-@pytest.mark.parametrize("model_type", ["deberta", "deberta-v2", "mpnet", "longformer", "big_bird", "albert", "xlnet"])
-def test_adapted_encoders_score_the_same_in_groups(model_type, tokenizer):
-    """Several examples of different lengths in one padded pass give each one's own numbers
-    (the position bias folded into the projections survives the group's cropping)."""
-    model, _ = build(model_type)
-    texts = ["w1 w2 w3 w4 w5 w6 w7", "w8 w9", "w3 w1 w4"]
-    alone = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=1)
-    together = aa.score((model, tokenizer), texts, rule="right", steps=4, dtype="float64", group=3)
+def group_difference(model_type: str, tokenizer) -> float | None:
+    """How far scoring in one padded group is from scoring one at a time (float64, sentences of
+    different lengths and, where the model takes a second segment, a pair): the largest
+    difference of a map relative to its maximum, or of f_full and the logits; None where the
+    model is not scored in groups (engine/grouped.py, ``groupable``)."""
+    from attattr_cli.engine import grouped
+
+    model, lm = build(model_type)
+    scorer = Scorer(prepare(model, tokenizer, model_type, lm=lm),
+                    ScoreOptions(steps=2, rule="right", dtype="float64", lm=lm))
+    if not grouped.groupable(scorer):
+        return None
+    examples = [Example(0, "w1 w2 w3 w4 w5 w6 w7"), Example(1, "w8 w9"), Example(2, "w3 w1 w4")]
+    if getattr(model.config, "type_vocab_size", 2) >= 2:
+        examples.append(Example(3, "w1 w2 w3 w4 w5", "w6 w7 w8"))
+    encoded = [scorer.encode(e) for e in examples]
+    alone = [scorer.score(e, c) for e, c in zip(examples, encoded)]
+    together = grouped.score_group(scorer, examples, encoded)
+    worst = 0.0
     for a, b in zip(alone, together):
         assert a.attribution.shape == b.attribution.shape
-        assert abs(a.attribution - b.attribution).max() <= 1e-9 * abs(a.attribution).max()
+        worst = max(worst, float(abs(a.attribution - b.attribution).max() / abs(a.attribution).max()),
+                    abs(a.f_full - b.f_full), float(abs(a.logits - b.logits).max()))
+    return worst
+
+
+GROUPABLE = sorted(t for t, v in STATES.items() if v.get("groupable"))
+
+
+@pytest.mark.parametrize("model_type", GROUPABLE)
+def test_every_groupable_architecture_scores_a_group_as_one_at_a_time(model_type, tokenizer):
+    """Several examples of different lengths in one padded pass give each one's own numbers,
+    f_full the model's own output for it alone, for every architecture scored in groups (the
+    catalog's "groupable"; ConvBERT's convolution, which would read the padding, masks it)."""
+    worst = group_difference(model_type, tokenizer)
+    assert worst is not None, f"{model_type} is no longer scored in groups: run python tests/arch_catalog.py"
+    assert worst <= 1e-9, worst
+
+
+def test_the_catalog_says_which_architectures_are_scored_in_groups(tokenizer):
+    """Every verified type has its "groupable" fact; the encoders of the matrix are grouped, the
+    decoders and encoder-decoders are not (each checked here; the catalog's run checks them all)."""
+    verified = [t for t, v in STATES.items() if v["state"] == "verified"]
+    assert all(isinstance(STATES[t].get("groupable"), bool) for t in verified)
+    assert {"bert", "convbert", "deberta-v2", "xlnet"} <= set(GROUPABLE)
+    for model_type in ("gpt2", "llama", "bart", "t5", "convbert"):
+        assert (group_difference(model_type, tokenizer) is not None) == STATES[model_type]["groupable"], model_type
 
 
 def test_models_are_left_as_they_were(tokenizer):

@@ -56,7 +56,7 @@ def test_score_on_builtin_default_and_info(tmp_path):
         e = s.get(0)
         assert e.meta["pair"] and e.text_b
     again = run_cli("score", "--out", out, "--examples", "0:4", "--steps", "4")
-    assert again.exit_code == 0 and "scored 1 examples (3 already in the store)" in again.stderr
+    assert again.exit_code == 0 and "scored 1 example (3 already in the store)" in again.stderr
     info = run_cli("info", out)
     assert info.exit_code == 0
     assert "synthetic" in info.stdout and "examples" in info.stdout and "4 (indices 0..3)" in info.stdout

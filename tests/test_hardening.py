@@ -282,3 +282,70 @@ def test_undecodable_bytes_in_a_name_or_a_stored_string_print_as_escapes(store, 
     assert "\\xff" not in line  # nothing left over from the command before
     after = _run("info", store)
     assert after.exit_code == 0 and "s\\xff" not in after.output, after.output
+
+
+# -- outputs the API would have put in the wrong place, and models scored as what they are not --------
+@pytest.fixture(scope="module")
+def scored():
+    import attattr_cli as aa
+
+    return aa.score(None, examples="0:1", steps=2)
+
+
+def test_an_output_in_a_missing_folder_is_refused_and_no_folder_made(scored, tmp_path):
+    from attattr_cli.errors import OptionError
+
+    e = scored[0]
+    for call in (lambda p: e.plot(path=p), lambda p: e.save(p), lambda p: scored.save(p.with_suffix(".h5"))):
+        with pytest.raises(OptionError, match="the folder .*nodir does not exist"):
+            call(tmp_path / "nodir" / "x.png")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_is_never_written_into_a_device(scored, tmp_path):
+    """A name that leads to a character device (/dev/null through a link): refused, the link
+    and the device left as they are."""
+    from attattr_cli.errors import OptionError
+
+    link = tmp_path / "dev.h5"
+    link.symlink_to(os.devnull)
+    for call in (lambda: scored.save(link), lambda: scored[0].save(link)):
+        with pytest.raises(OptionError, match="a device, a FIFO or a socket"):
+            call()
+    assert link.is_symlink() and os.readlink(link) == os.devnull and stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+@pytest.fixture(scope="module")
+def lm_folder(tmp_path_factory, tokenizer):
+    import torch
+
+    from conftest import build_model
+
+    folder = tmp_path_factory.mktemp("lm") / "tiny-llama"
+    build_model("llama", torch.float32, layers=2, lm=True).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_language_model_scored_as_a_classifier_is_refused(lm_folder, tmp_path):
+    out = tmp_path / "s.h5"
+    data = tmp_path / "d.tsv"
+    data.write_text("sentence\tlabel\nw1 w2\t1\n")
+    line = _one_error_line(_run("score", "--model", lm_folder, "--task", "sst2", "--data", data, "--out", out),
+                           "is a language model (LlamaForCausalLM), not a sequence classifier")
+    assert "pass --lm" in line and _run("score", "--model", lm_folder, "--data", data, "--out", out).exit_code == 2
+    assert not out.exists()
+    r = _run("score", "--lm", "--model", lm_folder, "--prompt", "w1 w2", "--steps", 2, "--out", out, "-q")
+    assert r.exit_code == 0, r.output
+
+
+def test_faithfulness_of_a_language_model_store_says_what_it_holds(lm_folder, tmp_path):
+    store = tmp_path / "g.h5"
+    r = _run("score", "--lm", "--model", lm_folder, "--prompt", "w1 w2 w3", "--generate", 2, "--steps", 2,
+             "--out", store, "-q")
+    assert r.exit_code == 0, r.output
+    before = store.read_bytes()
+    line = _one_error_line(_run("faithfulness", store, "--out", tmp_path / "f.json", "-q"),
+                           "holds a language model's generation, step by step (scored with --lm)")
+    assert "another model" not in line
+    assert store.read_bytes() == before and not (tmp_path / "f.json").exists()

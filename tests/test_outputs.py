@@ -79,6 +79,7 @@ def _same_as_input(cmd: str, f: dict) -> tuple[list, Path]:
         "faithfulness": ([s, "--out", s], s),
         "view": ([s, "-n", 0, "-o", s], s),
         "report": ([s, "-o", s], s),
+        "convert": ([f["data"], "--out", f["data"]], f["data"]),
         "demo data": None,  # no input
         "demo train": None,  # no input
     }
@@ -101,6 +102,7 @@ def _to_device(cmd: str, f: dict, dev: Path) -> list:
         "faithfulness": [s, "--out", dev, "--methods", "attention_last", "--permutations", 0, "-q"],
         "view": [s, "-n", 0, "-f", "svg", "-o", dev],
         "report": [s, "-o", dev],
+        "convert": [f["data"], "--out", dev],
         "demo data": ["--out", dev, "--count", 3],
         "demo train": ["--out", dev],
     }
@@ -115,7 +117,7 @@ STREAMED = {"attack", "faithfulness", "importance", "prune", "report", "tree", "
 def test_every_writing_command_is_listed():
     """The cases below cover every command with an output option (a new one must be added)."""
     assert set(WRITERS) == {"score", "merge", "tree", "import-json", "finetune", "importance", "prune", "triggers",
-                            "attack", "faithfulness", "view", "report", "demo data", "demo train"}
+                            "attack", "faithfulness", "view", "report", "convert", "demo data", "demo train"}
     for cmd in WRITERS:  # each has its cases below (an input as output; a device as output)
         assert (_same_as_input(cmd, {k: Path("x") for k in ("store", "triggers", "importance", "data", "dir")})
                 is None) == (cmd in NO_INPUT)

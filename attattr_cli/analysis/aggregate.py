@@ -25,6 +25,7 @@ tokens' scores and erases a word by erasing all its tokens (:func:`token_keep`).
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 import string
 
@@ -86,11 +87,18 @@ def word_groups(tokens: list[str], word_ids: list | None = None) -> list[list[in
 def span_groups(n: int, spans) -> list[list[int]]:
     """Groups of ``n`` tokens from user spans ((start, end), end exclusive; the others alone)."""
     taken = [None] * n
-    for k, span in enumerate(sorted(spans)):
-        try:
-            start, end = (int(x) for x in span)
-        except (TypeError, ValueError):
-            raise OptionError(f"a span is (start, end), got {span!r}") from None
+    try:
+        given = list(spans)
+    except TypeError:
+        raise OptionError(f"spans are a list of (start, end) pairs, got {spans!r}") from None
+    pairs = []
+    for span in given:
+        # whole numbers only: a float end (2.7) or a bool (True) would be cut to another token silently
+        if (isinstance(span, (str, bytes)) or not hasattr(span, "__len__") or len(span) != 2
+                or not all(isinstance(x, numbers.Integral) and not isinstance(x, (bool, np.bool_)) for x in span)):
+            raise OptionError(f"a span is (start, end), two whole numbers, got {span!r}")
+        pairs.append((int(span[0]), int(span[1])))
+    for k, (start, end) in enumerate(sorted(pairs)):
         if not 0 <= start < end <= n:
             raise OptionError(f"span ({start}, {end}) is outside the {n} tokens (end exclusive)")
         if any(t is not None for t in taken[start:end]):

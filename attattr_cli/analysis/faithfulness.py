@@ -428,6 +428,11 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
         prov = store.provenance
         score_opts = prov.get("options") or {}
         output = score_opts.get("output", "prob")
+        if score_opts.get("lm") or (loaded is not None and loaded.lm):
+            what = ("a language model's generation, step by step" if score_opts.get("generate") or score_opts.get("per_step")
+                    else "a language model's next-token scores")
+            raise OptionError(f"{store.path} holds {what} (scored with --lm): faithfulness erases tokens of a"
+                              " classifier's input and reads its class, and does not evaluate language-model stores")
         if loaded is None:
             loaded = load_for_store(store, model, device)
         runner = ModelRunner(loaded, output=output, erase=options.erase, max_tokens=max_tokens)

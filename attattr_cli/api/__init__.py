@@ -6,7 +6,7 @@
 >>> res[0].top(5)
 
 Layered above analysis/, engine/ and store/; every command of the CLI calls into it.
-model.py: load_model, Model, the context that leaves a caller's model as it was, progress;
+model.py: load_model, Model, convert (a GGUF file as a model folder), the context that leaves a caller's model as it was, progress;
 results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
 resolution; scoring.py: score; heads.py: importance, predict, prune; triggers.py: triggers,
 attack; tools.py: faithfulness, finetune, merge, import_2021; views.py: view, report, info;
@@ -20,7 +20,7 @@ from .heads import Importance, Predictions, PruneResult, importance, predict, pr
 from .scoring import score
 from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge
 from .triggers import AttackResult, TriggersResult, attack, triggers
-from .model import Model, load_model
+from .model import Model, convert, load_model
 from .results import Attribution, Interaction, Results, StoreView, Tree, open_store, tree
 from .views import Picture, info, report, view
 
@@ -28,5 +28,5 @@ __all__ = [
     "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data",
+    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert",
 ]

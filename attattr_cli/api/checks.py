@@ -36,7 +36,8 @@ import reprlib
 import sys
 import typing
 
-from ..errors import ModelError, OptionError
+from ..errors import OptionError
+from ..fileio import is_stream
 from ..names import api_names
 
 _repr = reprlib.Repr()
@@ -178,7 +179,7 @@ class Str(Kind):
         return value
 
 
-def _is_path(value) -> bool:
+def is_path(value) -> bool:
     return (isinstance(value, str) or isinstance(value, os.PathLike)) and str(os.fspath(value)) != ""
 
 
@@ -189,9 +190,13 @@ class File(Kind):
     what, sample = "a file path", "input.h5"
 
     def check(self, value):
-        if not _is_path(value) or isinstance(os.fspath(value), bytes):
+        if not is_path(value) or isinstance(os.fspath(value), bytes):
             self.refuse()
         return value
+
+
+# the suffixes of an attribution store's name
+STORE_SUFFIXES = (".h5", ".hdf5")
 
 
 class Out(File):
@@ -210,6 +215,12 @@ class Out(File):
                 self.refuse("(a folder)")
             if self.folder and os.path.exists(value) and not os.path.isdir(value):
                 self.refuse("(a file)")
+        if not self.folder and str(os.fspath(value)) != "-":
+            folder = os.path.dirname(os.path.abspath(os.fspath(value)))
+            if not os.path.isdir(folder):  # as every command's --out: the folder is never made on the way
+                self.refuse(f"(the folder {os.path.dirname(os.fspath(value)) or folder} does not exist)")
+            if os.path.splitext(os.fspath(value))[1].lower() in STORE_SUFFIXES and is_stream(value):
+                self.refuse("(a device, a FIFO or a socket: a store is a regular file, written where it lies)")
         return value
 
 
@@ -292,27 +303,11 @@ class Examples(Kind):
         return [int(x) for x in items]
 
 
-def _loaded(module: str, name: str):
+def loaded_type(module: str, name: str):
     """The class ``name`` of ``module`` when that module is imported (a value cannot be one
     of its instances otherwise): lets a check name torch-backed types without importing torch."""
     mod = sys.modules.get(module)
     return getattr(mod, name, None) if mod is not None else None
-
-
-class ModelArg(Kind):
-    """A model: a :class:`Model`, a loaded model, a folder or hub id, or a (model, tokenizer) pair."""
-
-    what, sample, error = "a Model from load_model, a folder, a hub id or a (model, tokenizer) pair", "model", ModelError
-
-    def check(self, value):
-        from .model import Model
-
-        loaded = _loaded("attattr_cli.models.loading", "LoadedModel")
-        if isinstance(value, Model) or (loaded is not None and isinstance(value, loaded)) or _is_path(value):
-            return value
-        if isinstance(value, (tuple, list)) and len(value) == 2:
-            return value
-        self.refuse()
 
 
 class Instance(Kind):
@@ -328,7 +323,7 @@ class Instance(Kind):
         for t in self.types:
             if isinstance(t, str):
                 module, name = t.split(":")
-                t = _loaded(module, name)
+                t = loaded_type(module, name)
                 if t is None:
                     continue
             if isinstance(value, t):
@@ -362,7 +357,7 @@ class Source(Kind):
         if File().accepts(value) or isinstance(value, list):  # Results is a list
             return value
         for module, name in (("attattr_cli.api.results", "StoreView"), ("attattr_cli.store.reader", "Store")):
-            t = _loaded(module, name)
+            t = loaded_type(module, name)
             if t is not None and isinstance(value, t):
                 return value
         self.refuse()
@@ -387,7 +382,7 @@ class Inputs(Kind):
     what, sample = "a text, a (text, text) pair, an Example or a list of them", ["a text"]
 
     def check(self, value):
-        example = _loaded("attattr_cli.data.types", "Example")
+        example = loaded_type("attattr_cli.data.types", "Example")
         if isinstance(value, (str, list, tuple)) or (example is not None and isinstance(value, example)):
             return value
         self.refuse()

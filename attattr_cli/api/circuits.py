@@ -11,8 +11,8 @@ import numpy as np
 
 from ..errors import OptionError
 from ..fileio import dumps as strict_dumps
-from .checks import File, Instance, Int, ModelArg, Names, OneOf, Out, Progress, Str, checked
-from .model import progress_for, using
+from .checks import File, Instance, Int, Names, OneOf, Out, Progress, Str, checked
+from .model import ModelArg, progress_for, using
 
 SUMMARY_COLUMNS = ["method", "cpr", "cpr_low", "cpr_high", "cmd", "cmd_low", "cmd_high", "spearman_patching",
                    "top10_shared", "cpu_s_per_pair", "completeness"]

@@ -8,10 +8,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import OptionError
-from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, ModelArg, Names, Number, Numbers, OneOf, Out, Progress,
+from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, Names, Number, Numbers, OneOf, Out, Progress,
                      Source, Str, Texts, checked)
 from .inputs import check_methods_given, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
-from .model import progress_for, using
+from .model import ModelArg, progress_for, using
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import ModelError, OptionError
-from .checks import ModelArg, checked
+from .checks import File, Kind, Out, Str, checked, is_path, loaded_type
 
 
 @dataclass
@@ -66,6 +66,23 @@ class Model:
     def __repr__(self) -> str:
         return (f"Model({self.id!r}, {type(self.model).__name__}, {self.num_layers} layers x {self.num_heads} heads"
                 + (f", labels {self.label_names}" if self.label_names else "") + ")")
+
+
+
+class ModelArg(Kind):
+    """What :func:`as_model` accepts: a :class:`Model`, a loaded model, a folder, a GGUF file or hub
+    id, or a (model, tokenizer) pair."""
+
+    what, sample, error = ("a Model from load_model, a folder, a GGUF file, a hub id or a (model, tokenizer) pair",
+                           "model", ModelError)
+
+    def check(self, value):
+        loaded = loaded_type("attattr_cli.models.loading", "LoadedModel")
+        if isinstance(value, Model) or (loaded is not None and isinstance(value, loaded)) or is_path(value):
+            return value
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return value
+        self.refuse()
 
 
 @checked(source=ModelArg())
@@ -283,3 +300,16 @@ def progress_for(progress, description: str):
             bar.update(task, completed=done, total=total or None, description=label)
 
         yield update
+
+
+@checked(source=File(), out=Out(folder=True), dtype=Str(choices=("float32", "float64", "bfloat16", "float16")))
+def convert(source, out, *, dtype: str = "float32") -> dict:
+    """Write a GGUF file (llama.cpp's format; or the folder holding one) as a plain transformers
+    model folder ``out`` (new or empty): every weight dequantized to ``dtype``, the tokenizer
+    the file describes, ``config.json``. ``load_model(out, lm=True)`` and ``--model out --lm``
+    then load it in seconds, where ``load_model("x.gguf", lm=True)`` dequantizes the file on
+    every load (docs/models.md, "GGUF files"). Returns {"out", "gguf", "model_type",
+    "parameters", "weights_sha256"}. `attattr convert` is this call."""
+    from ..models.gguf import convert as write
+
+    return write(source, out, dtype)

@@ -11,7 +11,7 @@ import numpy as np
 from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
-from .checks import Array, File, Instance, Int, Ints, OneOf, Out, Str, checked
+from .checks import STORE_SUFFIXES, Array, File, Instance, Int, Ints, OneOf, Out, Str, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -181,7 +181,6 @@ class Attribution(StoredExample):
                 + (f" (p {p:.3f})" if p is not None else "") + f", layers={list(self.layers)}, text={text!r})")
 
 
-STORE_SUFFIXES = (".h5", ".hdf5")
 HEAD_COLUMNS = ["example", "layer", "head", "head_max", "head_sum", "layer_residual", "converged",
                 "prediction", "gold"]
 TOKEN_COLUMNS = ["example", "position", "token", "importance"]

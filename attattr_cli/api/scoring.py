@@ -7,9 +7,9 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
-from .checks import Tolerance, Callback, Examples, File, Inputs, Ints, ModelArg, Names, Number, Out, Progress, Str, Texts, checked
+from .checks import Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
-from .model import Model, as_model, progress_for, using
+from .model import Model, ModelArg, as_model, progress_for, using
 from .results import TemporaryStore, read_all
 
 

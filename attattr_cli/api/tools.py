@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import Tolerance, Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .checks import Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection
-from .model import Model, as_model, progress_for, using
+from .model import Model, ModelArg, as_model, progress_for, using
 from .scoring import score
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Tolerance, Examples, File, Inputs, Instance, Int, ModelArg, Number, OneOf, Out, Progress, Source, Str, Texts, checked
+from .checks import Tolerance, Examples, File, Inputs, Instance, Int, Number, OneOf, Out, Progress, Source, Str, Texts, checked
 from .inputs import command_of, open_source, model_and_data
-from .model import progress_for, using
+from .model import ModelArg, progress_for, using
 from .scoring import score
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 

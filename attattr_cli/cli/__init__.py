@@ -14,6 +14,7 @@ from . import demo
 from .attack import attack
 from .circuit import circuit
 from .common import EXIT_CODES_HELP, Command, Group
+from .convert import convert
 from .faithfulness import faithfulness
 from .finetune import finetune
 from .import_json import import_json
@@ -38,7 +39,7 @@ for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tr
                         ("import-json", import_json), ("finetune", finetune), ("importance", importance),
                         ("prune", prune), ("triggers", triggers), ("attack", attack),
                         ("faithfulness", faithfulness), ("circuit", circuit), ("view", view.view),
-                        ("report", report.report)):
+                        ("report", report.report), ("convert", convert)):
     app.command(_name, cls=Command)(_command)
 app.add_typer(demo.app, name="demo", cls=Group)
 

@@ -139,7 +139,7 @@ def _perm_table(report: dict):
 
 def faithfulness(
     store: Optional[Path] = typer.Argument(None, help="An attattr store (from `attattr score`); omit it to score --model/--data first."),
-    out_path: Path = typer.Option(..., "--out", "-o", help="Report to write (JSON): per method and per example."),
+    out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="Report to write (JSON): per method and per example. Needed unless --json or --csv prints the table instead."),
     model: Optional[str] = options.model("Local model folder or hub id (default: the store's model, or the built-in default)."),
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
@@ -188,6 +188,8 @@ def faithfulness(
                 raise OptionError(f"--epsilons are total variation distances in (0, 1), got {epsilons}")
         if as_json and as_csv:
             raise OptionError("give --json or --csv, not both")
+        if out_path is None and not (as_json or as_csv):
+            raise OptionError("give --out (the report to write), or --json or --csv to print the table instead")
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise OptionError(f"cannot tell the format of {plot}: use one of .png, .svg, .pdf")
         for p in (out_path, plot):  # before any work, not after it
@@ -199,7 +201,7 @@ def faithfulness(
         with progress_bar("faithfulness", quiet) as bar, renamed_options(*names):
             res = run(store, model=model, data=data, task=task, examples=examples,
                       methods=methods.split(",") if methods is not None else list(METHODS),
-                      score_store=store_out or (out_path.with_suffix(".h5") if store is None else None),
+                      score_store=store_out or (out_path.with_suffix(".h5") if store is None and out_path else None),
                       importance_store=importance_store,
                       steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,

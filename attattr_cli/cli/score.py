@@ -104,11 +104,16 @@ def score(
         resid = "" if report.mean_abs_residual is None else f"; mean |completeness residual| {report.mean_abs_residual:.2e}"
         acc = "" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}"
         err.print(
-            f"scored {report.scored} examples ({report.skipped} already in the store) in {secs:.1f} s "
+            f"scored {_count(report.scored, 'example')} ({report.skipped} already in the store) in {secs:.1f} s "
             f"with kernel '{report.kernel}'{acc}{resid}",
             markup=False,
         )
         out.print(report.out, markup=False)
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 example', '2 examples'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _warn(message: str) -> None:
@@ -134,7 +139,7 @@ def _report_distributed(report, quiet: bool) -> None:
     loads = ", ".join(str(t) for t in report.tokens_per_rank)
     merged = report.merged or {"added": 0, "skipped": 0}
     err.print(
-        f"scored {report.scored} examples on {env.world_size} processes ({report.skipped} already in the shards,"
+        f"scored {_count(report.scored, 'example')} on {env.world_size} processes ({report.skipped} already in the shards,"
         f" {report.already} already in {report.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
         f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {report.out}"
         + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),

@@ -663,6 +663,8 @@ def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int,
             return obj.index_select(0, owner.to(obj.device))
         if torch.is_tensor(obj) and obj.dim() > 0 and obj.shape[0] == 1:
             return obj.expand(batch, *obj.shape[1:])
+        if torch.is_tensor(obj) and obj.dim() == 4 and obj.shape[1] == 1:  # [streams, batch, tokens, features]:
+            return obj.expand(obj.shape[0], batch, *obj.shape[2:])         # Gemma 3n's AltUp predictions
         if isinstance(obj, tuple):
             return tuple(expand(o) for o in obj)
         return obj

@@ -60,6 +60,12 @@ def too_long(index: int, n: int, limit: int, hint: bool = True) -> DataError:
                      + (" (pass --truncate to cut long inputs)" if hint else ""))
 
 
+def empty_text(index: int, field: str, text: str) -> DataError:
+    """The error for a text that the tokenizer turns into no tokens at all."""
+    return DataError(f"example {index}: its {field} {text!r} gives no tokens for this model's tokenizer"
+                     " (whitespace only, or characters it drops): there is nothing to attribute")
+
+
 def encode(tokenizer, example: Example, max_length: int | None = None, truncate: bool = False,
            decoder_start: int | None = None, tokens: bool = True) -> Encoded:
     """``example`` (``text_a`` and, for a pair, ``text_b``) as the model sees it, with special tokens.
@@ -81,8 +87,13 @@ def encode(tokenizer, example: Example, max_length: int | None = None, truncate:
     ids = list(enc["input_ids"])
     try:
         segments = [-1 if s is None else int(s) for s in enc.sequence_ids()]
+        present = set(segments)
     except (ValueError, AttributeError):  # slow tokenizers: no sequence ids
         segments = list(enc.get("token_type_ids", [0] * len(ids)))
+        present = {k for k, text in enumerate(args) if tokenizer(text, add_special_tokens=False)["input_ids"]}
+    for k, text in enumerate(args):
+        if k not in present:  # whitespace only (or characters the tokenizer drops): nothing to attribute
+            raise empty_text(example.index, ("text_a", "text_b")[k], text)
     types = (list(enc["token_type_ids"])
              if "token_type_ids" in enc and "token_type_ids" in tokenizer.model_input_names else None)
     out = Encoded(ids, tokenizer.convert_ids_to_tokens(ids) if tokens else [], segments, types, truncated)

@@ -118,6 +118,10 @@ def encode_steps(scorer, example: Example, prompt: list[int]) -> Encoded:
         gen = generate(scorer, prompt, opts.generate, opts.sample_seed, example.index)
     ids = prompt + gen[:-1]
     scorer._check_length(len(ids), example.index)
+    if scorer.foil is not None:
+        for t, token in enumerate(gen):
+            if token == scorer.foil:
+                scorer.foil_is_target(example.index, f"step {t}'s token")
     positions = list(range(len(prompt) - 1, len(prompt) - 1 + len(gen)))
     return Encoded(ids, tok.convert_ids_to_tokens(ids), [0] * len(ids), None, False,
                    lm_positions=positions, lm_targets=gen)

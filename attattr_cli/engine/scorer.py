@@ -23,7 +23,7 @@ from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention, options as options_mod, sweep
 from .batching import pad_id_of
-from .encoding import Encoded, decoder_start_of, encode, too_long
+from .encoding import Encoded, decoder_start_of, empty_text, encode, too_long
 from .assembly import Assembly
 from .integrate import embedded, nodes
 from .layer_integral import Integration
@@ -75,15 +75,21 @@ class Scorer(Integration, Assembly):
             self._fixed_target = None
             self._lm_token = self._one_token(options.target_token) if options.target_token is not None else None
             self.foil = self._one_token(options.foil, "--foil") if options.foil is not None else None
+            if self.foil is not None and self.foil == self._lm_token:
+                raise OptionError(f"--foil '{options.foil}' is the target token itself: out(target) - out(foil) is 0"
+                                  " everywhere and every map would be zero; give another --foil")
         else:
             self.label_map, self.label_how = align_labels(task_labels, loaded)
             self.task_labels = list(task_labels) if task_labels is not None else loaded.label_names
             self._fixed_target = self._parse_target(options.target)
             self.foil = None
             if options.foil is not None:
-                self.foil = self._parse_target(options.foil)
+                self.foil = self._parse_target(options.foil, "--foil class")
                 if self.foil is None:
                     raise OptionError(f"--foil names one class (a label name or index), not '{options.foil}'")
+                if self.foil == self._fixed_target:
+                    raise OptionError(f"--foil '{options.foil}' is the --target class itself: out(target) - out(foil)"
+                                      " is 0 everywhere and every map would be zero; give another --foil")
         self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
         self.last_integral = (options.steps or 0, float("nan"), False)  # nodes, error estimate, cap hit
@@ -94,7 +100,7 @@ class Scorer(Integration, Assembly):
         self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
 
     # -- targets ---------------------------------------------------------------
-    def _parse_target(self, target: str) -> int | None:
+    def _parse_target(self, target: str, what: str = "target") -> int | None:
         if target in ("predicted", "gold"):
             return None
         names = [n.lower() for n in self.loaded.label_names]
@@ -103,10 +109,10 @@ class Scorer(Integration, Assembly):
         task_names = [n.lower() for n in self.task_labels]
         if target.lower() in task_names:
             return self.label_map[task_names.index(target.lower())]
-        if target.lstrip("-").isdigit() and 0 <= int(target) < len(names):
+        if target.isascii() and target.isdigit() and int(target) < len(names):  # not '²' or '٣'
             return int(target)
         raise OptionError(
-            f"unknown target '{target}'; use predicted, gold, a label index or one of: "
+            f"unknown {what} '{target}'; use {'predicted, gold, ' if what == 'target' else ''}a label index or one of: "
             + ", ".join(self.loaded.label_names)
         )
 
@@ -187,6 +193,8 @@ class Scorer(Integration, Assembly):
         prompt = list(tok(example.text_a, add_special_tokens=True)["input_ids"])
         if not prompt:
             raise DataError(f"example {example.index} has an empty prompt")
+        if not tok(example.text_a, add_special_tokens=False)["input_ids"]:  # only the tokenizer's own marks
+            raise empty_text(example.index, "prompt", example.text_a)
         if self.options.stepwise:  # a generation, step by step (engine/generation.py)
             return self._encode_steps(example, prompt)
         if self.options.metric is not None:  # a clean / counterfactual pair with its own answer and foil
@@ -321,6 +329,8 @@ class Scorer(Integration, Assembly):
                 if enc.lm_foils is not None:  # a pair: F is the metric of its own answer and foil
                     from .metrics import PairTarget
                     target = PairTarget(enc.lm_targets, enc.lm_foils, self.options.metric)
+                if self.foil is not None and enc.lm_targets is None and pred == self.foil:
+                    self.foil_is_target(example.index, "its predicted next token")
             else:
                 pred = int(logits[0].argmax())
                 gold = -1 if example.label is None else self.label_map[example.label]
@@ -373,5 +383,32 @@ class Scorer(Integration, Assembly):
         if self.options.target == "gold":
             if gold < 0:
                 raise DataError(f"example {example.index} has no gold label; --target gold needs one")
-            return gold
-        return pred
+            chosen = gold
+        else:
+            chosen = pred
+        if self.foil is not None and chosen == self.foil:
+            self.foil_is_target(example.index, f"its {self.options.target} class")
+        return chosen
+
+    def foil_is_target(self, index: int, what: str) -> None:
+        """Say that an example's target is the foil (a question with no answer: F is 0 and every
+        map is zero), once per example (a generation: per step, ``what`` names it)."""
+        label = (self.tokenizer.convert_ids_to_tokens([int(self.foil)])[0] if self.options.lm
+                 else self.loaded.label_names[int(self.foil)])
+        message = (f"example {index}: {what} is the foil ({label}): out(target) - out(foil) is 0, and its maps"
+                   " are all zero (a question with no answer; choose another --foil or --target)")
+        if self.warn is not None:
+            self.warn(message)
+        else:
+            from ..errors import warn_user
+            warn_user(message)
+
+
+
+def detached(obj):
+    if torch.is_tensor(obj):
+        return obj.detach()
+    if isinstance(obj, tuple):
+        return tuple(detached(o) for o in obj)
+    return obj
+

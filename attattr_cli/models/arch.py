@@ -321,11 +321,60 @@ def attention_sites(model: torch.nn.Module, layers, attn: str | None) -> list[bo
     return out
 
 
+# a module's own count of attention heads (of queries), under its common names
+_HEAD_ATTRS = ("num_heads", "num_attention_heads", "n_heads", "n_head")
+
+
+def _module_heads(layer: torch.nn.Module, attn: str | None) -> int | None:
+    """The heads of a layer's attention as its attention module says (the module that calls
+    transformers' attention interface), or None where no module says it or they disagree."""
+    try:
+        scope = attention_module(layer, attn)
+    except AttributeError:
+        return None
+    counts = set()
+    for m in scope.modules():
+        if _calls_interface(type(m)):
+            for name in _HEAD_ATTRS:
+                value = m.__dict__.get(name)  # plain attributes only (not a config's property)
+                if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                    counts.add(value)
+                    break
+    return counts.pop() if len(counts) == 1 else None
+
+
+def _layer_heads(model_type: str, family: str, layers, attn: str | None, scored: list[int]) -> int | None:
+    """The one head count of a family's attention layers as their modules say (None: they do not
+    say); ModelError where layers have different counts: a family's maps are one
+    [layer, head, query, key] array, one head count for all its layers."""
+    counts = {i: _module_heads(layers[i], attn) for i in scored}
+    said = {i: h for i, h in counts.items() if h is not None}
+    if len(set(said.values())) > 1:
+        (i, a), (j, b) = next(iter(said.items())), next((k, h) for k, h in said.items() if h != next(iter(said.values())))
+        raise ModelError(f"model type '{model_type}' has {family} layers with different numbers of attention heads"
+                         f" (layer {i}: {a}, layer {j}: {b}); attattr keeps one head count per attention family"
+                         " ([layer, head, query, key] maps), so it cannot attribute this configuration")
+    return next(iter(said.values())) if said else None
+
+
+def _refuse_shared_keys(config, model_type: str) -> None:
+    """Refuse a model whose upper layers reuse the keys and values of a lower layer (Gemma 3n and
+    Gemma 4 with ``num_kv_shared_layers``): attattr replays the clean output of the layers below
+    a target layer instead of running them, and the keys and values those layers would hand up
+    are then missing."""
+    shared = getattr(config, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and not isinstance(shared, bool) and shared > 0:
+        raise ModelError(f"model type '{model_type}' is not supported with num_kv_shared_layers = {shared}: its last"
+                         f" {shared} layers reuse the keys and values of earlier layers, which attattr's per-layer"
+                         " replay does not hand up yet; see docs/models.md for the supported architectures")
+
+
 def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     """The facts attattr needs about a model; ModelError (one line) for one it cannot attribute."""
     config = model.config
     model_type = getattr(config, "model_type", "unknown")
     adapters.check(model)
+    _refuse_shared_keys(config, model_type)
     heads = _config_value(config, "num_attention_heads", "n_head", "n_heads", "num_heads",
                           "encoder_attention_heads")
     stacks = {"encoder": getattr(config, "encoder", None), "decoder": getattr(config, "decoder", None)}
@@ -376,7 +425,12 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
                     f"model type '{model_type}' computes its attention ({name} layer {i}) outside transformers'"
                     " attention interface, and attattr has no adapter for it yet; see docs/models.md for the"
                     " supported architectures")
+        if adapter is None or adapter.num_heads(model) is None:  # the modules' own count, where they say it
+            fheads = _layer_heads(model_type, name, flayers, attn,
+                                  [i for i in range(len(flayers)) if i not in dict(skip)]) or fheads
         families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
                                    "decoder" if name in ("decoder", "cross") else "input",
                                    "decoder" if name == "decoder" else "input", skip))
+    if families and families[0].name == "self":  # the modules' count where it is not the config's
+        heads = families[0].num_heads
     return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import pickle
@@ -167,24 +169,92 @@ def refuse_pruned(folder: Path) -> None:
         " and load the pruned one in Python with attattr_cli.analysis.prune.load_pruned")
 
 
-def _is_encoder_decoder(model_id: str) -> bool:
-    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
+def _config(model_id: str):
+    """The model's config (a local folder, or a hub id in the cache), or None."""
     from transformers import AutoConfig
 
     try:
         path = Path(model_id).expanduser()
-        cfg = AutoConfig.from_pretrained(str(path) if path.exists() else model_id, local_files_only=True)
+        return AutoConfig.from_pretrained(str(path) if path.exists() else model_id, local_files_only=True)
     except (OSError, ValueError, KeyError):
-        return False
-    return bool(getattr(cfg, "is_encoder_decoder", False))
+        return None
+
+
+def _is_encoder_decoder(model_id: str) -> bool:
+    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
+    return bool(getattr(_config(model_id), "is_encoder_decoder", False))
+
+
+# the endings of the class names of models whose head predicts tokens, not classes
+_LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def refuse_lm_as_classifier(model_id: str) -> None:
+    """Refuse a language model's folder loaded as a classifier: its classification head would be
+    new random weights (transformers initialises a missing head), and every score of it noise."""
+    names = [str(a) for a in getattr(_config(model_id), "architectures", None) or []]
+    if names and all(a.endswith(_LM_HEADS) for a in names):
+        raise OptionError(f"--model {model_id} is a language model ({names[0]}), not a sequence classifier: scored as"
+                         " a classifier its classification head would be random weights; pass --lm to attribute"
+                         " its next tokens (or fine-tune a classifier from it first: attattr finetune)")
+
+
+def gguf_source(model_id: str) -> tuple[Path, str] | None:
+    """(folder, file name) of a GGUF file given as ``--model``: the file itself, or a folder
+    without config.json that holds exactly one; None for anything else."""
+    path = Path(model_id).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.parent, path.name
+    if path.is_dir() and not (path / "config.json").exists():
+        files = sorted(p.name for p in path.glob("*.gguf") if p.is_file())
+        if len(files) > 1:
+            raise ModelError(f"--model {model_id} holds {len(files)} GGUF files ({', '.join(files[:4])}"
+                             f"{', ...' if len(files) > 4 else ''}): give the one to load")
+        if files:
+            return path, files[0]
+    return None
+
+
+def load_gguf(model_id: str, folder: Path, name: str, dtype: torch.dtype):
+    """(model, tokenizer) of a GGUF file (llama.cpp's format): the causal language model with
+    its weights dequantized to ``dtype`` (transformers' ``gguf_file=``) and the tokenizer the
+    file describes. Costs the full-precision model's memory and a load of the whole file
+    (docs/models.md, "GGUF files"); ``attattr convert`` writes it out as a plain folder once."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # attattr draws its own progress on stderr
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=name)
+        with contextlib.redirect_stderr(io.StringIO()):  # its own progress bar of the dequantization (tqdm)
+            model = from_pretrained(AutoModelForCausalLM, str(folder), model_id, gguf_file=name, dtype=dtype,
+                                    quantization_config=GgufConfig(dequantize=True))
+    except (ModelError, MemoryError):
+        raise
+    except Exception as exc:  # a file cut short or not GGUF: its reader's own errors (struct.error, ...)
+        raise ModelError(f"cannot load the GGUF file {Path(folder) / name}: {first_line(exc)}") from exc
+    model.config.__dict__.pop("quantization_config", None)  # dequantized: plain dense weights now
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    return model, tokenizer
 
 
 def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool = False) -> LoadedModel:
     """Load a sequence classifier (or, with ``lm``, a causal language model) and its
-    tokenizer from a local folder or a hub id."""
+    tokenizer from a local folder, a hub id, or a GGUF file (a language model)."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
+    gguf = gguf_source(model_id)
+    if gguf is not None:
+        if not lm:
+            raise OptionError(f"--model {model_id} is a GGUF file, which holds a language model: pass --lm to"
+                              " attribute its next tokens")
+        model, tokenizer = load_gguf(model_id, gguf[0], gguf[1], resolve_dtype(dtype))
+        model.to(resolve_device(device))
+        return prepare(model, tokenizer, str((gguf[0] / gguf[1]).resolve()), "local", None, lm=True)
     auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
+    if not lm:
+        refuse_lm_as_classifier(model_id)
     if lm and _is_encoder_decoder(model_id):  # T5, BART for generation: targets on the decoder side
         from transformers import AutoModelForSeq2SeqLM as auto
     from transformers.utils import logging as hf_logging
@@ -195,9 +265,11 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
     path = Path(model_id).expanduser()
     local = path.exists()
     if local and not path.is_dir():
-        raise ModelError(f"--model {model_id} is a file; give the model's folder (with config.json)")
+        raise ModelError(f"--model {model_id} is a file; give the model's folder (with config.json), or a GGUF"
+                         " file (.gguf)")
     if local and not (path / "config.json").exists():
-        raise ModelError(f"--model {model_id} has no config.json: not a transformers model folder")
+        raise ModelError(f"--model {model_id} has no config.json: not a transformers model folder (nor a folder"
+                         " holding a GGUF file)")
     if local:
         refuse_pruned(path)
     if not local and (model_id.startswith((".", "/", "~")) or model_id.count("/") > 1):

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import h5py
 import numpy as np
 
 from .opening import read_attr
 from .schema import STEPS
+
+
+# the numeric datasets a step may hold (besides 'layers' and 'convergence')
+_STEP_ARRAYS = ("head_max", "f_baseline", "residual", "attribution", "head_sum", "topk_index", "topk_value", "nodes",
+                "error_estimate", "node_cap_hit")
 
 
 def step_name(step: int) -> str:
@@ -49,18 +55,56 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
     step-by-step generation, or a store before schema 1.4)."""
     if STEPS not in g:
         return None
+    from .reader import checked, damaged, read_convergence
+
+    path, where = g.file.filename, f"example {example.index}"
+    parent = g[STEPS]
+    if not isinstance(parent, h5py.Group):
+        raise damaged(path, where, f"'{STEPS}' is a dataset, not the group of the generation's steps")
+    names = sorted(parent)
+    count = read_attr(g, "steps")
+    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+        count = len(names)  # no count recorded: the steps must still run 0, 1, 2, ... without a gap
+    expected = [step_name(t) for t in range(count)]
+    if names != expected:  # a step deleted (or added): never read as a shorter whole generation
+        missing = [str(int(x)) for x in expected if x not in parent]
+        extra = [x for x in names if x not in expected]
+        raise damaged(path, where, f"its generation has {count} steps, but "
+                      + (f"step{'s' if len(missing) != 1 else ''} {', '.join(missing[:5])} "
+                         f"{'are' if len(missing) != 1 else 'is'} missing" if missing
+                         else f"'{STEPS}' holds {', '.join(extra[:5])} besides them"))
     out = []
-    for name in sorted(g[STEPS]):
-        sg = g[STEPS][name]
+    for name in names:
+        sg = parent[name]
+        here = f"{where}, step {int(name)}"
+        if not isinstance(sg, h5py.Group):
+            raise damaged(path, here, "the step is a dataset, not a group")
         a = sg.attrs
+        for key in ("step", "position", "target", "pred", "n_tokens", "foil", "f_full", "logit", "prob"):
+            value = read_attr(sg, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise damaged(path, here, f"its attribute '{key}' is {value!r}, not a number")
         n = int(read_attr(sg, "n_tokens"))
+        if not 0 < n <= len(example.tokens):
+            raise damaged(path, here, f"it was scored on {n} tokens, but the example holds {len(example.tokens)}")
+        n_layers = checked(path, sg, "layers", here).shape[0]
+        for key in _STEP_ARRAYS:  # every numeric dataset read below, checked before it is read
+            if key in sg:
+                checked(path, sg, key, here, n_layers)
+        for key in ("head_max", "f_baseline", "residual"):
+            if key not in sg:
+                raise damaged(path, here, f"'{key}' is missing")
+        for key in ("attribution", "head_sum"):  # maps over the step's prefix, one per layer
+            if key in sg and sg[key].size and (sg[key].shape[0] != n_layers or sg[key].shape[-2:] != (n, n)):
+                raise damaged(path, here, f"'{key}' has the shape {sg[key].shape}, not {n_layers} layers of {n} x {n}"
+                              " tokens")
+        states, tol = read_convergence(path, sg, here, n_layers)
 
         def arr(key, big=True):
             if key not in sg:
                 return None
             return sg[key][()] if (arrays or not big) else None
 
-        conv = arr("convergence", big=False)
         meta = dict(example.meta)
         meta["step"] = {"step": int(a["step"]), "position": int(a["position"]), "target_token": str(a["target_token"]),
                         "foil": int(a["foil"]), "logit": float(a["logit"]), "prob": float(a["prob"])}
@@ -76,8 +120,7 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
             key_tokens=list(example.tokens[:n]), nodes=arr("nodes", big=False),
             error_estimate=arr("error_estimate", big=False),
             node_cap_hit=None if "node_cap_hit" not in sg else sg["node_cap_hit"][()].astype(bool),
-            convergence=conv if conv is None else conv.astype(np.uint8),
-            convergence_tol=float(sg["convergence"].attrs["tol"]) if "convergence" in sg else None,
+            convergence=states if "convergence" in sg else None, convergence_tol=tol,
             meta=meta, steps=None))
     return out
 

@@ -32,13 +32,33 @@ class ConvBert(Adapter):
         q = mixed_q.view(b, n, -1, d).transpose(1, 2)
         k = module.key(hidden_states).view(b, n, -1, d).transpose(1, 2)
         v = module.value(hidden_states).view(b, n, -1, d).transpose(1, 2)
-        # the dynamic convolution, as the model's own code computes it
-        key_conv = module.key_conv_attn_layer(hidden_states.transpose(1, 2)).transpose(1, 2)
+        # the dynamic convolution, as the model's own code computes it, with the padding of a
+        # group of examples (engine/grouped.py) zeroed where the convolution reads it: each
+        # example's convolution sees the zeros beyond its end that it sees scored alone
+        keep = _kept(attention_mask, hidden_states)
+        key_conv = module.key_conv_attn_layer((hidden_states if keep is None else hidden_states * keep)
+                                              .transpose(1, 2)).transpose(1, 2)
         kernel = torch.softmax(module.conv_kernel_layer(key_conv * mixed_q).reshape(-1, size, 1), dim=1)
-        conv = module.conv_out_layer(hidden_states).reshape(b, -1, module.all_head_size).transpose(1, 2)
+        conv = module.conv_out_layer(hidden_states)
+        conv = (conv if keep is None else conv * keep).reshape(b, -1, module.all_head_size).transpose(1, 2)
         conv = torch.nn.functional.unfold(conv.contiguous().unsqueeze(-1), kernel_size=[size, 1], dilation=1,
                                           padding=[(size - 1) // 2, 0], stride=1)
         conv = conv.transpose(1, 2).reshape(b, -1, module.all_head_size, size).reshape(-1, d, size)
         conv = torch.matmul(conv, kernel).reshape(b, -1, h, d)
         out, _ = attend(module, q, k, v, additive(attention_mask, q.dtype), scaling=1.0 / math.sqrt(d))
         return torch.cat([out, conv], 2).reshape(b, n, h * d * 2), None
+
+
+def _kept(attention_mask, hidden_states: torch.Tensor) -> torch.Tensor | None:
+    """[batch, tokens, 1]: 1 for the tokens the first query may attend to, 0 for padding (from a
+    boolean keep-mask or an additive one, [batch, 1, queries, keys] or [batch, keys]); None where
+    nothing is padded."""
+    if attention_mask is None or not torch.is_tensor(attention_mask):
+        return None
+    m = attention_mask[:, 0, 0, :] if attention_mask.dim() == 4 else attention_mask
+    if m.dim() != 2 or m.shape[-1] != hidden_states.shape[1]:
+        return None
+    kept = m.bool() if not m.is_floating_point() else m > torch.finfo(m.dtype).min / 2
+    if bool(kept.all()):
+        return None
+    return kept.to(hidden_states.dtype).unsqueeze(-1)
