@@ -106,9 +106,9 @@ def smollm2(folder: str):
     return loaded
 
 
-def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int) -> dict:
+def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, seed: int = 1) -> dict:
     try:
-        pairs = pairs_mod.generate(task, loaded.tokenizer, n, seed=0)
+        pairs = pairs_mod.generate(task, loaded.tokenizer, n, seed=seed)
     except Exception as exc:  # a task this tokenizer cannot make (names of several tokens)
         print(f"{label} {task}: skipped ({exc})")
         return {}
@@ -119,13 +119,13 @@ def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int) -
     wall = time.time() - t
     print(f"\n{label}, {task}: {n} pairs, {ct.layers} layers x {ct.heads} heads, m(N) {res.clean:.3f}, "
           f"m(empty) {res.empty:.3f}, {wall:.0f} s wall")
-    print(f"{'method':<12}{'CPR':>7}{'CMD':>7}  {'CMD 95% CI':<16}{'Spearman':>9}{'top10':>6}{'CPU s/pair':>11}  completeness")
+    print(f"{'method':<17}{'CPR':>7}{'CMD':>7}  {'CMD 95% CI':<16}{'Spearman':>9}{'top10':>6}{'CPU s/pair':>11}  completeness")
     rows = {}
     for name, r in res.methods.items():
         sp = "" if r.spearman is None else f"{r.spearman:.3f}"
         top = "" if r.top10_shared is None else str(r.top10_shared)
         comp = "" if r.completeness is None else f"{r.completeness:.3f}"
-        print(f"{name:<12}{r.cpr:>7.3f}{r.cmd:>7.3f}  [{r.cmd_interval[0]:.3f}, {r.cmd_interval[1]:.3f}]"
+        print(f"{name:<17}{r.cpr:>7.3f}{r.cmd:>7.3f}  [{r.cmd_interval[0]:.3f}, {r.cmd_interval[1]:.3f}]"
               f"{sp:>9}{top:>6}{r.cpu_s_per_pair:>11.2f}  {comp}")
         rows[name] = {"cpr": r.cpr, "cmd": r.cmd, "spearman": r.spearman, "top10": r.top10_shared,
                       "cpu_s_per_pair": r.cpu_s_per_pair, "curve": r.curve, "curve_abs": r.curve_abs}
@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--methods", default="all")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--bootstrap", type=int, default=1000)
+    ap.add_argument("--seed", type=int, default=1, help="the pairs' seed (1: not the pairs the methods were designed on, seed 0)")
     ap.add_argument("--smollm2", default=os.environ.get("ATTATTR_SMOLLM2"))
     ap.add_argument("--no-tiny", action="store_true", help="only SmolLM2")
     ap.add_argument("--json", default=None, help="also write every figure as JSON")
@@ -155,11 +156,12 @@ def main() -> None:
     if not args.no_tiny:
         for t in tasks:
             tiny = tiny_llama(t)
-            out.append(run(tiny, "tiny Llama trained here", t, min(args.pairs, 16), methods, args.steps, args.bootstrap))
+            out.append(run(tiny, "tiny Llama trained here", t, min(args.pairs, 16), methods, args.steps, args.bootstrap,
+                           args.seed))
     if args.smollm2 and Path(args.smollm2).is_dir():
         model = smollm2(args.smollm2)
         for t in tasks:
-            out.append(run(model, "SmolLM2-135M", t, args.pairs, methods, args.steps, args.bootstrap))
+            out.append(run(model, "SmolLM2-135M", t, args.pairs, methods, args.steps, args.bootstrap, args.seed))
     else:
         print(f"\nSmolLM2: skipped (no model folder: give --smollm2 DIR or ATTATTR_SMOLLM2; got {args.smollm2!r})")
     if args.json:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import HeadMethod, register
+from .registry import HeadMethod, Ranked, register
 
 STEPS = 4  # Gauss-Legendre nodes of the diagonal (docs/circuits.md: how many are enough)
 
@@ -29,7 +29,8 @@ def nodes(k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def gate_gradients(ctx, alphas, weights) -> np.ndarray:
-    """sum_k weights[k] * dF/dg (alphas[k] * 1) per pair: [pairs, layer, head]."""
+    """sum_k weights[k] * dF/dg (alphas[k] * 1) per pair: [pairs, layer, head]; with
+    ``weights`` [k, m] (m sums of the same passes) [m, pairs, layer, head]."""
     import torch
 
     from ...engine import attention
@@ -37,9 +38,11 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
     task = ctx.task
     L, H = task.layers, task.heads
     k = len(alphas)
-    out = np.zeros((task.n, L, H))
-    a = torch.tensor(np.asarray(alphas), dtype=task.dtype, device=task.device)
     w = torch.tensor(np.asarray(weights), dtype=torch.float64)
+    several = w.dim() == 2
+    w = w if several else w.view(k, 1)
+    out = np.zeros((w.shape[1], task.n, L, H))
+    a = torch.tensor(np.asarray(alphas), dtype=task.dtype, device=task.device)
     with attention.taken_over(task.model):
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
@@ -56,14 +59,39 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
                     m = task.metric(logits, b.take(idx))
                     (g,) = torch.autograd.grad(m.sum(), gate)
                 g = g.detach().double().cpu().view(len(pos), k, L, H)
-                out[[b.positions[p] for p in pos]] = (g * w.view(1, k, 1, 1)).sum(1).numpy()
+                for j in range(w.shape[1]):
+                    out[j, [b.positions[p] for p in pos]] = (g * w[:, j].view(1, k, 1, 1)).sum(1).numpy()
             ctx.tick(i + 1, "gates")
-    return out
+    return out if several else out[0]
 
 
 def _attr_gates(ctx) -> np.ndarray:
     x, w = nodes(ctx.steps or STEPS)
     return gate_gradients(ctx, x, w)
+
+
+CORE = 0.1  # the share of heads attr-circuit ranks by the gate integral (docs/circuits.md)
+
+
+def _attr_circuit(ctx):
+    """The core (the top CORE of heads by |mean gate integral|) first, by the integral; every
+    other head after it, by its gradient at the clean model (AtP). One batch of passes: the
+    Gauss nodes and alpha = 1 together."""
+    x, w = nodes(ctx.steps or STEPS)
+    alphas = np.append(x, 1.0)
+    weights = np.zeros((len(alphas), 2))
+    weights[:-1, 0], weights[-1, 1] = w, 1.0
+    ig, atp = gate_gradients(ctx, alphas, weights)
+    mean_ig, mean_atp = ig.mean(0), atp.mean(0)
+    n = mean_ig.size
+    core = np.argsort(-np.abs(mean_ig.ravel()), kind="stable")[:max(1, int(CORE * n))]
+    per = atp.copy()
+    per.reshape(per.shape[0], -1)[:, core] = ig.reshape(ig.shape[0], -1)[:, core]
+    scores = per.mean(0)
+    key = mean_atp.ravel().copy()
+    lift = np.abs(key).max() + np.abs(mean_ig).max() + 1.0  # every core head ranks above every other by |key|
+    key[core] = np.sign(mean_ig.ravel()[core]) * (lift + np.abs(mean_ig.ravel()[core]))
+    return Ranked(per, scores, key.reshape(mean_ig.shape))
 
 
 register(HeadMethod(
@@ -74,5 +102,15 @@ register(HeadMethod(
     kind="attribution",
     reference="attattr (integrated gradients, Sundararajan et al. 2017, over MIB's node gates)",
     passes=lambda s: "1 counterfactual forward + (steps) forward and backward rows, batched",
+    default=False,
+))
+register(HeadMethod(
+    name="attr-circuit",
+    description=f"the core ({CORE:.0%} of heads) by attr-gates' integral, the other heads after it by their gradient "
+                "at the clean model (atp); one batch of passes",
+    compute=_attr_circuit,
+    kind="attribution",
+    reference="attattr",
+    passes=lambda s: "1 counterfactual forward + (steps + 1) forward and backward rows, batched",
     default=True,
 ))
