@@ -53,6 +53,7 @@ class Circuit:
                          "cpu_s_per_pair": r.cpu_s_per_pair, "completeness": r.completeness})
         return rows
 
+    @checked(what=Str(choices=("summary", "curves", "scores")))
     def to_pandas(self, what: str = "summary"):
         """``summary`` (default): one row per method (``cpr``, ``cmd`` with 95 % bootstrap
         intervals, ``spearman_patching``, ``top10_shared``, ``cpu_s_per_pair``,
@@ -75,6 +76,7 @@ class Circuit:
             return data_frame(rows, ["method", "layer", "head", "score"])
         raise OptionError(f"to_pandas takes 'summary', 'curves' or 'scores', got {what!r}")
 
+    @checked()
     def ranking(self, method: str | None = None) -> list[tuple[int, int]]:
         """(layer, head) from the most to the least important by ``method`` (default: the recommended)."""
         r = self._method(method)

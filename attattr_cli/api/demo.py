@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Int, Out, Progress, Str, checked
-from .model import progress_for
+from .checks import Instance, Int, OneOf, Out, Progress, Str, checked
+from .model import ModelArg, progress_for
+
+# a model (what as_model takes) or its tokenizer alone: the pairs need only the tokenizer
+ModelOrTokenizer = OneOf(ModelArg(), Instance("transformers.tokenization_utils_base:PreTrainedTokenizerBase",
+                                               what="a tokenizer"), what="a model, its folder or hub id, or a tokenizer")
 
 
 @checked(out=Out(folder=True), progress=Progress())
@@ -77,7 +81,7 @@ def tokenizer_of(model):
         raise ModelError(f"cannot load the tokenizer of {model}: {first}") from None
 
 
-@checked(count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
+@checked(model=ModelOrTokenizer, count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
 def make_pairs(model, task: str = "ioi", *, count: int = 100, seed: int = 0) -> list:
     """``count`` clean / counterfactual pairs (data/pairs.py ``Pair``) of the built-in ``task``
     (ioi, greater-than, capitals) for ``model``'s tokenizer (a Model, a tokenizer, a folder or
@@ -87,7 +91,8 @@ def make_pairs(model, task: str = "ioi", *, count: int = 100, seed: int = 0) -> 
     return pairs.generate(task, tokenizer_of(model), count, seed)
 
 
-@checked(out=Out(), count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
+@checked(out=Out(), model=ModelOrTokenizer, count=Int(min=1), seed=Int(),
+         task=Str(choices=PAIR_TASKS))
 def pair_data(out, *, task: str = "ioi", model=None, count: int = 100, seed: int = 0) -> Path:
     """Write ``count`` pairs of ``task`` for ``model``'s tokenizer as JSONL (``prompt``,
     ``counterfactual``, ``answer``, ``foil``, and what made them) to ``out``, which must not
