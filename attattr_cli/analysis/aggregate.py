@@ -106,15 +106,15 @@ def span_groups(n: int, spans) -> list[list[int]]:
 
 
 def word_text(tokens: list[str], style: str | None = None) -> str:
-    """The text of merged tokens as a reader would write it (markers removed); ``style`` is
-    the tokenizer's (from the whole sequence; default: from these tokens)."""
-    style = style or word_style(tokens)
-    out = ""
-    for i, t in enumerate(tokens):
-        if style == "wordpiece":
-            out += t[2:] if t.startswith(WORDPIECE) else (" " if i else "") + t
-        else:
-            out += t.replace(BPE_SPACE, " ").replace(SP_SPACE, " ").replace("Ċ", "\n")
+    """The text of merged tokens as a reader would write it (markers removed, byte-level BPE
+    decoded: labels.text_of); ``style`` is the tokenizer's (from the whole sequence; default:
+    from these tokens), as :func:`word_style` names it."""
+    from ..labels import style_of, text_of
+
+    decoding = style_of(tokens)
+    if (style or word_style(tokens)) == "wordpiece" and decoding != "bytes":
+        decoding = "wordpiece"
+    out = text_of(tokens, decoding)
     return out.strip(" ") or out
 
 

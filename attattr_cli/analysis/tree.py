@@ -284,7 +284,9 @@ def tree_for_example(example, layers: Sequence[int] | None = None, tau: float = 
             if actual not in chosen:
                 chosen.append(actual)
     rows = [scored.index(layer) for layer in chosen]
-    g = build_tree(attribution[rows], example.tokens, layers=chosen, tau=tau, lam=lam, compat=compat,
+    from ..labels import example_labels
+
+    g = build_tree(attribution[rows], example_labels(example)[0], layers=chosen, tau=tau, lam=lam, compat=compat,
                    segments=example.segment_ids, top=top)
     g.graph["example"] = int(example.index)
     return g
@@ -390,8 +392,8 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     if title is None:
         title = f"attribution tree, top node {node_label(g, top)}"
     prediction = prediction if prediction is not None else gr.get("prediction")
-    if prediction:
-        title = f"{title}\nprediction: {prediction}"
+    if prediction:  # a line of its own ("prediction ... · attributed F = ..."), wrapped at its dots
+        title = f"{title}\n" + "\n".join(_wrap_dots(str(prediction)))
     title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
     title += ", top node chosen" if gr.get("top_chosen") else ""
     title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
@@ -443,6 +445,18 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
         lines.append(f'  {{ rank=sink; "{foot if not legend else "legend"}"; }}')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _wrap_dots(line: str, width: int = 90) -> list[str]:
+    """A " · "-separated line cut into lines of at most about ``width`` characters."""
+    out, cur = [], ""
+    for part in line.split(" · "):
+        if cur and len(cur) + 3 + len(part) > width:
+            out.append(cur)
+            cur = part
+        else:
+            cur = f"{cur} · {part}" if cur else part
+    return out + [cur] if cur else out
 
 
 def _legend(g: nx.DiGraph, threshold: float) -> str:

@@ -68,6 +68,7 @@ class StoredExample:
     # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
     # its prefix (store/steps.py); None otherwise
     steps: list | None = None
+    output: str | None = None  # what F is of the target: prob, logprob or logit (the store's option)
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -91,12 +92,20 @@ class StoredExample:
         lm = self.meta.get("lm") if isinstance(self.meta, dict) else None
         return lm if isinstance(lm, dict) else None
 
+    def _token(self, piece) -> str:
+        """A token of this example as a reader sees it (labels.py: decoded, spaces marked)."""
+        from ..labels import example_style, token_label
+
+        style = example_style(self)
+        return token_label(str(piece), None if style == "text" else style)
+
     @property
     def prediction(self) -> str | None:
-        """The predicted class's name; for a language model the predicted next token."""
+        """The predicted class's name; for a language model the predicted next token, decoded
+        (``␣Paris``; docs/views.md, "Token labels")."""
         lm = self._lm()
         if lm is not None and self.pred is not None and int(self.pred) >= 0:
-            return str(lm.get("predicted_token", self.pred))
+            return self._token(lm.get("predicted_token", self.pred))
         return self._name(self.pred)
 
     @property
@@ -125,8 +134,29 @@ class StoredExample:
         target token(s), space-separated (the view's header shows the same)."""
         lm = self._lm()
         if lm is not None and lm.get("target_tokens"):
-            return " ".join(map(str, lm["target_tokens"]))
+            from ..labels import example_style, text_of, visible
+
+            style = example_style(self)
+            return visible(text_of([str(t) for t in lm["target_tokens"]], None if style == "text" else style))
         return self._name(self.target)
+
+    @property
+    def foil_label(self) -> str | None:
+        """The foil (``--foil``: F is the target's output minus the foil's), or None."""
+        lm = self._lm()
+        if lm is not None:
+            return None if lm.get("foil_token") is None else self._token(lm["foil_token"])
+        foil = self.meta.get("foil") if isinstance(self.meta, dict) else None
+        if isinstance(foil, dict):
+            return self._name(foil.get("index")) if self.label_names else str(foil.get("label"))
+        return None
+
+    @property
+    def attributed(self) -> str:
+        """What was attributed, by name and value: "attributed F = p(␣Paris) − p(␣London) = 0.76 · ..."."""
+        from ..labels import attributed
+
+        return attributed(self, self.label_names)["line"]
 
     @property
     def text(self):
@@ -442,6 +472,14 @@ class Store(OpenFile):
             self._labels = list(self.provenance.get("label_names") or [])
         return list(self._labels)
 
+    def _output(self) -> str | None:
+        """The store's ``output`` option (prob, logprob or logit; read once)."""
+        if not hasattr(self, "_out"):
+            opts = self.provenance.get("options")
+            out = opts.get("output") if isinstance(opts, dict) else None
+            self._out = out if isinstance(out, str) else None
+        return self._out
+
     def unconverged(self, indices) -> list[int]:
         """Those of ``indices`` with a layer (of any family) whose integral the store calls not
         converged (dataset ``convergence``, schema 1.3; older stores: none are judged)."""
@@ -564,6 +602,7 @@ class Store(OpenFile):
             convergence=states,
             convergence_tol=tol,
             label_names=self._label_names(),
+            output=self._output(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
         if family == "self":

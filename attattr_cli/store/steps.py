@@ -37,6 +37,8 @@ def write_steps(writer, g, steps) -> None:
         a = where.attrs
         a["step"], a["position"], a["target"], a["pred"] = int(st.step), int(st.position), int(st.target), int(st.pred)
         a["target_token"] = str(st.target_token)
+        if (st.extra or {}).get("pred_token") is not None:
+            a["pred_token"] = str(st.extra["pred_token"])
         a["f_full"], a["logit"], a["prob"] = float(st.f_full), float(st.logit), float(st.prob)
         a["foil"] = -1 if st.foil is None else int(st.foil)
         a["keep"] = st.family.keep
@@ -62,8 +64,10 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
 
         conv = arr("convergence", big=False)
         meta = dict(example.meta)
-        meta["step"] = {"step": int(a["step"]), "position": int(a["position"]), "target_token": str(a["target_token"]),
+        t, count = int(a["step"]), len(g[STEPS])
+        meta["step"] = {"step": t, "of": count, "position": int(a["position"]), "target_token": str(a["target_token"]),
                         "foil": int(a["foil"]), "logit": float(a["logit"]), "prob": float(a["prob"])}
+        meta["lm"] = _step_lm(example, a, t)
         out.append(dataclasses.replace(
             example, tokens=list(example.tokens[:n]), input_ids=np.asarray(example.input_ids)[:n],
             segment_ids=np.asarray(example.segment_ids)[:n], pred=int(a["pred"]), target=int(a["target"]),
@@ -80,6 +84,27 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
             convergence_tol=float(sg["convergence"].attrs["tol"]) if "convergence" in sg else None,
             meta=meta, steps=None))
     return out
+
+
+def _step_lm(example, a, t: int) -> dict:
+    """The step's own ``meta["lm"]``: its position, target, prediction and foil probability
+    (the example's holds those of the whole generation)."""
+    lm = dict(example.meta.get("lm") or {}) if isinstance(example.meta, dict) else {}
+    pred, target = int(a["pred"]), int(a["target"])
+    if "pred_token" in a:
+        pred_token = str(a["pred_token"])
+    elif pred == target:
+        pred_token = str(a["target_token"])
+    else:  # stores before the step's predicted piece was kept: a token of the sequence, or the id
+        ids = [int(x) for x in np.asarray(example.input_ids).ravel()]
+        pred_token = str(example.tokens[ids.index(pred)]) if pred in ids else f"<id {pred}>"
+    lm.update(positions=[int(a["position"])], target_ids=[target], target_tokens=[str(a["target_token"])],
+              predicted_id=pred, predicted_token=pred_token)
+    for key in ("foil_probs", "foil_logits"):
+        if lm.get(key) is not None:
+            values = list(lm[key])
+            lm[key] = [values[t]] if t < len(values) else []
+    return lm
 
 
 def generation_summary(examples) -> dict | None:

@@ -94,14 +94,12 @@ def tree_dot(example, num_layers: int | None = None, title: str | None = None,
 
 
 def prediction_line(example, labels: Sequence[str] | None = None) -> str:
-    """``neutral (p 0.998), gold neutral``: the prediction as the tree's title shows it."""
+    """The header's line as the tree's title shows it: ``gold neutral · prediction neutral
+    (p 0.998) · attributed F = p(neutral) = 0.998``; for a generation's step its own step,
+    token and probability (views/data.py ``header_of``)."""
     from .data import header_of
 
-    h = header_of(example, labels)
-    line = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
-    if h.get("gold") is not None:
-        line += f", gold {h['gold']}"
-    return line
+    return header_of(example, labels)["summary"]
 
 
 def tree_svg(example, num_layers: int | None = None, title: str | None = None,

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import convergence
+from ..labels import attributed, attributed_line, format_number  # noqa: F401  (one wording, one number format)
 
 from ..errors import OptionError
 
@@ -66,6 +67,8 @@ class View:
     header: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     mode: str = "full"  # full | window | top-k
+    query_pieces: list[str] = field(default_factory=list)  # the tokenizer's pieces behind the labels
+    key_pieces: list[str] = field(default_factory=list)
 
     def to_json(self, digits: int = 4) -> dict:
         """Plain JSON values (maps rounded to ``digits`` significant digits) for the HTML views."""
@@ -82,6 +85,8 @@ class View:
             "index": self.index, "family": self.family, "keep": self.keep, "mode": self.mode,
             "query_tokens": [self.query_tokens[i] for i in self.q_idx],
             "key_tokens": [self.key_tokens[j] for j in self.k_idx],
+            "query_pieces": [self.query_pieces[i] for i in self.q_idx] if self.query_pieces else None,
+            "key_pieces": [self.key_pieces[j] for j in self.k_idx] if self.key_pieces else None,
             "q_idx": self.q_idx, "k_idx": self.k_idx, "same_axis": self.query_tokens == self.key_tokens,
             "layers": self.layers, "heads": self.heads,
             "maps": {k: r(v) for k, v in self.maps.items()},
@@ -99,48 +104,39 @@ def _label(labels: Sequence[str] | None, i: int) -> str:
     return str(i)
 
 
-def format_number(v, signed: bool = False) -> str:
-    """The one number format of every view (PNG, SVG, HTML, the report; view.js's fmt is the
-    same): three significant digits, scientific below 1e-3 and from 1e4 (6.19e-4), trailing
-    zeros dropped; ``signed`` puts + before positive numbers."""
-    import math
-
-    if v is None or not math.isfinite(float(v)):
-        return "n/a"
-    v = float(v)
-    a = abs(v)
-    if a == 0:
-        text = "0"
-    elif a < 1e-3 or a >= 1e4:
-        mantissa, exponent = f"{v:.2e}".split("e")
-        text = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    else:
-        text = f"{v:.{max(0, 2 - math.floor(math.log10(a) + 1e-12))}f}"
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
-    return ("+" if signed and v > 0 else "") + text
-
-
 def header_of(example, labels: Sequence[str] | None = None) -> dict:
-    """Text, gold label, prediction and its probability, target, residual per layer."""
+    """Text, gold label, prediction, what was attributed (:func:`attributed`), residual per layer;
+    ``summary`` is the header's line of prediction, target and attributed quantity."""
     meta = getattr(example, "meta", None) or {}
     lm = meta.get("lm") if isinstance(meta, dict) else None
-    probs = np.asarray(getattr(example, "probs", []), dtype=np.float64).ravel()
-    pred, gold, target = int(example.pred), int(example.gold), int(example.target)
+    pred, gold = int(example.pred), int(example.gold)
+    a = attributed(example, labels)
     out: dict[str, Any] = {"index": int(example.index), "text_a": example.text_a or "", "text_b": example.text_b,
                            "family": getattr(example, "family", "self")}
-    if lm:
-        out["prediction"] = str(lm.get("predicted_token", pred))
-        out["target"] = " ".join(map(str, lm.get("target_tokens", []))) or str(target)
-        out["probability"] = float(probs[0]) if probs.size else None
-        out["probability_of"] = f"{lm.get('output', 'prob')} of the target"
-        out["gold"] = None
+    out.update({k: a[k] for k in ("prediction", "target", "probability", "probability_of", "foil",
+                                  "foil_probability", "quantity", "step", "steps")})
+    out["value"] = a["value"]
+    out["attributed"] = a["line"]
+    out["gold"] = None if lm or gold < 0 else _label(labels, gold)
+    parts = []
+    if out["step"] is not None:
+        parts.append(f"step {out['step']}" + (f" of {out['steps']}" if out["steps"] else "")
+                     + f", after {len(example.tokens)} tokens")
+    if out["gold"] is not None:
+        parts.append(f"gold {out['gold']}")
+    if lm and out["steps"] and out["step"] is None:
+        parts.append(f"generated {out['target']}")
     else:
-        out["prediction"] = _label(labels, pred)
-        out["probability"] = float(probs[pred]) if 0 <= pred < probs.size else None
-        out["probability_of"] = "probability of the prediction"
-        out["gold"] = _label(labels, gold) if gold >= 0 else None
-        out["target"] = _label(labels, target)
+        p_pred = out["probability"] if (not lm or int(example.target) == pred) else None
+        same = out["prediction"] == out["target"]
+        parts.append(f"prediction{' and target' if same else ''} {out['prediction']}"
+                     + (f" (p {p_pred:.3f})" if p_pred is not None and not same else ""))
+        if not same:
+            parts.append(f"target {out['target']}")
+        if out["foil"] is not None:
+            parts.append(f"foil {out['foil']}")
+    parts.append(a["line"])
+    out["summary"] = " · ".join(parts)
     out["correct"] = None if out["gold"] is None else gold == pred
     resid = np.asarray(getattr(example, "residual", []), dtype=np.float64).ravel()
     out["residual"] = {int(l): float(v) for l, v in zip(example.layers, resid)}
@@ -300,8 +296,11 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     elif summed is None and example.attribution is not None and np.ndim(example.attribution) == 3:
         summed = np.asarray(example.attribution)
     attention = getattr(example, "attention", None)
-    qt = list(example.tokens)
-    kt = list(getattr(example, "key_tokens", None) or example.tokens)
+    from ..labels import example_labels
+
+    q_pieces = [str(t) for t in example.tokens]
+    k_pieces = [str(t) for t in (getattr(example, "key_tokens", None) or example.tokens)]
+    qt, kt = example_labels(example)  # decoded, spaces and line breaks marked (labels.py)
     nq, nk = len(qt), len(kt)
     n_heads = int(np.shape(attr4)[1]) if attr4 is not None else None
     notes: list[str] = []
@@ -377,7 +376,7 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     return View(index=int(example.index), family=str(getattr(example, "family", "self")), keep=keep,
                 query_tokens=qt, key_tokens=kt, q_idx=q_idx, k_idx=k_idx, layers=layers, heads=heads, maps=maps,
                 scale=scale, masked=masked, importance=importance, topk=topk, header=header_of(example, labels),
-                notes=notes, mode=mode)
+                notes=notes, mode=mode, query_pieces=q_pieces, key_pieces=k_pieces)
 
 
 def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt) -> dict:
@@ -388,7 +387,9 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
             raise OptionError(f"example {example.index} has no token importance '{spec.importance}'; it has: {have}"
                               " (others come from `attattr faithfulness` on the store)")
         values = np.asarray(stored[spec.importance], dtype=np.float64)
-        tokens = list(example.tokens)
+        from ..labels import example_labels
+
+        tokens = example_labels(example)[0]
         if len(values) != len(tokens):
             tokens = kt
         return {"name": spec.importance, "tokens": tokens, "values": values,

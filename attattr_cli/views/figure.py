@@ -32,12 +32,7 @@ def header_lines(view: View) -> list[str]:
     first = f"example {h['index']}"
     if view.family != "self":
         first += f" · family {view.family}"
-    if h.get("gold") is not None:
-        first += f" · gold {h['gold']}"
-    first += f" · prediction {h['prediction']}"
-    if h.get("probability") is not None:
-        first += f" ({h['probability_of']}: {h['probability']:.3f})"
-    first += f" · target {h['target']}"
+    first += f" · {h['summary']}"
     if h.get("correct") is False:
         first += " · WRONG"
     if h.get("truncated"):

@@ -153,12 +153,7 @@ def header_html(data: dict) -> str:
     e = html.escape
     title = f"example {h['index']}" + (f" · family {data['family']}" if data.get("family") not in (None, "self") else "")
     text = h["text_a"] + (f"  ‖  {h['text_b']}" if h.get("text_b") is not None else "")
-    parts = []
-    if h.get("gold") is not None:
-        parts.append(f"gold {h['gold']}")
-    p = h.get("probability")
-    parts.append(f"prediction {h['prediction']}" + (f" ({h['probability_of']}: {p:.3f})" if p is not None else ""))
-    parts.append(f"target {h['target']}")
+    parts = [h["summary"]]
     flags = "".join(f'<span style="color:#b30000;font-weight:600">  {w}</span>'
                     for w, on in (("wrong", h.get("correct") is False), ("truncated", h.get("truncated"))) if on)
     resid = ", ".join(f"L{l} {format_number(v, signed=True)}" for l, v in (h.get("residual") or {}).items())

@@ -87,11 +87,7 @@
     text.appendChild(document.createTextNode(h.text_a + (h.text_b !== null && h.text_b !== undefined ? "  ‖  " + h.text_b : "")));
     view.appendChild(text);
     var pred = el("div", "aa-meta");
-    var parts = [];
-    if (h.gold !== null && h.gold !== undefined) parts.push("gold " + h.gold);
-    parts.push("prediction " + h.prediction + (h.probability !== null ? " (" + h.probability_of + ": " + h.probability.toFixed(3) + ")" : ""));
-    parts.push("target " + h.target);
-    pred.textContent = parts.join(" · ");
+    pred.textContent = h.summary;  /* prediction, target, foil, what was attributed (views/data.py header_of) */
     if (h.correct === false) pred.appendChild(el("span", "aa-wrong", "  wrong"));
     if (h.truncated) pred.appendChild(el("span", "aa-wrong", "  truncated"));
     view.appendChild(pred);
