@@ -229,6 +229,17 @@ def _class(labels: Sequence[str] | None, i: int) -> str:
     return str(i)
 
 
+def ranges(values) -> str:
+    """Layer numbers as runs: [0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    runs: list[list[int]] = []
+    for v in sorted(int(x) for x in values):
+        if runs and runs[-1][1] == v - 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def format_number(v, signed: bool = False) -> str:
     """The one number format of every view (PNG, SVG, HTML, the report; view.js's fmt is the
     same): three significant digits, scientific below 1e-3 and from 1e4 (6.19e-4), trailing

@@ -254,6 +254,13 @@ def step_source(example, words: bool = True):
     matrix = by_layer.sum(0) if layers else np.zeros(seen.shape)
     matrix[~seen] = np.nan
     style = word_style(full)
-    row_labels = [word_text([targets[t] for t in g], style) for g in row_groups]
-    col_labels = [word_text([full[j] for j in g], style) for g in col_groups]
+    if words:
+        row_labels = [word_text([targets[t] for t in g], style) for g in row_groups]
+        col_labels = [word_text([full[j] for j in g], style) for g in col_groups]
+    else:  # each token's text, decoded in its sequence (labels.texts: a split character named in each part)
+        from ..labels import texts
+
+        each = texts(full)
+        row_labels = [each[p_len + t] for t in range(len(steps))]
+        col_labels = [each[j] for j in range(n)]
     return matrix, row_labels, col_labels, rows @ f_rows, by_layer

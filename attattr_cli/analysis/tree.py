@@ -397,6 +397,11 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
     title += ", top node chosen" if gr.get("top_chosen") else ""
     title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
+    bare = [layer for layer in gr["layers"] if layer not in {d["layer"] for _, _, d in g.edges(data=True)}]
+    if bare:
+        from ..labels import ranges
+
+        title += f"\nlayers with no edge above tau (no row): {ranges(bare)}"
     lines = [
         "digraph attribution_tree {",
         f"  graph [label={_q(title)}, labelloc=t, fontname=\"Helvetica\", "
@@ -405,14 +410,15 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
         '  edge [dir=back, arrowtail=normal, fontname="Helvetica", fontsize=9, fontcolor="#333333"];',
     ]
     # the ladder of layer names: top, then the walked layers from the highest down
+    # layers without an edge get no row: the title names them
     walk = sorted(gr["layers"], reverse=True)
-    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk]
+    used = {d["layer"] for _, _, d in g.edges(data=True)}
+    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk if layer in used]
     lines.append('  node [shape=plaintext, style="", fontcolor="#777777", fontsize=11];')
     lines.append('  "rank_top" [label="top node"];')
-    used = {d["layer"] for _, _, d in g.edges(data=True)}
     for layer in walk:
-        note = "" if layer in used else "\\n(no edge)"
-        lines.append(f'  "rank_L{layer}" [label="layer {layer}{note}"];')
+        if layer in used:
+            lines.append(f'  "rank_L{layer}" [label="layer {layer}"];')
     lines.append("  " + " -> ".join(f'"{r}"' for r in rungs) + " [style=invis];")
     lines.append('  node [shape=box, style="rounded,filled", fontcolor="#000000", fontsize=12];')
     # one row per layer, the top node alone on the first

@@ -184,7 +184,7 @@ class Attribution(StoredExample):
 STORE_SUFFIXES = (".h5", ".hdf5")
 HEAD_COLUMNS = ["example", "layer", "head", "head_max", "head_sum", "layer_residual", "converged",
                 "prediction", "gold"]
-TOKEN_COLUMNS = ["example", "position", "token", "importance"]
+TOKEN_COLUMNS = ["example", "position", "token", "piece", "importance"]
 
 
 def _columns(table: str) -> list[str]:
@@ -226,17 +226,20 @@ def head_rows(e) -> list[dict]:
 
 
 def token_rows(e, aggregate=None) -> list[dict]:
-    """Per (key) token of one example: its position, text and importance (the attribution
+    """Per (key) token of one example: its position, label, piece and importance (the attribution
     summed over layers, heads and queries). ``aggregate`` "words" (or spans): per word, its
     position among the words and its importance the sum of its tokens' (analysis/aggregate.py)."""
     if aggregate is not None and not (isinstance(aggregate, str) and aggregate == "tokens"):
         from ..analysis.aggregate import aggregate_example
 
         e = aggregate_example(e, aggregate)
-    keys = e.key_tokens or e.tokens
+    from ..labels import example_labels
+
+    pieces = e.key_tokens or e.tokens
+    keys = example_labels(e)[1]  # as a reader sees them (labels.py); ``piece`` as the tokenizer wrote them
     values = e.token_importance()
-    return [{"example": int(e.index), "position": i, "token": t, "importance": float(v)}
-            for i, (t, v) in enumerate(zip(keys, values))]
+    return [{"example": int(e.index), "position": i, "token": t, "piece": str(p), "importance": float(v)}
+            for i, (t, p, v) in enumerate(zip(keys, pieces, values))]
 
 
 def _rows_of(examples, table: str, aggregate=None) -> list[dict]:

@@ -87,7 +87,8 @@ def _check_out(out) -> None:
         raise OptionError(f"out {out}: the folder {parent} does not exist")
 
 
-@checked(store=File(), example=Int(), out=Out(), layers=Ints(), heads=OneOf(Str(), Int()), show=Names(), queries=Ints())
+@checked(store=File(), example=Int(), out=Out(), layers=OneOf(Ints(), Str()), heads=OneOf(Str(), Int()), show=Names(),
+         queries=Ints())
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,
          top_k: int | None = None, importance: str | None = None, family: str | None = None,
@@ -117,7 +118,7 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
 
         _check_out(out)
         check_output(out, [store, importance], "out")
-    spec = spec_of(layers=None if layers is None else list(layers), heads=heads, show=_shows(show),
+    spec = spec_of(layers=None if layers is None else layers if isinstance(layers, str) else list(layers), heads=heads, show=_shows(show),
                    queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
     if aggregate not in (None, "words", "tokens"):

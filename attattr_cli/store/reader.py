@@ -168,7 +168,9 @@ class StoredExample:
         :class:`Interaction` rows (layer, head, query, key, query_token, key_token, value)."""
         if k < 1:
             raise OptionError(f"k must be at least 1, got {k}")
-        keys = self.key_tokens or self.tokens
+        from ..labels import example_labels
+
+        queries, keys = example_labels(self)  # the tokens as a reader sees them (labels.py)
         layers = list(self.layers)
         if self.attribution is not None and np.ndim(self.attribution) == 4:
             a, by_head = np.asarray(self.attribution), True
@@ -181,7 +183,7 @@ class StoredExample:
                 for h in range(idx.shape[1]):
                     for j in range(idx.shape[2]):
                         q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
-                        rows.append(Interaction(layers[li], h, q, kk, self.tokens[q], keys[kk], float(val[li, h, j])))
+                        rows.append(Interaction(layers[li], h, q, kk, queries[q], keys[kk], float(val[li, h, j])))
             return sorted(rows, key=lambda r: -r.value)[:k]
         else:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
@@ -192,7 +194,7 @@ class StoredExample:
         out = []
         for b in best:
             li, h, q, kk = np.unravel_index(int(b), a.shape)
-            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), self.tokens[q], keys[kk],
+            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), queries[q], keys[kk],
                                    float(flat[b])))
         return out
 
@@ -215,7 +217,8 @@ class StoredExample:
 
 class Interaction(NamedTuple):
     """One attribution entry: ``layer``, ``head`` (-1 when only the head sum is kept), the
-    ``query`` and ``key`` positions and tokens, and its ``value``."""
+    ``query`` and ``key`` positions and tokens (as a reader sees them: labels.py; the
+    tokenizer's pieces are ``example.tokens[query]``), and its ``value``."""
 
     layer: int
     head: int

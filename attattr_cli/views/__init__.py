@@ -61,6 +61,8 @@ def from_store(store, index: int, family: str | None = None, provenance: dict | 
 def spec_of(layers=None, heads="sum", show=SHOWS, queries=None, window=None, top_k=None, importance=None,
             num_layers=None) -> ViewSpec:
     """A :class:`ViewSpec` from keyword options (None: the default)."""
+    if isinstance(layers, str) and layers != "all":
+        raise OptionError(f"bad layers '{layers}': give layer numbers or all")
     spec = ViewSpec(layers=layers, heads=heads if heads is not None else "sum", queries=queries,
                     importance=importance, num_layers=num_layers)
     if show is not None:
@@ -113,6 +115,10 @@ def tree_svg(example, num_layers: int | None = None, title: str | None = None,
 
 def _view_and_data(example, labels, spec, token_importance, tree: bool, num_layers, fmt: str):
     spec = spec or ViewSpec()
+    if fmt == "html" and spec.max_layers is not None:  # the page switches layers: every one is in it
+        from dataclasses import replace
+
+        spec = replace(spec, max_layers=None)
     if num_layers is not None and spec.num_layers is None:
         spec.num_layers = num_layers
     view = build_view(example, labels, spec, token_importance)

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import convergence
-from ..labels import attributed, attributed_line, format_number  # noqa: F401  (one wording, one number format)
+from ..labels import attributed, attributed_line, format_number, ranges  # noqa: F401  (one wording, one number format)
 
 from ..errors import OptionError
 
@@ -25,6 +25,7 @@ SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
 DEFAULT_WINDOW = 16
 DEFAULT_TOP_K = 10
+MAX_LAYERS = 6  # a picture of more scored layers shows these many, those that carry the most (ViewSpec.max_layers)
 COLSUM = "attr-colsum"
 
 
@@ -35,7 +36,9 @@ class ViewSpec:
     attention), ``queries`` (query positions to centre a window on; None: the whole map
     when it has at most ``max_full`` tokens), ``window`` (query positions shown around each),
     ``top_k`` (rows of the interaction table), ``importance`` (a stored token importance
-    method, or the attribution column sums)."""
+    method, or the attribution column sums), ``max_layers`` (without ``layers``, an example
+    of more scored layers shows the ``max_layers`` with the largest total |attribution| (a
+    language model's: in the rows that predict the target), every other one named in a note; ``layers="all"`` or None: every layer)."""
 
     layers: Sequence[int] | None = None
     heads: str | int = "sum"
@@ -46,6 +49,7 @@ class ViewSpec:
     importance: str | None = None
     max_full: int = MAX_FULL
     num_layers: int | None = None
+    max_layers: int | None = MAX_LAYERS
 
 
 @dataclass
@@ -146,10 +150,37 @@ def header_of(example, labels: Sequence[str] | None = None) -> dict:
     return out
 
 
-def _choose_layers(example, wanted: Sequence[int] | None, num_layers: int | None) -> list[int]:
+def _choose_layers(example, wanted, num_layers: int | None, summed=None,
+                   max_layers: int | None = None) -> tuple[list[int], str | None]:
+    """(the layers to draw, a note naming those left out or None). ``wanted`` None: every
+    scored layer, or with more than ``max_layers`` the ``max_layers`` whose maps hold the
+    largest total |attribution| (in layer order); "all": every scored layer; else the
+    given layer numbers (negative ones count from ``num_layers``)."""
     scored = [int(x) for x in example.layers]
+    if isinstance(wanted, str):
+        if wanted != "all":
+            raise OptionError(f"bad --layers '{wanted}': give layer numbers, a range such as 6:12, or all")
+        return scored, None
     if wanted is None:
-        return scored
+        if not max_layers or len(scored) <= max_layers or summed is None:
+            return scored, None
+        a = np.abs(np.nan_to_num(np.asarray(summed, dtype=np.float64)))
+        meta = getattr(example, "meta", None) or {}
+        lm = meta.get("lm") if isinstance(meta, dict) else None
+        rows = [int(p) for p in (lm or {}).get("positions") or [] if 0 <= int(p) < a.shape[1]]
+        if rows:  # a language model: the queries that predict the target carry the answer
+            weight, where = a[:, rows].sum(axis=(1, 2)), "in the rows of the positions that predict the target"
+        else:
+            weight, where = a.sum(axis=(1, 2)), "in their maps"
+        best = sorted(int(i) for i in np.argsort(-weight, kind="stable")[:max_layers])
+        chosen = [scored[i] for i in best]
+        left = [l for l in scored if l not in chosen]
+        share = float(weight[best].sum() / weight.sum()) if weight.sum() > 0 else 1.0
+        note = (f"{len(scored)} layers scored; drawn: the {len(chosen)} with the largest total |attribution| {where}"
+                f" (layers {', '.join(map(str, chosen))}: {share:.0%} of it); left out: {ranges(left)}"
+                " (--layers all draws every layer, --layers 0,5 the ones named); the token importance and the"
+                " top interactions cover every layer")
+        return chosen, note
     total = num_layers or (max(scored) + 1 if scored else 0)
     out = []
     for layer in wanted:
@@ -159,7 +190,7 @@ def _choose_layers(example, wanted: Sequence[int] | None, num_layers: int | None
                               + ", ".join(map(str, scored)))
         if actual not in out:
             out.append(actual)
-    return out
+    return out, None
 
 
 def _heads(example, heads, n_heads: int | None) -> list[str]:
@@ -286,15 +317,16 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     for s in show:
         if s not in SHOWS:
             raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
-    layers = _choose_layers(example, spec.layers, spec.num_layers)
     scored = [int(x) for x in example.layers]
-    rows = [scored.index(l) for l in layers]
     attr4 = example.attribution if example.attribution is not None and np.ndim(example.attribution) == 4 else None
     summed = example.head_sum if getattr(example, "head_sum", None) is not None else None
     if summed is None and attr4 is not None:
         summed = np.asarray(attr4).sum(axis=1)
     elif summed is None and example.attribution is not None and np.ndim(example.attribution) == 3:
         summed = np.asarray(example.attribution)
+    layers, layer_note = _choose_layers(example, spec.layers, spec.num_layers, summed, spec.max_layers)
+    rows = [scored.index(l) for l in layers]
+    compact = layer_note is not None
     attention = getattr(example, "attention", None)
     from ..labels import example_labels
 
@@ -331,7 +363,9 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
             maps["attention"] = att
     full_maps = summed if summed is not None else (np.asarray(attention) if attention is not None else None)
     causal = _causal(full_maps, qt == kt)
-    every_topk, topk_how = _topk_rows(example, rows, layers, attr4, summed, spec.top_k, qt, kt)
+    every_rows = list(range(len(scored))) if compact else rows  # the table and the strip: every layer
+    every_topk, topk_how = _topk_rows(example, every_rows, scored if compact else layers, attr4, summed, spec.top_k,
+                                      qt, kt)
     topk = every_topk[:spec.top_k]
 
     if summed is None:
@@ -361,7 +395,10 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
         top = float(np.max(np.abs(vals))) if vals.size else 0.0
         scale[k] = top if top > 0 else 1.0
 
-    importance = _importance(example, spec, token_importance, summed, every_topk, rows, kt)
+    importance = _importance(example, spec, token_importance, summed, every_topk, every_rows, kt,
+                             "every scored layer" if compact else "the shown layers")
+    if compact:
+        notes.insert(0, layer_note)
     head_text = "the sum over heads" if heads == ["sum"] else ("every head" if len(heads) > 1 else f"head {heads[0]}")
     if maps:
         what = []
@@ -379,7 +416,8 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
                 notes=notes, mode=mode, query_pieces=q_pieces, key_pieces=k_pieces)
 
 
-def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt) -> dict:
+def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt,
+                over: str = "the shown layers") -> dict:
     stored = stored or {}
     if spec.importance not in (None, COLSUM):
         if spec.importance not in stored:
@@ -397,8 +435,8 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
     if summed is not None:
         values = np.asarray(summed, dtype=np.float64)[rows].sum(axis=(0, 1))
         return {"name": COLSUM, "tokens": kt, "values": values,
-                "description": "attribution column sums: what each token gives, summed over queries, heads and the"
-                               " shown layers"}
+                "description": f"attribution column sums: what each token gives, summed over queries, heads and"
+                               f" {over}"}
     values = np.zeros(len(kt))
     for t in topk:
         values[t["key"]] += t["value"]

@@ -93,14 +93,14 @@ def text_width(s: str, size: float) -> float:
 
 # -- one heatmap ---------------------------------------------------------------------------------
 def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None, cls: str = "aa-still-map") -> str:
+                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True) -> str:
     """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
-    (vertical), query labels on the left, one ``<path>`` per colour step (runs of equal cells
-    merged), drawn at view.js's cell size."""
+    (vertical), query labels on the left (cut to ``LABEL_CHARS`` unless ``cut_rows`` is False),
+    one ``<path>`` per colour step (runs of equal cells merged), drawn at view.js's cell size."""
     nq, nk = len(rows), len(cols)
     cell = max(9, min(22, 420 // max(nk, 1)))
     fs = min(11, cell - 1)
-    rows, cols = [cut_label(str(r)) for r in rows], [cut_label(str(c)) for c in cols]
+    rows, cols = [cut_label(str(r)) if cut_rows else str(r) for r in rows], [cut_label(str(c)) for c in cols]
     left = int(max([text_width(r, fs) for r in rows] + [0])) + 6
     head = int(max([text_width(c, fs) for c in cols] + [0])) + 6
     legend = 30
