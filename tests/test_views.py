@@ -630,7 +630,7 @@ def test_views_without_scripts_in_chromium(stores, tmp_path):
                           f".length === {n * n})")
             assert s.errors() == []
         # the script reads the packed maps to the same numbers as Python; NaN and infinities as null
-        from attattr_cli.views.still import pack, unpack
+        from attattr_cli.views.data import pack, unpack
 
         page = (tmp_path / "v.html").read_text()
         packed = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))["maps"]["attr"]

@@ -148,8 +148,9 @@ class Attribution(StoredExample):
         ``str()`` is the HTML (inline styles only, no script)."""
         from ..views import highlight_html
 
-        return highlight_html(self.key_tokens or self.tokens,
-                              self.token_importance() if scores is None else scores)
+        from ..labels import example_labels
+
+        return highlight_html(example_labels(self)[1], self.token_importance() if scores is None else scores)
 
     @checked(aggregate=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
     def to_pandas(self, table: str | None = None, aggregate=None):
@@ -168,7 +169,10 @@ class Attribution(StoredExample):
             from ..views.steps import facts
 
             f = facts(self)
-            gen = f["generated"] if len(f["generated"]) <= 40 else f["generated"][:39] + "…"
+            from ..labels import visible
+
+            gen = visible(f["generated"])
+            gen = gen if len(gen) <= 40 else gen[:39] + "…"
             bad = len(f["unconverged"])
             return (f"Attribution(index={self.index}, generation of {f['steps']} steps ({f['how']}), "
                     f"generated={gen!r}" + (f", foil={f['foil']!r}" if f["foil"] is not None else "")
@@ -176,9 +180,12 @@ class Attribution(StoredExample):
                     + (f", {bad} step-layers not converged" if bad else "") + ")")
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
         text = text if len(text) <= 60 else text[:59] + "…"
-        p = probability(self)
-        return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}"
-                + (f" (p {p:.3f})" if p is not None else "") + f", layers={list(self.layers)}, text={text!r})")
+        from ..labels import ranges
+
+        step = (self.meta or {}).get("step") if isinstance(self.meta, dict) else None
+        at = f"step {step['step']}" + (f" of {step['of']}" if step.get("of") else "") + ", " if isinstance(step, dict) else ""
+        return (f"Attribution(index={self.index}, {at}{len(self.tokens)} tokens, prediction={self.prediction!r}, "
+                f"{self.attributed}, layers {ranges(self.layers)}, text={text!r})")
 
 
 STORE_SUFFIXES = (".h5", ".hdf5")

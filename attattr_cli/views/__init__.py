@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ..errors import OptionError
 from .data import COLSUM, SHOWS, View, ViewSpec, build_view
-from .html import highlight_html
+from .still import highlight_html
 
 FORMATS = ("png", "svg", "pdf", "html")
 

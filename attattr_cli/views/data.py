@@ -11,6 +11,7 @@ numpy only: no torch, no matplotlib, no printing.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -442,3 +443,25 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
         values[t["key"]] += t["value"]
     return {"name": "top-k column sums", "tokens": kt, "values": values,
             "description": "the top-k entries summed per key token (no maps stored)"}
+
+
+# -- the maps' compact form in the HTML page's JSON --------------------------------------------
+def pack(values) -> dict:
+    """[layer, head, query, key] values as little-endian float16 in base64, scaled by a power of
+    two (exact) so the largest |value| sits near 2**14: 3 significant digits (what every view
+    shows) in 2.7 characters a value, against about 9 as JSON numbers. NaN and infinities stay
+    non-finite (the script reads them as null, as JSON's null was)."""
+    a = np.asarray(values, dtype=np.float64)
+    finite = np.abs(a[np.isfinite(a)])
+    top = float(finite.max()) if finite.size else 0.0
+    exp = 14 - int(np.floor(np.log2(top))) if top > 0 else 0
+    half = (a * 2.0 ** exp).astype("<f2")
+    return {"f16": base64.b64encode(half.tobytes()).decode("ascii"), "exp": exp, "shape": list(a.shape)}
+
+
+def unpack(packed) -> np.ndarray:
+    """The values of :func:`pack` (a list passes through as an array)."""
+    if not isinstance(packed, dict):
+        return np.asarray(packed, dtype=np.float64)
+    raw = np.frombuffer(base64.b64decode(packed["f16"]), dtype="<f2").astype(np.float64)
+    return (raw * 2.0 ** -packed["exp"]).reshape(packed["shape"])

@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 
 from ..errors import OptionError
+from .colours import token_rgb
 from .data import View, format_number
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
@@ -47,13 +48,6 @@ def header_lines(view: View) -> list[str]:
         line += " · NOT CONVERGED: " + ", ".join(f"L{l} ({why})" for l, why in h["unconverged"].items())
     lines.append(line)
     return lines
-
-
-def _colour(v: float, top: float) -> tuple:
-    """Green for positive, red for negative, intensity by |v| / top (the notebook's display)."""
-    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
-    base = (0.16, 0.62, 0.24) if v >= 0 else (0.84, 0.19, 0.15)
-    return tuple(1 - f * (1 - c) for c in base)
 
 
 def view_figure(view: View, tree_png: bytes | None = None):
@@ -200,7 +194,7 @@ def _draw_strip(fig, view: View, title: list[str], layout, width: float, height:
     y -= 0.17 * (len(title) - 1)
     for t, v, (x, line) in zip(imp["tokens"], values, layout):
         fig.text((0.3 + x) / width, (y - 0.45 - 0.26 * line) / height, str(t), fontsize=8, family="DejaVu Sans Mono",
-                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))
+                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=token_rgb(v, top), ec="none"))
 
 
 def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = None) -> bytes:

@@ -54,7 +54,8 @@ def facts(example) -> dict:
     foil = lm.get("foil_token")
     foil_text = None if foil is None else getattr(example, "foil_label", None) or str(foil)
     resid = [float(np.abs(np.asarray(st.residual, np.float64)).max()) for st in steps if np.size(st.residual)]
-    return {"prompt": text_of(full[:prompt_n]), "generated": text_of(pieces), "tokens": tokens, "pieces": pieces,
+    return {"prompt": text_of(full[:prompt_n]), "generated": shown(text_of(pieces).strip(" ")), "tokens": tokens,
+            "pieces": pieces,
             "steps": len(steps), "foil": foil_text,
             "target": f"{what}(token)" + (f" - {what}({foil_text})" if foil is not None else ""),
             "how": ("generated" if lm.get("generated") else "given") + (", sampled" if lm.get("sampled") else ""),

@@ -11,63 +11,18 @@ stripped (GitHub does), these cannot. numpy only, no printing.
 
 from __future__ import annotations
 
-import base64
 import html
 from typing import Sequence
 
 import numpy as np
 
-from .data import format_number
+from .colours import cell_colour, token_colour
+from .data import format_number, unpack
 
-# the colours of view.js (colour(), mix()): attribution blue-white-red, attention white-black
-ATTR_NEG, ATTR_POS, ATT_HI = (33, 102, 172), (178, 24, 43), (34, 34, 34)
 MASKED = "#e6dcc6"  # view.js hatches masked cells; one flat tan here
-LEVELS = 40  # colour steps per sign: cells of one step share one <path>
 KIND = {"attr": "attribution", "attention": "attention"}
 FONT = "system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
 LABEL_CHARS = 18  # longer axis labels are cut with …
-
-
-# -- the maps' compact form in the page's JSON ------------------------------------------------
-def pack(values) -> dict:
-    """[layer, head, query, key] values as little-endian float16 in base64, scaled by a power of
-    two (exact) so the largest |value| sits near 2**14: 3 significant digits (what every view
-    shows) in 2.7 characters a value, against about 9 as JSON numbers. NaN and infinities stay
-    non-finite (the script reads them as null, as JSON's null was)."""
-    a = np.asarray(values, dtype=np.float64)
-    finite = np.abs(a[np.isfinite(a)])
-    top = float(finite.max()) if finite.size else 0.0
-    exp = 14 - int(np.floor(np.log2(top))) if top > 0 else 0
-    half = (a * 2.0 ** exp).astype("<f2")
-    return {"f16": base64.b64encode(half.tobytes()).decode("ascii"), "exp": exp, "shape": list(a.shape)}
-
-
-def unpack(packed) -> np.ndarray:
-    """The values of :func:`pack` (a list passes through as an array)."""
-    if not isinstance(packed, dict):
-        return np.asarray(packed, dtype=np.float64)
-    raw = np.frombuffer(base64.b64decode(packed["f16"]), dtype="<f2").astype(np.float64)
-    return (raw * 2.0 ** -packed["exp"]).reshape(packed["shape"])
-
-
-# -- colours -----------------------------------------------------------------------------------
-def _mix(c: Sequence[int], f: float) -> str:
-    f = max(0.0, min(1.0, f))
-    r, g, b = (round(255 + (x - 255) * f) for x in c)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _step(f: float) -> float:
-    return round(max(0.0, min(1.0, f)) * LEVELS) / LEVELS
-
-
-def cell_colour(kind: str, v: float, top: float) -> str:
-    """A cell's colour as view.js draws it, in one of ``LEVELS`` steps per sign."""
-    if not (top > 0) or not np.isfinite(v):
-        return "#ffffff"
-    if kind == "attr":
-        return _mix(ATTR_POS, _step(v / top)) if v >= 0 else _mix(ATTR_NEG, _step(-v / top))
-    return _mix(ATT_HI, _step(v / top))
 
 
 def shared_scale(maps: np.ndarray, heads: Sequence[str], head: int, masked) -> float:
@@ -171,8 +126,6 @@ def header_html(data: dict) -> str:
 def view_still(data: dict) -> str:
     """The static rendering of one example's view (the JSON :func:`..html.view_data` makes):
     header, the heatmaps the view opens on, the coloured tokens, the notes."""
-    from .html import highlight_html
-
     init = data.get("initial") or {}
     layer, head = int(init.get("layer", 0)), int(init.get("head", 0))
     kinds = [k for k in ("attr", "attention") if k in (data.get("maps") or {})]
@@ -271,3 +224,26 @@ def report_still(data: dict, rows_shown: int = 50) -> str:
                       " need the page's script"), "color:#777;font-size:11px"))
     out.append("</div>")
     return "".join(out)
+
+
+def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float | None = None) -> str:
+    """The notebook's green-token display in one call: each token on a background whose
+    green (positive) or red (negative) strength is |score| / ``scale`` (default: the largest
+    |score|); hovering a token shows its score. Plain HTML with inline styles, no script: a
+    string (``str()`` for a file) that a notebook shows as the coloured tokens."""
+    values = np.asarray(list(scores), dtype=np.float64)
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != len(values):
+        from ..errors import OptionError
+
+        raise OptionError(f"highlight_html: {len(tokens)} tokens but {len(values)} scores")
+    top = float(scale) if scale is not None else (float(np.max(np.abs(values))) if values.size else 0.0)
+    spans = [
+        f'<span title="{html.escape(t)} ({i}): {v:.4g}" style="background:{token_colour(v, top)};padding:1px 3px;'
+        f'margin:0 1px;border-radius:3px;font-family:monospace">{html.escape(t)}</span>'
+        for i, (t, v) in enumerate(zip(tokens, values))
+    ]
+    from .notebook import Html
+
+    return Html('<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>",
+                f"highlighted text, {len(tokens)} tokens")

@@ -119,7 +119,8 @@
         var q = side === "q", tokens = q ? data.query_tokens : data.key_tokens, idx = q ? data.q_idx : data.k_idx;
         var a = el("div", q ? "aa-row-label" : "aa-col-label", label(tokens, idx, i));
         a.setAttribute("data-pos", idx[i]);
-        a.title = (q ? "query " : "key ") + tokens[i] + " (" + idx[i] + "): click to see " +
+        var pieces = q ? data.query_pieces : data.key_pieces;
+        a.title = (q ? "query " : "key ") + tokens[i] + " (" + idx[i] + (pieces && pieces[i] !== tokens[i] ? ", piece " + pieces[i] : "") + "): click to see " +
           (q ? "what it reads from" : "who reads it");
         a.setAttribute("data-side", side);
         a.onclick = function () { pick(idx[i], false, side); };
