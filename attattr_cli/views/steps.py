@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.aggregate import step_source
-from ..labels import example_labels, text_of, visible as shown
+from ..analysis.aggregate import step_source, word_style, word_text
+from ..labels import example_labels, visible as shown
 from .figure import ATTR_CMAP, MASKED
 
 
@@ -54,7 +54,8 @@ def facts(example) -> dict:
     foil = lm.get("foil_token")
     foil_text = None if foil is None else getattr(example, "foil_label", None) or str(foil)
     resid = [float(np.abs(np.asarray(st.residual, np.float64)).max()) for st in steps if np.size(st.residual)]
-    return {"prompt": text_of(full[:prompt_n]), "generated": shown(text_of(pieces).strip(" ")), "tokens": tokens,
+    style = word_style(full)  # words without markers (a word-level tokenizer) are spaced, as they are read
+    return {"prompt": word_text(full[:prompt_n], style), "generated": shown(word_text(pieces, style)), "tokens": tokens,
             "pieces": pieces,
             "steps": len(steps), "foil": foil_text,
             "target": f"{what}(token)" + (f" - {what}({foil_text})" if foil is not None else ""),
