@@ -118,3 +118,23 @@ def test_a_many_layer_picture_is_bounded_and_names_what_it_leaves_out(tmp_path):
     assert w <= 3000 and h <= 2500, (w, h)
     every = save(e, tmp_path / "all.png", ["a", "b"], tree=False, layers="all")
     assert len(every.layers) == 30
+
+
+def test_info_counts_a_generation_once_and_an_empty_store_plainly(tokenizer, tmp_path):
+    from attattr_cli.store import StoreWriter
+    from conftest import run_cli
+
+    _res, path = _lm_store(tokenizer, tmp_path, generate=3)
+    out = run_cli("info", path)
+    assert out.exit_code == 0, out.output
+    info = aa.open_store(path).info()
+    fam, gen = info["families"]["self"], info["generations"]
+    assert fam["counted"] == "step-layers" and fam["unconverged"] == gen["step_layers_unconverged"]
+    assert sum(fam["convergence"].values()) == 3 * len(fam["layers"])  # every step's every layer
+    assert "step-layers" in out.output.split("generations")[0]  # the families row counts step-layers too
+    empty = tmp_path / "empty.h5"
+    with StoreWriter(empty, {"options": {"lm": True}}, {"lm": True}):
+        pass
+    out = run_cli("info", empty)
+    assert out.exit_code == 0 and "None" not in out.output.split("examples", 1)[1].split("\n")[0]
+    assert "0 complete" in out.output
