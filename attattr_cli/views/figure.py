@@ -22,6 +22,8 @@ ATTR_CMAP = "RdBu_r"
 ATTENTION_CMAP = "Greys"
 MASKED = "#e3d9c6"
 KIND_NAMES = {"attr": "attribution", "attention": "attention"}
+MAX_WIDTH = 22.0  # inches: a figure's rows of panels wrap to stay within this
+MAX_PIXELS = 6000  # a PNG's longer side: a larger figure is drawn at a lower resolution
 
 
 def _fmt(x) -> str:
@@ -61,9 +63,14 @@ def view_figure(view: View, tree_png: bytes | None = None):
     kinds = [k for k in ("attr", "attention") if k in view.maps]
     nq, nk = len(view.q_idx), len(view.k_idx)
     n_layers = max(len(view.layers), 1)
-    per_row = min(n_layers, 6 if max(nq, nk) > 24 else 8)  # wider figures wrap their layers into blocks
+    cell = 0.17 if max(nq, nk) > 24 else 0.2
+    panel_w = max(1.9, nk * cell)
+    panel_h = max(1.9, nq * cell)
+    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
+    # panels per row: at most 8, and no more than fit MAX_WIDTH inches (wider figures wrap their layers into blocks)
+    room = max(1, min(6 if max(nq, nk) > 24 else 8, int((MAX_WIDTH - 1.6) // (panel_w + label_w))))
+    per_row = min(n_layers, room)
     blocks = -(-n_layers // per_row)
-    room = 6 if max(nq, nk) > 24 else 8  # panels per row
     # each row of panels: (kind, [(layer position, head position), ...]); layers run across a row,
     # and where they leave room (one layer, all heads, say) several heads share a row: a grid
     heads_per_row = max(1, room // n_layers) if n_layers < room else 1
@@ -76,10 +83,6 @@ def view_figure(view: View, tree_png: bytes | None = None):
                  for b in range(blocks) for hi in range(len(view.heads)) for kind in kinds]  # attention under attribution
     cols = max((len(panels) for _, panels in order), default=0)
     rows = len(order)
-    cell = 0.17 if max(nq, nk) > 24 else 0.2
-    panel_w = max(1.9, nk * cell)
-    panel_h = max(1.9, nq * cell)
-    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
     width = max(9.0, cols * (panel_w + label_w) + 1.6)
     head_lines = header_lines(view) + view.notes
     wrapped = [w for line in head_lines for w in textwrap.wrap(line, int(width * 13))]
@@ -205,6 +208,8 @@ def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = 
     import matplotlib
 
     fig = view_figure(view, tree_png)
+    if fmt == "png":  # bounded in pixels, whatever was asked for
+        dpi = min(dpi, MAX_PIXELS / max(fig.get_size_inches()))
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, dpi=dpi, format=fmt)
