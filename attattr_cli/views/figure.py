@@ -22,7 +22,7 @@ ATTR_CMAP = "RdBu_r"
 ATTENTION_CMAP = "Greys"
 MASKED = "#e3d9c6"
 KIND_NAMES = {"attr": "attribution", "attention": "attention"}
-MAX_WIDTH = 22.0  # inches: a figure's rows of panels wrap to stay within this
+MAX_WIDTH = 28.0  # inches: a figure's rows of panels wrap to stay within this
 MAX_PIXELS = 6000  # a PNG's longer side: a larger figure is drawn at a lower resolution
 
 
