@@ -98,7 +98,9 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     completeness residual (docs/views.md). ``fmt`` png, svg, pdf or html (default: from
     ``out``'s extension, png without ``out``); ``out`` (optional) is written whole or not at
     all; a :class:`Picture` holding the bytes is returned either way (a notebook shows it).
-    ``fmt="figure"`` returns a matplotlib ``Figure`` instead. ``aggregate="words"`` merges
+    ``fmt="figure"`` returns a matplotlib ``Figure`` instead. ``layers``: layer numbers,
+    ``"all"``, or None: every scored layer, or of more than 6 the 6 with the largest total
+    |attribution| (the picture names the others; docs/views.md). ``aggregate="words"`` merges
     subword tokens into words (analysis/aggregate.py). A generation scored step by step is
     drawn as its step x source matrix (views/steps.py; words unless ``aggregate="tokens"``,
     one panel per layer more with ``per_layer``); ``steps=False`` draws its summed maps as for

@@ -34,7 +34,6 @@ from .reader import already_done  # noqa: F401  (re-exported: engine/run)
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
                       utc_now)
 from .schema import (
-    AXES,
     EXAMPLES,
     FAMILIES,
     PARTIAL_PREFIX,
