@@ -118,6 +118,10 @@ def test_a_many_layer_picture_is_bounded_and_names_what_it_leaves_out(tmp_path):
     assert w <= 3000 and h <= 2500, (w, h)
     every = save(e, tmp_path / "all.png", ["a", "b"], tree=False, layers="all")
     assert len(every.layers) == 30
+    from attattr_cli.views import example_html
+
+    page = example_html(e, ["a", "b"], tree=False)  # the still picture: labels, the piece on hover
+    assert ">␣capital<title>piece: Ġcapital</title>" in page and ">Ġcapital<" not in page
 
 
 def test_info_counts_a_generation_once_and_an_empty_store_plainly(tokenizer, tmp_path):

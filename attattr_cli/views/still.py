@@ -48,10 +48,12 @@ def text_width(s: str, size: float) -> float:
 
 # -- one heatmap ---------------------------------------------------------------------------------
 def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True) -> str:
+                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True,
+                row_tips: Sequence[str] | None = None, col_tips: Sequence[str] | None = None) -> str:
     """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
-    (vertical), query labels on the left (cut to ``LABEL_CHARS`` unless ``cut_rows`` is False),
-    one ``<path>`` per colour step (runs of equal cells merged), drawn at view.js's cell size."""
+    (vertical), query labels on the left (cut to ``LABEL_CHARS`` unless ``cut_rows`` is False;
+    ``row_tips``/``col_tips``, a label's hover text: the tokenizer's piece), one ``<path>`` per
+    colour step (runs of equal cells merged), drawn at view.js's cell size."""
     nq, nk = len(rows), len(cols)
     cell = max(9, min(22, 420 // max(nk, 1)))
     fs = min(11, cell - 1)
@@ -86,16 +88,20 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
         out.append(f'<rect x="{bar + s * 8}" y="16" width="8" height="9" fill="{cell_colour(kind, v, top)}"/>')
     out.append(f'<text x="{bar + 4 + stops * 8}" y="24" font-size="10" fill="#333">{html.escape(format_number(top))}</text>')
     out.append(f'<g font-size="{fs}" fill="#222" transform="rotate(-90)">')  # key labels, read bottom to top
-    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}</text>'
+    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}{_tip(col_tips, j)}</text>'
                for j, c in enumerate(cols))
     out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
-    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}</text>'
+    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}{_tip(row_tips, i)}</text>'
                for i, r in enumerate(rows))
     out.append(f'</g><g transform="translate({ox} {oy}) scale({cell})" fill="none" stroke-width="1" '
                'shape-rendering="crispEdges">')
     out.extend(f'<path stroke="{c}" d="{"".join(p)}"/>' for c, p in paths.items())
     out.append("</g></svg>")
     return "".join(out)
+
+
+def _tip(tips: Sequence[str] | None, i: int) -> str:
+    return "" if not tips or i >= len(tips) else f"<title>{html.escape(f'piece: {tips[i]}')}</title>"
 
 
 # -- the view ------------------------------------------------------------------------------------
@@ -141,7 +147,8 @@ def view_still(data: dict) -> str:
         top = shared_scale(full, heads, head, masked)
         which = ("sum of heads" if kind == "attr" else "mean of heads") if heads[head] == "sum" else f"head {heads[head]}"
         caption = f"{KIND[kind]}, layer {data['layers'][layer]}, {which}; scale shared by every layer"
-        maps.append(heatmap_svg(full[layer, head], kind, top, rows, cols, caption, masked))
+        maps.append(heatmap_svg(full[layer, head], kind, top, rows, cols, caption, masked,
+                                row_tips=data.get("query_pieces"), col_tips=data.get("key_pieces")))
     out = [f'<div class="aa-still" style="font:13px/1.4 {FONT};color:#1d1d1d">', header_html(data)]
     if maps:
         out.append('<div style="display:flex;flex-wrap:wrap;gap:10px;align-items:flex-start;margin:8px 0">'
