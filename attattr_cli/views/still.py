@@ -88,10 +88,10 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
         out.append(f'<rect x="{bar + s * 8}" y="16" width="8" height="9" fill="{cell_colour(kind, v, top)}"/>')
     out.append(f'<text x="{bar + 4 + stops * 8}" y="24" font-size="10" fill="#333">{html.escape(format_number(top))}</text>')
     out.append(f'<g font-size="{fs}" fill="#222" transform="rotate(-90)">')  # key labels, read bottom to top
-    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}{_tip(col_tips, j)}</text>'
+    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}{_tip(col_tips, j, c)}</text>'
                for j, c in enumerate(cols))
     out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
-    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}{_tip(row_tips, i)}</text>'
+    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}{_tip(row_tips, i, r)}</text>'
                for i, r in enumerate(rows))
     out.append(f'</g><g transform="translate({ox} {oy}) scale({cell})" fill="none" stroke-width="1" '
                'shape-rendering="crispEdges">')
@@ -100,8 +100,11 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
     return "".join(out)
 
 
-def _tip(tips: Sequence[str] | None, i: int) -> str:
-    return "" if not tips or i >= len(tips) else f"<title>{html.escape(f'piece: {tips[i]}')}</title>"
+def _tip(tips: Sequence[str] | None, i: int, label: str) -> str:
+    """A label's hover text: the tokenizer's piece, where it differs from the label."""
+    if not tips or i >= len(tips) or label.startswith(str(tips[i])):
+        return ""
+    return f"<title>{html.escape(f'piece: {tips[i]}')}</title>"
 
 
 # -- the view ------------------------------------------------------------------------------------
