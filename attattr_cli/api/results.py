@@ -272,12 +272,14 @@ EXAMPLE_COLUMNS = ["index", "text", "gold", "prediction", "probability", "max |r
 
 
 def probability(e) -> float | None:
-    """The probability of the prediction; for a language model that of the (first) target
-    token (what the view's header shows). None when unknown."""
+    """The probability of the prediction; for a language model known only where the prediction
+    is the (single) target token: the store keeps the target's probability, not the arg-max's.
+    None when unknown."""
     probs = np.asarray(e.probs, dtype=np.float64).ravel()
     meta = e.meta if isinstance(e.meta, dict) else {}
     if meta.get("lm"):
-        return float(probs[0]) if probs.size else None
+        same = probs.size == 1 and int(e.pred) == int(e.target)
+        return float(probs[0]) if same else None
     pred = int(e.pred) if e.pred is not None else -1
     return float(probs[pred]) if 0 <= pred < probs.size else None
 
