@@ -115,7 +115,7 @@ def test_to_pandas_columns_and_values(done):
     np.testing.assert_allclose(rows.head_sum, e.attribution[1].astype(np.float64).sum(axis=(1, 2)), rtol=1e-5)
     assert set(rows.prediction) == {e.prediction}
     tokens = res.to_pandas("tokens")
-    assert list(tokens.columns) == ["example", "position", "token", "importance"]
+    assert list(tokens.columns) == ["example", "position", "token", "piece", "importance"]
     assert len(tokens) == sum(len(x.tokens) for x in res)
     np.testing.assert_allclose(tokens[tokens.example == e.index].importance, e.token_importance())
     assert store.to_pandas().equals(heads)  # the store holds what the memory holds

@@ -226,7 +226,7 @@ def test_tree_at_the_foot_of_figures_and_pages(stores, tmp_path):
     data = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))
     assert "tree_svg" not in data  # the tree is drawn once, statically, below the view (scripts or not)
     tree = re.search(r'<div class="aa-tree">(<svg.*?</svg>)\s*</div>', page, re.S).group(1)
-    assert "prediction: " in tree and 'id="aa-graph0"' in tree
+    assert "prediction" in tree and "attributed F = " in tree and 'id="aa-graph0"' in tree
     cross = _ok("view", stores["bart"], "-n", "0", "--family", "cross", "-o", "-", "-q").stdout
     assert 'class="aa-tree"' not in cross  # no tree
 
@@ -243,7 +243,7 @@ def test_any_object_with_the_names_renders_and_many_layers_wrap(tmp_path):
     e = SimpleNamespace(index=5, tokens=toks, layers=list(range(L)), attribution=rng.normal(size=(L, H, n, n)),
                         attention=rng.random((L, H, n, n)), residual=np.zeros(L), gold=1, pred=0, target=0,
                         probs=np.array([0.7, 0.3]), text_a="a text", text_b=None, meta={})
-    v = save(e, tmp_path / "wide.png", ["no", "yes"], tree=False)
+    v = save(e, tmp_path / "wide.png", ["no", "yes"], tree=False, layers="all")
     assert v.header["gold"] == "yes" and v.header["correct"] is False and v.layers == list(range(12))
     wide = mpimg.imread(tmp_path / "wide.png")
     six = save(SimpleNamespace(**dict(vars(e), layers=list(range(6)), attribution=e.attribution[:6],
@@ -426,7 +426,7 @@ def test_tree_dot_has_legend_and_prediction(stores):
 
     g = tree_for_example(_get(stores["default"]).example)
     dot = tree_to_dot(g, prediction="neutral (p 0.998)")
-    assert "prediction: neutral (p 0.998)" in dot and '"legend"' in dot and "top node</TD>" in dot
+    assert "\\nneutral (p 0.998)\\n" in dot and '"legend"' in dot and "top node</TD>" in dot
     assert "legend" not in tree_to_dot(g, legend=False)
 
 
@@ -630,7 +630,7 @@ def test_views_without_scripts_in_chromium(stores, tmp_path):
                           f".length === {n * n})")
             assert s.errors() == []
         # the script reads the packed maps to the same numbers as Python; NaN and infinities as null
-        from attattr_cli.views.still import pack, unpack
+        from attattr_cli.views.data import pack, unpack
 
         page = (tmp_path / "v.html").read_text()
         packed = json.loads(re.search(r'id="aa-data">(.*?)</script>', page, re.S).group(1))["maps"]["attr"]
@@ -656,7 +656,9 @@ def test_still_picture_is_the_scripts_picture(stores):
     """The still heatmap's cells carry view.js's colours (to one of 40 steps) of the packed maps,
     and the packed maps are the view's maps to float16 precision."""
     from attattr_cli.views.html import view_data
-    from attattr_cli.views.still import LEVELS, cell_colour, shared_scale, unpack, view_still
+    from attattr_cli.views.colours import LEVELS, cell_colour
+    from attattr_cli.views.data import unpack
+    from attattr_cli.views.still import shared_scale, view_still
 
     ld = _get(stores["default"], 1)
     data = view_data(ld.example, ld.labels)

@@ -114,15 +114,15 @@ def span_groups(n: int, spans) -> list[list[int]]:
 
 
 def word_text(tokens: list[str], style: str | None = None) -> str:
-    """The text of merged tokens as a reader would write it (markers removed); ``style`` is
-    the tokenizer's (from the whole sequence; default: from these tokens)."""
-    style = style or word_style(tokens)
-    out = ""
-    for i, t in enumerate(tokens):
-        if style == "wordpiece":
-            out += t[2:] if t.startswith(WORDPIECE) else (" " if i else "") + t
-        else:
-            out += t.replace(BPE_SPACE, " ").replace(SP_SPACE, " ").replace("Ċ", "\n")
+    """The text of merged tokens as a reader would write it (markers removed, byte-level BPE
+    decoded: labels.text_of); ``style`` is the tokenizer's (from the whole sequence; default:
+    from these tokens), as :func:`word_style` names it."""
+    from ..labels import style_of, text_of
+
+    decoding = style_of(tokens)
+    if (style or word_style(tokens)) == "wordpiece" and decoding != "bytes":
+        decoding = "wordpiece"
+    out = text_of(tokens, decoding)
     return out.strip(" ") or out
 
 
@@ -262,6 +262,13 @@ def step_source(example, words: bool = True):
     matrix = by_layer.sum(0) if layers else np.zeros(seen.shape)
     matrix[~seen] = np.nan
     style = word_style(full)
-    row_labels = [word_text([targets[t] for t in g], style) for g in row_groups]
-    col_labels = [word_text([full[j] for j in g], style) for g in col_groups]
+    if words:
+        row_labels = [word_text([targets[t] for t in g], style) for g in row_groups]
+        col_labels = [word_text([full[j] for j in g], style) for g in col_groups]
+    else:  # each token's text, decoded in its sequence (labels.texts: a split character named in each part)
+        from ..labels import texts
+
+        each = texts(full)
+        row_labels = [each[p_len + t] for t in range(len(steps))]
+        col_labels = [each[j] for j in range(n)]
     return matrix, row_labels, col_labels, rows @ f_rows, by_layer

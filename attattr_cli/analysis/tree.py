@@ -284,7 +284,9 @@ def tree_for_example(example, layers: Sequence[int] | None = None, tau: float = 
             if actual not in chosen:
                 chosen.append(actual)
     rows = [scored.index(layer) for layer in chosen]
-    g = build_tree(attribution[rows], example.tokens, layers=chosen, tau=tau, lam=lam, compat=compat,
+    from ..labels import example_labels
+
+    g = build_tree(attribution[rows], example_labels(example)[0], layers=chosen, tau=tau, lam=lam, compat=compat,
                    segments=example.segment_ids, top=top)
     g.graph["example"] = int(example.index)
     return g
@@ -390,11 +392,16 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     if title is None:
         title = f"attribution tree, top node {node_label(g, top)}"
     prediction = prediction if prediction is not None else gr.get("prediction")
-    if prediction:
-        title = f"{title}\nprediction: {prediction}"
+    if prediction:  # a line of its own ("prediction ... · attributed F = ..."), wrapped at its dots
+        title = f"{title}\n" + "\n".join(_wrap_dots(str(prediction)))
     title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
     title += ", top node chosen" if gr.get("top_chosen") else ""
     title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
+    bare = [layer for layer in gr["layers"] if layer not in {d["layer"] for _, _, d in g.edges(data=True)}]
+    if bare:
+        from ..labels import ranges
+
+        title += f"\nlayers with no edge above tau (no row): {ranges(bare)}"
     lines = [
         "digraph attribution_tree {",
         f"  graph [label={_q(title)}, labelloc=t, fontname=\"Helvetica\", "
@@ -403,14 +410,15 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
         '  edge [dir=back, arrowtail=normal, fontname="Helvetica", fontsize=9, fontcolor="#333333"];',
     ]
     # the ladder of layer names: top, then the walked layers from the highest down
+    # layers without an edge get no row: the title names them
     walk = sorted(gr["layers"], reverse=True)
-    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk]
+    used = {d["layer"] for _, _, d in g.edges(data=True)}
+    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk if layer in used]
     lines.append('  node [shape=plaintext, style="", fontcolor="#777777", fontsize=11];')
     lines.append('  "rank_top" [label="top node"];')
-    used = {d["layer"] for _, _, d in g.edges(data=True)}
     for layer in walk:
-        note = "" if layer in used else "\\n(no edge)"
-        lines.append(f'  "rank_L{layer}" [label="layer {layer}{note}"];')
+        if layer in used:
+            lines.append(f'  "rank_L{layer}" [label="layer {layer}"];')
     lines.append("  " + " -> ".join(f'"{r}"' for r in rungs) + " [style=invis];")
     lines.append('  node [shape=box, style="rounded,filled", fontcolor="#000000", fontsize=12];')
     # one row per layer, the top node alone on the first
@@ -443,6 +451,18 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
         lines.append(f'  {{ rank=sink; "{foot if not legend else "legend"}"; }}')
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _wrap_dots(line: str, width: int = 90) -> list[str]:
+    """A " · "-separated line cut into lines of at most about ``width`` characters."""
+    out, cur = [], ""
+    for part in line.split(" · "):
+        if cur and len(cur) + 3 + len(part) > width:
+            out.append(cur)
+            cur = part
+        else:
+            cur = f"{cur} · {part}" if cur else part
+    return out + [cur] if cur else out
 
 
 def _legend(g: nx.DiGraph, threshold: float) -> str:

@@ -148,8 +148,9 @@ class Attribution(StoredExample):
         ``str()`` is the HTML (inline styles only, no script)."""
         from ..views import highlight_html
 
-        return highlight_html(self.key_tokens or self.tokens,
-                              self.token_importance() if scores is None else scores)
+        from ..labels import example_labels
+
+        return highlight_html(example_labels(self)[1], self.token_importance() if scores is None else scores)
 
     @checked(aggregate=OneOf(Str(), Instance(list, tuple, what="a list of (start, end) spans")))
     def to_pandas(self, table: str | None = None, aggregate=None):
@@ -168,7 +169,10 @@ class Attribution(StoredExample):
             from ..views.steps import facts
 
             f = facts(self)
-            gen = f["generated"] if len(f["generated"]) <= 40 else f["generated"][:39] + "…"
+            from ..labels import visible
+
+            gen = visible(f["generated"])
+            gen = gen if len(gen) <= 40 else gen[:39] + "…"
             bad = len(f["unconverged"])
             return (f"Attribution(index={self.index}, generation of {f['steps']} steps ({f['how']}), "
                     f"generated={gen!r}" + (f", foil={f['foil']!r}" if f["foil"] is not None else "")
@@ -176,14 +180,17 @@ class Attribution(StoredExample):
                     + (f", {bad} step-layers not converged" if bad else "") + ")")
         text = self.text_a if self.text_b is None else f"{self.text_a} / {self.text_b}"
         text = text if len(text) <= 60 else text[:59] + "…"
-        p = probability(self)
-        return (f"Attribution(index={self.index}, {len(self.tokens)} tokens, prediction={self.prediction!r}"
-                + (f" (p {p:.3f})" if p is not None else "") + f", layers={list(self.layers)}, text={text!r})")
+        from ..labels import ranges
+
+        step = (self.meta or {}).get("step") if isinstance(self.meta, dict) else None
+        at = f"step {step['step']}" + (f" of {step['of']}" if step.get("of") else "") + ", " if isinstance(step, dict) else ""
+        return (f"Attribution(index={self.index}, {at}{len(self.tokens)} tokens, prediction={self.prediction!r}, "
+                f"{self.attributed}, layers {ranges(self.layers)}, text={text!r})")
 
 
 HEAD_COLUMNS = ["example", "layer", "head", "head_max", "head_sum", "layer_residual", "converged",
                 "prediction", "gold"]
-TOKEN_COLUMNS = ["example", "position", "token", "importance"]
+TOKEN_COLUMNS = ["example", "position", "token", "piece", "importance"]
 
 
 def _columns(table: str) -> list[str]:
@@ -225,17 +232,20 @@ def head_rows(e) -> list[dict]:
 
 
 def token_rows(e, aggregate=None) -> list[dict]:
-    """Per (key) token of one example: its position, text and importance (the attribution
+    """Per (key) token of one example: its position, label, piece and importance (the attribution
     summed over layers, heads and queries). ``aggregate`` "words" (or spans): per word, its
     position among the words and its importance the sum of its tokens' (analysis/aggregate.py)."""
     if aggregate is not None and not (isinstance(aggregate, str) and aggregate == "tokens"):
         from ..analysis.aggregate import aggregate_example
 
         e = aggregate_example(e, aggregate)
-    keys = e.key_tokens or e.tokens
+    from ..labels import example_labels
+
+    pieces = e.key_tokens or e.tokens
+    keys = example_labels(e)[1]  # as a reader sees them (labels.py); ``piece`` as the tokenizer wrote them
     values = e.token_importance()
-    return [{"example": int(e.index), "position": i, "token": t, "importance": float(v)}
-            for i, (t, v) in enumerate(zip(keys, values))]
+    return [{"example": int(e.index), "position": i, "token": t, "piece": str(p), "importance": float(v)}
+            for i, (t, p, v) in enumerate(zip(keys, pieces, values))]
 
 
 def _rows_of(examples, table: str, aggregate=None) -> list[dict]:
@@ -261,12 +271,14 @@ EXAMPLE_COLUMNS = ["index", "text", "gold", "prediction", "probability", "max |r
 
 
 def probability(e) -> float | None:
-    """The probability of the prediction; for a language model that of the (first) target
-    token (what the view's header shows). None when unknown."""
+    """The probability of the prediction; for a language model known only where the prediction
+    is the (single) target token: the store keeps the target's probability, not the arg-max's.
+    None when unknown."""
     probs = np.asarray(e.probs, dtype=np.float64).ravel()
     meta = e.meta if isinstance(e.meta, dict) else {}
     if meta.get("lm"):
-        return float(probs[0]) if probs.size else None
+        same = probs.size == 1 and int(e.pred) == int(e.target)
+        return float(probs[0]) if same else None
     pred = int(e.pred) if e.pred is not None else -1
     return float(probs[pred]) if 0 <= pred < probs.size else None
 

@@ -87,7 +87,8 @@ def _check_out(out) -> None:
         raise OptionError(f"out {out}: the folder {parent} does not exist")
 
 
-@checked(store=File(), example=Int(), out=Out(), layers=Ints(), heads=OneOf(Str(), Int()), show=Names(), queries=Ints())
+@checked(store=File(), example=Int(), out=Out(), layers=OneOf(Ints(), Str()), heads=OneOf(Str(), Int()), show=Names(),
+         queries=Ints())
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,
          top_k: int | None = None, importance: str | None = None, family: str | None = None,
@@ -97,7 +98,9 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     completeness residual (docs/views.md). ``fmt`` png, svg, pdf or html (default: from
     ``out``'s extension, png without ``out``); ``out`` (optional) is written whole or not at
     all; a :class:`Picture` holding the bytes is returned either way (a notebook shows it).
-    ``fmt="figure"`` returns a matplotlib ``Figure`` instead. ``aggregate="words"`` merges
+    ``fmt="figure"`` returns a matplotlib ``Figure`` instead. ``layers``: layer numbers,
+    ``"all"``, or None: every scored layer, or of more than 6 the 6 with the largest total
+    |attribution| (the picture names the others; docs/views.md). ``aggregate="words"`` merges
     subword tokens into words (analysis/aggregate.py). A generation scored step by step is
     drawn as its step x source matrix (views/steps.py; words unless ``aggregate="tokens"``,
     one panel per layer more with ``per_layer``); ``steps=False`` draws its summed maps as for
@@ -117,7 +120,7 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
 
         _check_out(out)
         check_output(out, [store, importance], "out")
-    spec = spec_of(layers=None if layers is None else list(layers), heads=heads, show=_shows(show),
+    spec = spec_of(layers=None if layers is None else layers if isinstance(layers, str) else list(layers), heads=heads, show=_shows(show),
                    queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
     if aggregate not in (None, "words", "tokens"):

@@ -39,13 +39,16 @@ def _convergence(d: dict) -> str:
     tol = d.get("convergence_tol")
     at = f" at tol {tol:g}" if tol is not None else ""
     bad = d.get("unconverged") or 0
+    unit = d.get("counted") or "example-layers"  # a store of generations counts its steps' integrals
     if not bad:
-        return f"convergence{at}: all {total} example-layers converged (estimate and completeness residual agree)"
+        return f"convergence{at}: all {total} {unit} converged (estimate and completeness residual agree)"
     why = ", ".join(f"{n} {k}" for k, n in sorted(states.items()) if k not in ("converged", "not checked") and n)
     where = d.get("unconverged_at") or []
-    shown = ", ".join(f"{w['example']}/{w['layer']}" for w in where[:8]) + (", ..." if len(where) > 8 else "")
-    return (f"convergence{at}: {bad} of {total} example-layers NOT converged ({why});"
-            f" example/layer: {shown}")
+    steps = unit == "step-layers"
+    shown = ", ".join(f"{w['example']}/{w['step']}/{w['layer']}" if steps else f"{w['example']}/{w['layer']}"
+                      for w in where[:8]) + (", ..." if len(where) > 8 else "")
+    return (f"convergence{at}: {bad} of {total} {unit} NOT converged ({why});"
+            f" {'example/step/layer' if steps else 'example/layer'}: {shown}")
 
 
 def _flagged(indices: list[int]) -> str:
@@ -90,7 +93,8 @@ def info(
             ("labels", ", ".join(prov.get("label_names") or [])),
             ("options", strict_dumps(prov.get("options"), sort_keys=True)),
             ("kernel / device", f"{prov.get('kernel')} / {prov.get('device')}"),
-            ("examples", f"{summary['examples']} (indices {summary['first_index']}..{summary['last_index']})"),
+            ("examples", f"{summary['examples']} (indices {summary['first_index']}..{summary['last_index']})"
+             if summary["examples"] else "0 complete (an interrupted run; the next score run into this store resumes it)"),
             ("non-finite", _flagged(summary["nonfinite_examples"])),
             ("tokens", "" if summary["tokens_min"] is None else f"{summary['tokens_min']}..{summary['tokens_max']} (mean {summary['tokens_mean']:.1f})"),
             ("accuracy", "" if summary["accuracy"] is None else f"{summary['accuracy']:.4f} on {summary['with_gold']} with gold labels"),
@@ -106,7 +110,7 @@ def info(
             rows.append(("generations", f"{gen['examples']} example{'s' if gen['examples'] != 1 else ''},"
                          f" {gen['steps_total']} steps (at most {gen['steps_max']} per example);"
                          f" max |residual| per step and layer {gen['step_abs_residual_max']:.1e};"
-                         f" {gen['step_layers_unconverged']} step-layers unconverged"))
+                         f" {gen['step_layers_unconverged']} step-layers unconverged (the families row counts the same)"))
         if summary.get("cut_short"):
             rows.append(("damaged", "cut short by a write that failed (a full disk): the examples shown lie wholly"
                                     " within the file; the next score run with space recovers them"))

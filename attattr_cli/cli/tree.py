@@ -79,7 +79,8 @@ def tree(
             if aggregate not in (None, "tokens"):
                 e = e.aggregate(aggregate)
             t = build_tree(e, tau=tau, lam=lam, layers=layers, root=root, compat=compat,
-                           num_layers=s.store.num_layers(e.family), title=f"{Path(store).name}, example {example}")
+                           num_layers=s.store.num_layers(e.family),
+                           title=f"{Path(store).name}, example {example}" + ("" if step is None else f", step {step}"))
         g = t.graph
         if to_stdout:
             sys.stdout.flush()

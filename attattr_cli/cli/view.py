@@ -13,6 +13,8 @@ from .common import edge, err, parse_int_list, renamed_options
 
 
 def _layers(spec: Optional[str]):
+    if spec is not None and spec.strip() == "all":
+        return "all"
     return parse_int_list(spec, "--layers")
 
 
@@ -21,7 +23,7 @@ def view(
     example: int = typer.Option(..., "--example", "-n", help="Index of the example in the store."),
     out_path: str = typer.Option(..., "--out", "-o", help="File to write: .png, .svg, .pdf or .html (interactive); - writes SVG or HTML to stdout."),
     fmt: Optional[str] = typer.Option(None, "--format", "-f", help="png, svg, pdf or html (default: from -o's extension; html for -o -)."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to draw, e.g. 0,3 or 6:12 or all (default: all scored layers)."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to draw, e.g. 0,3 or 6:12 or all (default: every scored layer, or of more than 6 the 6 that hold the most |attribution|, the others named in the picture)."),
     heads: str = typer.Option("sum", "--heads", help="sum (default: the head sum; attention: the head mean), all, or one head number."),
     show: str = typer.Option("attr,attention", "--show", help="Maps to draw: attr, attention or both (default)."),
     queries: Optional[str] = typer.Option(None, "--queries", help="Query positions to centre the map on (long inputs), e.g. 120 or -1."),

@@ -234,11 +234,12 @@ class StepScorer:
         step_logits = logits[0].double()
         probs = torch.softmax(step_logits, -1)
         names = sc.tokenizer.convert_ids_to_tokens(self.tokens)
+        pred_names = sc.tokenizer.convert_ids_to_tokens(preds)
         result.steps = [StepScore(
             step=t, position=self.positions[t], target=self.tokens[t], target_token=names[t], pred=preds[t],
             f_full=float(f_full[t]), logit=float(step_logits[t, self.tokens[t]]), prob=float(probs[t, self.tokens[t]]),
             family=sc._family_score(fam, keep, None, {}, per_step_layers[t], self.positions[t] + 1),
-            foil=sc.foil) for t in range(count)]
+            foil=sc.foil, extra={"pred_token": pred_names[t]}) for t in range(count)]
         opts = sc.options
         result.meta["lm"].update(per_step=True, generated=opts.generate is not None,
                                  sampled=opts.sample_seed is not None, steps=count)

@@ -10,6 +10,9 @@ with :func:`fingerprint_difference`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import StoreError
 
 
 def _short(value) -> str:
@@ -92,3 +95,19 @@ def _without_unused_steps(fp: dict) -> dict:
 
 def _pick(d: dict, keys) -> dict:
     return {k: d.get(k) for k in keys}
+
+
+_HINTS = {"options": "use the same options or another output store"}
+
+
+def check_fingerprint(path: Path, there: dict, here: dict) -> None:
+    """Refuse to add to the store at ``path`` (fingerprint ``there``) a run with fingerprint ``here``."""
+    difference = fingerprint_difference(there, here)
+    if difference is not None:
+        hint = _HINTS.get(difference.kind, "use another output store")
+        old, new = there.get("options", {}), here.get("options", {})
+        if difference.kind == "options" and old.get("tol") is None and new.get("tol") is not None:
+            hint = (f"it was integrated with a fixed rule (rule={old.get('rule')!r}, steps={old.get('steps')}), and this"
+                    f" run integrates to tol={new.get('tol'):g} (the default when neither --rule nor --steps is given):"
+                    " give that rule and steps to extend it, or use another output store")
+        raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")

@@ -17,7 +17,9 @@ from .. import convergence
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
-from .steps import generation_summary
+from .family import ARRAYS, checked, damaged, read_convergence, read_family  # noqa: F401  (checked, damaged: re-exported)
+from .fingerprint import check_fingerprint
+from .steps import read_steps
 
 UNCONVERGED_LISTED = 100  # info --json lists at most this many unconverged (example, layer) per family
 
@@ -68,6 +70,7 @@ class StoredExample:
     # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
     # its prefix (store/steps.py); None otherwise
     steps: list | None = None
+    output: str | None = None  # what F is of the target: prob, logprob or logit (the store's option)
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -91,12 +94,20 @@ class StoredExample:
         lm = self.meta.get("lm") if isinstance(self.meta, dict) else None
         return lm if isinstance(lm, dict) else None
 
+    def _token(self, piece) -> str:
+        """A token of this example as a reader sees it (labels.py: decoded, spaces marked)."""
+        from ..labels import example_style, token_label
+
+        style = example_style(self)
+        return token_label(str(piece), None if style == "text" else style)
+
     @property
     def prediction(self) -> str | None:
-        """The predicted class's name; for a language model the predicted next token."""
+        """The predicted class's name; for a language model the predicted next token, decoded
+        (``␣Paris``; docs/views.md, "Token labels")."""
         lm = self._lm()
         if lm is not None and self.pred is not None and int(self.pred) >= 0:
-            return str(lm.get("predicted_token", self.pred))
+            return self._token(lm.get("predicted_token", self.pred))
         return self._name(self.pred)
 
     @property
@@ -125,8 +136,29 @@ class StoredExample:
         target token(s), space-separated (the view's header shows the same)."""
         lm = self._lm()
         if lm is not None and lm.get("target_tokens"):
-            return " ".join(map(str, lm["target_tokens"]))
+            from ..labels import example_style, text_of, visible
+
+            style = example_style(self)
+            return visible(text_of([str(t) for t in lm["target_tokens"]], None if style == "text" else style))
         return self._name(self.target)
+
+    @property
+    def foil_label(self) -> str | None:
+        """The foil (``--foil``: F is the target's output minus the foil's), or None."""
+        lm = self._lm()
+        if lm is not None:
+            return None if lm.get("foil_token") is None else self._token(lm["foil_token"])
+        foil = self.meta.get("foil") if isinstance(self.meta, dict) else None
+        if isinstance(foil, dict):
+            return self._name(foil.get("index")) if self.label_names else str(foil.get("label"))
+        return None
+
+    @property
+    def attributed(self) -> str:
+        """What was attributed, by name and value: "attributed F = p(␣Paris) − p(␣London) = 0.76 · ..."."""
+        from ..labels import attributed
+
+        return attributed(self, self.label_names)["line"]
 
     @property
     def text(self):
@@ -138,7 +170,9 @@ class StoredExample:
         :class:`Interaction` rows (layer, head, query, key, query_token, key_token, value)."""
         if k < 1:
             raise OptionError(f"k must be at least 1, got {k}")
-        keys = self.key_tokens or self.tokens
+        from ..labels import example_labels
+
+        queries, keys = example_labels(self)  # the tokens as a reader sees them (labels.py)
         layers = list(self.layers)
         if self.attribution is not None and np.ndim(self.attribution) == 4:
             a, by_head = np.asarray(self.attribution), True
@@ -151,7 +185,7 @@ class StoredExample:
                 for h in range(idx.shape[1]):
                     for j in range(idx.shape[2]):
                         q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
-                        rows.append(Interaction(layers[li], h, q, kk, self.tokens[q], keys[kk], float(val[li, h, j])))
+                        rows.append(Interaction(layers[li], h, q, kk, queries[q], keys[kk], float(val[li, h, j])))
             return sorted(rows, key=lambda r: -r.value)[:k]
         else:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
@@ -162,7 +196,7 @@ class StoredExample:
         out = []
         for b in best:
             li, h, q, kk = np.unravel_index(int(b), a.shape)
-            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), self.tokens[q], keys[kk],
+            out.append(Interaction(layers[li], int(h) if by_head else -1, int(q), int(kk), queries[q], keys[kk],
                                    float(flat[b])))
         return out
 
@@ -185,7 +219,8 @@ class StoredExample:
 
 class Interaction(NamedTuple):
     """One attribution entry: ``layer``, ``head`` (-1 when only the head sum is kept), the
-    ``query`` and ``key`` positions and tokens, and its ``value``."""
+    ``query`` and ``key`` positions and tokens (as a reader sees them: labels.py; the
+    tokenizer's pieces are ``example.tokens[query]``), and its ``value``."""
 
     layer: int
     head: int
@@ -198,65 +233,6 @@ class Interaction(NamedTuple):
 
 def _strings(ds) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
-
-
-# what each numeric dataset of an example (or a family) must be: dtype kinds and dimensions
-_ARRAYS = {"input_ids": ("iu", 1), "segment_ids": ("iu", 1), "logits": ("f", 1), "probs": ("f", 1),
-           "layers": ("iu", 1), "head_max": ("f", None), "f_baseline": ("f", 1), "residual": ("f", 1),
-           "attribution": ("f", 4), "attention": ("f", 4), "attention_mean": ("f", 3), "head_sum": ("f", 3),
-           "topk_index": ("iu", 4), "topk_value": ("f", 3), "nodes": ("iu", 1), "error_estimate": ("f", 1),
-           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1)}
-# the datasets that hold one value per layer
-_PER_LAYER = ("f_baseline", "residual", "nodes", "error_estimate", "node_cap_hit", "convergence")
-
-
-def damaged(path, where: str, what: str) -> StoreError:
-    """The one-line error of a store whose content is not what attattr wrote."""
-    return StoreError(f"{path} is damaged: in {where}, {what}; it was left as it is (score it again into a new store)")
-
-
-def checked(path, group, key: str, where: str, layers: int | None = None):
-    """``group[key]`` checked against the schema (_ARRAYS): a dataset, of a numeric dtype of
-    the right kind, with the right number of dimensions (and one value per layer where
-    ``layers`` is given); a StoreError naming the store, the example and the dataset if not."""
-    node = group.get(key)
-    if not isinstance(node, h5py.Dataset):
-        raise damaged(path, where, f"'{key}' is a {'group' if isinstance(node, h5py.Group) else type(node).__name__},"
-                                   " not a dataset")
-    kinds, ndim = _ARRAYS[key]
-    if node.dtype.kind not in kinds:
-        raise damaged(path, where, f"'{key}' holds {node.dtype} values, not numbers of the kind attattr writes")
-    if ndim is not None and node.ndim != ndim and node.size:  # an empty array (keep none) has any shape
-        raise damaged(path, where, f"'{key}' has {node.ndim} dimensions, not {ndim}")
-    if layers is not None and key in _PER_LAYER and node.shape[0] != layers:
-        raise damaged(path, where, f"'{key}' has {node.shape[0]} values for {layers} layers")
-    return node
-
-
-def read_convergence(path, group, where: str, layers: int):
-    """(states [layers] uint8, tol or None) of a family's ``convergence`` dataset, validated:
-    a dataset of integers, one per layer, each a known state; ``tol`` a finite number > 0.
-    No dataset (a store before schema 1.3): every layer UNCHECKED."""
-    if "convergence" not in group:
-        return np.full(layers, convergence.UNCHECKED, np.uint8), None
-    ds = checked(path, group, "convergence", where, layers)
-    states = ds[()]
-    unknown = sorted({int(s) for s in np.ravel(states)} - set(convergence.NAMES))
-    if unknown:
-        raise damaged(path, where, f"'convergence' holds unknown states {unknown[:5]}")
-    tol = None
-    if "tol" in ds.attrs:
-        tol = ds.attrs["tol"]
-        if isinstance(tol, np.ndarray) and tol.size == 1:
-            tol = tol.reshape(())
-        tol = tol.item() if isinstance(tol, np.generic) or (isinstance(tol, np.ndarray) and tol.ndim == 0) else tol
-        if isinstance(tol, bytes):
-            tol = tol.decode("utf-8", "replace")
-        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)) \
-                or not np.isfinite(float(tol)) or float(tol) <= 0:
-            raise damaged(path, where, f"the convergence tolerance is {tol!r}, not a finite number > 0")
-        tol = float(tol)
-    return states.astype(np.uint8), tol
 
 
 # a reader retries this many times when a read fails while a writer changes the file
@@ -442,6 +418,14 @@ class Store(OpenFile):
             self._labels = list(self.provenance.get("label_names") or [])
         return list(self._labels)
 
+    def _output(self) -> str | None:
+        """The store's ``output`` option (prob, logprob or logit; read once)."""
+        if not hasattr(self, "_out"):
+            opts = self.provenance.get("options")
+            out = opts.get("output") if isinstance(opts, dict) else None
+            self._out = out if isinstance(out, str) else None
+        return self._out
+
     def unconverged(self, indices) -> list[int]:
         """Those of ``indices`` with a layer (of any family) whose integral the store calls not
         converged (dataset ``convergence``, schema 1.3; older stores: none are judged)."""
@@ -506,18 +490,11 @@ class Store(OpenFile):
         fg = self._family_group(index, family)
         finfo = fams[family]
         where = f"example {index}" + ("" if family == "self" else f" ({family})")
-        n_layers = checked(self.path, fg, "layers", where).shape[0]
-        for key in _ARRAYS:  # every numeric dataset read below, checked before it is read
-            for grp in {id(g): g, id(fg): fg}.values():
-                if key in grp:
-                    checked(self.path, grp, key, where, n_layers if grp is fg else None)
-        states, tol = read_convergence(self.path, fg, where, n_layers)
-
-        def arr(key, big=True):
-            if key not in fg:
-                return None
-            return fg[key][()] if (arrays or not big) else None
-
+        if g is not fg:
+            for key in ARRAYS:  # every numeric dataset read below, checked before it is read
+                if key in g:
+                    checked(self.path, g, key, where)
+        fam = read_family(self.path, fg, where, arrays)  # checked there (store/family.py)
         tokens = _strings(g["tokens"])
         decoder_tokens = _strings(g["decoder_tokens"]) if "decoder_tokens" in g else None
         segments = g["segment_ids"][()]
@@ -525,9 +502,6 @@ class Store(OpenFile):
         key_tokens = decoder_tokens if finfo.get("key") == "decoder" and decoder_tokens is not None else tokens
         if query_tokens is not tokens:  # the decoder input is the input shifted right by one
             segments = np.concatenate([[-1], segments[:-1]]).astype(segments.dtype)
-        attention = arr("attention")
-        if attention is None:
-            attention = arr("attention_mean")
         example = StoredExample(
             index=int(read_attr(g, "index")),
             tokens=query_tokens,
@@ -538,13 +512,7 @@ class Store(OpenFile):
             target=int(read_attr(g, "target")),
             logits=g["logits"][()],
             probs=g["probs"][()],
-            layers=[int(x) for x in fg["layers"][()]],
-            attribution=arr("attribution"),
-            attention=attention,
-            head_max=fg["head_max"][()],
             f_full=float(read_attr(g, "f_full")),
-            f_baseline=fg["f_baseline"][()],
-            residual=fg["residual"][()],
             kernel=str(read_attr(g, "kernel")),
             truncated=bool(a.get("truncated", False)),
             text_a=str(read_attr(g, "text_a", "")),
@@ -553,22 +521,15 @@ class Store(OpenFile):
             family=family,
             families=list(fams),
             keep=str(finfo.get("keep", "maps")),
-            head_sum=arr("head_sum"),
-            topk_index=arr("topk_index"),
-            topk_value=arr("topk_value"),
             key_tokens=key_tokens,
             decoder_tokens=decoder_tokens,
-            nodes=arr("nodes", big=False),
-            error_estimate=arr("error_estimate", big=False),
-            node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
-            convergence=states,
-            convergence_tol=tol,
+            **fam,
             label_names=self._label_names(),
+            output=self._output(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
         if family == "self":
-            from .steps import read_steps
-            example.steps = read_steps(example, g, arrays)
+            example.steps = read_steps(self.path, example, g, arrays)
         return example
 
     def __iter__(self) -> Iterable[StoredExample]:
@@ -612,6 +573,11 @@ class Store(OpenFile):
             "generations": generation_summary(gens),  # schema 1.4: per-step results (store/steps.py)
             "provenance": prov,
         }
+        gen = out["generations"]
+        if gen and "self" in out["families"]:  # a generation's integrals are its steps': one count, per step and layer
+            d = out["families"]["self"]
+            d.update(convergence=gen["step_convergence"], unconverged=gen["step_layers_unconverged"],
+                     unconverged_at=gen["step_unconverged_at"], counted="step-layers")
         return out
 
     def _family_summary(self, idx: list[int]) -> dict:
@@ -654,3 +620,41 @@ class Store(OpenFile):
             d["unconverged_at"] = d.get("unconverged_at", [])[:UNCONVERGED_LISTED]  # the first ones; "unconverged" counts all
             d["example_layers"] = len(r)
         return out
+
+
+def already_done(path: str | os.PathLike, fingerprint: dict, store_dtype: str = "float32") -> set[int] | None:
+    """The examples a store at ``path`` already holds, read without opening it for writing;
+    None when there is no store there or it cannot be read (the writer then reports why).
+    A store made otherwise is refused here (``StoreError``), as the writer would."""
+    path = Path(path)
+    if not path.is_file() or path.stat().st_size == 0:
+        return None
+    try:
+        store = Store(path)
+    except StoreError:
+        return None
+    with store:
+        check_fingerprint(path, store.fingerprint, dict(fingerprint, store_dtype=store_dtype))
+        return set(store.indices())
+
+
+def generation_summary(examples) -> dict | None:
+    """What ``attattr info`` says of the generations among ``examples`` (StoredExamples read
+    with their steps): how many, their steps, the largest per-step completeness residual
+    and the per-step convergence (None when no example is a generation)."""
+    gens = [e for e in examples if e.steps]
+    if not gens:
+        return None
+    resid, states, unconverged = [], [], []
+    for e in gens:
+        for t, st in enumerate(e.steps):
+            resid.extend(np.abs(st.residual).tolist())
+            states.extend(np.asarray(st.convergence).tolist() if st.convergence is not None else [])
+            unconverged.extend({"example": int(e.index), "step": t, "layer": layer, "state": why}
+                               for layer, why in convergence.unconverged_layers(st.layers, st.convergence).items())
+    counts = [len(e.steps) for e in gens]
+    return {"examples": len(gens), "steps_total": int(sum(counts)), "steps_max": int(max(counts)),
+            "step_abs_residual_max": float(max(resid)) if resid else None,
+            "step_abs_residual_mean": float(np.mean(resid)) if resid else None,
+            "step_convergence": convergence.counts(states), "step_layers_unconverged": len(unconverged),
+            "step_unconverged_at": unconverged[:100]}

@@ -15,34 +15,31 @@ import dataclasses
 import h5py
 import numpy as np
 
+from .family import damaged, family_arrays, read_family, write_family
 from .opening import read_attr
 from .schema import STEPS
-
-
-# the numeric datasets a step may hold (besides 'layers' and 'convergence')
-_STEP_ARRAYS = ("head_max", "f_baseline", "residual", "attribution", "head_sum", "topk_index", "topk_value", "nodes",
-                "error_estimate", "node_cap_hit")
 
 
 def step_name(step: int) -> str:
     return f"{step:05d}"
 
 
-def write_steps(writer, g, steps) -> None:
-    """Every step of ``steps`` (engine.generation.StepScore) into ``g/steps``."""
-    from .writer import family_arrays
-
+def write_steps(g, steps, held: list, store_dtype: str = "float32") -> None:
+    """Every step of ``steps`` (engine.generation.StepScore) into ``g/steps``; the groups and
+    datasets made are added to ``held`` (store/family.py ``write_family``)."""
     parent = g.create_group(STEPS)
-    writer._held.append(parent)
+    held.append(parent)
     for st in steps:
         where = parent.create_group(step_name(st.step))
-        writer._held.append(where)
+        held.append(where)
         arrays = family_arrays(st.family)
         arrays["attention"] = arrays["attention_mean"] = None
-        writer._write_family(where, arrays)
+        write_family(where, arrays, held, store_dtype)
         a = where.attrs
         a["step"], a["position"], a["target"], a["pred"] = int(st.step), int(st.position), int(st.target), int(st.pred)
         a["target_token"] = str(st.target_token)
+        if (st.extra or {}).get("pred_token") is not None:
+            a["pred_token"] = str(st.extra["pred_token"])
         a["f_full"], a["logit"], a["prob"] = float(st.f_full), float(st.logit), float(st.prob)
         a["foil"] = -1 if st.foil is None else int(st.foil)
         a["keep"] = st.family.keep
@@ -50,14 +47,13 @@ def write_steps(writer, g, steps) -> None:
     g.attrs["steps"] = len(steps)
 
 
-def read_steps(example, g, arrays: bool = True) -> list | None:
+def read_steps(path, example, g, arrays: bool = True) -> list | None:
     """The steps of the example group ``g`` as StoredExamples of their prefixes (None: not a
-    step-by-step generation, or a store before schema 1.4)."""
+    step-by-step generation, or a store before schema 1.4); each step's datasets are checked
+    as an example's are (store/family.py ``read_family``)."""
     if STEPS not in g:
         return None
-    from .reader import checked, damaged, read_convergence
-
-    path, where = g.file.filename, f"example {example.index}"
+    where = f"example {example.index}"
     parent = g[STEPS]
     if not isinstance(parent, h5py.Group):
         raise damaged(path, where, f"'{STEPS}' is a dataset, not the group of the generation's steps")
@@ -87,63 +83,41 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
         n = int(read_attr(sg, "n_tokens"))
         if not 0 < n <= len(example.tokens):
             raise damaged(path, here, f"it was scored on {n} tokens, but the example holds {len(example.tokens)}")
-        n_layers = checked(path, sg, "layers", here).shape[0]
-        for key in _STEP_ARRAYS:  # every numeric dataset read below, checked before it is read
-            if key in sg:
-                checked(path, sg, key, here, n_layers)
-        for key in ("head_max", "f_baseline", "residual"):
-            if key not in sg:
-                raise damaged(path, here, f"'{key}' is missing")
+        fam = read_family(path, sg, here, arrays)
         for key in ("attribution", "head_sum"):  # maps over the step's prefix, one per layer
-            if key in sg and sg[key].size and (sg[key].shape[0] != n_layers or sg[key].shape[-2:] != (n, n)):
-                raise damaged(path, here, f"'{key}' has the shape {sg[key].shape}, not {n_layers} layers of {n} x {n}"
-                              " tokens")
-        states, tol = read_convergence(path, sg, here, n_layers)
-
-        def arr(key, big=True):
-            if key not in sg:
-                return None
-            return sg[key][()] if (arrays or not big) else None
-
+            if key in sg and sg[key].size and sg[key].shape[-2:] != (n, n):
+                raise damaged(path, here, f"'{key}' has the shape {sg[key].shape}, not maps of {n} x {n} tokens")
         meta = dict(example.meta)
-        meta["step"] = {"step": int(a["step"]), "position": int(a["position"]), "target_token": str(a["target_token"]),
+        t = int(a["step"])
+        meta["step"] = {"step": t, "of": count, "position": int(a["position"]), "target_token": str(a["target_token"]),
                         "foil": int(a["foil"]), "logit": float(a["logit"]), "prob": float(a["prob"])}
+        meta["lm"] = _step_lm(example, a, t)
         out.append(dataclasses.replace(
             example, tokens=list(example.tokens[:n]), input_ids=np.asarray(example.input_ids)[:n],
             segment_ids=np.asarray(example.segment_ids)[:n], pred=int(a["pred"]), target=int(a["target"]),
             logits=np.asarray([float(a["logit"])]), probs=np.asarray([float(a["prob"])]),
-            layers=[int(x) for x in sg["layers"][()]], attribution=arr("attribution"),
-            attention=None if example.attention is None else np.asarray(example.attention)[..., :n, :n],
-            head_max=sg["head_max"][()], f_full=float(a["f_full"]), f_baseline=sg["f_baseline"][()],
-            residual=sg["residual"][()], keep=str(a["keep"]), head_sum=arr("head_sum"),
-            topk_index=arr("topk_index"), topk_value=arr("topk_value"),
-            key_tokens=list(example.tokens[:n]), nodes=arr("nodes", big=False),
-            error_estimate=arr("error_estimate", big=False),
-            node_cap_hit=None if "node_cap_hit" not in sg else sg["node_cap_hit"][()].astype(bool),
-            convergence=states if "convergence" in sg else None, convergence_tol=tol,
-            meta=meta, steps=None))
+            f_full=float(a["f_full"]), keep=str(a["keep"]), key_tokens=list(example.tokens[:n]),
+            meta=meta, steps=None,
+            **dict(fam, attention=None if example.attention is None else np.asarray(example.attention)[..., :n, :n])))
     return out
 
 
-def generation_summary(examples) -> dict | None:
-    """What ``attattr info`` says of the generations among ``examples`` (StoredExamples read
-    with their steps): how many, their steps, the largest per-step completeness residual
-    and the per-step convergence (None when no example is a generation)."""
-    from .. import convergence
-
-    gens = [e for e in examples if e.steps]
-    if not gens:
-        return None
-    resid, states, unconverged = [], [], []
-    for e in gens:
-        for t, st in enumerate(e.steps):
-            resid.extend(np.abs(st.residual).tolist())
-            states.extend(np.asarray(st.convergence).tolist() if st.convergence is not None else [])
-            unconverged.extend({"example": int(e.index), "step": t, "layer": layer, "state": why}
-                               for layer, why in convergence.unconverged_layers(st.layers, st.convergence).items())
-    counts = [len(e.steps) for e in gens]
-    return {"examples": len(gens), "steps_total": int(sum(counts)), "steps_max": int(max(counts)),
-            "step_abs_residual_max": float(max(resid)) if resid else None,
-            "step_abs_residual_mean": float(np.mean(resid)) if resid else None,
-            "step_convergence": convergence.counts(states), "step_layers_unconverged": len(unconverged),
-            "step_unconverged_at": unconverged[:100]}
+def _step_lm(example, a, t: int) -> dict:
+    """The step's own ``meta["lm"]``: its position, target, prediction and foil probability
+    (the example's holds those of the whole generation)."""
+    lm = dict(example.meta.get("lm") or {}) if isinstance(example.meta, dict) else {}
+    pred, target = int(a["pred"]), int(a["target"])
+    if "pred_token" in a:
+        pred_token = str(a["pred_token"])
+    elif pred == target:
+        pred_token = str(a["target_token"])
+    else:  # stores before the step's predicted piece was kept: a token of the sequence, or the id
+        ids = [int(x) for x in np.asarray(example.input_ids).ravel()]
+        pred_token = str(example.tokens[ids.index(pred)]) if pred in ids else f"<id {pred}>"
+    lm.update(positions=[int(a["position"])], target_ids=[target], target_tokens=[str(a["target_token"])],
+              predicted_id=pred, predicted_token=pred_token)
+    for key in ("foil_probs", "foil_logits"):
+        if lm.get(key) is not None:
+            values = list(lm[key])
+            lm[key] = [values[t]] if t < len(values) else []
+    return lm

@@ -27,11 +27,13 @@ import numpy as np
 
 from .. import __version__
 from ..errors import AttattrError, ResourceError, StoreError, first_line
-from .fingerprint import fingerprint_difference
+from .family import family_arrays, write_family
+from .steps import write_steps
+from .fingerprint import check_fingerprint  # noqa: F401  (re-exported: store/__init__)
+from .reader import already_done  # noqa: F401  (re-exported: engine/run)
 from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
                       utc_now)
 from .schema import (
-    AXES,
     EXAMPLES,
     FAMILIES,
     PARTIAL_PREFIX,
@@ -43,22 +45,6 @@ from .schema import (
     example_name,
 )
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
-
-
-_HINTS = {"options": "use the same options or another output store"}
-
-
-def check_fingerprint(path: Path, there: dict, here: dict) -> None:
-    """Refuse to add to the store at ``path`` (fingerprint ``there``) a run with fingerprint ``here``."""
-    difference = fingerprint_difference(there, here)
-    if difference is not None:
-        hint = _HINTS.get(difference.kind, "use another output store")
-        old, new = there.get("options", {}), here.get("options", {})
-        if difference.kind == "options" and old.get("tol") is None and new.get("tol") is not None:
-            hint = (f"it was integrated with a fixed rule (rule={old.get('rule')!r}, steps={old.get('steps')}), and this"
-                    f" run integrates to tol={new.get('tol'):g} (the default when neither --rule nor --steps is given):"
-                    " give that rule and steps to extend it, or use another output store")
-        raise StoreError(f"{path} was made {difference.explain('there', 'here')}: {hint}")
 
 
 # what the space check adds to an example's arrays: attributes, links, chunk indexes
@@ -88,24 +74,6 @@ def _mb(n: int) -> str:
 
 
 from ..fileio import FULL as _FULL  # noqa: E402  (the one wording of a write without room)
-
-
-def already_done(path: str | os.PathLike, fingerprint: dict, store_dtype: str = "float32") -> set[int] | None:
-    """The examples a store at ``path`` already holds, read without opening it for writing;
-    None when there is no store there or it cannot be read (the writer then reports why).
-    A store made otherwise is refused here (``StoreError``), as the writer would."""
-    from .reader import Store
-
-    path = Path(path)
-    if not path.is_file() or path.stat().st_size == 0:
-        return None
-    try:
-        store = Store(path)
-    except StoreError:
-        return None
-    with store:
-        check_fingerprint(path, store.fingerprint, dict(fingerprint, store_dtype=store_dtype))
-        return set(store.indices())
 
 
 class StoreWriter(OpenFile):
@@ -356,28 +324,8 @@ class StoreWriter(OpenFile):
         return ds
 
     def _write_family(self, g, arrays: dict) -> None:
-        """One family's datasets into group ``g`` (absent entries: None)."""
-        big = dict(compression="gzip", compression_opts=4, shuffle=True)
-        for name, value in arrays.items():
-            if value is None or name == "convergence_tol":  # an attribute of convergence, not a dataset
-                continue
-            arr = np.asarray(value)
-            if name == "layers":
-                ds = self._dataset(g, name, data=arr.astype(np.int32))
-            elif name in ("attribution", "attention", "head_sum", "attention_mean"):
-                chunks = (1, *arr.shape[1:]) if arr.size else None
-                ds = self._dataset(g, name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
-            elif name == "topk_index":
-                ds = self._dataset(g, name, data=arr.astype(np.int32), **(big if arr.size else {}))
-            elif name in ("head_max", "topk_value"):
-                ds = self._dataset(g, name, data=arr.astype(np.float32))
-            else:
-                ds = self._dataset(g, name, data=arr)
-            if name == "convergence" and arrays.get("convergence_tol") is not None:
-                ds.attrs["tol"] = float(arrays["convergence_tol"])  # the tolerance the states were judged at
-            for i, label in enumerate(AXES.get(name, ())):
-                if i < arr.ndim:
-                    ds.dims[i].label = label
+        """One family's datasets into group ``g`` (store/family.py)."""
+        write_family(g, arrays, self._held, self.store_dtype)
 
     def _estimate(self, score) -> int:
         """An upper bound of the bytes ``score`` takes in the store: its arrays uncompressed."""
@@ -460,8 +408,7 @@ class StoreWriter(OpenFile):
             self._write_family(where, family_arrays(fs))
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         if getattr(score, "steps", None):  # schema 1.4: a generation's per-step results (store/steps.py)
-            from .steps import write_steps
-            write_steps(self, g, score.steps)
+            write_steps(g, score.steps, self._held, self.store_dtype)
         a = g.attrs
         a["families"] = strict_dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
@@ -485,22 +432,6 @@ class StoreWriter(OpenFile):
         self.f.flush()
         examples.move(tmp, final)
         self.f.flush()
-
-def family_arrays(fs) -> dict:
-    """The datasets of one FamilyScore, by name (absent entries: None)."""
-    attention = fs.attention
-    return dict(
-        layers=fs.layers, attribution=fs.attribution,
-        attention=attention if attention is not None and attention.ndim == 4 else None,
-        attention_mean=attention if attention is not None and attention.ndim == 3 else None,
-        head_sum=fs.head_sum if fs.keep != "maps" else None,
-        head_max=fs.head_max, f_baseline=fs.f_baseline, residual=fs.residual,
-        topk_index=fs.topk_index, topk_value=fs.topk_value, nodes=getattr(fs, "nodes", None),
-        error_estimate=getattr(fs, "error", None),
-        node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
-        convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
-        convergence_tol=getattr(fs, "status_tol", None))
-
 
 def _why(reason: BaseException | str) -> str:
     return reason if isinstance(reason, str) else first_line(reason)

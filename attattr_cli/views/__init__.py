@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ..errors import OptionError
 from .data import COLSUM, SHOWS, View, ViewSpec, build_view
-from .html import highlight_html
+from .still import highlight_html
 
 FORMATS = ("png", "svg", "pdf", "html")
 
@@ -61,6 +61,8 @@ def from_store(store, index: int, family: str | None = None, provenance: dict | 
 def spec_of(layers=None, heads="sum", show=SHOWS, queries=None, window=None, top_k=None, importance=None,
             num_layers=None) -> ViewSpec:
     """A :class:`ViewSpec` from keyword options (None: the default)."""
+    if isinstance(layers, str) and layers != "all":
+        raise OptionError(f"bad layers '{layers}': give layer numbers or all")
     spec = ViewSpec(layers=layers, heads=heads if heads is not None else "sum", queries=queries,
                     importance=importance, num_layers=num_layers)
     if show is not None:
@@ -94,14 +96,12 @@ def tree_dot(example, num_layers: int | None = None, title: str | None = None,
 
 
 def prediction_line(example, labels: Sequence[str] | None = None) -> str:
-    """``neutral (p 0.998), gold neutral``: the prediction as the tree's title shows it."""
+    """The header's line as the tree's title shows it: ``gold neutral · prediction neutral
+    (p 0.998) · attributed F = p(neutral) = 0.998``; for a generation's step its own step,
+    token and probability (views/data.py ``header_of``)."""
     from .data import header_of
 
-    h = header_of(example, labels)
-    line = f"{h['prediction']}" + (f" (p {h['probability']:.3f})" if h.get("probability") is not None else "")
-    if h.get("gold") is not None:
-        line += f", gold {h['gold']}"
-    return line
+    return header_of(example, labels)["summary"]
 
 
 def tree_svg(example, num_layers: int | None = None, title: str | None = None,
@@ -115,6 +115,10 @@ def tree_svg(example, num_layers: int | None = None, title: str | None = None,
 
 def _view_and_data(example, labels, spec, token_importance, tree: bool, num_layers, fmt: str):
     spec = spec or ViewSpec()
+    if fmt == "html" and spec.max_layers is not None:  # the page switches layers: every one is in it
+        from dataclasses import replace
+
+        spec = replace(spec, max_layers=None)
     if num_layers is not None and spec.num_layers is None:
         spec.num_layers = num_layers
     view = build_view(example, labels, spec, token_importance)

@@ -11,12 +11,14 @@ numpy only: no torch, no matplotlib, no printing.
 
 from __future__ import annotations
 
+import base64
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
 from .. import convergence
+from ..labels import attributed, attributed_line, format_number, ranges  # noqa: F401  (one wording, one number format)
 
 from ..errors import OptionError
 
@@ -24,6 +26,7 @@ SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
 DEFAULT_WINDOW = 16
 DEFAULT_TOP_K = 10
+MAX_LAYERS = 6  # a picture of more scored layers shows these many, those that carry the most (ViewSpec.max_layers)
 COLSUM = "attr-colsum"
 
 
@@ -34,7 +37,9 @@ class ViewSpec:
     attention), ``queries`` (query positions to centre a window on; None: the whole map
     when it has at most ``max_full`` tokens), ``window`` (query positions shown around each),
     ``top_k`` (rows of the interaction table), ``importance`` (a stored token importance
-    method, or the attribution column sums)."""
+    method, or the attribution column sums), ``max_layers`` (without ``layers``, an example
+    of more scored layers shows the ``max_layers`` with the largest total |attribution| (a
+    language model's: in the rows that predict the target), every other one named in a note; ``layers="all"`` or None: every layer)."""
 
     layers: Sequence[int] | None = None
     heads: str | int = "sum"
@@ -45,6 +50,7 @@ class ViewSpec:
     importance: str | None = None
     max_full: int = MAX_FULL
     num_layers: int | None = None
+    max_layers: int | None = MAX_LAYERS
 
 
 @dataclass
@@ -66,6 +72,8 @@ class View:
     header: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     mode: str = "full"  # full | window | top-k
+    query_pieces: list[str] = field(default_factory=list)  # the tokenizer's pieces behind the labels
+    key_pieces: list[str] = field(default_factory=list)
 
     def to_json(self, digits: int = 4) -> dict:
         """Plain JSON values (maps rounded to ``digits`` significant digits) for the HTML views."""
@@ -82,6 +90,8 @@ class View:
             "index": self.index, "family": self.family, "keep": self.keep, "mode": self.mode,
             "query_tokens": [self.query_tokens[i] for i in self.q_idx],
             "key_tokens": [self.key_tokens[j] for j in self.k_idx],
+            "query_pieces": [self.query_pieces[i] for i in self.q_idx] if self.query_pieces else None,
+            "key_pieces": [self.key_pieces[j] for j in self.k_idx] if self.key_pieces else None,
             "q_idx": self.q_idx, "k_idx": self.k_idx, "same_axis": self.query_tokens == self.key_tokens,
             "layers": self.layers, "heads": self.heads,
             "maps": {k: r(v) for k, v in self.maps.items()},
@@ -99,48 +109,39 @@ def _label(labels: Sequence[str] | None, i: int) -> str:
     return str(i)
 
 
-def format_number(v, signed: bool = False) -> str:
-    """The one number format of every view (PNG, SVG, HTML, the report; view.js's fmt is the
-    same): three significant digits, scientific below 1e-3 and from 1e4 (6.19e-4), trailing
-    zeros dropped; ``signed`` puts + before positive numbers."""
-    import math
-
-    if v is None or not math.isfinite(float(v)):
-        return "n/a"
-    v = float(v)
-    a = abs(v)
-    if a == 0:
-        text = "0"
-    elif a < 1e-3 or a >= 1e4:
-        mantissa, exponent = f"{v:.2e}".split("e")
-        text = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-    else:
-        text = f"{v:.{max(0, 2 - math.floor(math.log10(a) + 1e-12))}f}"
-        if "." in text:
-            text = text.rstrip("0").rstrip(".")
-    return ("+" if signed and v > 0 else "") + text
-
-
 def header_of(example, labels: Sequence[str] | None = None) -> dict:
-    """Text, gold label, prediction and its probability, target, residual per layer."""
+    """Text, gold label, prediction, what was attributed (:func:`attributed`), residual per layer;
+    ``summary`` is the header's line of prediction, target and attributed quantity."""
     meta = getattr(example, "meta", None) or {}
     lm = meta.get("lm") if isinstance(meta, dict) else None
-    probs = np.asarray(getattr(example, "probs", []), dtype=np.float64).ravel()
-    pred, gold, target = int(example.pred), int(example.gold), int(example.target)
+    pred, gold = int(example.pred), int(example.gold)
+    a = attributed(example, labels)
     out: dict[str, Any] = {"index": int(example.index), "text_a": example.text_a or "", "text_b": example.text_b,
                            "family": getattr(example, "family", "self")}
-    if lm:
-        out["prediction"] = str(lm.get("predicted_token", pred))
-        out["target"] = " ".join(map(str, lm.get("target_tokens", []))) or str(target)
-        out["probability"] = float(probs[0]) if probs.size else None
-        out["probability_of"] = f"{lm.get('output', 'prob')} of the target"
-        out["gold"] = None
+    out.update({k: a[k] for k in ("prediction", "target", "probability", "probability_of", "foil",
+                                  "foil_probability", "quantity", "step", "steps")})
+    out["value"] = a["value"]
+    out["attributed"] = a["line"]
+    out["gold"] = None if lm or gold < 0 else _label(labels, gold)
+    parts = []
+    if out["step"] is not None:
+        parts.append(f"step {out['step']}" + (f" of {out['steps']}" if out["steps"] else "")
+                     + f", after {len(example.tokens)} tokens")
+    if out["gold"] is not None:
+        parts.append(f"gold {out['gold']}")
+    if lm and out["steps"] and out["step"] is None:
+        parts.append(f"generated {out['target']}")
     else:
-        out["prediction"] = _label(labels, pred)
-        out["probability"] = float(probs[pred]) if 0 <= pred < probs.size else None
-        out["probability_of"] = "probability of the prediction"
-        out["gold"] = _label(labels, gold) if gold >= 0 else None
-        out["target"] = _label(labels, target)
+        p_pred = out["probability"] if (not lm or int(example.target) == pred) else None
+        same = out["prediction"] == out["target"]
+        parts.append(f"prediction{' and target' if same else ''} {out['prediction']}"
+                     + (f" (p {p_pred:.3f})" if p_pred is not None and not same else ""))
+        if not same:
+            parts.append(f"target {out['target']}")
+        if out["foil"] is not None:
+            parts.append(f"foil {out['foil']}")
+    parts.append(a["line"])
+    out["summary"] = " · ".join(parts)
     out["correct"] = None if out["gold"] is None else gold == pred
     resid = np.asarray(getattr(example, "residual", []), dtype=np.float64).ravel()
     out["residual"] = {int(l): float(v) for l, v in zip(example.layers, resid)}
@@ -150,10 +151,37 @@ def header_of(example, labels: Sequence[str] | None = None) -> dict:
     return out
 
 
-def _choose_layers(example, wanted: Sequence[int] | None, num_layers: int | None) -> list[int]:
+def _choose_layers(example, wanted, num_layers: int | None, summed=None,
+                   max_layers: int | None = None) -> tuple[list[int], str | None]:
+    """(the layers to draw, a note naming those left out or None). ``wanted`` None: every
+    scored layer, or with more than ``max_layers`` the ``max_layers`` whose maps hold the
+    largest total |attribution| (in layer order); "all": every scored layer; else the
+    given layer numbers (negative ones count from ``num_layers``)."""
     scored = [int(x) for x in example.layers]
+    if isinstance(wanted, str):
+        if wanted != "all":
+            raise OptionError(f"bad --layers '{wanted}': give layer numbers, a range such as 6:12, or all")
+        return scored, None
     if wanted is None:
-        return scored
+        if not max_layers or len(scored) <= max_layers or summed is None:
+            return scored, None
+        a = np.abs(np.nan_to_num(np.asarray(summed, dtype=np.float64)))
+        meta = getattr(example, "meta", None) or {}
+        lm = meta.get("lm") if isinstance(meta, dict) else None
+        rows = [int(p) for p in (lm or {}).get("positions") or [] if 0 <= int(p) < a.shape[1]]
+        if rows:  # a language model: the queries that predict the target carry the answer
+            weight, where = a[:, rows].sum(axis=(1, 2)), "in the rows of the positions that predict the target"
+        else:
+            weight, where = a.sum(axis=(1, 2)), "in their maps"
+        best = sorted(int(i) for i in np.argsort(-weight, kind="stable")[:max_layers])
+        chosen = [scored[i] for i in best]
+        left = [l for l in scored if l not in chosen]
+        share = float(weight[best].sum() / weight.sum()) if weight.sum() > 0 else 1.0
+        note = (f"{len(scored)} layers scored; drawn: the {len(chosen)} with the largest total |attribution| {where}"
+                f" (layers {', '.join(map(str, chosen))}: {share:.0%} of it); left out: {ranges(left)}"
+                " (--layers all draws every layer, --layers 0,5 the ones named); the token importance and the"
+                " top interactions cover every layer")
+        return chosen, note
     total = num_layers or (max(scored) + 1 if scored else 0)
     out = []
     for layer in wanted:
@@ -163,7 +191,7 @@ def _choose_layers(example, wanted: Sequence[int] | None, num_layers: int | None
                               + ", ".join(map(str, scored)))
         if actual not in out:
             out.append(actual)
-    return out
+    return out, None
 
 
 def _heads(example, heads, n_heads: int | None) -> list[str]:
@@ -290,18 +318,22 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     for s in show:
         if s not in SHOWS:
             raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
-    layers = _choose_layers(example, spec.layers, spec.num_layers)
     scored = [int(x) for x in example.layers]
-    rows = [scored.index(l) for l in layers]
     attr4 = example.attribution if example.attribution is not None and np.ndim(example.attribution) == 4 else None
     summed = example.head_sum if getattr(example, "head_sum", None) is not None else None
     if summed is None and attr4 is not None:
         summed = np.asarray(attr4).sum(axis=1)
     elif summed is None and example.attribution is not None and np.ndim(example.attribution) == 3:
         summed = np.asarray(example.attribution)
+    layers, layer_note = _choose_layers(example, spec.layers, spec.num_layers, summed, spec.max_layers)
+    rows = [scored.index(l) for l in layers]
+    compact = layer_note is not None
     attention = getattr(example, "attention", None)
-    qt = list(example.tokens)
-    kt = list(getattr(example, "key_tokens", None) or example.tokens)
+    from ..labels import example_labels
+
+    q_pieces = [str(t) for t in example.tokens]
+    k_pieces = [str(t) for t in (getattr(example, "key_tokens", None) or example.tokens)]
+    qt, kt = example_labels(example)  # decoded, spaces and line breaks marked (labels.py)
     nq, nk = len(qt), len(kt)
     n_heads = int(np.shape(attr4)[1]) if attr4 is not None else None
     notes: list[str] = []
@@ -332,7 +364,9 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
             maps["attention"] = att
     full_maps = summed if summed is not None else (np.asarray(attention) if attention is not None else None)
     causal = _causal(full_maps, qt == kt)
-    every_topk, topk_how = _topk_rows(example, rows, layers, attr4, summed, spec.top_k, qt, kt)
+    every_rows = list(range(len(scored))) if compact else rows  # the table and the strip: every layer
+    every_topk, topk_how = _topk_rows(example, every_rows, scored if compact else layers, attr4, summed, spec.top_k,
+                                      qt, kt)
     topk = every_topk[:spec.top_k]
 
     if summed is None:
@@ -362,7 +396,10 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
         top = float(np.max(np.abs(vals))) if vals.size else 0.0
         scale[k] = top if top > 0 else 1.0
 
-    importance = _importance(example, spec, token_importance, summed, every_topk, rows, kt)
+    importance = _importance(example, spec, token_importance, summed, every_topk, every_rows, kt,
+                             "every scored layer" if compact else "the shown layers")
+    if compact:
+        notes.insert(0, layer_note)
     head_text = "the sum over heads" if heads == ["sum"] else ("every head" if len(heads) > 1 else f"head {heads[0]}")
     if maps:
         what = []
@@ -377,10 +414,11 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     return View(index=int(example.index), family=str(getattr(example, "family", "self")), keep=keep,
                 query_tokens=qt, key_tokens=kt, q_idx=q_idx, k_idx=k_idx, layers=layers, heads=heads, maps=maps,
                 scale=scale, masked=masked, importance=importance, topk=topk, header=header_of(example, labels),
-                notes=notes, mode=mode)
+                notes=notes, mode=mode, query_pieces=q_pieces, key_pieces=k_pieces)
 
 
-def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt) -> dict:
+def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows, kt,
+                over: str = "the shown layers") -> dict:
     stored = stored or {}
     if spec.importance not in (None, COLSUM):
         if spec.importance not in stored:
@@ -388,7 +426,9 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
             raise OptionError(f"example {example.index} has no token importance '{spec.importance}'; it has: {have}"
                               " (others come from `attattr faithfulness` on the store)")
         values = np.asarray(stored[spec.importance], dtype=np.float64)
-        tokens = list(example.tokens)
+        from ..labels import example_labels
+
+        tokens = example_labels(example)[0]
         if len(values) != len(tokens):
             tokens = kt
         return {"name": spec.importance, "tokens": tokens, "values": values,
@@ -396,10 +436,32 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
     if summed is not None:
         values = np.asarray(summed, dtype=np.float64)[rows].sum(axis=(0, 1))
         return {"name": COLSUM, "tokens": kt, "values": values,
-                "description": "attribution column sums: what each token gives, summed over queries, heads and the"
-                               " shown layers"}
+                "description": f"attribution column sums: what each token gives, summed over queries, heads and"
+                               f" {over}"}
     values = np.zeros(len(kt))
     for t in topk:
         values[t["key"]] += t["value"]
     return {"name": "top-k column sums", "tokens": kt, "values": values,
             "description": "the top-k entries summed per key token (no maps stored)"}
+
+
+# -- the maps' compact form in the HTML page's JSON --------------------------------------------
+def pack(values) -> dict:
+    """[layer, head, query, key] values as little-endian float16 in base64, scaled by a power of
+    two (exact) so the largest |value| sits near 2**14: 3 significant digits (what every view
+    shows) in 2.7 characters a value, against about 9 as JSON numbers. NaN and infinities stay
+    non-finite (the script reads them as null, as JSON's null was)."""
+    a = np.asarray(values, dtype=np.float64)
+    finite = np.abs(a[np.isfinite(a)])
+    top = float(finite.max()) if finite.size else 0.0
+    exp = 14 - int(np.floor(np.log2(top))) if top > 0 else 0
+    half = (a * 2.0 ** exp).astype("<f2")
+    return {"f16": base64.b64encode(half.tobytes()).decode("ascii"), "exp": exp, "shape": list(a.shape)}
+
+
+def unpack(packed) -> np.ndarray:
+    """The values of :func:`pack` (a list passes through as an array)."""
+    if not isinstance(packed, dict):
+        return np.asarray(packed, dtype=np.float64)
+    raw = np.frombuffer(base64.b64decode(packed["f16"]), dtype="<f2").astype(np.float64)
+    return (raw * 2.0 ** -packed["exp"]).reshape(packed["shape"])

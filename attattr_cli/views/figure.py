@@ -14,6 +14,7 @@ import textwrap
 import numpy as np
 
 from ..errors import OptionError
+from .colours import token_rgb
 from .data import View, format_number
 
 FIGURE_FORMATS = ("png", "svg", "pdf")
@@ -21,6 +22,8 @@ ATTR_CMAP = "RdBu_r"
 ATTENTION_CMAP = "Greys"
 MASKED = "#e3d9c6"
 KIND_NAMES = {"attr": "attribution", "attention": "attention"}
+MAX_WIDTH = 28.0  # inches: a figure's rows of panels wrap to stay within this
+MAX_PIXELS = 6000  # a PNG's longer side: a larger figure is drawn at a lower resolution
 
 
 def _fmt(x) -> str:
@@ -32,12 +35,7 @@ def header_lines(view: View) -> list[str]:
     first = f"example {h['index']}"
     if view.family != "self":
         first += f" · family {view.family}"
-    if h.get("gold") is not None:
-        first += f" · gold {h['gold']}"
-    first += f" · prediction {h['prediction']}"
-    if h.get("probability") is not None:
-        first += f" ({h['probability_of']}: {h['probability']:.3f})"
-    first += f" · target {h['target']}"
+    first += f" · {h['summary']}"
     if h.get("correct") is False:
         first += " · WRONG"
     if h.get("truncated"):
@@ -54,13 +52,6 @@ def header_lines(view: View) -> list[str]:
     return lines
 
 
-def _colour(v: float, top: float) -> tuple:
-    """Green for positive, red for negative, intensity by |v| / top (the notebook's display)."""
-    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
-    base = (0.16, 0.62, 0.24) if v >= 0 else (0.84, 0.19, 0.15)
-    return tuple(1 - f * (1 - c) for c in base)
-
-
 def view_figure(view: View, tree_png: bytes | None = None):
     """A matplotlib Figure of the view (the caller saves or shows it); ``tree_png``, the
     attribution tree rendered by Graphviz, goes at the foot."""
@@ -72,9 +63,14 @@ def view_figure(view: View, tree_png: bytes | None = None):
     kinds = [k for k in ("attr", "attention") if k in view.maps]
     nq, nk = len(view.q_idx), len(view.k_idx)
     n_layers = max(len(view.layers), 1)
-    per_row = min(n_layers, 6 if max(nq, nk) > 24 else 8)  # wider figures wrap their layers into blocks
+    cell = 0.17 if max(nq, nk) > 24 else 0.2
+    panel_w = max(1.9, nk * cell)
+    panel_h = max(1.9, nq * cell)
+    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
+    # panels per row: at most 8, and no more than fit MAX_WIDTH inches (wider figures wrap their layers into blocks)
+    room = max(1, min(6 if max(nq, nk) > 24 else 8, int((MAX_WIDTH - 1.6) // (panel_w + label_w))))
+    per_row = min(n_layers, room)
     blocks = -(-n_layers // per_row)
-    room = 6 if max(nq, nk) > 24 else 8  # panels per row
     # each row of panels: (kind, [(layer position, head position), ...]); layers run across a row,
     # and where they leave room (one layer, all heads, say) several heads share a row: a grid
     heads_per_row = max(1, room // n_layers) if n_layers < room else 1
@@ -87,10 +83,6 @@ def view_figure(view: View, tree_png: bytes | None = None):
                  for b in range(blocks) for hi in range(len(view.heads)) for kind in kinds]  # attention under attribution
     cols = max((len(panels) for _, panels in order), default=0)
     rows = len(order)
-    cell = 0.17 if max(nq, nk) > 24 else 0.2
-    panel_w = max(1.9, nk * cell)
-    panel_h = max(1.9, nq * cell)
-    label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
     width = max(9.0, cols * (panel_w + label_w) + 1.6)
     head_lines = header_lines(view) + view.notes
     wrapped = [w for line in head_lines for w in textwrap.wrap(line, int(width * 13))]
@@ -205,7 +197,7 @@ def _draw_strip(fig, view: View, title: list[str], layout, width: float, height:
     y -= 0.17 * (len(title) - 1)
     for t, v, (x, line) in zip(imp["tokens"], values, layout):
         fig.text((0.3 + x) / width, (y - 0.45 - 0.26 * line) / height, str(t), fontsize=8, family="DejaVu Sans Mono",
-                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=_colour(v, top), ec="none"))
+                 va="top", bbox=dict(boxstyle="round,pad=0.15", fc=token_rgb(v, top), ec="none"))
 
 
 def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = None) -> bytes:
@@ -216,6 +208,8 @@ def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = 
     import matplotlib
 
     fig = view_figure(view, tree_png)
+    if fmt == "png":  # bounded in pixels, whatever was asked for
+        dpi = min(dpi, MAX_PIXELS / max(fig.get_size_inches()))
     buf = io.BytesIO()
     with matplotlib.rc_context({"svg.fonttype": "none"}):
         fig.savefig(buf, dpi=dpi, format=fmt)

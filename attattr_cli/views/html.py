@@ -17,7 +17,8 @@ from typing import Sequence
 import numpy as np
 
 from .data import View, ViewSpec, build_view
-from .still import pack, view_still
+from .data import pack
+from .still import view_still
 
 MAX_HTML_VALUES = 2_000_000  # above this many map values a page keeps the head sums only
 
@@ -123,36 +124,6 @@ def fragment_html(data: dict) -> str:
             f'<script>{static("view.js")}\n(function (s) {{ var box = s && s.parentNode;'
             f' function find(id) {{ return (box && box.querySelector("#" + id)) || document.getElementById(id); }}'
             f' AttattrView.render(find("{uid}"), JSON.parse(find("{uid}-data").textContent)); }})(document.currentScript);</script>')
-
-
-def _token_colour(v: float, top: float) -> str:
-    f = 0.0 if top <= 0 else min(abs(v) / top, 1.0)
-    base = (41, 158, 61) if v >= 0 else (214, 48, 39)
-    r, g, b = (round(255 + (c - 255) * f) for c in base)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float | None = None) -> str:
-    """The notebook's green-token display in one call: each token on a background whose
-    green (positive) or red (negative) strength is |score| / ``scale`` (default: the largest
-    |score|); hovering a token shows its score. Plain HTML with inline styles, no script: a
-    string (``str()`` for a file) that a notebook shows as the coloured tokens."""
-    values = np.asarray(list(scores), dtype=np.float64)
-    tokens = [str(t) for t in tokens]
-    if len(tokens) != len(values):
-        from ..errors import OptionError
-
-        raise OptionError(f"highlight_html: {len(tokens)} tokens but {len(values)} scores")
-    top = float(scale) if scale is not None else (float(np.max(np.abs(values))) if values.size else 0.0)
-    spans = [
-        f'<span title="{html.escape(t)} ({i}): {v:.4g}" style="background:{_token_colour(v, top)};padding:1px 3px;'
-        f'margin:0 1px;border-radius:3px;font-family:monospace">{html.escape(t)}</span>'
-        for i, (t, v) in enumerate(zip(tokens, values))
-    ]
-    from .notebook import Html
-
-    return Html('<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>",
-                f"highlighted text, {len(tokens)} tokens")
 
 
 def with_attribution_from_sums(example):

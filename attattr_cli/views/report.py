@@ -76,7 +76,7 @@ def row_of(e, labels: Sequence[str]) -> dict:
         flags.append("truncated")
     if h.get("unconverged") if not steps else any(st.unconverged_layers for st in steps):
         flags.append("unconverged")
-    prob = h.get("probability")
+    prob = h.get("probability") if h.get("probability_of") == f"p({h['prediction']})" else None  # of the prediction
     row = {"index": int(e.index), "text": _text(e), "gold": h.get("gold"), "prediction": h["prediction"],
            "probability": None if prob is None else round(prob, 4),
            "max |residual|": float(f"{resid.max():.3g}") if resid.size else None, "tokens": len(e.tokens),

@@ -7,19 +7,16 @@ table of the steps, offline). With ``per_layer`` one panel per layer follows the
 
 from __future__ import annotations
 
+import dataclasses
 import html as html_mod
 import io
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..analysis.aggregate import word_style, step_source, word_text
+from ..analysis.aggregate import step_source, word_style, word_text
+from ..labels import example_labels, visible as shown
 from .figure import ATTR_CMAP, MASKED
-
-
-def shown(text: str) -> str:
-    """A label as drawn: line breaks and tabs visible, an empty one as the open-box sign."""
-    return text.replace("\n", "⏎").replace("\t", "⇥") or "␣"
 
 
 @dataclass
@@ -31,6 +28,14 @@ class StepView:
     words: bool
     layers: list[int] = field(default_factory=list)
     header: list[str] = field(default_factory=list)
+    row_sums: np.ndarray | None = None  # what each row's cells add to: the sum over every layer
+
+    @property
+    def sum_note(self) -> str:
+        """What a row's F and its cells' sum are, written beside the matrix."""
+        n = len(self.layers)
+        return (f"a row's label gives its F and the sum of its cells (Σ); each layer's cells add up to F − F(that"
+                f" layer's attention at 0), so a row adds up {n} layers' totals, not F")
 
 
 def facts(example) -> dict:
@@ -41,12 +46,17 @@ def facts(example) -> dict:
     lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
     steps = list(example.steps)
     prompt_n = len(example.tokens) - len(steps) + 1
-    tokens = [str(st.meta["step"]["target_token"]) for st in steps]
+    pieces = [str(st.meta["step"]["target_token"]) for st in steps]
+    full = [str(t) for t in example.tokens] + pieces[-1:]
+    labels = example_labels(dataclasses.replace(example, tokens=full, key_tokens=None, steps=None))[0]
+    tokens = labels[prompt_n:prompt_n + len(steps)]  # each generated token's label, decoded in its sequence
     what = {"prob": "p", "logprob": "log p", "logit": "logit"}.get(lm.get("output", "prob"), "F")
     foil = lm.get("foil_token")
-    foil_text = None if foil is None else word_text([str(foil)])
+    foil_text = None if foil is None else getattr(example, "foil_label", None) or str(foil)
     resid = [float(np.abs(np.asarray(st.residual, np.float64)).max()) for st in steps if np.size(st.residual)]
-    return {"prompt": word_text(list(example.tokens[:prompt_n])), "generated": word_text(tokens), "tokens": tokens,
+    style = word_style(full)  # words without markers (a word-level tokenizer) are spaced, as they are read
+    return {"prompt": word_text(full[:prompt_n], style), "generated": shown(word_text(pieces, style)), "tokens": tokens,
+            "pieces": pieces,
             "steps": len(steps), "foil": foil_text,
             "target": f"{what}(token)" + (f" - {what}({foil_text})" if foil is not None else ""),
             "how": ("generated" if lm.get("generated") else "given") + (", sampled" if lm.get("sampled") else ""),
@@ -54,27 +64,29 @@ def facts(example) -> dict:
             "unconverged": [(t, layer, why) for t, st in enumerate(steps) for layer, why in st.unconverged_layers.items()]}
 
 
-STEP_COLUMNS = ["example", "step", "position", "token", "target_value", "probability", "foil", "foil_probability",
-                "max_abs_residual", "converged", "unconverged_layers"]
+STEP_COLUMNS = ["example", "step", "position", "token", "piece", "target_value", "probability", "foil",
+                "foil_probability", "max_abs_residual", "converged", "unconverged_layers"]
 
 
 def step_rows(example) -> list[dict]:
     """One row per step of a generation: the step, the position it was scored at, the token,
     the target value F (what was attributed: p, log p or logit of the token, minus the foil's
     with a foil), the token's probability, the foil and its probability (None without one),
+    ``token`` as a reader sees it (labels.py) and ``piece`` as the tokenizer wrote it,
     the step's largest |completeness residual| over layers, whether every layer converged and
     which did not (``"L0 (why), ..."``)."""
     lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
     foil = lm.get("foil_token")
     foil_probs = list(lm.get("foil_probs") or [])
+    f = facts(example)
     rows = []
     for t, st in enumerate(example.steps):
         s = st.meta["step"]
         resid = np.abs(np.asarray(st.residual, np.float64))
         bad = st.unconverged_layers
         rows.append({"example": int(example.index), "step": t, "position": int(s["position"]),
-                     "token": str(s["target_token"]), "target_value": float(st.f_full), "probability": float(s["prob"]),
-                     "foil": None if foil is None else str(foil),
+                     "token": f["tokens"][t], "piece": str(s["target_token"]), "target_value": float(st.f_full),
+                     "probability": float(s["prob"]), "foil": f["foil"],
                      "foil_probability": float(foil_probs[t]) if foil is not None and t < len(foil_probs) else None,
                      "max_abs_residual": float(resid.max()) if resid.size else None, "converged": not bad,
                      "unconverged_layers": ", ".join(f"L{layer} ({why})" for layer, why in bad.items())})
@@ -87,11 +99,22 @@ def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
     resid, bad = f["max_residual"] or 0.0, f["unconverged"]
     header = [f"example {example.index} · {f['steps']} steps ({f['how']})"
               f" · target per step: {f['target']} given everything before it",
-              f"prompt: {f['prompt'][:120]}", f"generated: {f['generated'][:120]}",
+              f"prompt: {f['prompt'][:120]}", f"generated: {f['generated'].strip()[:120]}",
               f"largest |completeness residual| of a step and layer: {resid:.2e}"
               + (f" · NOT CONVERGED at {len(bad)} step-layers" if bad else " · every step-layer converged")]
-    return StepView([shown(r) for r in rows], [shown(c) for c in cols], matrix, f_rows, words,
-                    list(example.steps[0].layers), [shown(h) for h in header]), by_layer
+    view = StepView([shown(r) for r in rows], [shown(c) for c in cols], matrix, f_rows, words,
+                    list(example.steps[0].layers), [shown(h) for h in header], np.nansum(matrix, axis=1))
+    view.header.append(view.sum_note)
+    return view, by_layer
+
+
+def row_label(row: str, f=None, total=None) -> str:
+    """A matrix row's label: ``␣Paris (F 0.773, Σ 5.07)``: its F and what its cells add to."""
+    from .data import format_number
+
+    if f is None:
+        return str(row)
+    return f"{row} (F {format_number(f)}" + ("" if total is None else f", Σ {format_number(total)}") + ")"
 
 
 def step_figure(view: StepView, by_layer: np.ndarray | None = None):
@@ -124,8 +147,10 @@ def step_figure(view: StepView, by_layer: np.ndarray | None = None):
         ax.set_xticks(range(nc))
         ax.set_xticklabels(view.columns, rotation=60, ha="right", fontsize=8)
         ax.set_yticks(range(nr))
-        ax.set_yticklabels([f"{r!s} ({f:.3g})" for r, f in zip(view.rows, view.f_rows)], fontsize=8)
-        ax.set_title(f"{name}: generated {'words' if view.words else 'tokens'} (rows, F) x sources", fontsize=9)
+        ax.set_yticklabels([row_label(r, f, s) for r, f, s in zip(view.rows, view.f_rows, np.nansum(m, axis=1))],
+                           fontsize=8)
+        ax.set_title(f"{name}: generated {'words' if view.words else 'tokens'} (rows: F, Σ of the row) x sources",
+                     fontsize=9)
         fig.colorbar(im, ax=ax, fraction=0.04, pad=0.02, label="attribution (summed)")
     return fig
 
@@ -142,15 +167,15 @@ def _svg(view: StepView, by_layer) -> str:
     return svg[svg.find("<svg"):]
 
 
-def _step_details(t: int, st, style: str) -> str:
+def _step_details(t: int, st) -> str:
     """One step's strongest interactions, opened by a click (HTML)."""
     try:
         top = st.top(8)
     except Exception:  # a step kept without maps or top-k: nothing to list
         return ""
     cells = "".join(f"<tr><td>{r.layer}</td><td>{'sum' if r.head < 0 else r.head}</td>"
-                    f"<td>{html_mod.escape(shown(word_text([r.query_token], style)))} ({r.query})</td>"
-                    f"<td>{html_mod.escape(shown(word_text([r.key_token], style)))} ({r.key})</td><td>{r.value:.3g}</td></tr>" for r in top)
+                    f"<td>{html_mod.escape(r.query_token)} ({r.query})</td>"
+                    f"<td>{html_mod.escape(r.key_token)} ({r.key})</td><td>{r.value:.3g}</td></tr>" for r in top)
     return (f"<details><summary>step {t}: the strongest interactions</summary><table><tr><th>layer</th><th>head</th>"
             f"<th>query</th><th>key</th><th>attribution</th></tr>{cells}</table></details>")
 
@@ -160,20 +185,20 @@ def step_bytes(example, fmt: str, words: bool = True, per_layer: bool = False,
     view, by_layer = step_view(example, words)
     if fmt != "html":
         return _figure_bytes(view, by_layer if per_layer else None, fmt), view
-    style = word_style(list(example.tokens))
     svg = _svg(view, None)
     layers_svg = _svg(view, by_layer)
     rows = "".join(
-        f"<tr><td>{t}</td><td>{html_mod.escape(shown(word_text([st.meta['step']['target_token']])))}</td><td>{st.f_full:.4g}</td>"
+        f"<tr><td>{r['step']}</td><td title='{html_mod.escape(r['piece'], quote=True)}'>{html_mod.escape(r['token'])}</td>"
+        f"<td>{r['target_value']:.4g}</td><td>{r['probability']:.3g}</td>"
         f"<td>{float(np.abs(st.residual).max()):.2e}</td><td>{'yes' if st.converged else 'NO'}</td>"
-        f"<td>{_step_details(t, st, style)}</td></tr>"
-        for t, st in enumerate(example.steps))
+        f"<td>{_step_details(r['step'], st)}</td></tr>"
+        for r, st in zip(step_rows(example), example.steps))
     page = (f"<!doctype html><html><head><meta charset='utf-8'><title>{html_mod.escape(title)}</title>"
             "<style>body{font-family:sans-serif;margin:1em}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
             "</style></head><body>"
             f"<h1>{html_mod.escape(title)}</h1>" + "".join(f"<p>{html_mod.escape(x)}</p>" for x in view.header)
             + svg + "<details><summary>per layer</summary>" + layers_svg + "</details>"
-            "<h2>Steps</h2><table><tr><th>step</th><th>token</th><th>F</th>"
+            "<h2>Steps</h2><table><tr><th>step</th><th>token</th><th>F</th><th>p(token)</th>"
             "<th>max |residual|</th><th>converged</th><th></th></tr>" + rows + "</table></body></html>")
     return page.encode("utf-8"), view
 
@@ -183,10 +208,11 @@ TIP_CELLS = 2000  # a matrix of more cells is drawn as still.py's heatmaps are (
 LAYER_CELLS = 5000  # the per-layer matrices of a still picture, in all; more: a note names plot(per_layer=True)
 
 
-def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = True) -> str:
+def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = True, row_sums: bool = True) -> str:
     """A step x source matrix as an SVG (still.py's colours and sizes): one ``<rect>`` per cell
     with its value in a ``<title>`` (the browser shows it on hover, no script), cells outside a
-    step's prefix in the masked colour, key labels on top, ``token (F)`` labels on the left.
+    step's prefix in the masked colour, key labels on top, ``token (F, Σ)`` labels on the left
+    (``row_values`` the rows' F; with ``row_sums`` also what the row's cells add to).
     Without ``tips``, or above ``TIP_CELLS`` cells, still.py's compact heatmap (one path per
     colour step, no values on hover)."""
     from .data import format_number
@@ -196,16 +222,15 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
     nr, nc = m.shape
     finite = np.abs(m[np.isfinite(m)])
     top = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    sums = np.nansum(m, axis=1) if row_sums else [None] * nr
+    full_rows = [row_label(cut_label(str(r)), None if row_values is None else v, s)
+                 for r, v, s in zip(rows, row_values if row_values is not None else rows, sums)]
     if not tips or m.size > TIP_CELLS:
-        labels = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
-                  zip(rows, row_values if row_values is not None else rows)]
-        return heatmap_svg(np.nan_to_num(m), "attr", top, labels, [str(c) for c in cols], caption, np.isnan(m),
-                           cls="aa-step-matrix")
+        return heatmap_svg(np.nan_to_num(m), "attr", top, full_rows, [str(c) for c in cols], caption, np.isnan(m),
+                           cls="aa-step-matrix", cut_rows=False)
     cell = max(10, min(22, 520 // max(nc, 1)))
     fs = min(11, cell - 1)
-    full_rows = [str(r) if row_values is None else f"{r} ({format_number(v)})" for r, v in
-                 zip(rows, row_values if row_values is not None else rows)]
-    rl, cl = [cut_label(r) for r in full_rows], [cut_label(str(c)) for c in cols]
+    rl, cl = full_rows, [cut_label(str(c)) for c in cols]
     left = int(max([text_width(r, fs) for r in rl] + [0])) + 6
     head = int(max([text_width(c, fs) for c in cl] + [0])) + 6
     ox, oy = left, 30 + head
@@ -242,11 +267,12 @@ def _matrices(example, view: StepView, by_layer, words: bool, per_layer: bool) -
     """The still picture's matrices: over words (or tokens), the other grouping behind a click
     where it differs, and one per layer behind a click (up to ``LAYER_CELLS``; else a note)."""
     def caption(kind):
-        return f"step x source, all layers: generated {kind} (rows, F) x the {kind} before them; token importance"
+        return (f"step x source, all {len(view.layers)} layers: generated {kind} (rows: F, Σ of the row) x the {kind}"
+                " before them; token importance")
 
     kind, okind = ("words", "tokens") if words else ("tokens", "words")
     out = ['<div style="margin:8px 0">' + matrix_svg(view.rows, view.columns, view.matrix, caption(kind), view.f_rows)
-           + "</div>"]
+           + f'<div style="color:#555;font-size:11px">{html_mod.escape(view.sum_note)}</div></div>']
     other = step_view(example, not words)[0]
     if other.rows != view.rows or other.columns != view.columns:
         out.append(f"<details><summary>the same over {okind}</summary>"
@@ -294,19 +320,18 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
         parts.append(f'<div style="margin:8px 0;color:#555">no step x source matrix: {e(missing)}</div>')
     else:
         parts.append(_matrices(example, view, by_layer, words, per_layer))
-    style = word_style(list(example.tokens))
     td = 'style="padding:2px 8px;border-bottom:1px solid #e6e6e6;text-align:left;vertical-align:top"'
     heads = ["step", "token", "F", "p(token)"] + (["p(foil)"] if f["foil"] is not None else []) + \
         ["max |residual|", "converged", ""]
     rows = []
     for r, st in zip(step_rows(example), example.steps):
-        cells = [r["step"], shown(word_text([r["token"]])), f"{r['target_value']:.4g}", f"{r['probability']:.3g}"]
+        cells = [r["step"], r["token"], f"{r['target_value']:.4g}", f"{r['probability']:.3g}"]
         if f["foil"] is not None:
             cells.append("" if r["foil_probability"] is None else f"{r['foil_probability']:.3g}")
         cells += ["n/a" if r["max_abs_residual"] is None else f"{r['max_abs_residual']:.2e}",
                   "yes" if r["converged"] else f"NO: {r['unconverged_layers']}"]
         rows.append("<tr>" + "".join(f"<td {td}>{e(str(c))}</td>" for c in cells)
-                    + f"<td {td}>{_step_details(r['step'], st, style) if details else ''}</td></tr>")
+                    + f"<td {td}>{_step_details(r['step'], st) if details else ''}</td></tr>")
     parts.append('<table class="aa-step-table" style="border-collapse:collapse;font-size:12px;margin:6px 0">'
                  "<tr>" + "".join(f"<th {td}>{e(h)}</th>" for h in heads) + "</tr>" + "".join(rows) + "</table>")
     parts.append("</div>")

@@ -11,63 +11,18 @@ stripped (GitHub does), these cannot. numpy only, no printing.
 
 from __future__ import annotations
 
-import base64
 import html
 from typing import Sequence
 
 import numpy as np
 
-from .data import format_number
+from .colours import cell_colour, token_colour
+from .data import format_number, unpack
 
-# the colours of view.js (colour(), mix()): attribution blue-white-red, attention white-black
-ATTR_NEG, ATTR_POS, ATT_HI = (33, 102, 172), (178, 24, 43), (34, 34, 34)
 MASKED = "#e6dcc6"  # view.js hatches masked cells; one flat tan here
-LEVELS = 40  # colour steps per sign: cells of one step share one <path>
 KIND = {"attr": "attribution", "attention": "attention"}
 FONT = "system-ui,-apple-system,'Segoe UI',Helvetica,Arial,sans-serif"
 LABEL_CHARS = 18  # longer axis labels are cut with …
-
-
-# -- the maps' compact form in the page's JSON ------------------------------------------------
-def pack(values) -> dict:
-    """[layer, head, query, key] values as little-endian float16 in base64, scaled by a power of
-    two (exact) so the largest |value| sits near 2**14: 3 significant digits (what every view
-    shows) in 2.7 characters a value, against about 9 as JSON numbers. NaN and infinities stay
-    non-finite (the script reads them as null, as JSON's null was)."""
-    a = np.asarray(values, dtype=np.float64)
-    finite = np.abs(a[np.isfinite(a)])
-    top = float(finite.max()) if finite.size else 0.0
-    exp = 14 - int(np.floor(np.log2(top))) if top > 0 else 0
-    half = (a * 2.0 ** exp).astype("<f2")
-    return {"f16": base64.b64encode(half.tobytes()).decode("ascii"), "exp": exp, "shape": list(a.shape)}
-
-
-def unpack(packed) -> np.ndarray:
-    """The values of :func:`pack` (a list passes through as an array)."""
-    if not isinstance(packed, dict):
-        return np.asarray(packed, dtype=np.float64)
-    raw = np.frombuffer(base64.b64decode(packed["f16"]), dtype="<f2").astype(np.float64)
-    return (raw * 2.0 ** -packed["exp"]).reshape(packed["shape"])
-
-
-# -- colours -----------------------------------------------------------------------------------
-def _mix(c: Sequence[int], f: float) -> str:
-    f = max(0.0, min(1.0, f))
-    r, g, b = (round(255 + (x - 255) * f) for x in c)
-    return f"#{r:02x}{g:02x}{b:02x}"
-
-
-def _step(f: float) -> float:
-    return round(max(0.0, min(1.0, f)) * LEVELS) / LEVELS
-
-
-def cell_colour(kind: str, v: float, top: float) -> str:
-    """A cell's colour as view.js draws it, in one of ``LEVELS`` steps per sign."""
-    if not (top > 0) or not np.isfinite(v):
-        return "#ffffff"
-    if kind == "attr":
-        return _mix(ATTR_POS, _step(v / top)) if v >= 0 else _mix(ATTR_NEG, _step(-v / top))
-    return _mix(ATT_HI, _step(v / top))
 
 
 def shared_scale(maps: np.ndarray, heads: Sequence[str], head: int, masked) -> float:
@@ -93,14 +48,16 @@ def text_width(s: str, size: float) -> float:
 
 # -- one heatmap ---------------------------------------------------------------------------------
 def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None, cls: str = "aa-still-map") -> str:
+                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True,
+                row_tips: Sequence[str] | None = None, col_tips: Sequence[str] | None = None) -> str:
     """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
-    (vertical), query labels on the left, one ``<path>`` per colour step (runs of equal cells
-    merged), drawn at view.js's cell size."""
+    (vertical), query labels on the left (cut to ``LABEL_CHARS`` unless ``cut_rows`` is False;
+    ``row_tips``/``col_tips``, a label's hover text: the tokenizer's piece), one ``<path>`` per
+    colour step (runs of equal cells merged), drawn at view.js's cell size."""
     nq, nk = len(rows), len(cols)
     cell = max(9, min(22, 420 // max(nk, 1)))
     fs = min(11, cell - 1)
-    rows, cols = [cut_label(str(r)) for r in rows], [cut_label(str(c)) for c in cols]
+    rows, cols = [cut_label(str(r)) if cut_rows else str(r) for r in rows], [cut_label(str(c)) for c in cols]
     left = int(max([text_width(r, fs) for r in rows] + [0])) + 6
     head = int(max([text_width(c, fs) for c in cols] + [0])) + 6
     legend = 30
@@ -131,16 +88,23 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
         out.append(f'<rect x="{bar + s * 8}" y="16" width="8" height="9" fill="{cell_colour(kind, v, top)}"/>')
     out.append(f'<text x="{bar + 4 + stops * 8}" y="24" font-size="10" fill="#333">{html.escape(format_number(top))}</text>')
     out.append(f'<g font-size="{fs}" fill="#222" transform="rotate(-90)">')  # key labels, read bottom to top
-    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}</text>'
+    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{html.escape(c)}{_tip(col_tips, j, c)}</text>'
                for j, c in enumerate(cols))
     out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
-    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}</text>'
+    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}{_tip(row_tips, i, r)}</text>'
                for i, r in enumerate(rows))
     out.append(f'</g><g transform="translate({ox} {oy}) scale({cell})" fill="none" stroke-width="1" '
                'shape-rendering="crispEdges">')
     out.extend(f'<path stroke="{c}" d="{"".join(p)}"/>' for c, p in paths.items())
     out.append("</g></svg>")
     return "".join(out)
+
+
+def _tip(tips: Sequence[str] | None, i: int, label: str) -> str:
+    """A label's hover text: the tokenizer's piece, where it differs from the label."""
+    if not tips or i >= len(tips) or label.startswith(str(tips[i])):
+        return ""
+    return f"<title>{html.escape(f'piece: {tips[i]}')}</title>"
 
 
 # -- the view ------------------------------------------------------------------------------------
@@ -153,12 +117,7 @@ def header_html(data: dict) -> str:
     e = html.escape
     title = f"example {h['index']}" + (f" · family {data['family']}" if data.get("family") not in (None, "self") else "")
     text = h["text_a"] + (f"  ‖  {h['text_b']}" if h.get("text_b") is not None else "")
-    parts = []
-    if h.get("gold") is not None:
-        parts.append(f"gold {h['gold']}")
-    p = h.get("probability")
-    parts.append(f"prediction {h['prediction']}" + (f" ({h['probability_of']}: {p:.3f})" if p is not None else ""))
-    parts.append(f"target {h['target']}")
+    parts = [h["summary"]]
     flags = "".join(f'<span style="color:#b30000;font-weight:600">  {w}</span>'
                     for w, on in (("wrong", h.get("correct") is False), ("truncated", h.get("truncated"))) if on)
     resid = ", ".join(f"L{l} {format_number(v, signed=True)}" for l, v in (h.get("residual") or {}).items())
@@ -176,8 +135,6 @@ def header_html(data: dict) -> str:
 def view_still(data: dict) -> str:
     """The static rendering of one example's view (the JSON :func:`..html.view_data` makes):
     header, the heatmaps the view opens on, the coloured tokens, the notes."""
-    from .html import highlight_html
-
     init = data.get("initial") or {}
     layer, head = int(init.get("layer", 0)), int(init.get("head", 0))
     kinds = [k for k in ("attr", "attention") if k in (data.get("maps") or {})]
@@ -193,7 +150,8 @@ def view_still(data: dict) -> str:
         top = shared_scale(full, heads, head, masked)
         which = ("sum of heads" if kind == "attr" else "mean of heads") if heads[head] == "sum" else f"head {heads[head]}"
         caption = f"{KIND[kind]}, layer {data['layers'][layer]}, {which}; scale shared by every layer"
-        maps.append(heatmap_svg(full[layer, head], kind, top, rows, cols, caption, masked))
+        maps.append(heatmap_svg(full[layer, head], kind, top, rows, cols, caption, masked,
+                                row_tips=data.get("query_pieces"), col_tips=data.get("key_pieces")))
     out = [f'<div class="aa-still" style="font:13px/1.4 {FONT};color:#1d1d1d">', header_html(data)]
     if maps:
         out.append('<div style="display:flex;flex-wrap:wrap;gap:10px;align-items:flex-start;margin:8px 0">'
@@ -276,3 +234,26 @@ def report_still(data: dict, rows_shown: int = 50) -> str:
                       " need the page's script"), "color:#777;font-size:11px"))
     out.append("</div>")
     return "".join(out)
+
+
+def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float | None = None) -> str:
+    """The notebook's green-token display in one call: each token on a background whose
+    green (positive) or red (negative) strength is |score| / ``scale`` (default: the largest
+    |score|); hovering a token shows its score. Plain HTML with inline styles, no script: a
+    string (``str()`` for a file) that a notebook shows as the coloured tokens."""
+    values = np.asarray(list(scores), dtype=np.float64)
+    tokens = [str(t) for t in tokens]
+    if len(tokens) != len(values):
+        from ..errors import OptionError
+
+        raise OptionError(f"highlight_html: {len(tokens)} tokens but {len(values)} scores")
+    top = float(scale) if scale is not None else (float(np.max(np.abs(values))) if values.size else 0.0)
+    spans = [
+        f'<span title="{html.escape(t)} ({i}): {v:.4g}" style="background:{token_colour(v, top)};padding:1px 3px;'
+        f'margin:0 1px;border-radius:3px;font-family:monospace">{html.escape(t)}</span>'
+        for i, (t, v) in enumerate(zip(tokens, values))
+    ]
+    from .notebook import Html
+
+    return Html('<div class="aa-highlight" style="line-height:2">' + " ".join(spans) + "</div>",
+                f"highlighted text, {len(tokens)} tokens")

@@ -87,11 +87,7 @@
     text.appendChild(document.createTextNode(h.text_a + (h.text_b !== null && h.text_b !== undefined ? "  ‖  " + h.text_b : "")));
     view.appendChild(text);
     var pred = el("div", "aa-meta");
-    var parts = [];
-    if (h.gold !== null && h.gold !== undefined) parts.push("gold " + h.gold);
-    parts.push("prediction " + h.prediction + (h.probability !== null ? " (" + h.probability_of + ": " + h.probability.toFixed(3) + ")" : ""));
-    parts.push("target " + h.target);
-    pred.textContent = parts.join(" · ");
+    pred.textContent = h.summary;  /* prediction, target, foil, what was attributed (views/data.py header_of) */
     if (h.correct === false) pred.appendChild(el("span", "aa-wrong", "  wrong"));
     if (h.truncated) pred.appendChild(el("span", "aa-wrong", "  truncated"));
     view.appendChild(pred);
@@ -123,7 +119,8 @@
         var q = side === "q", tokens = q ? data.query_tokens : data.key_tokens, idx = q ? data.q_idx : data.k_idx;
         var a = el("div", q ? "aa-row-label" : "aa-col-label", label(tokens, idx, i));
         a.setAttribute("data-pos", idx[i]);
-        a.title = (q ? "query " : "key ") + tokens[i] + " (" + idx[i] + "): click to see " +
+        var pieces = q ? data.query_pieces : data.key_pieces;
+        a.title = (q ? "query " : "key ") + tokens[i] + " (" + idx[i] + (pieces && pieces[i] !== tokens[i] ? ", piece " + pieces[i] : "") + "): click to see " +
           (q ? "what it reads from" : "who reads it");
         a.setAttribute("data-side", side);
         a.onclick = function () { pick(idx[i], false, side); };
