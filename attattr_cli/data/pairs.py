@@ -94,8 +94,10 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
         where = f"{name} line {line_no}"
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{where}: not JSON ({exc.msg})") from None
+        except (ValueError, RecursionError) as exc:
+            from .readers import json_problem
+
+            raise DataError(f"{where}: not valid JSON ({json_problem(exc)})") from None
         pairs.append(pair_from_dict(obj, len(pairs), where))
     if not pairs:
         raise DataError(f"{name}: no pairs (a JSONL file of objects with {', '.join(FIELDS)})")
@@ -114,7 +116,7 @@ def is_pairs_file(path: str | os.PathLike) -> bool:
                 if line.strip():
                     obj = json.loads(line)
                     return isinstance(obj, dict) and all(f in obj for f in FIELDS)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # not pairs: the table reader says why
         return False
     return False
 
