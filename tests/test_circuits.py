@@ -290,24 +290,3 @@ def test_patching_only_the_pattern_or_only_the_values_equals_doing_it_by_hand(lo
                 # (eager attention takes its softmax in float32: agreement to float32 rounding)
                 assert table[b.positions[0], l, h] == pytest.approx(float(clean_m - m), rel=1e-5, abs=1e-8)
 
-
-def test_attr_circuit_ranks_the_gate_integrals_core_first_then_atp(loaded):
-    """attr-circuit: the top 10 % of heads by |mean gate integral| rank first (by it), every
-    other head after them by AtP; its per-pair scores are the integral on the core, AtP elsewhere."""
-    from attattr_cli.analysis.circuits import REGISTRY
-    from attattr_cli.analysis.circuits.gates import CORE
-
-    ctx = _ctx(loaded)
-    out = REGISTRY["attr-circuit"].compute(ctx)
-    ig = REGISTRY["attr-gates"].compute(ctx)
-    atp = REGISTRY["atp"].compute(ctx)
-    n = ig[0].size
-    core = np.argsort(-np.abs(ig.mean(0).ravel()))[:max(1, int(CORE * n))]
-    by_key = np.argsort(-np.abs(out.key.ravel()))
-    assert set(by_key[:len(core)].tolist()) == set(core.tolist())
-    rest = by_key[len(core):]
-    assert np.all(np.diff(np.abs(atp.mean(0).ravel()[rest])) <= 1e-12)  # the others by |AtP|, descending
-    flat_per = out.per_pair.reshape(len(out.per_pair), -1)
-    np.testing.assert_allclose(flat_per[:, core], ig.reshape(len(ig), -1)[:, core], rtol=1e-10, atol=1e-12)
-    others = np.setdiff1d(np.arange(n), core)
-    np.testing.assert_allclose(flat_per[:, others], atp.reshape(len(atp), -1)[:, others], rtol=1e-10, atol=1e-12)

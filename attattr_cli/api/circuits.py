@@ -79,8 +79,7 @@ class Circuit:
     @checked()
     def ranking(self, method: str | None = None) -> list[tuple[int, int]]:
         """(layer, head) from the most to the least important by ``method`` (default: the recommended)."""
-        r = self._method(method)
-        s = r.scores if r.key is None else r.key
+        s = self._method(method).scores
         return [tuple(int(x) for x in np.unravel_index(i, s.shape)) for i in np.argsort(-s.ravel(), kind="stable")]
 
     def _method(self, method):

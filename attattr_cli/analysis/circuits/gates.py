@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import HeadMethod, Ranked, register
+from .registry import HeadMethod, register
 
 STEPS = 4  # Gauss-Legendre nodes of the diagonal (docs/circuits.md: how many are enough)
 
@@ -70,30 +70,6 @@ def _attr_gates(ctx) -> np.ndarray:
     return gate_gradients(ctx, x, w)
 
 
-CORE = 0.1  # the share of heads attr-circuit ranks by the gate integral (docs/circuits.md)
-
-
-def _attr_circuit(ctx):
-    """The core (the top CORE of heads by |mean gate integral|) first, by the integral; every
-    other head after it, by its gradient at the clean model (AtP). One batch of passes: the
-    Gauss nodes and alpha = 1 together."""
-    x, w = nodes(ctx.steps or STEPS)
-    alphas = np.append(x, 1.0)
-    weights = np.zeros((len(alphas), 2))
-    weights[:-1, 0], weights[-1, 1] = w, 1.0
-    ig, atp = gate_gradients(ctx, alphas, weights)
-    mean_ig, mean_atp = ig.mean(0), atp.mean(0)
-    n = mean_ig.size
-    core = np.argsort(-np.abs(mean_ig.ravel()), kind="stable")[:max(1, int(CORE * n))]
-    per = atp.copy()
-    per.reshape(per.shape[0], -1)[:, core] = ig.reshape(ig.shape[0], -1)[:, core]
-    scores = per.mean(0)
-    key = mean_atp.ravel().copy()
-    lift = np.abs(key).max() + np.abs(mean_ig).max() + 1.0  # every core head ranks above every other by |key|
-    key[core] = np.sign(mean_ig.ravel()[core]) * (lift + np.abs(mean_ig.ravel()[core]))
-    return Ranked(per, scores, key.reshape(mean_ig.shape))
-
-
 register(HeadMethod(
     name="attr-gates",
     description="integrated gradients of the metric along head gates from all heads ablated to all kept "
@@ -102,15 +78,5 @@ register(HeadMethod(
     kind="attribution",
     reference="attattr (integrated gradients, Sundararajan et al. 2017, over MIB's node gates)",
     passes=lambda s: "1 counterfactual forward + (steps) forward and backward rows, batched",
-    default=False,
-))
-register(HeadMethod(
-    name="attr-circuit",
-    description=f"the core ({CORE:.0%} of heads) by attr-gates' integral, the other heads after it by their gradient "
-                "at the clean model (atp); one batch of passes",
-    compute=_attr_circuit,
-    kind="attribution",
-    reference="attattr",
-    passes=lambda s: "1 counterfactual forward + (steps + 1) forward and backward rows, batched",
     default=True,
 ))

@@ -16,17 +16,6 @@ class HeadMethod:
     default: bool = False  # computed by default (with the recommended method)
 
 
-@dataclass
-class Ranked:
-    """What a method returns when its ranking is not simply its mean score: ``per_pair``
-    [pairs, layer, head] and ``scores`` [layer, head] in units of the metric, ``key``
-    [layer, head] what the heads are ranked by (signed; by |key| for CMD's ranking)."""
-
-    per_pair: Any
-    scores: Any
-    key: Any
-
-
 REGISTRY: dict[str, HeadMethod] = {}
 
 

@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import REGISTRY, RECOMMENDED
-from .registry import Ranked
 from .evaluate import PERCENTAGES, area, bootstrap, curve_from, ends, keep_masks, per_pair_metrics
 from .task import Context
 
@@ -28,7 +27,6 @@ class MethodResult:
     spearman: float | None = None  # with exact patching, where computed
     top10_shared: int | None = None
     completeness: float | None = None  # |sum of scores - (m(N) - m(empty))| / |m(N) - m(empty)|, where it applies
-    key: np.ndarray | None = None  # [layer, head] what the heads are ranked by (the scores unless a method says)
 
 
 @dataclass
@@ -61,21 +59,17 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun
     shared = (_cpu() - t) / task.n
     for name in methods:
         t = _cpu()
-        out = REGISTRY[name].compute(ctx)
+        per = np.asarray(REGISTRY[name].compute(ctx), dtype=np.float64)
         cost = (_cpu() - t) / task.n + (shared if name not in ("random",) else 0.0)
-        if isinstance(out, Ranked):
-            per, mean, key = (np.asarray(x, dtype=np.float64) for x in (out.per_pair, out.scores, out.key))
-        else:
-            per = np.asarray(out, dtype=np.float64)
-            mean = key = per.mean(0)
-        masks = np.concatenate([keep_masks(key, False), keep_masks(key, True)])
+        mean = per.mean(0)
+        masks = np.concatenate([keep_masks(mean, False), keep_masks(mean, True)])
         pm = per_pair_metrics(ctx, masks)
         k = len(PERCENTAGES)
         signed, absolute = pm[:k], pm[k:]
         f_s, f_a = curve_from(signed, clean, empty), curve_from(absolute, clean, empty)
         cpr, cmd = area(PERCENTAGES, f_s)[0], area(PERCENTAGES, f_a)[1]
         ci_cpr, ci_cmd = bootstrap(signed, absolute, clean, empty, samples=bootstrap_samples, seed=ctx.seed)
-        res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost, key=key)
+        res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
         if name in ("attr-gates",):
             total = per.sum((1, 2))
             gap = clean - empty
@@ -84,7 +78,7 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun
     ref = run.methods.get("patching")
     if ref is not None:
         for r in run.methods.values():
-            r.spearman = float(spearmanr(r.key.ravel(), ref.key.ravel())[0])
+            r.spearman = float(spearmanr(r.scores.ravel(), ref.scores.ravel())[0])
             top = lambda s: set(np.argsort(-s.ravel())[:10].tolist())  # noqa: E731
-            r.top10_shared = len(top(r.key) & top(ref.key))
+            r.top10_shared = len(top(r.scores) & top(ref.scores))
     return run
