@@ -17,7 +17,7 @@ import typer
 from attattr_cli.cli import app
 from attattr_cli.fileio import check_output, is_stream, replaced, write_atomic
 from attattr_cli.errors import OptionError
-from conftest import one_error_line, run_cli
+from conftest import build_model, one_error_line, run_cli
 
 
 def _md5(path: Path) -> str:
@@ -59,7 +59,13 @@ def inputs(tmp_path_factory, tokenizer):
     data.write_text("sentence\tlabel\n" + "".join(f"{' '.join(WORDS[i:i + 5])}\t{i % 2}\n" for i in range(4)))
     (d / "attr.json").write_text("[]\n")
     (d / "tokens.json").write_text("[]\n")
-    return {"store": store, "triggers": trig, "importance": imp, "data": data, "dir": d}
+    lm = d / "tiny-llama"  # a causal LM and counterfactual pairs for `circuit`
+    build_model("llama", num_labels=2, layers=2, lm=True).save_pretrained(lm)
+    tokenizer.save_pretrained(lm)
+    pairs = d / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"w{i} w{i + 1} w{i + 2} w{i}", "counterfactual": f"w{i + 5} w{i + 6} w{i + 7} w{i + 8}",
+                                         "answer": f"w{i + 1}", "foil": f"w{i}"}) + "\n" for i in range(3)))
+    return {"store": store, "triggers": trig, "importance": imp, "data": data, "dir": d, "lm": lm, "pairs": pairs}
 
 
 def _same_as_input(cmd: str, f: dict) -> tuple[list, Path]:
@@ -80,6 +86,7 @@ def _same_as_input(cmd: str, f: dict) -> tuple[list, Path]:
         "view": ([s, "-n", 0, "-o", s], s),
         "report": ([s, "-o", s], s),
         "convert": ([f["data"], "--out", f["data"]], f["data"]),
+        "circuit": (["--model", f["lm"], "--data", f["pairs"], "--out", f["pairs"]], f["pairs"]),
         "demo data": None,  # no input
         "demo train": None,  # no input
     }
@@ -103,6 +110,7 @@ def _to_device(cmd: str, f: dict, dev: Path) -> list:
         "view": [s, "-n", 0, "-f", "svg", "-o", dev],
         "report": [s, "-o", dev],
         "convert": [f["data"], "--out", dev],
+        "circuit": ["--model", f["lm"], "--data", f["pairs"], "--methods", "random", "--bootstrap", 10, "--out", dev, "-q"],
         "demo data": ["--out", dev, "--count", 3],
         "demo train": ["--out", dev],
     }
@@ -111,17 +119,17 @@ def _to_device(cmd: str, f: dict, dev: Path) -> list:
 
 WRITERS = writing_commands()
 # the commands whose output is one file: streamed into a device
-STREAMED = {"attack", "faithfulness", "importance", "prune", "report", "tree", "triggers", "view"}
+STREAMED = {"attack", "circuit", "faithfulness", "importance", "prune", "report", "tree", "triggers", "view"}
 
 
 def test_every_writing_command_is_listed():
     """The cases below cover every command with an output option (a new one must be added)."""
     assert set(WRITERS) == {"score", "merge", "tree", "import-json", "finetune", "importance", "prune", "triggers",
-                            "attack", "faithfulness", "view", "report", "convert", "demo data", "demo train"}
+                            "attack", "faithfulness", "view", "report", "convert", "circuit", "demo data", "demo train"}
+    names = ("store", "triggers", "importance", "data", "dir", "lm", "pairs")
     for cmd in WRITERS:  # each has its cases below (an input as output; a device as output)
-        assert (_same_as_input(cmd, {k: Path("x") for k in ("store", "triggers", "importance", "data", "dir")})
-                is None) == (cmd in NO_INPUT)
-        assert _to_device(cmd, {k: Path("x") for k in ("store", "triggers", "importance", "data", "dir")}, Path("d"))
+        assert (_same_as_input(cmd, {k: Path("x") for k in names}) is None) == (cmd in NO_INPUT)
+        assert _to_device(cmd, {k: Path("x") for k in names}, Path("d"))
 
 
 # the writing commands that read no file (nothing for their output to destroy)

@@ -149,6 +149,7 @@ class Circuit:
         }
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
         return strict_dumps(self.to_dict(), indent=2)
 
     @checked(path=Out())

@@ -87,7 +87,7 @@ def _check_out(out) -> None:
         raise OptionError(f"out {out}: the folder {parent} does not exist")
 
 
-@checked(store=File(), example=Int(), out=Out(), layers=OneOf(Ints(), Str()), heads=OneOf(Str(), Int()), show=Names(),
+@checked(store=File(), example=Int(), out=Out(), layers=OneOf(Ints(), Str(choices=("all",))), heads=OneOf(Str(), Int()), show=Names(),
          queries=Ints())
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
          heads="sum", show=("attr", "attention"), queries: Sequence[int] | None = None, window: int | None = None,

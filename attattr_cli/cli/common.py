@@ -287,7 +287,7 @@ class Group(TyperGroup):
 
 # the parameters of the commands that name what they write; every other path-like parameter
 # (the store, --data, --model, --importance, ...) is an input that none of these may be
-OUTPUTS = ("out_path", "out_dir", "out_file", "plot", "csv_path", "save_model", "save_texts", "store_out",
+OUTPUTS = ("out_path", "out_dir", "out_file", "plot", "csv_path", "json_path", "save_model", "save_texts", "store_out",
            "keep_store")
 # the outputs that are folders (a model folder) or HDF5 stores written where they lie: a device
 # or a FIFO there is refused before any work, as the writers would refuse it after it
