@@ -24,6 +24,7 @@ class Encoded:
     lm_targets: list[int] | None = None  # LM: target token ids (None: the predicted one)
     decoder_input_ids: list[int] | None = None  # encoder-decoder: the decoder's input
     decoder_tokens: list[str] | None = None
+    sources: list[dict] | None = None  # LM --sources: the prompt's sources as token spans (analysis/sources.py)
 
     def model_inputs(self) -> dict[str, list[int]]:
         """``{input name: list}`` for one row of a padded batch (see ``batching.pad_rows``):

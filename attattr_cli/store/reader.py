@@ -68,6 +68,8 @@ class StoredExample:
     # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
     # its prefix (store/steps.py); None otherwise
     steps: list | None = None
+    # schema 1.5: keep sources: [layer, key], the attribution summed over heads and queries
+    key_sum: np.ndarray | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -169,6 +171,8 @@ class StoredExample:
     def token_importance(self) -> np.ndarray:
         """Per (key) token: the attribution summed over layers, heads and queries."""
         s = self.summed()
+        if s is None and self.key_sum is not None:  # keep sources: the key sums are what is kept
+            return np.asarray(self.key_sum, np.float64).sum(axis=0)
         if s is None:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
         return np.asarray(s, np.float64).sum(axis=(0, 1))
@@ -205,7 +209,7 @@ _ARRAYS = {"input_ids": ("iu", 1), "segment_ids": ("iu", 1), "logits": ("f", 1),
            "layers": ("iu", 1), "head_max": ("f", None), "f_baseline": ("f", 1), "residual": ("f", 1),
            "attribution": ("f", 4), "attention": ("f", 4), "attention_mean": ("f", 3), "head_sum": ("f", 3),
            "topk_index": ("iu", 4), "topk_value": ("f", 3), "nodes": ("iu", 1), "error_estimate": ("f", 1),
-           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1)}
+           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1), "key_sum": ("f", 2)}
 # the datasets that hold one value per layer
 _PER_LAYER = ("f_baseline", "residual", "nodes", "error_estimate", "node_cap_hit", "convergence")
 
@@ -565,6 +569,7 @@ class Store(OpenFile):
             convergence_tol=tol,
             label_names=self._label_names(),
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
+            key_sum=arr("key_sum", big=False),
         )
         if family == "self":
             from .steps import read_steps

@@ -78,7 +78,7 @@ def read_steps(example, g, arrays: bool = True) -> list | None:
             node_cap_hit=None if "node_cap_hit" not in sg else sg["node_cap_hit"][()].astype(bool),
             convergence=conv if conv is None else conv.astype(np.uint8),
             convergence_tol=float(sg["convergence"].attrs["tol"]) if "convergence" in sg else None,
-            meta=meta, steps=None))
+            meta=meta, steps=None, key_sum=arr("key_sum", big=False)))
     return out
 
 

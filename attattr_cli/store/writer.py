@@ -369,7 +369,7 @@ class StoreWriter(OpenFile):
                 ds = self._dataset(g, name, data=arr.astype(self.store_dtype), chunks=chunks, **(big if arr.size else {}))
             elif name == "topk_index":
                 ds = self._dataset(g, name, data=arr.astype(np.int32), **(big if arr.size else {}))
-            elif name in ("head_max", "topk_value"):
+            elif name in ("head_max", "topk_value", "key_sum"):
                 ds = self._dataset(g, name, data=arr.astype(np.float32))
             else:
                 ds = self._dataset(g, name, data=arr)
@@ -389,7 +389,8 @@ class StoreWriter(OpenFile):
         if families:
             for fs in families.values():
                 maps += [fs.attribution, fs.attention, fs.head_sum]
-                arrays += [fs.head_max, fs.f_baseline, fs.residual, fs.topk_index, fs.topk_value]
+                arrays += [fs.head_max, fs.f_baseline, fs.residual, fs.topk_index, fs.topk_value,
+                           getattr(fs, "key_sum", None)]
         else:
             maps += [score.attribution, score.attention]
             arrays += [score.head_max, score.f_baseline, score.residual]
@@ -499,7 +500,8 @@ def family_arrays(fs) -> dict:
         error_estimate=getattr(fs, "error", None),
         node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
         convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
-        convergence_tol=getattr(fs, "status_tol", None))
+        convergence_tol=getattr(fs, "status_tol", None),
+        key_sum=getattr(fs, "key_sum", None))  # schema 1.5 (keep sources)
 
 
 def _why(reason: BaseException | str) -> str:
