@@ -173,3 +173,30 @@ def test_thread_choice():
     with threads.using(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+# -- is it right? source removal ---------------------------------------------------------------
+def test_source_removal_check(lm):
+    from attattr_cli.analysis.context_check import _answer_logprob, _without
+
+    check = aa.source_removal(lm, TEXT, ANSWER, sources="paragraphs", ks=[1, 3], steps=4)
+    assert set(check.scores) == {"attattr", "attention", "input_x_gradient", "loo"}
+    assert all(len(v) == 3 for v in check.scores.values())
+    model = lm.loaded.model
+    ids = list(lm.loaded.tokenizer(TEXT)["input_ids"])
+    answer = list(lm.loaded.tokenizer(ANSWER, add_special_tokens=False)["input_ids"])
+    assert check.f_full == pytest.approx(_answer_logprob(model, ids, answer))
+    # leave-one-out is exact: F minus F without the source
+    for s, v in enumerate(check.scores["loo"]):
+        assert v == pytest.approx(check.f_full - _answer_logprob(model, _without(ids, check.sources, {s}), answer))
+    # k = 3 removes every source: the same drop for every method; LOO's top 1 is the best single removal
+    assert len({round(d[3], 12) for d in check.drops.values()}) == 1
+    assert all(check.drops["loo"][1] >= d[1] - 1e-12 for d in check.drops.values())
+    assert check.agreement["loo"] == pytest.approx(1.0)
+    # the attattr scores are those of score(..., keep="sources")
+    kept = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", output="logprob", steps=4)[0]
+    np.testing.assert_allclose(check.scores["attattr"], kept.to_pandas("sources").score, rtol=1e-6)
+    rows = check.rows()
+    assert {r["method"] for r in rows} == set(check.scores) and all(r["k"] in (1, 3) for r in rows)
+    with pytest.raises(OptionError, match="unknown source-removal method"):
+        aa.source_removal(lm, TEXT, ANSWER, methods=["nope"])

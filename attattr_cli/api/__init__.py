@@ -17,7 +17,7 @@ per function (``@checked``) and checked before any work.
 from .demo import synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
 from .scoring import score
-from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge
+from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge, source_removal
 from .triggers import AttackResult, TriggersResult, attack, triggers
 from .model import Model, load_model
 from .results import Attribution, Interaction, Results, StoreView, Tree, open_store, tree
@@ -27,5 +27,5 @@ __all__ = [
     "Attribution", "AttackResult", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data",
+    "triggers", "view", "report", "info", "source_removal", "Picture", "train_default", "synthetic_data",
 ]
