@@ -4,8 +4,9 @@ Per configuration (model x context length), in a child process of its own:
 
 * the prompt: numbered passages (one fact each: a town, its mayor, its river, its founding
   year) separated by blank lines until the context has about T tokens, then a question about
-  one passage; the model's own 5-token greedy answer is the continuation;
-* ``score(..., continuation=answer, sources="paragraphs", output="logprob", keep="sources")``:
+  one passage, in the model's chat template; the model's own 5-token greedy answer is the
+  continuation; the sources are the passages, given as a JSONL file;
+* ``score(..., continuation=answer, sources=FILE, output="logprob", keep="sources")``:
   CPU seconds, wall seconds and the peak RSS (VmHWM) of the child, the store's size, the
   estimate said before the run (engine/budget.py) and the estimated store size of every
   ``--keep`` mode, the convergence of the layers;
@@ -53,17 +54,23 @@ def passage(i: int) -> str:
             f" {1500 + 37 * i % 400}, and its mayor is {NAMES[(7 * i + 3) % len(NAMES)]}.")
 
 
-def make_prompt(tokenizer, tokens: int) -> tuple[str, int]:
-    """Numbered passages up to about ``tokens`` tokens and a question about one near the middle."""
+def make_prompt(tokenizer, tokens: int) -> tuple[str, list[str], int]:
+    """Numbered passages up to about ``tokens`` tokens and a question about one near the middle,
+    in the model's chat template where it has one: (prompt, passages, the passage asked about)."""
     parts, i = [], 0
     while True:
         parts.append(passage(i))
         i += 1
         ask = i // 2
         town = passage(ask).split("town of ")[1].split(" lies")[0]
-        text = "\n\n".join(parts) + f"\n\nQuestion: Who is the mayor of {town}? Answer:"
+        user = "\n\n".join(parts) + f"\n\nQuestion: Who is the mayor of {town}? Answer with the name."
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
+                                                 add_generation_prompt=True) + f"The mayor of {town} is"
+        else:
+            text = user + f"\nAnswer: The mayor of {town} is"
         if len(tokenizer(text)["input_ids"]) >= tokens - 5:
-            return text, ask
+            return text, parts, ask
 
 
 def random_llama(folder: Path, tokenizer_from: str | None) -> str:
@@ -110,17 +117,20 @@ def child(cfg: dict) -> dict:
     t_wall, t_cpu = time.perf_counter(), time.process_time()
     model = aa.load_model(cfg["model"], lm=True)
     tok = model.tokenizer
-    text, asked = make_prompt(tok, cfg["tokens"])
+    text, parts, asked = make_prompt(tok, cfg["tokens"])
+    sources = str(Path(cfg["out"]).with_suffix(".passages.jsonl"))  # the passages, given: --sources FILE
+    Path(sources).write_text("".join(json.dumps({"text": p}) + "\n" for p in parts))
     torch.set_num_threads(cfg["threads"])
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
-        out = model.model.generate(ids, max_new_tokens=cfg["answer"], do_sample=False, pad_token_id=tok.eos_token_id)
+        out = model.model.generate(ids, max_new_tokens=cfg["answer"], min_new_tokens=cfg["answer"],
+                                   do_sample=False, pad_token_id=tok.eos_token_id)
     answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
     load_cpu = time.process_time() - t_cpu
     estimates = {}
     rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
     sc = Scorer(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
-                                           sources="paragraphs"))
+                                           sources=sources))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
         e = budget.estimate(sc, enc, 0, keep)
@@ -128,7 +138,7 @@ def child(cfg: dict) -> dict:
     heard = []
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
-    aa.score(model, prompts=[text], continuation=answer, sources="paragraphs", output="logprob",
+    aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
              keep="sources", threads=cfg["threads"], out=store, notify=heard.append, **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
     peak_after_score = vm_hwm()

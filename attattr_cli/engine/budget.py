@@ -151,6 +151,8 @@ def check(scorer, encoded: dict, budget: int | None, store_dtype: str = "float32
     where its peak would exceed ``budget`` (default: :func:`available`)."""
     if not encoded:
         return [], 0
+    if budget is None and scorer.device.type != "cpu":
+        budget = 1 << 62  # the estimate counts host memory and CPU attention: a GPU run is refused only at --memory
     budget = available() if budget is None else int(budget)
     index, enc = max(encoded.items(), key=lambda kv: (max(len(kv[1].input_ids), len(kv[1].decoder_input_ids or [])),
                                                       len(kv[1].lm_positions or [])))
@@ -164,5 +166,5 @@ def check(scorer, encoded: dict, budget: int | None, store_dtype: str = "float32
                 "no --keep fits: give fewer --layers, a shorter input or more --memory")
         raise ResourceError(f"example {index} ({est.tokens} tokens, --keep {est.keep}) needs about {human(est.peak)}"
                             f" of memory, over --memory {human(budget)}: {hint}")
-    lines = [est.line(budget)] if est.tokens >= LONG_RUN_TOKENS else []
+    lines = [est.line(budget).replace(f" (--memory {human(1 << 62)})", "")] if est.tokens >= LONG_RUN_TOKENS else []
     return lines, budget

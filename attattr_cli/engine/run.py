@@ -318,7 +318,8 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
 
     prep = prepare_run(req, loaded)
     lines, _budget = budget.check(prep.scorer, prep.encoded, req.options.memory, req.store_dtype)
-    longest = max(prep.tokens().values(), default=0)
+    # the tokens one pass holds: the longest example's, times the short examples a group scores together
+    longest = max(prep.tokens().values(), default=0) * max(1, min(grouped.group_size(prep.scorer), len(prep.picked)))
     count = threads.choose(longest, req.options.threads)
     if notify is not None:
         for line in lines:

@@ -6,7 +6,8 @@ that waits for a core stalls every product (a 5-token SmolLM2 prompt: 5-9 CPU s 
 77 s wall with torch's default threads on a loaded 2-core machine). A long input's products
 are large enough to share, but only cores no one else is using help. So:
 
-* fewer than MIN_TOKENS_PER_THREAD tokens: one thread;
+* fewer than MIN_TOKENS_PER_THREAD tokens in a pass (an example's tokens, times the examples a
+  group of short classifier inputs scores together): one thread;
 * else as many as the cores free now (this process's usable cores minus the load average
   of the last minute, rounded; at least 1), and no more than the tokens allow
   (one per MIN_TOKENS_PER_THREAD tokens);
