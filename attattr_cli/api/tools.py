@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import Tolerance, Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .checks import OneOf, Tolerance, Examples, File, Files, Int, Ints, ModelArg, Names, Number, Numbers, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, as_model, progress_for, using
 from .scoring import score
@@ -353,7 +353,8 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
 
 
 @checked(model=ModelArg(), prompt=Str(), continuation=Str(), sources=Str(), ks=Ints(), methods=Names(),
-         tol=Tolerance(), progress=Progress())
+         tol=Tolerance(), progress=Progress(),
+         memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
 def source_removal(model, prompt: str, continuation: str, *, sources: str = "paragraphs", ks=(1, 3, 5), methods=None,
                    steps: int | None = None, rule: str | None = None, tol: float | None = None,
                    threads: int | None = None, memory=None, device: str = "auto", progress=False):
