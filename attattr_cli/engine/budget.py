@@ -6,8 +6,9 @@ H heads, S steps of a generation, 1 otherwise):
 
 * the process itself (Python, torch, transformers: RUNTIME) and the model's weights;
 * the larger of the clean forward kept for its backward (every layer:
-  ``memory.step_bytes`` at layer 0, which counts the eager attention's probabilities, 3 H n²
-  per layer on CPU) and one integration pass of as many rows as run at once;
+  ``memory.step_bytes`` at layer 0; it counts the eager attention's probabilities, 3 H n² per
+  layer, on CPU, which a causal LM's fused attention does not keep) and one integration pass
+  of as many rows as run at once;
 * one layer's maps as they are made (A, G Vᵀ and their product, and A kept for the error
   estimates: 4 H n² floats), the only n² arrays of ``--keep sum`` or ``sources`` beside the
   kept head sums: maps are reduced layer by layer as each layer's integral is done;
@@ -16,7 +17,10 @@ H heads, S steps of a generation, 1 otherwise):
   mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
 
 The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
-checked against the bench's measured peak RSS (bench/bench_long_context.py; docs/long-context.md).
+checked against the bench's measured peak RSS (bench/bench_long_context.py; docs/long-context.md):
+SmolLM2-135M, one thread, ``--keep sources``: 272 tokens 3.1 GB estimated, 2.95 GB measured;
+1,063 tokens 2.8 GB estimated, 2.69 GB measured (the scoring; the removal check after it
+reached 3.2 GB).
 """
 
 from __future__ import annotations
@@ -119,6 +123,11 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     clean = memory.step_bytes(cfg, arch, (fam.name, 0), n, scorer.dtype, scorer.device, kept_positions,
                               scorer.options.lm)
     per_row = memory.step_bytes(cfg, arch, site0, n, scorer.dtype, scorer.device, kept_positions, scorer.options.lm)
+    if scorer.device.type != "cuda" and scorer.options.lm and not arch.is_encoder_decoder:
+        # a causal LM's layers run PyTorch's fused attention on CPU too (is_causal, no mask): no
+        # n x n probabilities kept for the backward (step_bytes counts them on CPU)
+        clean -= el * fam.num_layers * 3 * heads * n * n
+        per_row -= el * (fam.num_layers - site0[1]) * 3 * heads * n * n
     # rows per pass as the integration picks them (engine/layer_integral.py): --tol's levels and a
     # generation's steps fill a pass up to what the CPU's tokens-per-pass rule or the memory allows
     rows = scorer.options.step_batch or memory.steps_that_fit(per_row, MAX_ROWS * steps, n, scorer.device,
