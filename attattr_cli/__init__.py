@@ -3,7 +3,7 @@
 The library is the product: ``import attattr_cli as aa`` gives ``aa.load_model``,
 ``aa.score``, ``aa.open_store``, ``aa.tree``, ``aa.importance``, ``aa.prune``, ``aa.predict``,
 ``aa.triggers``, ``aa.attack``, ``aa.circuit``, ``aa.make_pairs``, ``aa.faithfulness``, ``aa.finetune``, ``aa.merge``,
-``aa.import_2021``, ``aa.view``, ``aa.report``, ``aa.info``, ``aa.train_default`` and
+``aa.import_2021``, ``aa.source_removal``, ``aa.view``, ``aa.report``, ``aa.info``, ``aa.train_default`` and
 ``aa.synthetic_data`` (see docs/api.md). They are imported lazily, so ``import attattr_cli``
 stays cheap (no torch until a function is used). The command-line interface lives in
 ``attattr_cli.cli`` and calls these functions.
@@ -22,7 +22,8 @@ __all__ = [
     "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "__version__",
+    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
+    "__version__",
 ]
 
 

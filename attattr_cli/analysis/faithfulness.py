@@ -32,6 +32,11 @@ With ``aggregate="words"`` the agreement, erasure and masking metrics rank and e
 instead of tokens (:class:`Units`): a word's score is the sum of its tokens' scores, and
 erasing a word erases all its tokens; the bins and fractions count content words.
 
+* Context attribution (language models): the top-k sources of each method (attattr,
+  attention, input x gradient, leave-one-source-out) removed from the prompt, and the drop
+  of the answer's joint log-probability, for k = 1, 3, 5, with the rank agreement with
+  leave-one-source-out (:mod:`attattr_cli.analysis.context_check`, ``aa.source_removal``).
+
 Pure functions first; :func:`evaluate_store` runs them over a store.
 """
 
@@ -50,6 +55,7 @@ from ..fileio import strict_json
 from ..errors import OptionError, StoreError
 from .methods import REGISTRY
 from .stats import kendall_tau_b
+from .context_check import removal_check as source_removal_check  # noqa: F401  (the LM context check)
 from .token_importance import (
     ALL_METHODS,
     MAX_TOKENS,

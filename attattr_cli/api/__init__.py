@@ -18,7 +18,7 @@ from .circuits import Circuit, circuit
 from .demo import make_pairs, pair_data, synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
 from .scoring import score
-from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge
+from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge, source_removal
 from .triggers import AttackResult, TriggersResult, attack, triggers
 from .model import Model, convert, load_model
 from .results import Attribution, Interaction, Results, StoreView, Tree, open_store, tree
@@ -28,5 +28,5 @@ __all__ = [
     "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert",
+    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
 ]

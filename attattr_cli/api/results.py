@@ -158,10 +158,18 @@ class Attribution(StoredExample):
         docs/api.md), ``"tokens"`` one row per (key) token with its importance (with
         ``aggregate="words"``, or a list of spans as :meth:`aggregate` takes, one row per word,
         its importance the sum of its tokens'), ``"steps"`` (a generation's default) one row
-        per generated token: step, token, target value, foil, residual, convergence."""
+        per generated token: step, token, target value, foil, residual, convergence; ``"sources"``
+        (an LM scored with ``sources=...``) one row per source: ``source``, ``start``, ``end``
+        (token positions, end exclusive), ``text``, ``score`` (its keys' attribution summed over
+        layers, heads and queries; for a generation over the steps too) and for a generation one
+        ``step_t`` column per step (docs/long-context.md)."""
         from ..views.notebook import data_frame
 
         table = table or ("steps" if self.steps else "heads")
+        if table == "sources":
+            from ..analysis.sources import SOURCE_COLUMNS, source_rows, step_columns
+
+            return data_frame(source_rows(self), SOURCE_COLUMNS + step_columns(self))
         return data_frame(*_table([self], table, aggregate))
 
     def __repr__(self) -> str:
@@ -196,9 +204,12 @@ TOKEN_COLUMNS = ["example", "position", "token", "piece", "importance"]
 def _columns(table: str) -> list[str]:
     from ..views.steps import STEP_COLUMNS
 
-    if table not in ("heads", "tokens", "steps"):
-        raise OptionError(f"table must be heads, tokens or steps, got {table!r}")
-    return {"heads": HEAD_COLUMNS, "tokens": TOKEN_COLUMNS, "steps": STEP_COLUMNS}[table]
+    from ..analysis.sources import SOURCE_COLUMNS
+
+    if table not in ("heads", "tokens", "steps", "sources"):
+        raise OptionError(f"table must be heads, tokens, steps or sources, got {table!r}")
+    return {"heads": HEAD_COLUMNS, "tokens": TOKEN_COLUMNS, "steps": STEP_COLUMNS,
+            "sources": ["example"] + SOURCE_COLUMNS}[table]
 
 
 def _table(examples, table: str, aggregate=None) -> tuple[list[dict], list[str]]:
@@ -263,6 +274,11 @@ def _rows_of(examples, table: str, aggregate=None) -> list[dict]:
         if table == "steps" and not e.steps:
             raise OptionError(f"example {e.index} is not a generation scored step by step: it has no steps table"
                               " (score it with generate=N, or continuation=... with per_step=True)")
+        if table == "sources":
+            from ..analysis.sources import source_rows
+
+            rows += [{"example": int(e.index), **r} for r in source_rows(e)]
+            continue
         rows += head_rows(e) if table == "heads" else token_rows(e, aggregate) if table == "tokens" else step_rows(e)
     return rows
 

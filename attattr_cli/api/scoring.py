@@ -7,7 +7,7 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
-from .checks import Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, checked
+from .checks import OneOf, Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, ModelArg, as_model, progress_for, using
 from .results import TemporaryStore, read_all
@@ -17,7 +17,8 @@ from .results import TemporaryStore, read_all
 
 
 @checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), out=Out(), layers=Ints(), family=Names(),
-         prompts=Texts(), dist_timeout=Number(above=0), tol=Tolerance(), progress=Progress(), command=Texts(), warn=Callback())
+         prompts=Texts(), dist_timeout=Number(above=0), tol=Tolerance(), progress=Progress(), command=Texts(), warn=Callback(),
+         notify=Callback(), memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
 def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
           rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
@@ -25,7 +26,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
           continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
           dist_timeout: float = 3600.0, progress=False, command=None, warn=None, foil: str | None = None,
-          generate: int | None = None, per_step: bool = False, sample: bool = False, metric: str | None = None):
+          generate: int | None = None, per_step: bool = False, sample: bool = False, metric: str | None = None,
+          sources: str | None = None, memory=None, threads: int | None = None, notify=None):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -63,7 +65,18 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``Pair`` inputs; data/pairs.py) are scored each with its own answer and foil, F = ``metric``:
     ``"logit-diff"`` (the default for pairs; mean logit of the answer set - that of the foil set),
     ``"logprob-diff"`` or ``"prob"`` (engine/metrics.py); the tokens are kept with each example,
-    so that the pairs share one store (merge, resume, save)."""
+    so that the pairs share one store (merge, resume, save).
+
+    Long contexts (docs/long-context.md): ``sources`` ("sentences", "paragraphs" or a JSONL file
+    of passages, ``FILE`` or ``FILE:FIELD``) groups an LM prompt's keys into sources, and
+    ``keep="sources"`` (the default with ``sources``) keeps per layer only each key's
+    attribution summed over heads and queries (kilobytes), the maps reduced layer by layer;
+    ``example.to_pandas("sources")`` is one row per source. ``memory`` (bytes, or "4GB") bounds
+    the run's estimated peak (default: most of the free memory): a run over it is refused
+    (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
+    a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
+    the free cores for long ones)."""
+    from ..engine.budget import parse_size
     from ..engine.options import ScoreOptions, integration, precheck
 
     if isinstance(family, str):
@@ -76,7 +89,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
                             step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position,
                             foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None,
-                            metric=metric)
+                            metric=metric, sources=None if sources is None else str(sources),
+                            memory=parse_size(memory), threads=threads)
 
     # the options, the selection, the output and the data file are checked before anything loads
     if out is not None:
@@ -92,7 +106,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
             out=str(out), model=None if model is None else str(model), data=None if data is None else str(data),
             task=task, examples=selection(examples), options=options_for(bool(lm)), device=device,
             store_dtype=store_dtype, seed=seed, command=command_of(command), prompts=list(prompts) if prompts else None),
-            progress, warn, keep_shards, dist_timeout)
+            progress, warn, keep_shards, dist_timeout, notify)
     if prompts:  # results in memory: the prompts are the inputs
         if inputs is not None:
             raise OptionError("give prompts or inputs, not both")
@@ -123,7 +137,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
             req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=selection(examples),
                                options=options, device=device, store_dtype=store_dtype, seed=seed,
                                command=command_of(command), inputs=exs, label_names=names)
-            report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn)
+            report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn, notify=notify)
             if out is not None:
                 return report
             res = read_all(path, m.label_names)
@@ -150,7 +164,7 @@ def _pair_metric(metric, data, inputs):
     return metric
 
 
-def _score_store(req, progress, warn, keep_shards: bool, timeout: float):
+def _score_store(req, progress, warn, keep_shards: bool, timeout: float, notify=None):
     """A run into a store from a request: this process alone, or its share under torchrun."""
     from ..engine import distributed
     from ..engine.run import score_to_store
@@ -161,4 +175,4 @@ def _score_store(req, progress, warn, keep_shards: bool, timeout: float):
             return distributed.score_distributed(req, env, progress=bar, warn=warn, keep_shards=keep_shards,
                                                  timeout=timeout)
     with progress_for(progress, "score") as bar:
-        return score_to_store(req, progress=bar, warn=warn)
+        return score_to_store(req, progress=bar, warn=warn, notify=notify)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .checks import OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, checked
 from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, ModelArg, as_model, progress_for, using
 from .scoring import score
@@ -347,3 +347,45 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
 
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
                       attention_path=attention_path, command=command_of(command), store_dtype=store_dtype)
+
+
+# ----------------------------------------------------------------------------- source removal (LMs)
+
+
+@checked(model=ModelArg(), prompt=Str(), continuation=Str(), sources=Str(), ks=Ints(), methods=Names(),
+         tol=Tolerance(), progress=Progress(),
+         memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
+def source_removal(model, prompt: str, continuation: str, *, sources: str = "paragraphs", ks=(1, 3, 5), methods=None,
+                   steps: int | None = None, rule: str | None = None, tol: float | None = None,
+                   threads: int | None = None, memory=None, device: str = "auto", progress=False):
+    """The context-attribution check of faithfulness for a language model (docs/long-context.md):
+    ``prompt``'s sources (``sources``: sentences, paragraphs or a JSONL file of passages) are
+    scored for the answer ``continuation``'s joint log-probability by attattr (``score(...,
+    output="logprob", keep="sources")``), raw attention, input x gradient and leave-one-source-out
+    (``methods``: a subset of those names); each method's top-k sources (``ks``) are removed and
+    the drop of the answer's log-probability reported, with Kendall's tau-b against
+    leave-one-out. Returns :class:`~attattr_cli.analysis.context_check.RemovalCheck`
+    (``rows()``: method, k, drop, its ratio to leave-one-out's, tau)."""
+    from ..analysis.context_check import METHODS, check_example, removal_check
+
+    methods = list(METHODS) if methods is None else [methods] if isinstance(methods, str) else list(methods)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise OptionError(f"unknown source-removal method '{unknown[0]}'; available: {', '.join(METHODS)}")
+    if not ks or any(int(k) < 1 for k in ks):
+        raise OptionError(f"ks must be whole numbers of at least 1, got {ks!r}")
+    m = as_model(model, device=device, lm=True)
+    res = score(m, prompts=[prompt], continuation=continuation, sources=sources, output="logprob", keep="sources",
+                steps=steps, rule=rule, tol=tol, threads=threads, memory=memory, lm=True, progress=progress) \
+        if "attattr" in methods else None
+    with using(m, device=device, lm=True) as used:
+        if res is not None:
+            return check_example(used.loaded.model, used.loaded.tokenizer, res[0], tuple(int(k) for k in ks), methods)
+        from ..analysis.sources import token_spans
+
+        tok = used.loaded.tokenizer
+        enc = tok(prompt, add_special_tokens=True, return_offsets_mapping=True)
+        spans = token_spans(prompt, [tuple(o) for o in enc["offset_mapping"]], sources)
+        answer = list(tok(continuation, add_special_tokens=False)["input_ids"])
+        return removal_check(used.loaded.model, list(enc["input_ids"]), answer, spans, None,
+                             tuple(int(k) for k in ks), methods)

@@ -40,10 +40,14 @@ def score(
     truncate: bool = options.truncate(),
     seed: int = typer.Option(0, "--seed", help="Seed recorded in the store (scoring itself is deterministic); with --generate --sample, the sampling's seed."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention families to score, e.g. encoder,cross (encoder-decoder models: encoder, decoder, cross; others: self). Default: all."),
-    keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), none (per-head max only). auto: maps up to 512 tokens, else sum."),
+    keep: str = typer.Option("auto", "--keep", help="Kept per layer: maps (per-head maps, head x query x key), sum (the head sum, query x key, and the per-head max), sources (each key's attribution summed over heads and queries: kilobytes), none (per-head max only). auto: maps up to 512 tokens, else sum; sources with --sources. Sizes: docs/long-context.md."),
     top_k: Optional[int] = typer.Option(None, "--top-k", help="Also keep the k strongest entries (largest |value|) of each head as (query, key, value)."),
     lm: bool = typer.Option(False, "--lm", help="The model is a causal language model; the target is a next token (see --prompt, --target-token, --continuation)."),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="With --lm: a prompt to score (repeat for several); or give --data."),
+    prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="With --lm: a text file whose whole text is one prompt (a long context: passages separated by blank lines, then the question)."),
+    sources: Optional[str] = typer.Option(None, "--sources", help="With --lm: group the prompt's keys into sources: sentences, paragraphs (split on blank lines) or a JSONL file of passages (FILE, or FILE:FIELD; field text by default). Implies --keep sources unless --keep is given; per source, the sum of its keys' attribution over layers, heads and queries."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Peak memory the run may use, e.g. 4GB (default: 0.8 of the memory available now). A run estimated above it is refused, naming the --keep that fits."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch's threads for the run (default: 1 below 256 tokens, else the cores free now)."),
     target_token: Optional[str] = typer.Option(None, "--target-token", help="With --lm: attribute the probability of this next token (one token; default: the predicted one)."),
     continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
@@ -75,6 +79,13 @@ def score(
 
         if logit and logprob:
             raise OptionError("give --logit or --logprob, not both")
+        if prompt_file is not None:
+            if prompt:
+                raise OptionError("give --prompt or --prompt-file, not both")
+            try:
+                prompt = [prompt_file.read_text(encoding="utf-8")]
+            except (OSError, UnicodeDecodeError) as exc:
+                raise OptionError(f"--prompt-file {prompt_file}: cannot read it ({exc.__class__.__name__})") from None
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar, cli_words():
             report = run(model, data=data, task=task, examples=examples, out=out_path, steps=steps, rule=rule, tol=tol,
@@ -85,7 +96,8 @@ def score(
                          truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
                          position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
                          progress=None if quiet else bar, command=command_line(), foil=foil, generate=generate,
-                         per_step=per_step, sample=sample, metric=metric,
+                         per_step=per_step, sample=sample, metric=metric, sources=sources, memory=memory, threads=threads,
+                         notify=None if quiet else (lambda line: err.print(line, markup=False)),
                          warn=_warn if _distributed_rank() is None else _rank_warn)
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
             _report_distributed(report, quiet)

@@ -40,6 +40,9 @@ class Assembly:
             "map": res["maps"][0].cpu() if keep == "maps" else None,
             "sum": hs.cpu() if keep in ("maps", "sum") else None,
             "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
+            # keep sources: per key, the layer's attribution summed over heads and queries (the
+            # head sum [q, k] above is made for this layer only and dropped here)
+            "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
             "head_max": res["head_max"][0].cpu(),
             "f0": f0,
             "resid": resid,
@@ -83,6 +86,9 @@ class Assembly:
                                   foil_logits=[float(x) for x in pos_logits[:, foil]],
                                   foil_probs=[float(x) for x in torch.softmax(pos_logits, -1)[:, foil]])
             target_id = int(target[0])
+            if getattr(enc, "sources", None) is not None:  # analysis/sources.py: the prompt's sources
+                meta["sources"] = {"how": str(self.options.sources),
+                                   "spans": [[s["start"], s["end"], s["text"]] for s in enc.sources]}
         else:
             out_logits = logits[0].double()
             out_probs = torch.softmax(out_logits, -1)
@@ -131,6 +137,7 @@ class Assembly:
         probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
         maps = [r["map"] for r in per_layer if r["map"] is not None]
         sums = [r["sum"] for r in per_layer if r["sum"] is not None]
+        key_sums = [r["key_sum"] for r in per_layer if r.get("key_sum") is not None]
         head_max = [r["head_max"] for r in per_layer]
         tk_i = [r["topk"][0] for r in per_layer if r["topk"] is not None]
         tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
@@ -158,6 +165,7 @@ class Assembly:
             capped=np.asarray([r["conv"][2] for r in per_layer], bool),
             status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
             status_tol=self.check_tol,
+            key_sum=torch.stack(key_sums).numpy() if key_sums else None,
         )
 
 

@@ -16,7 +16,7 @@ OUTPUTS = ("prob", "logit", "logprob")
 # (engine/metrics.py computes them): the logit difference answer - foil, the log-probability difference, p(answer)
 METRICS = ("logit-diff", "logprob-diff", "prob")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # compute dtypes (models/loading.py maps them to torch's)
-KEEPS = ("auto", "maps", "sum", "none")
+KEEPS = ("auto", "maps", "sum", "none", "sources")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
 # `attattr score` and api.score() given none of --steps, --rule, --tol integrate to this tolerance
@@ -99,23 +99,35 @@ class ScoreOptions:
     # the tokens are part of each example's record (and of the data's digest), not of the options,
     # so that the examples of one pairs file share one store
     metric: str | None = None
+    # sources (analysis/sources.py): sentences, paragraphs or a JSONL file of passages; the prompt's
+    # keys grouped into them (recorded per example); with keep auto, keep becomes "sources"
+    sources: str | None = None
+    # what a run may use (engine/budget.py): bytes of peak memory (None: a fraction of the free
+    # memory), and the threads torch runs on (None: chosen for the work, engine/threads.py);
+    # neither changes the numbers
+    memory: int | None = None
+    threads: int | None = None
 
     # fields added after store schema 1.0; left out of the fingerprint at their defaults so
     # that stores written before them still resume
     _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
               "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES,
-              "foil": None, "generate": None, "per_step": False, "sample_seed": None, "metric": None}
+              "foil": None, "generate": None, "per_step": False, "sample_seed": None, "metric": None,
+              "sources": None}
 
     def __post_init__(self):
         if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
             self.rule = "clenshaw-curtis"
         if self.tol is None and self.steps is None:
             self.steps = PAPER_STEPS
+        if self.sources is not None and self.keep == "auto":
+            self.keep = "sources"
 
     def check(self) -> None:
         """Every check that needs no model (types, names, ranges, combinations): OptionError
         naming the option. The one validator of the CLI and the API, run before torch loads."""
-        for name in ("steps", "group", "step_batch", "top_k", "max_nodes", "position", "generate", "sample_seed"):
+        for name in ("steps", "group", "step_batch", "top_k", "max_nodes", "position", "generate", "sample_seed",
+                     "memory", "threads"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise OptionError(f"--{_flag(name)} must be a whole number, got {value!r}")
@@ -162,6 +174,15 @@ class ScoreOptions:
             raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
         if self.top_k is not None and self.top_k < 1:
             raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
+        if self.threads is not None and self.threads < 1:
+            raise OptionError(f"--threads must be at least 1, got {self.threads}")
+        if self.memory is not None and self.memory < 1:
+            raise OptionError(f"--memory must be a positive size, got {self.memory}")
+        from ..analysis.sources import check_spec
+
+        check_spec(self.sources)
+        if self.sources is not None and not self.lm:
+            raise OptionError("--sources groups a language model's prompt: it needs --lm")
         if not self.lm and (self.target_token is not None or self.continuation is not None or self.position is not None):
             raise OptionError("--target-token, --continuation and --position need --lm (a causal language model)")
         if self.target_token is not None and self.continuation is not None:
@@ -222,6 +243,8 @@ class ScoreOptions:
         d.pop("step_batch")
         d.pop("kernel")
         d.pop("group")
+        d.pop("memory")
+        d.pop("threads")
         for key, default in self._LATER.items():
             if d.get(key) == default:
                 d.pop(key)

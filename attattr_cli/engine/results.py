@@ -16,7 +16,7 @@ class FamilyScore:
     heads: int
     query_side: str  # "input" (the input tokens) or "decoder" (the decoder input tokens)
     key_side: str
-    keep: str  # maps | sum | none
+    keep: str  # maps | sum | none | sources
     attribution: np.ndarray | None  # [layer, head, q, k] (keep maps)
     head_sum: np.ndarray | None  # [layer, q, k] (keep maps or sum)
     head_max: np.ndarray  # [layer, head]
@@ -30,6 +30,7 @@ class FamilyScore:
     capped: np.ndarray | None = None  # [layer] tol: the node cap was hit before the tolerance
     status: np.ndarray | None = None  # [layer] convergence state (attattr_cli/convergence.py: CONVERGED, CAP_HIT, ...)
     status_tol: float | None = None  # the tolerance the states were judged at
+    key_sum: np.ndarray | None = None  # [layer, key] (keep sources): summed over heads and queries
 
 
 @dataclass

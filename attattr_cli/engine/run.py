@@ -322,12 +322,29 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
 
 
 def score_to_store(req: ScoreRequest, progress: Progress | None = None,
-                   loaded: LoadedModel | None = None, warn: Callable[[str], None] | None = None) -> ScoreReport:
+                   loaded: LoadedModel | None = None, warn: Callable[[str], None] | None = None,
+                   notify: Callable[[str], None] | None = None) -> ScoreReport:
     """Score the requested examples into ``req.out``, skipping those already there.
 
-    ``warn`` receives the one-time notice of the out-of-memory back-off (default: warnings.warn).
+    ``warn`` receives the one-time notice of the out-of-memory back-off (default: warnings.warn);
+    ``notify`` the estimate of peak memory and store size said before a long run
+    (engine/budget.py), which is refused (ResourceError) where it would exceed ``--memory``.
     """
+    from . import budget, threads
+
     prep = prepare_run(req, loaded)
+    lines, _budget = budget.check(prep.scorer, prep.encoded, req.options.memory, req.store_dtype)
+    # the tokens one pass holds: the longest example's, times the short examples a group scores together
+    longest = max(prep.tokens().values(), default=0) * max(1, min(grouped.group_size(prep.scorer), len(prep.picked)))
+    count = threads.choose(longest, req.options.threads)
+    if notify is not None:
+        for line in lines:
+            notify(f"{line}; {count} thread{'s' if count != 1 else ''}")
+    with threads.using(count):
+        return _score_prepared(prep, progress, warn)
+
+
+def _score_prepared(prep: PreparedRun, progress: Progress | None, warn) -> ScoreReport:
     prep.scorer.warn = warn
     unknown = unknown_words(prep.scorer.tokenizer, prep.encoded, prep.loaded.model_id)
     hybrid = prep.scorer.arch.hybrid_note  # a hybrid's layers without softmax attention: said once

@@ -173,7 +173,23 @@ class Scorer(Integration, Assembly):
             enc = encode(self.tokenizer, example, self.loaded.arch.max_length, self.options.truncate,
                          decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None)
         self._check_vocabulary(example, enc)
+        if self.options.sources is not None:
+            enc.sources = self._sources(example)
         return enc
+
+    def _sources(self, example: Example) -> list[dict]:
+        """The prompt's sources as token spans (analysis/sources.py), from the tokenizer's
+        character offsets of the prompt (its first tokens in every LM encoding)."""
+        from ..analysis.sources import token_spans
+
+        try:
+            enc = self.tokenizer(example.text_a, add_special_tokens=True, return_offsets_mapping=True)
+        except (NotImplementedError, ValueError, TypeError):
+            raise OptionError("--sources needs a fast tokenizer (one that gives character offsets)") from None
+        spans = token_spans(example.text_a, [tuple(o) for o in enc["offset_mapping"]], self.options.sources)
+        if not spans:
+            raise DataError(f"example {example.index}: no {self.options.sources} found in the prompt")
+        return spans
 
     def _check_vocabulary(self, example: Example, enc: Encoded) -> None:
         """A token id the model's embeddings do not hold (a tokenizer from another model) is one

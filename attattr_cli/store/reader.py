@@ -71,6 +71,8 @@ class StoredExample:
     # its prefix (store/steps.py); None otherwise
     steps: list | None = None
     output: str | None = None  # what F is of the target: prob, logprob or logit (the store's option)
+    # schema 1.5: keep sources: [layer, key], the attribution summed over heads and queries
+    key_sum: np.ndarray | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these
@@ -203,6 +205,8 @@ class StoredExample:
     def token_importance(self) -> np.ndarray:
         """Per (key) token: the attribution summed over layers, heads and queries."""
         s = self.summed()
+        if s is None and self.key_sum is not None:  # keep sources: the key sums are what is kept
+            return np.asarray(self.key_sum, np.float64).sum(axis=0)
         if s is None:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
         return np.asarray(s, np.float64).sum(axis=(0, 1))

@@ -5,9 +5,10 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.4"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
+SCHEMA_VERSION = "1.5"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
 # 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds;
-# 1.4: a generation's per-step results (examples/N/steps/TTTTT, store/steps.py)
+# 1.4: a generation's per-step results (examples/N/steps/TTTTT, store/steps.py);
+# 1.5: keep sources: key_sum [layer, key] per family and step, and the prompt's sources in meta
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
@@ -42,11 +43,13 @@ AXES = {
     "node_cap_hit": ("layer",),
     # schema 1.3
     "convergence": ("layer",),
+    # schema 1.5
+    "key_sum": ("layer", "key"),
 }
 # the datasets of one family (at the example's top level for "self", else under families/)
 FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
                    "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit",
-                   "convergence")
+                   "convergence", "key_sum")
 
 STORE_DTYPES = ("float32", "float16")
 

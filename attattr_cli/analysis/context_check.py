@@ -1,0 +1,158 @@
+"""Is a context attribution right? Source removal for language models (docs/long-context.md).
+
+The check ContextCite (Cohen-Wang et al. 2024) judges source scores by: F is the answer's
+joint log-probability, log p(answer | prompt) = sum_t log p(a_t | prompt, a_<t). For each
+method the sources are ranked by score (largest first) and the top k are removed from the
+prompt together (their tokens dropped; the rest, the question and the answer stay); the
+**drop** is F(prompt) - F(prompt without them), for k = 1, 3, 5. A method whose top sources
+are the ones the answer depends on drops F most. Beside it, **rank agreement**: Kendall's
+tau-b between the method's source scores and leave-one-source-out's.
+
+Methods, each a score per source (the sum over the source's tokens):
+
+* ``attattr``: the attention attribution of F (analysis/sources.py: its keys' attribution
+  summed over layers, heads and queries), as ``score(..., sources=..., keep="sources")`` gives;
+* ``attention``: the attention the answer's query rows (the positions whose next token is an
+  answer token) give the source's keys, averaged over layers, heads and those rows;
+* ``input_x_gradient``: (dF/de_j) . e_j summed over the hidden size for each token's input
+  embedding e_j (as inseq's ``input_x_gradient``);
+* ``loo``: leave-one-source-out, exact: F(prompt) - F(prompt without the source). Its top-k
+  removal is the reference the goals compare with (at k = 1 it is the best single removal).
+
+Every F here is one forward of the model on token ids (float64 sums of log-softmax).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .stats import kendall_tau_b
+
+KS = (1, 3, 5)
+METHODS = ("attattr", "attention", "input_x_gradient", "loo")
+
+
+@dataclass
+class RemovalCheck:
+    """Per method: its source scores, the drop of F when its top-k sources are removed (k ->
+    drop), and Kendall's tau-b with leave-one-out; ``f_full`` F of the whole prompt."""
+
+    f_full: float
+    sources: list[dict]
+    scores: dict[str, list[float]]
+    drops: dict[str, dict[int, float]]
+    agreement: dict[str, float]
+    forwards: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def rows(self) -> list[dict]:
+        """One row per (method, k): method, k, drop, ratio to leave-one-out's drop, tau-b with LOO."""
+        out = []
+        for m, by_k in self.drops.items():
+            for k, d in by_k.items():
+                ref = self.drops.get("loo", {}).get(k)
+                out.append({"method": m, "k": k, "drop": d, "of_loo": None if not ref else d / ref,
+                            "tau_loo": self.agreement.get(m)})
+        return out
+
+
+def _answer_logprob(model, ids: list[int], answer: list[int]) -> float:
+    """F = sum_t log p(answer_t | ids, answer_<t) (one forward)."""
+    seq = torch.tensor([ids + answer[:-1]], device=next(model.parameters()).device)
+    with torch.no_grad():
+        logits = model(input_ids=seq, use_cache=False).logits[0, len(ids) - 1:].double()
+    logp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(answer, device=logits.device).view(-1, 1))
+    return float(logp.sum())
+
+
+def _without(ids: list[int], spans: list[dict], drop: set[int]) -> list[int]:
+    gone = set()
+    for s in drop:
+        gone.update(range(spans[s]["start"], spans[s]["end"]))
+    return [t for i, t in enumerate(ids) if i not in gone]
+
+
+def _per_source(values: np.ndarray, spans: list[dict]) -> list[float]:
+    return [float(np.asarray(values[s["start"]:s["end"]], np.float64).sum()) for s in spans]
+
+
+def attention_scores(model, ids: list[int], answer: list[int], spans: list[dict]) -> list[float]:
+    """Attention from the answer's query rows to each source, averaged over layers, heads and rows."""
+    from ..engine import attention
+
+    seq = torch.tensor([ids + answer[:-1]], device=next(model.parameters()).device)
+    record = attention.Record(keep="maps")  # the probabilities, through attattr's attention (any implementation)
+    with attention.taken_over(model), attention.active(record), torch.no_grad():
+        model(input_ids=seq, use_cache=False)
+    rows = slice(len(ids) - 1, len(ids) - 1 + len(answer))
+    mass = torch.stack([p[0, :, rows, :].double().mean(dim=(0, 1)) for p in record.probs.values()]).mean(0)
+    return _per_source(mass.cpu().numpy(), spans)
+
+
+def input_x_gradient(model, ids: list[int], answer: list[int], spans: list[dict]) -> list[float]:
+    """(dF/de_j) . e_j per token, summed over each source (F the answer's joint log-probability)."""
+    dev = next(model.parameters()).device
+    seq = torch.tensor([ids + answer[:-1]], device=dev)
+    emb = model.get_input_embeddings()(seq).detach().requires_grad_(True)
+    with torch.enable_grad():
+        logits = model(inputs_embeds=emb, use_cache=False).logits[0, len(ids) - 1:]
+        logp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(answer, device=dev).view(-1, 1)).sum()
+        (grad,) = torch.autograd.grad(logp, emb)
+    per_token = (grad * emb).sum(-1)[0].double().detach().cpu().numpy()
+    return _per_source(per_token, spans)
+
+
+def removal_check(model, ids: list[int], answer: list[int], spans: list[dict], attattr: list[float] | None,
+                  ks=KS, methods=METHODS) -> RemovalCheck:
+    """Source removal (module docstring) for one prompt: ``ids`` the prompt's token ids,
+    ``answer`` the answer's, ``spans`` the sources (token spans of the prompt), ``attattr`` the
+    attention attribution's source scores (None: left out)."""
+    f_full = _answer_logprob(model, ids, answer)
+    forwards = 1
+    scores: dict[str, list[float]] = {}
+    for m in methods:
+        if m == "attattr":
+            if attattr is not None:
+                scores[m] = [float(x) for x in attattr]
+        elif m == "attention":
+            scores[m] = attention_scores(model, ids, answer, spans)
+            forwards += 1
+        elif m == "input_x_gradient":
+            scores[m] = input_x_gradient(model, ids, answer, spans)
+            forwards += 1
+        elif m == "loo":
+            scores[m] = [f_full - _answer_logprob(model, _without(ids, spans, {s}), answer) for s in range(len(spans))]
+            forwards += len(spans)
+    drops: dict[str, dict[int, float]] = {}
+    cache: dict[frozenset, float] = {}
+    for m, sc in scores.items():
+        order = sorted(range(len(spans)), key=lambda s: (-sc[s], s))
+        drops[m] = {}
+        for k in ks:
+            top = frozenset(order[:min(k, len(spans))])
+            if top not in cache:
+                cache[top] = f_full - _answer_logprob(model, _without(ids, spans, set(top)), answer)
+                forwards += 1
+            drops[m][k] = cache[top]
+    loo = scores.get("loo")
+    agreement = {m: (float(kendall_tau_b(sc, loo)) if loo is not None and len(spans) > 1 else float("nan"))
+                 for m, sc in scores.items()}
+    return RemovalCheck(f_full, spans, scores, drops, agreement, forwards)
+
+
+def check_example(model, tokenizer, example, ks=KS, methods=METHODS) -> RemovalCheck:
+    """The check for a scored LM example with sources and a continuation (``score(...,
+    continuation=..., sources=..., output="logprob")``): its prompt, answer and source scores
+    read from the example."""
+    from .sources import key_importance, scores as source_scores, spans_of
+
+    lm = example.meta["lm"]
+    spans = spans_of(example)
+    ids = [int(t) for t in np.asarray(example.input_ids)]
+    answer = [int(t) for t in lm["target_ids"]]
+    prompt = ids[:len(ids) - (len(answer) - 1)] if len(answer) > 1 else ids
+    attattr = list(source_scores(key_importance(example), spans))
+    return removal_check(model, prompt, answer, spans, attattr, ks, methods)

@@ -1,0 +1,202 @@
+"""Long contexts: sources, keep sources (maps reduced layer by layer), the memory estimate and
+its refusal, the thread choice, and the source-removal check (docs/long-context.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import attattr_cli as aa
+from attattr_cli.analysis import sources as src
+from attattr_cli.engine import budget, threads
+from attattr_cli.errors import DataError, OptionError, ResourceError
+from attattr_cli.models.loading import prepare
+from conftest import build_model, run_cli
+
+TEXT = "w1 w2 w3\n\nw4 w5 w6 w7\n\nw8 w9 w10 w11"
+ANSWER = "w12 w13"
+
+
+@pytest.fixture
+def lm(tokenizer):
+    model = build_model("llama", torch.float64, num_labels=2, layers=2, lm=True)
+    return aa.Model(prepare(model, tokenizer, "tiny-llama", lm=True))
+
+
+@pytest.fixture
+def llama_dir(tmp_path, tokenizer):
+    model = build_model("llama", torch.float32, num_labels=2, layers=2, lm=True)
+    model.save_pretrained(tmp_path / "m")
+    tokenizer.save_pretrained(tmp_path / "m")
+    return tmp_path / "m"
+
+
+# -- spans -----------------------------------------------------------------------------------
+def test_char_spans_paragraphs_sentences_and_passages(tmp_path):
+    text = "One two. Three four!\n\n  Five six?\n \nSeven"
+    para = [text[a:b] for a, b in src.char_spans(text, "paragraphs")]
+    assert para == ["One two. Three four!", "Five six?", "Seven"]
+    sent = [text[a:b] for a, b in src.char_spans(text, "sentences")]
+    assert sent == ["One two.", "Three four!", "Five six?", "Seven"]
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"body": "Three four!"}) + "\n" + json.dumps({"body": "Seven"}) + "\n")
+    given = [text[a:b] for a, b in src.char_spans(text, f"{f}:body")]
+    assert given == ["Three four!", "Seven"]
+    f.write_text(json.dumps({"text": "not there"}) + "\n")
+    with pytest.raises(DataError, match="passage 0"):
+        src.char_spans(text, str(f))
+    with pytest.raises(DataError, match="no such file"):
+        src.check_spec(str(tmp_path / "missing.jsonl"))
+
+
+def test_token_spans_follow_offsets():
+    text = "ab cd\n\nef"
+    offsets = [(0, 0), (0, 2), (3, 5), (7, 9), (0, 0)]  # [CLS] ab cd ef [SEP]
+    spans = src.token_spans(text, offsets, "paragraphs")
+    assert [(s["start"], s["end"], s["text"]) for s in spans] == [(1, 3, "ab cd"), (3, 4, "ef")]
+
+
+# -- keep sources equals the maps reduced ----------------------------------------------------
+def test_source_scores_equal_the_maps_key_columns(lm):
+    full = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", keep="maps", steps=4,
+                    dtype="float64")[0]
+    kept = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", steps=4, dtype="float64")[0]
+    assert kept.keep == "sources" and kept.attribution is None and kept.head_sum is None
+    assert kept.key_sum.shape == (len(kept.layers), len(kept.tokens))
+    # per layer: every head's and query's attribution to each key
+    reduced = np.asarray(full.attribution, np.float64).sum(axis=(1, 2))
+    np.testing.assert_allclose(kept.key_sum, reduced, rtol=1e-5, atol=1e-7 * np.abs(reduced).max())
+    table = kept.to_pandas("sources")
+    assert list(table.columns) == ["source", "start", "end", "text", "score"]
+    assert list(table.text) == ["w1 w2 w3", "w4 w5 w6 w7", "w8 w9 w10 w11"]
+    for row in table.itertuples():
+        assert row.score == pytest.approx(reduced[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
+    np.testing.assert_allclose(full.to_pandas("sources").score, table.score, rtol=1e-5, atol=1e-12)
+    # completeness still holds per layer: the key sums add up to F(A) - F(0)
+    np.testing.assert_allclose(kept.key_sum.sum(1), kept.f_full - np.asarray(kept.f_baseline) + kept.residual,
+                               rtol=1e-5, atol=1e-9)
+
+
+def test_generation_sources_per_step(lm):
+    maps = aa.score(lm, prompts=[TEXT], generate=3, sources="paragraphs", keep="maps", steps=3, dtype="float64")[0]
+    kept = aa.score(lm, prompts=[TEXT], generate=3, sources="paragraphs", steps=3, dtype="float64")[0]
+    table = kept.to_pandas("sources")
+    assert list(table.columns) == ["source", "start", "end", "text", "score", "step_0", "step_1", "step_2"]
+    np.testing.assert_allclose(table.score, table[["step_0", "step_1", "step_2"]].sum(axis=1), rtol=1e-5, atol=1e-12)
+    for t, st in enumerate(kept.steps):
+        ref = np.asarray(maps.steps[t].attribution, np.float64).sum(axis=(1, 2))
+        np.testing.assert_allclose(st.key_sum, ref, rtol=1e-5, atol=1e-7 * np.abs(ref).max())
+        for row in table.itertuples():
+            assert getattr(row, f"step_{t}") == pytest.approx(ref[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
+
+
+def test_store_keeps_key_sums_and_sources(lm, tmp_path):
+    out = tmp_path / "s.h5"
+    aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="sentences", steps=3, out=out)
+    import h5py
+
+    with h5py.File(out, "r") as f:
+        assert f.attrs["schema_version"] == "1.5"
+    store = aa.open_store(out)
+    e = store[0]
+    assert e.keep == "sources" and e.key_sum is not None and e.attribution is None
+    assert e.meta["sources"]["how"] == "sentences"
+    assert len(e.to_pandas("sources")) == 3
+    assert store.to_pandas("sources").example.tolist() == [0, 0, 0]
+
+
+def test_sources_need_a_language_model_and_spans(lm):
+    with pytest.raises(OptionError, match="language model"):
+        aa.score(prompts=None, inputs=["w1 w2"], sources="paragraphs", steps=2)
+    plain = aa.score(lm, prompts=[TEXT], continuation=ANSWER, steps=2)[0]
+    with pytest.raises(OptionError, match="no sources"):
+        plain.to_pandas("sources")
+
+
+# -- memory: the estimate and the refusal ----------------------------------------------------
+def test_memory_refusal_names_the_keep_that_fits(lm):
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+
+    scorer = Scorer(lm.loaded, ScoreOptions(steps=2, lm=True, continuation=ANSWER, keep="maps", dtype="float64"))
+    enc = scorer.encode(Example(0, TEXT))
+    peaks = {k: budget.estimate(scorer, enc, 0, k).peak for k in ("maps", "sum", "sources")}
+    assert peaks["maps"] > peaks["sum"] > peaks["sources"]
+    stores = {k: budget.estimate(scorer, enc, 0, k).store for k in ("maps", "sum", "sources")}
+    assert stores["maps"] > stores["sum"] > stores["sources"]
+    between = (peaks["maps"] + peaks["sum"]) // 2
+    with pytest.raises(ResourceError, match=r"keep maps\) needs about .* over memory .*: keep sum fits"):
+        aa.score(lm, prompts=[TEXT], continuation=ANSWER, keep="maps", steps=2, dtype="float64", memory=between)
+    with pytest.raises(ResourceError, match="no keep fits"):
+        aa.score(lm, prompts=[TEXT], continuation=ANSWER, steps=2, memory="1kB")
+    heard = []
+    res = aa.score(lm, prompts=[TEXT], continuation=ANSWER, keep="maps", steps=2, dtype="float64",
+                   memory=peaks["maps"] + 1, notify=heard.append)
+    assert len(res) == 1 and heard == []  # a short input: nothing to say
+    with pytest.raises(OptionError, match="memory"):
+        aa.score(lm, prompts=[TEXT], continuation=ANSWER, memory="lots")
+
+
+def test_cli_refuses_in_one_line(llama_dir, tmp_path):
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(TEXT)
+    out = tmp_path / "s.h5"
+    r = run_cli("score", "--lm", "--model", str(llama_dir), "--prompt-file", str(prompt), "--continuation", ANSWER,
+                "--sources", "paragraphs", "--steps", "2", "--memory", "1kB", "--out", str(out))
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.exit_code == 5 and len(lines) == 1 and lines[0].startswith("Error: ") and "--memory" in lines[0]
+    assert not out.exists()
+    r = run_cli("score", "--lm", "--model", str(llama_dir), "--prompt-file", str(prompt), "--continuation", ANSWER,
+                "--sources", "paragraphs", "--steps", "2", "--threads", "1", "--out", str(out), "-q")
+    assert r.exit_code == 0, r.output
+    assert len(aa.open_store(out)[0].to_pandas("sources")) == 3
+
+
+def test_parse_size():
+    assert budget.parse_size("4GB") == 4_000_000_000 and budget.parse_size("2GiB") == 2 << 30
+    assert budget.parse_size(1234) == 1234 and budget.parse_size(None) is None
+    for bad in ("0", "-1GB", "four", True):
+        with pytest.raises(OptionError):
+            budget.parse_size(bad)
+
+
+# -- threads ---------------------------------------------------------------------------------
+def test_thread_choice():
+    assert threads.choose(5) == 1
+    assert threads.choose(5, requested=3) == 3
+    assert 1 <= threads.choose(4096) <= threads.usable_cores()
+    before = torch.get_num_threads()
+    with threads.using(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+
+
+# -- is it right? source removal ---------------------------------------------------------------
+def test_source_removal_check(lm):
+    from attattr_cli.analysis.context_check import _answer_logprob, _without
+
+    check = aa.source_removal(lm, TEXT, ANSWER, sources="paragraphs", ks=[1, 3], steps=4)
+    assert set(check.scores) == {"attattr", "attention", "input_x_gradient", "loo"}
+    assert all(len(v) == 3 for v in check.scores.values())
+    model = lm.loaded.model
+    ids = list(lm.loaded.tokenizer(TEXT)["input_ids"])
+    answer = list(lm.loaded.tokenizer(ANSWER, add_special_tokens=False)["input_ids"])
+    assert check.f_full == pytest.approx(_answer_logprob(model, ids, answer))
+    # leave-one-out is exact: F minus F without the source
+    for s, v in enumerate(check.scores["loo"]):
+        assert v == pytest.approx(check.f_full - _answer_logprob(model, _without(ids, check.sources, {s}), answer))
+    # k = 3 removes every source: the same drop for every method; LOO's top 1 is the best single removal
+    assert len({round(d[3], 12) for d in check.drops.values()}) == 1
+    assert all(check.drops["loo"][1] >= d[1] - 1e-12 for d in check.drops.values())
+    assert check.agreement["loo"] == pytest.approx(1.0)
+    # the attattr scores are those of score(..., keep="sources")
+    kept = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", output="logprob", steps=4)[0]
+    np.testing.assert_allclose(check.scores["attattr"], kept.to_pandas("sources").score, rtol=1e-6)
+    rows = check.rows()
+    assert {r["method"] for r in rows} == set(check.scores) and all(r["k"] in (1, 3) for r in rows)
+    with pytest.raises(OptionError, match="unknown source-removal method"):
+        aa.source_removal(lm, TEXT, ANSWER, methods=["nope"])
