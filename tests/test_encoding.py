@@ -150,3 +150,28 @@ def test_first_line_and_library_versions():
     light = libraries(frameworks=False)
     assert light["attattr"] == __version__ and "torch" not in light and "transformers" not in light
     assert libraries()["torch"] == torch.__version__
+
+
+def test_a_pair_on_a_model_with_one_token_type_goes_in_as_type_zero(tokenizer):
+    """A model whose embeddings hold one token type (type_vocab_size 1: gte, xlm-roberta-xl):
+    its tokenizer may still mark a pair's second segment as type 1, which has no row; the pair
+    is scored with every token type 0, as the model's own output for it says."""
+    import torch
+    import transformers as tf
+
+    import attattr_cli as aa
+    from attattr_cli.models.loading import prepare
+    from conftest import WORDS
+
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=5 + len(WORDS), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, max_position_embeddings=48, type_vocab_size=1, num_labels=2)
+    model = tf.BertForSequenceClassification(cfg).eval()
+    loaded = prepare(model, tokenizer, "tiny-one-type")
+    res = aa.score(loaded, [("w1 w2 w3", "w4 w5")], steps=2, target="predicted")
+    ids = tokenizer("w1 w2 w3", "w4 w5", return_tensors="pt")
+    with torch.no_grad():
+        own = torch.softmax(model(input_ids=ids["input_ids"], token_type_ids=torch.zeros_like(ids["input_ids"])).logits, -1)
+    assert float(res[0].f_full) == pytest.approx(float(own.max()), rel=1e-5)
+    pred = aa.predict(loaded, [("w1 w2 w3", "w4 w5")])
+    assert pred.probabilities[0] == pytest.approx(own[0].numpy(), rel=1e-5)

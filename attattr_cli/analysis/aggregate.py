@@ -234,7 +234,8 @@ def step_source(example, words: bool = True):
     for t, st in enumerate(steps):
         m = st.summed() if st.attribution is not None or st.head_sum is not None else None
         if m is None:
-            raise OptionError(f"example {example.index} keeps no maps (scored with --keep none): no step x source view")
+            raise OptionError(f"example {example.index} keeps no maps (scored with --keep {getattr(st, 'keep', None) or 'none'}):"
+                              " no step x source view")
         per[t, :, :len(st.tokens)] = np.asarray(m, np.float64).sum(axis=1)  # [layers, keys]
     f_rows = np.asarray([st.f_full for st in steps])
     p_len = n - len(steps) + 1  # the prompt's tokens

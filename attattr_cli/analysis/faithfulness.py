@@ -398,7 +398,8 @@ def _prepare(loaded, stored, is_decoder: bool) -> Prepared:
 
     stored_ids = [int(i) for i in stored.input_ids]
     enc = encode(loaded.tokenizer, Example(stored.index, stored.text_a, stored.text_b),
-                 len(stored_ids) if stored.truncated else None, truncate=True, tokens=False)
+                 len(stored_ids) if stored.truncated else None, truncate=True, tokens=False,
+                 token_types=loaded.arch.token_types)
     ids = enc.input_ids
     if ids[:len(stored_ids)] != stored_ids:
         raise StoreError(

@@ -664,8 +664,8 @@ def tree(example, tau: float | None = None, *, lam: float | None = None, layers=
                          " (flagged 'nonfinite' in the store): it has no tree")
     if example.attribution is None:
         if example.head_sum is None:
-            raise OptionError(f"example {example.index} keeps no attribution maps or head sums (scored with keep none):"
-                              " score it again with keep sum or keep maps")
+            raise OptionError(f"example {example.index} keeps no attribution maps or head sums (scored with keep "
+                              f"{getattr(example, 'keep', None) or 'none'}): score it again with keep sum or keep maps")
         import copy
 
         example = copy.copy(example)

@@ -68,14 +68,16 @@ def empty_text(index: int, field: str, text: str) -> DataError:
 
 
 def encode(tokenizer, example: Example, max_length: int | None = None, truncate: bool = False,
-           decoder_start: int | None = None, tokens: bool = True) -> Encoded:
+           decoder_start: int | None = None, tokens: bool = True, token_types: int | None = None) -> Encoded:
     """``example`` (``text_a`` and, for a pair, ``text_b``) as the model sees it, with special tokens.
 
     Longer than ``max_length`` (None: no limit): cut to it with ``truncate`` (the longer
     segment first; ``truncated`` is then set), else a DataError naming the example.
     ``decoder_start``: the decoder start token of an encoder-decoder model; the decoder's
     input is then that token followed by the input shifted right. ``tokens=False`` skips
-    converting ids to token strings (``tokens`` is then empty).
+    converting ids to token strings (``tokens`` is then empty). ``token_types``: the model's
+    number of token types; with one, a pair's second segment goes in as type 0 (its tokenizer
+    may say 1, which such an embedding has no row for).
     """
     args = (example.text_a,) if example.text_b is None else (example.text_a, example.text_b)
     enc = tokenizer(*args, add_special_tokens=True, verbose=False)  # too long: our own one line says so
@@ -97,6 +99,8 @@ def encode(tokenizer, example: Example, max_length: int | None = None, truncate:
             raise empty_text(example.index, ("text_a", "text_b")[k], text)
     types = (list(enc["token_type_ids"])
              if "token_type_ids" in enc and "token_type_ids" in tokenizer.model_input_names else None)
+    if types is not None and token_types is not None and token_types >= 1:
+        types = [t if t < token_types else 0 for t in types]
     out = Encoded(ids, tokenizer.convert_ids_to_tokens(ids) if tokens else [], segments, types, truncated)
     if decoder_start is not None:
         out.decoder_input_ids = [int(decoder_start)] + ids[:-1]

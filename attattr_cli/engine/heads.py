@@ -44,7 +44,8 @@ class Batches:
         self.device = next(loaded.model.parameters()).device
         self.n = len(examples)
         limit = loaded.arch.max_length
-        rows = [encode(loaded.tokenizer, e, limit, truncate, tokens=False).model_inputs() for e in examples]
+        rows = [encode(loaded.tokenizer, e, limit, truncate, tokens=False, token_types=loaded.arch.token_types).model_inputs()
+                for e in examples]
         gold = [-1 if e.label is None else (label_map[e.label] if label_map is not None else e.label)
                 for e in examples]
         pad = batching.pad_id_of(loaded.model, loaded.tokenizer)

@@ -171,7 +171,8 @@ class Scorer(Integration, Assembly):
             enc = self._encode_lm(example)
         else:
             enc = encode(self.tokenizer, example, self.loaded.arch.max_length, self.options.truncate,
-                         decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None)
+                         decoder_start=decoder_start_of(self.model) if self.arch.is_encoder_decoder else None,
+                         token_types=self.loaded.arch.token_types)
         self._check_vocabulary(example, enc)
         if self.options.sources is not None:
             enc.sources = self._sources(example)

@@ -117,6 +117,7 @@ class ArchInfo:
     max_length: int | None
     families: tuple[FamilyInfo, ...] = ()
     encoder_path: str | None = None  # encoder-decoder models: the encoder stack
+    token_types: int | None = None  # the config's type_vocab_size (1: a pair's second segment is type 0 too)
 
     @property
     def family_names(self) -> list[str]:
@@ -433,4 +434,6 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
                                    "decoder" if name == "decoder" else "input", skip))
     if families and families[0].name == "self":  # the modules' count where it is not the config's
         heads = families[0].num_heads
-    return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder)
+    types = getattr(model.config, "type_vocab_size", None)
+    return ArchInfo(model_type, path, len(layers), int(heads), is_decoder, max_len, tuple(families), encoder,
+                    types if isinstance(types, int) and not isinstance(types, bool) else None)

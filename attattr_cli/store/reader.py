@@ -190,7 +190,7 @@ class StoredExample:
                         rows.append(Interaction(layers[li], h, q, kk, queries[q], keys[kk], float(val[li, h, j])))
             return sorted(rows, key=lambda r: -r.value)[:k]
         else:
-            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none' and no top_k)")
+            raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep={self.keep!r} and no top_k)")
         flat = a.reshape(-1)
         k = min(k, flat.size)
         best = np.argpartition(-flat, k - 1)[:k]
