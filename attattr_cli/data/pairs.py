@@ -159,6 +159,10 @@ def one_token(tokenizer, text: str) -> int | None:
     return ids[0]
 
 
+def _length(tokenizer, text: str) -> int:
+    return len(tokenizer(text)["input_ids"])
+
+
 @dataclass
 class Encoded:
     """A pair as token ids: clean and counterfactual ids of equal length, answer and foil ids."""
@@ -237,6 +241,22 @@ def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
     return [n for n in names if one_token(tokenizer, " " + n) is not None]
 
 
+def _draw(count: int, seed: int, make: Callable[[random.Random, int], "Pair | None"], what: str) -> list[Pair]:
+    """``count`` pairs from ``make(rng, index)``, which returns a pair or None for a draw that
+    does not fit the tokenizer (drawn again; a DataError after 100 draws per pair)."""
+    rng = random.Random(seed)
+    pairs: list[Pair] = []
+    attempts = 0
+    while len(pairs) < count:
+        attempts += 1
+        if attempts > 100 * count:
+            raise DataError(f"could not make {what} for this tokenizer")
+        pair = make(rng, len(pairs))
+        if pair is not None:
+            pairs.append(pair)
+    return pairs
+
+
 @generator("ioi")
 def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     """Indirect-object identification: "When Mary and John went to the store, John gave a drink
@@ -245,29 +265,19 @@ def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     names = usable_names(tokenizer)
     if len(names) < 5:
         raise DataError(f"only {len(names)} of the IOI names are one token for this tokenizer (5 needed)")
-    rng = random.Random(seed)
-    pairs: list[Pair] = []
-    attempts = 0
-    while len(pairs) < count:
-        attempts += 1
-        if attempts > 100 * count:
-            raise DataError("could not make IOI pairs of equal token length for this tokenizer")
-        template = IOI_TEMPLATES[len(pairs) % len(IOI_TEMPLATES)]
+    def make(rng, i):
+        template = IOI_TEMPLATES[i % len(IOI_TEMPLATES)]
         io, s, c1, c2, c3 = rng.sample(names, 5)
         place, obj = rng.choice(PLACES), rng.choice(OBJECTS)
         first, second = (io, s) if rng.random() < 0.5 else (s, io)
         fill = dict(PLACE=place, OBJECT=obj)
         clean = template.format(A=first, B=second, S=s, **fill)
         cf = template.format(A=c1, B=c2, S=c3, **fill)
-        if len(tokenizer(clean)["input_ids"]) != len(tokenizer(cf)["input_ids"]):
-            continue
-        pairs.append(Pair(len(pairs), clean, cf, (" " + io,), (" " + s,),
-                          {"task": "ioi", "template": IOI_TEMPLATES.index(template)}))
-    return pairs
+        if _length(tokenizer, clean) != _length(tokenizer, cf):
+            return None
+        return Pair(i, clean, cf, (" " + io,), (" " + s,), {"task": "ioi", "template": IOI_TEMPLATES.index(template)})
 
-
-def _length(tokenizer, text: str) -> int:
-    return len(tokenizer(text)["input_ids"])
+    return _draw(count, seed, make, "IOI pairs of equal token length")
 
 
 # ---------------------------------------------------------------- greater-than
@@ -315,27 +325,21 @@ def greater_than(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     for the tens digit (:func:`greater_than_sets`)."""
     mode, ids = year_tokens(tokenizer)
     years = list(range(2, 99)) if mode == "two" else list(range(10, 90))  # both sets non-empty
-    rng = random.Random(seed)
-    pairs: list[Pair] = []
-    attempts = 0
-    while len(pairs) < count:
-        attempts += 1
-        if attempts > 100 * count:
-            raise DataError("could not make greater-than pairs of equal token length whose last token is the"
-                            " century for this tokenizer")
+    plain = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
+
+    def make(rng, i):
         noun, century, year = rng.choice(GT_NOUNS), rng.choice(GT_CENTURIES), rng.choice(years)
         clean = GT_TEMPLATE.format(noun=noun, century=century, year=year)
         cf = GT_TEMPLATE.format(noun=noun, century=century, year=1)
         answer, foil = greater_than_sets(year, mode)
         # the next token after the prompt must be the one asked for: "17" + "33" -> ... "33"
-        plain = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
         base = plain(clean)
         if _length(tokenizer, cf) != _length(tokenizer, clean) or any(
                 plain(clean + t) != base + [ids[t]] for t in (answer[0], answer[-1], foil[0], foil[-1])):
-            continue
-        pairs.append(Pair(len(pairs), clean, cf, tuple(answer), tuple(foil),
-                          {"task": "greater-than", "year": year, "digits": mode}))
-    return pairs
+            return None
+        return Pair(i, clean, cf, tuple(answer), tuple(foil), {"task": "greater-than", "year": year, "digits": mode})
+
+    return _draw(count, seed, make, "greater-than pairs of equal token length whose last token is the century")
 
 
 # ---------------------------------------------------------------- capitals
@@ -369,20 +373,15 @@ def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     usable = [(c, cap) for c, cap in COUNTRIES if one_token(tokenizer, " " + cap) is not None]
     if len(usable) < 2:
         raise DataError(f"only {len(usable)} of the capitals are one token for this tokenizer (2 needed)")
-    rng = random.Random(seed)
-    pairs: list[Pair] = []
-    attempts = 0
-    while len(pairs) < count:
-        attempts += 1
-        if attempts > 100 * count:
-            raise DataError("could not make capital pairs of equal token length for this tokenizer")
-        template = CAPITAL_TEMPLATES[len(pairs) % len(CAPITAL_TEMPLATES)]
+    def make(rng, i):
+        template = CAPITAL_TEMPLATES[i % len(CAPITAL_TEMPLATES)]
         (country, capital), (other, other_capital) = rng.sample(usable, 2)
         if one_token(tokenizer, " " + capital) == one_token(tokenizer, " " + other_capital):
-            continue
+            return None
         clean, cf = template.format(country=country), template.format(country=other)
         if _length(tokenizer, clean) != _length(tokenizer, cf):
-            continue
-        pairs.append(Pair(len(pairs), clean, cf, (" " + capital,), (" " + other_capital,),
-                          {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)}))
-    return pairs
+            return None
+        return Pair(i, clean, cf, (" " + capital,), (" " + other_capital,),
+                    {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)})
+
+    return _draw(count, seed, make, "capital pairs of equal token length")
