@@ -14,7 +14,7 @@ from .common import edge, err, out, progress_bar, renamed_options
 def circuit(
     data: Path = typer.Option(..., "--data", help="Counterfactual pairs, JSONL: prompt, counterfactual, answer, foil per line (attattr demo data --task ioi writes them)."),
     model: Optional[str] = options.model(),
-    lm: bool = typer.Option(True, "--lm/--no-lm", help="The model is a causal language model (circuits need one; the flag is accepted for symmetry with score)."),
+    lm: bool = typer.Option(False, "--lm", help="Accepted as score takes it: circuits always load the model as a causal language model."),
     methods: Optional[str] = typer.Option(None, "--methods", help="Head methods, a comma list or 'all' (default: the recommended one, atp and nap-ig; the recommended one is always computed)."),
     ablation: str = typer.Option("patching", "--ablation", help="What a head outside the circuit becomes: patching (its output on the counterfactual prompt), mean, zero."),
     metric: str = typer.Option("logit-diff", "--metric", help="The metric per pair: logit-diff (answer - foil), logprob-diff, prob."),

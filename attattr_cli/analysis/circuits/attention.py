@@ -13,11 +13,9 @@ from .registry import HeadMethod, register
 def _attention(ctx) -> np.ndarray:
     import torch
 
-    from ...engine import attention
-
     task = ctx.task
     out = np.zeros((task.n, task.layers, task.heads))
-    with attention.taken_over(task.model), torch.no_grad():
+    with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
             _, _, probs = task.record(b.clean, want_probs=True)
             for p in range(b.size):

@@ -41,13 +41,11 @@ def per_pair_metrics(ctx, masks: np.ndarray) -> np.ndarray:
     """m of every pair under each mask: [masks, pairs] (the model run with those heads kept)."""
     import torch
 
-    from ...engine import attention
-
     task = ctx.task
     out = np.zeros((masks.shape[0], task.n))
     gate_all = torch.tensor(masks, dtype=torch.float32, device=task.device)
     M = gate_all.shape[0]
-    with attention.taken_over(task.model), torch.no_grad():
+    with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
             gate = gate_all.repeat(b.size, 1, 1)  # pair-major: row r is pair r // M, mask r % M

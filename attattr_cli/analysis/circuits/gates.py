@@ -34,6 +34,7 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
     import torch
 
     from ...engine import attention
+    from .task import rows_of
 
     task = ctx.task
     L, H = task.layers, task.heads
@@ -43,7 +44,7 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
     w = w if several else w.view(k, 1)
     out = np.zeros((w.shape[1], task.n, L, H))
     a = torch.tensor(np.asarray(alphas), dtype=task.dtype, device=task.device)
-    with attention.taken_over(task.model):
+    with task.over():
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
             per_chunk = max(1, 64 // k)  # pairs per pass
@@ -52,8 +53,7 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
                 rows = len(pos) * k
                 idx = torch.tensor(pos, device=task.device).repeat_interleave(k)
                 gate = a.repeat(len(pos)).view(rows, 1, 1).expand(rows, L, H).clone().requires_grad_(True)
-                source = {l: (v if v.shape[0] == 1 else v[idx]) for l, v in src.items()}
-                plan = attention.HeadPatch(source=source, gate=gate)
+                plan = attention.HeadPatch(source=rows_of(src, idx), gate=gate)
                 with torch.enable_grad():
                     logits = task.logits(b.clean[idx], plan)
                     m = task.metric(logits, b.take(idx))

@@ -14,6 +14,7 @@ def _nap_ig(ctx) -> np.ndarray:
     import torch
 
     from ...engine import attention
+    from .task import rows_of
 
     task = ctx.task
     L, H = task.layers, task.heads
@@ -21,7 +22,7 @@ def _nap_ig(ctx) -> np.ndarray:
     out = np.zeros((task.n, L, H))
     emb = task.model.get_input_embeddings()
     alphas = torch.arange(1, steps + 1, dtype=torch.float32, device=task.device) / steps
-    with attention.taken_over(task.model):
+    with task.over():
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
             with torch.no_grad():
@@ -38,7 +39,7 @@ def _nap_ig(ctx) -> np.ndarray:
                     m = task.metric(logits, b.take(idx))
                     grads = torch.autograd.grad(m.sum(), [plan.leaves[l] for l in range(L)])
                 for l in range(L):
-                    d = clean_z[l][p:p + 1] - (src[l] if src[l].shape[0] == 1 else src[l][p:p + 1])
+                    d = clean_z[l][p:p + 1] - rows_of(src, slice(p, p + 1))[l]
                     out[b.positions[p], l] = (grads[l].sum(0, keepdim=True) * d).sum((0, 2, 3)).double().cpu().numpy() / steps
             ctx.tick(i + 1, "nap-ig")
     return out

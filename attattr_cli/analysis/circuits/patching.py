@@ -14,6 +14,7 @@ def _patching(ctx, part: str = "output") -> np.ndarray:
     import torch
 
     from ...engine import attention
+    from .task import rows_of
 
     task = ctx.task
     L, H = task.layers, task.heads
@@ -21,8 +22,8 @@ def _patching(ctx, part: str = "output") -> np.ndarray:
     with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
             src = ctx.source(b) if part == "output" else ctx.part_source(b, part)
-            clean = task.metric(task.logits(b.clean), b)
-            below = task.layer_outputs(b.clean)
+            clean_logits, below = task.layer_outputs(b.clean)  # one clean forward: the metric and the replay
+            clean = task.metric(clean_logits, b)
             per_pass = max(1, 256 // H)  # pairs per pass
             for s in range(0, b.size, per_pass):
                 pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
@@ -31,8 +32,7 @@ def _patching(ctx, part: str = "output") -> np.ndarray:
                 for l in range(L):
                     gate = torch.ones(len(owner), L, H, dtype=task.dtype, device=task.device)
                     gate[torch.arange(len(owner)), l, heads] = 0
-                    source = {l: src[l] if src[l].shape[0] == 1 else src[l][owner]}
-                    plan = attention.HeadPatch(source=source, gate=gate)
+                    plan = attention.HeadPatch(source=rows_of({l: src[l]}, owner), gate=gate)
                     m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                     eff = (clean[owner] - m).view(len(pos), H).double().cpu().numpy()
                     out[[b.positions[p] for p in pos.tolist()], l] = eff

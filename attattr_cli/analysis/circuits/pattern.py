@@ -48,7 +48,7 @@ def _integrate(ctx, counterfactual: bool) -> dict:
         for i, b in enumerate(task.batches):
             if counterfactual:
                 _, _, cf_probs = task.record(b.counterfactual, want_probs=True)
-            below = task.layer_outputs(b.clean)
+            _, below = task.layer_outputs(b.clean)
             per_pass = max(1, 64 // k)  # pairs per pass
             for s in range(0, b.size, per_pass):
                 pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import REGISTRY, RECOMMENDED
+from . import REGISTRY
 from .evaluate import PERCENTAGES, area, bootstrap, curve_from, ends, keep_masks, per_pair_metrics
 from .task import Context
 

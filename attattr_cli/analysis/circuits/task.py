@@ -35,9 +35,9 @@ class PairBatch:
     clean: torch.Tensor  # [b, n] token ids
     counterfactual: torch.Tensor  # [b, n]
     answer: torch.Tensor  # [b, a] ids, padded by repeating the first
-    answer_w: torch.Tensor  # [b, a] weights: 1 / len for real entries, 0 for padding
+    answer_in: torch.Tensor  # [b, a] True for the real entries, False for the padding
     foil: torch.Tensor
-    foil_w: torch.Tensor
+    foil_in: torch.Tensor
 
     @property
     def size(self) -> int:
@@ -46,14 +46,20 @@ class PairBatch:
     def take(self, idx: torch.Tensor) -> "PairBatch":
         """The batch's rows ``idx`` (a pair may repeat: one row per node, head or mask)."""
         return PairBatch([self.positions[i] for i in idx.tolist()], self.clean[idx], self.counterfactual[idx],
-                         self.answer[idx], self.answer_w[idx], self.foil[idx], self.foil_w[idx])
+                         self.answer[idx], self.answer_in[idx], self.foil[idx], self.foil_in[idx])
 
 
 def _set(ids: Sequence[Sequence[int]]):
+    """Token sets of different sizes as ([rows, width] ids padded with the first, [rows, width] real)."""
     width = max(len(x) for x in ids)
     idx = torch.tensor([list(x) + [x[0]] * (width - len(x)) for x in ids], dtype=torch.long)
-    w = torch.tensor([[1.0 / len(x)] * len(x) + [0.0] * (width - len(x)) for x in ids])
-    return idx, w
+    real = torch.tensor([[True] * len(x) + [False] * (width - len(x)) for x in ids])
+    return idx, real
+
+
+def rows_of(tensors: dict, idx) -> dict:
+    """Each tensor's rows ``idx`` (a tensor of one row serves every row as it is)."""
+    return {k: (v if v.shape[0] == 1 else v[idx]) for k, v in tensors.items()}
 
 
 class CircuitTask:
@@ -108,7 +114,7 @@ class CircuitTask:
 
     def metric(self, logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
         """The metric of each row (engine/metrics.py: one definition for scoring and circuits)."""
-        return pair_metric_rows(logits, batch.answer, batch.answer_w > 0, batch.foil, batch.foil_w > 0, self.metric_name)
+        return pair_metric_rows(logits, batch.answer, batch.answer_in, batch.foil, batch.foil_in, self.metric_name)
 
     def record(self, ids: torch.Tensor, want_probs: bool = False, grad: bool = False):
         """(logits, {layer: head output [b, head, n, d]}, {layer: probs}) of a plain run."""
@@ -144,9 +150,9 @@ class CircuitTask:
             return {k: torch.zeros_like(v) for k, v in outs.items()}
         raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
 
-    def layer_outputs(self, ids: torch.Tensor) -> dict:
-        """{layer: what the decoder layer returned} of a plain run without gradients, for
-        :meth:`from_layer` (the layers below a target replayed instead of recomputed)."""
+    def layer_outputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """(last-position logits, {layer: what the decoder layer returned}) of a plain run without
+        gradients, for :meth:`from_layer` (the layers below a target replayed instead of recomputed)."""
         from ...models.arch import find_layers
 
         _, layers = find_layers(self.model)
@@ -156,11 +162,11 @@ class CircuitTask:
                  for i, layer in enumerate(layers)]
         try:
             with self.over(), torch.no_grad():
-                self.logits(ids)
+                logits = self.logits(ids)
         finally:
             for h in hooks:
                 h.remove()
-        return seen
+        return logits, seen
 
     def from_layer(self, layer: int, outputs: dict, ids: torch.Tensor, owner: torch.Tensor, plan) -> torch.Tensor:
         """Last-position logits of rows that differ from their clean run only from ``layer`` up:
@@ -175,24 +181,16 @@ class CircuitTask:
     def mean_outputs(self) -> dict:
         """Each head's output averaged over the clean prompts, per position from the end
         (prompts of several lengths are aligned at their last token): MIB's mean ablation."""
+        width = max(b.clean.shape[1] for b in self.batches)
         sums: dict = {}
-        counts: dict = {}
+        counts = torch.zeros(width)
         for b in self.batches:
             _, outs, _ = self.record(b.clean)
             n = b.clean.shape[1]
+            counts[width - n:] += b.size
             for k, v in outs.items():
-                s = v.sum(0, keepdim=True)
-                if k not in sums:
-                    sums[k], counts[k] = s, torch.full((n,), float(b.size))
-                    continue
-                width = max(sums[k].shape[2], n)
-                grow = lambda t, w: torch.cat([t.new_zeros(*t.shape[:2], w - t.shape[2], *t.shape[3:]), t], 2)  # noqa: E731
-                sums[k] = grow(sums[k], width) + grow(s, width)
-                c = torch.zeros(width)
-                c[width - counts[k].shape[0]:] += counts[k]
-                c[width - n:] += b.size
-                counts[k] = c
-        return {k: sums[k] / counts[k].clamp(min=1).view(1, 1, -1, 1).to(sums[k]) for k in sums}
+                sums.setdefault(k, v.new_zeros(1, v.shape[1], width, v.shape[3]))[:, :, width - n:] += v.sum(0, keepdim=True)
+        return {k: s / counts.clamp(min=1).view(1, 1, -1, 1).to(s) for k, s in sums.items()}
 
     def gated(self, batch: PairBatch, source: dict, gate: torch.Tensor, chunk: int = 64,
               rows_per_pair: int | None = None) -> torch.Tensor:
@@ -204,8 +202,7 @@ class CircuitTask:
         for s in range(0, rows, chunk):
             g = gate[s:s + chunk]
             owner = torch.arange(s, s + g.shape[0], device=self.device) // per
-            src = {k: (v if v.shape[0] == 1 else v[owner]) for k, v in source.items()}
-            plan = attention.HeadPatch(source=src, gate=g)
+            plan = attention.HeadPatch(source=rows_of(source, owner), gate=g)
             with torch.no_grad():
                 logits = self.logits(batch.clean[owner], plan)
             out.append(self.metric(logits, batch.take(owner)))
