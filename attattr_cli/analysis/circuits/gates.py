@@ -79,4 +79,5 @@ register(HeadMethod(
     reference="attattr (integrated gradients, Sundararajan et al. 2017, over MIB's node gates)",
     passes=lambda s: "1 counterfactual forward + (steps) forward and backward rows, batched",
     default=True,
+    complete=True,
 ))

@@ -14,6 +14,7 @@ class HeadMethod:
     reference: str = ""
     passes: Callable[[Any], str] = field(default=lambda settings: "")  # what it costs per pair, in words
     default: bool = False  # computed by default (with the recommended method)
+    complete: bool = False  # its scores add up to m(N) - m(empty): the residual is reported
 
 
 REGISTRY: dict[str, HeadMethod] = {}

@@ -58,9 +58,10 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun
     run.clean, run.empty = float(clean.mean()), float(empty.mean())
     shared = (_cpu() - t) / task.n
     for name in methods:
+        method = REGISTRY[name]
         t = _cpu()
-        per = np.asarray(REGISTRY[name].compute(ctx), dtype=np.float64)
-        cost = (_cpu() - t) / task.n + (shared if name not in ("random",) else 0.0)
+        per = np.asarray(method.compute(ctx), dtype=np.float64)
+        cost = (_cpu() - t) / task.n + (shared if method.kind != "baseline" else 0.0)  # a baseline runs no model
         mean = per.mean(0)
         masks = np.concatenate([keep_masks(mean, False), keep_masks(mean, True)])
         pm = per_pair_metrics(ctx, masks)
@@ -70,7 +71,7 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun
         cpr, cmd = area(PERCENTAGES, f_s)[0], area(PERCENTAGES, f_a)[1]
         ci_cpr, ci_cmd = bootstrap(signed, absolute, clean, empty, samples=bootstrap_samples, seed=ctx.seed)
         res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
-        if name in ("attr-gates",):
+        if method.complete:
             total = per.sum((1, 2))
             gap = clean - empty
             res.completeness = float(np.abs(total - gap).mean() / max(np.abs(gap).mean(), 1e-12))
