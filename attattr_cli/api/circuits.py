@@ -217,9 +217,7 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
     if out is not None:
         result.save(out)
     if json is not None:
-        from ..fileio import replaced
+        from ..fileio import write_json
 
-        with replaced(json) as tmp:
-            with open(tmp, "w", encoding="utf-8") as fh:
-                fh.write(result.to_json() + "\n")
+        write_json(json, result.to_dict())
     return result
