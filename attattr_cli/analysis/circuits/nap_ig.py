@@ -25,8 +25,7 @@ def _nap_ig(ctx) -> np.ndarray:
     with task.over():
         for i, b in enumerate(task.batches):
             src = ctx.source(b)
-            with torch.no_grad():
-                _, clean_z, _ = task.record(b.clean)
+            _, clean_z, _ = task.record(b.clean)
             with torch.no_grad():
                 e_clean, e_cf = emb(b.clean), emb(b.counterfactual)
             for p in range(b.size):
@@ -35,11 +34,11 @@ def _nap_ig(ctx) -> np.ndarray:
                 idx = torch.full((steps,), p, device=task.device)
                 with torch.enable_grad():
                     logits = task.logits(None, plan, inputs_embeds=x)
-
                     m = task.metric(logits, b.take(idx))
                     grads = torch.autograd.grad(m.sum(), [plan.leaves[l] for l in range(L)])
+                src_p = rows_of(src, slice(p, p + 1))
                 for l in range(L):
-                    d = clean_z[l][p:p + 1] - rows_of(src, slice(p, p + 1))[l]
+                    d = clean_z[l][p:p + 1] - src_p[l]
                     out[b.positions[p], l] = (grads[l].sum(0, keepdim=True) * d).sum((0, 2, 3)).double().cpu().numpy() / steps
             ctx.tick(i + 1, "nap-ig")
     return out
