@@ -231,13 +231,19 @@ def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None 
         total += g.detach().abs().double().sum(0).cpu()
         if progress:
             progress(k + 1, len(batches.batches), "")
-    values = total / max(batches.n, 1)
+    return _taylor_table(total, batches.n, normalize, [e.index for e in examples],
+                         "E_x|sum A_h * dL/dA_h| (Michel et al. 2019), L = cross-entropy of the gold label")
+
+
+def _taylor_table(total: torch.Tensor, n: int, normalize: bool, examples: list, description: str) -> Table:
+    """The Taylor table from the per-head sum of |gate gradients| over ``n`` examples: their
+    mean, with ``normalize`` of unit L2 norm per layer."""
+    values = total / max(n, 1)
     if normalize:
         norm = values.norm(dim=1, keepdim=True)
         values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
-    return Table("taylor", "taylor", values.numpy(), [e.index for e in examples], None, "",
-                 "E_x|sum A_h * dL/dA_h| (Michel et al. 2019), L = cross-entropy of the gold label"
-                 + (", L2-normalised per layer" if normalize else ""))
+    return Table("taylor", "taylor", values.numpy(), examples, None, "",
+                 description + (", L2-normalised per layer" if normalize else ""))
 
 
 def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | None = None) -> Table:
@@ -258,13 +264,8 @@ def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | N
         total += g.detach().abs().double().sum(0).cpu()
         if progress:
             progress(k + 1, len(batches.batches), "")
-    values = total / max(batches.n, 1)
-    if normalize:
-        norm = values.norm(dim=1, keepdim=True)
-        values = values / torch.where(norm > 0, norm, torch.ones_like(norm))
-    return Table("taylor", "taylor", values.numpy(), [], None, "",
-                 f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}"
-                 + (", L2-normalised per layer" if normalize else ""))
+    return _taylor_table(total, batches.n, normalize, [],
+                         f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}")
 
 
 def random_table(num_layers: int, num_heads: int, seed: int) -> Table:
