@@ -52,7 +52,7 @@ train-default: setup
     {{venv}}/bin/attattr demo train --out .default_model.new --overwrite
     cp .default_model.new/* attattr_cli/assets/default_model/ && rm -r .default_model.new
 
-# Long contexts: SmolLM2 (when at /work/models/smollm2) and a random 30-layer Llama at 256, 1,024 and 2,048 tokens of passages, one thread (docs/long-context.md)
+# Long contexts: SmolLM2 (where ATTATTR_SMOLLM2 names its folder) and a random 30-layer Llama at 256, 1,024 and 2,048 tokens of passages, one thread (docs/long-context.md)
 bench-long-context: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_long_context.py --threads 1
 

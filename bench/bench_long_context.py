@@ -13,7 +13,7 @@ Per configuration (model x context length), in a child process of its own:
 * the source-removal check (analysis/context_check.py): the drop of the answer's
   log-probability when each method's top-1/3/5 sources are removed, beside leave-one-out's.
 
-Models: SmolLM2-135M-Instruct (``--smollm2``, default /work/models/smollm2, when present) and a
+Models: SmolLM2-135M-Instruct (``--smollm2 DIR`` or ATTATTR_SMOLLM2, when given) and a
 random Llama of the same shape (30 layers, 9 heads, hidden 576; SmolLM2's tokenizer, or the
 built-in default's where SmolLM2 is absent). All configurations:
 
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SMOLLM2 = "/work/models/smollm2"
+SMOLLM2 = os.environ.get("ATTATTR_SMOLLM2", "")
 TOWNS = ["Arden", "Belmar", "Corvin", "Dunmore", "Elbury", "Fenwick", "Garrow", "Halston", "Ivel", "Jarrow",
          "Kelby", "Lorne", "Marden", "Norwood", "Orton", "Pellam", "Quarry", "Rosslyn", "Selby", "Tarn",
          "Ulver", "Varden", "Wexley", "Yarrow", "Zennor"]
@@ -207,7 +207,7 @@ def main() -> None:
                 if have_smol:
                     models[name] = args.smollm2
                 else:
-                    print(f"SmolLM2 is not at {args.smollm2}: left out", file=sys.stderr)
+                    print(f"SmolLM2: left out (no model folder: give --smollm2 DIR or ATTATTR_SMOLLM2; got {args.smollm2!r})", file=sys.stderr)
             elif name == "random30":
                 models[name] = random_llama(Path(tmp, "random30"), args.smollm2 if have_smol else None)
         rows = []
