@@ -12,6 +12,7 @@ import torch
 import attattr_cli as aa
 from attattr_cli.analysis import sources as src
 from attattr_cli.engine import budget, threads
+from attattr_cli.engine.layer_integral import judged_dims, map_measures, map_spread
 from attattr_cli.errors import DataError, OptionError, ResourceError
 from attattr_cli.models.loading import prepare
 from conftest import build_model, run_cli
@@ -78,6 +79,31 @@ def test_source_scores_equal_the_maps_key_columns(lm):
     # completeness still holds per layer: the key sums add up to F(A) - F(0)
     np.testing.assert_allclose(kept.key_sum.sum(1), kept.f_full - np.asarray(kept.f_baseline) + kept.residual,
                                rtol=1e-5, atol=1e-9)
+
+
+def test_tolerance_is_judged_on_the_key_sums_kept(lm):
+    """With keep sources the error is judged on the per-key sums kept, not on every entry of
+    the per-head maps; the key sums are within the tolerance of a converged reference."""
+    tol = 0.02
+    ref = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", tol=1e-7, dtype="float64")[0]
+    maps = aa.score(lm, prompts=[TEXT], continuation=ANSWER, keep="maps", tol=tol, dtype="float64")[0]
+    kept = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", tol=tol, dtype="float64")[0]
+    assert kept.keep == "sources" and (np.asarray(kept.convergence) == 0).all()
+    err = np.abs(kept.key_sum - ref.key_sum).max(1)
+    assert (err <= 2 * tol * np.abs(ref.key_sum).max(1)).all()
+    # what is judged: the map [head, query, key] summed to what each --keep keeps
+    gen = torch.Generator().manual_seed(0)
+    a, v, g = (torch.rand(3, 5, 5, generator=gen, dtype=torch.float64), torch.randn(3, 5, 4, generator=gen, dtype=torch.float64),
+               torch.randn(2, 3, 5, 4, generator=gen, dtype=torch.float64))
+    attr = a * (g @ v.transpose(-1, -2))
+    for keep, kept in (("maps", attr.flatten(1)), ("sum", attr.sum(1).flatten(1)), ("sources", attr.sum((1, 2)))):
+        got = map_measures(a, v, g, judged_dims(keep))
+        want = torch.stack([kept.abs().amax(1), kept.abs().sum(1), kept.sum(1)], 1)
+        torch.testing.assert_close(got, want)
+        assert float(map_spread(a, v, g, judged_dims(keep))) == pytest.approx(float(kept.abs().sum(0).max()))
+    # the maps' own entries, judged per entry, are as close
+    full = np.asarray(maps.attribution, np.float64).sum(axis=(1, 2))
+    assert (np.abs(full - ref.key_sum).max(1) <= 2 * tol * np.abs(ref.key_sum).max(1)).all()
 
 
 def test_generation_sources_per_step(lm):

@@ -535,11 +535,11 @@ class StepScorer:
 
         def measure(g, rows):  # every step's map lies within the whole sequence's, zero elsewhere
             a, v = stacks(g.dtype)
-            return map_measures(a, v, g).cpu()
+            return map_measures(a, v, g, sc.judged).cpu()
 
         def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
             a, v = stacks(g.dtype)
-            return map_spread(a, v, g).cpu()
+            return map_spread(a, v, g, sc.judged).cpu()
 
         def derivative(g, rows):
             a, v = stacks(g.dtype)

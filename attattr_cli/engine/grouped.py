@@ -249,13 +249,13 @@ class _Group:
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
             a, v = stacks[:2]
-            return map_measures(a[rows], v[rows], g).cpu()
+            return map_measures(a[rows], v[rows], g, sc.judged).cpu()
 
         def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
             if not stacks:
                 stacks.extend(self._padded_a_v(saved, g.dtype))
             r = int(rows[0])
-            return map_spread(stacks[0][r], stacks[1][r], g).cpu()
+            return map_spread(stacks[0][r], stacks[1][r], g, sc.judged).cpu()
 
         def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
             if not stacks:

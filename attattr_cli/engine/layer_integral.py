@@ -123,7 +123,8 @@ class Integration:
 
         def spread(g: torch.Tensor) -> torch.Tensor:  # the leaves' maps summed entry by entry (adaptive.Refinement)
             s = self._saved
-            return map_spread(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g.reshape(len(g), *g.shape[-3:]))
+            return map_spread(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g.reshape(len(g), *g.shape[-3:]),
+                              self.judged)
 
         # the three-node start, as in sweeps (engine/sweep.py) and groups: an example gets the same
         # nodes whichever way its passes run
@@ -149,7 +150,14 @@ class Integration:
         projections (``self._saved`` by default); the map itself is not kept."""
         s = self._saved if saved is None else saved
         g = g.reshape(1, *g.shape[-3:])
-        return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g)[0])
+        return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g,
+                                                    self.judged)[0])
+
+    @property
+    def judged(self) -> tuple:
+        """The map's dimensions summed away before the tolerance is judged: what ``--keep``
+        keeps (:func:`judged_dims`)."""
+        return judged_dims(self.options.keep)
 
     @staticmethod
     def layer_probs(saved: dict, dtype: torch.dtype) -> torch.Tensor:
@@ -186,25 +194,42 @@ class Integration:
 
 
 
-def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+JUDGED = {"maps": (), "none": (), "auto": (), "sum": (-3,), "sources": (-3, -2)}  # --keep -> dims summed away
+
+
+def judged_dims(keep: str) -> tuple:
+    """The dimensions of a layer's map [head, query, key] summed away to give what ``keep``
+    keeps, on which the tolerance is judged (docs/integration.md, "What the tolerance is judged
+    on"): the per-head maps for ``maps`` and ``none`` (its per-head max and top entries), the
+    head sum [query, key] for ``sum``, the per-key sums [key] for ``sources``."""
+    return JUDGED.get(keep, ())
+
+
+def _kept(attr: torch.Tensor, dims: tuple) -> torch.Tensor:
+    """The map reduced to what is kept, flattened per leading index: [..., entries]."""
+    kept = attr.sum(dim=dims) if dims else attr
+    return kept.flatten(start_dim=kept.dim() - (3 - len(dims)))
+
+
+def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor, dims: tuple = ()) -> torch.Tensor:
     """(max |Attr|, sum |Attr|, sum Attr) per leading index of the maps Attr = A * (G V^T):
-    A [..., head, n, n], V and G [..., head, n, d] -> [..., 3] (sums in float64)."""
-    attr = a * torch.matmul(g, v.transpose(-1, -2))
-    dims = (-3, -2, -1)
-    return torch.stack([attr.abs().amax(dim=dims).double(), attr.abs().sum(dim=dims, dtype=torch.float64),
-                        attr.sum(dim=dims, dtype=torch.float64)], dim=-1)
+    A [..., head, n, n], V and G [..., head, n, d] -> [..., 3] (sums in float64); with ``dims``
+    (:func:`judged_dims`) of the map summed over those dimensions first."""
+    kept = _kept(a * torch.matmul(g, v.transpose(-1, -2)), dims)
+    return torch.stack([kept.abs().amax(dim=-1).double(), kept.abs().sum(dim=-1, dtype=torch.float64),
+                        kept.sum(dim=-1, dtype=torch.float64)], dim=-1)
 
 
-def map_spread(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+def map_spread(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor, dims: tuple = ()) -> torch.Tensor:
     """max over the entries of sum_k |Attr_k|, the maps Attr_k = A * (G_k V^T) of one integral's
-    leaves: A [head, n, n], V [head, n, d] and G [k, head, n, d] -> a float64 scalar. The maps
-    are made and added in chunks of about SPREAD_CHUNK entries (a long input's map is large,
-    and a layer may hold dozens of leaves)."""
+    leaves (each summed over ``dims`` first): A [head, n, n], V [head, n, d] and G [k, head, n, d]
+    -> a float64 scalar. The maps are made and added in chunks of about SPREAD_CHUNK entries (a
+    long input's map is large, and a layer may hold dozens of leaves)."""
     vt = v.transpose(-1, -2)
     step = max(1, SPREAD_CHUNK // max(a.numel(), 1))
     total = None
     for start in range(0, len(g), step):
-        part = (a * torch.matmul(g[start:start + step], vt)).abs().sum(0, dtype=torch.float64)
+        part = _kept(a * torch.matmul(g[start:start + step], vt), dims).abs().sum(0, dtype=torch.float64)
         total = part if total is None else total.add_(part)
     return total.amax()
 

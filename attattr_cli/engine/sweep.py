@@ -208,12 +208,12 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         for i in torch.unique(of_layer).tolist():
             sel = torch.nonzero(of_layer == i).flatten()
             a, v, _ = stacks(i, g.dtype)
-            out[sel] = map_measures(a, v, g[sel.to(g.device)]).cpu()
+            out[sel] = map_measures(a, v, g[sel.to(g.device)], sc.judged).cpu()
         return out
 
     def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
         a, v, _ = stacks(int(rows[0]) // per_layer, g.dtype)
-        return map_spread(a, v, g).cpu()
+        return map_spread(a, v, g, sc.judged).cpu()
 
     def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
         out = torch.empty(len(rows), dtype=torch.float64)
