@@ -130,7 +130,7 @@ def child(cfg: dict) -> dict:
     estimates = {}
     rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
     sc = Scorer(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
-                                           sources=sources, path=cfg["path"]))
+                                           sources=sources))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
         e = budget.estimate(sc, enc, 0, keep)
@@ -139,7 +139,7 @@ def child(cfg: dict) -> dict:
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
-             keep="sources", threads=cfg["threads"], out=store, notify=heard.append, path=cfg["path"], **rule)
+             keep="sources", threads=cfg["threads"], out=store, notify=heard.append, **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
     peak_after_score = vm_hwm()
     e = aa.open_store(store)[0]
@@ -148,7 +148,7 @@ def child(cfg: dict) -> dict:
     check = check_example(model.loaded.model, tok, e) if cfg["check"] else None
     check_cpu = time.process_time() - t1c
     return {
-        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps", "path")},
+        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")},
         "n_tokens": len(e.tokens), "sources": len(table), "asked_passage": asked, "answer": answer,
         "score_cpu_s": score_cpu, "score_wall_s": score_wall, "load_cpu_s": load_cpu, "check_cpu_s": check_cpu,
         "total_cpu_s": time.process_time() - t_cpu, "total_wall_s": time.perf_counter() - t_wall,
@@ -156,9 +156,7 @@ def child(cfg: dict) -> dict:
         "estimate_said": heard, "estimates": estimates,
         "converged_layers": int(np.sum(np.asarray(e.convergence) == 0)), "layers": len(e.layers),
         "nodes_mean": float(np.mean(e.nodes)) if e.nodes is not None else None,
-        # the joint path has one residual, the whole model's (engine/joint.py)
-        "max_abs_residual": float(abs(e.meta["path"]["residual"])) if "path" in e.meta
-        else float(np.max(np.abs(e.residual))), "f_full": float(e.f_full), "joint": e.meta.get("path"),
+        "max_abs_residual": float(np.max(np.abs(e.residual))), "f_full": float(e.f_full),
         "top_sources": table.sort_values("score", ascending=False).source.head(5).tolist(),
         "drops": None if check is None else {m: {str(k): v for k, v in d.items()} for m, d in check.drops.items()},
         "tau_loo": None if check is None else check.agreement,
@@ -195,7 +193,6 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="leave out the source-removal check")
     ap.add_argument("--tol", type=float, default=0.1, help="the integration's tolerance (default: score's, 0.1)")
     ap.add_argument("--steps", type=int, default=None, help="a fixed rule of this many nodes instead of --tol")
-    ap.add_argument("--path", default="layer,joint", help="the integration paths to run: layer (the paper's), joint")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
@@ -216,13 +213,12 @@ def main() -> None:
         rows = []
         for name, path in models.items():
             for t in [int(x) for x in args.tokens.split(",")]:
-                for how in args.path.split(","):
-                    cfg = {"name": name, "model": path, "tokens": t, "threads": args.threads, "answer": args.answer,
-                           "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}-{how}.h5")),
-                           "tol": None if args.steps else args.tol, "steps": args.steps, "path": how}
-                    r = run_config(cfg, args.timeout)
-                    rows.append(r)
-                    print(json.dumps(r), flush=True)
+                cfg = {"name": name, "model": path, "tokens": t, "threads": args.threads, "answer": args.answer,
+                       "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}.h5")),
+                       "tol": None if args.steps else args.tol, "steps": args.steps}
+                r = run_config(cfg, args.timeout)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -231,17 +227,17 @@ def main() -> None:
 def print_table(rows) -> None:
     from attattr_cli.engine.budget import human
 
-    print("\n| model | path | tokens | threads | sources | CPU s (score) | wall s (score) | peak RSS | estimate | store |"
+    print("\n| model | tokens | threads | sources | CPU s (score) | wall s (score) | peak RSS | estimate | store |"
           " est. store maps / sum | converged | drop top-3: attattr / attention / x-grad / LOO |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "error" in r:
-            print(f"| {r['name']} | {r['path']} | {r['tokens']} | {r['threads']} | error: {r['error']} |")
+            print(f"| {r['name']} | {r['tokens']} | {r['threads']} | error: {r['error']} |")
             continue
         d = r["drops"] or {}
         top3 = " / ".join(f"{d[m]['3']:.2f}" if m in d else "-" for m in ("attattr", "attention", "input_x_gradient", "loo"))
         est = r["estimates"]
-        print(f"| {r['name']} | {r['path']} | {r['n_tokens']} | {r['threads']} | {r['sources']} | {r['score_cpu_s']:.0f} |"
+        print(f"| {r['name']} | {r['n_tokens']} | {r['threads']} | {r['sources']} | {r['score_cpu_s']:.0f} |"
               f" {r['score_wall_s']:.0f} | {human(r['peak_rss'])} | {human(est['sources']['peak'])} |"
               f" {human(r['store_bytes'])} | {human(est['maps']['store'])} / {human(est['sum']['store'])} |"
               f" {r['converged_layers']}/{r['layers']} | {top3} |")

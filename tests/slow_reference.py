@@ -38,11 +38,6 @@ def _attn(module, query, key, value, attention_mask, scaling=None, dropout=0.0, 
     layer = st["owner"].get(id(module))
     if layer is None:
         pass
-    elif st["mode"] == "joint":  # every owned layer's probabilities times a gate of alpha, a leaf
-        gate = st["alphas"].view(-1, 1, 1, 1).to(device=probs.device, dtype=probs.dtype).expand(probs.shape)
-        gate = gate.clone().requires_grad_(True)
-        st["gates"][layer] = gate
-        probs = gate * probs
     elif st["mode"] == "record":
         st["probs"][layer] = probs.detach()
     elif layer == st["layer"]:
@@ -141,37 +136,3 @@ def slow_attribution(model, inputs: dict, layers, alphas, weights, target: int, 
         model.config._attn_implementation = old
         model.config.pad_token_id = old_pad
     return result, f0s
-
-
-def slow_joint_attribution(model, inputs: dict, alphas, weights, f_of_logits, more_inputs: dict | None = None):
-    """The joint path by its definition: a gate on every entry of every layer's attention
-    probabilities (``gamma * A``, A live), F at gamma = alpha 1 for each node, dF/dgamma by
-    autograd, and Attr_l = sum_k w_k dF/dgamma_l(alpha_k) (integrated gradients over the gates).
-    Returns ({layer: Attr [heads, n, n]}, F(gamma = 0), F(gamma = 1)); the first family only."""
-    more = dict(more_inputs or {})
-    owner = _owner(model)
-    family = sorted(set(owner.values()))[0][0]
-    owner = {k: (v[1] if v[0] == family else None) for k, v in owner.items()}
-    old = model.config._attn_implementation
-    model.config._attn_implementation = "attattr_slow_reference"
-    try:
-        total: dict = {}
-        fs = {}
-        for alpha, w in zip(list(alphas) + [0.0, 1.0], list(weights) + [0.0, 0.0]):
-            st = {"mode": "joint", "owner": owner, "alphas": torch.tensor([float(alpha)], dtype=torch.float64),
-                  "gates": {}}
-            tok = _state.set(st)
-            try:
-                with torch.enable_grad():
-                    logits = model(**inputs, **more).logits
-                    f = f_of_logits(logits.double())
-                    layers = sorted(st["gates"])
-                    grads = torch.autograd.grad(f.sum(), [st["gates"][i] for i in layers])
-            finally:
-                _state.reset(tok)
-            fs[float(alpha)] = float(f.detach().sum())
-            for i, g in zip(layers, grads):
-                total[i] = g[0] * w if i not in total else total[i] + g[0] * w
-    finally:
-        model.config._attn_implementation = old
-    return total, fs[0.0], fs[1.0]

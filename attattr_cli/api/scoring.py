@@ -27,7 +27,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
           continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
           dist_timeout: float = 3600.0, progress=False, command=None, warn=None, foil: str | None = None,
           generate: int | None = None, per_step: bool = False, sample: bool = False, metric: str | None = None,
-          sources: str | None = None, memory=None, threads: int | None = None, notify=None, path: str = "layer"):
+          sources: str | None = None, memory=None, threads: int | None = None, notify=None):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -75,10 +75,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     the run's estimated peak (default: most of the free memory): a run over it is refused
     (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
     a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
-    the free cores for long ones). ``path="joint"`` scales every scored layer's attention
-    together in one integral instead of one integral per layer (the paper's ``"layer"``): a
-    node costs one forward and backward of the model whatever the number of layers, and
-    completeness holds for the whole model, not per layer (docs/method.md section 1.6)."""
+    the free cores for long ones)."""
     from ..engine.budget import parse_size
     from ..engine.options import ScoreOptions, integration, precheck
 
@@ -93,7 +90,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position,
                             foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None,
                             metric=metric, sources=None if sources is None else str(sources),
-                            memory=parse_size(memory), threads=threads, path=path)
+                            memory=parse_size(memory), threads=threads)
 
     # the options, the selection, the output and the data file are checked before anything loads
     if out is not None:

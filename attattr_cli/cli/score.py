@@ -48,7 +48,6 @@ def score(
     sources: Optional[str] = typer.Option(None, "--sources", help="With --lm: group the prompt's keys into sources: sentences, paragraphs (split on blank lines) or a JSONL file of passages (FILE, or FILE:FIELD; field text by default). Implies --keep sources unless --keep is given; per source, the sum of its keys' attribution over layers, heads and queries."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Peak memory the run may use, e.g. 4GB (default: 0.8 of the memory available now). A run estimated above it is refused, naming the --keep that fits."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch's threads for the run (default: 1 below 256 tokens, else the cores free now)."),
-    path: str = typer.Option("layer", "--path", help="layer: one integral per layer, that layer's attention scaled alone (the paper's); joint: every scored layer's attention scaled together in one integral (one forward and backward of the model per node; completeness for the whole model; docs/method.md 1.6)."),
     target_token: Optional[str] = typer.Option(None, "--target-token", help="With --lm: attribute the probability of this next token (one token; default: the predicted one)."),
     continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),
@@ -97,7 +96,7 @@ def score(
                          truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
                          position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
                          progress=None if quiet else bar, command=command_line(), foil=foil, generate=generate,
-                         per_step=per_step, sample=sample, metric=metric, sources=sources, memory=memory, threads=threads, path=path,
+                         per_step=per_step, sample=sample, metric=metric, sources=sources, memory=memory, threads=threads,
                          notify=None if quiet else (lambda line: err.print(line, markup=False)),
                          warn=_warn if _distributed_rank() is None else _rank_warn)
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge

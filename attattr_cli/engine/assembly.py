@@ -39,7 +39,7 @@ class Assembly:
         return {
             "map": res["maps"][0].cpu() if keep == "maps" else None,
             "sum": hs.cpu() if keep in ("maps", "sum") else None,
-            "topk": None if self.options.top_k is None else top_entries(res["maps"][0], self.options.top_k),
+            "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
             # keep sources: per key, the layer's attribution summed over heads and queries (the
             # head sum [q, k] above is made for this layer only and dropped here)
             "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
@@ -98,7 +98,7 @@ class Assembly:
                                 if int(self.foil) < len(self.loaded.label_names) else str(self.foil)}
             target_id = target
         out_logits_np, out_probs_np = out_logits.cpu().numpy(), out_probs.cpu().numpy()
-        nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams, self.options.path == "joint")
+        nonfinite = nonfinite_parts(out_logits_np, out_probs_np, f_full, fams)
         if "logits" in nonfinite:
             pred = -1  # no class is predicted by non-finite logits
         return ExampleScore(
@@ -170,7 +170,7 @@ class Assembly:
 
 
 
-def top_entries(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of largest |value| per head: ([head, k, 2] (query, key), [head, k])."""
     heads, n_q, n_k = maps.shape
     flat = maps.reshape(heads, -1)
@@ -183,8 +183,7 @@ def top_entries(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 
-def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict,
-                    joint: bool = False) -> list[str]:
+def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:
     """Which parts of a scored example hold NaN or infinity (a float16 model whose logits
     overflow, say): "logits", "probs", "output" (F at alpha 1 or 0), "attribution" (maps,
     head sums, head maxima, top-k), "attention". Empty when all are finite."""
@@ -199,11 +198,8 @@ def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, famili
         out.append("probs")
     if bad(np.asarray([f_full]), *(fs.f_baseline for fs in families.values())):
         out.append("output")
-    # the joint path (engine/joint.py) has no per-layer residual, and per-head maxima only with
-    # the maps: NaN there by definition
-    checked = (lambda fs: (fs.attribution, fs.head_sum, fs.topk_value, fs.key_sum)) if joint else \
-        (lambda fs: (fs.attribution, fs.head_sum, fs.head_max, fs.topk_value, fs.residual))
-    if bad(*(x for fs in families.values() for x in checked(fs))):
+    if bad(*(x for fs in families.values() for x in (fs.attribution, fs.head_sum, fs.head_max, fs.topk_value,
+                                                        fs.residual))):
         out.append("attribution")
     if bad(*(fs.attention for fs in families.values())):
         out.append("attention")

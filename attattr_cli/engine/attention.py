@@ -73,19 +73,6 @@ class Record:
     called: set = field(default_factory=set)  # sites whose attention has run in this forward
 
 
-@dataclass
-class Joint:
-    """One pass of the joint path (engine/joint.py): every scored site's attention output
-    scaled by row r's ``alphas[r]`` at once, ``alpha A V`` of the live input, with a zero leaf
-    added (``+ z``) whose gradient is dF/dO there; the projections the map needs (Q, K, V and
-    the mask the model used) are kept per site."""
-
-    alphas: torch.Tensor  # [rows]
-    sites: frozenset
-    leaves: dict = field(default_factory=dict)  # site -> zero leaf [rows, head, query, d]
-    saved: dict = field(default_factory=dict)  # site -> {q, k, v, mask, scale, softcap, causal}
-
-
 def several_maps(model_type: str, site) -> ModelError:
     """The one line for a layer whose attention runs more than once in one forward (differential
     attention's two softmaxes, or a looped model running its layers again): attattr's map of a
@@ -392,18 +379,6 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
             plan.leaves[site] = z
             out = out + z[..., :out.shape[-1]]
         return out.transpose(1, 2).contiguous(), None
-
-    if isinstance(plan, Joint) and site in plan.sites:
-        if sink is not None:
-            raise ModelError("attention sinks (s_aux) are not supported by the joint path yet: use --path layer")
-        out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
-        alphas = plan.alphas.to(device=out.device, dtype=out.dtype).view(-1, 1, 1, 1)
-        z = out.new_zeros(out.shape).requires_grad_(True)
-        plan.leaves[site] = z
-        plan.saved[site] = {"q": query.detach(), "k": key.detach(), "v": value.detach(), "causal": causal,
-                            "mask": None if (mask is None or causal) else mask.detach(), "scale": scaling,
-                            "softcap": softcap}
-        return (alphas * out + z).transpose(1, 2).contiguous(), None
 
     if isinstance(plan, Permute) and site == plan.site:
         probs = reference.attention_probs(query, key, mask, scaling, softcap)

@@ -12,9 +12,6 @@ H heads, S steps of a generation, 1 otherwise):
 * one layer's maps as they are made (A, G Vᵀ and their product, and A kept for the error
   estimates: 4 H n² floats), the only n² arrays of ``--keep sum`` or ``sources`` beside the
   kept head sums: maps are reduced layer by layer as each layer's integral is done;
-* with ``--path joint`` (engine/joint.py) the pass is the whole model's forward and backward
-  (the clean forward's size, per row) plus every scored layer's Q, K and V (3 L H n d), and
-  each node's kept numbers are held until the integral ends (TYPICAL_NODES of them counted);
 * what is kept, for the example and each step of a generation: ``maps`` L H n² (held twice
   while they are stacked for the store) and the clean attention (L H n²); ``sum`` L n² and the
   mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
@@ -137,14 +134,6 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
                                                               memory.hidden_size(cfg))
     work = max(clean, rows * per_row)
     transient = 4 * heads * n * n * 4
-    joint_nodes = 0
-    if scorer.options.path == "joint":  # engine/joint.py: whole-model passes, every site's Q, K, V kept per row
-        from .joint import ROW_TOKENS, TYPICAL_NODES
-
-        rows = 1 if scorer.device.type != "cpu" else max(1, ROW_TOKENS // max(n, 1))
-        d = memory.hidden_size(cfg) // max(heads, 1)
-        work = rows * (clean + 3 * layers * heads * n * d * el)
-        joint_nodes = TYPICAL_NODES  # each node's kept numbers are held until the integral is done
     copies = steps + (1 if steps > 1 else 0)  # a generation keeps every step's and the summed results
     top = 0 if scorer.options.top_k is None else layers * heads * scorer.options.top_k * 12 * copies
     all_layers = fam.num_layers
@@ -159,8 +148,6 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
         stored = layers * n * copies
     else:
         kept = stored = 0
-    if joint_nodes:
-        kept += joint_nodes * {"maps": layers * heads * n * n, "sum": layers * n * n}.get(keep, layers * n * 2) * 4
     item = 2 if store_dtype == "float16" else 4
     small = n * 64 + layers * (heads * 4 + 40) * copies
     return Estimate(index, n, steps, keep, int(RUNTIME + weights + work + transient + kept + top),

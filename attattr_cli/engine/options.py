@@ -17,9 +17,6 @@ OUTPUTS = ("prob", "logit", "logprob")
 METRICS = ("logit-diff", "logprob-diff", "prob")
 DTYPES = ("float32", "float64", "bfloat16", "float16")  # compute dtypes (models/loading.py maps them to torch's)
 KEEPS = ("auto", "maps", "sum", "none", "sources")
-# the integration path (docs/method.md 1.6): each layer's attention scaled alone (the paper's), or every
-# scored layer's together in one integral (engine/joint.py)
-PATHS = ("layer", "joint")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
 # `attattr score` and api.score() given none of --steps, --rule, --tol integrate to this tolerance
@@ -110,16 +107,13 @@ class ScoreOptions:
     # neither changes the numbers
     memory: int | None = None
     threads: int | None = None
-    # layer: one integral per layer, that layer's attention scaled alone (the paper's path); joint: one
-    # integral for the whole model, every scored layer's attention scaled together (engine/joint.py)
-    path: str = "layer"
 
     # fields added after store schema 1.0; left out of the fingerprint at their defaults so
     # that stores written before them still resume
     _LATER = {"family": None, "keep": "auto", "top_k": None, "lm": False, "target_token": None,
               "continuation": None, "position": None, "tol": None, "max_nodes": MAX_NODES,
               "foil": None, "generate": None, "per_step": False, "sample_seed": None, "metric": None,
-              "sources": None, "path": "layer"}
+              "sources": None}
 
     def __post_init__(self):
         if self.tol is not None and self.rule == "right":  # the default rule: tol picks its own nodes
@@ -180,7 +174,6 @@ class ScoreOptions:
             raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
         if self.top_k is not None and self.top_k < 1:
             raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
-        self._check_path()
         if self.threads is not None and self.threads < 1:
             raise OptionError(f"--threads must be at least 1, got {self.threads}")
         if self.memory is not None and self.memory < 1:
@@ -206,19 +199,6 @@ class ScoreOptions:
             raise OptionError("--tol places its own nodes; it does not go with --steps or --rule")
         if self.max_nodes < 5:
             raise OptionError(f"--max-nodes must be at least 5 (the first interval's nodes), got {self.max_nodes}")
-
-    def _check_path(self) -> None:
-        if not isinstance(self.path, str) or self.path not in PATHS:
-            raise OptionError(f"unknown --path {self.path!r}; available: {', '.join(PATHS)}")
-        if self.path != "joint":
-            return
-        if self.keep == "none":
-            raise OptionError("--path joint keeps maps, head sums or source scores (--keep maps, sum or sources),"
-                              " not --keep none: its per-head maxima need the whole maps")
-        if self.top_k is not None and self.keep != "maps":
-            raise OptionError("--path joint takes --top-k only with --keep maps (the entries come from the whole maps)")
-        if self.generate is not None or self.per_step:
-            raise OptionError("--path joint attributes one output: not --generate or per-step yet (use --path layer)")
 
     def _check_generation(self) -> None:
         """--generate / --per-step: language models only, one way to give the tokens."""

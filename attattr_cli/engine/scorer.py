@@ -21,7 +21,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
-from . import attention, joint as joint_mod, options as options_mod, sweep
+from . import attention, options as options_mod, sweep
 from .batching import pad_id_of
 from .encoding import Encoded, decoder_start_of, empty_text, encode, too_long
 from .assembly import Assembly
@@ -333,8 +333,7 @@ class Scorer(Integration, Assembly):
         with attention.taken_over(model):
             # alpha = 1 is the clean forward for every target site: when the rule has that
             # node, one backward of the clean forward gives its gradient for all of them
-            joint = self.options.path == "joint"  # every layer scaled together (engine/joint.py)
-            share_one = bool((self.alphas == 1).any()) and bool(targets) and not joint
+            share_one = bool((self.alphas == 1).any()) and bool(targets)
             record = attention.Record(grad_layers=frozenset(targets) if share_one else frozenset(),
                                       keep={"maps": "maps", "sum": "mean"}.get(keep))
             with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
@@ -368,11 +367,6 @@ class Scorer(Integration, Assembly):
 
             fams = {}
             self.last_step_batch = 0
-            if joint:
-                fams, path_meta = self._joint(enc, target, keep, record, on_layer)
-                score = self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
-                score.meta["path"] = path_meta
-                return score
             for fam in self.families:
                 per_layer = []
                 layers = self.layers_of[fam.name]
@@ -399,23 +393,6 @@ class Scorer(Integration, Assembly):
                 fams[fam.name] = self._family_score(fam, keep, record.keep, record.probs, per_layer,
                                                     len(enc.input_ids))
         return self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
-
-    def _joint(self, enc: Encoded, target, keep: str, record, on_layer) -> tuple[dict, dict]:
-        """Every family's results by the joint path (engine/joint.py), and what the example
-        records of it."""
-        sites = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
-        path = joint_mod.JointPath(self, enc, target, sites, keep)
-        total, conv, f0, meta = path.run()
-        self.last_step_batch = 1
-        fams = {}
-        for fam in self.families:
-            per_layer = [joint_mod.layer_result(self, keep, total, conv, f0, (fam.name, layer), fam.num_heads)
-                         for layer in self.layers_of[fam.name]]
-            for layer in self.layers_of[fam.name]:
-                if on_layer is not None:
-                    on_layer(layer)
-            fams[fam.name] = self._family_score(fam, keep, record.keep, record.probs, per_layer, len(enc.input_ids))
-        return fams, meta
 
     def _choose_target(self, pred: int, gold: int, example: Example) -> int:
         if self._fixed_target is not None:
