@@ -111,6 +111,22 @@ class _Field:
         return float((res.g - exact * self.shape).abs().max() / (exact * self.shape).abs().max())
 
 
+@pytest.mark.parametrize("name", ["exp", "runge"])
+def test_a_floor_judges_a_small_layer_against_the_examples_scale(name):
+    """With a floor (the largest kept number of the example's other layers, --keep sources) a
+    layer is judged against that scale: fewer nodes, and its error is within tol of the floor."""
+    field = _Field(*FUNCTIONS[name])
+    own = field.run(1e-4, max_nodes=257)
+    one = field.evaluate(torch.ones(1, dtype=torch.float64))[0][0]
+    f_one = float(field.big_f(np.ones(1))[0])
+    scale = 1e3 * float(own.g.abs().max())
+    floored = adaptive.integrate(field.evaluate, field.measure, 1e-4, 257, {adaptive.ONE: one}, {adaptive.ONE: f_one},
+                                 floor=scale)
+    assert floored.status == adaptive.CONVERGED and floored.nodes < own.nodes
+    exact = _exact(name) * field.shape
+    assert float((floored.g - exact).abs().max()) <= 1e-4 * scale
+
+
 @pytest.mark.parametrize("name", list(FUNCTIONS))
 @pytest.mark.parametrize("tol", [1e-2, 1e-4, 1e-6])
 def test_adaptive_rule_meets_its_tolerance_on_known_integrals(name, tol):

@@ -250,6 +250,11 @@ class Refinement:
         self.derivative = derivative
         self.spread = spread
         self.rows = [_Row(coarse) for _ in range(count)]
+        # the scale an integral's error and residual are judged against is at least this (the
+        # largest kept number of the example's layers done so far, with --keep sources:
+        # docs/integration.md "An example-wide scale"); 0: each integral's own
+        self.floor = 0.0
+        self.shared = False  # True: the integrals are the layers of one example, judged on one scale (raises floor)
         self.active = list(range(count))
         self.dtype = None
         self.eps_f = self.eps_acc = 0.0
@@ -352,21 +357,27 @@ class Refinement:
         # for a smooth integrand the pair converges much faster than the leaves' own rules
         level = {i: self._level(self.rows[i]) for i in ready}
         level = {i: v for i, v in level.items() if v is not None}
+        totals = {i: torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready}
+        bigs = dict(zip(ready, self._measure([totals[i] for i in ready], ready)[:, 0].tolist()))
+        if self.shared:
+            self.floor = max([self.floor, *bigs.values()])
         if level:
             rows = list(level)
             measured = self._measure([level[i][2] - level[i][3] for i in rows] + [level[i][2] for i in rows],
                                      rows + rows).tolist()
+            if self.shared:
+                self.floor = max([self.floor, *(m[0] for m in measured[len(rows):])])
             ended = []
             for k, i in enumerate(rows):
                 keys, upper, g_up, _g_low, integral = level[i]
-                if self._level_converged(i, keys, upper, g_up, integral, measured[k][0], measured[len(rows) + k][0]):
+                if self._level_converged(i, keys, upper, g_up, integral, measured[k][0],
+                                         max(measured[len(rows) + k][0], self.floor)):
                     ended.append(i)
             ready = [i for i in ready if i not in ended]
         if not ready:
             return
-        totals = [torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready]
-        for i, total, (big, _l1, _sum) in zip(ready, totals, self._measure(totals, ready).tolist()):
-            self._step(i, total, big)
+        for i in ready:
+            self._step(i, totals[i], max(bigs[i], self.floor))
 
     def _level(self, row: _Row):
         """(node keys, weights of the Clenshaw-Curtis rule on all of them, its G, G of the rule on
@@ -535,18 +546,20 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
               measure: Callable[[torch.Tensor], torch.Tensor], tol: float, max_nodes: int = MAX_NODES,
               known: dict | None = None, known_f: dict | None = None,
               derivative: Callable[[torch.Tensor], torch.Tensor] | None = None, coarse: bool = True,
-              spread: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Integral:
+              spread: Callable[[torch.Tensor], torch.Tensor] | None = None, floor: float = 0.0) -> Integral:
     """Integrate one example-layer to ``tol`` with at most ``max_nodes`` nodes.
     ``evaluate(alphas)`` -> (unweighted dF/dO at each alpha [k, ...], F there [k]);
     ``measure(g)`` -> (max |Attr|, sum |Attr|, sum Attr) of a G's map; ``known`` / ``known_f``
     map node keys to the gradient and F already at hand (the clean forward's alpha = 1);
     ``derivative(g)`` (optional) -> sum Attr of each ``g[i]``'s map, cheaper than ``measure``;
-    ``spread(g)`` (optional) -> max over entries of sum_i |Attr(g[i])| (:meth:`Refinement._spread`)."""
+    ``spread(g)`` (optional) -> max over entries of sum_i |Attr(g[i])| (:meth:`Refinement._spread`);
+    ``floor``: the least scale the error and the residual are judged against (:class:`Refinement`)."""
     one = Refinement(lambda g, rows: torch.tensor([list(measure(x)) for x in g], dtype=torch.float64), 1, tol,
                      max_nodes, {key: v.unsqueeze(0) for key, v in (known or {}).items()},
                      {key: [v] for key, v in (known_f or {}).items()},
                      None if derivative is None else (lambda g, rows: derivative(g)), coarse,
                      None if spread is None else (lambda g, rows: spread(g)))
+    one.floor = float(floor)
     while not one.done:
         owner, keys, alphas = one.wanted()
         grads, f = evaluate(torch.from_numpy(alphas))

@@ -129,7 +129,8 @@ class Integration:
         # the three-node start, as in sweeps (engine/sweep.py) and groups: an example gets the same
         # nodes whichever way its passes run
         res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
-                                 derivative, coarse=adaptive.coarse_start(), spread=spread)
+                                 derivative, coarse=adaptive.coarse_start(), spread=spread,
+                                 floor=getattr(self, "scale_floor", 0.0))
         self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 

@@ -383,10 +383,13 @@ class Scorer(Integration, Assembly):
                     for layer, (g, f0, saved, conv) in zip(layers, swept):
                         self._saved = saved
                         per_layer.append(self._layer_result(g, f0, f_full, keep, saved, conv))
+                self.scale_floor = 0.0
                 for layer in (layers if swept is None else []):
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)
                     per_layer.append(self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral))
+                    if keep == "sources":  # the kept table [layer, key] is judged as a whole (docs/integration.md)
+                        self.scale_floor = max(self.scale_floor, float(per_layer[-1]["key_sum"].abs().max()))
                     del g
                     if on_layer is not None:
                         on_layer(layer)

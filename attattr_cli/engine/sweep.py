@@ -229,6 +229,7 @@ def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targe
         k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
     refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
                                    coarse=adaptive.coarse_start() if coarse is None else coarse, spread=spread)
+    refining.shared = sc.options.keep == "sources" and per_layer == 1  # the kept table [layer, key] judged as a whole
     reported: set = set()
     while not refining.done:
         owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer

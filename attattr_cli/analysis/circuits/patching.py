@@ -10,7 +10,9 @@ import numpy as np
 from .registry import HeadMethod, register
 
 
-def _patching(ctx, part: str = "output") -> np.ndarray:
+def _patching(ctx, part: str = "output", heads: dict | None = None) -> np.ndarray:
+    """[pairs, layer, head] exact effects; with ``heads`` ({layer: [head, ...]}) only those heads
+    are patched (the others stay 0)."""
     import torch
 
     from ...engine import attention
@@ -18,26 +20,38 @@ def _patching(ctx, part: str = "output") -> np.ndarray:
 
     task = ctx.task
     L, H = task.layers, task.heads
+    todo = {l: list(range(H)) for l in range(L)} if heads is None else {l: list(h) for l, h in heads.items() if h}
     out = np.zeros((task.n, L, H))
     with task.over(), torch.no_grad():
         for i, b in enumerate(task.batches):
             src = ctx.source(b) if part == "output" else ctx.part_source(b, part)
             clean_logits, below = task.layer_outputs(b.clean)  # one clean forward: the metric and the replay
             clean = task.metric(clean_logits, b)
-            per_pass = max(1, 256 // H)  # pairs per pass
-            for s in range(0, b.size, per_pass):
-                pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
-                owner = pos.repeat_interleave(H)
-                heads = torch.arange(H, device=task.device).repeat(len(pos))
-                for l in range(L):
+            for l in sorted(todo):
+                hs = torch.tensor(todo[l], device=task.device)
+                per_pass = max(1, 256 // len(hs))  # pairs per pass
+                for s in range(0, b.size, per_pass):
+                    pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
+                    owner = pos.repeat_interleave(len(hs))
+                    rows_heads = hs.repeat(len(pos))
                     gate = torch.ones(len(owner), L, H, dtype=task.dtype, device=task.device)
-                    gate[torch.arange(len(owner)), l, heads] = 0
+                    gate[torch.arange(len(owner)), l, rows_heads] = 0
                     plan = attention.HeadPatch(source=rows_of({l: src[l]}, owner), gate=gate)
                     m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
-                    eff = (clean[owner] - m).view(len(pos), H).double().cpu().numpy()
-                    out[[b.positions[p] for p in pos.tolist()], l] = eff
+                    eff = (clean[owner] - m).view(len(pos), len(hs)).double().cpu().numpy()
+                    for j, h in enumerate(todo[l]):
+                        out[[b.positions[p] for p in pos.tolist()], l, h] = eff[:, j]
             ctx.tick(i + 1, "patching" if part == "output" else f"patching-{part}")
     return out
+
+
+def patched_heads(ctx, heads: list) -> np.ndarray:
+    """Exact patching effects of only ``heads`` ([(layer, head), ...]): [pairs, layer, head], 0
+    elsewhere (one pass per head, batched)."""
+    by_layer: dict = {}
+    for l, h in heads:
+        by_layer.setdefault(int(l), []).append(int(h))
+    return _patching(ctx, heads=by_layer)
 
 
 register(HeadMethod(
