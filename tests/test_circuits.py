@@ -290,3 +290,29 @@ def test_patching_only_the_pattern_or_only_the_values_equals_doing_it_by_hand(lo
                 # (eager attention takes its softmax in float32: agreement to float32 rounding)
                 assert table[b.positions[0], l, h] == pytest.approx(float(clean_m - m), rel=1e-5, abs=1e-8)
 
+
+
+def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded, monkeypatch):
+    """attr-tiers: heads fall in the curve's tiers (10, 20, 50 %) by |attr-gates| and are ordered
+    inside a tier by |AtP|, the heads of largest |AtP| by their exact patching effect instead."""
+    from attattr_cli.analysis.circuits import REGISTRY, tiers
+
+    member = np.array([[5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1]])
+    inner = np.array([[-0.1, 0.2, 9.0, -3.0, 0.0, 7.0, 1.0, 2.0, 8.0, 0.3]])
+    r = tiers.tiered(member, inner)  # 10 heads: tiers [0, 1), [1, 2), [2, 5), [5, 10)
+    order = np.argsort(-np.abs(r.ravel())).tolist()
+    assert order == [0, 1, 2, 3, 4, 8, 5, 7, 6, 9]
+    assert r[0, 3] < 0 and r[0, 0] < 0 and r[0, 4] > 0  # signed by the inner value (0 counts as +)
+    assert sorted(np.abs(r.ravel()).tolist()) == list(range(1, 11))
+
+    monkeypatch.setattr(tiers, "VERIFIED", 3)
+    ctx = _ctx(loaded)
+    got = REGISTRY["attr-tiers"].compute(ctx)
+    assert np.allclose(got, got[0])  # a ranking of the means: the same for every pair
+    gates = REGISTRY["attr-gates"].compute(ctx).mean(0)
+    atp = REGISTRY["atp"].compute(ctx).mean(0)
+    exact = REGISTRY["patching"].compute(ctx).mean(0)
+    inner = atp.copy()
+    for i in np.argsort(-np.abs(atp.ravel()), kind="stable")[:3]:
+        inner.flat[i] = exact.flat[i]
+    np.testing.assert_array_equal(got[0], tiers.tiered(gates, inner))
