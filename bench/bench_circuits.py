@@ -106,18 +106,20 @@ def smollm2(folder: str):
     return loaded
 
 
-def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, seed: int = 1) -> dict:
+def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, seed: int = 1,
+        nodes: str = "heads") -> dict:
     try:
         pairs = pairs_mod.generate(task, loaded.tokenizer, n, seed=seed)
     except Exception as exc:  # a task this tokenizer cannot make (names of several tokens)
         print(f"{label} {task}: skipped ({exc})")
         return {}
-    ct = CircuitTask(loaded, pairs)
+    ct = CircuitTask(loaded, pairs, mlp=nodes == "heads+mlp")
     ctx = Context(ct, steps=steps)
     t = time.time()
     res = evaluate(ctx, methods, bootstrap_samples=bootstrap)
     wall = time.time() - t
-    print(f"\n{label}, {task}: {n} pairs, {ct.layers} layers x {ct.heads} heads, m(N) {res.clean:.3f}, "
+    mlp = " + MLP" if ct.width > ct.heads else ""
+    print(f"\n{label}, {task}: {n} pairs, {ct.layers} layers x {ct.heads} heads{mlp}, m(N) {res.clean:.3f}, "
           f"m(empty) {res.empty:.3f}, {wall:.0f} s wall")
     print(f"{'method':<17}{'CPR':>7}{'CMD':>7}  {'CMD 95% CI':<16}{'Spearman':>9}{'top10':>6}{'CPU s/pair':>11}  completeness")
     rows = {}
@@ -129,7 +131,8 @@ def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, s
               f"{sp:>9}{top:>6}{r.cpu_s_per_pair:>11.2f}  {comp}")
         rows[name] = {"cpr": r.cpr, "cmd": r.cmd, "spearman": r.spearman, "top10": r.top10_shared,
                       "cpu_s_per_pair": r.cpu_s_per_pair, "curve": r.curve, "curve_abs": r.curve_abs}
-    return {"model": label, "task": task, "pairs": n, "m_clean": res.clean, "m_empty": res.empty, "methods": rows}
+    return {"model": label, "task": task, "pairs": n, "nodes": nodes, "m_clean": res.clean, "m_empty": res.empty,
+            "methods": rows}
 
 
 def main() -> None:
@@ -143,6 +146,7 @@ def main() -> None:
     ap.add_argument("--smollm2", default=os.environ.get("ATTATTR_SMOLLM2"))
     ap.add_argument("--no-tiny", action="store_true", help="only SmolLM2")
     ap.add_argument("--json", default=None, help="also write every figure as JSON")
+    ap.add_argument("--nodes", default="heads", help="heads, or heads+mlp (each layer's MLP one more node)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     methods = circuits.parse_methods(args.methods)
@@ -157,11 +161,12 @@ def main() -> None:
         for t in tasks:
             tiny = tiny_llama(t)
             out.append(run(tiny, "tiny Llama trained here", t, min(args.pairs, 16), methods, args.steps, args.bootstrap,
-                           args.seed))
+                           args.seed, args.nodes))
     if args.smollm2 and Path(args.smollm2).is_dir():
         model = smollm2(args.smollm2)
         for t in tasks:
-            out.append(run(model, "SmolLM2-135M", t, args.pairs, methods, args.steps, args.bootstrap, args.seed))
+            out.append(run(model, "SmolLM2-135M", t, args.pairs, methods, args.steps, args.bootstrap, args.seed,
+                           args.nodes))
     else:
         print(f"\nSmolLM2: skipped (no model folder: give --smollm2 DIR or ATTATTR_SMOLLM2; got {args.smollm2!r})")
     if args.json:

@@ -316,3 +316,83 @@ def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded
     for i in np.argsort(-np.abs(atp.ravel()), kind="stable")[:3]:
         inner.flat[i] = exact.flat[i]
     np.testing.assert_array_equal(got[0], tiers.tiered(gates, inner))
+
+
+# -- MLP nodes (--nodes heads+mlp) -----------------------------------------------------------
+def _mlp_metric(loaded, ids, answer, foil, replace=None):
+    """The metric with layer ``l``'s MLP output replaced by ``replace[l]`` (a forward hook on
+    layer.mlp: no attattr plan)."""
+    model = loaded.model
+    hs = [layer.mlp.register_forward_hook(lambda m, a, o, l=l: replace[l] if l in (replace or {}) else o)
+          for l, layer in enumerate(model.model.layers)]
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, use_cache=False).logits[:, -1].double()
+    finally:
+        for h in hs:
+            h.remove()
+    return logits[:, answer].mean(-1) - logits[:, foil].mean(-1)
+
+
+def _mlp_outputs(loaded, ids):
+    seen = {}
+    hs = [layer.mlp.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(l, o.detach()))
+          for l, layer in enumerate(loaded.model.model.layers)]
+    try:
+        with torch.no_grad():
+            loaded.model(input_ids=ids, use_cache=False)
+    finally:
+        for h in hs:
+            h.remove()
+    return seen
+
+
+def test_mlp_nodes_patching_and_gate_completeness(loaded):
+    """Each layer's MLP is one more node (the last column): its exact patching effect equals
+    replacing the MLP's output by hand, heads' effects are unchanged, and the gate integral
+    over heads and MLPs adds up to m(N) - m(every head and MLP ablated)."""
+    from attattr_cli.analysis.circuits import REGISTRY
+    from attattr_cli.analysis.circuits.evaluate import ends
+    from attattr_cli.analysis.circuits.task import CircuitTask, Context
+
+    ctx = Context(CircuitTask(loaded, _pairs(), mlp=True), steps=8)
+    heads_ctx = _ctx(loaded)
+    H = ctx.task.heads
+    assert ctx.task.width == H + 1
+    exact = REGISTRY["patching"].compute(ctx)
+    assert exact.shape == (4, 2, H + 1)
+    np.testing.assert_allclose(exact[..., :H], REGISTRY["patching"].compute(heads_ctx), atol=1e-10)
+    b = ctx.task.batches[0]
+    for p in range(b.size):
+        ids, cf = b.clean[p:p + 1], b.counterfactual[p:p + 1]
+        a, f = b.answer[p].unique(), b.foil[p].unique()
+        cf_mlp = _mlp_outputs(loaded, cf)
+        clean_m = _mlp_metric(loaded, ids, a, f)
+        for l in range(2):
+            m = _mlp_metric(loaded, ids, a, f, {l: cf_mlp[l]})
+            assert exact[b.positions[p], l, H] == pytest.approx(float(clean_m - m), abs=1e-9)
+    # (with every head patched the last position reads only the counterfactual's: its MLPs too,
+    # so m(empty) is the same with or without MLP nodes; the gate path in between differs)
+    clean, empty = ends(ctx)
+    gates = REGISTRY["attr-gates"].compute(ctx)
+    np.testing.assert_allclose(gates.sum((1, 2)), clean - empty, atol=1e-6 * max(1.0, np.abs(clean - empty).max()))
+    assert np.abs(gates[..., H]).max() > 0
+    nap = REGISTRY["nap-ig"].compute(ctx)
+    assert nap.shape == (4, 2, H + 1) and np.abs(nap[..., H]).max() > 0
+
+
+def test_cli_circuit_mlp_nodes(llama_dir, tmp_path):
+    from attattr_cli.data.pairs import write_pairs
+
+    data = tmp_path / "pairs.jsonl"
+    write_pairs(data, _pairs())
+    js = tmp_path / "c.json"
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "--methods", "patching,atp",
+                "--nodes", "heads+mlp", "--json", str(js), "--bootstrap", "20", "-q")
+    assert r.exit_code == 0, r.stderr
+    doc = json.loads(js.read_text())
+    assert doc["nodes"] == "heads+mlp" and len(doc["methods"]["atp"]["scores"]) == 2 * 5
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "--methods", "attention",
+                "--nodes", "heads+mlp", "-q")
+    assert r.exit_code == 2
+    one_error_line(r, "attention", "heads only")

@@ -40,8 +40,18 @@ class Circuit:
     heads: int
     model: str = ""
     percentages: tuple = ()
+    nodes: str = "heads"  # heads+mlp: column ``heads`` of every [layer, node] array is the layer's MLP
     path: str | None = None
     extra: dict = field(default_factory=dict)
+
+    @property
+    def width(self) -> int:
+        """Nodes per layer: the heads, and the MLP with ``nodes="heads+mlp"``."""
+        return self.heads + (1 if self.nodes == "heads+mlp" else 0)
+
+    def node_name(self, layer: int, node: int) -> str:
+        """``L3.H5`` for a head, ``L3.MLP`` for a layer's MLP node."""
+        return f"L{layer}.MLP" if node == self.heads else f"L{layer}.H{node}"
 
     # ------------------------------------------------------------- tables
     def _rows(self) -> list[dict]:
@@ -58,27 +68,30 @@ class Circuit:
         """``summary`` (default): one row per method (``cpr``, ``cmd`` with 95 % bootstrap
         intervals, ``spearman_patching``, ``top10_shared``, ``cpu_s_per_pair``,
         ``completeness``); ``curves``: one row per method, ranking (signed, absolute) and k;
-        ``scores``: one row per method, layer and head."""
+        ``scores``: one row per method, layer and node (``head``; with MLP nodes, ``head`` ==
+        ``heads`` and ``node`` "mlp" is the layer's MLP)."""
         from ..views.notebook import data_frame
 
         if what == "summary":
             return data_frame(self._rows(), SUMMARY_COLUMNS)
         if what == "curves":
-            n = self.layers * self.heads
+            n = self.layers * self.width
             rows = [{"method": name, "ranking": ranking, "k": k, "heads_kept": int(k * n), "f": f}
                     for name, r in self.methods.items()
                     for ranking, curve in (("signed", r.curve), ("absolute", r.curve_abs))
                     for k, f in zip(self.percentages, curve)]
             return data_frame(rows, CURVE_COLUMNS)
         if what == "scores":
-            rows = [{"method": name, "layer": l, "head": h, "score": float(r.scores[l, h])}
-                    for name, r in self.methods.items() for l in range(self.layers) for h in range(self.heads)]
-            return data_frame(rows, ["method", "layer", "head", "score"])
+            rows = [{"method": name, "layer": l, "head": h, "node": "mlp" if h == self.heads else "head",
+                     "score": float(r.scores[l, h])}
+                    for name, r in self.methods.items() for l in range(self.layers) for h in range(self.width)]
+            return data_frame(rows, ["method", "layer", "head", "node", "score"])
         raise OptionError(f"to_pandas takes 'summary', 'curves' or 'scores', got {what!r}")
 
     @checked()
     def ranking(self, method: str | None = None) -> list[tuple[int, int]]:
-        """(layer, head) from the most to the least important by ``method`` (default: the recommended)."""
+        """(layer, head) from the most to the least important by ``method`` (default: the recommended);
+        with MLP nodes, head ``heads`` is the layer's MLP."""
         s = self._method(method).scores
         return [tuple(int(x) for x in np.unravel_index(i, s.shape)) for i in np.argsort(-s.ravel(), kind="stable")]
 
@@ -126,7 +139,8 @@ class Circuit:
 
     def __repr__(self) -> str:
         best = self.methods[self.recommended]
-        return (f"Circuit({self.n_pairs} pairs, {self.layers} layers x {self.heads} heads, metric {self.metric}, "
+        mlp = " + MLP" if self.width > self.heads else ""
+        return (f"Circuit({self.n_pairs} pairs, {self.layers} layers x {self.heads} heads{mlp}, metric {self.metric}, "
                 f"ablation {self.ablation}: m(N) {self.clean:.4g}, m(empty) {self.empty:.4g}; methods "
                 f"{', '.join(self.methods)}; {self.recommended}: CPR {best.cpr:.3f}, CMD {best.cmd:.3f})")
 
@@ -135,14 +149,15 @@ class Circuit:
         """The JSON of ``attattr circuit --json``."""
         return {
             "model": self.model, "pairs": self.n_pairs, "metric": self.metric, "ablation": self.ablation,
-            "layers": self.layers, "heads": self.heads, "m_clean": self.clean, "m_empty": self.empty,
+            "layers": self.layers, "heads": self.heads, "nodes": self.nodes, "m_clean": self.clean,
+            "m_empty": self.empty,
             "percentages": list(self.percentages),
             "methods": {name: {"cpr": r.cpr, "cmd": r.cmd, "cpr_interval": list(r.cpr_interval),
                                "cmd_interval": list(r.cmd_interval), "curve": list(r.curve),
                                "curve_abs": list(r.curve_abs), "spearman_patching": r.spearman,
                                "top10_shared": r.top10_shared, "completeness": r.completeness,
                                "scores": [[l, h, float(r.scores[l, h])] for l in range(self.layers)
-                                          for h in range(self.heads)],
+                                          for h in range(self.width)],
                                "cpu_s_per_prompt": r.cpu_s_per_pair}
                         for name, r in self.methods.items()},
             "recommended": self.recommended,
@@ -196,24 +211,29 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
     from ..analysis import circuits as reg
     from ..analysis.circuits.evaluate import PERCENTAGES
     from ..analysis.circuits.run import evaluate
-    from ..analysis.circuits.task import ABLATIONS, CircuitTask, Context
+    from ..analysis.circuits.task import ABLATIONS, NODES, CircuitTask, Context
 
     if ablation not in ABLATIONS:
         raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
-    if nodes != "heads":
-        raise OptionError(f"nodes {nodes!r} is not available; heads are the nodes (MLP nodes are not scored yet)")
+    if nodes not in NODES:
+        raise OptionError(f"unknown nodes {nodes!r}; available: {', '.join(NODES)}")
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
     wanted = reg.parse_methods(methods)
+    if nodes == "heads+mlp":
+        heads_only = [n for n in wanted if not reg.REGISTRY[n].mlp]
+        if heads_only:
+            able = ", ".join(n for n in reg.NAMES if reg.REGISTRY[n].mlp)
+            raise OptionError(f"{', '.join(heads_only)} score attention heads only; with nodes heads+mlp use: {able}")
     the_pairs = _pairs_of(pairs)
     with using(model, device=device, lm=True) as m:
-        task = CircuitTask(m.loaded, the_pairs, metric=metric)
+        task = CircuitTask(m.loaded, the_pairs, metric=metric, mlp=nodes == "heads+mlp")
         with progress_for(progress, "circuit") as bar:
             ctx = Context(task, ablation=ablation, steps=steps, seed=seed, progress=bar)
             run = evaluate(ctx, wanted, bootstrap_samples=bootstrap)
         name = m.loaded.model_id
     result = Circuit(run.methods, reg.RECOMMENDED, run.clean, run.empty, run.n_pairs, run.ablation, run.metric,
-                     run.layers, run.heads, model=str(name), percentages=PERCENTAGES)
+                     run.layers, run.heads, model=str(name), percentages=PERCENTAGES, nodes=nodes)
     if out is not None:
         result.save(out)
     if json is not None:

@@ -18,7 +18,7 @@ def circuit(
     methods: Optional[str] = typer.Option(None, "--methods", help="Head methods, a comma list or 'all' (default: the recommended one, atp and nap-ig; the recommended one is always computed)."),
     ablation: str = typer.Option("patching", "--ablation", help="What a head outside the circuit becomes: patching (its output on the counterfactual prompt), mean, zero."),
     metric: str = typer.Option("logit-diff", "--metric", help="The metric per pair: logit-diff (answer - foil), logprob-diff, prob."),
-    nodes: str = typer.Option("heads", "--nodes", help="The nodes: heads (attention heads)."),
+    nodes: str = typer.Option("heads", "--nodes", help="The nodes: heads (attention heads), or heads+mlp (also each layer's MLP output, as MIB's node level; methods that score heads only are refused)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration nodes of the path methods (default: each method's own)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random ranking and of the bootstrap."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over pairs for the intervals."),

@@ -225,6 +225,8 @@ def _head_patch(plan: HeadPatch, layer: int, out: torch.Tensor) -> torch.Tensor:
             out = src.expand_as(out)
         else:
             g = (g[layer].view(1, -1, 1, 1) if g.dim() == 2 else g[:, layer].view(g.shape[0], -1, 1, 1))
+            if g.shape[1] == out.shape[1] + 1:  # one more column: the layer's MLP node (analysis/circuits/task.py)
+                g = g[:, :out.shape[1]]
             if g.shape[1] != out.shape[1]:
                 raise ModelError(f"head gate has {g.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
             out = src + g.to(device=out.device, dtype=out.dtype) * (out - src)

@@ -42,8 +42,9 @@ def parse_methods(spec: str | None) -> tuple[str, ...]:
 
 def markdown_table() -> str:
     """The methods table of docs/circuits.md (a test keeps the two equal)."""
-    rows = ["| method | kind | what it computes | cost per pair | reference |", "|---|---|---|---|---|"]
+    rows = ["| method | kind | what it computes | cost per pair | MLP nodes | reference |", "|---|---|---|---|---|---|"]
     for m in REGISTRY.values():
         star = " (recommended)" if m.name == RECOMMENDED else ""
-        rows.append(f"| `{m.name}`{star} | {m.kind} | {m.description} | {m.passes(None)} | {m.reference} |")
+        mlp = "yes" if m.mlp else "no"
+        rows.append(f"| `{m.name}`{star} | {m.kind} | {m.description} | {m.passes(None)} | {mlp} | {m.reference} |")
     return "\n".join(rows)

@@ -17,4 +17,5 @@ register(HeadMethod(
     reference="Kramar et al. 2024 (AtP); Syed et al. 2023 (EAP)",
     passes=lambda s: "1 counterfactual forward + 1 forward and backward",
     default=True,
+    mlp=True,
 ))

@@ -8,7 +8,7 @@ from .registry import HeadMethod, register
 
 
 def _random(ctx) -> np.ndarray:
-    table = np.random.default_rng(ctx.seed).random((ctx.task.layers, ctx.task.heads))
+    table = np.random.default_rng(ctx.seed).random((ctx.task.layers, ctx.task.width))
     return np.broadcast_to(table, (ctx.task.n,) + table.shape).copy()
 
 
@@ -17,5 +17,6 @@ register(HeadMethod(
     description="a seeded uniform score per head",
     compute=_random,
     kind="baseline",
+    mlp=True,
     passes=lambda s: "none",
 ))

@@ -57,7 +57,7 @@ def per_pair_metrics(ctx, masks: np.ndarray) -> np.ndarray:
 
 def ends(ctx) -> tuple[np.ndarray, np.ndarray]:
     """(m(N), m(empty)) per pair."""
-    L, H = ctx.task.layers, ctx.task.heads
+    L, H = ctx.task.layers, ctx.task.width
     both = per_pair_metrics(ctx, np.stack([np.ones((L, H)), np.zeros((L, H))]))
     return both[0], both[1]
 

@@ -37,7 +37,7 @@ def gate_gradients(ctx, alphas, weights) -> np.ndarray:
     from .task import rows_of
 
     task = ctx.task
-    L, H = task.layers, task.heads
+    L, H = task.layers, task.width  # the nodes of a layer: its heads (and its MLP)
     k = len(alphas)
     w = torch.tensor(np.asarray(weights), dtype=torch.float64)
     several = w.dim() == 2
@@ -80,4 +80,5 @@ register(HeadMethod(
     passes=lambda s: "1 counterfactual forward + (steps) forward and backward rows, batched",
     default=True,
     complete=True,
+    mlp=True,
 ))

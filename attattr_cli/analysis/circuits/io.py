@@ -3,7 +3,8 @@
     /                      attrs: schema, schema_version, attattr_version, created, model,
                            metric, ablation, pairs, layers, heads, m_clean, m_empty, recommended
     /percentages           float64 [10]
-    /methods/<name>/scores    float64 [layer, head] (mean over pairs)
+    /methods/<name>/scores    float64 [layer, node] (mean over pairs; nodes: the heads, and with
+                           nodes "heads+mlp" the layer's MLP as the last column)
     /methods/<name>/per_pair  float64 [pair, layer, head]
     /methods/<name>/curve     float64 [10] (signed ranking), curve_abs [10] (absolute ranking)
                            attrs: cpr, cmd, cpr_interval, cmd_interval, cpu_s_per_pair,
@@ -36,7 +37,8 @@ def write(path, result) -> None:
             a.update({"schema": SCHEMA, "schema_version": SCHEMA_VERSION, "attattr_version": __version__,
                       "created": datetime.now(timezone.utc).isoformat(), "model": result.model,
                       "metric": result.metric, "ablation": result.ablation, "pairs": result.n_pairs,
-                      "layers": result.layers, "heads": result.heads, "m_clean": result.clean,
+                      "layers": result.layers, "heads": result.heads, "nodes": result.nodes,
+                      "m_clean": result.clean,
                       "m_empty": result.empty, "recommended": result.recommended})
             f["percentages"] = np.asarray(result.percentages, dtype=np.float64)
             for name, r in result.methods.items():

@@ -17,7 +17,7 @@ def _nap_ig(ctx) -> np.ndarray:
     from .task import rows_of
 
     task = ctx.task
-    L, H = task.layers, task.heads
+    L, H = task.layers, task.width
     steps = ctx.steps or 5  # EAP-IG's default
     out = np.zeros((task.n, L, H))
     emb = task.model.get_input_embeddings()
@@ -35,11 +35,16 @@ def _nap_ig(ctx) -> np.ndarray:
                 with torch.enable_grad():
                     logits = task.logits(None, plan, inputs_embeds=x)
                     m = task.metric(logits, b.take(idx))
-                    grads = torch.autograd.grad(m.sum(), [plan.leaves[l] for l in range(L)])
+                    keys = [l for l in range(L)] + ([("mlp", l) for l in range(L)] if H > task.heads else [])
+                    grads = dict(zip(keys, torch.autograd.grad(m.sum(), [plan.leaves[k] for k in keys])))
                 src_p = rows_of(src, slice(p, p + 1))
-                for l in range(L):
-                    d = clean_z[l][p:p + 1] - src_p[l]
-                    out[b.positions[p], l] = (grads[l].sum(0, keepdim=True) * d).sum((0, 2, 3)).double().cpu().numpy() / steps
+                for k in keys:
+                    d = clean_z[k][p:p + 1] - src_p[k]
+                    per = (grads[k].sum(0, keepdim=True) * d).sum((0, 2, 3)).double().cpu().numpy() / steps
+                    if isinstance(k, tuple):  # the layer's MLP node: column task.heads
+                        out[b.positions[p], k[1], task.heads] = per[0]
+                    else:
+                        out[b.positions[p], k, :task.heads] = per
             ctx.tick(i + 1, "nap-ig")
     return out
 
@@ -53,4 +58,5 @@ register(HeadMethod(
     reference="Hanna et al. 2024 (EAP-IG); Mueller et al. 2025 (MIB)",
     passes=lambda s: "1 counterfactual forward + 1 clean forward + 5 forward and backward rows",
     default=True,
+    mlp=True,
 ))

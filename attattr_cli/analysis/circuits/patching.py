@@ -19,7 +19,9 @@ def _patching(ctx, part: str = "output", heads: dict | None = None) -> np.ndarra
     from .task import rows_of
 
     task = ctx.task
-    L, H = task.layers, task.heads
+    L, H = task.layers, task.width  # with MLP nodes, column task.heads is the layer's MLP
+    if part != "output":
+        H = task.heads
     todo = {l: list(range(H)) for l in range(L)} if heads is None else {l: list(h) for l, h in heads.items() if h}
     out = np.zeros((task.n, L, H))
     with task.over(), torch.no_grad():
@@ -36,7 +38,8 @@ def _patching(ctx, part: str = "output", heads: dict | None = None) -> np.ndarra
                     rows_heads = hs.repeat(len(pos))
                     gate = torch.ones(len(owner), L, H, dtype=task.dtype, device=task.device)
                     gate[torch.arange(len(owner)), l, rows_heads] = 0
-                    plan = attention.HeadPatch(source=rows_of({l: src[l]}, owner), gate=gate)
+                    here = {k: v for k, v in src.items() if k == l or k == ("mlp", l)}  # layer l's heads and MLP
+                    plan = attention.HeadPatch(source=rows_of(here, owner), gate=gate)
                     m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
                     eff = (clean[owner] - m).view(len(pos), len(hs)).double().cpu().numpy()
                     for j, h in enumerate(todo[l]):
@@ -61,6 +64,7 @@ register(HeadMethod(
     kind="causal",
     reference="Vig et al. 2020; Wang et al. 2022 (activation patching)",
     passes=lambda s: "1 counterfactual forward + 1 forward per head, batched",
+    mlp=True,
 ))
 register(HeadMethod(
     name="patching-pattern",

@@ -36,7 +36,7 @@ def heatmap_figure(result, method: str):
     ax = fig.subplots()
     v = np.abs(r.scores).max() or 1.0
     im = ax.imshow(r.scores, aspect="auto", cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
-    ax.set_xlabel("head")
+    ax.set_xlabel("head" if H == result.heads else "head (last column: the layer's MLP)")
     ax.set_ylabel("layer")
     ax.set_title(short_title(f"{method}: head scores ({result.metric}, mean over {result.n_pairs} pairs)"), fontsize=9)
     fig.colorbar(im, ax=ax, shrink=0.9)

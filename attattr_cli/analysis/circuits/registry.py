@@ -15,6 +15,7 @@ class HeadMethod:
     passes: Callable[[Any], str] = field(default=lambda settings: "")  # what it costs per pair, in words
     default: bool = False  # computed by default (with the recommended method)
     complete: bool = False  # its scores add up to m(N) - m(empty): the residual is reported
+    mlp: bool = False  # it scores MLP nodes too (--nodes heads+mlp); False: heads only
 
 
 REGISTRY: dict[str, HeadMethod] = {}

@@ -25,6 +25,7 @@ from ...engine.metrics import pair_metric_rows
 from ...engine.options import METRICS
 
 ABLATIONS = ("patching", "mean", "zero")
+NODES = ("heads", "heads+mlp")  # MIB's node level: attention heads, or heads and each layer's MLP
 
 
 @dataclass
@@ -65,7 +66,8 @@ def rows_of(tensors: dict, idx) -> dict:
 class CircuitTask:
     """Pairs encoded for one loaded causal LM (``models.loading.LoadedModel`` with ``lm``)."""
 
-    def __init__(self, loaded, pairs: Sequence[Pair], metric: str = "logit-diff", batch_size: int = 32):
+    def __init__(self, loaded, pairs: Sequence[Pair], metric: str = "logit-diff", batch_size: int = 32,
+                 mlp: bool = False):
         if not getattr(loaded, "lm", False):
             raise OptionError("circuits need a causal language model: load it with lm=True (--lm)")
         if metric not in METRICS:
@@ -98,6 +100,10 @@ class CircuitTask:
         self.n = len(self.pairs)
         self.layers = int(loaded.arch.num_layers)
         self.heads = int(loaded.arch.num_heads)
+        # nodes per layer: the heads, and with ``mlp`` the layer's MLP as one more node (column
+        # ``heads`` of every [layer, node] array; MIB's node level with MLPs)
+        self.mlps = mlp_modules(self.model) if mlp else None
+        self.width = self.heads + (1 if mlp else 0)
 
     # ------------------------------------------------------------------ running
 
@@ -108,9 +114,48 @@ class CircuitTask:
     def logits(self, ids: torch.Tensor | None, plan=None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Last-position logits [rows, vocab] under ``plan`` (the model already taken over)."""
         kw = {"input_ids": ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        with attention.active(plan):
+        with attention.active(plan), self._mlp_nodes(plan):
             out = self.model(**kw, use_cache=False)
         return out.logits[:, -1].double()
+
+    @contextlib.contextmanager
+    def _mlp_nodes(self, plan):
+        """With MLP nodes, each layer's MLP output under ``plan`` (a HeadPatch) as a head's: kept
+        in ``record`` and given a zero leaf in ``leaves`` under ``("mlp", layer)`` (as [batch, 1,
+        query, hidden]), and gated by column ``heads`` of the gate towards ``source``."""
+        if self.mlps is None or not isinstance(plan, attention.HeadPatch):
+            yield
+            return
+        H = self.heads
+
+        def hook(_module, _args, out, layer):
+            if not torch.is_tensor(out):
+                raise OptionError("this model's MLP returns more than its output (a mixture of experts, say): "
+                                  "use --nodes heads")
+            key = ("mlp", layer)
+            y = out.unsqueeze(1)
+            if plan.leaves is not None:
+                leaf = torch.zeros_like(y, requires_grad=True)
+                plan.leaves[key] = leaf
+                y = y + leaf
+            if plan.source is not None and key in plan.source:
+                src = plan.source[key].to(device=y.device, dtype=y.dtype)
+                g = plan.gate
+                if g is None:
+                    y = src.expand_as(y)
+                else:
+                    g = g[layer, H].view(1, 1, 1, 1) if g.dim() == 2 else g[:, layer, H].view(-1, 1, 1, 1)
+                    y = src + g.to(device=y.device, dtype=y.dtype) * (y - src)
+            if plan.record is not None:
+                plan.record[key] = y
+            return y.squeeze(1)
+
+        handles = [m.register_forward_hook(lambda mod, a, o, l=l: hook(mod, a, o, l)) for l, m in enumerate(self.mlps)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
 
     def metric(self, logits: torch.Tensor, batch: PairBatch) -> torch.Tensor:
         """The metric of each row (engine/metrics.py: one definition for scoring and circuits)."""
@@ -207,6 +252,26 @@ class CircuitTask:
                 logits = self.logits(batch.clean[owner], plan)
             out.append(self.metric(logits, batch.take(owner)))
         return torch.cat(out)
+
+
+MLP_NAMES = ("mlp", "feed_forward", "ffn")  # a decoder layer's MLP, by the names transformers gives it
+
+
+def mlp_modules(model) -> list:
+    """Each decoder layer's MLP module (MLP nodes); OptionError where a layer has none by a
+    known name."""
+    from ...models.arch import find_layers
+
+    _, layers = find_layers(model)
+    found = []
+    for i, layer in enumerate(layers):
+        module = next((getattr(layer, n) for n in MLP_NAMES if isinstance(getattr(layer, n, None), torch.nn.Module)),
+                      None)
+        if module is None:
+            raise OptionError(f"layer {i} of this model has no MLP module named {', '.join(MLP_NAMES)}: "
+                              "use --nodes heads")
+        found.append(module)
+    return found
 
 
 Progress = Callable[[int, int, str], None]

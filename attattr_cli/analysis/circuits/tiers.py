@@ -76,4 +76,5 @@ register(HeadMethod(
     kind="attribution",
     reference="attattr (attr-gates for the tiers; AtP and its verification, Kramar et al. 2024)",
     passes=lambda s: f"1 counterfactual forward + (steps + 1) forward and backward rows + {VERIFIED} forwards (patching)",
+    mlp=True,
 ))
