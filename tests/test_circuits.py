@@ -73,11 +73,14 @@ def _hooked_metric(loaded, task, ids, answer, foil, patch=None, leaf=False):
     return logits[:, answer].mean(-1) - logits[:, foil].mean(-1), grabbed, d
 
 
-def _grab(loaded, ids):
-    """Each layer's heads' outputs [batch, query, head * d] (the o_proj input) of a plain run."""
+def _grab(loaded, ids, mlp: bool = False):
+    """Each layer's heads' outputs [batch, query, head * d] (the o_proj input) of a plain run;
+    with ``mlp`` each layer's MLP output instead."""
     seen = {}
-    hs = [layer.self_attn.o_proj.register_forward_pre_hook(lambda m, a, l=l: seen.__setitem__(l, a[0].detach()))
-          for l, layer in enumerate(loaded.model.model.layers)]
+    layers = loaded.model.model.layers
+    keep = lambda l: (lambda m, a, *o: seen.__setitem__(l, (o[0] if mlp else a[0]).detach()))  # noqa: E731
+    hs = [layer.mlp.register_forward_hook(keep(l)) if mlp else layer.self_attn.o_proj.register_forward_pre_hook(keep(l))
+          for l, layer in enumerate(layers)]
     try:
         with torch.no_grad():
             loaded.model(input_ids=ids, use_cache=False)
@@ -334,19 +337,6 @@ def _mlp_metric(loaded, ids, answer, foil, replace=None):
     return logits[:, answer].mean(-1) - logits[:, foil].mean(-1)
 
 
-def _mlp_outputs(loaded, ids):
-    seen = {}
-    hs = [layer.mlp.register_forward_hook(lambda m, a, o, l=l: seen.__setitem__(l, o.detach()))
-          for l, layer in enumerate(loaded.model.model.layers)]
-    try:
-        with torch.no_grad():
-            loaded.model(input_ids=ids, use_cache=False)
-    finally:
-        for h in hs:
-            h.remove()
-    return seen
-
-
 def test_mlp_nodes_patching_and_gate_completeness(loaded):
     """Each layer's MLP is one more node (the last column): its exact patching effect equals
     replacing the MLP's output by hand, heads' effects are unchanged, and the gate integral
@@ -366,7 +356,7 @@ def test_mlp_nodes_patching_and_gate_completeness(loaded):
     for p in range(b.size):
         ids, cf = b.clean[p:p + 1], b.counterfactual[p:p + 1]
         a, f = b.answer[p].unique(), b.foil[p].unique()
-        cf_mlp = _mlp_outputs(loaded, cf)
+        cf_mlp = _grab(loaded, cf, mlp=True)
         clean_m = _mlp_metric(loaded, ids, a, f)
         for l in range(2):
             m = _mlp_metric(loaded, ids, a, f, {l: cf_mlp[l]})

@@ -214,24 +214,34 @@ def _pattern_path(plan: PatternPath, layer: int, query, key, value, mask, scalin
 
 
 def _head_patch(plan: HeadPatch, layer: int, out: torch.Tensor) -> torch.Tensor:
+    def heads(g):  # [rows, head, 1, 1]; one more column than heads is the layer's MLP node (analysis/circuits/task.py)
+        g = (g[layer].view(1, -1, 1, 1) if g.dim() == 2 else g[:, layer].view(g.shape[0], -1, 1, 1))
+        if g.shape[1] == out.shape[1] + 1:
+            g = g[:, :out.shape[1]]
+        if g.shape[1] != out.shape[1]:
+            raise ModelError(f"head gate has {g.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
+        return g
+
+    return patch_node(plan, layer, out, heads)
+
+
+def patch_node(plan: HeadPatch, key, out: torch.Tensor, gate_of) -> torch.Tensor:
+    """A node's output under ``plan``: a zero leaf added (``plan.leaves[key]``), moved towards
+    ``plan.source[key]`` by its gate (``gate_of(plan.gate)``, broadcastable to ``out``; no gate:
+    the source itself), and kept in ``plan.record[key]``. The heads of a layer (key: the layer)
+    and, in a circuit, a layer's MLP (key ``("mlp", layer)``)."""
     if plan.leaves is not None:
         leaf = torch.zeros_like(out, requires_grad=True)
-        plan.leaves[layer] = leaf
+        plan.leaves[key] = leaf
         out = out + leaf
-    if plan.source is not None and layer in plan.source:
-        src = plan.source[layer].to(device=out.device, dtype=out.dtype)
-        g = plan.gate
-        if g is None:
+    if plan.source is not None and key in plan.source:
+        src = plan.source[key].to(device=out.device, dtype=out.dtype)
+        if plan.gate is None:
             out = src.expand_as(out)
         else:
-            g = (g[layer].view(1, -1, 1, 1) if g.dim() == 2 else g[:, layer].view(g.shape[0], -1, 1, 1))
-            if g.shape[1] == out.shape[1] + 1:  # one more column: the layer's MLP node (analysis/circuits/task.py)
-                g = g[:, :out.shape[1]]
-            if g.shape[1] != out.shape[1]:
-                raise ModelError(f"head gate has {g.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
-            out = src + g.to(device=out.device, dtype=out.dtype) * (out - src)
+            out = src + gate_of(plan.gate).to(device=out.device, dtype=out.dtype) * (out - src)
     if plan.record is not None:
-        plan.record[layer] = out
+        plan.record[key] = out
     return out
 
 

@@ -132,22 +132,8 @@ class CircuitTask:
             if not torch.is_tensor(out):
                 raise OptionError("this model's MLP returns more than its output (a mixture of experts, say): "
                                   "use --nodes heads")
-            key = ("mlp", layer)
-            y = out.unsqueeze(1)
-            if plan.leaves is not None:
-                leaf = torch.zeros_like(y, requires_grad=True)
-                plan.leaves[key] = leaf
-                y = y + leaf
-            if plan.source is not None and key in plan.source:
-                src = plan.source[key].to(device=y.device, dtype=y.dtype)
-                g = plan.gate
-                if g is None:
-                    y = src.expand_as(y)
-                else:
-                    g = g[layer, H].view(1, 1, 1, 1) if g.dim() == 2 else g[:, layer, H].view(-1, 1, 1, 1)
-                    y = src + g.to(device=y.device, dtype=y.dtype) * (y - src)
-            if plan.record is not None:
-                plan.record[key] = y
+            gate_of = lambda g: g[layer, H].view(1, 1, 1, 1) if g.dim() == 2 else g[:, layer, H].view(-1, 1, 1, 1)  # noqa: E731
+            y = attention.patch_node(plan, ("mlp", layer), out.unsqueeze(1), gate_of)
             return y.squeeze(1)
 
         handles = [m.register_forward_hook(lambda mod, a, o, l=l: hook(mod, a, o, l)) for l, m in enumerate(self.mlps)]
