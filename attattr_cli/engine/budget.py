@@ -19,8 +19,9 @@ H heads, S steps of a generation, 1 otherwise):
 The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
 checked against the bench's measured peak RSS (bench/bench_long_context.py; docs/long-context.md):
 SmolLM2-135M, one thread, ``--keep sources``: 272 tokens 3.1 GB estimated, 2.95 GB measured;
-1,063 tokens 2.8 GB estimated, 2.69 GB measured with a 2-node rule and 3.66 GB with --tol 0.1
-(the refinement's own arrays are not counted yet: an underestimate there).
+1,063 tokens 2.8 GB estimated, 2.69 GB measured with a 2-node rule and 3.39 to 3.66 GB with --tol 0.1
+(the refinement's own arrays are not counted yet: an underestimate there); 2,052 tokens 4.7 GB
+estimated, 4.71 GB measured with a 2-node rule.
 """
 
 from __future__ import annotations
