@@ -49,10 +49,6 @@ class Circuit:
         """Nodes per layer: the heads, and the MLP with ``nodes="heads+mlp"``."""
         return self.heads + (1 if self.nodes == "heads+mlp" else 0)
 
-    def node_name(self, layer: int, node: int) -> str:
-        """``L3.H5`` for a head, ``L3.MLP`` for a layer's MLP node."""
-        return f"L{layer}.MLP" if node == self.heads else f"L{layer}.H{node}"
-
     # ------------------------------------------------------------- tables
     def _rows(self) -> list[dict]:
         rows = []
