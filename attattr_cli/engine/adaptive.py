@@ -252,7 +252,7 @@ class Refinement:
         self.rows = [_Row(coarse) for _ in range(count)]
         # the scale an integral's error and residual are judged against is at least this (the
         # largest kept number of the example's layers done so far, with --keep sources:
-        # docs/integration.md "An example-wide scale"); 0: each integral's own
+        # docs/integration.md, "What is judged, and on which scale"); 0: each integral's own
         self.floor = 0.0
         self.shared = False  # True: the integrals are the layers of one example, judged on one scale (raises floor)
         self.active = list(range(count))
