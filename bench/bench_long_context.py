@@ -130,7 +130,7 @@ def child(cfg: dict) -> dict:
     estimates = {}
     rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
     sc = Scorer(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
-                                           sources=sources))
+                                           sources=sources, per_step=cfg.get("per_step", False)))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
         e = budget.estimate(sc, enc, 0, keep)
@@ -139,7 +139,8 @@ def child(cfg: dict) -> dict:
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
-             keep="sources", threads=cfg["threads"], out=store, notify=heard.append, **rule)
+             keep="sources", threads=cfg["threads"], out=store, notify=heard.append,
+             per_step=cfg.get("per_step", False), **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
     peak_after_score = vm_hwm()
     e = aa.open_store(store)[0]
@@ -148,7 +149,7 @@ def child(cfg: dict) -> dict:
     check = check_example(model.loaded.model, tok, e) if cfg["check"] else None
     check_cpu = time.process_time() - t1c
     return {
-        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")},
+        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")}, "per_step": cfg.get("per_step", False),
         "n_tokens": len(e.tokens), "sources": len(table), "asked_passage": asked, "answer": answer,
         "score_cpu_s": score_cpu, "score_wall_s": score_wall, "load_cpu_s": load_cpu, "check_cpu_s": check_cpu,
         "total_cpu_s": time.process_time() - t_cpu, "total_wall_s": time.perf_counter() - t_wall,
@@ -193,6 +194,8 @@ def main() -> None:
     ap.add_argument("--no-check", action="store_true", help="leave out the source-removal check")
     ap.add_argument("--tol", type=float, default=0.1, help="the integration's tolerance (default: score's, 0.1)")
     ap.add_argument("--steps", type=int, default=None, help="a fixed rule of this many nodes instead of --tol")
+    ap.add_argument("--per-step", action="store_true", help="attribute each answer token given what comes before it "
+                    "(a generation step by step) instead of the answer's joint log-probability")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--json", help="also write the rows here")
     args = ap.parse_args()
@@ -215,7 +218,7 @@ def main() -> None:
             for t in [int(x) for x in args.tokens.split(",")]:
                 cfg = {"name": name, "model": path, "tokens": t, "threads": args.threads, "answer": args.answer,
                        "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}.h5")),
-                       "tol": None if args.steps else args.tol, "steps": args.steps}
+                       "tol": None if args.steps else args.tol, "steps": args.steps, "per_step": args.per_step}
                 r = run_config(cfg, args.timeout)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
