@@ -111,7 +111,7 @@ def child(cfg: dict) -> dict:
     from attattr_cli.analysis.context_check import check_example
     from attattr_cli.engine import budget
     from attattr_cli.engine.options import ScoreOptions
-    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.engine.run import scorer_for
     from attattr_cli.data.types import Example
 
     t_wall, t_cpu = time.perf_counter(), time.process_time()
@@ -129,8 +129,8 @@ def child(cfg: dict) -> dict:
     load_cpu = time.process_time() - t_cpu
     estimates = {}
     rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
-    sc = Scorer(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
-                                           sources=sources, per_step=cfg.get("per_step", False)))
+    sc = scorer_for(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
+                                               sources=sources, per_step=cfg.get("per_step", False)))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
         e = budget.estimate(sc, enc, 0, keep)

@@ -383,16 +383,23 @@ class Scorer(Integration, Assembly):
                     for layer, (g, f0, saved, conv) in zip(layers, swept):
                         self._saved = saved
                         per_layer.append(self._layer_result(g, f0, f_full, keep, saved, conv))
+                # keep sources: the kept table [layer, key] is judged as a whole (docs/integration.md),
+                # against the largest key sum of the layers done so far; the layers run from the top
+                # down, so that the first layers (where decoders put their attention sinks, whose
+                # integrals are the hardest) come last and are judged on the others' scale
                 self.scale_floor = 0.0
-                for layer in (layers if swept is None else []):
+                done = {}
+                order = (layers[::-1] if keep == "sources" else layers) if swept is None else []
+                for layer in order:
                     site = (fam.name, layer)
                     g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)
-                    per_layer.append(self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral))
-                    if keep == "sources":  # the kept table [layer, key] is judged as a whole (docs/integration.md)
-                        self.scale_floor = max(self.scale_floor, float(per_layer[-1]["key_sum"].abs().max()))
+                    done[layer] = self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral)
+                    if keep == "sources":
+                        self.scale_floor = max(self.scale_floor, float(done[layer]["key_sum"].abs().max()))
                     del g
                     if on_layer is not None:
                         on_layer(layer)
+                per_layer += [done[layer] for layer in layers if layer in done]
                 fams[fam.name] = self._family_score(fam, keep, record.keep, record.probs, per_layer,
                                                     len(enc.input_ids))
         return self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
