@@ -357,10 +357,6 @@ class Refinement:
         # for a smooth integrand the pair converges much faster than the leaves' own rules
         level = {i: self._level(self.rows[i]) for i in ready}
         level = {i: v for i, v in level.items() if v is not None}
-        totals = {i: torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready}
-        bigs = dict(zip(ready, self._measure([totals[i] for i in ready], ready)[:, 0].tolist()))
-        if self.shared:
-            self.floor = max([self.floor, *bigs.values()])
         if level:
             rows = list(level)
             measured = self._measure([level[i][2] - level[i][3] for i in rows] + [level[i][2] for i in rows],
@@ -376,8 +372,12 @@ class Refinement:
             ready = [i for i in ready if i not in ended]
         if not ready:
             return
-        for i in ready:
-            self._step(i, totals[i], max(bigs[i], self.floor))
+        totals = [torch.stack([leaf.q for leaf in self.rows[i].leaves]).sum(0) for i in ready]
+        bigs = self._measure(totals, ready)[:, 0].tolist()
+        if self.shared:
+            self.floor = max([self.floor, *bigs])
+        for i, total, big in zip(ready, totals, bigs):
+            self._step(i, total, max(big, self.floor))
 
     def _level(self, row: _Row):
         """(node keys, weights of the Clenshaw-Curtis rule on all of them, its G, G of the rule on

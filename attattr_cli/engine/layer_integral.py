@@ -41,17 +41,18 @@ class Integration:
         return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
 
     def _integrate(self, enc: Encoded, site, target, clean, grad_at_one: torch.Tensor | None = None,
-                   f_full: float | None = None) -> tuple[torch.Tensor, float]:
+                   f_full: float | None = None, floor: float = 0.0) -> tuple[torch.Tensor, float]:
         """G = sum_k w_k dF/dO_k for the target site, and F with its attention at 0.
 
         ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward (F there:
         ``f_full``); that node is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
-        out-of-memory error halves the micro-batch and retries.
+        out-of-memory error halves the micro-batch and retries. ``floor``: the least scale ``--tol``
+        judges the layer against (the example's largest kept number so far; engine/adaptive.py).
         """
         family, layer = site
         acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         if self.options.tol is not None:
-            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype, f_full)
+            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype, f_full, floor)
         alphas, weights, ratio, g_sum, g_low = self.fixed_nodes(grad_at_one, acc_dtype)
         zero = torch.nonzero(alphas == 0)
         zero_at = int(zero[0]) if len(zero) else None
@@ -100,7 +101,7 @@ class Integration:
             alphas, weights = alphas[~one], weights[~one]
         return alphas, weights, ratio, g, g_low
 
-    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype, f_full):
+    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype, f_full, floor: float = 0.0):
         """G and F(0) by the error-controlled integration of engine/adaptive.py."""
         def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
             ones = torch.ones(len(alphas), dtype=acc_dtype, device=self.device)
@@ -130,7 +131,7 @@ class Integration:
         # nodes whichever way its passes run
         res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
                                  derivative, coarse=adaptive.coarse_start(), spread=spread,
-                                 floor=getattr(self, "scale_floor", 0.0))
+                                 floor=floor)
         self.last_integral = (res.nodes, res.error, res.capped, res.status)
         return res.g.unsqueeze(0), res.f[adaptive.ZERO]
 

@@ -387,15 +387,15 @@ class Scorer(Integration, Assembly):
                 # against the largest key sum of the layers done so far; the layers run from the top
                 # down, so that the first layers (where decoders put their attention sinks, whose
                 # integrals are the hardest) come last and are judged on the others' scale
-                self.scale_floor = 0.0
+                floor = 0.0
                 done = {}
                 order = (layers[::-1] if keep == "sources" else layers) if swept is None else []
                 for layer in order:
                     site = (fam.name, layer)
-                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full)
+                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full, floor)
                     done[layer] = self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral)
                     if keep == "sources":
-                        self.scale_floor = max(self.scale_floor, float(done[layer]["key_sum"].abs().max()))
+                        floor = max(floor, float(done[layer]["key_sum"].abs().max()))
                     del g
                     if on_layer is not None:
                         on_layer(layer)
@@ -430,12 +430,4 @@ class Scorer(Integration, Assembly):
             from ..errors import warn_user
             warn_user(message)
 
-
-
-def detached(obj):
-    if torch.is_tensor(obj):
-        return obj.detach()
-    if isinstance(obj, tuple):
-        return tuple(detached(o) for o in obj)
-    return obj
 

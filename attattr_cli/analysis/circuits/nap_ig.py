@@ -35,7 +35,7 @@ def _nap_ig(ctx) -> np.ndarray:
                 with torch.enable_grad():
                     logits = task.logits(None, plan, inputs_embeds=x)
                     m = task.metric(logits, b.take(idx))
-                    keys = [l for l in range(L)] + ([("mlp", l) for l in range(L)] if H > task.heads else [])
+                    keys = list(range(L)) + ([("mlp", l) for l in range(L)] if H > task.heads else [])
                     grads = dict(zip(keys, torch.autograd.grad(m.sum(), [plan.leaves[k] for k in keys])))
                 src_p = rows_of(src, slice(p, p + 1))
                 for k in keys:
