@@ -318,7 +318,56 @@ def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded
     inner = atp.copy()
     for i in np.argsort(-np.abs(atp.ravel()), kind="stable")[:3]:
         inner.flat[i] = exact.flat[i]
-    np.testing.assert_array_equal(got[0], tiers.tiered(gates, inner))
+    candidates = [tiers.tiered(gates, inner, first=first, signed_first=signed) for first, signed in tiers.FIRST]
+    np.testing.assert_array_equal(got[0], candidates[tiers.measured_best(ctx, candidates)])
+
+
+def test_tiers_first_tier_orders():
+    """The first tier's candidate orders: by |inner|, by inner's sign (largest first), and
+    greedy on additive shares (the running sum nearest the total)."""
+    from attattr_cli.analysis.circuits import tiers
+
+    member = np.linspace(40, 1, 40)[None, :]  # 40 heads: the first tier is heads 0-3
+    inner = np.zeros((1, 40))
+    inner[0, :4] = [-3.0, 1.0, 5.0, -0.5]
+    share = np.zeros((1, 40))
+    share[0, :4] = [2.0, 3.0, -1.0, 0.5]  # total 4.5
+    first_four = lambda r: np.argsort(-np.abs(r.ravel()), kind="stable")[:4].tolist()  # noqa: E731
+    assert first_four(tiers.tiered(member, inner)) == [2, 0, 1, 3]
+    assert first_four(tiers.tiered(member, inner, first="sign")) == [2, 1, 3, 0]
+    # running sums 3, 5, 4, 4.5: each step the head that lands nearest 4.5
+    assert first_four(tiers.tiered(member, inner, first="greedy", additive=share)) == [1, 0, 2, 3]
+    for first in ("magnitude", "sign", "greedy"):  # the other tiers and the signs do not change
+        r = tiers.tiered(member, inner, first=first, additive=share)
+        np.testing.assert_array_equal(np.sort(np.abs(r.ravel()))[::-1][4:], np.arange(36, 0, -1))
+        assert (np.sign(r.ravel()[:4]) == [-1, 1, 1, -1]).all()
+    # the first tier by the signed member: the four largest member values, not |member|
+    member = member.copy()
+    member[0, 1] = -45.0
+    r = tiers.tiered(member, inner, signed_first=True)
+    assert sorted(np.argsort(-np.abs(r.ravel()), kind="stable")[:4].tolist()) == [0, 2, 3, 4]
+    assert np.argsort(-np.abs(r.ravel()), kind="stable")[4] == 1  # |member| leads the second tier
+
+
+def test_measured_best_picks_the_ranking_nearest_one_where_measured(loaded):
+    """measured_best: the ranking whose curve is nearest 1 at the given k, each point weighted
+    by its trapezoids' width; the same sets as the evaluation's curve."""
+    from attattr_cli.analysis.circuits import tiers
+    from attattr_cli.analysis.circuits.evaluate import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
+
+    ctx = _ctx(loaded)
+    rng = np.random.default_rng(0)
+    shape = (ctx.task.layers, ctx.task.width)
+    rankings = [rng.standard_normal(shape) for _ in range(4)]
+    rankings.append(rankings[1].copy())  # a duplicate: its sets are run once
+    ks = (0.2, 0.5)
+    clean, empty = ends(ctx)
+    costs = []
+    for r in rankings:  # the whole curve, read at 20 % (width (0.5 - 0.1) / 2) and 50 % (width (1 - 0.2) / 2)
+        f = curve_from(per_pair_metrics(ctx, keep_masks(r, True)), clean, empty)
+        costs.append(0.2 * abs(1 - f[PERCENTAGES.index(0.2)]) + 0.4 * abs(1 - f[PERCENTAGES.index(0.5)]))
+    assert len(set(np.round(costs, 12))) > 1  # the rankings differ where measured
+    assert tiers.measured_best(ctx, rankings, ks) == int(np.argmin(costs))
 
 
 # -- MLP nodes (--nodes heads+mlp) -----------------------------------------------------------

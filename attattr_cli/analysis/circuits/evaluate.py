@@ -56,10 +56,13 @@ def per_pair_metrics(ctx, masks: np.ndarray) -> np.ndarray:
 
 
 def ends(ctx) -> tuple[np.ndarray, np.ndarray]:
-    """(m(N), m(empty)) per pair."""
-    L, H = ctx.task.layers, ctx.task.width
-    both = per_pair_metrics(ctx, np.stack([np.ones((L, H)), np.zeros((L, H))]))
-    return both[0], both[1]
+    """(m(N), m(empty)) per pair (run once per context: the evaluation and methods that
+    measure the curve share them)."""
+    if "ends" not in ctx.cache:
+        L, H = ctx.task.layers, ctx.task.width
+        both = per_pair_metrics(ctx, np.stack([np.ones((L, H)), np.zeros((L, H))]))
+        ctx.cache["ends"] = (both[0], both[1])
+    return ctx.cache["ends"]
 
 
 def curve_from(per_pair: np.ndarray, clean: np.ndarray, empty: np.ndarray, rows=None) -> np.ndarray:

@@ -12,7 +12,15 @@ the many heads, hardly by the top few. So:
 * **the order inside a tier** comes from the gradient at the clean run (AtP, the same batch of
   passes with one node more, at alpha = 1) with the ``VERIFIED`` heads of largest |AtP|
   replaced by their exact patching effect (one pass per head: AtP*'s verification step, Kramar
-  et al. 2024).
+  et al. 2024);
+* **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
+  is the better of two candidates as the curve itself measures them at ``CHECKED`` (the same
+  forwards the evaluation runs, one per pair and set): the heads of largest *signed* gate
+  integral ordered by verified AtP, largest first (the heads that carry the behaviour first,
+  those that work against it last), or the heads of largest |gate integral| in the order
+  that keeps the running sum of their gate shares nearest the total m(N) - m(empty) (greedy).
+  Where a task's heads add up (capitals) the greedy order keeps f near 1; where the heads
+  working against the behaviour act only with others (IOI's), the signed tier does.
 
 The score is a signed rank (N for the first head, 1 for the last; the sign is that of the
 verified AtP value), the same for every pair: the ranking is built from the means over pairs.
@@ -22,27 +30,46 @@ from __future__ import annotations
 
 import numpy as np
 
-from .evaluate import PERCENTAGES
+from .evaluate import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
 from .gates import STEPS, gate_gradients, nodes
 from .patching import patched_heads
 from .registry import HeadMethod, register
 
-VERIFIED = 20  # heads of largest |AtP| whose exact patching effect replaces AtP's (docs/circuits.md)
+VERIFIED = 15  # heads of largest |AtP| whose exact patching effect replaces AtP's (docs/circuits.md)
 TIERS = (0.1, 0.2, 0.5)  # the curve's k where the tiers end (CMD's largest trapezoids)
 
 
-def tiered(member: np.ndarray, inner: np.ndarray, ends=TIERS) -> np.ndarray:
+CHECKED = (0.05, 0.1)  # the curve's k where the candidates are measured: the two of the first tier that CMD weighs most
+# the candidates for the first tier: (its order, its heads by the signed member instead of |member|)
+FIRST = (("sign", True), ("greedy", False))
+
+
+def tiered(member: np.ndarray, inner: np.ndarray, ends=TIERS, first: str = "magnitude", signed_first: bool = False,
+           additive: np.ndarray | None = None) -> np.ndarray:
     """Signed ranks [layer, head]: heads in tiers by |member| (ending at ``int(k N)`` for k in
-    ``ends``), inside a tier by |inner|; the sign of ``inner`` (0 counts as +)."""
+    ``ends``), inside a tier by |inner|; the sign of ``inner`` (0 counts as +).
+    ``signed_first``: the first tier's heads are those of largest member (signed), the other
+    tiers' by |member| among the rest. ``first`` orders the first tier otherwise than by
+    |inner|: ``sign`` by inner (largest first), ``greedy`` each next head the one whose
+    ``additive`` share (default: member) brings the running sum nearest the sum over all heads
+    (ties by |inner|)."""
     shape = member.shape
     m, v = np.abs(member.ravel()), inner.ravel()
     n = m.size
     by_member = np.argsort(-m, kind="stable")
+    if signed_first and ends:
+        head = np.argsort(-member.ravel(), kind="stable")[:int(ends[0] * n)]
+        by_member = np.concatenate([head, by_member[~np.isin(by_member, head)]])
     bounds = [0] + [int(k * n) for k in ends] + [n]
     order = []
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for t, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
         seg = by_member[a:b]
-        order.extend(seg[np.argsort(-np.abs(v[seg]), kind="stable")].tolist())
+        if t == 0 and first == "sign":
+            order.extend(seg[np.argsort(-v[seg], kind="stable")].tolist())
+        elif t == 0 and first == "greedy":
+            order.extend(_greedy(seg, (member if additive is None else additive).ravel(), v))
+        else:
+            order.extend(seg[np.argsort(-np.abs(v[seg]), kind="stable")].tolist())
     rank = np.zeros(n)
     rank[np.asarray(order, dtype=np.int64)] = np.arange(n, 0, -1, dtype=float)
     sign = np.where(v < 0, -1.0, 1.0)
@@ -62,19 +89,49 @@ def _attr_tiers(ctx) -> np.ndarray:
     inner = atp_mean.copy()
     for l, h in heads:
         inner[l, h] = exact[l, h]
-    ranks = tiered(ig_mean, inner)
+    candidates = [tiered(ig_mean, inner, first=first, signed_first=signed) for first, signed in FIRST]
+    ranks = candidates[measured_best(ctx, candidates)]
     return np.broadcast_to(ranks, (ctx.task.n, *ranks.shape)).copy()
 
 
+def _greedy(seg: np.ndarray, share: np.ndarray, inner: np.ndarray) -> list[int]:
+    """``seg``'s heads in the order that keeps the running sum of their shares nearest the sum
+    of all shares (ties: the larger |inner| first)."""
+    total, run, left, out = float(share.sum()), 0.0, [int(i) for i in seg], []
+    while left:
+        j = min(range(len(left)), key=lambda j: (abs(total - run - share[left[j]]), -abs(inner[left[j]])))
+        run += float(share[left[j]])
+        out.append(left.pop(j))
+    return out
+
+
+def measured_best(ctx, rankings: list[np.ndarray], ks=CHECKED) -> int:
+    """The index of the ranking whose curve (CMD's ranking by |score|) is nearest 1 at ``ks``,
+    each point weighted by the width CMD's trapezoids give it; the sets are run once each (the
+    curve's own forwards, one per pair and set). Ties: the first."""
+    masks = np.concatenate([keep_masks(r, True, ks) for r in rankings])
+    unique, which = np.unique(masks.reshape(len(masks), -1), axis=0, return_inverse=True)
+    clean, empty = ends(ctx)
+    f = curve_from(per_pair_metrics(ctx, unique.reshape(-1, *masks.shape[1:])), clean, empty)[which.ravel()]
+    ks_all = list(PERCENTAGES)
+    width = np.array([(ks_all[min(i + 1, len(ks_all) - 1)] - ks_all[max(i - 1, 0)]) / 2
+                      for i in (ks_all.index(k) for k in ks)])
+    cost = (np.abs(1 - f.reshape(len(rankings), len(ks))) * width).sum(1)
+    return int(np.argmin(cost))
+
+
 assert TIERS == tuple(k for k in PERCENTAGES if k in TIERS)  # the tiers end where the curve is read
+assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)  # measured where the curve is read, up to the first tier's end
 
 register(HeadMethod(
     name="attr-tiers",
     description=f"heads in the curve's tiers (10, 20, 50 %) by attr-gates, ordered inside a tier by AtP with its "
-                f"top {VERIFIED} verified by exact patching (a signed rank)",
+                f"top {VERIFIED} verified by exact patching; the first tier the better of two candidates as the curve "
+                f"measures them (a signed rank)",
     compute=_attr_tiers,
     kind="attribution",
     reference="attattr (attr-gates for the tiers; AtP and its verification, Kramar et al. 2024)",
-    passes=lambda s: f"1 counterfactual forward + (steps + 1) forward and backward rows + {VERIFIED} forwards (patching)",
+    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + {VERIFIED} forwards (patching)"
+                      f" + up to {len(FIRST) * len(CHECKED)} forwards (the candidates)"),
     mlp=True,
 ))
