@@ -129,8 +129,9 @@ def child(cfg: dict) -> dict:
     load_cpu = time.process_time() - t_cpu
     estimates = {}
     rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
+    per_step = cfg.get("per_step", False)
     sc = scorer_for(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
-                                               sources=sources, per_step=cfg.get("per_step", False)))
+                                               sources=sources, per_step=per_step))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
         e = budget.estimate(sc, enc, 0, keep)
@@ -140,7 +141,7 @@ def child(cfg: dict) -> dict:
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
              keep="sources", threads=cfg["threads"], out=store, notify=heard.append,
-             per_step=cfg.get("per_step", False), **rule)
+             per_step=per_step, **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
     peak_after_score = vm_hwm()
     e = aa.open_store(store)[0]
@@ -149,7 +150,7 @@ def child(cfg: dict) -> dict:
     check = check_example(model.loaded.model, tok, e) if cfg["check"] else None
     check_cpu = time.process_time() - t1c
     return {
-        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")}, "per_step": cfg.get("per_step", False),
+        **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")}, "per_step": per_step,
         "n_tokens": len(e.tokens), "sources": len(table), "asked_passage": asked, "answer": answer,
         "score_cpu_s": score_cpu, "score_wall_s": score_wall, "load_cpu_s": load_cpu, "check_cpu_s": check_cpu,
         "total_cpu_s": time.process_time() - t_cpu, "total_wall_s": time.perf_counter() - t_wall,

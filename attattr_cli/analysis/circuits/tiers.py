@@ -39,7 +39,8 @@ VERIFIED = 15  # heads of largest |AtP| whose exact patching effect replaces AtP
 TIERS = (0.1, 0.2, 0.5)  # the curve's k where the tiers end (CMD's largest trapezoids)
 
 
-CHECKED = (0.05, 0.1)  # the curve's k where the candidates are measured: the two of the first tier that CMD weighs most
+# the curve's k where the candidates are measured: the two of the first tier that CMD weighs most
+CHECKED = (0.05, 0.1)
 # the candidates for the first tier: (its order, its heads by the signed member instead of |member|)
 FIRST = (("sign", True), ("greedy", False))
 
@@ -121,7 +122,8 @@ def measured_best(ctx, rankings: list[np.ndarray], ks=CHECKED) -> int:
 
 
 assert TIERS == tuple(k for k in PERCENTAGES if k in TIERS)  # the tiers end where the curve is read
-assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)  # measured where the curve is read, up to the first tier's end
+# measured where the curve is read, up to the first tier's end
+assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)
 
 register(HeadMethod(
     name="attr-tiers",
