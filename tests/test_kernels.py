@@ -840,3 +840,46 @@ def test_gpu_long_sequence_without_maps(cuda_kernel):
     s = s.masked_fill(~allowed, float("-inf"))
     maps = torch.softmax(s, -1) * (gs.double() @ v.double().transpose(-1, -2))
     torch.testing.assert_close(got["head_sum"][:, rows].double(), maps.sum(1), atol=1e-4, rtol=1e-4)
+
+
+@gpu
+def test_gpu_results_copied_through_page_locked_memory():
+    from attattr_cli.engine.memory import to_host
+
+    t = torch.randn(3, 40, 50, device="cuda").transpose(1, 2)  # not contiguous
+    host = to_host(t)
+    assert host.device.type == "cpu" and host.is_pinned()
+    assert torch.equal(host, t.cpu())
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["torch", "cuda"])
+def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
+    """The whole scoring path on the GPU (sweeps past 256 tokens there, the kernel or the
+    reference, the results copied through page-locked memory) against the CPU path (one pass
+    per layer past 256 tokens): maps, attention and F, float32."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import sweep
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.models.loading import prepare
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(50)]))
+    tok = BertTokenizerFast(str(vocab), model_max_length=512)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=55, hidden_size=128, num_hidden_layers=3, num_attention_heads=2,
+                     intermediate_size=200, max_position_embeddings=512, num_labels=3)
+    model = BertForSequenceClassification(cfg).eval()
+    for n in (40, 300):
+        assert sweep.MAX_TOKENS < 300 <= sweep.CUDA_MAX_TOKENS
+        example = Example(0, " ".join(f"w{i % 50}" for i in range(n - 2)))
+        ref = Scorer(prepare(model, tok, "cpu"), ScoreOptions(steps=8, keep="maps", kernel="torch")).score(example)
+        got = Scorer(prepare(model.cuda(), tok, "gpu"), ScoreOptions(steps=8, keep="maps", kernel=kind)).score(example)
+        model.cpu()
+        scale = abs(ref.attribution).max()
+        assert abs(got.attribution - ref.attribution).max() <= 1e-4 * scale, n
+        assert abs(got.attention - ref.attention).max() <= 1e-5, n
+        assert abs(got.f_full - ref.f_full) <= 1e-5 and not got.nonfinite

@@ -122,3 +122,16 @@ def test_a_generation_by_sweeps_gives_the_per_layer_numbers(options, tokenizer):
             assert np.abs(x - y).max() <= 1e-9 * np.abs(y).max()
         assert np.array_equal(a.family.nodes, b.family.nodes) and np.array_equal(a.family.status, b.family.status)
     _same(got[True], got[False])
+
+
+def test_sweeps_reach_further_on_a_cuda_device():
+    """Past MAX_TOKENS a CPU pass is full already; a GPU's is not until CUDA_MAX_TOKENS."""
+    assert sweep.max_tokens(torch.device("cpu")) == sweep.MAX_TOKENS == 256
+    assert sweep.max_tokens(torch.device("cuda")) == sweep.CUDA_MAX_TOKENS > sweep.MAX_TOKENS
+
+
+def test_results_reach_the_host_unchanged():
+    from attattr_cli.engine.memory import to_host
+
+    t = torch.randn(4, 5).t()
+    assert torch.equal(to_host(t), t)

@@ -12,6 +12,7 @@ import torch
 from ..data.types import Example
 from . import adaptive
 from .encoding import Encoded
+from .memory import to_host
 from .results import ExampleScore, FamilyScore
 
 
@@ -37,13 +38,13 @@ class Assembly:
                                    float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
             conv = (*conv, state)
         return {
-            "map": res["maps"][0].cpu() if keep == "maps" else None,
-            "sum": hs.cpu() if keep in ("maps", "sum") else None,
+            "map": to_host(res["maps"][0]) if keep == "maps" else None,
+            "sum": to_host(hs) if keep in ("maps", "sum") else None,
             "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
             # keep sources: per key, the layer's attribution summed over heads and queries (the
             # head sum [q, k] above is made for this layer only and dropped here)
             "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
-            "head_max": res["head_max"][0].cpu(),
+            "head_max": res["head_max"][0].cpu(),  # [head]: a few bytes, the plain copy
             "f0": f0,
             "resid": resid,
             "conv": conv,
@@ -147,7 +148,7 @@ class Assembly:
         all_layers = range(fam.num_layers) if not fam.not_attention else self.layers_of[fam.name]
         attn = None
         if kept is not None:
-            attn = torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float().cpu().numpy()
+            attn = to_host(torch.stack([probs[(fam.name, i)][0] for i in all_layers]).float()).clone().numpy()
         empty2 = np.zeros((0, fam.num_heads), np.float32)
         return FamilyScore(
             name=fam.name, layers=list(self.layers_of[fam.name]), heads=fam.num_heads,
@@ -188,8 +189,8 @@ def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, famili
     overflow, say): "logits", "probs", "output" (F at alpha 1 or 0), "attribution" (maps,
     head sums, head maxima, top-k), "attention". Empty when all are finite."""
 
-    def bad(*arrays) -> bool:
-        return any(a is not None and np.size(a) and not np.isfinite(np.asarray(a, np.float64)).all() for a in arrays)
+    def bad(*arrays) -> bool:  # isfinite on the arrays' own dtypes (a float64 copy of the maps took longer)
+        return any(a is not None and np.size(a) and not np.isfinite(np.asarray(a)).all() for a in arrays)
 
     out = []
     if bad(logits):

@@ -1,5 +1,6 @@
-"""Memory: how much a pass may use, how many integration steps fit in one pass, and the
-out-of-memory back-off of the step micro-batching (halve and retry, say so once)."""
+"""Memory: how much a pass may use, how many integration steps fit in one pass, the
+out-of-memory back-off of the step micro-batching (halve and retry, say so once), and the
+copies of results from a GPU to the host."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ def free_memory(device: torch.device) -> int:
     except OSError:
         pass
     return 4 << 30
+
+
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t`` (``t`` itself on the CPU). From a CUDA device the copy goes through
+    page-locked memory: a plain ``.cpu()`` takes the driver's pageable path, measured at about
+    1.4 GB/s on an H100 (the maps of a 512-token BERT-base example, 151 MB, cost more than its
+    integration). The result is page-locked memory from PyTorch's caching host allocator:
+    callers stack or copy it into their results (``torch.stack``, ``.clone()``) and drop it, so
+    the same blocks serve the next layer and example."""
+    if t.device.type != "cuda":
+        return t.cpu()
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    torch.cuda.current_stream(t.device).synchronize()
+    return host
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
