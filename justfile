@@ -95,6 +95,10 @@ cost-model *ARGS: setup
 gpu-test: setup
     {{py}} -m pytest -q -m gpu tests/test_kernels.py
 
+# On a GPU machine that cannot install anything: the build, gpu-test, gpu-bench and bench-long-gpu with the Python there (logs in gpu-logs/)
+gpu-all:
+    bench/gpu_all.sh gpu-logs
+
 # On a GPU machine: the kernel benchmark and the BERT-base scoring benchmark (time and memory)
 gpu-bench: setup
     {{py}} bench/bench_kernel.py
