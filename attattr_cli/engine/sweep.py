@@ -38,8 +38,9 @@ from .rows import add_rows
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 # on a CUDA device a pass of 19 rows is not full even at 1,024 tokens: BERT-base, bf16, m = 20,
 # 12 target layers on an H100, seconds per example one pass per layer / sweeps: 0.42 / 0.27 at
-# 512 tokens, 0.48 / 0.34 at 1,024, 0.78 / 0.77 at 2,048 (rows per sweep chunked to fit memory)
-CUDA_MAX_TOKENS = 2048
+# 512 tokens, 0.48 / 0.34 at 1,024, 0.78 / 0.77 at 2,048 (rows per sweep chunked to fit memory):
+# no gain at 2,048, where the per-layer passes are what bench_long_decoder.py --gpu measured
+CUDA_MAX_TOKENS = 1024
 
 
 def max_tokens(device: torch.device) -> int:
