@@ -322,6 +322,9 @@ EMU_SHIM = r"""
 // CPU emulation of the CUDA features used by attattr_attn.cu (test harness only).
 // A block runs as blockDim.x host threads; __syncthreads is a std::barrier; warp
 // shuffles go through a block-wide exchange buffer (every call site is block-uniform).
+// A launch starts its blockDim.x threads once and they run the grid's blocks one after
+// another (starting 256 threads costs more than most blocks' work); each block gets
+// fresh, NaN-poisoned shared memory.
 // The device has $ATTATTR_EMU_SMS multiprocessors (default 4); every launch's grid is
 // logged for emu_launches().
 #pragma once
@@ -331,6 +334,7 @@ EMU_SHIM = r"""
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -351,17 +355,20 @@ static thread_local dim3 blockDim, gridDim;
 static std::vector<unsigned> emu_grid_log;
 static std::barrier<>* emu_bar = nullptr;
 static float* emu_smem = nullptr;
-static float emu_shfl[1024];
+static float emu_shfl[2][1024];
+static thread_local unsigned emu_shfl_calls;
 static std::mutex emu_mu;
 static std::mutex emu_launch_mu;
 inline void __syncthreads() { emu_bar->arrive_and_wait(); }
+// Two exchange buffers used in turn, one barrier per shuffle: a thread writes a buffer
+// again two shuffles later, past the next shuffle's barrier, which no thread reaches
+// before it has read this one.
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
   const int t = (int)threadIdx.x;
-  emu_shfl[t] = v;
+  float* buf = emu_shfl[emu_shfl_calls++ & 1u];
+  buf[t] = v;
   __syncthreads();
-  const float r = emu_shfl[(t & ~31) | ((t & 31) ^ lane_mask)];
-  __syncthreads();
-  return r;
+  return buf[(t & ~31) | ((t & 31) ^ lane_mask)];
 }
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
@@ -400,31 +407,68 @@ typedef void* cudaStream_t;
 template <class F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return 0; }
 inline cudaError_t cudaGetLastError() { return 0; }
 inline const char* cudaGetErrorString(cudaError_t e) { return e ? "invalid argument" : "no error"; }
+// The host threads outlive a launch (starting 256 threads costs more than most launches'
+// work): they wait at `start` for the next launch's job and meet at `finish` after it.
+struct emu_team {
+  explicit emu_team(unsigned n) : nt(n), start(n + 1), finish(n + 1) {
+    for (unsigned t = 0; t < n; ++t)
+      threads.emplace_back([this, t] {
+        threadIdx = {t, 0, 0};
+        for (;;) {
+          start.arrive_and_wait();
+          if (job == nullptr) return;
+          (*job)();
+          finish.arrive_and_wait();
+        }
+      });
+  }
+  void run(const std::function<void()>& f) {
+    job = &f;
+    start.arrive_and_wait();
+    finish.arrive_and_wait();
+  }
+  ~emu_team() {
+    job = nullptr;
+    start.arrive_and_wait();
+    for (auto& th : threads) th.join();
+  }
+  unsigned nt;
+  std::barrier<> start, finish;
+  const std::function<void()>* job = nullptr;
+  std::vector<std::thread> threads;
+};
+static emu_team* emu_threads = nullptr;
 template <class... KArgs, class... Args>
 void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
                 Args... args) {
   std::lock_guard<std::mutex> one_launch_at_a_time(emu_launch_mu);
   emu_grid_log.insert(emu_grid_log.end(), {grid.x, grid.y, grid.z});
   const unsigned nt = block.x * block.y * block.z;
-  for (unsigned z = 0; z < grid.z; ++z)
-    for (unsigned y = 0; y < grid.y; ++y)
-      for (unsigned x = 0; x < grid.x; ++x) {
-        // Poison shared memory so that reading a slot nobody wrote shows up as NaN.
-        std::vector<float> sm(smem / sizeof(float) + 1, std::nanf(""));
-        std::barrier<> bar(nt);
-        emu_bar = &bar;
-        emu_smem = sm.data();
-        std::vector<std::thread> threads;
-        for (unsigned t = 0; t < nt; ++t)
-          threads.emplace_back([&, t] {
-            threadIdx = {t, 0, 0};
-            blockIdx = {x, y, z};
-            blockDim = block;
-            gridDim = grid;
-            kern(args...);
-          });
-        for (auto& th : threads) th.join();
-      }
+  if (emu_threads == nullptr || emu_threads->nt != nt) {
+    delete emu_threads;
+    emu_threads = new emu_team(nt);
+  }
+  // Poison shared memory so that reading a slot nobody wrote shows up as NaN; again
+  // between blocks, once every thread is done with the block (the barrier's completion).
+  std::vector<float> sm(smem / sizeof(float) + 1, std::nanf(""));
+  auto poison = [&sm]() noexcept { std::fill(sm.begin(), sm.end(), std::nanf("")); };
+  std::barrier<> bar(nt);
+  // A barrier of its own, so that a thread skipping a __syncthreads still deadlocks.
+  std::barrier<decltype(poison)> block_done(nt, poison);
+  emu_bar = &bar;
+  emu_smem = sm.data();
+  emu_threads->run([&] {
+    blockDim = block;
+    gridDim = grid;
+    for (unsigned z = 0; z < grid.z; ++z)
+      for (unsigned y = 0; y < grid.y; ++y)
+        for (unsigned x = 0; x < grid.x; ++x) {
+          blockIdx = {x, y, z};
+          emu_shfl_calls = 0;
+          kern(args...);
+          block_done.arrive_and_wait();
+        }
+  });
 }
 """
 
