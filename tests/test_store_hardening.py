@@ -46,6 +46,53 @@ def _cli(*args, cwd=None) -> subprocess.CompletedProcess:
                           env=ENV, cwd=cwd, timeout=600)
 
 
+# `python -m attattr_cli ARGS` started ahead of its turn: the process imports what scoring
+# needs (torch, transformers: ~5 s of one core) while the test does something else, waits
+# until the test says go (a byte on the file descriptor argv[1]), then runs the module as
+# `python -m` does.  One process per command, never reused; only the imports come early.
+AHEAD = """
+import os, runpy, sys
+import attattr_cli.cli, attattr_cli.engine.run
+go = int(sys.argv.pop(1))
+os.read(go, 1)
+os.close(go)
+runpy.run_module("attattr_cli", run_name="__main__", alter_sys=True)
+"""
+
+
+class CliAhead:
+    """``attattr ARGS`` in a process that starts now and runs when :meth:`run` is called
+    (the commands of a test that must run one after another, started side by side)."""
+
+    def __init__(self, *args, cwd=None, env=None):
+        go, self._go = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-c", AHEAD, str(go), *map(str, args)], pass_fds=(go,),
+                                     env=ENV if env is None else env, cwd=cwd, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+        os.close(go)
+
+    def run(self, timeout: float = 600) -> subprocess.CompletedProcess:
+        os.write(self._go, b"1")
+        os.close(self._go)
+        self._go = None
+        out, err = self.proc.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(self.proc.args, self.proc.returncode, out, err)
+
+    def close(self) -> None:
+        """Kill the process if it was never run (the test failed or skipped before its turn)."""
+        if self._go is not None:
+            os.close(self._go)
+            self._go = None
+            self.proc.kill()
+            self.proc.communicate()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def _one_error_line(proc: subprocess.CompletedProcess) -> str:
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("Error:")]
@@ -88,18 +135,19 @@ def test_write_failing_midway_is_one_line_and_the_next_run_recovers(tmp_path, re
     run with one Error line and exit 5 (as every write without room), no crash; the examples written before stay readable;
     a run with room copies them into a fresh file, says so in one line, and finishes."""
     out = tmp_path / "s.h5"
-    proc = subprocess.run([sys.executable, "-c", LIMITED, str(reference.stat().st_size // 3), *SCORE, "--out", out],
-                          capture_output=True, text=True, env=ENV, timeout=600)
-    assert proc.returncode == 5, proc.stderr
-    line = _one_error_line(proc)
-    assert "the file size limit was reached" in line and "run the same command again to resume" in line
-    with Store(out) as s:
-        kept = s.indices()
-        assert s.cut_short
-    assert 0 < len(kept) < 12
-    full = _examples(reference)
-    _same(_examples(out), {i: full[i] for i in kept})
-    again = _cli(*SCORE, "--out", out)
+    with CliAhead(*SCORE, "--out", out) as rerun:  # imports beside the first run, runs after it
+        proc = subprocess.run([sys.executable, "-c", LIMITED, str(reference.stat().st_size // 3), *SCORE, "--out",
+                               out], capture_output=True, text=True, env=ENV, timeout=600)
+        assert proc.returncode == 5, proc.stderr
+        line = _one_error_line(proc)
+        assert "the file size limit was reached" in line and "run the same command again to resume" in line
+        with Store(out) as s:
+            kept = s.indices()
+            assert s.cut_short
+        assert 0 < len(kept) < 12
+        full = _examples(reference)
+        _same(_examples(out), {i: full[i] for i in kept})
+        again = rerun.run()
     assert again.returncode == 0, again.stderr
     notes = [line for line in again.stderr.splitlines() if "copied into a fresh file" in line]
     assert len(notes) == 1 and f"its {len(kept)} complete examples" in notes[0]
@@ -147,21 +195,22 @@ def test_full_disk_is_checked_before_each_example(tmp_path, reference):
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(small)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip("cannot mount a tmpfs here (needs root); the file size limit test covers the failing write")
-    try:
-        proc = _cli(*SCORE, "--out", small / "s.h5")
-        assert proc.returncode == 5, proc.stderr
-        line = _one_error_line(proc)
-        assert "not enough space to write example" in line and "are free on the disk" in line
-        with h5py.File(small / "s.h5", "r") as f:
-            assert not [n for n in f[EXAMPLES] if n.startswith(PARTIAL_PREFIX)]
-        with Store(small / "s.h5") as s:
-            kept = s.indices()
-        assert 0 < len(kept) < 12
-        moved = tmp_path / "s.h5"
-        moved.write_bytes((small / "s.h5").read_bytes())
-    finally:
-        subprocess.run(["umount", str(small)], capture_output=True)
-    again = _cli(*SCORE, "--out", moved)
+    moved = tmp_path / "s.h5"
+    with CliAhead(*SCORE, "--out", moved) as rerun:  # imports beside the first run, runs after it
+        try:
+            proc = _cli(*SCORE, "--out", small / "s.h5")
+            assert proc.returncode == 5, proc.stderr
+            line = _one_error_line(proc)
+            assert "not enough space to write example" in line and "are free on the disk" in line
+            with h5py.File(small / "s.h5", "r") as f:
+                assert not [n for n in f[EXAMPLES] if n.startswith(PARTIAL_PREFIX)]
+            with Store(small / "s.h5") as s:
+                kept = s.indices()
+            assert 0 < len(kept) < 12
+            moved.write_bytes((small / "s.h5").read_bytes())
+        finally:
+            subprocess.run(["umount", str(small)], capture_output=True)
+        again = rerun.run()
     assert again.returncode == 0, again.stderr
     _same(_examples(moved), _examples(reference))
 
@@ -232,11 +281,14 @@ def test_read_only_store_rerun_with_nothing_to_do_succeeds(tmp_path, reference):
     with _read_only(folder) as where:
         where = folder if isinstance(where, str) else where
         store = where / "s.h5"
-        done = _cli(*SCORE, "--out", store)
-        assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
-        info = _cli("info", store, "--json")
-        assert info.returncode == 0 and json.loads(info.stdout)["examples"] == 12
-        more = _cli("score", "--examples", "0:13", "--steps", "4", "--quiet", "--out", store)
+        # both score runs import side by side; each runs when its turn comes
+        with CliAhead(*SCORE, "--out", store) as first, \
+                CliAhead("score", "--examples", "0:13", "--steps", "4", "--quiet", "--out", store) as second:
+            done = first.run()
+            assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
+            info = _cli("info", store, "--json")
+            assert info.returncode == 0 and json.loads(info.stdout)["examples"] == 12
+            more = second.run()
         line = _one_error_line(more)
         assert more.returncode == 4 and f"cannot write to {store}" in line
         assert "read-only file system" in line or "permission denied" in line
@@ -268,6 +320,8 @@ def test_readers_see_complete_examples_while_a_writer_writes(tmp_path):
     hold.touch()
     writer = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(out), str(hold)], env=ENV,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the second writer imports beside the first and runs once 3 examples are written
+    second_writer = CliAhead("score", "--out", out, "--examples", "0:16", "--steps", "8", "--quiet")
     counts = []
 
     def poll():
@@ -287,7 +341,7 @@ def test_readers_see_complete_examples_while_a_writer_writes(tmp_path):
                     if len(s) >= 3:
                         break
             time.sleep(0.2)
-        second = _cli("score", "--out", out, "--examples", "0:16", "--steps", "8", "--quiet")
+        second = second_writer.run()
         line = _one_error_line(second)
         assert second.returncode == 4 and "is open for writing in another process" in line
         poll()
@@ -296,6 +350,7 @@ def test_readers_see_complete_examples_while_a_writer_writes(tmp_path):
             poll()
         assert writer.wait(timeout=300) == 0, writer.stderr.read()
     finally:
+        second_writer.close()
         if writer.poll() is None:
             writer.kill()
     poll()
