@@ -227,13 +227,16 @@ def _limited(limit: int):
     return apply
 
 
+def _cli_env() -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
+
+
 def _cli_limited(args, limit: int | None, cwd):
     import subprocess
     import sys
 
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1")
     return subprocess.run([sys.executable, "-m", "attattr_cli", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600, preexec_fn=None if limit is None else _limited(limit))
+                          env=_cli_env(), cwd=cwd, timeout=600, preexec_fn=None if limit is None else _limited(limit))
 
 
 @pytest.mark.parametrize("cmd,out", [("importance", "imp.h5"), ("report", "rep/")])  # HDF5; a folder
@@ -269,10 +272,14 @@ def test_faithfulness_rerun_after_a_failed_write_completes(inputs, tmp_path):
     before = _md5(inputs["store"])
     args = ["faithfulness", inputs["store"], "--out", tmp_path / "f.json", "--permutations", 0,
             "--methods", "attr,random", "--importance-store", kept, "-q"]
-    proc = _cli_limited(args, kept.stat().st_size + 2048, tmp_path)
-    assert proc.returncode == 5, proc.stderr
-    assert "Traceback" not in proc.stderr and "the file size limit was reached" in proc.stderr
-    again = _cli_limited(args, None, tmp_path)
+    from test_store_hardening import CliAhead
+
+    # the rerun (no limit) imports beside the limited run and runs after it
+    with CliAhead(*args, cwd=tmp_path, env=_cli_env()) as rerun:
+        proc = _cli_limited(args, kept.stat().st_size + 2048, tmp_path)
+        assert proc.returncode == 5, proc.stderr
+        assert "Traceback" not in proc.stderr and "the file size limit was reached" in proc.stderr
+        again = rerun.run()
     assert again.returncode == 0, again.stderr
     from attattr_cli.store import Store, read_token_importance
 
