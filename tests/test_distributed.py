@@ -282,7 +282,7 @@ def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    args = ["score", "--out", str(tmp_path / "s.h5"), "--examples", "0:2", "--steps", "2", "-q", "--dist-timeout", "2"]
+    args = ["score", "--out", str(tmp_path / "s.h5"), "--examples", "0:2", "--steps", "2", "-q", "--dist-timeout", "1"]
     result = runner.invoke(app, args)
     assert result.exit_code == 6
     assert one_error_line(result) == ("Error: RANK and WORLD_SIZE are set but not MASTER_ADDR and MASTER_PORT (?:?):"
@@ -294,7 +294,7 @@ def test_a_rank_alone_gives_up_with_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("MASTER_PORT", str(port))
     result = runner.invoke(app, args)
     assert result.exit_code == 6
-    assert one_error_line(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 2 s)")
+    assert one_error_line(result).startswith(f"Error: rank 0 of 2 could not join the others at 127.0.0.1:{port} (--dist-timeout 1 s)")
     assert not (tmp_path / "s.h5").exists()
 
 
