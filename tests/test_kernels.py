@@ -482,6 +482,12 @@ struct emu_team {
   std::vector<std::thread> threads;
 };
 static emu_team* emu_threads = nullptr;
+// Ends the team's threads (the fixture's teardown); a later launch starts a new team.
+extern "C" void emu_shutdown() {
+  std::lock_guard<std::mutex> no_launch_meanwhile(emu_launch_mu);
+  delete emu_threads;
+  emu_threads = nullptr;
+}
 template <class... KArgs, class... Args>
 void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
                 Args... args) {
@@ -587,7 +593,8 @@ def emulated(cpp_compiles):
     kernel._register_fakes(EMU_NAMESPACE)
     ops = getattr(torch.ops, EMU_NAMESPACE)
     ops.library = ctypes.CDLL(str(folder / "attattr_emu.so"))
-    return ops
+    yield ops
+    ops.library.emu_shutdown()  # the emulation's host threads end with the module
 
 
 def _launch_grids(emulated) -> list[tuple[int, int, int]]:
