@@ -169,17 +169,21 @@ def cpp_compiles(request, tmp_path_factory):
     try:
         if _needed(request, "emulated"):
             compiles.emulation = _build_emulation(tmp_path_factory)
-    finally:
+    except BaseException:  # interrupted: g++ is not left running
         if syntax is not None:
-            try:
-                code = syntax.wait(timeout=600)
-            except subprocess.TimeoutExpired:
-                syntax.kill()
-                syntax.wait()
-                code = None
-            log_file.close()
-            log = log_path.read_text()
-            compiles.syntax = (code, log if code is not None else log + "\n(timed out after 600 s)")
+            syntax.kill()
+            syntax.wait()
+        raise
+    if syntax is not None:
+        try:
+            code = syntax.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            syntax.kill()
+            syntax.wait()
+            code = None
+        log_file.close()
+        log = log_path.read_text()
+        compiles.syntax = (code, log if code is not None else log + "\n(timed out after 600 s)")
     return compiles
 
 
