@@ -251,12 +251,13 @@ def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | N
     (analysis/prune.py ``PairBatches``): I_h = E_x |d m_x / d gate_h| with m_x the pair's
     metric (the logit difference answer - foil by default) in place of the loss."""
     from ..engine.heads import masked
+    from ..models.arch import last_logits_only
 
     model = loaded.model
     L, H = loaded.arch.num_layers, loaded.arch.num_heads
     total = torch.zeros(L, H, dtype=torch.float64)
-    extra = {"logits_to_keep": 1} if batches.last_only else {}
     for k, (rows, ids) in enumerate(batches.batches):
+        extra = last_logits_only(model, ids.shape[1], batches.device) if batches.last_only else {}
         gate = torch.ones(len(rows), L, H, device=batches.device, requires_grad=True)
         with torch.enable_grad(), masked(model, gate):
             logits = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()

@@ -103,6 +103,7 @@ def logits_under_masks(loaded, batches, masks: Sequence[torch.Tensor], max_token
     tokens per pass: the numbers of ``logits_under`` with one mask, up to the float rounding
     of a batch of another size. ``on_masks(k)``: after each group of k masks."""
     from ..engine.heads import masked
+    from ..models.arch import last_logits_only
 
     model = loaded.model
     widest = max((b.inputs["input_ids"].numel() for b in batches.batches), default=1)
@@ -311,9 +312,8 @@ class PairBatches:
     an evaluation takes of the next-token logits after each prompt."""
 
     def __init__(self, loaded, examples, metric: str = "logit-diff", batch_size: int = 64):
-        import inspect
-
         from ..data.pairs import encode_pair, pair_of_example
+        from ..models.arch import takes_logits_to_keep
 
         self.device = next(loaded.model.parameters()).device
         self.metric = metric
@@ -330,7 +330,7 @@ class PairBatches:
             for s in range(0, len(rows), batch_size):
                 chunk = rows[s:s + batch_size]
                 self.batches.append((chunk, torch.tensor([enc[i].clean for i in chunk], device=self.device)))
-        self.last_only = "logits_to_keep" in inspect.signature(loaded.model.forward).parameters
+        self.last_only = takes_logits_to_keep(loaded.model)
 
     def values(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
         """The metric of each of ``rows`` from its next-token logits [rows, vocab]."""
@@ -359,7 +359,7 @@ def pair_values_under_masks(loaded, batches: PairBatches, masks: Sequence[torch.
             for rows, ids in batches.batches:
                 n = ids.shape[0]
                 scale = torch.cat([m.expand(n, *m.shape) for m in group])
-                extra = {"logits_to_keep": 1} if batches.last_only else {}
+                extra = last_logits_only(model, ids.shape[1], batches.device) if batches.last_only else {}
                 with masked(model, scale.to(batches.device)):
                     logits = model(input_ids=ids.repeat(len(group), 1), use_cache=False, **extra).logits[:, -1]
                 logits = logits.float().view(len(group), n, -1)

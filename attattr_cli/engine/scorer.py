@@ -12,13 +12,13 @@ is ever built.
 
 from __future__ import annotations
 
-import inspect
 from typing import Callable
 
 import torch
 
 from ..data.types import Example
 from ..errors import DataError, OptionError, ResourceError
+from ..models.arch import takes_logits_to_keep
 from ..models.loading import LoadedModel, align_labels, resolve_dtype
 from ..ops import select_backend
 from . import attention, options as options_mod, sweep
@@ -94,7 +94,7 @@ class Scorer(Integration, Assembly):
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
         self.last_integral = (options.steps or 0, float("nan"), False)  # nodes, error estimate, cap hit
         # LMs that can run only the needed positions through their head (checked once, not per pass)
-        self._takes_logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._takes_logits_to_keep = takes_logits_to_keep(self.model)
         self.last_step_batch = 0
         self._back_off = BackOff(self.device, options.dtype)  # its lowered size is kept for later examples
         self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
