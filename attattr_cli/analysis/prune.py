@@ -103,7 +103,6 @@ def logits_under_masks(loaded, batches, masks: Sequence[torch.Tensor], max_token
     tokens per pass: the numbers of ``logits_under`` with one mask, up to the float rounding
     of a batch of another size. ``on_masks(k)``: after each group of k masks."""
     from ..engine.heads import masked
-    from ..models.arch import last_logits_only
 
     model = loaded.model
     widest = max((b.inputs["input_ids"].numel() for b in batches.batches), default=1)
@@ -347,6 +346,7 @@ def pair_values_under_masks(loaded, batches: PairBatches, masks: Sequence[torch.
     (float64, the examples' order), several masks per pass (each batch repeated once per mask,
     as :func:`logits_under_masks` does)."""
     from ..engine.heads import masked
+    from ..models.arch import last_logits_only
 
     model = loaded.model
     widest = max((ids.numel() for _, ids in batches.batches), default=1)
