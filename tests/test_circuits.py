@@ -297,7 +297,8 @@ def test_patching_only_the_pattern_or_only_the_values_equals_doing_it_by_hand(lo
 
 def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded, monkeypatch):
     """attr-tiers: heads fall in the curve's tiers (10, 20, 50 %) by |attr-gates| and are ordered
-    inside a tier by |AtP|, the heads of largest |AtP| by their exact patching effect instead."""
+    inside a tier by |AtP|, the heads of largest |AtP| and every head of the first layer by their
+    exact patching effect instead."""
     from attattr_cli.analysis.circuits import REGISTRY, tiers
 
     member = np.array([[5.0, 4.0, 3.0, 2.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1]])
@@ -318,6 +319,8 @@ def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded
     inner = atp.copy()
     for i in np.argsort(-np.abs(atp.ravel()), kind="stable")[:3]:
         inner.flat[i] = exact.flat[i]
+    inner[:tiers.EXACT_LAYERS] = exact[:tiers.EXACT_LAYERS]  # the first layer's heads: exact, all of them
+    assert tiers.EXACT_LAYERS >= 1 and not np.allclose(atp[0], exact[0])  # so the step is seen here
     candidates = [tiers.tiered(gates, inner, first=first, signed_first=signed) for first, signed in tiers.FIRST]
     np.testing.assert_array_equal(got[0], candidates[tiers.measured_best(ctx, candidates)])
 

@@ -12,7 +12,10 @@ the many heads, hardly by the top few. So:
 * **the order inside a tier** comes from the gradient at the clean run (AtP, the same batch of
   passes with one node more, at alpha = 1) with the ``VERIFIED`` heads of largest |AtP|
   replaced by their exact patching effect (one pass per head: AtP*'s verification step, Kramar
-  et al. 2024);
+  et al. 2024), and so is every head of the first ``EXACT_LAYERS`` layers: a change there goes
+  through every layer above, and there the gradient at the clean run is furthest from
+  patching (on SmolLM2 it gets the sign of large layer-0 effects wrong: patching any of them
+  hurts the behaviour, a second-order effect);
 * **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
   is the better of two candidates as the curve itself measures them at ``CHECKED`` (the same
   forwards the evaluation runs, one per pair and set): the heads of largest *signed* gate
@@ -36,6 +39,10 @@ from .patching import patched_heads
 from .registry import HeadMethod, register
 
 VERIFIED = 15  # heads of largest |AtP| whose exact patching effect replaces AtP's (docs/circuits.md)
+# the first layers, whose every head's exact patching effect replaces AtP's: a head's change there
+# goes through every layer above, and the gradient at the clean run is furthest from patching
+# (docs/circuits.md: most of AtP's rank error on SmolLM2 is in layer 0)
+EXACT_LAYERS = 1
 TIERS = (0.1, 0.2, 0.5)  # the curve's k where the tiers end (CMD's largest trapezoids)
 
 
@@ -86,6 +93,8 @@ def _attr_tiers(ctx) -> np.ndarray:
     flat = np.abs(atp_mean.ravel())
     top = np.argsort(-flat, kind="stable")[:min(VERIFIED, flat.size)]
     heads = [divmod(int(i), atp_mean.shape[1]) for i in top]
+    heads += [(l, h) for l in range(min(EXACT_LAYERS, atp_mean.shape[0])) for h in range(atp_mean.shape[1])
+              if (l, h) not in heads]
     exact = patched_heads(ctx, heads).mean(0)
     inner = atp_mean.copy()
     for l, h in heads:
@@ -128,12 +137,12 @@ assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)
 register(HeadMethod(
     name="attr-tiers",
     description=f"heads in the curve's tiers (10, 20, 50 %) by attr-gates, ordered inside a tier by AtP with its "
-                f"top {VERIFIED} verified by exact patching; the first tier the better of two candidates as the curve "
-                f"measures them (a signed rank)",
+                f"top {VERIFIED} and every head of the first layer verified by exact patching; the first tier the "
+                f"better of two candidates as the curve measures them (a signed rank)",
     compute=_attr_tiers,
     kind="attribution",
     reference="attattr (attr-gates for the tiers; AtP and its verification, Kramar et al. 2024)",
-    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + {VERIFIED} forwards (patching)"
-                      f" + up to {len(FIRST) * len(CHECKED)} forwards (the candidates)"),
+    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + (heads "
+                      f"per layer) forwards (patching) + up to {len(FIRST) * len(CHECKED)} forwards (the candidates)"),
     mlp=True,
 ))
