@@ -109,7 +109,7 @@ def child(cfg: dict) -> dict:
 
     import attattr_cli as aa
     from attattr_cli.analysis.context_check import check_example
-    from attattr_cli.engine import budget
+    from attattr_cli.engine import budget, threads
     from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.engine.run import scorer_for
     from attattr_cli.data.types import Example
@@ -120,7 +120,8 @@ def child(cfg: dict) -> dict:
     text, parts, asked = make_prompt(tok, cfg["tokens"])
     sources = str(Path(cfg["out"]).with_suffix(".passages.jsonl"))  # the passages, given: --sources FILE
     Path(sources).write_text("".join(json.dumps({"text": p}) + "\n" for p in parts))
-    torch.set_num_threads(cfg["threads"])
+    if cfg["threads"]:  # 0: attattr's own choice (engine/threads.py), torch's default for the rest
+        torch.set_num_threads(cfg["threads"])
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = model.model.generate(ids, max_new_tokens=cfg["answer"], min_new_tokens=cfg["answer"],
@@ -137,10 +138,11 @@ def child(cfg: dict) -> dict:
         e = budget.estimate(sc, enc, 0, keep)
         estimates[keep] = {"peak": e.peak, "store": e.store}
     heard = []
+    chosen = threads.choose(len(enc.input_ids), cfg["threads"] or None)  # what score will use (engine/run.py)
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
-             keep="sources", threads=cfg["threads"], out=store, notify=heard.append,
+             keep="sources", threads=cfg["threads"] or None, out=store, notify=heard.append,
              per_step=per_step, **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
     peak_after_score = vm_hwm()
@@ -151,6 +153,7 @@ def child(cfg: dict) -> dict:
     check_cpu = time.process_time() - t1c
     return {
         **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")}, "per_step": per_step,
+        "threads_used": chosen,
         "n_tokens": len(e.tokens), "sources": len(table), "asked_passage": asked, "answer": answer,
         "score_cpu_s": score_cpu, "score_wall_s": score_wall, "load_cpu_s": load_cpu, "check_cpu_s": check_cpu,
         "total_cpu_s": time.process_time() - t_cpu, "total_wall_s": time.perf_counter() - t_wall,
@@ -169,7 +172,10 @@ def run_config(cfg: dict, timeout: float) -> dict:
     """A configuration in a child process; its CPU time from the OS as well."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    env = dict(os.environ, OMP_NUM_THREADS=str(cfg["threads"]), PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("OMP_NUM_THREADS", None)
+    if cfg["threads"]:
+        env["OMP_NUM_THREADS"] = str(cfg["threads"])
     try:
         p = subprocess.run([sys.executable, __file__, "--child", json.dumps(cfg)], capture_output=True, text=True,
                            timeout=timeout, env=env)
@@ -189,7 +195,8 @@ def main() -> None:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--models", default="smollm2,random30", help="smollm2, random30 (comma-separated)")
     ap.add_argument("--tokens", default="256,1024,2048")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", default="1",
+                    help="thread counts to run (comma-separated); 0: attattr's own choice (engine/threads.py)")
     ap.add_argument("--answer", type=int, default=5, help="generated answer tokens")
     ap.add_argument("--smollm2", default=SMOLLM2)
     ap.add_argument("--no-check", action="store_true", help="leave out the source-removal check")
@@ -217,12 +224,13 @@ def main() -> None:
         rows = []
         for name, path in models.items():
             for t in [int(x) for x in args.tokens.split(",")]:
-                cfg = {"name": name, "model": path, "tokens": t, "threads": args.threads, "answer": args.answer,
-                       "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}.h5")),
-                       "tol": None if args.steps else args.tol, "steps": args.steps, "per_step": args.per_step}
-                r = run_config(cfg, args.timeout)
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+                for th in [int(x) for x in args.threads.split(",")]:
+                    cfg = {"name": name, "model": path, "tokens": t, "threads": th, "answer": args.answer,
+                           "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}-{th}.h5")),
+                           "tol": None if args.steps else args.tol, "steps": args.steps, "per_step": args.per_step}
+                    r = run_config(cfg, args.timeout)
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
     print_table(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -241,7 +249,8 @@ def print_table(rows) -> None:
         d = r["drops"] or {}
         top3 = " / ".join(f"{d[m]['3']:.2f}" if m in d else "-" for m in ("attattr", "attention", "input_x_gradient", "loo"))
         est = r["estimates"]
-        print(f"| {r['name']} | {r['n_tokens']} | {r['threads']} | {r['sources']} | {r['score_cpu_s']:.0f} |"
+        th = f"{r['threads']}" if r["threads"] else f"default ({r['threads_used']})"
+        print(f"| {r['name']} | {r['n_tokens']} | {th} | {r['sources']} | {r['score_cpu_s']:.0f} |"
               f" {r['score_wall_s']:.0f} | {human(r['peak_rss'])} | {human(est['sources']['peak'])} |"
               f" {human(r['store_bytes'])} | {human(est['maps']['store'])} / {human(est['sum']['store'])} |"
               f" {r['converged_layers']}/{r['layers']} | {top3} |")
