@@ -3,6 +3,7 @@ its refusal, the thread choice, and the source-removal check (docs/long-context.
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import numpy as np
@@ -204,6 +205,43 @@ def test_thread_choice():
     with threads.using(1):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before
+
+
+def test_free_cores_read_the_idle_time_now_not_the_load_average(monkeypatch):
+    """Free cores come from the machine's idle time over a short sample: one other busy core
+    out of two leaves one; none leaves two even when the last minute's load average still
+    counts a run that just ended (which made the default one thread, 1.86x slower)."""
+    monkeypatch.setattr(threads, "usable_cores", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (1.9, 1.5, 1.0))
+    monkeypatch.setattr(threads, "SAMPLE_S", 0.0)
+    monkeypatch.setattr(threads.time, "sleep", lambda s: None)
+
+    def ticks(idle_per_sample):  # (idle, total) readings: 2 CPUs, 100 ticks each per sample
+        readings = itertools.cycle([(0, 0), (idle_per_sample, 200)])
+        return lambda path="/proc/stat": next(readings)
+
+    monkeypatch.setattr(threads, "_cpu_times", ticks(200))  # both idle
+    assert threads.free_cores() == 2 and threads.choose(1063) == 2
+    monkeypatch.setattr(threads, "_cpu_times", ticks(100))  # one busy
+    assert threads.free_cores() == 1 and threads.choose(1063) == 1
+    monkeypatch.setattr(threads, "_cpu_times", ticks(0))  # both busy: still one
+    assert threads.free_cores() == 1
+    assert threads.choose(300) == 1  # one per 256 tokens, whatever is free
+
+    def unreadable(path="/proc/stat"):
+        raise OSError("no /proc/stat")
+
+    monkeypatch.setattr(threads, "_cpu_times", unreadable)  # the fallback: cores - load average
+    assert threads.idle_cpus() is None and threads.free_cores() == 1
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert threads.free_cores() == 2
+
+
+def test_cpu_times_parse_proc_stat(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 5 50 800 20 0 3 2 7 0\ncpu0 50 2 25 400 10 0 1 1 3 0\n")
+    assert threads._cpu_times(str(stat)) == (820, 980)  # idle + iowait; user..steal (guest is in user)
 
 
 # -- is it right? source removal ---------------------------------------------------------------

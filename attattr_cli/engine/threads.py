@@ -8,9 +8,13 @@ are large enough to share, but only cores no one else is using help. So:
 
 * fewer than MIN_TOKENS_PER_THREAD tokens in a pass (an example's tokens, times the examples a
   group of short classifier inputs scores together): one thread;
-* else as many as the cores free now (this process's usable cores minus the load average
-  of the last minute, rounded; at least 1), and no more than the tokens allow
-  (one per MIN_TOKENS_PER_THREAD tokens);
+* else as many as the cores free now, and no more than the tokens allow (one per
+  MIN_TOKENS_PER_THREAD tokens). "Free now" is the machine's idle CPU time over a short
+  sample (``SAMPLE_S``, from /proc/stat), rounded, at least 1, at most this process's usable
+  cores. The last minute's load average, used before and still the fallback where /proc/stat
+  is not there, lags: right after a two-thread run on an otherwise idle 2-core machine it
+  still counted that run and chose one thread, 1.86x slower than two (1,063 tokens,
+  docs/long-context.md);
 * ``--threads N`` / ``threads=N`` gives the count.
 
 The count is set for the run and torch's own is restored after it (docs/long-context.md has
@@ -21,8 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 
 MIN_TOKENS_PER_THREAD = 256
+SAMPLE_S = 0.25  # how long the machine's idle time is sampled (paid only by inputs that may use threads)
 
 
 def usable_cores() -> int:
@@ -32,14 +38,40 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def free_cores() -> int:
-    """Cores no other process is using now: the usable cores minus the last minute's load."""
-    cores = usable_cores()
+def _cpu_times(path: str = "/proc/stat") -> tuple[int, int]:
+    """(idle, total) CPU time of the whole machine so far, in clock ticks (idle and I/O wait
+    count as idle; guest time is already in user time)."""
+    with open(path) as fh:
+        ticks = [int(x) for x in fh.readline().split()[1:9]]
+    return ticks[3] + ticks[4], sum(ticks)
+
+
+def idle_cpus(sample: float = SAMPLE_S) -> float | None:
+    """How many of the machine's CPUs were idle over the next ``sample`` seconds (None where
+    /proc/stat cannot say)."""
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return cores
-    return max(1, min(cores, int(round(cores - load))))
+        idle0, total0 = _cpu_times()
+        time.sleep(sample)
+        idle1, total1 = _cpu_times()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (idle1 - idle0) / (total1 - total0) * (os.cpu_count() or 1)
+
+
+def free_cores() -> int:
+    """Cores no other process is using now: the machine's idle CPUs over a short sample (the
+    last minute's load average subtracted from the usable cores where that cannot be read),
+    at least 1, at most the usable cores."""
+    cores = usable_cores()
+    idle = idle_cpus()
+    if idle is None:
+        try:
+            idle = cores - os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return cores
+    return max(1, min(cores, int(round(idle))))
 
 
 def choose(tokens: int, requested: int | None = None) -> int:
