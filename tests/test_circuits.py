@@ -321,8 +321,19 @@ def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded
         inner.flat[i] = exact.flat[i]
     inner[:tiers.EXACT_LAYERS] = exact[:tiers.EXACT_LAYERS]  # the first layer's heads: exact, all of them
     assert tiers.EXACT_LAYERS >= 1 and not np.allclose(atp[0], exact[0])  # so the step is seen here
+    for i in tiers.disagreeing(gates, atp, tiers.DISAGREE):  # gate integral and AtP of opposite signs: exact
+        inner.flat[i] = exact.flat[i]
     candidates = [tiers.tiered(gates, inner, first=first, signed_first=signed) for first, signed in tiers.FIRST]
     np.testing.assert_array_equal(got[0], candidates[tiers.measured_best(ctx, candidates)])
+
+
+def test_tiers_verify_the_heads_whose_two_estimates_disagree_in_sign():
+    from attattr_cli.analysis.circuits import tiers
+
+    ig = np.array([[0.9, -0.5, 0.3, -2.0, 0.1, 0.0]])
+    atp = np.array([[-0.1, -0.4, -0.2, 1.0, -0.3, 0.5]])
+    assert tiers.disagreeing(ig, atp, 10).tolist() == [3, 0, 2, 4]  # by |ig|; same signs and zeros left out
+    assert tiers.disagreeing(ig, atp, 2).tolist() == [3, 0]
 
 
 def test_tiers_first_tier_orders():

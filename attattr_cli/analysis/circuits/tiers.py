@@ -15,7 +15,9 @@ the many heads, hardly by the top few. So:
   et al. 2024), and so is every head of the first ``EXACT_LAYERS`` layers: a change there goes
   through every layer above, and there the gradient at the clean run is furthest from
   patching (on SmolLM2 it gets the sign of large layer-0 effects wrong: patching any of them
-  hurts the behaviour, a second-order effect);
+  hurts the behaviour, a second-order effect), and so are up to ``DISAGREE`` heads whose gate
+  integral and AtP have opposite signs (largest |gate integral| first): where the two
+  estimates of one head point opposite ways, AtP's linearisation has failed there;
 * **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
   is the better of two candidates as the curve itself measures them at ``CHECKED`` (the same
   forwards the evaluation runs, one per pair and set): the heads of largest *signed* gate
@@ -43,6 +45,10 @@ VERIFIED = 15  # heads of largest |AtP| whose exact patching effect replaces AtP
 # goes through every layer above, and the gradient at the clean run is furthest from patching
 # (docs/circuits.md: most of AtP's rank error on SmolLM2 is in layer 0)
 EXACT_LAYERS = 1
+# heads whose gate integral and AtP disagree in sign, largest |gate integral| first, whose exact
+# patching effect replaces AtP's too: the two estimates of one head pointing opposite ways is the
+# mark of the nonlinearity AtP misses (docs/circuits.md: IOI's head 16.0, AtP -0.27, patching +1.4)
+DISAGREE = 10
 TIERS = (0.1, 0.2, 0.5)  # the curve's k where the tiers end (CMD's largest trapezoids)
 
 
@@ -95,6 +101,8 @@ def _attr_tiers(ctx) -> np.ndarray:
     heads = [divmod(int(i), atp_mean.shape[1]) for i in top]
     heads += [(l, h) for l in range(min(EXACT_LAYERS, atp_mean.shape[0])) for h in range(atp_mean.shape[1])
               if (l, h) not in heads]
+    heads += [divmod(int(i), atp_mean.shape[1]) for i in disagreeing(ig_mean, atp_mean, DISAGREE)
+              if divmod(int(i), atp_mean.shape[1]) not in heads]
     exact = patched_heads(ctx, heads).mean(0)
     inner = atp_mean.copy()
     for l, h in heads:
@@ -102,6 +110,14 @@ def _attr_tiers(ctx) -> np.ndarray:
     candidates = [tiered(ig_mean, inner, first=first, signed_first=signed) for first, signed in FIRST]
     ranks = candidates[measured_best(ctx, candidates)]
     return np.broadcast_to(ranks, (ctx.task.n, *ranks.shape)).copy()
+
+
+def disagreeing(ig: np.ndarray, atp: np.ndarray, count: int) -> np.ndarray:
+    """Flat indices of up to ``count`` heads whose gate integral and AtP have opposite signs,
+    largest |gate integral| first."""
+    flat_ig, flat_atp = ig.ravel(), atp.ravel()
+    order = np.argsort(-np.abs(flat_ig), kind="stable")
+    return order[np.sign(flat_ig[order]) * np.sign(flat_atp[order]) < 0][:count]
 
 
 def _greedy(seg: np.ndarray, share: np.ndarray, inner: np.ndarray) -> list[int]:
@@ -137,12 +153,14 @@ assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)
 register(HeadMethod(
     name="attr-tiers",
     description=f"heads in the curve's tiers (10, 20, 50 %) by attr-gates, ordered inside a tier by AtP with its "
-                f"top {VERIFIED} and every head of the first layer verified by exact patching; the first tier the "
-                f"better of two candidates as the curve measures them (a signed rank)",
+                f"top {VERIFIED}, every head of the first layer and up to {DISAGREE} heads whose gate integral and AtP "
+                f"disagree in sign verified by exact patching; the first tier the better of two candidates as the "
+                f"curve measures them (a signed rank)",
     compute=_attr_tiers,
     kind="attribution",
     reference="attattr (attr-gates for the tiers; AtP and its verification, Kramar et al. 2024)",
-    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + (heads "
-                      f"per layer) forwards (patching) + up to {len(FIRST) * len(CHECKED)} forwards (the candidates)"),
+    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + "
+                      f"{DISAGREE} + (heads per layer) forwards (patching) + up to {len(FIRST) * len(CHECKED)} forwards "
+                      f"(the candidates)"),
     mlp=True,
 ))
