@@ -110,6 +110,7 @@ def child(cfg: dict) -> dict:
     import attattr_cli as aa
     from attattr_cli.analysis.context_check import check_example
     from attattr_cli.engine import budget, threads
+    from attattr_cli.models.arch import hidden_width
     from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.engine.run import scorer_for
     from attattr_cli.data.types import Example
@@ -138,7 +139,8 @@ def child(cfg: dict) -> dict:
         e = budget.estimate(sc, enc, 0, keep)
         estimates[keep] = {"peak": e.peak, "store": e.store}
     heard = []
-    chosen = threads.choose(len(enc.input_ids), cfg["threads"] or None)  # what score will use (engine/run.py)
+    chosen = threads.choose(len(enc.input_ids), cfg["threads"] or None,  # what score will use (engine/run.py)
+                            hidden_width(model.loaded.model))
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",

@@ -228,6 +228,11 @@ def test_free_cores_read_the_idle_time_now_not_the_load_average(monkeypatch):
     monkeypatch.setattr(threads, "_cpu_times", ticks(0))  # both busy: still one
     assert threads.free_cores() == 1
     assert threads.choose(300) == 1  # one per 256 tokens, whatever is free
+    assert threads.choose(1063, width=576) == 1  # still both busy
+    monkeypatch.setattr(threads, "_cpu_times", ticks(200))
+    assert threads.choose(1063, width=576) == 2 and threads.choose(1063) == 2
+    assert threads.choose(1063, width=64) == 1  # a narrow model's pass: 1063 x 64 / 576 = 118 tokens' worth
+    assert threads.choose(16 * 40, width=64) == 1  # 16 short examples of the built-in default grouped
 
     def unreadable(path="/proc/stat"):
         raise OSError("no /proc/stat")

@@ -7,7 +7,8 @@ that waits for a core stalls every product (a 5-token SmolLM2 prompt: 5-9 CPU s 
 are large enough to share, but only cores no one else is using help. So:
 
 * fewer than MIN_TOKENS_PER_THREAD tokens in a pass (an example's tokens, times the examples a
-  group of short classifier inputs scores together): one thread;
+  group of short classifier inputs scores together; a model narrower or wider than
+  REFERENCE_WIDTH counts them in proportion to its hidden size): one thread;
 * else as many as the cores free now, and no more than the tokens allow (one per
   MIN_TOKENS_PER_THREAD tokens). "Free now" is the machine's idle CPU time over a short
   sample (``SAMPLE_S``, from /proc/stat), rounded, at least 1, at most this process's usable
@@ -28,6 +29,10 @@ import os
 import time
 
 MIN_TOKENS_PER_THREAD = 256
+# the hidden width the token counts are measured at (SmolLM2-135M's): a pass of a narrower model
+# counts its tokens in proportion (the built-in default, width 64: 16 short examples grouped in
+# a pass ran slower on two threads than on one)
+REFERENCE_WIDTH = 576
 SAMPLE_S = 0.25  # how long the machine's idle time is sampled (paid only by inputs that may use threads)
 
 
@@ -74,13 +79,15 @@ def free_cores() -> int:
     return max(1, min(cores, int(round(idle))))
 
 
-def choose(tokens: int, requested: int | None = None) -> int:
-    """The thread count for inputs of at most ``tokens`` tokens (``requested``: as given)."""
+def choose(tokens: int, requested: int | None = None, width: int | None = None) -> int:
+    """The thread count for inputs of at most ``tokens`` tokens of a model ``width`` wide
+    (its hidden size; None: counted as REFERENCE_WIDTH) (``requested``: as given)."""
     if requested is not None:
         return int(requested)
-    if tokens < MIN_TOKENS_PER_THREAD:
+    work = tokens if not width else tokens * width / REFERENCE_WIDTH
+    if work < MIN_TOKENS_PER_THREAD:
         return 1
-    return max(1, min(free_cores(), tokens // MIN_TOKENS_PER_THREAD))
+    return max(1, min(free_cores(), int(work // MIN_TOKENS_PER_THREAD)))
 
 
 @contextlib.contextmanager
