@@ -16,8 +16,8 @@ the many heads, hardly by the top few. So:
   through every layer above, and there the gradient at the clean run is furthest from
   patching (on SmolLM2 it gets the sign of large layer-0 effects wrong: patching any of them
   hurts the behaviour, a second-order effect), and so are up to ``DISAGREE`` heads whose gate
-  integral and AtP have opposite signs (largest |gate integral| first): where the two
-  estimates of one head point opposite ways, AtP's linearisation has failed there;
+  integral and AtP have opposite signs (largest |gate integral| first): two estimates of one
+  head pointing opposite ways mark where AtP's linearisation has failed;
 * **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
   is the better of two candidates as the curve itself measures them at ``CHECKED`` (the same
   forwards the evaluation runs, one per pair and set): the heads of largest *signed* gate
