@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -109,8 +110,7 @@ def child(cfg: dict) -> dict:
 
     import attattr_cli as aa
     from attattr_cli.analysis.context_check import check_example
-    from attattr_cli.engine import budget, threads
-    from attattr_cli.models.arch import hidden_width
+    from attattr_cli.engine import budget
     from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.engine.run import scorer_for
     from attattr_cli.data.types import Example
@@ -139,14 +139,15 @@ def child(cfg: dict) -> dict:
         e = budget.estimate(sc, enc, 0, keep)
         estimates[keep] = {"peak": e.peak, "store": e.store}
     heard = []
-    chosen = threads.choose(len(enc.input_ids), cfg["threads"] or None,  # what score will use (engine/run.py)
-                            hidden_width(model.loaded.model))
     store = Path(cfg["out"])
     t0w, t0c = time.perf_counter(), time.process_time()
     aa.score(model, prompts=[text], continuation=answer, sources=sources, output="logprob",
              keep="sources", threads=cfg["threads"] or None, out=store, notify=heard.append,
              per_step=per_step, **rule)
     score_wall, score_cpu = time.perf_counter() - t0w, time.process_time() - t0c
+    # the count score chose and used, as its estimate line says ("...; N threads", engine/run.py)
+    said = re.search(r"; (\d+) threads?$", heard[-1]) if heard else None
+    chosen = int(said.group(1)) if said else None
     peak_after_score = vm_hwm()
     e = aa.open_store(store)[0]
     table = e.to_pandas("sources")

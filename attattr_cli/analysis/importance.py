@@ -257,7 +257,7 @@ def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | N
     L, H = loaded.arch.num_layers, loaded.arch.num_heads
     total = torch.zeros(L, H, dtype=torch.float64)
     for k, (rows, ids) in enumerate(batches.batches):
-        extra = last_logits_only(model, ids.shape[1], batches.device) if batches.last_only else {}
+        extra = last_logits_only(ids.shape[1], batches.device) if batches.last_only else {}
         gate = torch.ones(len(rows), L, H, device=batches.device, requires_grad=True)
         with torch.enable_grad(), masked(model, gate):
             logits = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()

@@ -359,7 +359,7 @@ def pair_values_under_masks(loaded, batches: PairBatches, masks: Sequence[torch.
             for rows, ids in batches.batches:
                 n = ids.shape[0]
                 scale = torch.cat([m.expand(n, *m.shape) for m in group])
-                extra = last_logits_only(model, ids.shape[1], batches.device) if batches.last_only else {}
+                extra = last_logits_only(ids.shape[1], batches.device) if batches.last_only else {}
                 with masked(model, scale.to(batches.device)):
                     logits = model(input_ids=ids.repeat(len(group), 1), use_cache=False, **extra).logits[:, -1]
                 logits = logits.float().view(len(group), n, -1)

@@ -215,14 +215,12 @@ def hidden_width(model: torch.nn.Module) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def last_logits_only(model: torch.nn.Module, length: int, device=None) -> dict:
-    """Forward keywords that send only the last of ``length`` positions through the LM head
-    ({} where the model cannot). The position is given as an index tensor, not as ``1``: ``1``
-    slices the hidden states without a copy, and a non-contiguous batch of rows through a frozen
-    head takes a slow path in PyTorch's CPU linear (10x at 16 rows, 13x at 256; torch 2.13),
-    where indexing copies them."""
-    if not takes_logits_to_keep(model):
-        return {}
+def last_logits_only(length: int, device=None) -> dict:
+    """Forward keywords that send only the last of ``length`` positions through the LM head of a
+    model that :func:`takes_logits_to_keep` (checked once by the caller, not per pass). The
+    position is given as an index tensor, not as ``1``: ``1`` slices the hidden states without a
+    copy, and a non-contiguous batch of rows through a frozen head takes a slow path in
+    PyTorch's CPU linear (10x at 16 rows, 13x at 256; torch 2.13), where indexing copies them."""
     return {"logits_to_keep": torch.tensor([length - 1], device=device)}
 
 

@@ -23,7 +23,7 @@ from ...errors import DataError, OptionError
 from ...engine import attention
 from ...engine.metrics import pair_metric_rows
 from ...engine.options import METRICS
-from ...models.arch import last_logits_only
+from ...models.arch import last_logits_only, takes_logits_to_keep
 
 ABLATIONS = ("patching", "mean", "zero")
 NODES = ("heads", "heads+mlp")  # MIB's node level: attention heads, or heads and each layer's MLP
@@ -105,6 +105,7 @@ class CircuitTask:
         # ``heads`` of every [layer, node] array; MIB's node level with MLPs)
         self.mlps = mlp_modules(self.model) if mlp else None
         self.width = self.heads + (1 if mlp else 0)
+        self.last_only = takes_logits_to_keep(self.model)  # checked once, not per pass
 
     # ------------------------------------------------------------------ running
 
@@ -115,9 +116,8 @@ class CircuitTask:
     def logits(self, ids: torch.Tensor | None, plan=None, inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """Last-position logits [rows, vocab] under ``plan`` (the model already taken over)."""
         kw = {"input_ids": ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
-        # the metric reads the last position: only it goes through the LM head (a quarter of
-        # SmolLM2's forward at 15 tokens)
-        kw.update(last_logits_only(self.model, (ids if inputs_embeds is None else inputs_embeds).shape[1], self.device))
+        if self.last_only:  # the metric reads the last position: only it goes through the LM head
+            kw.update(last_logits_only((ids if inputs_embeds is None else inputs_embeds).shape[1], self.device))
         with attention.active(plan), self._mlp_nodes(plan):
             out = self.model(**kw, use_cache=False)
         return out.logits[:, -1].double()

@@ -98,11 +98,9 @@ def _attr_tiers(ctx) -> np.ndarray:
     ig_mean, atp_mean = ig.mean(0), atp.mean(0)
     flat = np.abs(atp_mean.ravel())
     top = np.argsort(-flat, kind="stable")[:min(VERIFIED, flat.size)]
-    heads = [divmod(int(i), atp_mean.shape[1]) for i in top]
-    heads += [(l, h) for l in range(min(EXACT_LAYERS, atp_mean.shape[0])) for h in range(atp_mean.shape[1])
-              if (l, h) not in heads]
-    heads += [divmod(int(i), atp_mean.shape[1]) for i in disagreeing(ig_mean, atp_mean, DISAGREE)
-              if divmod(int(i), atp_mean.shape[1]) not in heads]
+    first_layers = range(min(EXACT_LAYERS, atp_mean.shape[0]) * atp_mean.shape[1])  # flat indices, layer-major
+    verified = dict.fromkeys([*top.tolist(), *first_layers, *disagreeing(ig_mean, atp_mean, DISAGREE).tolist()])
+    heads = [divmod(int(i), atp_mean.shape[1]) for i in verified]
     exact = patched_heads(ctx, heads).mean(0)
     inner = atp_mean.copy()
     for l, h in heads:
