@@ -38,9 +38,9 @@ views-demo: setup
 bench-report: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_report.py --examples 10000
 
-# Run the test suite (GPU tests skip cleanly without a GPU)
+# Run the test suite, one worker per core (pytest-xdist; GPU tests skip cleanly without a GPU)
 test: setup
-    {{py}} -m pytest -q
+    {{py}} -m pytest -q -n auto
 
 # Fuzz the data readers, the store opener and the 2021 importer longer than CI does (N inputs per test, fresh ones each run)
 fuzz n="2000": setup

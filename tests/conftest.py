@@ -11,6 +11,12 @@ from pathlib import Path
 # so that the commands the tests start in subprocesses inherit it. An explicit
 # OMP_NUM_THREADS wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# A pytest-xdist worker (`just test` runs two) is given its controller's terminal size in
+# COLUMNS and LINES; rich would fix the commands' width at 80 from them at import, where a
+# test run in one process reads the width a test gives (CliRunner's env) at each print.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

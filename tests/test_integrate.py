@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -125,6 +124,27 @@ def test_a_floor_judges_a_small_layer_against_the_examples_scale(name):
     assert floored.status == adaptive.CONVERGED and floored.nodes < own.nodes
     exact = _exact(name) * field.shape
     assert float((floored.g - exact).abs().max()) <= 1e-4 * scale
+
+
+def test_per_integral_floors_judge_each_integral_on_its_own_scale():
+    """Integrals refined in lock-step (a generation's steps) each take their own floor: the
+    floored one ends with fewer nodes, within tol of its floor; the other one as if alone."""
+    field = _Field(*FUNCTIONS["runge"])
+    alone = field.run(1e-4, max_nodes=257)
+    one = field.evaluate(torch.ones(1, dtype=torch.float64))[0][0]
+    f_one = float(field.big_f(np.ones(1))[0])
+    scale = 1e3 * float(alone.g.abs().max())
+    both = adaptive.Refinement(lambda g, rows: torch.tensor([list(field.measure(x)) for x in g], dtype=torch.float64),
+                               2, 1e-4, 257, {adaptive.ONE: torch.stack([one, one])}, {adaptive.ONE: [f_one, f_one]})
+    both.floors = [0.0, scale]
+    while not both.done:
+        owner, keys, alphas = both.wanted()
+        grads, f = field.evaluate(torch.from_numpy(alphas))
+        both.give(owner, keys, grads, f)
+    own, floored = both.result(0), both.result(1)
+    assert own.nodes == alone.nodes and torch.equal(own.g, alone.g)
+    assert floored.status == adaptive.CONVERGED and floored.nodes < own.nodes
+    assert float((floored.g - _exact("runge") * field.shape).abs().max()) <= 1e-4 * scale
 
 
 @pytest.mark.parametrize("name", list(FUNCTIONS))

@@ -125,6 +125,26 @@ def test_generation_sources_per_step(lm):
             assert getattr(row, f"step_{t}") == pytest.approx(ref[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
 
 
+def test_generation_sources_judges_each_step_on_its_kept_table(lm, monkeypatch):
+    """keep sources, per step: the layers run from the top down and each step's integral is
+    judged against that step's largest key sum of the layers above (its own kept table)."""
+    from attattr_cli.engine import generation
+
+    seen = []
+    original = generation.StepScorer._integrate_to_tol
+
+    def spy(self, site, clean, grad_at_one, f_full, floors=None):
+        seen.append((site[1], list(floors)))
+        return original(self, site, clean, grad_at_one, f_full, floors)
+
+    monkeypatch.setattr(generation.StepScorer, "_integrate_to_tol", spy)
+    monkeypatch.setattr(generation.sweep, "usable", lambda *a, **k: False)  # the per-layer path (long inputs)
+    res = aa.score(lm, prompts=[TEXT], generate=2, sources="paragraphs", keep="sources", dtype="float64")[0]
+    assert [layer for layer, _ in seen] == [1, 0]
+    assert seen[0][1] == [0.0, 0.0]
+    assert seen[1][1] == pytest.approx([float(np.abs(st.key_sum[1]).max()) for st in res.steps])
+
+
 def test_store_keeps_key_sums_and_sources(lm, tmp_path):
     out = tmp_path / "s.h5"
     aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="sentences", steps=3, out=out)

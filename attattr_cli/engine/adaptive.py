@@ -254,6 +254,8 @@ class Refinement:
         # largest kept number of the example's layers done so far, with --keep sources:
         # docs/integration.md, "What is judged, and on which scale"); 0: each integral's own
         self.floor = 0.0
+        # the same per integral (a generation's steps, each judged on its own kept table); the larger one counts
+        self.floors = [0.0] * count
         self.shared = False  # True: the integrals are the layers of one example, judged on one scale (raises floor)
         self.active = list(range(count))
         self.dtype = None
@@ -367,7 +369,7 @@ class Refinement:
             for k, i in enumerate(rows):
                 keys, upper, g_up, _g_low, integral = level[i]
                 if self._level_converged(i, keys, upper, g_up, integral, measured[k][0],
-                                         max(measured[len(rows) + k][0], self.floor)):
+                                         max(measured[len(rows) + k][0], self.floor, self.floors[i])):
                     ended.append(i)
             ready = [i for i in ready if i not in ended]
         if not ready:
@@ -377,7 +379,7 @@ class Refinement:
         if self.shared:
             self.floor = max([self.floor, *bigs])
         for i, total, big in zip(ready, totals, bigs):
-            self._step(i, total, max(big, self.floor))
+            self._step(i, total, max(big, self.floor, self.floors[i]))
 
     def _level(self, row: _Row):
         """(node keys, weights of the Clenshaw-Curtis rule on all of them, its G, G of the rule on

@@ -216,17 +216,31 @@ class StepScorer:
             per_step_layers: list[list[dict]] = [[] for _ in range(count)]
             summed_layers = []
             swept = self._swept(fam.name, clean, at_one, f_full, on_layer)
-            for site in sites:
-                g, f0, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full)
+            # keep sources: each step's kept table [layer, key] is judged as a whole, against the
+            # step's largest key sum of the layers done so far, the layers from the top down (as
+            # an example's own: engine/scorer.py)
+            floors = [0.0] * count
+            done = {}
+            for site in (sites[::-1] if keep == "sources" and not swept else sites):
+                g, f0, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full,
+                                                                          floors)
+                steps = []
                 for t in range(count):
                     n_t = self.positions[t] + 1
-                    per_step_layers[t].append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
-                                                               crop_saved(saved, n_t), convs[t]))
-                summed_layers.append(sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)),
-                                                      float(f_full.sum()), keep, saved, _summed_conv(convs)))
+                    steps.append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
+                                                  crop_saved(saved, n_t), convs[t]))
+                    if keep == "sources":
+                        floors[t] = max(floors[t], float(steps[t]["key_sum"].abs().max()))
+                done[site] = steps, sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)), float(f_full.sum()),
+                                                     keep, saved, _summed_conv(convs))
                 if on_layer is not None and not swept:  # (a sweep tells as each layer is done)
                     on_layer(site[1])
                 del g
+            for site in sites:
+                steps, summed = done[site]
+                for t in range(count):
+                    per_step_layers[t].append(steps[t])
+                summed_layers.append(summed)
             fams = {fam.name: sc._family_score(fam, keep, record.keep, record.probs, summed_layers,
                                                len(enc.input_ids))}
         preds = [int(p) for p in logits[0].argmax(-1)]
@@ -498,7 +512,7 @@ class StepScorer:
             logits = sc._logits(enc, 1, sc.sites.extra_inputs(site, clean, 1))
         return self.targets.value(sc, logits.expand(self.count, -1, -1)).to("cpu", torch.float64).tolist(), plan.saved
 
-    def _integrate(self, site, clean, grad_at_one, f_full):
+    def _integrate(self, site, clean, grad_at_one, f_full, floors=None):
         sc, count = self.sc, self.count
         alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
         f0 = [float("nan")] * count
@@ -523,7 +537,9 @@ class StepScorer:
         return total, f0, convs, saved
 
     # -- --tol -----------------------------------------------------------------------
-    def _integrate_to_tol(self, site, clean, grad_at_one, f_full):
+    def _integrate_to_tol(self, site, clean, grad_at_one, f_full, floors=None):
+        """Every step's integral of ``site`` to --tol, in lock-step; ``floors``: the least scale
+        each step's is judged against (engine/adaptive.py)."""
         sc, count = self.sc, self.count
         box: dict = {}
 
@@ -553,6 +569,8 @@ class StepScorer:
             known_f = {adaptive.ONE: f_full.numpy()}
         refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
                                        coarse=adaptive.coarse_start(), spread=spread)
+        if floors is not None:
+            refining.floors = [float(x) for x in floors]
         while not refining.done:
             owner, keys, alphas = refining.wanted()
             owner = torch.as_tensor(owner)
