@@ -193,6 +193,32 @@ def test_memory_refusal_names_the_keep_that_fits(lm):
         aa.score(lm, prompts=[TEXT], continuation=ANSWER, memory="lots")
 
 
+def test_estimate_counts_the_refinements_arrays_at_the_node_cap(lm):
+    """--tol holds every node's dF/dO of the layer being refined (and two arrays a leaf), for
+    each step refined in lock-step: counted at the node cap, a bound; a fixed rule holds none."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.generation import StepwiseScorer
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+
+    cfg = lm.loaded.model.config
+    per_node = cfg.num_attention_heads * cfg.head_dim * 8  # float64, per token
+
+    def peak(steps=None, **kw):
+        opts = ScoreOptions(lm=True, continuation=ANSWER, keep="sources", dtype="float64", steps=steps, **kw)
+        scorer = (StepwiseScorer if kw.get("per_step") else Scorer)(lm.loaded, opts)
+        enc = scorer.encode(Example(0, TEXT))
+        return budget.estimate(scorer, enc, 0).peak, len(enc.input_ids), len(enc.lm_positions)
+
+    fixed, n, _ = peak(steps=2)
+    for cap in (9, 33):
+        tol, _, _ = peak(tol=0.1, max_nodes=cap)
+        assert tol - fixed == (cap * 3 // 2) * n * per_node
+        stepwise, _, s = peak(tol=0.1, max_nodes=cap, per_step=True)
+        stepwise_fixed, _, _ = peak(steps=2, per_step=True)
+        assert s > 1 and stepwise - stepwise_fixed == s * (cap * 3 // 2) * n * per_node
+
+
 def test_cli_refuses_in_one_line(llama_dir, tmp_path):
     prompt = tmp_path / "p.txt"
     prompt.write_text(TEXT)

@@ -12,6 +12,10 @@ H heads, S steps of a generation, 1 otherwise):
 * one layer's maps as they are made (A, G Vᵀ and their product, and A kept for the error
   estimates: 4 H n² floats), the only n² arrays of ``--keep sum`` or ``sources`` beside the
   kept head sums: maps are reduced layer by layer as each layer's integral is done;
+* with ``--tol``, the refinement's arrays for the layer being integrated, for each of the S
+  integrals refined in lock-step: every node's dF/dO (H n head-dim, in the accumulation dtype)
+  and a leaf's two (its rule's G and its estimate's; a leaf per four nodes), counted at the
+  node cap (``--max-nodes``): 1.5 x max-nodes x H n head-dim per integral, a bound;
 * what is kept, for the example and each step of a generation: ``maps`` L H n² (held twice
   while they are stacked for the store) and the clean attention (L H n²); ``sum`` L n² and the
   mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
@@ -19,8 +23,8 @@ H heads, S steps of a generation, 1 otherwise):
 The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
 checked against the bench's measured peak RSS (bench/bench_long_context.py; docs/long-context.md):
 SmolLM2-135M, one thread, ``--keep sources``: 272 tokens 3.1 GB estimated, 2.95 GB measured;
-1,063 tokens 2.8 GB estimated, 2.69 GB measured with a 2-node rule and 3.39 to 3.66 GB with --tol 0.1
-(the refinement's own arrays are not counted yet: an underestimate there); 2,052 tokens 4.7 GB
+1,063 tokens 2.8 GB estimated, 2.69 GB measured with a 2-node rule, and with --tol 0.1 3.3 GB
+estimated (the refinement's arrays counted), 3.19 to 3.66 GB measured; 2,052 tokens 4.7 GB
 estimated, 4.71 GB measured with a 2-node rule.
 """
 
@@ -135,6 +139,11 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
                                                               memory.hidden_size(cfg))
     work = max(clean, rows * per_row)
     transient = 4 * heads * n * n * 4
+    refine = 0
+    if scorer.options.tol is not None:  # the refinement's arrays: at most the node cap's (module docstring)
+        dim = int(getattr(cfg, "head_dim", None) or memory.hidden_size(cfg) // max(heads, 1))
+        acc = 8 if scorer.dtype == torch.float64 else 4
+        refine = steps * (scorer.options.max_nodes * 3 // 2) * heads * n * dim * acc
     copies = steps + (1 if steps > 1 else 0)  # a generation keeps every step's and the summed results
     top = 0 if scorer.options.top_k is None else layers * heads * scorer.options.top_k * 12 * copies
     all_layers = fam.num_layers
@@ -151,7 +160,7 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
         kept = stored = 0
     item = 2 if store_dtype == "float16" else 4
     small = n * 64 + layers * (heads * 4 + 40) * copies
-    return Estimate(index, n, steps, keep, int(RUNTIME + weights + work + transient + kept + top),
+    return Estimate(index, n, steps, keep, int(RUNTIME + weights + work + transient + refine + kept + top),
                     int(stored * item + top + small))
 
 
