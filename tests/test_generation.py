@@ -170,6 +170,43 @@ def test_steps_with_tol_converge_and_are_complete(make):
     assert _rel(result.steps[1].family.attribution, alone.attribution) < 1e-2
 
 
+def test_long_inputs_share_a_nodes_forward_between_the_steps_that_want_it(make, monkeypatch):
+    """Steps refining to --tol on their own nodes: on a long input a node wanted by several
+    steps is one forward (one node per pass) and a backward per step that wants it; the
+    numbers are those of a pass per row, with fewer forwards."""
+    from attattr_cli.engine import generation, sweep
+
+    monkeypatch.setattr(sweep, "usable", lambda *a, **k: False)  # the per-layer passes of long inputs
+    paths = []
+    original_shared, original_rows = generation.StepScorer._shared, generation.StepScorer._rows
+
+    def shared(self, site, clean, owner, alist, uniq, weights, one_node=False):
+        paths.append(("one node" if one_node else "shared", len(alist), len(uniq)))
+        yield from original_shared(self, site, clean, owner, alist, uniq, weights, one_node)
+
+    def rows(self, site, clean, owner, alphas, weights):
+        paths.append(("rows", len(alphas), len(set(alphas.tolist()))))
+        yield from original_rows(self, site, clean, owner, alphas, weights)
+
+    monkeypatch.setattr(generation.StepScorer, "_shared", shared)
+    monkeypatch.setattr(generation.StepScorer, "_rows", rows)
+    loaded = make(layers=3)
+    opts = ScoreOptions(tol=1e-6, dtype="float64", lm=True, generate=3, output="logprob")
+    results = {}
+    for long_from in (10 ** 9, 0):  # rows, then one node per pass
+        monkeypatch.setattr(generation, "LONG_SHARED", long_from)
+        paths.clear()
+        results[long_from] = (scorer_for(loaded, opts).score(PROMPT), list(paths))
+    (by_rows, rows_paths), (by_node, node_paths) = results[10 ** 9], results[0]
+    assert any(kind == "rows" and u < r for kind, r, u in rows_paths)  # steps wanted some nodes in common
+    assert [(r, u) for _, r, u in node_paths] == [(r, u) for _, r, u in rows_paths]
+    assert all(kind == "one node" for kind, r, u in node_paths if kind != "shared" and u < r)
+    assert sum(u for kind, r, u in node_paths if kind == "one node") < sum(r for kind, r, u in rows_paths if kind == "rows")
+    for a, b in zip(by_node.steps, by_rows.steps):
+        np.testing.assert_allclose(a.family.attribution, b.family.attribution, rtol=1e-9, atol=1e-12)
+        np.testing.assert_array_equal(a.family.nodes, b.family.nodes)
+
+
 def test_generation_options_refused(make):
     with pytest.raises(OptionError, match="--per-step goes with --continuation"):
         ScoreOptions(lm=True, per_step=True).check()

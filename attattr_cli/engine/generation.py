@@ -24,7 +24,9 @@ What is shared, and why it is exact:
 * **One forward per node.** The pass at alpha is the same forward for every step; only F
   differs. Where the steps want the same nodes (fixed rules, --tol's first level), one
   forward per node serves them all and each step's gradient comes from its own backward
-  through it (no weight gradients: a backward costs about a forward).
+  through it (no weight gradients: a backward costs about a forward). On a long input, where
+  the steps refine apart, a node that several steps want is still one forward, with a
+  backward for each of them (one node per pass).
 * **F at alpha = 0** of every step comes from one forward of the whole sequence.
 
 Step t's map is then cropped to its prefix (p_t + 1 tokens): its G has zero rows beyond,
@@ -54,6 +56,9 @@ from .layer_integral import map_measures, map_spread
 # steps share one forward per node (StepScorer._shared) where the nodes the steps want, taken
 # together, are at most this many times the rows they ask for (fixed rules, --tol's first level)
 SHARED_SLACK = 1.25
+# elsewhere, on inputs this long (a pass's rows fill its products at one node per pass), a node
+# wanted by several steps is one forward and a backward per step that wants it (StepScorer._shared)
+LONG_SHARED = 256
 
 
 @dataclass
@@ -434,17 +439,23 @@ class StepScorer:
         several steps share passes."""
         alist = [float(a) for a in alphas]
         uniq = sorted(set(alist))
-        if self.count > 1 and len(uniq) * self.count <= SHARED_SLACK * len(alist) \
-                and len(set(zip(owner.tolist(), alist))) == len(alist):
-            yield from self._shared(site, clean, owner, alist, uniq, weights)
-            return
+        if self.count > 1 and len(set(zip(owner.tolist(), alist))) == len(alist):
+            if len(uniq) * self.count <= SHARED_SLACK * len(alist):
+                yield from self._shared(site, clean, owner, alist, uniq, weights)
+                return
+            if len(uniq) < len(alist) and len(self.enc.input_ids) >= LONG_SHARED:
+                yield from self._shared(site, clean, owner, alist, uniq, weights, one_node=True)
+                return
         yield from self._rows(site, clean, owner, alphas, weights)
 
-    def _shared(self, site, clean, owner, alist, uniq, weights):
+    def _shared(self, site, clean, owner, alist, uniq, weights, one_node: bool = False):
         """One forward per node for every step, then one backward per step through it: the
         forward at alpha is the same for every step (the whole sequence, the same alpha), only
         F differs. Without weight gradients a backward costs about what the forward does, so S
-        steps cost about 1 + S passes' halves instead of 2S."""
+        steps cost about 1 + S passes' halves instead of 2S. ``one_node``: one node per forward,
+        and a backward only for the steps that want it (U forwards and R backwards for R rows at
+        U nodes, where rows would cost R of each; a backward through a pass of several nodes
+        costs all of them, wanted or not)."""
         sc, enc = self.sc, self.enc
         col = torch.tensor([uniq.index(a) for a in alist])
         ua = torch.tensor(uniq, dtype=torch.float64)
@@ -475,7 +486,7 @@ class StepScorer:
             return grads, f.detach(), plan.saved
 
         g_all = f_all = saved_first = None
-        size = sc.auto_step_batch(enc, site, len(uniq))
+        size = 1 if one_node else sc.auto_step_batch(enc, site, len(uniq))
         for part, (grads, f, saved) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
             sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
             saved_first = saved_first or saved
