@@ -21,11 +21,8 @@ H heads, S steps of a generation, 1 otherwise):
   mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
 
 The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
-checked against the bench's measured peak RSS (bench/bench_long_context.py; docs/long-context.md):
-SmolLM2-135M, one thread, ``--keep sources``: 272 tokens 3.1 GB estimated, 2.95 GB measured;
-1,063 tokens 2.8 GB estimated, 2.69 GB measured with a 2-node rule, and with --tol 0.1 3.3 GB
-estimated (the refinement's arrays counted), 3.19 to 3.66 GB measured; 2,052 tokens 4.7 GB
-estimated, 4.71 GB measured with a 2-node rule.
+checked against the bench's measured peak RSS (bench/bench_long_context.py): the table in
+docs/long-context.md, "Peak memory".
 """
 
 from __future__ import annotations

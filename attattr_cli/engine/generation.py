@@ -524,6 +524,8 @@ class StepScorer:
         return self.targets.value(sc, logits.expand(self.count, -1, -1)).to("cpu", torch.float64).tolist(), plan.saved
 
     def _integrate(self, site, clean, grad_at_one, f_full, floors=None):
+        """Every step's integral of ``site`` by the fixed rule (``floors``: unused, a fixed rule
+        judges nothing while it runs)."""
         sc, count = self.sc, self.count
         alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
         f0 = [float("nan")] * count
