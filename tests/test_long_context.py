@@ -194,7 +194,7 @@ def test_memory_refusal_names_the_keep_that_fits(lm):
 
 
 def test_estimate_counts_the_refinements_arrays_at_the_node_cap(lm):
-    """--tol holds every node's dF/dO of the layer being refined (and two arrays a leaf), for
+    """--tol holds every node's dF/dO of the layer being refined (and a leaf's arrays), for
     each step refined in lock-step: counted at the node cap, a bound; a fixed rule holds none."""
     from attattr_cli.data.types import Example
     from attattr_cli.engine.generation import StepwiseScorer
@@ -202,7 +202,10 @@ def test_estimate_counts_the_refinements_arrays_at_the_node_cap(lm):
     from attattr_cli.engine.scorer import Scorer
 
     cfg = lm.loaded.model.config
-    per_node = cfg.num_attention_heads * cfg.head_dim * 8  # float64, per token
+    per_token = cfg.num_attention_heads * cfg.head_dim  # one dF/dO: [H, n, head dim]
+
+    def held(cap):  # float64: every node's dF/dO, and a leaf's (one per four nodes) two float64 arrays and a copy
+        return (cap * 8 + cap // 4 * (16 + 8)) * per_token
 
     def peak(steps=None, **kw):
         opts = ScoreOptions(lm=True, continuation=ANSWER, keep="sources", dtype="float64", steps=steps, **kw)
@@ -213,10 +216,10 @@ def test_estimate_counts_the_refinements_arrays_at_the_node_cap(lm):
     fixed, n, _ = peak(steps=2)
     for cap in (9, 33):
         tol, _, _ = peak(tol=0.1, max_nodes=cap)
-        assert tol - fixed == (cap * 3 // 2) * n * per_node
+        assert tol - fixed == held(cap) * n
         stepwise, _, s = peak(tol=0.1, max_nodes=cap, per_step=True)
         stepwise_fixed, _, _ = peak(steps=2, per_step=True)
-        assert s > 1 and stepwise - stepwise_fixed == s * (cap * 3 // 2) * n * per_node
+        assert s > 1 and stepwise - stepwise_fixed == s * held(cap) * n
 
 
 def test_cli_refuses_in_one_line(llama_dir, tmp_path):

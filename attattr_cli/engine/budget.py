@@ -13,9 +13,10 @@ H heads, S steps of a generation, 1 otherwise):
   estimates: 4 H n² floats), the only n² arrays of ``--keep sum`` or ``sources`` beside the
   kept head sums: maps are reduced layer by layer as each layer's integral is done;
 * with ``--tol``, the refinement's arrays for the layer being integrated, for each of the S
-  integrals refined in lock-step: every node's dF/dO (H n head-dim, in the accumulation dtype)
-  and a leaf's two (its rule's G and its estimate's; a leaf per four nodes), counted at the
-  node cap (``--max-nodes``): 1.5 x max-nodes x H n head-dim per integral, a bound;
+  integrals refined in lock-step, counted at the node cap N (``--max-nodes``), a bound: every
+  node's dF/dO (H n head-dim in the accumulation dtype) and, for each of at most N / 4 leaves,
+  its rule's G and its estimate's in float64 and the estimate's copy in the compute dtype
+  that the error estimate stacks;
 * what is kept, for the example and each step of a generation: ``maps`` L H n² (held twice
   while they are stacked for the store) and the clean attention (L H n²); ``sum`` L n² and the
   mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
@@ -140,7 +141,8 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     if scorer.options.tol is not None:  # the refinement's arrays: at most the node cap's (module docstring)
         dim = int(getattr(cfg, "head_dim", None) or memory.hidden_size(cfg) // max(heads, 1))
         acc = 8 if scorer.dtype == torch.float64 else 4
-        refine = steps * (scorer.options.max_nodes * 3 // 2) * heads * n * dim * acc
+        cap = scorer.options.max_nodes
+        refine = steps * (cap * acc + cap // 4 * (16 + el)) * heads * n * dim
     copies = steps + (1 if steps > 1 else 0)  # a generation keeps every step's and the summed results
     top = 0 if scorer.options.top_k is None else layers * heads * scorer.options.top_k * 12 * copies
     all_layers = fam.num_layers
