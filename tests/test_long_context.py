@@ -112,6 +112,31 @@ def test_tolerance_is_judged_on_the_key_sums_kept(lm, sweep, monkeypatch):
     assert (np.abs(full - ref.key_sum).max(1) <= 2 * tol * np.abs(ref.key_sum).max(1)).all()
 
 
+def test_map_measures_of_many_g_go_a_chunk_of_maps_at_a_time(monkeypatch):
+    """Many G measured at once (every new leaf of every step) are made a chunk of maps at a
+    time: the same numbers, with A and V shared or one per G, whatever the chunk."""
+    from attattr_cli.engine import layer_integral
+
+    gen = torch.Generator().manual_seed(1)
+    a, v = torch.rand(3, 6, 6, generator=gen, dtype=torch.float64), torch.randn(3, 6, 4, generator=gen, dtype=torch.float64)
+    g = torch.randn(7, 3, 6, 4, generator=gen, dtype=torch.float64)
+    own_a, own_v = torch.rand(7, 3, 6, 6, generator=gen, dtype=torch.float64), torch.randn(7, 3, 6, 4, generator=gen,
+                                                                                         dtype=torch.float64)
+    for keep in ("maps", "sources"):
+        dims = judged_dims(keep)
+        whole = [map_measures(a, v, g, dims), map_measures(own_a, own_v, g, dims)]
+        made = []
+        original = layer_integral._kept
+        monkeypatch.setattr(layer_integral, "_kept", lambda attr, d: made.append(attr.shape[0]) or original(attr, d))
+        for entries in (1, 3 * 36 * 2, 3 * 36 * 5):  # one map, two, five at a time
+            monkeypatch.setattr(layer_integral, "SPREAD_CHUNK", entries)
+            made.clear()
+            torch.testing.assert_close(map_measures(a, v, g, dims), whole[0], rtol=0, atol=0)
+            torch.testing.assert_close(map_measures(own_a, own_v, g, dims), whole[1], rtol=0, atol=0)
+            assert max(made) == max(1, entries // (3 * 36)) and sum(made) == 2 * len(g)
+        monkeypatch.setattr(layer_integral, "_kept", original)
+
+
 def test_generation_sources_per_step(lm):
     maps = aa.score(lm, prompts=[TEXT], generate=3, sources="paragraphs", keep="maps", steps=3, dtype="float64")[0]
     kept = aa.score(lm, prompts=[TEXT], generate=3, sources="paragraphs", steps=3, dtype="float64")[0]
