@@ -114,7 +114,8 @@ def test_tolerance_is_judged_on_the_key_sums_kept(lm, sweep, monkeypatch):
 
 def test_map_measures_of_many_g_go_a_chunk_of_maps_at_a_time(monkeypatch):
     """Many G measured at once (every new leaf of every step) are made a chunk of maps at a
-    time: the same numbers, with A and V shared or one per G, whatever the chunk."""
+    time: the same numbers, with A and V shared ([head, ...] or [1, head, ...]) or one per G,
+    whatever the chunk."""
     from attattr_cli.engine import layer_integral
 
     gen = torch.Generator().manual_seed(1)
@@ -132,8 +133,9 @@ def test_map_measures_of_many_g_go_a_chunk_of_maps_at_a_time(monkeypatch):
             monkeypatch.setattr(layer_integral, "SPREAD_CHUNK", entries)
             made.clear()
             torch.testing.assert_close(map_measures(a, v, g, dims), whole[0], rtol=0, atol=0)
+            torch.testing.assert_close(map_measures(a[None], v[None], g, dims), whole[0], rtol=0, atol=0)  # [1, ...]
             torch.testing.assert_close(map_measures(own_a, own_v, g, dims), whole[1], rtol=0, atol=0)
-            assert max(made) == max(1, entries // (3 * 36)) and sum(made) == 2 * len(g)
+            assert max(made) == max(1, entries // (3 * 36)) and sum(made) == 3 * len(g)
         monkeypatch.setattr(layer_integral, "_kept", original)
 
 

@@ -221,10 +221,12 @@ def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor, dims: tuple 
     map entries at a time: a refinement round measures every new leaf of every step, dozens of
     n x n maps at a long input (9.7 GB peak at 1,063 tokens and five steps, made at once)."""
     if g.dim() == 4 and len(g) > 1:
-        own = a.dim() == 4  # one A (and V) per G
-        step = max(1, SPREAD_CHUNK // max(a[0].numel() if own else a.numel(), 1))
+        def own(x):  # one per G (else one for all, [head, ...] or [1, head, ...])
+            return x.dim() == 4 and len(x) == len(g)
+
+        step = max(1, SPREAD_CHUNK // max(a[0].numel() if own(a) else a.numel(), 1))
         if len(g) > step:
-            return torch.cat([map_measures(a[i:i + step] if own else a, v[i:i + step] if v.dim() == 4 else v,
+            return torch.cat([map_measures(a[i:i + step] if own(a) else a, v[i:i + step] if own(v) else v,
                                            g[i:i + step], dims) for i in range(0, len(g), step)])
     kept = _kept(a * torch.matmul(g, v.transpose(-1, -2)), dims)
     return torch.stack([kept.abs().amax(dim=-1).double(), kept.abs().sum(dim=-1, dtype=torch.float64),
