@@ -330,14 +330,13 @@ def score_to_store(req: ScoreRequest, progress: Progress | None = None,
     ``notify`` the estimate of peak memory and store size said before a long run
     (engine/budget.py), which is refused (ResourceError) where it would exceed ``--memory``.
     """
-    from ..models.arch import hidden_width
-    from . import budget, threads
+    from . import budget, memory, threads
 
     prep = prepare_run(req, loaded)
     lines, _budget = budget.check(prep.scorer, prep.encoded, req.options.memory, req.store_dtype)
     # the tokens one pass holds: the longest example's, times the short examples a group scores together
     longest = max(prep.tokens().values(), default=0) * max(1, min(grouped.group_size(prep.scorer), len(prep.picked)))
-    count = threads.choose(longest, req.options.threads, hidden_width(prep.scorer.model))
+    count = threads.choose(longest, req.options.threads, memory.hidden_size(prep.scorer.model.config))
     if notify is not None:
         for line in lines:
             notify(f"{line}; {count} thread{'s' if count != 1 else ''}")

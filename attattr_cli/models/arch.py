@@ -209,12 +209,6 @@ def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
-def hidden_width(model: torch.nn.Module) -> int | None:
-    """The model's hidden size (None where its config names it otherwise)."""
-    value = _config_value(model.config, "hidden_size", "d_model", "n_embd", "dim")
-    return int(value) if isinstance(value, int) else None
-
-
 def last_logits_only(length: int, device=None) -> dict:
     """Forward keywords that send only the last of ``length`` positions through the LM head of a
     model that :func:`takes_logits_to_keep` (checked once by the caller, not per pass). The
