@@ -11,14 +11,14 @@ import pytest
 import torch
 
 import attattr_cli as aa
-from attattr_cli.analysis import sources as src
+from attattr_cli.data import sources as src
 from attattr_cli.engine import budget, threads
 from attattr_cli.engine.layer_integral import judged_dims, map_measures, map_spread
 from attattr_cli.errors import DataError, OptionError, ResourceError
 from attattr_cli.models.loading import prepare
 from conftest import build_model, run_cli
 
-TEXT = "w1 w2 w3\n\nw4 w5 w6 w7\n\nw8 w9 w10 w11"
+TEXT = "w1 w2 w3\n\nw4 w5 w6 w7\n\nw8 w9 w10 w11\n\nw14 w15"  # three passages and a question
 ANSWER = "w12 w13"
 
 
@@ -36,17 +36,20 @@ def llama_dir(tmp_path, tokenizer):
     return tmp_path / "m"
 
 
-# -- spans -----------------------------------------------------------------------------------
+# -- spans: passages only -------------------------------------------------------------------
 def test_char_spans_paragraphs_sentences_and_passages(tmp_path):
-    text = "One two. Three four!\n\n  Five six?\n \nSeven"
+    text = "One two. Three four!\n\n  Five six?\n \nSeven. Who eight?"
     para = [text[a:b] for a, b in src.char_spans(text, "paragraphs")]
-    assert para == ["One two. Three four!", "Five six?", "Seven"]
+    assert para == ["One two. Three four!", "Five six?"]  # the question block after the last blank line is none
     sent = [text[a:b] for a, b in src.char_spans(text, "sentences")]
-    assert sent == ["One two.", "Three four!", "Five six?", "Seven"]
+    assert sent == ["One two.", "Three four!", "Five six?"]
+    one = "Ana lives in Rome. Ben lives in Oslo. Ben lives in"  # one paragraph: its last sentence is the question
+    assert [one[a:b] for a, b in src.char_spans(one, "sentences")] == ["Ana lives in Rome.", "Ben lives in Oslo."]
+    assert src.char_spans(one, "paragraphs") == []
     f = tmp_path / "p.jsonl"
-    f.write_text(json.dumps({"body": "Three four!"}) + "\n" + json.dumps({"body": "Seven"}) + "\n")
+    f.write_text(json.dumps({"body": "Three four!"}) + "\n" + json.dumps({"body": "Seven."}) + "\n")
     given = [text[a:b] for a, b in src.char_spans(text, f"{f}:body")]
-    assert given == ["Three four!", "Seven"]
+    assert given == ["Three four!", "Seven."]
     f.write_text(json.dumps({"text": "not there"}) + "\n")
     with pytest.raises(DataError, match="passage 0"):
         src.char_spans(text, str(f))
@@ -55,10 +58,76 @@ def test_char_spans_paragraphs_sentences_and_passages(tmp_path):
 
 
 def test_token_spans_follow_offsets():
-    text = "ab cd\n\nef"
-    offsets = [(0, 0), (0, 2), (3, 5), (7, 9), (0, 0)]  # [CLS] ab cd ef [SEP]
+    text = "ab cd\n\nef\n\ngh"
+    offsets = [(0, 0), (0, 2), (3, 5), (7, 9), (11, 13), (0, 0)]  # [CLS] ab cd ef gh [SEP]
     spans = src.token_spans(text, offsets, "paragraphs")
     assert [(s["start"], s["end"], s["text"]) for s in spans] == [(1, 3, "ab cd"), (3, 4, "ef")]
+
+
+class ChatTokenizer:
+    """A ChatML template's text, as SmolLM2's: a default system message, role lines, special tokens."""
+
+    chat_template = "chatml"
+    all_special_tokens = ["<|im_start|>", "<|im_end|>"]
+
+    def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+        text = "<|im_start|>system\nYou are a helpful assistant.\n\nBe brief.<|im_end|>\n"
+        for m in messages:
+            text += f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n"
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+CHAT_CONTENT = "Arden lies on the Elm. Its mayor is Ana.\n\nBelmar lies on the Ash.\n\nQuestion: who is Arden's mayor?"
+
+
+@pytest.mark.parametrize("spec", ["paragraphs", "sentences", "jsonl"])
+def test_template_and_question_are_never_sources(spec, tmp_path):
+    """A prompt in a chat template: the passages of the user's message are the sources; the
+    template (its system message, role lines, special tokens), the question and the answer's
+    start after the template are not, nor folded into the first passage."""
+    tok = ChatTokenizer()
+    text = tok.apply_chat_template([{"role": "user", "content": CHAT_CONTENT}]) + "The mayor of Arden is"
+    if spec == "jsonl":
+        spec = str(tmp_path / "p.jsonl")
+        (tmp_path / "p.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in
+                                                  ["Arden lies on the Elm. Its mayor is Ana.", "Belmar lies on the Ash."]))
+    bounds = src.content_bounds(text, src.template_around(tok), src.special_strings(tok))
+    assert text[slice(*bounds)] == CHAT_CONTENT
+    got = [text[a:b] for a, b in src.char_spans(text, spec, bounds)]
+    want = (["Arden lies on the Elm.", "Its mayor is Ana.", "Belmar lies on the Ash."] if spec == "sentences"
+            else ["Arden lies on the Elm. Its mayor is Ana.", "Belmar lies on the Ash."])
+    assert got == want
+    # not rendered by this template (another system message): the longest stretch between the
+    # special tokens, less its role line
+    other = text.replace("You are a helpful assistant.\n\nBe brief.", "Be kind.")
+    bounds = src.content_bounds(other, src.template_around(tok), src.special_strings(tok))
+    assert other[slice(*bounds)] == CHAT_CONTENT
+    assert src.content_bounds("plain text", None, ["<|im_start|>"]) == (0, 10)
+
+
+def test_smollm2_prompt_spans_leave_out_template_and_question():
+    """SmolLM2's own tokenizer and template (where the model folder is given): the passages'
+    tokens only, the first one not holding the template's."""
+    import os
+    from pathlib import Path
+
+    folder = os.environ.get("ATTATTR_SMOLLM2", "")
+    if not Path(folder, "tokenizer.json").exists():
+        pytest.skip("no SmolLM2 folder (ATTATTR_SMOLLM2)")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    text = tok.apply_chat_template([{"role": "user", "content": CHAT_CONTENT}], tokenize=False,
+                                   add_generation_prompt=True) + "The mayor of Arden is"
+    spans = src.prompt_spans(tok, text, "paragraphs")
+    assert [s["text"] for s in spans] == ["Arden lies on the Elm. Its mayor is Ana.", "Belmar lies on the Ash."]
+    ids = tok(text)["input_ids"]
+    assert tok.decode(ids[spans[0]["start"]:spans[0]["end"]]).strip() == spans[0]["text"]
+
+
+def test_no_passages_is_one_clear_error(lm):
+    with pytest.raises(DataError, match="no paragraphs found in the prompt: the passages are the paragraphs before"):
+        aa.score(lm, prompts=["w1 w2 w3"], continuation=ANSWER, sources="paragraphs", steps=2)
 
 
 # -- keep sources equals the maps reduced ----------------------------------------------------
@@ -76,7 +145,8 @@ def test_source_scores_equal_the_maps_key_columns(lm):
     assert list(table.text) == ["w1 w2 w3", "w4 w5 w6 w7", "w8 w9 w10 w11"]
     for row in table.itertuples():
         assert row.score == pytest.approx(reduced[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
-    np.testing.assert_allclose(full.to_pandas("sources").score, table.score, rtol=1e-5, atol=1e-12)
+    np.testing.assert_allclose(full.to_pandas("sources").score, table.score, rtol=1e-5,
+                               atol=1e-6 * np.abs(table.score).max())
     # completeness still holds per layer: the key sums add up to F(A) - F(0)
     np.testing.assert_allclose(kept.key_sum.sum(1), kept.f_full - np.asarray(kept.f_baseline) + kept.residual,
                                rtol=1e-5, atol=1e-9)

@@ -381,11 +381,10 @@ def source_removal(model, prompt: str, continuation: str, *, sources: str = "par
     with using(m, device=device, lm=True) as used:
         if res is not None:
             return check_example(used.loaded.model, used.loaded.tokenizer, res[0], tuple(int(k) for k in ks), methods)
-        from ..analysis.sources import token_spans
+        from ..data.sources import prompt_spans
 
         tok = used.loaded.tokenizer
-        enc = tok(prompt, add_special_tokens=True, return_offsets_mapping=True)
-        spans = token_spans(prompt, [tuple(o) for o in enc["offset_mapping"]], sources)
+        spans = prompt_spans(tok, prompt, sources)
         answer = list(tok(continuation, add_special_tokens=False)["input_ids"])
-        return removal_check(used.loaded.model, list(enc["input_ids"]), answer, spans, None,
+        return removal_check(used.loaded.model, list(tok(prompt, add_special_tokens=True)["input_ids"]), answer, spans, None,
                              tuple(int(k) for k in ks), methods)

@@ -87,7 +87,7 @@ class Assembly:
                                   foil_logits=[float(x) for x in pos_logits[:, foil]],
                                   foil_probs=[float(x) for x in torch.softmax(pos_logits, -1)[:, foil]])
             target_id = int(target[0])
-            if getattr(enc, "sources", None) is not None:  # analysis/sources.py: the prompt's sources
+            if getattr(enc, "sources", None) is not None:  # data/sources.py: the prompt's passages
                 meta["sources"] = {"how": str(self.options.sources),
                                    "spans": [[s["start"], s["end"], s["text"]] for s in enc.sources]}
         else:

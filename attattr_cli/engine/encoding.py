@@ -25,7 +25,7 @@ class Encoded:
     lm_foils: list[int] | None = None  # LM pair (options.metric): the foil token ids; lm_targets the answer's
     decoder_input_ids: list[int] | None = None  # encoder-decoder: the decoder's input
     decoder_tokens: list[str] | None = None
-    sources: list[dict] | None = None  # LM --sources: the prompt's sources as token spans (analysis/sources.py)
+    sources: list[dict] | None = None  # LM --sources: the prompt's sources as token spans (data/sources.py)
 
     def model_inputs(self) -> dict[str, list[int]]:
         """``{input name: list}`` for one row of a padded batch (see ``batching.pad_rows``):

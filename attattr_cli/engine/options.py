@@ -99,7 +99,7 @@ class ScoreOptions:
     # the tokens are part of each example's record (and of the data's digest), not of the options,
     # so that the examples of one pairs file share one store
     metric: str | None = None
-    # sources (analysis/sources.py): sentences, paragraphs or a JSONL file of passages; the prompt's
+    # sources (data/sources.py): sentences, paragraphs or a JSONL file of passages; the prompt's
     # keys grouped into them (recorded per example); with keep auto, keep becomes "sources"
     sources: str | None = None
     # what a run may use (engine/budget.py): bytes of peak memory (None: a fraction of the free
@@ -178,7 +178,7 @@ class ScoreOptions:
             raise OptionError(f"--threads must be at least 1, got {self.threads}")
         if self.memory is not None and self.memory < 1:
             raise OptionError(f"--memory must be a positive size, got {self.memory}")
-        from ..analysis.sources import check_spec
+        from ..data.sources import check_spec
 
         check_spec(self.sources)
         if self.sources is not None and not self.lm:

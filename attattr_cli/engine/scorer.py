@@ -179,18 +179,12 @@ class Scorer(Integration, Assembly):
         return enc
 
     def _sources(self, example: Example) -> list[dict]:
-        """The prompt's sources as token spans (analysis/sources.py), from the tokenizer's
-        character offsets of the prompt (its first tokens in every LM encoding)."""
-        from ..analysis.sources import token_spans
+        """The prompt's passages as token spans (data/sources.py: the template and the question
+        left out), from the tokenizer's character offsets of the prompt (its first tokens in
+        every LM encoding)."""
+        from ..data.sources import prompt_spans
 
-        try:
-            enc = self.tokenizer(example.text_a, add_special_tokens=True, return_offsets_mapping=True)
-        except (NotImplementedError, ValueError, TypeError):
-            raise OptionError("--sources needs a fast tokenizer (one that gives character offsets)") from None
-        spans = token_spans(example.text_a, [tuple(o) for o in enc["offset_mapping"]], self.options.sources)
-        if not spans:
-            raise DataError(f"example {example.index}: no {self.options.sources} found in the prompt")
-        return spans
+        return prompt_spans(self.tokenizer, example.text_a, self.options.sources, example.index)
 
     def _check_vocabulary(self, example: Example, enc: Encoded) -> None:
         """A token id the model's embeddings do not hold (a tokenizer from another model) is one
