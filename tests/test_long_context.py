@@ -420,3 +420,64 @@ def test_source_removal_check(lm):
     assert {r["method"] for r in rows} == set(check.scores) and all(r["k"] in (1, 3) for r in rows)
     with pytest.raises(OptionError, match="unknown source-removal method"):
         aa.source_removal(lm, TEXT, ANSWER, methods=["nope"])
+
+
+# -- attattr sources-check -------------------------------------------------------------------
+def test_sources_check_cli_table_and_json(llama_dir, tmp_path):
+    from conftest import one_error_line
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(TEXT)
+    base = ("sources-check", "--model", str(llama_dir), "--prompt-file", str(prompt), "--continuation", ANSWER,
+            "--steps", "2", "--threads", "1")
+    r = run_cli(*base, "--json", "--ks", "1,2")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)
+    assert [s["text"] for s in got["sources"]] == ["w1 w2 w3", "w4 w5 w6 w7", "w8 w9 w10 w11"]
+    assert set(got["sources"][0]["scores"]) == {"attattr", "attention", "input_x_gradient", "loo"}
+    assert {(row["method"], row["k"]) for row in got["rows"]} == {(m, k) for m in got["tau_loo"] for k in (1, 2)}
+    assert got["tau_loo"]["loo"] == pytest.approx(1.0)
+    plot = tmp_path / "drops.svg"
+    r = run_cli(*base, "--methods", "attattr,loo", "--plot", str(plot), "-q")
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split()[:4] == ["method", "drop", "top-1", "drop"] and [ln.split()[0] for ln in lines[1:]] == ["attattr", "loo"]
+    assert plot.read_text().lstrip().startswith("<?xml")
+    for bad, needle in ((("--ks", "0"), "ks"), (("--methods", "nope"), "unknown source-removal method"),
+                        (("--threads", "0"), "threads")):
+        one_error_line(run_cli(*base, *bad), needle)
+    one_error_line(run_cli("sources-check", "--model", str(llama_dir), "--continuation", ANSWER), "--prompt")
+
+
+# -- results show themselves -----------------------------------------------------------------
+def test_kept_sources_show_their_table_and_bars(lm, tmp_path):
+    res = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", steps=2, dtype="float64")[0]
+    assert res.keep == "sources" and res.attribution is None
+    page = res._repr_html_()
+    for text in ("w1 w2 w3", "w4 w5 w6 w7", "w8 w9 w10 w11", "rank", "outside the passages", "data:image/png;base64"):
+        assert text in page
+    assert "w14 w15" not in page.split("outside the passages")[0]  # the question is no passage
+    from attattr_cli.views.sources import source_table
+
+    rows = source_table(res)
+    assert sorted(r["rank"] for r in rows) == [1, 2, 3]
+    best = max(rows, key=lambda r: r["score"])
+    assert best["rank"] == 1
+    fig = res.plot_sources()
+    assert len(fig.axes[0].patches) == 3
+    for suffix in (".png", ".svg"):
+        out = tmp_path / f"bars{suffix}"
+        res.plot(out)  # keep sources: plot() draws the passages
+        assert out.stat().st_size > 0
+    with pytest.raises(OptionError, match="no sources"):
+        aa.score(lm, prompts=[TEXT], continuation=ANSWER, steps=2)[0].plot_sources()
+
+
+def test_source_removal_shows_itself(lm, tmp_path):
+    check = aa.source_removal(lm, TEXT, ANSWER, sources="paragraphs", ks=[1, 2], steps=2)
+    page = check._repr_html_()
+    assert "leave-one-out" in page and "w4 w5 w6 w7" in page and "data:image/png;base64" in page
+    assert "RemovalCheck(3 sources" in repr(check)
+    check.plot(tmp_path / "drops.png")
+    assert (tmp_path / "drops.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(check.to_pandas().columns) == ["method", "k", "drop", "of_loo", "tau_loo"]

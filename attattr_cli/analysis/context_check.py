@@ -58,6 +58,41 @@ class RemovalCheck:
                             "tau_loo": self.agreement.get(m)})
         return out
 
+    def to_dict(self) -> dict:
+        """The check as JSON: F, the forwards, the sources (passage, start, end, text and each
+        method's score), the rows (:meth:`rows`) and the agreement; what `attattr sources-check
+        --json` prints."""
+        sources = [{"source": s, "start": sp["start"], "end": sp["end"], "text": sp["text"],
+                    "scores": {m: v[s] for m, v in self.scores.items()}} for s, sp in enumerate(self.sources)]
+        return {"f_full": self.f_full, "forwards": self.forwards, "sources": sources, "rows": self.rows(),
+                "tau_loo": dict(self.agreement)}
+
+    def to_pandas(self):
+        """A pandas DataFrame of :meth:`rows` (method, k, drop, of_loo, tau_loo)."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self.rows(), ["method", "k", "drop", "of_loo", "tau_loo"])
+
+    def plot(self, path=None):
+        """The drop of log p(answer) per method and k as a matplotlib ``Figure``, also written to
+        ``path`` (.png, .svg, .pdf; whole or not at all) when given."""
+        from ..views.sources import removal_figure
+
+        fig = removal_figure(self)
+        if path is not None:
+            fig.save(path)
+        return fig
+
+    def _repr_html_(self) -> str:
+        from ..views.sources import removal_html
+
+        return removal_html(self)
+
+    def __repr__(self) -> str:
+        top3 = ", ".join(f"{m} {d[max(d)]:.3g}" for m, d in self.drops.items() if d)
+        return (f"RemovalCheck({len(self.sources)} sources, log p(answer) {self.f_full:.4g};"
+                f" drop at the largest k: {top3})")
+
 
 def _answer_logprob(model, ids: list[int], answer: list[int]) -> float:
     """F = sum_t log p(answer_t | ids, answer_<t) (one forward)."""

@@ -56,22 +56,50 @@ class Attribution(StoredExample):
         if self.steps:
             from ..views.steps import step_still
 
-            return step_still(self)
+            return step_still(self) + (self._sources_html() if self._has_sources() else "")
+        if self.attribution is None and self.head_sum is None and self._has_sources():  # keep sources
+            return self._sources_html()
         from ..views import example_html
 
         return example_html(self, self.label_names)
+
+    def _has_sources(self) -> bool:
+        return isinstance(self.meta, dict) and bool((self.meta.get("sources") or {}).get("spans"))
+
+    def _sources_html(self) -> str:
+        from ..views.sources import sources_html
+
+        return sources_html(self)
+
+    @checked(path=Out(), top=Int(min=1))
+    def plot_sources(self, path=None, top: int | None = None):
+        """An example scored with ``sources=``: its passages as bars (their scores in the
+        prompt's order, the top three numbered by rank; ``top``: only the ``top`` highest), keys
+        outside the passages said in the title, as a matplotlib ``Figure``, also written to
+        ``path`` (.png, .svg, .pdf; whole or not at all) when given."""
+        from ..analysis.sources import spans_of
+        from ..views.sources import sources_figure
+
+        spans_of(self)  # one line where it has none
+        fig = sources_figure(self, top)
+        if path is not None:
+            fig.save(path)
+        return fig
 
     @checked(path=Out())
     def plot(self, path=None, words: bool = True, per_layer: bool = False):
         """A generation's step x source matrix (what ``attattr view`` draws for it: rows the
         generated words, or tokens with ``words=False``; one panel per layer more with
         ``per_layer``) as a matplotlib ``Figure``, also written to ``path`` (.png, .svg, .pdf;
-        whole or not at all) when given. Any other example: the view's figure (:meth:`figure`)."""
+        whole or not at all) when given. An example kept with ``keep="sources"``: its passages'
+        bars (:meth:`plot_sources`). Any other example: the view's figure (:meth:`figure`)."""
         if self.steps:
             from ..views.steps import step_figure, step_view
 
             view, by_layer = step_view(self, words)
             fig = step_figure(view, by_layer if per_layer else None)
+        elif self.attribution is None and self.head_sum is None and self._has_sources():  # keep sources
+            return self.plot_sources(path)
         else:
             fig = self.figure()
         if path is not None:

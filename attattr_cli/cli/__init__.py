@@ -23,6 +23,7 @@ from .info import info
 from .merge import merge
 from .prune import prune
 from .score import score
+from .sources_check import sources_check
 from .tree import tree
 from .triggers import triggers
 from . import report, view
@@ -39,7 +40,7 @@ for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tr
                         ("import-json", import_json), ("finetune", finetune), ("importance", importance),
                         ("prune", prune), ("triggers", triggers), ("attack", attack),
                         ("faithfulness", faithfulness), ("circuit", circuit), ("view", view.view),
-                        ("report", report.report), ("convert", convert)):
+                        ("report", report.report), ("convert", convert), ("sources-check", sources_check)):
     app.command(_name, cls=Command)(_command)
 app.add_typer(demo.app, name="demo", cls=Group)
 

@@ -1,5 +1,5 @@
 """Typer options shared by the commands, declared once: the model and data options, the
-device, quiet, and the table formats. Each is a function so that a command can word the help
+device, the threads, quiet, and the table formats. Each is a function so that a command can word the help
 for its own use; the names and short forms are the same everywhere (see docs/api.md)."""
 
 from __future__ import annotations
@@ -44,6 +44,15 @@ def device() -> str:
 def truncate() -> bool:
     """``--truncate``."""
     return typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them.")
+
+
+THREADS_HELP = "torch's threads for the run (default: 1 below 256 tokens, else the cores free now; engine/threads.py)."
+
+
+def threads(help: str = THREADS_HELP) -> Optional[int]:
+    """``--threads``: torch's thread count for a command that runs a model (None: chosen for
+    the work, engine/threads.py)."""
+    return typer.Option(None, "--threads", help=help)
 
 
 def quiet() -> bool:
