@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from attattr_cli.analysis import circuits  # noqa: E402
 from attattr_cli.analysis.circuits.run import evaluate  # noqa: E402
+from attattr_cli.analysis.circuits.split import split_pairs  # noqa: E402
 from attattr_cli.analysis.circuits.task import CircuitTask, Context  # noqa: E402
 from attattr_cli.data import pairs as pairs_mod  # noqa: E402
 
@@ -107,20 +108,25 @@ def smollm2(folder: str):
 
 
 def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, seed: int = 1,
-        nodes: str = "heads") -> dict:
+        nodes: str = "heads", split: str = "half", verify: int | None = None) -> dict:
     try:
         pairs = pairs_mod.generate(task, loaded.tokenizer, n, seed=seed)
     except Exception as exc:  # a task this tokenizer cannot make (names of several tokens)
         print(f"{label} {task}: skipped ({exc})")
         return {}
-    ct = CircuitTask(loaded, pairs, mlp=nodes == "heads+mlp")
-    ctx = Context(ct, steps=steps)
+    parts = split_pairs(len(pairs), split, seed)
+    make = lambda idx: CircuitTask(loaded, [pairs[i] for i in idx], mlp=nodes == "heads+mlp")  # noqa: E731
+    ct = make(parts.eval)
+    ctx = Context(ct, steps=steps, verify=verify)
+    fit = ctx if parts.same else Context(make(parts.fit), steps=steps, verify=verify)
     t = time.time()
-    res = evaluate(ctx, methods, bootstrap_samples=bootstrap)
+    res = evaluate(ctx, methods, bootstrap_samples=bootstrap, fit=fit)
     wall = time.time() - t
     mlp = " + MLP" if ct.width > ct.heads else ""
-    print(f"\n{label}, {task}: {n} pairs, {ct.layers} layers x {ct.heads} heads{mlp}, m(N) {res.clean:.3f}, "
-          f"m(empty) {res.empty:.3f}, {wall:.0f} s wall")
+    scale = fit.cache.get("atp-verified scale")
+    print(f"\n{label}, {task}: {n} pairs (seed {seed}; {parts.describe()}), {ct.layers} layers x {ct.heads} heads{mlp}, "
+          f"m(N) {res.clean:.3f}, m(empty) {res.empty:.3f}, {wall:.0f} s wall"
+          + ("" if scale is None else f"; atp-verified chose c = {scale:g}"))
     print(f"{'method':<17}{'CPR':>7}{'CMD':>7}  {'CMD 95% CI':<16}{'Spearman':>9}{'top10':>6}{'CPU s/pair':>11}  completeness")
     rows = {}
     for name, r in res.methods.items():
@@ -131,8 +137,8 @@ def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, s
               f"{sp:>9}{top:>6}{r.cpu_s_per_pair:>11.2f}  {comp}")
         rows[name] = {"cpr": r.cpr, "cmd": r.cmd, "spearman": r.spearman, "top10": r.top10_shared,
                       "cpu_s_per_pair": r.cpu_s_per_pair, "curve": r.curve, "curve_abs": r.curve_abs}
-    return {"model": label, "task": task, "pairs": n, "nodes": nodes, "m_clean": res.clean, "m_empty": res.empty,
-            "methods": rows}
+    return {"model": label, "task": task, "pairs": n, "seed": seed, "split": parts.to_dict(), "nodes": nodes,
+            "m_clean": res.clean, "m_empty": res.empty, "atp_verified_scale": scale, "methods": rows}
 
 
 def main() -> None:
@@ -147,6 +153,8 @@ def main() -> None:
     ap.add_argument("--no-tiny", action="store_true", help="only SmolLM2")
     ap.add_argument("--json", default=None, help="also write every figure as JSON")
     ap.add_argument("--nodes", default="heads", help="heads, or heads+mlp (each layer's MLP one more node)")
+    ap.add_argument("--split", default="half", help="MIB's protocol: half (default), a fraction, or none (same pairs)")
+    ap.add_argument("--verify", type=int, default=None, help="heads of largest |AtP| patched exactly (default 15)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     methods = circuits.parse_methods(args.methods)
@@ -161,12 +169,12 @@ def main() -> None:
         for t in tasks:
             tiny = tiny_llama(t)
             out.append(run(tiny, "tiny Llama trained here", t, min(args.pairs, 16), methods, args.steps, args.bootstrap,
-                           args.seed, args.nodes))
+                           args.seed, args.nodes, args.split, args.verify))
     if args.smollm2 and Path(args.smollm2).is_dir():
         model = smollm2(args.smollm2)
         for t in tasks:
             out.append(run(model, "SmolLM2-135M", t, args.pairs, methods, args.steps, args.bootstrap, args.seed,
-                           args.nodes))
+                           args.nodes, args.split, args.verify))
     else:
         print(f"\nSmolLM2: skipped (no model folder: give --smollm2 DIR or ATTATTR_SMOLLM2; got {args.smollm2!r})")
     if args.json:

@@ -227,15 +227,20 @@ def test_cli_circuit_json_and_hdf5(llama_dir, tmp_path):
     m = doc["methods"]["atp"]
     assert len(m["curve"]) == 10 and len(m["scores"]) == 2 * 4 and m["spearman_patching"] is not None
     assert doc["methods"]["patching"]["spearman_patching"] == pytest.approx(1.0)
+    split = doc["split"]  # MIB's protocol by default: a seeded half for the methods, the rest for the curve
+    assert split["kind"] == "half" and not split["same_pairs"]
+    assert sorted(split["fit"] + split["eval"]) == [0, 1, 2, 3] and not set(split["fit"]) & set(split["eval"])
+    assert doc["pairs"] == len(split["eval"])
     with h5py.File(h5) as f:
         assert f.attrs["schema"] == "attattr.circuit"
-        assert f["methods/atp/per_pair"].shape == (4, 2, 4)
+        assert f["methods/atp/per_pair"].shape == (len(split["fit"]), 2, 4)
+        assert f["split/fit"][()].tolist() == split["fit"] and f["split/eval"][()].tolist() == split["eval"]
 
 
 def test_cli_circuit_refuses_pairs_of_unequal_length(llama_dir, tmp_path):
     data = tmp_path / "bad.jsonl"
     data.write_text(json.dumps({"prompt": "w1 w2 w3", "counterfactual": "w1 w2", "answer": "w4", "foil": "w5"}) + "\n")
-    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "-q")
+    r = run_cli("circuit", "--model", str(llama_dir), "--data", str(data), "--split", "none", "-q")
     assert r.exit_code == 2
     line = one_error_line(r, "pair 0", "equal token lengths")
     assert line.startswith("Error:")
@@ -449,3 +454,86 @@ def test_cli_circuit_mlp_nodes(llama_dir, tmp_path):
                 "--nodes", "heads+mlp", "-q")
     assert r.exit_code == 2
     one_error_line(r, "attention", "heads only")
+
+
+# -- MIB's split and the recommendation -------------------------------------------------------
+def test_split_methods_see_only_their_pairs_and_the_curve_only_the_others(loaded, monkeypatch):
+    """With a split, every method (and any choice among candidates it makes) is computed on the
+    fit pairs only, and the curve, its ends and intervals on the eval pairs only; ``none`` is
+    the same-pairs evaluation."""
+    import attattr_cli as aa
+    from attattr_cli.analysis.circuits import REGISTRY, registry
+    from attattr_cli.analysis.circuits.split import split_pairs
+
+    seen = {}
+    real = REGISTRY["atp"]
+
+    def spy(ctx):
+        seen["prompts"] = [p.prompt for p in ctx.task.pairs]
+        return real.compute(ctx)
+
+    monkeypatch.setitem(REGISTRY, "atp", registry.HeadMethod(**{**real.__dict__, "compute": spy}))
+    pairs = _pairs()
+    res = aa.circuit(loaded, pairs, methods="atp", split="half", seed=3, bootstrap=20)
+    parts = split_pairs(len(pairs), "half", 3)
+    assert res.split["fit"] == list(parts.fit) and res.split["eval"] == list(parts.eval)
+    assert seen["prompts"] == [pairs[i].prompt for i in parts.fit]
+    assert res.n_pairs == len(parts.eval) and res.methods["atp"].per_pair.shape[0] == len(parts.fit)
+    # the curve's ends are the eval pairs' own
+    from attattr_cli.analysis.circuits.evaluate import ends
+    from attattr_cli.analysis.circuits.task import CircuitTask, Context
+
+    clean, empty = ends(Context(CircuitTask(loaded, [pairs[i] for i in parts.eval])))
+    assert res.clean == pytest.approx(clean.mean()) and res.empty == pytest.approx(empty.mean())
+    same = aa.circuit(loaded, pairs, methods="atp", split="none", bootstrap=20)
+    assert same.split["same_pairs"] and same.n_pairs == 4 and seen["prompts"] == [p.prompt for p in pairs]
+    assert "no split" in repr(same) and "methods on 2 pairs, curve on 2" in repr(res)
+
+
+def test_split_is_seeded_disjoint_and_refuses_what_cannot_be_split():
+    from attattr_cli.analysis.circuits.split import split_pairs
+    from attattr_cli.errors import OptionError
+
+    a, b = split_pairs(33, "half", 7), split_pairs(33, "half", 7)
+    assert a == b and len(a.fit) == 16 and len(a.eval) == 17 and not set(a.fit) & set(a.eval)
+    assert split_pairs(33, "half", 8).fit != a.fit
+    assert len(split_pairs(10, "0.3", 0).fit) == 3
+    assert split_pairs(5, "none", 0).fit == split_pairs(5, "none", 0).eval == tuple(range(5))
+    for bad in ("0", "1", "-0.5", "most"):
+        with pytest.raises(OptionError):
+            split_pairs(10, bad, 0)
+    with pytest.raises(OptionError, match="cannot be split"):
+        split_pairs(1, "half", 0)
+
+
+def test_atp_verified_keeps_the_signed_order_and_chooses_the_interleaving_by_the_curve(loaded):
+    """atp-verified: the signed order is verified AtP's (so Spearman and CPR do not depend on the
+    interleaving); the negative heads' magnitudes are scaled by the candidate the curve measures
+    nearest 1 on the method's own pairs."""
+    from attattr_cli.analysis.circuits import REGISTRY, measure, tiers, verified
+
+    ctx = _ctx(loaded)
+    got = REGISTRY["atp-verified"].compute(ctx)
+    assert np.allclose(got, got[0])
+    _, atp, inner = tiers.verified_estimates(ctx)
+    exact = REGISTRY["patching"].compute(_ctx(loaded)).mean(0)
+    np.testing.assert_allclose(inner[:tiers.EXACT_LAYERS], exact[:tiers.EXACT_LAYERS])  # the first layer: exact
+    cands = [verified.interleaved(inner, c) for c in verified.SCALES]
+    best = measure.measured_best(ctx, cands, verified.CHECKED)
+    np.testing.assert_array_equal(got[0], cands[best])
+    for c in cands:  # the same signed order whatever the scale
+        assert (np.argsort(-c.ravel(), kind="stable") == np.argsort(-inner.ravel(), kind="stable")).all()
+    assert ctx.cache["atp-verified scale"] == verified.SCALES[best]
+
+
+def test_verify_sets_how_many_heads_are_patched_exactly(loaded, monkeypatch):
+    from attattr_cli.analysis.circuits import tiers
+
+    asked = []
+    real = tiers.patched_heads
+    monkeypatch.setattr(tiers, "patched_heads", lambda ctx, heads: asked.append(list(heads)) or real(ctx, heads))
+    monkeypatch.setattr(tiers, "EXACT_LAYERS", 0)
+    monkeypatch.setattr(tiers, "DISAGREE", 0)
+    for k in (0, 3, 5):
+        tiers.verified_estimates(_ctx(loaded, verify=k))
+        assert len(asked[-1]) == k

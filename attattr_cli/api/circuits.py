@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +13,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..fileio import dumps as strict_dumps
-from .checks import File, Instance, Int, Names, OneOf, Out, Progress, Str, checked
+from .checks import File, Instance, Int, Names, OneOf, Out, Progress, Seed, Str, Threads, checked
 from .model import ModelArg, progress_for, using
 
 SUMMARY_COLUMNS = ["method", "cpr", "cpr_low", "cpr_high", "cmd", "cmd_low", "cmd_high", "spearman_patching",
@@ -43,6 +45,10 @@ class Circuit:
     nodes: str = "heads"  # heads+mlp: column ``heads`` of every [layer, node] array is the layer's MLP
     path: str | None = None
     extra: dict = field(default_factory=dict)
+    data: str | None = None  # the pairs file it was made from: save, plot and heatmap never write over it
+    # MIB's protocol: {"kind", "seed", "fit": pair indices the methods saw, "eval": the pairs the curve
+    # (n_pairs of them) is measured on, "same_pairs"}; empty for a result made before the split existed
+    split: dict = field(default_factory=dict)
 
     @property
     def width(self) -> int:
@@ -105,6 +111,7 @@ class Circuit:
         written to ``path`` (.png, .svg, .pdf) when given."""
         from ..analysis.circuits.plots import curves_figure
 
+        self._not_onto_data(path)
         fig = curves_figure(self, absolute=absolute)
         if path is not None:
             fig.save(path)
@@ -115,6 +122,7 @@ class Circuit:
         """A layer x head heatmap of ``method``'s scores (default: the recommended method)."""
         from ..analysis.circuits.plots import heatmap_figure
 
+        self._not_onto_data(path)
         fig = heatmap_figure(self, self._method(method).name)
         if path is not None:
             fig.save(path)
@@ -137,8 +145,21 @@ class Circuit:
         best = self.methods[self.recommended]
         mlp = " + MLP" if self.width > self.heads else ""
         return (f"Circuit({self.n_pairs} pairs, {self.layers} layers x {self.heads} heads{mlp}, metric {self.metric}, "
-                f"ablation {self.ablation}: m(N) {self.clean:.4g}, m(empty) {self.empty:.4g}; methods "
+                f"ablation {self.ablation}{self.describe_split()}: m(N) {self.clean:.4g}, m(empty) {self.empty:.4g}; methods "
                 f"{', '.join(self.methods)}; {self.recommended}: CPR {best.cpr:.3f}, CMD {best.cmd:.3f})")
+
+    def describe_split(self) -> str:
+        sp = self.split
+        if not sp:
+            return ""
+        if sp.get("same_pairs"):
+            return ", no split (methods and curve on the same pairs)"
+        return f", split {sp['kind']} seed {sp['seed']}: methods on {len(sp['fit'])} pairs, curve on {len(sp['eval'])}"
+
+    def _not_onto_data(self, path) -> None:
+        from ..fileio import check_output
+
+        check_output(path, [self.data], "path")
 
     # ------------------------------------------------------------- files
     def to_dict(self) -> dict:
@@ -146,7 +167,7 @@ class Circuit:
         return {
             "model": self.model, "pairs": self.n_pairs, "metric": self.metric, "ablation": self.ablation,
             "layers": self.layers, "heads": self.heads, "nodes": self.nodes, "m_clean": self.clean,
-            "m_empty": self.empty,
+            "m_empty": self.empty, "split": self.split,
             "percentages": list(self.percentages),
             "methods": {name: {"cpr": r.cpr, "cmd": r.cmd, "cpr_interval": list(r.cpr_interval),
                                "cmd_interval": list(r.cmd_interval), "curve": list(r.curve),
@@ -165,46 +186,107 @@ class Circuit:
 
     @checked(path=Out())
     def save(self, path) -> str:
-        """Write the result as an HDF5 file (schema ``attattr.circuit``; docs/circuits.md)."""
+        """Write the result as an HDF5 file (schema ``attattr.circuit``; docs/circuits.md). Refused
+        before writing: a path that is the pairs file the result was made from, a device or a
+        folder, or one that cannot be written; one process at a time writes a path."""
         from ..analysis.circuits.io import write
+        from ..fileio import check_file_output, one_writer
 
-        write(path, self)
+        check_file_output(path, [self.data], "path")
+        with one_writer(path, "path"):
+            write(path, self)
         self.path = os.fspath(path)
         return self.path
 
 
 def _pairs_of(pairs):
+    """The pairs, read (a file with bounds) and checked: a counterfactual that is its prompt is refused."""
     from ..data.pairs import Pair, pair_from_dict, read_pairs
 
     if isinstance(pairs, (str, os.PathLike)):
-        return read_pairs(pairs)
+        return read_pairs(pairs, distinct=True)
     out = []
     for i, p in enumerate(pairs):
         if isinstance(p, Pair):
+            pair_from_dict(p.to_json(), i, f"pairs[{i}]", distinct=True)  # the same checks
             out.append(p)
         else:
-            out.append(pair_from_dict(p, i, f"pairs[{i}]"))
+            out.append(pair_from_dict(p, i, f"pairs[{i}]", distinct=True))
     if not out:
         raise OptionError("pairs is empty")
     return out
 
 
 PairsArg = OneOf(File(), Instance(list, tuple, what="a list"), what="a JSONL path or a list of pairs")
+BOOTSTRAP_MAX = 100_000  # resamples: more only costs time (the interval's ends move by noise)
+
+
+def _outputs_held(fn):
+    """Around ``circuit``: its outputs checked before any work (``out`` a file, not a device or
+    a folder, and neither output the pairs file, the model or the other one; both writable),
+    then held by this run alone until written (fileio.one_writer): a second run onto one of
+    them is refused at once instead of computing and replacing the first one's file."""
+
+    @functools.wraps(fn)
+    def call(model, pairs, *args, out=None, json=None, **kw):
+        from ..fileio import check_file_output, check_output, check_writable, one_writer
+
+        inputs = [x for x in (pairs, model) if isinstance(x, (str, os.PathLike))]
+        check_file_output(out, inputs, "out")
+        check_output(json, [*inputs, out], "json")
+        check_writable(json, "json")
+        with one_writer(out, "out"), one_writer(json, "json"):
+            return fn(model, pairs, *args, out=out, json=json, **kw)
+
+    return call
+
+
+@contextlib.contextmanager
+def _threads(requested, loaded, pairs):
+    """torch's CPU threads for the run: ``requested``, else as score chooses them
+    (engine/threads.py) for the tokens one pass holds (the longest prompt, times the pairs a
+    batch holds); torch's own count restored after."""
+    from ..engine import memory, threads
+
+    tokens = 0
+    if requested is None:
+        tokens = max(len(loaded.tokenizer(p.prompt)["input_ids"]) for p in pairs) * min(len(pairs), 32)
+    with threads.using(threads.choose(tokens, requested, memory.hidden_size(loaded.model.config))) as count:
+        yield count
 
 
 @checked(model=ModelArg(), pairs=PairsArg, methods=Names(), ablation=Str(), metric=Str(), nodes=Str(),
-         steps=Int(min=1), seed=Int(), bootstrap=Int(min=10), progress=Progress(), out=Out(), json=Out())
+         steps=Int(min=1), seed=Seed(), bootstrap=Int(min=10, max=BOOTSTRAP_MAX), progress=Progress(), out=Out(),
+         json=Out(), threads=Threads(),
+         split=Str(), verify=Int(min=0))
+@_outputs_held
 def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: str = "logit-diff",
             nodes: str = "heads", steps: int | None = None, seed: int = 0, bootstrap: int = 1000,
-            device: str = "auto", progress=False, out=None, json=None) -> Circuit:
+            split: str = "half", verify: int | None = None,
+            device: str = "auto", progress=False, out=None, json=None, threads: int | None = None) -> Circuit:
     """Rank attention heads by each of ``methods`` (a list or comma string of registered head
     methods, ``"all"``; default: the recommended one, AtP and NAP-IG) on counterfactual
     ``pairs`` (a JSONL path or a list of pairs / dicts with prompt, counterfactual, answer,
     foil), and judge each ranking by MIB's faithfulness curve with the heads outside the
     circuit ablated by ``ablation`` (patching, mean, zero). ``metric``: logit-diff (default),
     logprob-diff or prob. Returns :class:`Circuit`; ``out`` also writes it as HDF5, ``json``
-    as JSON."""
+    as JSON.
+
+    ``split`` (MIB's protocol): ``"half"`` (default) gives a seeded half of the pairs to the
+    methods and measures the curve on the other half; a fraction in (0, 1) sets the methods'
+    share; ``"none"`` uses every pair for both (the same-pairs figures, labelled so). The
+    split, by ``seed``, is recorded in the result. ``verify``: how many heads of largest |AtP|
+    the verifying methods (``atp-verified``, ``attr-tiers``) patch exactly (default 15).
+
+    ``threads``: torch's CPU threads for the run, 1 to the machine's CPUs (default: chosen as
+    ``score`` chooses them). Before the model loads, every argument is checked (``seed`` 0 to
+    2**32 - 1, ``bootstrap`` 10 to 100,000), the pairs are read (a regular file of bounded
+    size; a counterfactual that is its prompt is refused) and the outputs are checked (not
+    the pairs file, a device or a folder; writable) and held by this run alone; a run whose
+    counterfactuals do not change the metric (m(N) = m(empty) within noise) is refused once
+    the two ends are measured. Nothing is written before the end."""
     from ..analysis import circuits as reg
+    from ..analysis.circuits.split import fraction_of, split_pairs
     from ..analysis.circuits.evaluate import PERCENTAGES
     from ..analysis.circuits.run import evaluate
     from ..analysis.circuits.task import ABLATIONS, NODES, CircuitTask, Context
@@ -222,14 +304,21 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
             able = ", ".join(n for n in reg.NAMES if reg.REGISTRY[n].mlp)
             raise OptionError(f"{', '.join(heads_only)} score attention heads only; with nodes heads+mlp use: {able}")
     the_pairs = _pairs_of(pairs)
-    with using(model, device=device, lm=True) as m:
-        task = CircuitTask(m.loaded, the_pairs, metric=metric, mlp=nodes == "heads+mlp")
+    parts = split_pairs(len(the_pairs), str(split), seed)  # refused before the model loads
+    with using(model, device=device, lm=True) as m, _threads(threads, m.loaded, the_pairs):
+        make = lambda idx: CircuitTask(m.loaded, [the_pairs[i] for i in idx], metric=metric,  # noqa: E731
+                                       mlp=nodes == "heads+mlp")
+        task = make(parts.eval)
         with progress_for(progress, "circuit") as bar:
-            ctx = Context(task, ablation=ablation, steps=steps, seed=seed, progress=bar)
-            run = evaluate(ctx, wanted, bootstrap_samples=bootstrap)
+            settings = dict(ablation=ablation, steps=steps, seed=seed, progress=bar, verify=verify)
+            ctx = Context(task, **settings)
+            fit = ctx if parts.same else Context(make(parts.fit), **settings)
+            run = evaluate(ctx, wanted, bootstrap_samples=bootstrap, fit=fit)
         name = m.loaded.model_id
     result = Circuit(run.methods, reg.RECOMMENDED, run.clean, run.empty, run.n_pairs, run.ablation, run.metric,
-                     run.layers, run.heads, model=str(name), percentages=PERCENTAGES, nodes=nodes)
+                     run.layers, run.heads, model=str(name), percentages=PERCENTAGES, nodes=nodes,
+                     split=parts.to_dict())
+    result.data = os.fspath(pairs) if isinstance(pairs, (str, os.PathLike)) else None
     if out is not None:
         result.save(out)
     if json is not None:

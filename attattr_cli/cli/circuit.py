@@ -10,6 +10,9 @@ import typer
 from . import options
 from .common import edge, err, out, progress_bar, renamed_options
 
+# circuit writes its outputs only when it has finished, each whole or not at all: Ctrl-C leaves them as they were
+INTERRUPTED = "nothing was written; the output files are untouched (a circuit run does not resume: run it again)."
+
 
 def circuit(
     data: Path = typer.Option(..., "--data", help="Counterfactual pairs, JSONL: prompt, counterfactual, answer, foil per line (attattr demo data --task ioi writes them)."),
@@ -21,11 +24,14 @@ def circuit(
     nodes: str = typer.Option("heads", "--nodes", help="The nodes: heads (attention heads), or heads+mlp (also each layer's MLP output, as MIB's node level; methods that score heads only are refused)."),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration nodes of the path methods (default: each method's own)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the random ranking and of the bootstrap."),
+    split: str = typer.Option("half", "--split", help="MIB's protocol: half (default) gives a seeded half of the pairs (--seed) to the methods and measures the curve on the other half; a fraction sets the methods' share; none uses every pair for both (the same-pairs figures)."),
+    verify: Optional[int] = typer.Option(None, "--verify", help="Heads of largest |AtP| that atp-verified and attr-tiers patch exactly (default 15; each costs about one forward per pair)."),
     bootstrap: int = typer.Option(1000, "--bootstrap", help="Bootstrap resamples over pairs for the intervals."),
     out_path: Optional[Path] = typer.Option(None, "--out", "-o", help="Also write the result as HDF5 (scores, per-pair scores, curves)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON ('-': to stdout instead of the table)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the faithfulness curves into FILE.png, .svg or .pdf."),
     device: str = options.device(),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch's CPU threads for the run, 1 to the machine's CPUs (default: chosen as score chooses them: 1 for short prompts, else the cores free now)."),
     quiet: bool = options.quiet(),
 ) -> None:
     """Rank attention heads on counterfactual pairs and judge each ranking by MIB's curve.
@@ -35,14 +41,20 @@ def circuit(
     bootstrap intervals, the Spearman correlation with exact patching (when computed) and the
     CPU seconds per pair. The table goes to stdout.
     """
-    with edge():
+    written: list = []  # what the run has written, said if Ctrl-C comes after (while --plot draws)
+    said = lambda: (f"{' and '.join(written)} written in full; nothing else was written" if written  # noqa: E731
+                    else INTERRUPTED)
+    with edge(interrupted=said):
         from ..api.circuits import circuit as run
+        from ..fileio import check_writable
 
         to_stdout = json_path is not None and str(json_path) == "-"
+        check_writable(plot, "--plot")  # before any work, as the library checks --out and --json
         with progress_bar("circuit", quiet) as bar, renamed_options("data", "out", "json", "methods"):
             result = run(model, str(data), methods=methods, ablation=ablation, metric=metric, nodes=nodes,
-                         steps=steps, seed=seed, bootstrap=bootstrap, device=device, progress=bar,
-                         out=out_path, json=None if to_stdout else json_path)
+                         steps=steps, seed=seed, bootstrap=bootstrap, split=split, verify=verify, device=device, progress=bar,
+                         out=out_path, json=None if to_stdout else json_path, threads=threads)
+        written.extend(str(p) for p in (out_path, None if to_stdout else json_path) if p is not None)
         if plot is not None:
             result.plot(plot)
         if to_stdout:
@@ -51,7 +63,7 @@ def circuit(
         out.print(table(result), markup=False, soft_wrap=True)
         if not quiet:
             err.print(f"m(N) {result.clean:.4g}, m(empty) {result.empty:.4g} over {result.n_pairs} pairs "
-                      f"(metric {result.metric}, ablation {result.ablation}); recommended: {result.recommended}",
+                      f"(metric {result.metric}, ablation {result.ablation}{result.describe_split()}); recommended: {result.recommended}",
                       markup=False)
 
 

@@ -32,6 +32,10 @@ from typing import Any, Callable, Sequence
 from ..errors import DataError
 
 FIELDS = ("prompt", "counterfactual", "answer", "foil")
+# what a pairs file may hold: its size and one line's (a device such as /dev/zero, or a file
+# that is not pairs, is refused in one line instead of read without end)
+MAX_BYTES = 256 * 2**20
+MAX_LINE_BYTES = 2**20
 
 
 @dataclass
@@ -59,7 +63,10 @@ def _tokens(value: Any, name: str, where: str) -> tuple[str, ...]:
     return tuple(value)
 
 
-def pair_from_dict(obj: Any, index: int, where: str) -> Pair:
+def pair_from_dict(obj: Any, index: int, where: str, distinct: bool = False) -> Pair:
+    """A pair from its JSON object (DataError naming ``where`` when it is not one); with
+    ``distinct`` a counterfactual that is the prompt itself is refused (a circuit's pair: it
+    would change nothing)."""
     if not isinstance(obj, dict):
         raise DataError(f"{where}: a pair is a JSON object with fields {', '.join(FIELDS)}")
     missing = [f for f in FIELDS if f not in obj]
@@ -73,20 +80,62 @@ def pair_from_dict(obj: Any, index: int, where: str) -> Pair:
     if set(answer) & set(foil):
         raise DataError(f"{where}: the answer and the foil share {sorted(set(answer) & set(foil))[0]!r};"
                         " the metric answer - foil would be zero")
+    if distinct and obj["counterfactual"] == obj["prompt"]:
+        raise DataError(f"{where}: the counterfactual is the prompt itself; it changes nothing, so the heads'"
+                        " effects and the faithfulness ratio are undefined (give a counterfactual that differs)")
     meta = {k: v for k, v in obj.items() if k not in FIELDS}
     return Pair(index, obj["prompt"], obj["counterfactual"], answer, foil, meta)
 
 
-def read_pairs(path: str | os.PathLike) -> list[Pair]:
-    """Pairs from a JSONL file (one object per line; blank lines skipped)."""
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MB" if n >= 2**20 else f"{n} bytes"
+
+
+def read_bounded(path: str | os.PathLike) -> str:
+    """The text of a pairs file, read with bounds: a regular file (a device, a FIFO or a folder
+    is refused), at most MAX_BYTES, no line over MAX_LINE_BYTES; each refusal one DataError."""
+    import stat
+
     name = os.fspath(path)
     try:
-        with open(name, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+        mode = os.stat(name).st_mode  # before opening: opening a FIFO waits for a writer
+        if not stat.S_ISREG(mode):
+            what = "a folder" if stat.S_ISDIR(mode) else "a device, a FIFO or a socket"
+            raise DataError(f"{name} is not a regular file ({what}); give a JSONL file of pairs")
+        with open(name, "rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
         raise DataError(f"{name}: no such file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:
         raise DataError(f"{name}: cannot read ({exc})") from None
+    if len(raw) > MAX_BYTES:
+        raise DataError(f"{name} is larger than {_mb(MAX_BYTES)}, more than a pairs file may hold; split it")
+    start = 0
+    for line_no, end in enumerate(_line_ends(raw), 1):
+        if end - start > MAX_LINE_BYTES:
+            raise DataError(f"{name} line {line_no} is longer than {_mb(MAX_LINE_BYTES)}, more than a pair's"
+                            " line may hold (is it a JSONL file of pairs, one per line?)")
+        start = end + 1
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{name}: cannot read ({exc})") from None
+
+
+def _line_ends(raw: bytes):
+    """The offsets of the newlines of ``raw``, and its end."""
+    at = raw.find(b"\n")
+    while at != -1:
+        yield at
+        at = raw.find(b"\n", at + 1)
+    yield len(raw)
+
+
+def read_pairs(path: str | os.PathLike, distinct: bool = False) -> list[Pair]:
+    """Pairs from a JSONL file (one object per line; blank lines skipped), read with bounds
+    (:func:`read_bounded`); ``distinct``: a counterfactual that is its prompt is refused."""
+    name = os.fspath(path)
+    lines = read_bounded(name).splitlines()
     pairs: list[Pair] = []
     for line_no, line in enumerate(lines, 1):
         if not line.strip():
@@ -98,7 +147,7 @@ def read_pairs(path: str | os.PathLike) -> list[Pair]:
             from .readers import json_problem
 
             raise DataError(f"{where}: not valid JSON ({json_problem(exc)})") from None
-        pairs.append(pair_from_dict(obj, len(pairs), where))
+        pairs.append(pair_from_dict(obj, len(pairs), where, distinct))
     if not pairs:
         raise DataError(f"{name}: no pairs (a JSONL file of objects with {', '.join(FIELDS)})")
     return pairs
@@ -111,14 +160,18 @@ def is_pairs_file(path: str | os.PathLike) -> bool:
     if not name.lower().endswith((".jsonl", ".json")):
         return False
     try:
+        if not os.path.isfile(name):  # a device (/dev/zero) is read by no one here: the reader refuses it
+            return False
         with open(name, encoding="utf-8") as fh:
-            for line in fh:
+            while True:
+                line = fh.readline(MAX_LINE_BYTES + 1)
+                if not line or len(line) > MAX_LINE_BYTES:
+                    return False
                 if line.strip():
                     obj = json.loads(line)
                     return isinstance(obj, dict) and all(f in obj for f in FIELDS)
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):  # not pairs: the table reader says why
         return False
-    return False
 
 
 def as_examples(pairs: Sequence[Pair]):
@@ -385,3 +438,99 @@ def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
                     {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)})
 
     return _draw(count, seed, make, "capital pairs of equal token length")
+
+
+# ---------------------------------------------------------------- tasks of other kinds
+# (made to check that a head ranking holds on behaviours it was not built on: docs/circuits.md)
+
+SURNAMES = ("Smith", "Brown", "Jones", "Miller", "Davis", "Wilson", "Taylor", "Clark", "Moore", "White", "Hall",
+            "Young", "King", "Wright", "Green", "Baker", "Adams", "Hill", "Scott", "Lee", "Walker", "Allen", "Hughes",
+            "Evans", "Turner", "Parker", "Cook", "Morgan", "Bell", "Ward", "Cooper", "Reed")
+COPY_TEMPLATES = (
+    "I sat next to {F} {L} at the dinner. After the dinner, {F}",
+    "The letter was signed by {F} {L}. Everyone knew that {F}",
+    "Our new neighbour is called {F} {L}. This morning {F}",
+    "The prize went to {F} {L} last year. This year {F}",
+)
+
+
+@generator("copying")
+def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """Copying a name seen earlier (an induction task): "I sat next to Anna Smith at the dinner.
+    After the dinner, Anna" -> " Smith" against " Brown"; the counterfactual names Anna Brown
+    instead, so that the copy points at the foil."""
+    first = usable_names(tokenizer)
+    last = usable_names(tokenizer, SURNAMES)
+    if len(first) < 1 or len(last) < 2:
+        raise DataError("too few one-token names and surnames for this tokenizer for the copying task")
+
+    def make(rng, i):
+        template = COPY_TEMPLATES[i % len(COPY_TEMPLATES)]
+        f = rng.choice(first)
+        l1, l2 = rng.sample(last, 2)
+        clean, cf = template.format(F=f, L=l1), template.format(F=f, L=l2)
+        if _length(tokenizer, clean) != _length(tokenizer, cf):
+            return None
+        return Pair(i, clean, cf, (" " + l1,), (" " + l2,), {"task": "copying", "template": COPY_TEMPLATES.index(template)})
+
+    return _draw(count, seed, make, "copying pairs of equal token length")
+
+
+MALE = ("John", "James", "Michael", "David", "Paul", "Mark", "Tom", "Dan", "Jack", "Ben", "Peter", "George", "Steve",
+        "Robert", "Kevin", "Eric", "Andrew", "Joe", "Mike", "Sam")
+FEMALE = ("Mary", "Sarah", "Anna", "Lisa", "Kate", "Amy", "Emma", "Laura", "Rachel", "Jessica", "Susan", "Linda",
+          "Helen", "Karen", "Julia", "Alice", "Claire", "Sophie", "Lucy", "Grace")
+PRONOUN_TEMPLATES = (
+    "{N} was tired after the long trip, so",
+    "When {N} opened the door,",
+    "{N} missed the bus this morning because",
+    "After {N} finished the exam,",
+)
+
+
+@generator("pronoun")
+def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """A gendered pronoun: "Mary was tired after the long trip, so" -> " she" against " he"; the
+    counterfactual names someone of the other gender (the continuation's pronoun flips)."""
+    male, female = usable_names(tokenizer, MALE), usable_names(tokenizer, FEMALE)
+    if not male or not female or one_token(tokenizer, " he") is None or one_token(tokenizer, " she") is None:
+        raise DataError("this tokenizer lacks one-token names of both genders or the pronouns he / she")
+
+    def make(rng, i):
+        template = PRONOUN_TEMPLATES[i % len(PRONOUN_TEMPLATES)]
+        woman = rng.random() < 0.5
+        n, other = (rng.choice(female), rng.choice(male)) if woman else (rng.choice(male), rng.choice(female))
+        clean, cf = template.format(N=n), template.format(N=other)
+        if _length(tokenizer, clean) != _length(tokenizer, cf):
+            return None
+        answer, foil = (" she", " he") if woman else (" he", " she")
+        return Pair(i, clean, cf, (answer,), (foil,), {"task": "pronoun", "template": PRONOUN_TEMPLATES.index(template)})
+
+    return _draw(count, seed, make, "pronoun pairs of equal token length")
+
+
+AGREEMENT_NOUNS = (("key", "keys"), ("dog", "dogs"), ("author", "authors"), ("teacher", "teachers"),
+                   ("house", "houses"), ("car", "cars"), ("student", "students"), ("picture", "pictures"),
+                   ("farmer", "farmers"), ("book", "books"), ("doctor", "doctors"), ("bird", "birds"))
+AGREEMENT_ATTRACTORS = ("near the cabinet", "next to the windows", "behind the trees", "of the old man",
+                        "by the river", "beside the chairs", "in the garden", "with the boxes")
+
+
+@generator("agreement")
+def agreement(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """Subject-verb agreement across an attractor: "The key near the cabinets" -> " is" against
+    " are"; the counterfactual makes the subject plural ("The keys ...": the verb flips)."""
+    if one_token(tokenizer, " is") is None or one_token(tokenizer, " are") is None:
+        raise DataError("this tokenizer does not write ' is' and ' are' as one token each")
+
+    def make(rng, i):
+        (sing, plural), attractor = rng.choice(AGREEMENT_NOUNS), rng.choice(AGREEMENT_ATTRACTORS)
+        plural_first = rng.random() < 0.5
+        a, b = (plural, sing) if plural_first else (sing, plural)
+        clean, cf = f"The {a} {attractor}", f"The {b} {attractor}"
+        if _length(tokenizer, clean) != _length(tokenizer, cf):
+            return None
+        answer, foil = (" are", " is") if plural_first else (" is", " are")
+        return Pair(i, clean, cf, (answer,), (foil,), {"task": "agreement", "noun": sing})
+
+    return _draw(count, seed, make, "agreement pairs of equal token length")

@@ -17,7 +17,7 @@ from ...errors import OptionError
 from .registry import REGISTRY, HeadMethod, register  # noqa: F401
 
 # the method modules register themselves; their order is the order of tables and --help
-from . import gates, atp, patching, tiers, nap_ig, pattern, attention, baseline  # noqa: E402,F401
+from . import gates, atp, patching, tiers, verified, nap_ig, pattern, attention, baseline  # noqa: E402,F401
 
 NAMES = tuple(REGISTRY)
 RECOMMENDED = "attr-tiers"  # chosen by measurement on held-out pairs: docs/circuits.md

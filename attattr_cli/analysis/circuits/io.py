@@ -3,6 +3,8 @@
     /                      attrs: schema, schema_version, attattr_version, created, model,
                            metric, ablation, pairs, layers, heads, m_clean, m_empty, recommended
     /percentages           float64 [10]
+    /split/fit, /split/eval   int64: the pairs (indices into the input) the methods saw and those
+                           the curve is measured on; attrs kind, seed, same_pairs (MIB's protocol)
     /methods/<name>/scores    float64 [layer, node] (mean over pairs; nodes: the heads, and with
                            nodes "heads+mlp" the layer's MLP as the last column)
     /methods/<name>/per_pair  float64 [pair, layer, head]
@@ -41,6 +43,12 @@ def write(path, result) -> None:
                       "m_clean": result.clean,
                       "m_empty": result.empty, "recommended": result.recommended})
             f["percentages"] = np.asarray(result.percentages, dtype=np.float64)
+            if result.split:  # MIB's protocol: the pairs the methods saw, and those the curve is measured on
+                g = f.create_group("split")
+                g.attrs.update({"kind": result.split["kind"], "seed": result.split["seed"],
+                                "same_pairs": bool(result.split["same_pairs"])})
+                g["fit"] = np.asarray(result.split["fit"], dtype=np.int64)
+                g["eval"] = np.asarray(result.split["eval"], dtype=np.int64)
             for name, r in result.methods.items():
                 g = f.create_group(f"methods/{name}")
                 g["scores"] = np.asarray(r.scores, dtype=np.float64)

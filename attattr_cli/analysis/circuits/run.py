@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import REGISTRY
-from .evaluate import PERCENTAGES, area, bootstrap, curve_from, ends, keep_masks, per_pair_metrics
+from .evaluate import PERCENTAGES, area, bootstrap, check_gap, curve_from, ends, keep_masks, per_pair_metrics
 from .task import Context
 
 
@@ -24,7 +24,7 @@ class MethodResult:
     cpr_interval: tuple
     cmd_interval: tuple
     cpu_s_per_pair: float
-    spearman: float | None = None  # with exact patching, where computed
+    spearman: float | None = None  # with exact patching on the pairs the methods saw, where computed
     top10_shared: int | None = None
     completeness: float | None = None  # |sum of scores - (m(N) - m(empty))| / |m(N) - m(empty)|, where it applies
 
@@ -34,7 +34,8 @@ class CircuitRun:
     methods: dict = field(default_factory=dict)
     clean: float = 0.0  # m(N), mean over pairs
     empty: float = 0.0  # m(empty)
-    n_pairs: int = 0
+    n_pairs: int = 0  # the pairs the curve is measured on
+    n_fit: int = 0  # the pairs the methods saw (the same pairs without a split)
     ablation: str = "patching"
     metric: str = "logit-diff"
     layers: int = 0
@@ -45,23 +46,29 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun:
+def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000, fit: Context | None = None) -> CircuitRun:
+    """Score heads by each method on ``fit``'s pairs (default: ``ctx``'s own) and measure each
+    ranking's curve on ``ctx``'s pairs: with a split (MIB's protocol) no method, and no choice a
+    method makes, sees the pairs it is judged on."""
     from scipy.stats import spearmanr
 
+    fit = ctx if fit is None else fit
     task = ctx.task
-    run = CircuitRun(n_pairs=task.n, ablation=ctx.ablation, metric=task.metric_name,
+    run = CircuitRun(n_pairs=task.n, n_fit=fit.task.n, ablation=ctx.ablation, metric=task.metric_name,
                      layers=task.layers, heads=task.heads)
     t = _cpu()
-    for b in task.batches:  # the ablation's sources, shared by every method (not charged to any)
-        ctx.source(b)
+    for c in ([ctx] if fit is ctx else [fit, ctx]):  # the ablation's sources, shared by every method (not charged to any)
+        for b in c.task.batches:
+            c.source(b)
     clean, empty = ends(ctx)
+    check_gap(clean, empty, ctx.ablation)  # a gap within noise: the ratio f is undefined
     run.clean, run.empty = float(clean.mean()), float(empty.mean())
-    shared = (_cpu() - t) / task.n
+    shared = (_cpu() - t) / fit.task.n
     for name in methods:
         method = REGISTRY[name]
         t = _cpu()
-        per = np.asarray(method.compute(ctx), dtype=np.float64)
-        cost = (_cpu() - t) / task.n + (shared if method.kind != "baseline" else 0.0)  # a baseline runs no model
+        per = np.asarray(method.compute(fit), dtype=np.float64)
+        cost = (_cpu() - t) / fit.task.n + (shared if method.kind != "baseline" else 0.0)  # a baseline runs no model
         mean = per.mean(0)
         masks = np.concatenate([keep_masks(mean, False), keep_masks(mean, True)])
         pm = per_pair_metrics(ctx, masks)
@@ -71,9 +78,9 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000) -> CircuitRun
         cpr, cmd = area(PERCENTAGES, f_s)[0], area(PERCENTAGES, f_a)[1]
         ci_cpr, ci_cmd = bootstrap(signed, absolute, clean, empty, samples=bootstrap_samples, seed=ctx.seed)
         res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
-        if method.complete:
+        if method.complete:  # on the pairs the method saw
             total = per.sum((1, 2))
-            gap = clean - empty
+            gap = np.subtract(*ends(fit))
             res.completeness = float(np.abs(total - gap).mean() / max(np.abs(gap).mean(), 1e-12))
         run.methods[name] = res
     ref = run.methods.get("patching")

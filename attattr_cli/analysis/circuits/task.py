@@ -277,6 +277,7 @@ class Context:
     steps: int | None = None  # integration nodes of the path methods (None: each method's own default)
     seed: int = 0
     progress: Progress | None = None
+    verify: int | None = None  # heads of largest |AtP| verified by exact patching (None: each method's default)
     cache: dict = field(default_factory=dict)  # what several methods share (one integral, two reductions)
     _sources: dict = field(default_factory=dict)
     _means: dict | None = None

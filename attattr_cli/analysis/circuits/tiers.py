@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .evaluate import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
+from . import measure
+from .measure import PERCENTAGES
 from .gates import STEPS, gate_gradients, nodes
 from .patching import patched_heads
 from .registry import HeadMethod, register
@@ -90,24 +91,42 @@ def tiered(member: np.ndarray, inner: np.ndarray, ends=TIERS, first: str = "magn
     return (rank * sign).reshape(shape)
 
 
+def verified_estimates(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gate integral, AtP, verified AtP), each the mean over ``ctx``'s pairs [layer, node]:
+    the gate integral and AtP from one batch of passes (AtP is the integrand at alpha = 1), and
+    verified AtP is AtP with the exact patching effect of its ``--verify`` heads of largest
+    |AtP|, every head of the first ``EXACT_LAYERS`` layers and up to ``DISAGREE`` heads whose
+    two estimates disagree in sign. Computed once per context (every method that reads them
+    shares the passes)."""
+    if "verified" not in ctx.cache:
+        x, w = nodes(ctx.steps or STEPS)
+        alphas = np.concatenate([x, [1.0]])
+        weights = np.stack([np.concatenate([w, [0.0]]), np.concatenate([np.zeros_like(w), [1.0]])], axis=1)
+        ig, atp = gate_gradients(ctx, alphas, weights)  # one batch of passes: the integral and the clean gradient
+        ig_mean, atp_mean = ig.mean(0), atp.mean(0)
+        flat = np.abs(atp_mean.ravel())
+        top = np.argsort(-flat, kind="stable")[:min(verified_count(ctx), flat.size)]
+        first_layers = range(min(EXACT_LAYERS, atp_mean.shape[0]) * atp_mean.shape[1])  # flat indices, layer-major
+        verified = dict.fromkeys([*top.tolist(), *first_layers, *disagreeing(ig_mean, atp_mean, DISAGREE).tolist()])
+        heads = [divmod(int(i), atp_mean.shape[1]) for i in verified]
+        exact = patched_heads(ctx, heads).mean(0)
+        inner = atp_mean.copy()
+        for l, h in heads:
+            inner[l, h] = exact[l, h]
+        ctx.cache["verified"] = (ig_mean, atp_mean, inner)
+    return ctx.cache["verified"]
+
+
 def _attr_tiers(ctx) -> np.ndarray:
-    x, w = nodes(ctx.steps or STEPS)
-    alphas = np.concatenate([x, [1.0]])
-    weights = np.stack([np.concatenate([w, [0.0]]), np.concatenate([np.zeros_like(w), [1.0]])], axis=1)
-    ig, atp = gate_gradients(ctx, alphas, weights)  # one batch of passes: the integral and the clean gradient
-    ig_mean, atp_mean = ig.mean(0), atp.mean(0)
-    flat = np.abs(atp_mean.ravel())
-    top = np.argsort(-flat, kind="stable")[:min(VERIFIED, flat.size)]
-    first_layers = range(min(EXACT_LAYERS, atp_mean.shape[0]) * atp_mean.shape[1])  # flat indices, layer-major
-    verified = dict.fromkeys([*top.tolist(), *first_layers, *disagreeing(ig_mean, atp_mean, DISAGREE).tolist()])
-    heads = [divmod(int(i), atp_mean.shape[1]) for i in verified]
-    exact = patched_heads(ctx, heads).mean(0)
-    inner = atp_mean.copy()
-    for l, h in heads:
-        inner[l, h] = exact[l, h]
+    ig_mean, _, inner = verified_estimates(ctx)
     candidates = [tiered(ig_mean, inner, first=first, signed_first=signed) for first, signed in FIRST]
     ranks = candidates[measured_best(ctx, candidates)]
     return np.broadcast_to(ranks, (ctx.task.n, *ranks.shape)).copy()
+
+
+def verified_count(ctx) -> int:
+    """Heads of largest |AtP| verified by exact patching: ``--verify`` where given, else ``VERIFIED``."""
+    return VERIFIED if getattr(ctx, "verify", None) is None else int(ctx.verify)
 
 
 def disagreeing(ig: np.ndarray, atp: np.ndarray, count: int) -> np.ndarray:
@@ -130,18 +149,9 @@ def _greedy(seg: np.ndarray, share: np.ndarray, inner: np.ndarray) -> list[int]:
 
 
 def measured_best(ctx, rankings: list[np.ndarray], ks=CHECKED) -> int:
-    """The index of the ranking whose curve (CMD's ranking by |score|) is nearest 1 at ``ks``,
-    each point weighted by the width CMD's trapezoids give it; the sets are run once each (the
-    curve's own forwards, one per pair and set). Ties: the first."""
-    masks = np.concatenate([keep_masks(r, True, ks) for r in rankings])
-    unique, which = np.unique(masks.reshape(len(masks), -1), axis=0, return_inverse=True)
-    clean, empty = ends(ctx)
-    f = curve_from(per_pair_metrics(ctx, unique.reshape(-1, *masks.shape[1:])), clean, empty)[which.ravel()]
-    ks_all = list(PERCENTAGES)
-    width = np.array([(ks_all[min(i + 1, len(ks_all) - 1)] - ks_all[max(i - 1, 0)]) / 2
-                      for i in (ks_all.index(k) for k in ks)])
-    cost = (np.abs(1 - f.reshape(len(rankings), len(ks))) * width).sum(1)
-    return int(np.argmin(cost))
+    """:func:`measure.measured_best` at the first tier's ``CHECKED`` points (on the pairs the
+    method was given: never the evaluation's when the pairs are split)."""
+    return measure.measured_best(ctx, rankings, ks)
 
 
 assert TIERS == tuple(k for k in PERCENTAGES if k in TIERS)  # the tiers end where the curve is read
