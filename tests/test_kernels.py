@@ -5,8 +5,8 @@
   (the register / spill check is tests/test_ptxas.py);
 * the backend selector on CPU;
 * a CPU emulation of the kernels (slow): the .cu and the binding are rebuilt for the CPU
-  with a small shim that runs each thread block as 256 host threads with real barriers,
-  so the kernel logic (tiling, masks, online softmax, reductions, strides, op schema, fake
+  with a small shim that runs each thread block on one OS thread, its 256 CUDA threads as
+  fibers switched at every barrier (a phase loop), so the kernel logic (tiling, masks, online softmax, reductions, strides, op schema, fake
   implementations) is checked against the reference without a GPU;
 * GPU tests (``-m gpu``) of the real kernels against the reference; they skip cleanly
   without CUDA.
@@ -368,24 +368,29 @@ EMU_NAMESPACE = "attattr_emu"
 
 EMU_SHIM = r"""
 // CPU emulation of the CUDA features used by attattr_attn.cu (test harness only).
-// A block runs as blockDim.x host threads; __syncthreads is a std::barrier; warp
-// shuffles go through a block-wide exchange buffer (every call site is block-uniform).
-// A launch starts its blockDim.x threads once and they run the grid's blocks one after
-// another (starting 256 threads costs more than most blocks' work); each block gets
-// fresh, NaN-poisoned shared memory.
-// The device has $ATTATTR_EMU_SMS multiprocessors (default 4); every launch's grid is
-// logged for emu_launches().
+// A block runs on ONE OS thread, the launching one: its blockDim.x CUDA threads are fibers
+// (ucontext stacks) that the block's scheduler runs one after another, thread 0 first; a
+// fiber runs until its next __syncthreads (or its end), so the block advances phase by
+// phase between barriers, in a fixed order: no OS threads, no locks, no OS scheduling.
+// A barrier that some fibers reach while others have returned is reported as a launch
+// error (cudaGetLastError), not a deadlock.  Warp shuffles go through a block-wide
+// exchange buffer (every call site is block-uniform); each block gets fresh, NaN-poisoned
+// shared memory.  The device has $ATTATTR_EMU_SMS multiprocessors (default 4); every
+// launch's grid is logged for emu_launches(), and the process's OS thread count while a
+// block's fibers are all alive (at their first barrier) for emu_peak_threads().
 #pragma once
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <thread>
 #include <vector>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 using std::max;
 using std::min;
 #define __global__
@@ -398,22 +403,154 @@ struct dim3 {
   dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 struct emu_index { unsigned x, y, z; };
-static thread_local emu_index threadIdx, blockIdx;
-static thread_local dim3 blockDim, gridDim;
+static emu_index threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
 static std::vector<unsigned> emu_grid_log;
-static std::barrier<>* emu_bar = nullptr;
 static float* emu_smem = nullptr;
 static float emu_shfl[2][1024];
-static thread_local unsigned emu_shfl_calls;
-static std::mutex emu_mu;
+static unsigned emu_shfl_calls[1024];
 static std::mutex emu_launch_mu;
-inline void __syncthreads() { emu_bar->arrive_and_wait(); }
-// Two exchange buffers used in turn, one barrier per shuffle: a thread writes a buffer
-// again two shuffles later, past the next shuffle's barrier, which no thread reaches
-// before it has read this one.
+static int emu_error = 0;  // sticky until cudaGetLastError
+static int emu_peak = 0;   // OS threads of the process seen while a block runs
+// ------------------------------------------------------------------ fibers
+// x86-64: a 10-instruction switch of the callee-saved registers, the stack pointer and the
+// SSE / x87 control words (glibc's swapcontext also saves the signal mask: two system
+// calls per switch); elsewhere ucontext.
+enum emu_state { EMU_RUNNING, EMU_AT_BARRIER, EMU_DONE };
+constexpr size_t kEmuStack = 256 * 1024;  // per fiber, with a guard page below
+static std::vector<char*> emu_stacks;
+static unsigned emu_cur = 0;
+static const std::function<void()>* emu_body = nullptr;
+#if defined(__x86_64__)
+extern "C" void emu_switch(void** save_sp, void* load_sp);
+asm(R"(
+  .text
+  .p2align 4
+  .local emu_switch
+  .type emu_switch, @function
+emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size emu_switch, .-emu_switch
+)");
+struct emu_fiber {
+  void* sp;
+  emu_state state;
+};
+static std::vector<emu_fiber> emu_fibers;
+static void* emu_sched_sp = nullptr;
+[[noreturn]] static void emu_fiber_main() {
+  (*emu_body)();
+  emu_fibers[emu_cur].state = EMU_DONE;
+  emu_switch(&emu_fibers[emu_cur].sp, emu_sched_sp);  // never resumed
+  __builtin_unreachable();
+}
+static void emu_fiber_start(emu_fiber& f, char* stack) {
+  uint64_t* sp = reinterpret_cast<uint64_t*>(stack + kEmuStack);  // 16-byte aligned
+  *--sp = 0;                                                      // emu_fiber_main's return address
+  *--sp = reinterpret_cast<uint64_t>(&emu_fiber_main);            // emu_switch returns here
+  for (int r = 0; r < 6; ++r) *--sp = 0;                          // rbp rbx r12 .. r15
+  uint32_t mxcsr;
+  uint16_t fpucw;
+  asm volatile("stmxcsr %0" : "=m"(mxcsr));
+  asm volatile("fnstcw %0" : "=m"(fpucw));
+  *--sp = (uint64_t)mxcsr | ((uint64_t)fpucw << 32);
+  f.sp = sp;
+}
+static void emu_fiber_resume(emu_fiber& f) { emu_switch(&emu_sched_sp, f.sp); }
+static void emu_fiber_yield(emu_fiber& f) { emu_switch(&f.sp, emu_sched_sp); }
+#else
+struct emu_fiber {
+  ucontext_t ctx;
+  emu_state state;
+};
+static std::vector<emu_fiber> emu_fibers;
+static ucontext_t emu_sched;
+static void emu_fiber_main() {
+  (*emu_body)();
+  emu_fibers[emu_cur].state = EMU_DONE;  // returns to uc_link, the scheduler
+}
+static void emu_fiber_start(emu_fiber& f, char* stack) {
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = stack;
+  f.ctx.uc_stack.ss_size = kEmuStack;
+  f.ctx.uc_link = &emu_sched;
+  makecontext(&f.ctx, emu_fiber_main, 0);
+}
+static void emu_fiber_resume(emu_fiber& f) { swapcontext(&emu_sched, &f.ctx); }
+static void emu_fiber_yield(emu_fiber& f) { swapcontext(&f.ctx, &emu_sched); }
+#endif
+inline void __syncthreads() {
+  emu_fiber& f = emu_fibers[emu_cur];
+  f.state = EMU_AT_BARRIER;
+  emu_fiber_yield(f);
+}
+static int emu_os_threads() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int n = -1;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::strncmp(line, "Threads:", 8) == 0) n = std::atoi(line + 8);
+  std::fclose(f);
+  return n;
+}
+// Runs one block: nt fibers executing body(), phase by phase.  false on barrier divergence.
+static bool emu_run_block(unsigned nt, const std::function<void()>& body, bool sample) {
+  while (emu_stacks.size() < nt) {
+    void* mem = mmap(nullptr, kEmuStack + 4096, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) std::abort();
+    mprotect(mem, 4096, PROT_NONE);  // a stack overflow faults instead of corrupting
+    emu_stacks.push_back(static_cast<char*>(mem) + 4096);
+  }
+  emu_fibers.resize(std::max<size_t>(emu_fibers.size(), nt));
+  emu_body = &body;
+  for (unsigned t = 0; t < nt; ++t) {
+    emu_fiber_start(emu_fibers[t], emu_stacks[t]);
+    emu_fibers[t].state = EMU_RUNNING;
+  }
+  for (unsigned phase = 0;; ++phase) {
+    unsigned waiting = 0, done = 0;
+    for (unsigned t = 0; t < nt; ++t) {
+      emu_fiber& f = emu_fibers[t];
+      if (f.state == EMU_DONE) { ++done; continue; }
+      threadIdx = {t, 0, 0};
+      emu_cur = t;
+      f.state = EMU_RUNNING;
+      emu_fiber_resume(f);
+      if (f.state == EMU_AT_BARRIER) ++waiting; else ++done;
+    }
+    if (sample && phase == 0) emu_peak = std::max(emu_peak, emu_os_threads());
+    if (done == nt) return true;
+    if (waiting != nt) return false;  // some threads wait at a barrier others never reach
+  }
+}
 inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
+  // Two exchange buffers used in turn, one barrier per shuffle: a thread writes a buffer
+  // again two shuffles later, past the next shuffle's barrier, which no thread reaches
+  // before it has read this one.
   const int t = (int)threadIdx.x;
-  float* buf = emu_shfl[emu_shfl_calls++ & 1u];
+  float* buf = emu_shfl[emu_shfl_calls[t]++ & 1u];
   buf[t] = v;
   __syncthreads();
   return buf[(t & ~31) | ((t & 31) ^ lane_mask)];
@@ -435,7 +572,7 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   __nv_bfloat16 b; b.x = (uint16_t)(u >> 16); return b;
 }
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1 };
+enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 719 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
 enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount };
 inline cudaError_t cudaGetDevice(int* d) { *d = 0; return 0; }
@@ -451,46 +588,22 @@ extern "C" int emu_launches(unsigned* out, int max_launches) {
   emu_grid_log.clear();
   return n;
 }
+// The largest OS thread count of the process seen while a launch ran (then reset).
+extern "C" int emu_peak_threads() { const int p = emu_peak; emu_peak = 0; return p; }
 typedef void* cudaStream_t;
 template <class F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int) { return 0; }
-inline cudaError_t cudaGetLastError() { return 0; }
-inline const char* cudaGetErrorString(cudaError_t e) { return e ? "invalid argument" : "no error"; }
-// The host threads outlive a launch (starting 256 threads costs more than most launches'
-// work): they wait at `start` for the next launch's job and meet at `finish` after it.
-struct emu_team {
-  explicit emu_team(unsigned n) : nt(n), start(n + 1), finish(n + 1) {
-    for (unsigned t = 0; t < n; ++t)
-      threads.emplace_back([this, t] {
-        threadIdx = {t, 0, 0};
-        for (;;) {
-          start.arrive_and_wait();
-          if (job == nullptr) return;
-          (*job)();
-          finish.arrive_and_wait();
-        }
-      });
-  }
-  void run(const std::function<void()>& f) {
-    job = &f;
-    start.arrive_and_wait();
-    finish.arrive_and_wait();
-  }
-  ~emu_team() {
-    job = nullptr;
-    start.arrive_and_wait();
-    for (auto& th : threads) th.join();
-  }
-  unsigned nt;
-  std::barrier<> start, finish;
-  const std::function<void()>* job = nullptr;
-  std::vector<std::thread> threads;
-};
-static emu_team* emu_threads = nullptr;
-// Ends the team's threads (the fixture's teardown); a later launch starts a new team.
+inline cudaError_t cudaGetLastError() { const int e = emu_error; emu_error = 0; return e; }
+inline const char* cudaGetErrorString(cudaError_t e) {
+  if (e == cudaErrorLaunchFailure)
+    return "emulation: some threads of a block wait at a __syncthreads that others never reach";
+  return e ? "invalid argument" : "no error";
+}
+// Releases the fibers' stacks (the fixture's teardown); a later launch maps new ones.
 extern "C" void emu_shutdown() {
   std::lock_guard<std::mutex> no_launch_meanwhile(emu_launch_mu);
-  delete emu_threads;
-  emu_threads = nullptr;
+  for (char* s : emu_stacks) munmap(s - 4096, kEmuStack + 4096);
+  emu_stacks.clear();
+  emu_fibers.clear();
 }
 template <class... KArgs, class... Args>
 void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t,
@@ -498,31 +611,37 @@ void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
   std::lock_guard<std::mutex> one_launch_at_a_time(emu_launch_mu);
   emu_grid_log.insert(emu_grid_log.end(), {grid.x, grid.y, grid.z});
   const unsigned nt = block.x * block.y * block.z;
-  if (emu_threads == nullptr || emu_threads->nt != nt) {
-    delete emu_threads;
-    emu_threads = new emu_team(nt);
-  }
-  // Poison shared memory so that reading a slot nobody wrote shows up as NaN; again
-  // between blocks, once every thread is done with the block (the barrier's completion).
+  // Poison shared memory so that reading a slot nobody wrote shows up as NaN, again
+  // before every block.
   std::vector<float> sm(smem / sizeof(float) + 1, std::nanf(""));
-  auto poison = [&sm]() noexcept { std::fill(sm.begin(), sm.end(), std::nanf("")); };
-  std::barrier<> bar(nt);
-  // A barrier of its own, so that a thread skipping a __syncthreads still deadlocks.
-  std::barrier<decltype(poison)> block_done(nt, poison);
-  emu_bar = &bar;
   emu_smem = sm.data();
-  emu_threads->run([&] {
-    blockDim = block;
-    gridDim = grid;
-    for (unsigned z = 0; z < grid.z; ++z)
-      for (unsigned y = 0; y < grid.y; ++y)
-        for (unsigned x = 0; x < grid.x; ++x) {
-          blockIdx = {x, y, z};
-          emu_shfl_calls = 0;
-          kern(args...);
-          block_done.arrive_and_wait();
+  blockDim = block;
+  gridDim = grid;
+  const std::function<void()> body = [&] { kern(args...); };
+  bool first = true;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = {x, y, z};
+        std::fill(sm.begin(), sm.end(), std::nanf(""));
+        std::fill(emu_shfl_calls, emu_shfl_calls + nt, 0u);
+        if (!emu_run_block(nt, body, first)) {
+          emu_error = cudaErrorLaunchFailure;
+          return;
         }
-  });
+        first = false;
+      }
+}
+// Self-test of the barrier check: thread 0 returns while the others wait at a barrier.
+static void emu_divergent_kernel(int* out) {
+  if (threadIdx.x == 0) return;
+  __syncthreads();
+  out[threadIdx.x] = 1;
+}
+extern "C" int emu_selftest_divergence() {
+  static int out[256];
+  emu_launch(emu_divergent_kernel, dim3(2), dim3(256), 0, nullptr, out);
+  return cudaGetLastError();
 }
 """
 
@@ -574,8 +693,7 @@ def _build_emulation(tmp_path_factory) -> Path | str | Exception:
         cpp_extension.load(
             name="attattr_emu",
             sources=[str(p) for p in _emulation_sources(folder)],
-            extra_cflags=["-O1", "-w", "-pthread"],
-            extra_ldflags=["-pthread"],
+            extra_cflags=["-O1", "-w"],
             extra_include_paths=[str(folder)],
             build_directory=str(folder),
             is_python_module=False,
@@ -598,7 +716,34 @@ def emulated(cpp_compiles):
     ops = getattr(torch.ops, EMU_NAMESPACE)
     ops.library = ctypes.CDLL(str(folder / "attattr_emu.so"))
     yield ops
-    ops.library.emu_shutdown()  # the emulation's host threads end with the module
+    ops.library.emu_shutdown()  # the fibers' stacks are unmapped with the module
+
+
+
+def _os_threads() -> int:
+    """OS threads of this process now (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line in /proc/self/status")
+
+
+@pytest.mark.slow
+def test_emulation_runs_blocks_on_the_launching_thread(emulated):
+    """A block's 256 CUDA threads are fibers on the calling OS thread: a launch starts no OS
+    thread (counted from /proc/self/status while a block's fibers are all alive), so the
+    emulation never holds more than the process's own few threads, whatever the load."""
+    q, k, v, g = _inputs(2, 3, 70, 70, 64, torch.float32, seed=4)
+    emulated.library.emu_peak_threads()  # reset
+    before = _os_threads()
+    emulated.attr_from_grad(q, k, v, g, None, None, 0.125, False, True, 0)
+    peak = emulated.library.emu_peak_threads()
+    assert 0 < peak <= before, f"{peak} OS threads during the launch, {before} before"
+    if torch.get_num_threads() <= 4:  # torch's own intra-op pool aside
+        assert peak <= 8, f"{peak} OS threads during an emulated launch"
+    # a __syncthreads that one thread of a block never reaches: an error, not a hang
+    assert emulated.library.emu_selftest_divergence() == 719
+    assert _os_threads() <= before
 
 
 def _launch_grids(emulated) -> list[tuple[int, int, int]]:
