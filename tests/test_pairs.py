@@ -347,7 +347,7 @@ def test_prune_curves_of_pairs_equal_a_direct_evaluation(tmp_path, lm_dir, ioi_f
     rates = [0, 0.25, 0.5, 1]
     out = tmp_path / "curves.json"
     r = run_cli("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp.path, "--rates", "0,0.25,0.5,1",
-                "--metric", metric, "--out", out, "--batch-size", 4)
+                "--metric", metric, "--out", out, "--batch-size", 4, "--split", "none")
     assert r.exit_code == 0, r.output
     assert f"{metric} with the least important heads masked" in r.stderr
     doc = json.loads(out.read_text())
@@ -377,8 +377,31 @@ def test_prune_curves_of_pairs_equal_a_direct_evaluation(tmp_path, lm_dir, ioi_f
         np.mean([rnd["tables"][n][metric] for n in ("random-0", "random-1")], axis=0))
     assert set(c["methods"]["attr"]["tests"]) == {"attention", "random"}
     r = run_cli("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp.path, "--rates", "0,1", "--out",
-                tmp_path / "c.json", "--csv", "-q")
+                tmp_path / "c.json", "--csv", "-q", "--split", "none")
     assert r.exit_code == 0 and "faithfulness" in r.stdout.splitlines()[0]
+    assert doc["split"]["same_pairs"] and doc["split"]["eval"] == list(range(6))
+
+
+def test_prune_on_pairs_draws_its_curves_on_pairs_the_ranking_never_saw(tmp_path, lm_dir, ioi_file):
+    """MIB's protocol for prune on pairs: by default the curves use only the pairs no importance
+    table was averaged over; a ranking made from every pair is refused in one line."""
+    import attattr_cli as aa
+
+    store = tmp_path / "first.h5"
+    assert run_cli("score", "--lm", "--model", lm_dir, "--data", ioi_file, "--examples", "0:3", "--steps", 2,
+                   "--out", store, "-q").exit_code == 0
+    imp = aa.importance(store, methods="attr,attention", out=tmp_path / "imp.h5")
+    res = aa.prune(str(lm_dir), imp.path, data=str(ioi_file), rates=[0, 0.5, 1])
+    assert res.info["split"]["ranked_on"] == [0, 1, 2] and res.info["split"]["eval"] == [3, 4, 5]
+    assert res.curves["n_examples"] == 3
+    from attattr_cli.errors import OptionError
+
+    with pytest.raises(OptionError, match="every picked pair was used"):
+        aa.prune(str(lm_dir), imp.path, data=str(ioi_file), rates=[0, 1], examples="0:3")
+    r = run_cli("prune", "--model", lm_dir, "--data", ioi_file, "-i", imp.path, "--examples", "0:3", "-q",
+                "--out", tmp_path / "never.json")
+    assert r.exit_code == 2
+    one_error_line(r, "every picked pair was used by the importance tables")
 
 
 def test_taylor_of_pairs_equals_a_direct_gradient(lm_dir, ioi_file):

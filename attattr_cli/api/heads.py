@@ -9,9 +9,10 @@ import numpy as np
 
 from ..errors import OptionError
 from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, Names, Number, Numbers, OneOf, Out, Progress,
-                     Source, Str, Texts, checked)
+                     Source, Str, Texts, Threads, checked)
 from .inputs import check_methods_given, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
 from .model import ModelArg, progress_for, using
+from ..engine.threads import on_threads
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
@@ -129,11 +130,12 @@ class Importance:
 
 
 @checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), methods=Names(),
-         seeds=Ints(), batch_size=Int(min=1), out=Out(), progress=Progress(), command=Texts())
+         seeds=Ints(), batch_size=Int(min=1), out=Out(), progress=Progress(), command=Texts(), threads=Threads())
+@on_threads
 def importance(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, methods=None,
                seeds: Sequence[int] = (0, 1, 2, 3, 4), batch_size: int = 32, normalize: bool = True,
                truncate: bool = False, family: str | None = None, device: str = "auto", out=None,
-               progress=False, command=None, metric: str | None = None) -> Importance:
+               progress=False, command=None, metric: str | None = None, threads: int | None = None) -> Importance:
     """Rank attention heads. From a store (``source``: a path or an open store): ``attr``
     (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
     unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
@@ -388,11 +390,14 @@ class PruneResult:
 @checked(model=ModelArg(), importance=OneOf(File(), Instance(Importance, what="an Importance")), data=File(), task=Str(),
          examples=Examples(), inputs=Inputs(), rates=OneOf(Str(), Numbers(), what="'start:stop:step', a comma text or a list of numbers"),
          methods=Names(), batch_size=Int(min=1), keep_heads=Number(0, 1), save_model=Out(folder=True),
-         effectiveness=File(), ks=Ints(min=1, text=True), out=Out(), progress=Progress(), command=Texts())
+         effectiveness=File(), ks=Ints(min=1, text=True), out=Out(), progress=Progress(), command=Texts(),
+         threads=Threads(), split=Str(choices=("held-out", "none")))
+@on_threads
 def prune(model=None, importance=None, *, data=None, task=None, examples=None, inputs=None, rates="0:1:0.1",
           methods=None, batch_size: int = 64, keep_heads: float | None = None, save_model=None,
           keep_method: str | None = None, effectiveness=None, ks=None, device: str = "auto",
-          truncate: bool = False, out=None, progress=False, command=None, metric: str | None = None) -> PruneResult:
+          truncate: bool = False, out=None, progress=False, command=None, metric: str | None = None,
+          threads: int | None = None, split: str = "held-out") -> PruneResult:
     """Mask the least important heads at each rate (a fraction of all heads) and evaluate, for
     every table of ``importance`` (an :class:`Importance`, or an importance file's path);
     ``rates`` "start:stop:step", a comma string or a list. ``effectiveness``: a store of the
@@ -404,7 +409,10 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
     ``Pair`` inputs; data/pairs.py): the curves are the mean ``metric`` of the pairs
     (``"logit-diff"``, the default, ``"logprob-diff"`` or ``"prob"``; engine/metrics.py) with the
     pruned heads zeroed, instead of accuracy, with the faithfulness of each point
-    (docs/pruning.md); the model loads as a language model."""
+    (docs/pruning.md); the model loads as a language model. ``split`` (pairs only, MIB's
+    protocol): ``"held-out"`` (default) measures the curves only on the picked pairs that no table
+    of ``importance`` was averaged over (its recorded examples: indices into the same pairs file);
+    ``"none"`` on every picked pair (the same-pairs figures, labelled so in the result)."""
     from ..analysis import importance as imp
     from ..analysis import prune as pr
     from ..engine.heads import Batches
@@ -429,7 +437,7 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         methods = [x.strip() for x in methods.split(",") if x.strip()]
     if _pairs_given(data, inputs) or metric is not None:
         return _prune_pairs(model, imp_file, data, task, examples, inputs, rate_list, methods, batch_size, keep_heads,
-                            effectiveness, device, out, progress, command, metric)
+                            effectiveness, device, out, progress, command, metric, split)
     m, task_obj, picked, label_map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
     with using(m) as m:
         loaded = m.loaded
@@ -468,7 +476,7 @@ def _pairs_given(data, inputs) -> bool:
 
 
 def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, batch_size, keep_heads, effectiveness,
-                 device, out, progress, command, metric) -> PruneResult:
+                 device, out, progress, command, metric, split: str = "held-out") -> PruneResult:
     """:func:`prune` on clean / counterfactual pairs of a causal language model: the curves of the
     mean pair metric with the pruned heads zeroed (analysis/prune.py ``pair_curves``)."""
     from ..analysis import importance as imp
@@ -497,6 +505,12 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
         raise OptionError("give inputs or data, not both")
     rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
     picked = [rows[i] for i in parse_examples(examples, len(rows))]
+    seen = sorted({int(i) for t in imp_file.tables.values() for i in t.examples})
+    if split == "held-out":  # MIB's protocol: the curves never on pairs a ranking was made from
+        picked = [r for r in picked if r.index not in set(seen)]
+        if not picked:
+            raise OptionError(f"every picked pair was used by the importance tables ({len(seen)} pairs): give pairs "
+                              "they did not see (--examples), or split none for the same-pairs curves")
     with using(as_model(model, device=device, lm=True)) as m:
         loaded = m.loaded
         if not getattr(loaded, "lm", False):
@@ -507,6 +521,8 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
             "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
             "task": "pairs", "data": data or "memory", "examples": selection(examples) or "all",
             "importance": imp_file.path, "command": command_of(command), "metric": metric,
+            "split": {"kind": split, "same_pairs": split == "none", "eval": [int(r.index) for r in picked],
+                      "ranked_on": seen},
         })
         batches = pr.PairBatches(loaded, picked, metric, batch_size)
         with progress_for(progress, "prune") as bar:

@@ -28,7 +28,9 @@ def prune(
     effectiveness: Optional[Path] = typer.Option(None, "--effectiveness", help="A store of the model on --data: run the paper's per-example effectiveness analysis on its examples."),
     ks: Optional[str] = typer.Option(None, "--ks", help="Heads pruned per layer in the effectiveness analysis (default 2,4,...,all)."),
     device: str = options.device(),
+    threads: Optional[int] = options.threads(),
     truncate: bool = options.truncate(),
+    split: str = typer.Option("held-out", "--split", help="With a --data JSONL of pairs: held-out (default) draws the curves only on pairs no importance table was averaged over (MIB's protocol); none on every picked pair (the same-pairs curves)."),
     metric: Optional[str] = typer.Option(None, "--metric", help="With a --data JSONL of clean / counterfactual pairs and --model a causal language model: the curves' metric, the mean over the pairs of logit-diff (the default; answer - foil), logprob-diff or prob."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the curves (and the effectiveness analysis) into FILE.png or FILE.svg."),
     as_json: bool = options.as_json(),
@@ -50,7 +52,7 @@ def prune(
             res = run(model, importance_path, data=data, task=task, examples=examples, rates=rates, methods=methods,
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
-                      out=out_path, progress=bar, command=command_line(), metric=metric)
+                      out=out_path, progress=bar, command=command_line(), metric=metric, threads=threads, split=split)
         if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
             err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
         if res.effectiveness is not None and res.effectiveness.get("unconverged"):
