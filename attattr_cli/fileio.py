@@ -8,7 +8,10 @@ command and API function that writes (docs/api.md, "Outputs"):
   renamed over it (below); a character device, a FIFO or a socket (``/dev/null``, a named
   pipe, ``/dev/stdout``) is written in place, streamed, never replaced (``is_stream``); an
   HDF5 store that is resumed where it lies (``score --out``, ``merge --out``) cannot be
-  streamed and such a path is refused (``check_store_output``);
+  streamed and such a path is refused (``check_store_output``); a result file written whole
+  after a long computation (``circuit --out``) is checked before it starts: a file, not a
+  device or a folder, and writable (``check_file_output``), one process its one writer
+  (``one_writer``);
 - a write that fails for lack of space (a full disk, a quota, ``ulimit -f``) is one
   ``ResourceError`` line, exit status 5, the old output left whole (``write_failed``).
 
@@ -127,6 +130,108 @@ def check_store_output(path, name: str = "--out") -> None:
     if is_stream(path):
         raise OptionError(f"cannot write a store to {path}: it is not a regular file (a store is written where it"
                           f" lies and resumed there); give a file path")
+
+
+def check_writable(path, name: str = "--out") -> None:
+    """Refuse before any work an output that could not be written at the end: a folder that
+    is read-only (on a read-only file system, or without write permission: the output is
+    written beside its name and renamed over it), or an existing file that is read-only (as
+    a store opened for writing is refused). A device, a FIFO, ``-`` or None pass."""
+    if path is None or not isinstance(path, (str, os.PathLike)) or str(path) in ("", "-") or is_stream(path):
+        return
+    target = Path(path)
+    folder = target.parent if str(target.parent) else Path(".")
+
+    def why(where) -> str:
+        try:
+            if os.statvfs(where).f_flag & os.ST_RDONLY:
+                return "on a read-only file system"
+        except (OSError, AttributeError):
+            pass
+        return "permission denied"
+
+    if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+        raise OptionError(f"{name} {path} cannot be written: its folder {folder} is not writable ({why(folder)});"
+                          " nothing was computed")
+    if target.is_file() and not target.is_symlink() and not os.access(target, os.W_OK):
+        raise OptionError(f"{name} {path} cannot be written: the file is read-only ({why(folder)}); it was left"
+                          " as it is")
+
+
+def check_file_output(path, inputs=(), name: str = "--out") -> None:
+    """The output rule for a result file written whole (not streamed), checked before any
+    work: not a device, a FIFO or a socket (``/dev/...``), not a folder, not the same file as
+    one of ``inputs`` (:func:`check_output`), and writable (:func:`check_writable`)."""
+    if path is None:
+        return
+    if is_stream(path):
+        raise OptionError(f"{name} {path} is a device, a FIFO or a socket, not a file: give a file path")
+    if os.path.isdir(path):
+        raise OptionError(f"{name} {path} is a folder: give a file path")
+    check_output(path, inputs, name)
+    check_writable(path, name)
+
+
+# the outputs this process holds the one-writer lock of (see ``one_writer``): path -> depth
+_WRITING: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def one_writer(path, name: str = "--out"):
+    """Inside, this process is the one writer of ``path``: a second process (a second run onto
+    the same output) is refused at once, in one line, as a second writer of a store is (HDF5's
+    lock). The lock is an exclusive ``flock`` on a hidden file beside the output
+    (``.NAME.lock``), removed when the block ends (a crash leaves the file, not the lock).
+    Taken again by the same process (a function that writes what its caller locked) it is
+    shared. A device, a FIFO, ``-`` or None take no lock."""
+    if path is None or not isinstance(path, (str, os.PathLike)) or str(path) in ("", "-") or is_stream(path):
+        yield
+        return
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        yield
+        return
+    target = Path(os.path.abspath(path))
+    key = str(target)
+    if key in _WRITING:
+        _WRITING[key] += 1
+        try:
+            yield
+        finally:
+            _WRITING[key] -= 1
+        return
+    lock = target.parent / f".{target.name}.lock"
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise write_failed(exc, path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                raise OptionError(f"{name} {path} is being written by another process (it holds {lock}); wait for"
+                                  " it to finish or choose another output") from None
+            raise write_failed(exc, path) from None
+        try:  # the last holder removes the file as it lets go: locked a removed one, take the new one
+            held = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except OSError:
+            held = False
+        if held:
+            break
+        os.close(fd)
+    _WRITING[key] = 1
+    try:
+        yield
+    finally:
+        del _WRITING[key]
+        try:
+            os.unlink(lock)
+        except OSError:
+            pass
+        os.close(fd)
 
 
 def open_stream(path):

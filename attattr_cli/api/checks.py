@@ -118,6 +118,38 @@ class Int(Kind):
         return int(value)  # a numpy integer as Python's
 
 
+class Threads(Int):
+    """torch's CPU threads for a run: 1 to this machine's CPUs (engine/threads.py ``most``);
+    None, where the default is None, lets the run choose."""
+
+    def __init__(self):
+        from ..engine.threads import most
+
+        super().__init__(min=1, max=most())
+
+    def check(self, value):
+        try:
+            return super().check(value)
+        except Refused as why:
+            if _is_int(value):
+                raise Refused(why.why, f"(this machine has {self.max} CPUs)") from None
+            raise
+
+
+class Seed(Int):
+    """A random seed: what numpy's and torch's generators take, 0 <= seed < 2**32."""
+
+    def __init__(self):
+        super().__init__(min=0, max=2**32 - 1)
+        self.what = "a whole number from 0 to 2**32 - 1"
+
+    def check(self, value):
+        try:
+            return super().check(value)
+        except Refused:
+            raise Refused(self.what) from None
+
+
 class Number(Kind):
     """A finite real number (an int is one; a bool or a string such as "0.1" is not)."""
 

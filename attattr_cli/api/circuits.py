@@ -234,6 +234,8 @@ def _outputs_held(fn):
         inputs = [x for x in (pairs, model) if isinstance(x, (str, os.PathLike))]
         check_file_output(out, inputs, "out")
         check_output(json, [*inputs, out], "json")
+        if out is not None and json is not None and os.path.abspath(out) == os.path.abspath(json):  # neither there yet
+            raise OptionError(f"json {json} is the same file as out: give each its own path")
         check_writable(json, "json")
         with one_writer(out, "out"), one_writer(json, "json"):
             return fn(model, pairs, *args, out=out, json=json, **kw)

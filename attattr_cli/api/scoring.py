@@ -7,7 +7,7 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
 from ..errors import OptionError
-from .checks import OneOf, Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, checked
+from .checks import OneOf, Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, Threads, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, ModelArg, as_model, progress_for, using
 from .results import TemporaryStore, read_all
@@ -18,7 +18,8 @@ from .results import TemporaryStore, read_all
 
 @checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), out=Out(), layers=Ints(), family=Names(),
          prompts=Texts(), dist_timeout=Number(above=0), tol=Tolerance(), progress=Progress(), command=Texts(), warn=Callback(),
-         notify=Callback(), memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
+         notify=Callback(), memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"),
+         threads=Threads())
 def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
           rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
           output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
@@ -75,7 +76,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     the run's estimated peak (default: most of the free memory): a run over it is refused
     (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
     a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
-    the free cores for long ones)."""
+    the free cores for long ones; at most the machine's CPUs)."""
     from ..engine.budget import parse_size
     from ..engine.options import ScoreOptions, integration, precheck
 

@@ -31,7 +31,7 @@ def circuit(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the result as JSON ('-': to stdout instead of the table)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the faithfulness curves into FILE.png, .svg or .pdf."),
     device: str = options.device(),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch's CPU threads for the run, 1 to the machine's CPUs (default: chosen as score chooses them: 1 for short prompts, else the cores free now)."),
+    threads: Optional[int] = options.threads(),
     quiet: bool = options.quiet(),
 ) -> None:
     """Rank attention heads on counterfactual pairs and judge each ranking by MIB's curve.

@@ -87,9 +87,16 @@ TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
 
 
 
+# what Ctrl-C leaves, said on interruption: a command that writes as it goes and resumes (score)
+INTERRUPTED = "what was written is kept; run the same command again to resume."
+
+
 @contextlib.contextmanager
-def edge():
-    """Turn library errors into one line on stderr and a non-zero exit, no traceback."""
+def edge(interrupted=INTERRUPTED):
+    """Turn library errors into one line on stderr and a non-zero exit, no traceback.
+    ``interrupted``: what the command's Ctrl-C leaves, as it is for that command (a command
+    that writes only at the end says that nothing was written); a text, or a function that
+    says it at the moment of the interruption."""
     try:
         with cli_words():  # the library's messages keep the flags
             yield
@@ -110,7 +117,7 @@ def edge():
             os._exit(exc.exit_code)
         raise typer.Exit(exc.exit_code) from None
     except KeyboardInterrupt:
-        err.print("Interrupted: what was written is kept; run the same command again to resume.", markup=False)
+        err.print(f"Interrupted: {interrupted() if callable(interrupted) else interrupted}", markup=False)
         raise typer.Exit(130) from None
     except Exception as exc:  # a write without room, from any writer (h5py, safetensors, open): one line
         from ..api.inputs import FULL, no_space, os_errno

@@ -44,6 +44,11 @@ class FinetuneOptions:
     threads: int = 0  # torch threads during training (0: leave as it is)
     eval_batch_size: int = 128
 
+    def __post_init__(self):
+        from .threads import check
+
+        check(self.threads, zero_ok=True)  # before the model loads: 0 .. the machine's CPUs
+
 
 @dataclass
 class FinetuneReport:

@@ -174,8 +174,9 @@ class ScoreOptions:
             raise OptionError(f"unknown --keep '{self.keep}'; available: {', '.join(KEEPS)}")
         if self.top_k is not None and self.top_k < 1:
             raise OptionError(f"--top-k must be at least 1, got {self.top_k}")
-        if self.threads is not None and self.threads < 1:
-            raise OptionError(f"--threads must be at least 1, got {self.threads}")
+        from .threads import check as check_threads
+
+        check_threads(self.threads)
         if self.memory is not None and self.memory < 1:
             raise OptionError(f"--memory must be a positive size, got {self.memory}")
         from ..data.sources import check_spec

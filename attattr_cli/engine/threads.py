@@ -16,7 +16,7 @@ are large enough to share, but only cores no one else is using help. So:
   is not there, lags: right after a two-thread run on an otherwise idle 2-core machine it
   still counted that run and chose one thread, 1.86x slower than two (1,063 tokens,
   docs/long-context.md);
-* ``--threads N`` / ``threads=N`` gives the count.
+* ``--threads N`` / ``threads=N`` gives the count, 1 to the machine's CPUs (:func:`check`).
 
 The count is set for the run and torch's own is restored after it (docs/long-context.md has
 the figures measured on this machine).
@@ -41,6 +41,26 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def most() -> int:
+    """The most threads a run may ask for: this machine's CPUs (torch cannot take more than
+    an int holds, and threads beyond the CPUs only wait for one)."""
+    return os.cpu_count() or 1
+
+
+def check(count, flag: str = "--threads", zero_ok: bool = False) -> None:
+    """Refuse (OptionError, one line) a thread count outside 1 .. :func:`most` (``zero_ok``: 0,
+    "leave torch's count as it is", is taken too); None passes (the count is chosen)."""
+    from ..errors import OptionError
+
+    if count is None:
+        return
+    least = 0 if zero_ok else 1
+    if isinstance(count, bool) or not isinstance(count, int):
+        raise OptionError(f"{flag} must be a whole number, got {count!r}")
+    if not least <= count <= most():
+        raise OptionError(f"{flag} must be between {least} and {most()} (this machine's CPUs), got {count}")
 
 
 def _cpu_times(path: str = "/proc/stat") -> tuple[int, int]:
