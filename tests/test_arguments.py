@@ -177,7 +177,7 @@ def _fake_training(monkeypatch, fail: bool = False):
     takes minutes): what is under test is where train_default puts its result."""
     from attattr_cli.models import default
 
-    def train(out_dir, *, seed=0, progress=None):
+    def train(out_dir, *, seed=0, progress=None, threads=None):
         (Path(out_dir) / "config.json").write_text(f'{{"seed": {seed}}}')
         if fail:
             raise KeyboardInterrupt

@@ -481,3 +481,66 @@ def test_source_removal_shows_itself(lm, tmp_path):
     check.plot(tmp_path / "drops.png")
     assert (tmp_path / "drops.png").read_bytes()[:4] == b"\x89PNG"
     assert list(check.to_pandas().columns) == ["method", "k", "drop", "of_loo", "tau_loo"]
+
+
+# -- every command that runs a model takes --threads -----------------------------------------
+MODEL_COMMANDS = {"score", "finetune", "importance", "prune", "triggers", "attack", "faithfulness", "circuit",
+                  "sources-check", "demo train"}
+
+
+def test_every_command_that_runs_a_model_takes_threads():
+    import typer
+
+    from attattr_cli.cli import app
+    from attattr_cli.cli.options import THREADS_HELP
+
+    found = {}
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                walk(cmd, prefix + [name])
+                continue
+            for p in cmd.params:
+                if "--threads" in getattr(p, "opts", []):
+                    found[" ".join(prefix + [name])] = p.help
+
+    walk(typer.main.get_command(app), [])
+    assert set(found) == MODEL_COMMANDS
+    # one definition (cli/options.py), worded for training where the default differs
+    assert {c for c, h in found.items() if h == THREADS_HELP} >= MODEL_COMMANDS - {"finetune", "demo train", "circuit"}
+
+
+def test_a_run_given_threads_holds_them_for_every_scoring_inside():
+    seen = []
+
+    @threads.on_threads
+    def run(*, threads=None):
+        seen.append((torch.get_num_threads(), globals()["threads"].choose(100_000)))
+
+    before = torch.get_num_threads()
+    run(threads=1)
+    assert seen[-1] == (1, 1) and torch.get_num_threads() == before
+    run()
+    assert seen[-1][0] == before and threads.choose(5) == 1
+
+
+def test_importance_cli_takes_threads(tmp_path, monkeypatch):
+    from conftest import one_error_line
+
+    counts = []
+    original = threads.using
+
+    def spy(count):
+        counts.append(count)
+        return original(count)
+
+    monkeypatch.setattr(threads, "using", spy)
+    out = tmp_path / "imp.h5"
+    r = run_cli("importance", "--examples", "0:4", "--methods", "taylor", "--threads", "1", "--out", str(out), "-q")
+    assert r.exit_code == 0, r.output
+    assert counts and set(counts) == {1}
+    one_error_line(run_cli("importance", "--examples", "0:4", "--methods", "taylor", "--threads", "0",
+                           "--out", str(out), "-q"), "threads")
+    with pytest.raises(OptionError, match="threads"):
+        aa.attack(threads=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Instance, Int, OneOf, Out, Progress, Str, checked
+from .checks import Instance, Int, OneOf, Out, Progress, Str, Threads, checked
 from .model import ModelArg, progress_for
 
 # a model (what as_model takes) or its tokenizer alone: the pairs need only the tokenizer
@@ -14,8 +14,8 @@ ModelOrTokenizer = OneOf(ModelArg(), Instance("transformers.tokenization_utils_b
                                                what="a tokenizer"), what="a model, its folder or hub id, or a tokenizer")
 
 
-@checked(out=Out(folder=True), progress=Progress())
-def train_default(out, *, seed: int = 0, overwrite: bool = False, progress=None) -> dict:
+@checked(out=Out(folder=True), progress=Progress(), threads=Threads())
+def train_default(out, *, seed: int = 0, overwrite: bool = False, progress=None, threads: int | None = None) -> dict:
     """Retrain the default model (a small BERT on the synthetic task, on CPU) into the folder
     ``out``; returns its metrics (held-out accuracy, seconds, parameters). A non-empty ``out``
     is refused unless ``overwrite`` (as :func:`finetune` does); the model is trained in a
@@ -32,7 +32,7 @@ def train_default(out, *, seed: int = 0, overwrite: bool = False, progress=None)
         with progress_for(progress, "train") as bar:
             tick = None if bar is None else (
                 lambda step, total, info: bar(step, total, f"loss {info['loss']:.3f}" if "loss" in info else ""))
-            metrics = default.train_default_model(tmp, seed=seed, progress=tick)
+            metrics = default.train_default_model(tmp, seed=seed, progress=tick, threads=threads)
         swap_dir_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, checked
+from .checks import OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, Threads, checked
+from ..engine.threads import on_threads
 from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, ModelArg, as_model, progress_for, using
 from .scoring import score
@@ -106,14 +107,15 @@ class FaithfulnessResult:
 
 @checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(), importance_store=Out(),
          tol=Tolerance(),         permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
-         command=Texts())
+         command=Texts(), threads=Threads())
+@on_threads
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
                  importance_store=None,
                  steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
                  erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
                  device: str = "auto", truncate: bool = False, out=None, progress=False, command=None,
-                 aggregate: str | None = None) -> FaithfulnessResult:
+                 aggregate: str | None = None, threads: int | None = None) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
@@ -353,8 +355,9 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
 
 
 @checked(model=ModelArg(), prompt=Str(), continuation=Str(), sources=Str(), ks=Ints(), methods=Names(),
-         tol=Tolerance(), progress=Progress(),
+         tol=Tolerance(), progress=Progress(), threads=Threads(),
          memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
+@on_threads
 def source_removal(model, prompt: str, continuation: str, *, sources: str = "paragraphs", ks=(1, 3, 5), methods=None,
                    steps: int | None = None, rule: str | None = None, tol: float | None = None,
                    threads: int | None = None, memory=None, device: str = "auto", progress=False):

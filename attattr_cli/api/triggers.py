@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
-from .checks import Tolerance, Examples, File, Inputs, Instance, Int, Number, OneOf, Out, Progress, Source, Str, Texts, checked
+from .checks import Tolerance, Examples, File, Inputs, Instance, Int, Number, OneOf, Out, Progress, Source, Str, Texts, Threads, checked
+from ..engine.threads import on_threads
 from .inputs import command_of, open_source, model_and_data
 from .model import ModelArg, progress_for, using
 from .scoring import score
@@ -87,11 +88,12 @@ class TriggersResult:
 
 @checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), steps=Int(min=1),
          top_k=Int(min=1), min_tokens=Int(min=0), limit=Int(min=1), store=Out(), tol=Tolerance(), out=Out(), progress=Progress(),
-         command=Texts())
+         command=Texts(), threads=Threads())
+@on_threads
 def triggers(source=None, *, model=None, data=None, task=None, examples=None, inputs=None, steps: int | None = None,
              tol: float | None = None, top_k: int | None = None, per_class: bool = False, rank_by: str = "count", special: bool = False,
              min_tokens: int = 0, limit: int | None = None, store=None, device: str = "auto", out=None,
-             progress=False, command=None, aggregate: str | None = None) -> TriggersResult:
+             progress=False, command=None, aggregate: str | None = None, threads: int | None = None) -> TriggersResult:
     """Adversarial triggers from attention attribution (Hao et al. 2021, section 4). From
     ``source`` (a store path, an open store, or results of :func:`score`), or scored on the fly
     from model and data/inputs (into ``store`` when given, else a temporary one). ``top_k``
@@ -254,10 +256,12 @@ def _insertions(triggers, top_k):
 @checked(model=ModelArg(), triggers=OneOf(File(), Instance(TriggersResult, dict, list, tuple, what="a TriggersResult, its dict or a list of Insertion")),
          data=File(), task=Str(), examples=Examples(), inputs=Inputs(), top_k=Int(min=1), controls=Int(min=0),
          position=OneOf(Str(), Number(0, 1)), alpha=Number(above=0, below=1), batch_size=Int(min=1), out=Out(),
-         save_texts=Out(), progress=Progress())
+         save_texts=Out(), progress=Progress(), threads=Threads())
+@on_threads
 def attack(model=None, triggers=None, *, data=None, task=None, examples=None, inputs=None, top_k: int | None = 3,
            controls: int | None = None, seed: int = 0, position="relative", alpha: float = 0.05, batch_size: int = 64,
-           keep_texts: bool = False, device: str = "auto", out=None, save_texts=None, progress=False) -> AttackResult:
+           keep_texts: bool = False, device: str = "auto", out=None, save_texts=None, progress=False,
+           threads: int | None = None) -> AttackResult:
     """Insert triggers (a :class:`TriggersResult`, a triggers file or its dict; the ``top_k``
     best, of each class when made per class) into every example at their relative position
     in their segment, classify again, and compare per gold class with the accuracy before and

@@ -31,6 +31,7 @@ def attack(
     save_texts: Optional[Path] = typer.Option(None, "--save-texts", help="Write every attacked example as JSON lines here."),
     batch_size: int = typer.Option(64, "--batch-size", help="Examples per forward pass."),
     device: str = options.device(),
+    threads: Optional[int] = options.threads(),
     as_json: bool = options.as_json(),
     as_csv: bool = options.as_csv(),
     quiet: bool = options.quiet(),
@@ -52,7 +53,7 @@ def attack(
         with progress_bar("attack", quiet) as bar, renamed_options(*FLAGS):
             res = run(model, triggers_path, data=data, task=task, examples=examples, top_k=top, controls=controls,
                       seed=seed, position=position, alpha=alpha, batch_size=batch_size, device=device,
-                      out=out_path if to_file else None, save_texts=save_texts, progress=bar)
+                      out=out_path if to_file else None, save_texts=save_texts, progress=bar, threads=threads)
         result = res.document
         if as_json or as_csv:
             options.print_rows(_rows(result), "json" if as_json else "csv")

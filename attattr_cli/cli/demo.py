@@ -9,6 +9,7 @@ import typer
 
 from ..api.demo import PAIR_TASKS
 from ..errors import OptionError
+from . import options
 from .common import Command, Group, edge, err, out, progress_bar, renamed_options
 
 app = typer.Typer(help="The built-in synthetic task and default model.", no_args_is_help=True, cls=Group)
@@ -19,6 +20,7 @@ def train(
     out_dir: Path = typer.Option(Path("default_model"), "--out", "-o", help="Folder to write the model to."),
     seed: int = typer.Option(0, "--seed", help="Training seed."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder (only once training succeeded)."),
+    threads: Optional[int] = options.threads("torch's CPU threads while training (default: 2)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
 ) -> None:
     """Retrain the default model (a small BERT on the synthetic task) on CPU."""
@@ -26,7 +28,7 @@ def train(
         from ..api.demo import train_default
 
         with progress_bar("train", quiet) as bar:
-            metrics = train_default(out_dir, seed=seed, overwrite=overwrite, progress=bar)
+            metrics = train_default(out_dir, seed=seed, overwrite=overwrite, progress=bar, threads=threads)
         if not quiet:
             err.print(
                 f"held-out accuracy {metrics['heldout_accuracy']:.4f} after {metrics['train_seconds']:.1f} s "

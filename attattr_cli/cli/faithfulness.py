@@ -162,6 +162,7 @@ def faithfulness(
     aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: rank, erase and compare whole words (a word's score the sum of its tokens'; erasing a word erases all its tokens); tokens (default): as scored."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw deletion curves and taus (.png, .svg or .pdf)."),
     device: str = options.device(),
+    threads: Optional[int] = options.threads(),
     truncate: bool = options.truncate(),
     as_json: bool = options.as_json(),
     as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per method (and per epsilon with --adversarial) on stdout instead of the report's path."),
@@ -207,7 +208,7 @@ def faithfulness(
                       permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
                       adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
                       device=device, truncate=truncate, out=out_path, progress=bar, command=command_line(),
-                      aggregate=aggregate)
+                      aggregate=aggregate, threads=threads)
         report = res.report
         store = res.store
         for note in report.get("left_out") or []:

@@ -26,7 +26,7 @@ def finetune(
     max_length: int = typer.Option(128, "--max-length", help="Tokens per input (longer inputs are cut)."),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings/--train-embeddings", help="Keep the embedding layer fixed (faster, less memory)."),
     weight_decay: float = typer.Option(0.01, "--weight-decay", help="AdamW weight decay (not on biases and LayerNorm)."),
-    threads: int = typer.Option(0, "--threads", help="Torch CPU threads while training (0: the default)."),
+    threads: Optional[int] = options.threads("torch's CPU threads while training (default: torch's own count)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the new head, the batch order and dropout."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder (only once training succeeded)."),
     quiet: bool = options.quiet(),
@@ -43,7 +43,7 @@ def finetune(
             report = run(model, out=out_dir, data=data, task=task, examples=examples, eval_data=eval_data,
                          max_examples=max_examples, epochs=epochs, lr=lr, warmup=warmup, batch_size=batch_size,
                          max_length=max_length, freeze_embeddings=freeze_embeddings, weight_decay=weight_decay,
-                         threads=threads, seed=seed, overwrite=overwrite, progress=bar, command=command_line())
+                         threads=threads or 0, seed=seed, overwrite=overwrite, progress=bar, command=command_line())
         if not quiet:
             acc = "" if report.eval_accuracy is None else f"; eval accuracy {report.eval_accuracy:.4f} on {report.eval_examples} examples"
             err.print(

@@ -25,6 +25,7 @@ def importance(
     batch_size: int = typer.Option(32, "--batch-size", help="Examples per forward/backward pass (taylor)."),
     no_normalize: bool = typer.Option(False, "--no-normalize", help="Taylor: keep the raw values (default: unit L2 norm per layer, as Michel et al.)."),
     device: str = options.device(),
+    threads: Optional[int] = options.threads(),
     truncate: bool = options.truncate(),
     family: Optional[str] = typer.Option(None, "--family", help="With a STORE of an encoder-decoder model: the attention family (encoder; decoder and cross heads cannot be masked, so they are refused). Default: the store's first."),
     metric: Optional[str] = typer.Option(None, "--metric", help="With --data a JSONL of clean / counterfactual pairs and --model a causal language model: Taylor takes the gradient of each pair's logit-diff (the default), logprob-diff or prob."),
@@ -47,7 +48,7 @@ def importance(
             result = run(store, model=model, data=data, task=task, examples=examples,
                          methods=options.pick(methods, method_old), seeds=seed_list, batch_size=batch_size,
                          normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
-                         progress=bar, command=command_line(), metric=metric)
+                         progress=bar, command=command_line(), metric=metric, threads=threads)
         tables = list(result.tables.values())
         if result.skipped_nonfinite:
             err.print(skipped_line(result.skipped_nonfinite), markup=False)

@@ -47,7 +47,7 @@ def score(
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="With --lm: a text file whose whole text is one prompt (a long context: passages separated by blank lines, then the question)."),
     sources: Optional[str] = typer.Option(None, "--sources", help="With --lm: group the prompt's keys into sources: sentences, paragraphs (split on blank lines) or a JSONL file of passages (FILE, or FILE:FIELD; field text by default). Implies --keep sources unless --keep is given; per source, the sum of its keys' attribution over layers, heads and queries."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Peak memory the run may use, e.g. 4GB (default: 0.8 of the memory available now). A run estimated above it is refused, naming the --keep that fits."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch's threads for the run (default: 1 below 256 tokens, else the cores free now)."),
+    threads: Optional[int] = options.threads(),
     target_token: Optional[str] = typer.Option(None, "--target-token", help="With --lm: attribute the probability of this next token (one token; default: the predicted one)."),
     continuation: Optional[str] = typer.Option(None, "--continuation", help="With --lm: attribute the joint probability of this text right after the prompt."),
     position: Optional[int] = typer.Option(None, "--position", help="With --lm --target-token: the prompt position whose next token is the target (default: the last, -1)."),

@@ -33,6 +33,7 @@ def triggers(
     tol: Optional[float] = typer.Option(None, "--tol", help="On the fly: error-controlled integration to this tolerance (the default, 0.1, without --steps; see `attattr score --help`)."),
     keep_store: Optional[Path] = typer.Option(None, "--store", help="On the fly: score into this store (kept, and resumed if it exists) instead of a temporary one."),
     device: str = options.device(),
+    threads: Optional[int] = options.threads(),
     as_json: bool = options.as_json(),
     quiet: bool = options.quiet(),
 ) -> None:
@@ -51,7 +52,7 @@ def triggers(
             res = run(store, model=model, data=data, task=task, examples=examples, steps=steps, tol=tol, top_k=top,
                       per_class=per_class, rank_by=rank_by, special=special, min_tokens=min_tokens, limit=limit,
                       store=keep_store, device=device, out=out_path, progress=bar, command=command_line(),
-                      aggregate=aggregate)
+                      aggregate=aggregate, threads=threads)
         if csv_path is not None:
             res.save_csv(csv_path)
         doc, chosen = res.document, res.triggers

@@ -25,6 +25,8 @@ the figures measured on this machine).
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import os
 import time
 
@@ -101,7 +103,10 @@ def free_cores() -> int:
 
 def choose(tokens: int, requested: int | None = None, width: int | None = None) -> int:
     """The thread count for inputs of at most ``tokens`` tokens of a model ``width`` wide
-    (its hidden size; None: counted as REFERENCE_WIDTH) (``requested``: as given)."""
+    (its hidden size; None: counted as REFERENCE_WIDTH) (``requested``: as given; None inside
+    a run given a count, :func:`on_threads`: that count)."""
+    if requested is None:
+        requested = _GIVEN.get()
     if requested is not None:
         return int(requested)
     work = tokens if not width else tokens * width / REFERENCE_WIDTH
@@ -121,3 +126,26 @@ def using(count: int):
         yield int(count)
     finally:
         torch.set_num_threads(before)
+
+
+_GIVEN = contextvars.ContextVar("attattr_threads", default=None)  # the count a whole run was given
+
+
+def on_threads(fn):
+    """A library function that runs a model on its ``threads=`` keyword (None: as before, each
+    scoring inside chooses its own count and the rest runs on torch's): torch's count set for
+    the call and restored after, and every scoring inside (:func:`choose`) given it too."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        requested = kwargs.get("threads")
+        if requested is None:
+            return fn(*args, **kwargs)
+        token = _GIVEN.set(int(requested))
+        try:
+            with using(int(requested)):
+                return fn(*args, **kwargs)
+        finally:
+            _GIVEN.reset(token)
+
+    return run

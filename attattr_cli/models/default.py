@@ -26,6 +26,7 @@ DEFAULT_MODEL_ID = "attattr/synthetic-nli-bert"
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_LENGTH = 64
+TRAIN_THREADS = 2  # torch threads while training the default model (threads= gives another count)
 
 #: The architecture of the default model.
 MODEL_SHAPE = dict(
@@ -122,6 +123,7 @@ def train_default_model(
     label_smoothing: float = 0.0,
     init_range: float = 0.1,
     progress: ProgressFn | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Train the default model on CPU and save it with ``save_pretrained`` into ``out_dir``.
 
@@ -143,7 +145,7 @@ def train_default_model(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     old_threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads or TRAIN_THREADS)
     try:
         t0 = time.perf_counter()
         random.seed(seed)
