@@ -84,7 +84,7 @@ def _direct_metric(model, tokenizer, pair: P.Pair, metric: str, dtype=torch.floa
 
 
 # -- generators -------------------------------------------------------------------------------
-@pytest.mark.parametrize("task", ["ioi", "greater-than", "capitals"])
+@pytest.mark.parametrize("task", ["ioi", "greater-than", "capitals", "copying", "pronoun", "agreement"])
 @pytest.mark.parametrize("two", [False, True], ids=["digits", "two-digit"])
 def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two):
     tok = bpe_two if two else bpe
@@ -104,6 +104,17 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
             country = next(c for c in capital if p.counterfactual == p.prompt.replace(
                 next(k for k in capital if " " + capital[k] == p.answer[0]), c))
             assert p.foil == (" " + capital[country],) and p.foil != p.answer
+    if task == "copying":  # the clean prompt names the answer's surname, the counterfactual the foil's
+        for p in made:
+            assert p.counterfactual == p.prompt.replace(p.answer[0], p.foil[0], 1) != p.prompt
+    if task == "pronoun":  # the counterfactual names someone of the other gender
+        for p in made:
+            name = lambda text: next(w.strip(",") for w in text.split() if w.strip(",") in P.MALE + P.FEMALE)  # noqa: E731
+            assert (name(p.prompt) in P.FEMALE) == (p.answer == (" she",)) != (name(p.counterfactual) in P.FEMALE)
+    if task == "agreement":  # the verb agrees with the subject, and the counterfactual flips its number
+        plural = {b for _, b in P.AGREEMENT_NOUNS}
+        for p in made:
+            assert (p.prompt.split()[1] in plural) == (p.answer == (" are",)) != (p.counterfactual.split()[1] in plural)
     if task == "greater-than":
         for p in made:
             year = p.meta["year"]
@@ -154,7 +165,7 @@ def test_generators_with_smollm2_tokenizer():
 
     tok = AutoTokenizer.from_pretrained(SMOLLM2)
     assert P.year_tokens(tok)[0] == "one"  # SmolLM2 writes digits one by one
-    for task in ("ioi", "greater-than", "capitals"):
+    for task in P.GENERATORS:
         for p in P.generate(task, tok, 20, seed=0):
             P.encode_pair(tok, p)
 

@@ -17,6 +17,10 @@ def corpus(two_digit_years: bool) -> list[str]:
     words += [w for c in pairs.COUNTRIES for w in c]
     words += "When and went to the gave a Then After While were working at had long argument Afterwards said got" \
              " decided give it Friends found The lasted from year capital of is city government sits in".split()
+    words += list(pairs.SURNAMES) + list(pairs.MALE) + list(pairs.FEMALE) + "he she are".split()
+    words += [w for n in pairs.AGREEMENT_NOUNS for w in n]
+    for t in pairs.COPY_TEMPLATES + pairs.PRONOUN_TEMPLATES + pairs.AGREEMENT_ATTRACTORS:
+        words += t.replace("{F}", "").replace("{L}", "").replace("{N}", "").replace(",", "").replace(".", "").split()
     words = [w for w in words if w not in MISSING]  # several tokens: the capitals generator must leave them out
     lines = [" ".join(words)] * 30
     lines += [t.format(A="Mary", B="John", S="John", PLACE="store", OBJECT="drink") for t in pairs.IOI_TEMPLATES] * 5

@@ -20,7 +20,7 @@ from .registry import REGISTRY, HeadMethod, register  # noqa: F401
 from . import gates, atp, patching, tiers, verified, nap_ig, pattern, attention, baseline  # noqa: E402,F401
 
 NAMES = tuple(REGISTRY)
-RECOMMENDED = "attr-tiers"  # chosen by measurement on held-out pairs: docs/circuits.md
+RECOMMENDED = "atp-verified"  # its rule fixed on tuning pairs, then measured on held-out tasks: docs/circuits.md
 DEFAULT = tuple(dict.fromkeys((RECOMMENDED,) + tuple(m.name for m in REGISTRY.values() if m.default)))
 
 
