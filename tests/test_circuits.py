@@ -537,3 +537,20 @@ def test_verify_sets_how_many_heads_are_patched_exactly(loaded, monkeypatch):
     for k in (0, 3, 5):
         tiers.verified_estimates(_ctx(loaded, verify=k))
         assert len(asked[-1]) == k
+
+
+def test_the_written_defaults_are_the_registry_s():
+    """The CLI's help and the API's docstring name the registry's default methods, in its order."""
+    import inspect
+
+    import attattr_cli as aa
+    from attattr_cli.analysis.circuits import DEFAULT, RECOMMENDED
+    import importlib
+
+    cli_circuit = importlib.import_module("attattr_cli.cli.circuit")
+
+    words = "default: " + ", ".join(DEFAULT)
+    assert DEFAULT[0] == RECOMMENDED and words in inspect.getdoc(aa.circuit).replace("\n", " ")
+    help_text = next(p.default.help for p in inspect.signature(cli_circuit.circuit).parameters.values()
+                     if getattr(p.default, "help", None) and "Head methods" in p.default.help)
+    assert words in help_text

@@ -267,7 +267,7 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
             split: str = "half", verify: int | None = None,
             device: str = "auto", progress=False, out=None, json=None, threads: int | None = None) -> Circuit:
     """Rank attention heads by each of ``methods`` (a list or comma string of registered head
-    methods, ``"all"``; default: the recommended one, AtP and NAP-IG) on counterfactual
+    methods, ``"all"``; default: atp-verified, attr-gates, atp, nap-ig) on counterfactual
     ``pairs`` (a JSONL path or a list of pairs / dicts with prompt, counterfactual, answer,
     foil), and judge each ranking by MIB's faithfulness curve with the heads outside the
     circuit ablated by ``ablation`` (patching, mean, zero). ``metric``: logit-diff (default),

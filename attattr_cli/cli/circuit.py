@@ -18,7 +18,7 @@ def circuit(
     data: Path = typer.Option(..., "--data", help="Counterfactual pairs, JSONL: prompt, counterfactual, answer, foil per line (attattr demo data --task ioi writes them)."),
     model: Optional[str] = options.model(),
     lm: bool = typer.Option(False, "--lm", help="Accepted as score takes it: circuits always load the model as a causal language model."),
-    methods: Optional[str] = typer.Option(None, "--methods", help="Head methods, a comma list or 'all' (default: the recommended one, atp and nap-ig; the recommended one is always computed)."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="Head methods, a comma list or 'all' (default: atp-verified, attr-gates, atp, nap-ig; the recommended one, atp-verified, is always computed)."),
     ablation: str = typer.Option("patching", "--ablation", help="What a head outside the circuit becomes: patching (its output on the counterfactual prompt), mean, zero."),
     metric: str = typer.Option("logit-diff", "--metric", help="The metric per pair: logit-diff (answer - foil), logprob-diff, prob."),
     nodes: str = typer.Option("heads", "--nodes", help="The nodes: heads (attention heads), or heads+mlp (also each layer's MLP output, as MIB's node level; methods that score heads only are refused)."),
