@@ -571,6 +571,65 @@ inline __nv_bfloat16 __float2bfloat16_rn(float x) {
   u += 0x7FFFu + ((u >> 16) & 1u);
   __nv_bfloat16 b; b.x = (uint16_t)(u >> 16); return b;
 }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+// ------------------------------------------- mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}
+// The warp-wide instruction as the kernels call it, d += A B: every thread deposits its
+// fragment registers, a barrier (the call sites are block-uniform, like the shuffles'),
+// then each thread rebuilds its warp's A (16 x 16), B (16 x 8) and C (16 x 8) from the 32
+// lanes' registers with the layout of the PTX ISA ("Matrix Fragments for mma.m16n8k16
+// with floating point type"; groupID = lane >> 2, threadID_in_group = lane % 4; in each
+// .b32 register the lower-indexed element in the low 16 bits) and computes its own four
+// D entries.  A kernel whose fragments follow another layout gets wrong products here.
+// The products of two half values are exact in float; the sum runs in k order in float
+// (the ISA leaves the hardware's order and internal precision open).
+#define ATTATTR_EMU_MMA 1
+struct emu_mma_regs { uint32_t a[4], b[2]; float c[4]; };
+static emu_mma_regs emu_mma_x[2][1024];
+static unsigned emu_mma_calls[1024];
+static unsigned long long emu_mma_count = 0;  // warp-level instructions issued
+template <class T> inline float emu_half_value(uint32_t bits);
+template <> inline float emu_half_value<__half>(uint32_t bits) {
+  __half h; h.x = (uint16_t)bits; return __half2float(h);
+}
+template <> inline float emu_half_value<__nv_bfloat16>(uint32_t bits) {
+  __nv_bfloat16 b; b.x = (uint16_t)bits; return __bfloat162float(b);
+}
+template <class T>
+void attattr_emu_mma(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  const unsigned t = threadIdx.x;
+  emu_mma_regs* x = emu_mma_x[emu_mma_calls[t]++ & 1u];  // two buffers, as for the shuffles
+  std::memcpy(x[t].a, a, sizeof x[t].a);
+  std::memcpy(x[t].b, b, sizeof x[t].b);
+  std::memcpy(x[t].c, d, sizeof x[t].c);
+  if ((t & 31u) == 0) ++emu_mma_count;
+  __syncthreads();
+  const emu_mma_regs* warp = x + (t & ~31u);
+  float A[16][16], B[16][8], C[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    const int group = lane >> 2, tig = lane % 4;
+    for (int i = 0; i < 8; ++i) {  // a0 .. a7: register i / 2, half i % 2
+      const int row = group + ((i < 2 || (4 <= i && i < 6)) ? 0 : 8);
+      const int col = tig * 2 + (i & 1) + (i < 4 ? 0 : 8);
+      A[row][col] = emu_half_value<T>(warp[lane].a[i >> 1] >> (16 * (i & 1)));
+    }
+    for (int i = 0; i < 4; ++i) {  // b0 .. b3: register i / 2, half i % 2
+      const int row = tig * 2 + (i & 1) + (i < 2 ? 0 : 8);
+      B[row][group] = emu_half_value<T>(warp[lane].b[i >> 1] >> (16 * (i & 1)));
+    }
+    for (int i = 0; i < 4; ++i) {  // c0 .. c3
+      const int row = group + (i < 2 ? 0 : 8);
+      C[row][tig * 2 + (i & 1)] = warp[lane].c[i];
+    }
+  }
+  const int lane = (int)(t & 31u), group = lane >> 2, tig = lane % 4;
+  for (int i = 0; i < 4; ++i) {
+    const int row = group + (i < 2 ? 0 : 8), col = tig * 2 + (i & 1);
+    float acc = C[row][col];
+    for (int k = 0; k < 16; ++k) acc = std::fma(A[row][k], B[k][col], acc);
+    d[i] = acc;
+  }
+}
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorLaunchFailure = 719 };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
@@ -625,6 +684,7 @@ void emu_launch(void (*kern)(KArgs...), dim3 grid, dim3 block, size_t smem, cuda
         blockIdx = {x, y, z};
         std::fill(sm.begin(), sm.end(), std::nanf(""));
         std::fill(emu_shfl_calls, emu_shfl_calls + nt, 0u);
+        std::fill(emu_mma_calls, emu_mma_calls + nt, 0u);
         if (!emu_run_block(nt, body, first)) {
           emu_error = cudaErrorLaunchFailure;
           return;
@@ -642,6 +702,26 @@ extern "C" int emu_selftest_divergence() {
   static int out[256];
   emu_launch(emu_divergent_kernel, dim3(2), dim3(256), 0, nullptr, out);
   return cudaGetLastError();
+}
+// One warp runs the emulated mma on given fragments: a [32][4], b [32][2], c and d [32][4].
+template <class T>
+static void emu_mma_kernel(const uint32_t* a, const uint32_t* b, const float* c, float* d) {
+  const unsigned l = threadIdx.x;
+  const uint32_t fa[4] = {a[4 * l], a[4 * l + 1], a[4 * l + 2], a[4 * l + 3]};
+  const uint32_t fb[2] = {b[2 * l], b[2 * l + 1]};
+  float fd[4] = {c[4 * l], c[4 * l + 1], c[4 * l + 2], c[4 * l + 3]};
+  attattr_emu_mma<T>(fd, fa, fb);
+  for (int i = 0; i < 4; ++i) d[4 * l + i] = fd[i];
+}
+extern "C" int emu_mma_selftest(int bf16, const uint32_t* a, const uint32_t* b, const float* c,
+                                float* d) {
+  if (bf16) emu_launch(emu_mma_kernel<__nv_bfloat16>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
+  else emu_launch(emu_mma_kernel<__half>, dim3(1), dim3(32), 0, nullptr, a, b, c, d);
+  return cudaGetLastError();
+}
+// Warp-level mma instructions emulated since the last call.
+extern "C" unsigned long long emu_mma_instructions() {
+  const unsigned long long n = emu_mma_count; emu_mma_count = 0; return n;
 }
 """
 
@@ -851,6 +931,116 @@ def test_emulated_kernels_match_reference(emulated, case):
         assert grids[0] == (-(-n_k // 64), -(-n_q // 64), b * plan["groups"])
         assert len(grids) == (3 if plan["groups"] > 1 else 2)
 
+
+
+# ------------------------------------------------ tensor-core path in the emulation
+def _half_bits(x: torch.Tensor, dtype: torch.dtype) -> list[int]:
+    return [int(v) & 0xFFFF for v in x.to(dtype).view(torch.int16).flatten().tolist()]
+
+
+def _mma_fragments(a, b, c, dtype, wrong=None):
+    """Per-lane registers of mma.m16n8k16 (.f16 / .bf16 A and B, .f32 C) built from the PTX
+    ISA's formulas (groupID = lane >> 2, threadID_in_group = lane % 4), or with one
+    ``wrong`` layout: "a_rows" (a2, a3 and a4, a5 swapped: the +8 on the column where the row
+    wants it) or "b_transposed" (B's row and column exchanged)."""
+    a_bits = _half_bits(a, dtype)  # [16][16] row major
+    b_bits = _half_bits(b, dtype)  # [16][8]
+    fa = [[0] * 4 for _ in range(32)]
+    fb = [[0] * 2 for _ in range(32)]
+    fc = [[0.0] * 4 for _ in range(32)]
+    for lane in range(32):
+        group, tig = lane >> 2, lane % 4
+        for i in range(8):
+            row = group + (0 if (i < 2 or 4 <= i < 6) else 8)
+            col = tig * 2 + (i & 1) + (0 if i < 4 else 8)
+            if wrong == "a_rows" and i in (2, 3, 4, 5):
+                row, col = group + (8 if i >= 4 else 0), tig * 2 + (i & 1) + (8 if i < 4 else 0)
+            fa[lane][i >> 1] |= a_bits[row * 16 + col] << (16 * (i & 1))
+        for i in range(4):
+            k, n = tig * 2 + (i & 1) + (0 if i < 2 else 8), group
+            if wrong == "b_transposed":
+                k, n = (group + (0 if i < 2 else 8)), tig * 2 + (i & 1)
+            fb[lane][i >> 1] |= b_bits[k * 8 + n] << (16 * (i & 1))
+        for i in range(4):
+            fc[lane][i] = float(c[group + (0 if i < 2 else 8), tig * 2 + (i & 1)])
+    return fa, fb, fc
+
+
+def _emulated_mma(emulated, fa, fb, fc, dtype) -> torch.Tensor:
+    """D [16, 8] from the emulated instruction, read back through the PTX ISA's C/D layout."""
+    flat_a = (ctypes.c_uint32 * 128)(*[r for lane in fa for r in lane])
+    flat_b = (ctypes.c_uint32 * 64)(*[r for lane in fb for r in lane])
+    flat_c = (ctypes.c_float * 128)(*[r for lane in fc for r in lane])
+    out = (ctypes.c_float * 128)()
+    code = emulated.library.emu_mma_selftest(int(dtype == torch.bfloat16), flat_a, flat_b, flat_c, out)
+    assert code == 0
+    d = torch.zeros(16, 8, dtype=torch.float64)
+    for lane in range(32):
+        group, tig = lane >> 2, lane % 4
+        for i in range(4):
+            d[group + (0 if i < 2 else 8), tig * 2 + (i & 1)] = out[4 * lane + i]
+    return d
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_emulated_mma_follows_the_ptx_fragment_layout(emulated, dtype):
+    """The emulation's mma.m16n8k16 against a plain matmul, its fragments laid out as the
+    PTX ISA documents; a wrong layout of A or of B gives a wrong product (so a kernel that
+    builds its fragments another way fails the emulated kernel tests)."""
+    gen = torch.Generator().manual_seed(53)
+    a = torch.randn(16, 16, generator=gen).to(dtype).double()
+    b = torch.randn(16, 8, generator=gen).to(dtype).double()
+    c = torch.randn(16, 8, generator=gen).float().double()
+    want = a @ b + c
+    got = _emulated_mma(emulated, *_mma_fragments(a, b, c, dtype), dtype)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)
+    for wrong in ("a_rows", "b_transposed"):
+        bad = _emulated_mma(emulated, *_mma_fragments(a, b, c, dtype, wrong=wrong), dtype)
+        assert (bad - want).abs().max() > 0.1, wrong
+
+
+TENSOR_CORE_CASES = [
+    # (batch, heads, n_q, n_k, d_head)
+    (3, 2, 70, 70, 80),  # partial tiles, d padded to 96 (6 k-steps of 16)
+    (1, 2, 33, 129, 32),  # n_q < n_k, three key tiles
+    (2, 5, 40, 40, 128),  # head groups; 8 k-steps
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", TENSOR_CORE_CASES, ids=lambda c: "x".join(map(str, c)))
+def test_emulated_tensor_core_path_matches_reference(emulated, case, monkeypatch):
+    """float16 / bfloat16 inputs on the tensor-core path (the emulated mma.sync) agree with
+    the float64 reference as closely as the fp32 path does (the products of half values are
+    exact in float); ATTATTR_TENSOR_CORES=0 takes the fp32 path, with no mma at all."""
+    b, h, n_q, n_k, d = case
+    scale = d**-0.5
+    emulated.library.emu_mma_instructions.restype = ctypes.c_ulonglong
+    for dtype, masked, causal in ((torch.bfloat16, True, False), (torch.float16, True, True), (torch.bfloat16, False, True)):
+        q, k, v, g = _inputs(b, h, n_q, n_k, d, dtype, seed=n_q * 7 + d)
+        pad = _padding(b, n_k) if masked else None
+        truth = _truth(q, k, v, g, pad, causal)
+        results = {}
+        for tensor_cores in ("1", "0"):
+            monkeypatch.setenv("ATTATTR_TENSOR_CORES", tensor_cores)
+            emulated.library.emu_mma_instructions()
+            o, stats = emulated.attn_forward(q, k, v, pad, scale, causal, 0)
+            maps, head_sum, head_max = emulated.attr_from_grad(q, k, v, g, pad, None, scale, causal, True, 0)
+            count = emulated.library.emu_mma_instructions()
+            label = f"{dtype} mask={masked} causal={causal} tensor_cores={tensor_cores}"
+            if tensor_cores == "1":
+                # forward (Q K^T) twice (stats inside attr_from_grad), attribution (Q K^T, G V^T)
+                assert count > 0, label
+            else:
+                assert count == 0, label
+            torch.testing.assert_close(o.double(), truth["o"], atol=4e-2, rtol=1e-2, msg=label)
+            for name, got in (("maps", maps), ("head_sum", head_sum), ("head_max", head_max)):
+                torch.testing.assert_close(got.double(), truth[name], atol=2e-5, rtol=2e-5, msg=f"{label} {name}")
+            results[tensor_cores] = (stats, maps)
+        # the two paths differ only by the float rounding of the sums
+        for got, ref in zip(results["1"], results["0"]):
+            torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 def _plan(emulated, b, h, n_q, n_k, sms):
     per_group, workspace, partials = ctypes.c_int(), ctypes.c_longlong(), ctypes.c_longlong()

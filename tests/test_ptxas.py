@@ -2,14 +2,20 @@
 
 ``nvcc -c -Xptxas -v`` of attattr_cli/kernels/attattr_attn.cu for sm_80 and sm_90, one
 compile per architecture, side by side (about 11 s on 2 cores; 22 s as one compile of
-both): it must compile without warnings, and every kernel, dtype and head dim must have
+both; twice that since the tensor-core variants): it must compile without warnings, and every kernel, dtype and head dim must have
 no spill and a register count that lets at least two 256-thread blocks share an SM
 (<= 128 registers).  kernels/README.md holds the table
 (``python kernels/ptxas_table.py`` prints it).
+
+``nvcc -ptx`` for sm_80 and sm_90a: the PTX of the tensor-core attribution and forward
+kernels holds ``mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}`` and the fp32 path's
+kernels hold none.
 """
 
 from __future__ import annotations
 
+import re
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -78,8 +84,9 @@ def test_compiles_without_warnings(usage):
 def test_no_spills_and_two_blocks_per_sm(usage):
     _, rows = usage
     kernels = {(r.kernel, r.dtype, r.head_dim, r.arch) for r in rows}
-    # 3 dtypes x 4 head dims x (attr, fwd, fwd+O) + 2 reductions, for each architecture
-    assert len(kernels) == 2 * (3 * 4 * 3 + 2), sorted(kernels)
+    # 3 dtypes x 4 head dims x (attr, fwd, fwd+O), the tensor-core variants of the two half
+    # dtypes (attr+mma, fwd+mma, fwd+O+mma) + 2 reductions, for each architecture
+    assert len(kernels) == 2 * (3 * 4 * 3 + 2 * 4 * 3 + 2), sorted(kernels)
     spilled = [r for r in rows if r.spills or r.stack]
     assert not spilled, "spills: " + "; ".join(
         f"{r.kernel} {r.dtype} D={r.head_dim} sm_{r.arch}: {r.spills} bytes" for r in spilled
@@ -101,3 +108,69 @@ def test_readme_table_is_current(usage):
         assert lines, f"kernels/README.md lacks the row {prefix}"
         cells = [cell.strip() for cell in lines[0].strip("|").split("|")]
         assert cells[4] == str(row["spill_bytes"]) and cells[5] == f"{row['smem']:,}", lines[0]
+
+
+def test_parse_names_of_the_tensor_core_variants():
+    names = [
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_111attr_kernelI13__nv_bfloat16Li64ELb1EEEvPKT_"),
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_111attr_kernelIfLi64ELb0EEEvPKT_"),
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelI6__halfLi32ELb1ELb1EEEvPKT_"),
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelI6__halfLi32ELb0ELb1EEEvPKT_"),
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelIfLi32ELb1ELb0EEEvPKT_"),
+    ]
+    assert names == [
+        ("attr_kernel+mma", "bfloat16", 64),
+        ("attr_kernel", "float32", 64),
+        ("attn_fwd_kernel+O+mma", "float16", 32),
+        ("attn_fwd_kernel+mma", "float16", 32),
+        ("attn_fwd_kernel+O", "float32", 32),
+    ]
+    assert ptxas.dynamic_smem("attr_kernel+mma", 128) == ptxas.dynamic_smem("attr_kernel", 128) + 64 * 65 * 4
+
+
+MMA = {
+    "bfloat16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+    "float16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+}
+
+
+@pytest.fixture(scope="module")
+def ptx():
+    """{arch: PTX text} of attattr_attn.cu from ``nvcc -ptx`` for sm_80 and sm_90a (one
+    compile at a time)."""
+    toolkit = kernel.find_toolkit()
+    if toolkit is None:
+        pytest.skip("nvcc not found (CUDA_HOME, CUDA_PATH, PATH, /usr/local/cuda): no PTX check")
+    out = {}
+    for arch in ("sm_80", "sm_90a"):
+        cmd = [str(toolkit.nvcc), "-ptx", "-std=c++17", "-O3", f"-arch={arch}", str(CU), "-o", "-"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        assert proc.returncode == 0, f"nvcc -ptx -arch={arch} failed:\n{proc.stderr}"
+        out[arch] = proc.stdout
+    return out
+
+
+def _entries(ptx_text: str) -> dict[str, str]:
+    """{mangled kernel name: its PTX body} of every .entry."""
+    parts = re.split(r"^\.visible \.entry |^\.entry ", ptx_text, flags=re.M)
+    return {part.split("(", 1)[0].strip(): part for part in parts[1:]}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_ptx_of_the_tensor_core_kernels_holds_mma(ptx, arch):
+    entries = _entries(ptx[arch])
+    assert entries, "no .entry in the PTX"
+    checked = 0
+    for name, body in entries.items():
+        kern, dtype, head_dim = ptxas._describe(name)
+        if not kern.startswith(("attr_kernel", "attn_fwd_kernel")):
+            continue
+        count = body.count("mma.sync.aligned.m16n8k16")
+        if kern.endswith("+mma"):
+            assert MMA[dtype] in body, f"{kern} {dtype} D={head_dim} {arch}: no {MMA[dtype]}"
+            # two products of D / 16 k-steps x 4 tiles (one for the forward); loops may be unrolled
+            assert count >= 4, (kern, dtype, head_dim, arch, count)
+            checked += 1
+        else:
+            assert count == 0, f"{kern} {dtype} D={head_dim} {arch}: the fp32 path has mma"
+    assert checked == 2 * 4 * 3  # (attr, fwd, fwd+O) x 4 head dims x 2 half dtypes

@@ -39,7 +39,19 @@
 //     far as registers go (without the hint ptxas capped one kernel at 64 and spilled).
 //   * Operand tiles are staged in shared memory as float with a +1 row pad
 //     (bank-conflict free for the access pattern), zero-filled past n and d.
-//   * Dot products accumulate in fp32 with plain FMAs (no tensor cores).
+//   * Two paths for the 64 x 64 tile products (Q K^T, G V^T; the forward's Q K^T):
+//     - the fp32 path: plain FMAs on the CUDA cores, each thread its own 4 x 4 entries;
+//       the only path for float32 inputs and the reference for the other;
+//     - the tensor-core path (MMA = true; float16 / bfloat16 inputs, the default for them,
+//       ATTATTR_TENSOR_CORES=0 turns it off): each warp computes a 16 x 32 part of the
+//       tile with mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.f32 (fp32
+//       accumulation; the products of two half values are exact in fp32), writes it to a
+//       shared [64][65] float tile, and every thread reads its 4 x 4 entries back, so the
+//       rest of the kernel is the same for both paths.  The fragments are built exactly as
+//       the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point type"
+//       documents; the CPU emulation (tests/test_kernels.py) models the instruction with
+//       that layout, so a fragment bug fails on the CPU.
+//     The forward's P V product stays on the CUDA cores in both paths.
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
@@ -148,6 +160,126 @@ __device__ __forceinline__ void tile_dots(float (&s)[kRows][kCols], const float*
   }
 }
 
+// ---------------------------------------------------------------- tensor cores
+template <typename T>
+struct is_bf16 {
+  static constexpr bool value = false;
+};
+template <>
+struct is_bf16<__nv_bfloat16> {
+  static constexpr bool value = true;
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t half_bits(T x);
+template <>
+__device__ __forceinline__ uint32_t half_bits<__half>(__half x) { return __half_as_ushort(x); }
+template <>
+__device__ __forceinline__ uint32_t half_bits<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat16_as_ushort(x);
+}
+
+// Two half values in one .b32 register: `lo` in the low 16 bits (the lower-indexed
+// element of the fragment, "elements low to high" in the PTX ISA).  The staged floats came
+// from T inputs, so the conversion back is exact.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  return half_bits<T>(from_float<T>(lo)) | (half_bits<T>(from_float<T>(hi)) << 16);
+}
+
+// d += A B for one m16n8k16 tile held by the warp: a (4 regs), b (2 regs), d (4 floats) in
+// the PTX ISA's fragment layout for .f16 / .bf16 with .f32 accumulators.
+template <typename T>
+__device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4],
+                                             const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__)
+#if __CUDA_ARCH__ >= 800
+  if constexpr (is_bf16<T>::value) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+#else
+  __trap();  // not reached: the library is built for sm_80 and newer only
+#endif
+#elif defined(ATTATTR_EMU_MMA)
+  attattr_emu_mma<T>(d, a, b);  // the CPU emulation's model of the warp-wide instruction
+#endif
+}
+
+// c[r][j] (row pitch kBN + 1) = sum_k A[r][k] * B[j][k] for the 64 x 64 tile on tensor cores.
+// Warp w computes rows 16 (w % 4) .. +16 and columns 32 (w / 4) .. +32: one A fragment
+// and four m16n8 tiles per step of 16 along D.  With groupID g = lane / 4 and t = lane % 4:
+//   A (row major, 16 x 16): reg 0 = (g, 2t..2t+1), reg 1 = (g+8, 2t..), reg 2 = (g, 2t+8..),
+//                           reg 3 = (g+8, 2t+8..)
+//   B (col major, 16 x 8, B[k][n] = b_tile[n][k]): reg 0 = (k 2t..2t+1, n g), reg 1 = k + 8
+//   C / D (16 x 8 floats): d0, d1 = (g, 2t..2t+1), d2, d3 = (g+8, 2t..2t+1)
+template <typename T, int D>
+__device__ __forceinline__ void tile_dots_mma(float* __restrict__ c, const float* __restrict__ a,
+                                              const float* __restrict__ b, int tid) {
+  const int warp = tid >> 5, lane = tid & 31;
+  const int grp = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * (warp & 3), c0 = 32 * (warp >> 2);
+  float acc[4][4];
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+#pragma unroll 2
+  for (int k0 = 0; k0 < D; k0 += 16) {
+    const float* ar = a + (r0 + grp) * (D + 1) + k0 + 2 * tig;
+    const float* ar8 = ar + 8 * (D + 1);
+    const uint32_t fa[4] = {pack2<T>(ar[0], ar[1]), pack2<T>(ar8[0], ar8[1]),
+                            pack2<T>(ar[8], ar[9]), pack2<T>(ar8[8], ar8[9])};
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const float* br = b + (c0 + 8 * nt + grp) * (D + 1) + k0 + 2 * tig;
+      const uint32_t fb[2] = {pack2<T>(br[0], br[1]), pack2<T>(br[8], br[9])};
+      mma_m16n8k16<T>(acc[nt], fa, fb);
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt) {
+    float* out = c + (r0 + grp) * (kBN + 1) + c0 + 8 * nt + 2 * tig;
+    out[0] = acc[nt][0];
+    out[1] = acc[nt][1];
+    out[8 * (kBN + 1)] = acc[nt][2];
+    out[8 * (kBN + 1) + 1] = acc[nt][3];
+  }
+}
+
+// s = the 64 x 64 tile of A B^T in the fp32 path's ownership (rows ty + 16 i, columns
+// tx + 16 j), on tensor cores through the shared tile c (MMA) or with FMAs.  With MMA it
+// contains a __syncthreads, so it must be reached by the whole block.
+template <typename T, int D, bool MMA>
+__device__ __forceinline__ void tile_product(float (&s)[kRows][kCols], const float* __restrict__ a,
+                                             const float* __restrict__ b, float* __restrict__ c,
+                                             int tid, int ty, int tx) {
+  if constexpr (MMA) {
+    tile_dots_mma<T, D>(c, a, b, tid);
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+#pragma unroll
+      for (int j = 0; j < kCols; ++j) s[i][j] = c[(ty + kTY * i) * (kBN + 1) + tx + kTY * j];
+  } else {
+    tile_dots<D>(s, a, b, ty, tx);
+  }
+}
+
+template <typename T>
+constexpr bool is_half_type() {
+  return sizeof(T) == 2;
+}
+
 // Last key index + 1 that any row of the query tile starting at q0 may attend to.
 __device__ __forceinline__ int causal_key_end(int q0, int n_q, int n_k) {
   const int last_row = min(q0 + kBM, n_q) - 1;
@@ -158,7 +290,7 @@ __device__ __forceinline__ int causal_key_end(int q0, int n_q, int n_k) {
 // -------------------------------------------------------------- forward kernel
 // One block per (query tile, head, batch).  Online softmax over key tiles; writes
 // the row statistics (m, l), and O = softmax(.) V when WITH_O.
-template <typename T, int D, bool WITH_O>
+template <typename T, int D, bool WITH_O, bool MMA>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                 const float* __restrict__ mask, T* __restrict__ o, float* __restrict__ stats,
@@ -168,7 +300,7 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
   extern __shared__ float smem[];
   float* s_q = smem;                    // [kBM][D + 1]
   float* s_kv = s_q + kBM * (D + 1);    // [kBN][D + 1]  K, then V
-  float* s_p = s_kv + kBN * (D + 1);    // [kBM][kBN + 1] (WITH_O only)
+  float* s_p = s_kv + kBN * (D + 1);    // [kBM][kBN + 1] (WITH_O or MMA): P, scores of MMA
 
   const int tid = threadIdx.x;
   const int ty = tid / kTY;
@@ -202,7 +334,7 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     __syncthreads();
 
     float s[kRows][kCols];
-    tile_dots<D>(s, s_q, s_kv, ty, tx);
+    tile_product<T, D, MMA>(s, s_q, s_kv, s_p, tid, ty, tx);
 
     float bias[kCols];
 #pragma unroll
@@ -300,7 +432,7 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 // there is one group, else the workspace that head_sum_reduce_kernel adds up.  Each
 // head's maximum over the tile goes to partials[(b * H + h) * tiles + tile], reduced by
 // head_max_reduce_kernel.  No atomics: every output is deterministic.
-template <typename T, int D>
+template <typename T, int D, bool MMA>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const T* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
@@ -311,6 +443,7 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
   float* s_a = smem;                  // [kBM][D + 1]  Q, then G
   float* s_b = s_a + kBM * (D + 1);   // [kBN][D + 1]  K, then V
   float* s_red = s_b + kBN * (D + 1); // [kWarps]      per-warp maxima
+  float* s_c = s_red + kWarps;        // [kBM][kBN + 1] tensor-core products (MMA only)
 
   const int tid = threadIdx.x;
   const int ty = tid / kTY;
@@ -351,12 +484,12 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       load_tile<T, D, kBN>(s_b, k + b * sk.b + h * sk.h, sk.n, k0, n_k, d);
       __syncthreads();
       float s[kRows][kCols];
-      tile_dots<D>(s, s_a, s_b, ty, tx);
+      tile_product<T, D, MMA>(s, s_a, s_b, s_c, tid, ty, tx);
       __syncthreads();
       load_tile<T, D, kBM>(s_a, g + b * sg.b + h * sg.h, sg.n, q0, n_q, d);
       load_tile<T, D, kBN>(s_b, v + b * sv.b + h * sv.h, sv.n, k0, n_k, d);
       __syncthreads();
-      tile_dots<D>(a, s_a, s_b, ty, tx);  // a = G V^T for now
+      tile_product<T, D, MMA>(a, s_a, s_b, s_c, tid, ty, tx);  // a = G V^T for now
 
       const float* stats_bh = stats + ((long long)b * H + h) * n_q * 2;
 #pragma unroll
@@ -473,7 +606,7 @@ inline int attr_heads_per_group(int B, int H, int n_q, int n_k, int sms) {
 // ------------------------------------------------------------------ launchers
 inline Strides make_strides(const long long* s) { return Strides{s[0], s[1], s[2]}; }
 
-template <typename T, int D>
+template <typename T, int D, bool MMA>
 cudaError_t launch_forward(const void* q, const void* k, const void* v, const float* mask, void* o,
                            float* stats, int B, int H, int n_q, int n_k, int d,
                            const long long* q_str, const long long* k_str,
@@ -481,13 +614,13 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
                            float scale, int causal, cudaStream_t stream) {
   const bool with_o = o != nullptr;
   const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) +
-                                       (with_o ? (size_t)kBM * (kBN + 1) : 0));
+                                       (with_o || MMA ? (size_t)kBM * (kBN + 1) : 0));
   const Strides zero{0, 0, 0};
   const Strides so = with_o ? make_strides(o_str) : zero;
   const dim3 grid((n_q + kBM - 1) / kBM, H, B);
   cudaError_t err;
   if (with_o) {
-    auto kern = attn_fwd_kernel<T, D, true>;
+    auto kern = attn_fwd_kernel<T, D, true, MMA>;
     if (smem > kDefaultSmem) {
       err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
       if (err != cudaSuccess) return err;
@@ -497,7 +630,7 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
         static_cast<T*>(o), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
         make_strides(k_str), make_strides(v_str), so, mask_sb);
   } else {
-    auto kern = attn_fwd_kernel<T, D, false>;
+    auto kern = attn_fwd_kernel<T, D, false, MMA>;
     if (smem > kDefaultSmem) {
       err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
       if (err != cudaSuccess) return err;
@@ -510,7 +643,7 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
   return cudaGetLastError();
 }
 
-template <typename T, int D>
+template <typename T, int D, bool MMA>
 cudaError_t launch_attr(const void* q, const void* k, const void* v, const void* g,
                         const float* mask, const float* stats, float* maps, float* head_sum,
                         float* head_max, float* workspace, float* partials, int heads_per_group,
@@ -518,8 +651,9 @@ cudaError_t launch_attr(const void* q, const void* k, const void* v, const void*
                         const long long* k_str, const long long* v_str, const long long* g_str,
                         long long mask_sb, float scale, int causal, cudaStream_t stream) {
   const int groups = (H + heads_per_group - 1) / heads_per_group;
-  const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) + kWarps);
-  auto kern = attr_kernel<T, D>;
+  const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) + kWarps +
+                                       (MMA ? (size_t)kBM * (kBN + 1) : 0));
+  auto kern = attr_kernel<T, D, MMA>;
   cudaError_t err;
   if (smem > kDefaultSmem) {
     err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -561,14 +695,22 @@ cudaError_t dispatch_forward(int d, const void* q, const void* k, const void* v,
                              const float* mask, void* o, float* stats, int B, int H, int n_q,
                              int n_k, const long long* q_str, const long long* k_str,
                              const long long* v_str, const long long* o_str, long long mask_sb,
-                             float scale, int causal, cudaStream_t stream) {
-#define ATTATTR_FWD(DD)                                                                       \
-  return launch_forward<T, DD>(q, k, v, mask, o, stats, B, H, n_q, n_k, d, q_str, k_str, v_str, \
-                               o_str, mask_sb, scale, causal, stream)
-  if (d <= 32) ATTATTR_FWD(32);
-  if (d <= 64) ATTATTR_FWD(64);
-  if (d <= 96) ATTATTR_FWD(96);
-  ATTATTR_FWD(128);
+                             float scale, int causal, int tensor_cores, cudaStream_t stream) {
+#define ATTATTR_FWD(DD, MMA)                                                                 \
+  return launch_forward<T, DD, MMA>(q, k, v, mask, o, stats, B, H, n_q, n_k, d, q_str, k_str, \
+                                    v_str, o_str, mask_sb, scale, causal, stream)
+  if constexpr (is_half_type<T>()) {
+    if (tensor_cores) {
+      if (d <= 32) ATTATTR_FWD(32, true);
+      if (d <= 64) ATTATTR_FWD(64, true);
+      if (d <= 96) ATTATTR_FWD(96, true);
+      ATTATTR_FWD(128, true);
+    }
+  }
+  if (d <= 32) ATTATTR_FWD(32, false);
+  if (d <= 64) ATTATTR_FWD(64, false);
+  if (d <= 96) ATTATTR_FWD(96, false);
+  ATTATTR_FWD(128, false);
 #undef ATTATTR_FWD
 }
 
@@ -579,15 +721,23 @@ cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, co
                           int heads_per_group, int B, int H, int n_q, int n_k,
                           const long long* q_str, const long long* k_str, const long long* v_str,
                           const long long* g_str, long long mask_sb, float scale, int causal,
-                          cudaStream_t stream) {
-#define ATTATTR_ATTR(DD)                                                                   \
-  return launch_attr<T, DD>(q, k, v, g, mask, stats, maps, head_sum, head_max, workspace,      \
-                            partials, heads_per_group, B, H, n_q, n_k, d, q_str, k_str, v_str, \
-                            g_str, mask_sb, scale, causal, stream)
-  if (d <= 32) ATTATTR_ATTR(32);
-  if (d <= 64) ATTATTR_ATTR(64);
-  if (d <= 96) ATTATTR_ATTR(96);
-  ATTATTR_ATTR(128);
+                          int tensor_cores, cudaStream_t stream) {
+#define ATTATTR_ATTR(DD, MMA)                                                                 \
+  return launch_attr<T, DD, MMA>(q, k, v, g, mask, stats, maps, head_sum, head_max, workspace, \
+                                 partials, heads_per_group, B, H, n_q, n_k, d, q_str, k_str,   \
+                                 v_str, g_str, mask_sb, scale, causal, stream)
+  if constexpr (is_half_type<T>()) {
+    if (tensor_cores) {
+      if (d <= 32) ATTATTR_ATTR(32, true);
+      if (d <= 64) ATTATTR_ATTR(64, true);
+      if (d <= 96) ATTATTR_ATTR(96, true);
+      ATTATTR_ATTR(128, true);
+    }
+  }
+  if (d <= 32) ATTATTR_ATTR(32, false);
+  if (d <= 64) ATTATTR_ATTR(64, false);
+  if (d <= 96) ATTATTR_ATTR(96, false);
+  ATTATTR_ATTR(128, false);
 #undef ATTATTR_ATTR
 }
 
@@ -597,6 +747,8 @@ cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, co
 // ------------------------------------------------------------- C entry points
 // dtype: 0 = float32, 1 = float16, 2 = bfloat16.  Strides are {batch, head, row}
 // in elements (the last dimension must be contiguous).  stream is a cudaStream_t.
+// tensor_cores: nonzero runs float16 / bfloat16 inputs on the tensor-core path (mma.sync),
+// 0 on the fp32 CUDA-core path; float32 inputs always take the fp32 path.
 // Return 0 on success, else a cudaError_t value (see attattr_error_string).
 
 extern "C" int attattr_attn_forward(int dtype, const void* q, const void* k, const void* v,
@@ -604,20 +756,21 @@ extern "C" int attattr_attn_forward(int dtype, const void* q, const void* k, con
                                     int n_q, int n_k, int d, const long long* q_str,
                                     const long long* k_str, const long long* v_str,
                                     const long long* o_str, long long mask_sb, float scale,
-                                    int causal, void* stream) {
+                                    int causal, int tensor_cores, void* stream) {
   using namespace attattr;
   if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr) return (int)cudaErrorInvalidValue;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case 0:
       return (int)dispatch_forward<float>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str, k_str,
-                                          v_str, o_str, mask_sb, scale, causal, st);
+                                          v_str, o_str, mask_sb, scale, causal, tensor_cores, st);
     case 1:
       return (int)dispatch_forward<__half>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str, k_str,
-                                           v_str, o_str, mask_sb, scale, causal, st);
+                                           v_str, o_str, mask_sb, scale, causal, tensor_cores, st);
     case 2:
       return (int)dispatch_forward<__nv_bfloat16>(d, q, k, v, mask, o, stats, B, H, n_q, n_k, q_str,
-                                                  k_str, v_str, o_str, mask_sb, scale, causal, st);
+                                                  k_str, v_str, o_str, mask_sb, scale, causal,
+                                                  tensor_cores, st);
     default:
       return (int)cudaErrorInvalidValue;
   }
@@ -661,7 +814,8 @@ extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, c
                                       int B, int H, int n_q, int n_k, int d,
                                       const long long* q_str, const long long* k_str,
                                       const long long* v_str, const long long* g_str,
-                                      long long mask_sb, float scale, int causal, void* stream) {
+                                      long long mask_sb, float scale, int causal,
+                                      int tensor_cores, void* stream) {
   using namespace attattr;
   if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr || head_sum == nullptr ||
       head_max == nullptr || partials == nullptr || heads_per_group < 1)
@@ -674,16 +828,18 @@ extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, c
     case 0:
       return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
                                         workspace, partials, heads_per_group, B, H, n_q, n_k,
-                                        q_str, k_str, v_str, g_str, mask_sb, scale, causal, st);
+                                        q_str, k_str, v_str, g_str, mask_sb, scale, causal,
+                                        tensor_cores, st);
     case 1:
       return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
                                          workspace, partials, heads_per_group, B, H, n_q, n_k,
-                                         q_str, k_str, v_str, g_str, mask_sb, scale, causal, st);
+                                         q_str, k_str, v_str, g_str, mask_sb, scale, causal,
+                                         tensor_cores, st);
     case 2:
       return (int)dispatch_attr<__nv_bfloat16>(d, q, k, v, g, mask, stats, maps, head_sum,
                                                 head_max, workspace, partials, heads_per_group,
                                                 B, H, n_q, n_k, q_str, k_str, v_str, g_str,
-                                                mask_sb, scale, causal, st);
+                                                mask_sb, scale, causal, tensor_cores, st);
     default:
       return (int)cudaErrorInvalidValue;
   }

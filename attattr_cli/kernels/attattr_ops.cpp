@@ -22,6 +22,10 @@
 // row with no allowed key, whose o row is 0); maps [B, H, n_q, n_k] float32 (shape [0] when
 // want_maps is false), head_sum [B, n_q, n_k] float32, head_max [B, H] float32.
 //
+// float16 / bfloat16 inputs run their tile products on tensor cores (mma.sync, fp32
+// accumulation); ATTATTR_TENSOR_CORES=0 in the environment (read at every call) selects the
+// fp32 CUDA-core path instead, the path float32 inputs always take.
+//
 // Only torch headers here; the CUDA code is reached through the extern "C" launchers.
 
 #include <torch/extension.h>
@@ -31,6 +35,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <tuple>
@@ -40,7 +46,7 @@ int attattr_attn_forward(int dtype, const void* q, const void* k, const void* v,
                          const float* mask, void* o, float* stats, int B, int H, int n_q, int n_k,
                          int d, const long long* q_str, const long long* k_str,
                          const long long* v_str, const long long* o_str, long long mask_sb,
-                         float scale, int causal, void* stream);
+                         float scale, int causal, int tensor_cores, void* stream);
 int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* heads_per_group,
                       long long* workspace_floats, long long* partial_floats);
 int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
@@ -49,7 +55,7 @@ int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* 
                            int heads_per_group, int B, int H, int n_q, int n_k, int d,
                            const long long* q_str, const long long* k_str,
                            const long long* v_str, const long long* g_str, long long mask_sb,
-                           float scale, int causal, void* stream);
+                           float scale, int causal, int tensor_cores, void* stream);
 const char* attattr_error_string(int code);
 }
 
@@ -146,6 +152,12 @@ void* resolve_stream(const at::Tensor& q, int64_t stream) {
   return impl.getStream(q.device()).native_handle();
 }
 
+// 1 unless ATTATTR_TENSOR_CORES is "0": half inputs on tensor cores.
+int tensor_cores() {
+  const char* env = std::getenv("ATTATTR_TENSOR_CORES");
+  return (env != nullptr && std::strcmp(env, "0") == 0) ? 0 : 1;
+}
+
 void check_launch(int code, const char* what) {
   TORCH_CHECK(code == 0, "attattr: ", what, " kernel launch failed: ",
               attattr_error_string(code));
@@ -177,7 +189,7 @@ std::tuple<at::Tensor, at::Tensor> attn_forward_cuda(const at::Tensor& q_in,
       dtype_code(q.scalar_type()), q.data_ptr(), k.data_ptr(), v.data_ptr(),
       m.defined() ? m.data_ptr<float>() : nullptr, o.data_ptr(), stats.data_ptr<float>(), dims.B,
       dims.H, dims.n_q, dims.n_k, dims.d, sq.s, sk.s, sv.s, so.s, mask_sb,
-      static_cast<float>(scale), causal ? 1 : 0, resolve_stream(q, stream));
+      static_cast<float>(scale), causal ? 1 : 0, tensor_cores(), resolve_stream(q, stream));
   check_launch(code, "attn_forward");
   return {o, stats};
 }
@@ -228,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
         dtype_code(q.scalar_type()), q.data_ptr(), k.data_ptr(), v.data_ptr(),
         m.defined() ? m.data_ptr<float>() : nullptr, nullptr, stats.data_ptr<float>(), dims.B,
         dims.H, dims.n_q, dims.n_k, dims.d, sq.s, sk.s, sv.s, nullptr, mask_sb,
-        static_cast<float>(scale), causal ? 1 : 0, st);
+        static_cast<float>(scale), causal ? 1 : 0, tensor_cores(), st);
     check_launch(code, "attention statistics");
   }
 
@@ -246,7 +258,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
       want_maps ? maps.data_ptr<float>() : nullptr, head_sum.data_ptr<float>(),
       head_max.data_ptr<float>(), workspace_floats > 0 ? workspace.data_ptr<float>() : nullptr,
       partials.data_ptr<float>(), heads_per_group, dims.B, dims.H, dims.n_q, dims.n_k, dims.d,
-      sq.s, sk.s, sv.s, sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, st);
+      sq.s, sk.s, sv.s, sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, tensor_cores(),
+      st);
   check_launch(code, "attribution");
   return {maps, head_sum, head_max};
 }

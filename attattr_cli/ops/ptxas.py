@@ -39,7 +39,7 @@ _DTYPES = {"f": "float32", "6__half": "float16", "13__nv_bfloat16": "bfloat16"}
 class KernelUsage:
     """One compiled kernel on one architecture."""
 
-    kernel: str  # attr_kernel, attn_fwd_kernel, attn_fwd_kernel+O, head_sum_reduce_kernel, ...
+    kernel: str  # attr_kernel, attn_fwd_kernel, attn_fwd_kernel+O, ...+mma, head_sum_reduce_kernel, ...
     dtype: str  # float32 / float16 / bfloat16, or "" for the reduction kernels
     head_dim: int  # 0 for the reduction kernels
     arch: str  # "80", "90"
@@ -67,10 +67,17 @@ def _describe(mangled: str) -> tuple[str, str, int]:
     for name in ("head_sum_reduce_kernel", "head_max_reduce_kernel"):
         if name in mangled:
             return name, "", 0
-    match = re.search(r"(attr_kernel|attn_fwd_kernel)I(f|6__half|13__nv_bfloat16)Li(\d+)E(?:Lb([01])E)?", mangled)
+    match = re.search(
+        r"(attr_kernel|attn_fwd_kernel)I(f|6__half|13__nv_bfloat16)Li(\d+)E(?:Lb([01])E)?(?:Lb([01])E)?", mangled
+    )
     if match is None:
         return mangled, "", 0
-    name = match.group(1) + ("+O" if match.group(4) == "1" else "")
+    # attr_kernel<T, D, MMA>; attn_fwd_kernel<T, D, WITH_O, MMA>
+    if match.group(1) == "attr_kernel":
+        with_o, mma = False, match.group(4) == "1"
+    else:
+        with_o, mma = match.group(4) == "1", match.group(5) == "1"
+    name = match.group(1) + ("+O" if with_o else "") + ("+mma" if mma else "")
     return name, _DTYPES[match.group(2)], int(match.group(3))
 
 
@@ -110,12 +117,15 @@ def parse(log: str) -> list[KernelUsage]:
 def dynamic_smem(kernel: str, head_dim: int) -> int:
     """Dynamic shared memory per block (bytes) the launchers ask for."""
     tiles = (64 + 64) * (head_dim + 1) * 4
+    product = 64 * 65 * 4  # the tensor-core product tile (+mma), the forward's P (+O)
     if kernel == "attr_kernel":
         return tiles + (THREADS // 32) * 4
+    if kernel == "attr_kernel+mma":
+        return tiles + (THREADS // 32) * 4 + product
     if kernel == "attn_fwd_kernel":
         return tiles
-    if kernel == "attn_fwd_kernel+O":
-        return tiles + 64 * 65 * 4
+    if kernel in ("attn_fwd_kernel+O", "attn_fwd_kernel+mma", "attn_fwd_kernel+O+mma"):
+        return tiles + product
     return 0
 
 
