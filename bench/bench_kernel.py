@@ -1,28 +1,54 @@
-"""Benchmark of the target-layer attribution op: fused CUDA kernel vs the PyTorch reference.
+"""Benchmark of the target-layer attribution op: fused CUDA kernel vs the PyTorch reference vs SDPA flash backward.
 
-    python bench/bench_kernel.py                      # BERT-base shape, n = 128 .. 4096
+    python bench/bench_kernel.py                      # BERT-base shape, n = 128 .. 16,384, bf16 and fp32
     python bench/bench_kernel.py --ns 512 2048 --dtypes bf16 --maps no
+    python bench/bench_kernel.py --json k.json --launches 128 512 --budget 150   # what bench/gpu_all.sh runs
+    python bench/bench_kernel.py --smoke --json /tmp/k.json   # CPU, tiny n: the table and JSON code, no kernel
 
-For each dtype and sequence length it times ``attribution_from_grad`` (the reference
-always materialises the per-head maps; the kernel is timed with and without them) and
-records the peak GPU memory of one call above what the inputs already hold
-(``torch.cuda.max_memory_allocated``), then prints one table with the ratios.
-Needs a CUDA device; exits with a message otherwise.
+For each sequence length and dtype it times ``attribution_from_grad`` of one layer
+(12 heads, d = 64, batch 1 by default):
+
+* ``ref``: ``attattr_cli.ops.reference`` (cuBLAS products, always builds the maps);
+* ``kern``: the fused kernel with the maps kept, on its default path (tensor cores,
+  ``mma.sync``, for float16 / bfloat16; CUDA-core fp32 FMAs for float32), and without the
+  maps (``no maps``);
+* ``fp32 path``: half inputs forced onto the CUDA-core path (``ATTATTR_TENSOR_CORES=0``), the
+  kernel as it was before the tensor cores;
+* ``sdpa bwd``: the backward of ``scaled_dot_product_attention`` on the flash backend (half
+  dtypes only), the yardstick of a tuned attention kernel of similar work.
+
+TFLOP/s count 4·B·H·n²·d for the attribution (its two products Q Kᵀ and G Vᵀ; the
+kernel also recomputes Q Kᵀ for the softmax statistics, not counted) and 10·B·H·n²·d for the
+flash backward (2.5x its forward's 4·B·H·n²·d, the usual convention). Memory is the peak of
+one call above what the inputs hold (``torch.cuda.max_memory_allocated``).
+
+``--launches 128 512`` also counts the CUDA kernels one example's scoring launches
+(BERT-base, random init, m = 20, all layers; ``torch.profiler``) with ``--kernel cuda`` and
+``--kernel torch``. ``--budget S`` stops starting new cells after S seconds (the cells not
+run are listed). ``--json PATH`` writes every figure. One table is printed at the end.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
+import platform
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from attattr_cli.ops import kernel, reference  # noqa: E402
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DEFAULT_NS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -30,36 +56,62 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--dim", type=int, default=64, help="head dim")
-    parser.add_argument("--ns", type=int, nargs="+", default=[128, 512, 2048, 4096])
+    parser.add_argument("--ns", type=int, nargs="+", default=None, help=f"default {DEFAULT_NS}")
     parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
     parser.add_argument("--maps", choices=["both", "yes", "no"], default="both",
                         help="kernel runs with want_maps True, False or both")
     parser.add_argument("--mask", action="store_true", help="add a key-padding mask (a quarter padded)")
-    parser.add_argument("--min-time", type=float, default=0.3, help="seconds of timed calls per cell")
+    parser.add_argument("--min-time", type=float, default=0.15, help="seconds of timed calls per figure")
+    parser.add_argument("--no-sdpa", action="store_true", help="skip the SDPA flash backward column")
+    parser.add_argument("--launches", type=int, nargs="*", default=[],
+                        help="count the CUDA kernels of one scored example at these lengths")
+    parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
+    parser.add_argument("--json", type=Path, default=None, help="write the figures here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU, n = 32 and 64, no kernel: checks the table and JSON code anywhere")
     return parser.parse_args(argv)
 
 
-def time_call(fn, min_time: float) -> float:
-    """Median-free simple timing: mean milliseconds per call over >= min_time seconds."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    iters, total_ms = 1, 0.0
-    while True:
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
+# ------------------------------------------------------------------ timing
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
         torch.cuda.synchronize()
-        total_ms = start.elapsed_time(end)
+
+
+def time_call(fn, min_time: float, device: torch.device) -> float:
+    """Mean milliseconds per call over >= min_time seconds (one warm-up call when a call is
+    long, three otherwise)."""
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    if time.perf_counter() - t0 < 0.05:
+        for _ in range(2):
+            fn()
+        sync(device)
+    iters = 1
+    while True:
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            total_ms = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            total_ms = 1e3 * (time.perf_counter() - t0)
         if total_ms >= min_time * 1000 or iters >= 1 << 12:
             return total_ms / iters
         iters *= 2
 
 
-def peak_bytes(fn) -> int:
-    """Peak memory of one call above what was allocated before it."""
+def peak_mib(fn, device: torch.device) -> float | None:
+    """Peak memory (MiB) of one call above what was allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -68,74 +120,252 @@ def peak_bytes(fn) -> int:
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - before
     del out
-    return peak
+    return peak / 2**20
 
 
-def fmt_mib(n: int) -> str:
-    return f"{n / 2**20:,.1f}"
+@contextmanager
+def tensor_cores(on: bool):
+    """The binding reads ATTATTR_TENSOR_CORES at every call."""
+    old = os.environ.get("ATTATTR_TENSOR_CORES")
+    os.environ["ATTATTR_TENSOR_CORES"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("ATTATTR_TENSOR_CORES", None)
+        else:
+            os.environ["ATTATTR_TENSOR_CORES"] = old
+
+
+def guarded(fn):
+    """fn() or None when the device runs out of memory."""
+    try:
+        return fn()
+    except torch.OutOfMemoryError:
+        torch.cuda.empty_cache()
+        return None
+
+
+# ------------------------------------------------------------------ one cell
+def measure_cell(args, dname: str, n: int, device: torch.device, with_kernel: bool) -> dict:
+    dtype = DTYPES[dname]
+    b, h, d = args.batch, args.heads, args.dim
+    gen = torch.Generator(device=device).manual_seed(n)
+    shape = (b, h, n, d)
+    q, k, v, g = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(4))
+    pad = None
+    if args.mask:
+        pad = torch.zeros(b, n, device=device)
+        pad[:, n - n // 4:] = torch.finfo(torch.float32).min
+    row: dict = {"dtype": dname, "n": n, "batch": b, "heads": h, "dim": d,
+                 "attr_flops": 4 * b * h * n * n * d, "sdpa_bwd_flops": 10 * b * h * n * n * d}
+
+    def ref_call():
+        return reference.attribution_from_grad(q, k, v, g, None if pad is None else pad[:, None, None, :],
+                                               want_maps=True)
+
+    row["ref_ms"] = guarded(lambda: time_call(ref_call, args.min_time, device))
+    row["ref_mib"] = guarded(lambda: peak_mib(ref_call, device)) if row["ref_ms"] is not None else None
+
+    if with_kernel:
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        row["blocks"] = kernel.attribution_grid(b, h, n, n, sms)["blocks"]
+        modes = {"both": [True, False], "yes": [True], "no": [False]}[args.maps]
+        for want_maps in modes:
+            key = "kern" if want_maps else "kern_nomaps"
+
+            def kern_call(want_maps=want_maps):
+                return kernel.attribution_from_grad(q, k, v, g, pad, want_maps=want_maps)
+
+            with tensor_cores(True):
+                row[f"{key}_ms"] = guarded(lambda: time_call(kern_call, args.min_time, device))
+                row[f"{key}_mib"] = guarded(lambda: peak_mib(kern_call, device))
+        if dtype != torch.float32:
+            with tensor_cores(False):
+                row["kern_fp32path_ms"] = guarded(
+                    lambda: time_call(lambda: kernel.attribution_from_grad(q, k, v, g, pad, want_maps=modes[0]),
+                                      args.min_time, device))
+            # the two paths agree to float rounding (a cheap check on real hardware)
+            with tensor_cores(True):
+                fast = kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False)["head_sum"]
+            with tensor_cores(False):
+                slow = kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False)["head_sum"]
+            scale = slow.abs().max().item() or 1.0
+            row["paths_max_rel_diff"] = (fast - slow).abs().max().item() / scale
+            del fast, slow
+
+    if not args.no_sdpa and dtype != torch.float32:
+        row["sdpa_bwd_ms"] = guarded(lambda: sdpa_backward_ms(q, k, v, pad, args.min_time, device))
+    del q, k, v, g, pad
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    for key, flops in (("ref", "attr_flops"), ("kern", "attr_flops"), ("kern_nomaps", "attr_flops"),
+                       ("kern_fp32path", "attr_flops"), ("sdpa_bwd", "sdpa_bwd_flops")):
+        ms = row.get(f"{key}_ms")
+        if ms:
+            row[f"{key}_tflops"] = row[flops] / (ms * 1e-3) / 1e12
+    return row
+
+
+def sdpa_backward_ms(q, k, v, pad, min_time: float, device: torch.device) -> float:
+    """Milliseconds of one backward of scaled_dot_product_attention (flash backend on CUDA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
+    backend = SDPBackend.FLASH_ATTENTION if device.type == "cuda" else SDPBackend.MATH
+    with sdpa_kernel(backend):
+        # flash takes no additive mask; the padding changes little of the work
+        o = torch.nn.functional.scaled_dot_product_attention(qs, ks, vs)
+        do = torch.randn_like(o)
+        return time_call(lambda: torch.autograd.grad(o, (qs, ks, vs), do, retain_graph=True), min_time, device)
+
+
+# ------------------------------------------------------------------ launches
+def count_launches(ns: list[int], dtype_name: str, steps: int = 20) -> list[dict]:
+    """CUDA kernels (and copies) one scored BERT-base example launches, by torch.profiler."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from bench_gpu_score import bert_base  # noqa: E402
+
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+
+    loaded = bert_base(torch.device("cuda"), getattr(torch, dtype_name))
+    rows = []
+    for n in ns:
+        example = Example(0, " ".join(f"w{i % 1000}" for i in range(n - 2)))
+        for kind in ("cuda", "torch"):
+            scorer = Scorer(loaded, ScoreOptions(steps=steps, dtype=dtype_name, kernel=kind))
+            scorer.score(example)  # warm-up
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                scorer.score(example)
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t0
+            kernels = copies = 0
+            for event in prof.key_averages():
+                if event.device_type != DeviceType.CUDA:
+                    continue
+                if event.key.startswith(("Memcpy", "Memset")):
+                    copies += event.count
+                else:
+                    kernels += event.count
+            rows.append({"n": n, "kernel": kind, "steps": steps, "dtype": dtype_name,
+                         "kernel_launches": kernels, "copies": copies, "profiled_seconds": seconds})
+            print(f"# launches: n = {n}, --kernel {kind}: {kernels} kernels, {copies} copies/memsets "
+                  f"({seconds:.2f} s under the profiler)", flush=True)
+    return rows
+
+
+# ------------------------------------------------------------------ output
+def fmt(x, spec=".3f", none="-") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return none
+    return format(x, spec)
+
+
+def table(rows: list[dict], launches: list[dict], skipped: list[str]) -> str:
+    head = (f"{'dtype':>5} {'n':>6} | {'ref ms':>9} {'kern ms':>9} {'no maps':>9} {'fp32 path':>9} "
+            f"{'sdpa bwd':>9} | {'ref':>6} {'kern':>6} {'fp32p':>6} {'sdpa':>6} | {'ref/kern':>8} | "
+            f"{'ref MiB':>9} {'kern MiB':>9} {'no maps':>8}")
+    lines = [f"{'':13}| {'time per call (ms)':^49} | {'TFLOP/s':^27} | {'':8} | {'peak memory':^28}", head,
+             "-" * len(head)]
+    for r in rows:
+        ratio = r["ref_ms"] / r["kern_ms"] if r.get("ref_ms") and r.get("kern_ms") else None
+        lines.append(
+            f"{r['dtype']:>5} {r['n']:>6} | {fmt(r.get('ref_ms'), '9.3f', 'OOM'):>9} "
+            f"{fmt(r.get('kern_ms'), '9.3f'):>9} {fmt(r.get('kern_nomaps_ms'), '9.3f'):>9} "
+            f"{fmt(r.get('kern_fp32path_ms'), '9.3f'):>9} {fmt(r.get('sdpa_bwd_ms'), '9.3f'):>9} | "
+            f"{fmt(r.get('ref_tflops'), '6.1f'):>6} {fmt(r.get('kern_tflops'), '6.1f'):>6} "
+            f"{fmt(r.get('kern_fp32path_tflops'), '6.1f'):>6} {fmt(r.get('sdpa_bwd_tflops'), '6.1f'):>6} | "
+            f"{fmt(ratio, '7.2f') + 'x' if ratio else '-':>8} | {fmt(r.get('ref_mib'), ',.1f'):>9} "
+            f"{fmt(r.get('kern_mib'), ',.1f'):>9} {fmt(r.get('kern_nomaps_mib'), ',.1f'):>8}")
+    for item in skipped:
+        lines.append(f"  not run (budget): {item}")
+    if launches:
+        lines.append("")
+        lines.append("CUDA kernels launched per scored example (BERT-base, m = 20, all layers):")
+        for r in launches:
+            lines.append(f"  n = {r['n']:>5}  --kernel {r['kernel']:<5} {r['kernel_launches']:>7,} kernels "
+                         f"{r['copies']:>6,} copies/memsets")
+    lines.append("")
+    lines.append("kern = the default path (tensor cores for bf16/fp16, CUDA cores for fp32), maps kept; "
+                 "fp32 path = ATTATTR_TENSOR_CORES=0; sdpa bwd = flash backward of "
+                 "scaled_dot_product_attention; TFLOP/s: 4·B·H·n²·d for the attribution, 10·B·H·n²·d for "
+                 "the flash backward.")
+    return "\n".join(lines)
+
+
+def machine(device: torch.device) -> dict:
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version(),
+            "device": device.type}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info.update(gpu=torch.cuda.get_device_name(device), sms=props.multi_processor_count,
+                    capability=f"{props.major}.{props.minor}")
+    return info
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_kernel: needs a CUDA device (torch.cuda.is_available() is False); nothing to do",
-              file=sys.stderr)
-        return 1
-    if not kernel.available():
-        print(f"bench_kernel: the CUDA kernels are unavailable: {kernel.unavailable_reason(hint=False)}",
-              file=sys.stderr)
-        return 1
-
-    device = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    print(f"# {torch.cuda.get_device_name(device)} ({sms} SMs), torch {torch.__version__}, "
-          f"batch {args.batch}, heads {args.heads}, d_head {args.dim}"
-          f"{', key-padding mask' if args.mask else ''}")
-    kernel_modes = {"both": [True, False], "yes": [True], "no": [False]}[args.maps]
-    header = (f"{'dtype':>5} {'n':>6} {'maps':>5} | {'ref ms':>9} {'kern ms':>9} {'speedup':>8} | "
-              f"{'ref MiB':>10} {'kern MiB':>10} {'mem ratio':>9} | {'blocks':>7}")
-    print(header)
-    print("-" * len(header))
-    for dname in args.dtypes:
-        dtype = DTYPES[dname]
-        for n in args.ns:
-            gen = torch.Generator(device=device).manual_seed(n)
-            shape = (args.batch, args.heads, n, args.dim)
-            q, k, v, g = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(4))
-            pad = None
-            if args.mask:
-                pad = torch.zeros(args.batch, n, device=device)
-                pad[:, n - n // 4:] = torch.finfo(torch.float32).min
-
-            def ref_call():
-                return reference.attribution_from_grad(
-                    q, k, v, g, None if pad is None else pad[:, None, None, :], want_maps=True
-                )
-
-            try:
-                ref_ms = time_call(ref_call, args.min_time)
-                ref_mem = peak_bytes(ref_call)
-            except torch.cuda.OutOfMemoryError:
-                ref_ms, ref_mem = float("nan"), -1
-                torch.cuda.empty_cache()
-            blocks = kernel.attribution_grid(args.batch, args.heads, n, n, sms)["blocks"]
-            for want_maps in kernel_modes:
-                def kern_call(want_maps=want_maps):
-                    return kernel.attribution_from_grad(q, k, v, g, pad, want_maps=want_maps)
-
-                kern_ms = time_call(kern_call, args.min_time)
-                kern_mem = peak_bytes(kern_call)
-                speedup = ref_ms / kern_ms if kern_ms > 0 else float("nan")
-                ratio = ref_mem / kern_mem if kern_mem > 0 and ref_mem >= 0 else float("nan")
-                ref_mib = fmt_mib(ref_mem) if ref_mem >= 0 else "OOM"
-                print(f"{dname:>5} {n:>6} {('yes' if want_maps else 'no'):>5} | {ref_ms:>9.3f} "
-                      f"{kern_ms:>9.3f} {speedup:>7.2f}x | {ref_mib:>10} {fmt_mib(kern_mem):>10} "
-                      f"{ratio:>8.2f}x | {blocks:>7}", flush=True)
-            del q, k, v, g, pad
-            torch.cuda.empty_cache()
-    print("\nref = attattr_cli.ops.reference.attribution_from_grad (always builds the maps); "
-          "kern = attattr_cli.ops.kernel.attribution_from_grad; speedup and mem ratio = ref / kern; "
-          "blocks = the attribution kernel's grid (head groups x tiles x batch).")
+    start = time.perf_counter()
+    if args.smoke:
+        device = torch.device("cpu")
+        ns = args.ns or [32, 64]
+        with_kernel = False
+    else:
+        if not torch.cuda.is_available():
+            print("bench_kernel: needs a CUDA device (torch.cuda.is_available() is False); "
+                  "--smoke runs the CPU check", file=sys.stderr)
+            return 1
+        if not kernel.available():
+            print(f"bench_kernel: the CUDA kernels are unavailable: {kernel.unavailable_reason(hint=False)}",
+                  file=sys.stderr)
+            return 1
+        device = torch.device("cuda")
+        ns = args.ns or DEFAULT_NS
+        with_kernel = True
+    info = machine(device)
+    print(f"# {info.get('gpu', 'cpu')} ({info.get('sms', '-')} SMs), torch {torch.__version__}, batch "
+          f"{args.batch}, heads {args.heads}, d_head {args.dim}{', key-padding mask' if args.mask else ''}",
+          flush=True)
+    rows, skipped = [], []
+    for n in ns:
+        for dname in args.dtypes:
+            if args.budget and time.perf_counter() - start > args.budget:
+                skipped.append(f"{dname} n={n}")
+                continue
+            t0 = time.perf_counter()
+            row = measure_cell(args, dname, n, device, with_kernel)
+            row["cell_seconds"] = time.perf_counter() - t0
+            rows.append(row)
+            print(f"# {dname} n={n}: ref {fmt(row.get('ref_ms'), '.3f', 'OOM')} ms, kernel "
+                  f"{fmt(row.get('kern_ms'))} ms, fp32 path {fmt(row.get('kern_fp32path_ms'))} ms, "
+                  f"sdpa bwd {fmt(row.get('sdpa_bwd_ms'))} ms ({row['cell_seconds']:.1f} s)", flush=True)
+    launches = []
+    if args.launches:
+        if device.type != "cuda":
+            print("# launches: needs a CUDA device; not counted", flush=True)
+        elif args.budget and time.perf_counter() - start > args.budget:
+            skipped.append(f"launches at {args.launches}")
+        else:
+            launches = count_launches(args.launches, "bfloat16")
+    text = table(rows, launches, skipped)
+    print()
+    print(text)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"machine": info, "config": {k: (str(v) if isinstance(v, Path) else v)
+                                               for k, v in vars(args).items()},
+                   "rows": rows, "launches": launches, "skipped": skipped,
+                   "seconds": time.perf_counter() - start, "table": text}
+        args.json.write_text(json.dumps(payload, indent=1))
+        print(f"\n# wrote {args.json}")
     return 0
 
 

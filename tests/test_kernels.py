@@ -1139,6 +1139,35 @@ def test_emulated_ops_opcheck_and_compile(emulated_wrappers, emulated):
         torch.testing.assert_close(a, b)
 
 
+
+# ------------------------------------------------------------------ GPU benchmark scripts
+def test_gpu_all_script_parses():
+    """bench/gpu_all.sh (run on a GPU machine only) is valid bash."""
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash not found")
+    proc = subprocess.run([bash, "-n", str(ROOT / "bench" / "gpu_all.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_bench_kernel_smoke_writes_table_and_json(tmp_path):
+    """bench/bench_kernel.py's table and JSON code, on the CPU (no kernel, tiny n)."""
+    import json
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import bench_kernel
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    out = tmp_path / "k.json"
+    assert bench_kernel.main(["--smoke", "--ns", "16", "--dtypes", "bf16", "fp32", "--min-time", "0.001",
+                              "--json", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [(r["dtype"], r["n"]) for r in payload["rows"]] == [("bf16", 16), ("fp32", 16)]
+    bf16 = payload["rows"][0]
+    assert bf16["ref_ms"] > 0 and bf16["sdpa_bwd_ms"] > 0 and bf16["attr_flops"] == 4 * 12 * 16 * 16 * 64
+    assert "sdpa bwd" in payload["table"] and "TFLOP/s" in payload["table"]
+
 # ------------------------------------------------------------------ GPU tests
 @pytest.fixture(scope="module")
 def cuda_kernel():
@@ -1219,6 +1248,27 @@ def test_gpu_head_groups_deterministic(cuda_kernel, n):
     if n == 128:
         assert plan["blocks"] >= 48
 
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_gpu_tensor_core_path_agrees_with_the_fp32_path(cuda_kernel, dtype, monkeypatch):
+    """Half inputs on tensor cores (the default) and on the CUDA-core path
+    (ATTATTR_TENSOR_CORES=0): both within the fp32 tolerance of the float64 truth, so they
+    agree with each other to float rounding."""
+    q, k, v, g = (t.cuda() for t in _inputs(2, 3, 300, 300, 64, dtype, seed=53))
+    pad = _padding(2, 300, device="cuda", full_row=False)
+    truth = _truth(q, k, v, g, pad, True)
+    got = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ATTATTR_TENSOR_CORES", flag)
+        got[flag] = cuda_kernel.attribution_from_grad(q, k, v, g, pad, causal=True)
+        o = cuda_kernel.attention_forward(q, k, v, pad, causal=True)
+        torch.testing.assert_close(o.double(), truth["o"], atol=2e-2, rtol=1e-2)
+        for name in ("maps", "head_sum", "head_max"):
+            torch.testing.assert_close(got[flag][name].double(), truth[name], atol=3e-5, rtol=3e-5, msg=name)
+    for name in ("maps", "head_sum", "head_max"):
+        torch.testing.assert_close(got["1"][name], got["0"][name], atol=3e-5, rtol=3e-5)
 
 @gpu
 def test_gpu_backend_selection(cuda_kernel, monkeypatch):
