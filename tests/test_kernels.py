@@ -1051,6 +1051,44 @@ def _plan(emulated, b, h, n_q, n_k, sms):
     return per_group.value, workspace.value, partials.value
 
 
+
+@pytest.mark.slow
+def test_emulated_split_g_path_keeps_the_float32_integral(emulated, emulated_wrappers, monkeypatch):
+    """bfloat16 q, k, v with a float32 G (the engine's bf16 scoring): on tensor cores the
+    kernel splits G into three bfloat16 parts (exact), so the result is the float64 truth of
+    the float32 G to the fp32 path's tolerance, not of G rounded to bfloat16; without tensor
+    cores the binding upcasts q, k, v (no mma).  The wrapper passes the mix through."""
+    emulated.library.emu_mma_instructions.restype = ctypes.c_ulonglong
+    b, h, n, d = 2, 3, 70, 64
+    q, k, v, _ = _inputs(b, h, n, n, d, torch.bfloat16, seed=31)
+    g32 = torch.randn(b, h, n, d, generator=torch.Generator().manual_seed(32)) * 1e-3  # small, like an integral
+    pad = _padding(b, n, full_row=False)
+    truth = _truth(q, k, v, g32, pad, True)
+    rounded = _truth(q, k, v, g32.to(torch.bfloat16), pad, True)
+    # G rounded to bfloat16 would miss the truth by far more than the tolerance below
+    assert (rounded["maps"] - truth["maps"]).abs().max() > 20 * 2e-5 * truth["maps"].abs().max()
+    results = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ATTATTR_TENSOR_CORES", flag)
+        emulated.library.emu_mma_instructions()
+        maps, head_sum, head_max = emulated.attr_from_grad(q, k, v, g32, pad, None, d**-0.5, True, True, 0)
+        count = emulated.library.emu_mma_instructions()
+        assert (count > 0) == (flag == "1"), (flag, count)
+        scale = truth["maps"].abs().max().item()
+        for name, got in (("maps", maps), ("head_sum", head_sum), ("head_max", head_max)):
+            torch.testing.assert_close(got.double(), truth[name], atol=2e-5 * scale, rtol=2e-5, msg=f"{flag} {name}")
+        results[flag] = maps
+    torch.testing.assert_close(results["1"], results["0"], atol=2e-5 * scale, rtol=2e-5)
+    # the wrapper hands the bfloat16 / float32 mix to the kernel unchanged
+    monkeypatch.setenv("ATTATTR_TENSOR_CORES", "1")
+    emulated.library.emu_mma_instructions()
+    got = emulated_wrappers.attribution_from_grad(q, k, v, g32, pad, causal=True)
+    assert emulated.library.emu_mma_instructions() > 0
+    torch.testing.assert_close(got["maps"], results["1"], atol=0, rtol=0)
+    # float16 q, k, v with a float32 G are not split: an error from the binding
+    with pytest.raises(RuntimeError, match="has dtype"):
+        emulated.attr_from_grad(q.half(), k.half(), v.half(), g32, pad, None, d**-0.5, True, False, 0)
+
 @pytest.mark.slow
 def test_emulated_plan_matches_python_mirror(emulated):
     for b, h, n, sms in itertools.product((1, 3, 40000), (1, 2, 12, 16), (1, 64, 65, 128, 512, 4096), (1, 108, 132)):

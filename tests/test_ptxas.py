@@ -85,8 +85,9 @@ def test_no_spills_and_two_blocks_per_sm(usage):
     _, rows = usage
     kernels = {(r.kernel, r.dtype, r.head_dim, r.arch) for r in rows}
     # 3 dtypes x 4 head dims x (attr, fwd, fwd+O), the tensor-core variants of the two half
-    # dtypes (attr+mma, fwd+mma, fwd+O+mma) + 2 reductions, for each architecture
-    assert len(kernels) == 2 * (3 * 4 * 3 + 2 * 4 * 3 + 2), sorted(kernels)
+    # dtypes (attr+mma, fwd+mma, fwd+O+mma), bfloat16's attr+mma+splitG (float32 G) and 2
+    # reductions, for each architecture
+    assert len(kernels) == 2 * (3 * 4 * 3 + 2 * 4 * 3 + 4 + 2), sorted(kernels)
     spilled = [r for r in rows if r.spills or r.stack]
     assert not spilled, "spills: " + "; ".join(
         f"{r.kernel} {r.dtype} D={r.head_dim} sm_{r.arch}: {r.spills} bytes" for r in spilled
@@ -117,6 +118,7 @@ def test_parse_names_of_the_tensor_core_variants():
         ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelI6__halfLi32ELb1ELb1EEEvPKT_"),
         ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelI6__halfLi32ELb0ELb1EEEvPKT_"),
         ptxas._describe("_ZN7attattr12_GLOBAL__N_115attn_fwd_kernelIfLi32ELb1ELb0EEEvPKT_"),
+        ptxas._describe("_ZN7attattr12_GLOBAL__N_111attr_kernelI13__nv_bfloat16Li96ELb1ELb1EfEEvPKT_"),
     ]
     assert names == [
         ("attr_kernel+mma", "bfloat16", 64),
@@ -124,6 +126,7 @@ def test_parse_names_of_the_tensor_core_variants():
         ("attn_fwd_kernel+O+mma", "float16", 32),
         ("attn_fwd_kernel+mma", "float16", 32),
         ("attn_fwd_kernel+O", "float32", 32),
+        ("attr_kernel+mma+splitG", "bfloat16", 96),
     ]
     assert ptxas.dynamic_smem("attr_kernel+mma", 128) == ptxas.dynamic_smem("attr_kernel", 128) + 64 * 65 * 4
 
@@ -166,11 +169,11 @@ def test_ptx_of_the_tensor_core_kernels_holds_mma(ptx, arch):
         if not kern.startswith(("attr_kernel", "attn_fwd_kernel")):
             continue
         count = body.count("mma.sync.aligned.m16n8k16")
-        if kern.endswith("+mma"):
+        if "+mma" in kern:
             assert MMA[dtype] in body, f"{kern} {dtype} D={head_dim} {arch}: no {MMA[dtype]}"
             # two products of D / 16 k-steps x 4 tiles (one for the forward); loops may be unrolled
             assert count >= 4, (kern, dtype, head_dim, arch, count)
             checked += 1
         else:
             assert count == 0, f"{kern} {dtype} D={head_dim} {arch}: the fp32 path has mma"
-    assert checked == 2 * 4 * 3  # (attr, fwd, fwd+O) x 4 head dims x 2 half dtypes
+    assert checked == 2 * 4 * 3 + 4  # (attr, fwd, fwd+O) x 4 head dims x 2 half dtypes, splitG

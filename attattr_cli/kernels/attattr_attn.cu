@@ -52,12 +52,19 @@
 //       documents; the CPU emulation (tests/test_kernels.py) models the instruction with
 //       that layout, so a fragment bug fails on the CPU.
 //     The forward's P V product stays on the CUDA cores in both paths.
+//   * bfloat16 q, k, v with a float32 G (the engine's bf16 scoring: the integral is summed
+//     in float32) on the tensor-core path (SPLIT_G): G is staged as float and each of its
+//     values split into three bfloat16 parts, g = hi + mid + lo exactly (8 + 8 + 8 of
+//     float's 24 significant bits), so G V^T is three mma per tile step, each product exact,
+//     as accurate as the fp32 path without rounding G to bfloat16.
 
 #include <cuda_runtime.h>
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <math.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 namespace attattr {
 namespace {
@@ -222,7 +229,8 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 //                           reg 3 = (g+8, 2t+8..)
 //   B (col major, 16 x 8, B[k][n] = b_tile[n][k]): reg 0 = (k 2t..2t+1, n g), reg 1 = k + 8
 //   C / D (16 x 8 floats): d0, d1 = (g, 2t..2t+1), d2, d3 = (g+8, 2t..2t+1)
-template <typename T, int D>
+//   SPLIT_A (T = bfloat16, A holds float values): A = hi + mid + lo, three mma per tile step.
+template <typename T, int D, bool SPLIT_A = false>
 __device__ __forceinline__ void tile_dots_mma(float* __restrict__ c, const float* __restrict__ a,
                                               const float* __restrict__ b, int tid) {
   const int warp = tid >> 5, lane = tid & 31;
@@ -237,13 +245,40 @@ __device__ __forceinline__ void tile_dots_mma(float* __restrict__ c, const float
   for (int k0 = 0; k0 < D; k0 += 16) {
     const float* ar = a + (r0 + grp) * (D + 1) + k0 + 2 * tig;
     const float* ar8 = ar + 8 * (D + 1);
-    const uint32_t fa[4] = {pack2<T>(ar[0], ar[1]), pack2<T>(ar8[0], ar8[1]),
-                            pack2<T>(ar[8], ar[9]), pack2<T>(ar8[8], ar8[9])};
+    if constexpr (SPLIT_A) {
+      // Fragment element order as below; each float x = hi + mid + lo, every part a
+      // bfloat16 (the residual of rounding to 8 bits is exact in float).
+      float x[8] = {ar[0], ar[1], ar8[0], ar8[1], ar[8], ar[9], ar8[8], ar8[9]};
+      uint32_t parts[3][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const float* br = b + (c0 + 8 * nt + grp) * (D + 1) + k0 + 2 * tig;
-      const uint32_t fb[2] = {pack2<T>(br[0], br[1]), pack2<T>(br[8], br[9])};
-      mma_m16n8k16<T>(acc[nt], fa, fb);
+      for (int p = 0; p < 3; ++p) {
+        float rounded[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          rounded[e] = to_float<T>(from_float<T>(x[e]));
+          x[e] -= rounded[e];
+        }
+#pragma unroll
+        for (int r = 0; r < 4; ++r) parts[p][r] = pack2<T>(rounded[2 * r], rounded[2 * r + 1]);
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float* br = b + (c0 + 8 * nt + grp) * (D + 1) + k0 + 2 * tig;
+        const uint32_t fb[2] = {pack2<T>(br[0], br[1]), pack2<T>(br[8], br[9])};
+        // the smallest part first
+        mma_m16n8k16<T>(acc[nt], parts[2], fb);
+        mma_m16n8k16<T>(acc[nt], parts[1], fb);
+        mma_m16n8k16<T>(acc[nt], parts[0], fb);
+      }
+    } else {
+      const uint32_t fa[4] = {pack2<T>(ar[0], ar[1]), pack2<T>(ar8[0], ar8[1]),
+                              pack2<T>(ar[8], ar[9]), pack2<T>(ar8[8], ar8[9])};
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const float* br = b + (c0 + 8 * nt + grp) * (D + 1) + k0 + 2 * tig;
+        const uint32_t fb[2] = {pack2<T>(br[0], br[1]), pack2<T>(br[8], br[9])};
+        mma_m16n8k16<T>(acc[nt], fa, fb);
+      }
     }
   }
 #pragma unroll
@@ -259,12 +294,12 @@ __device__ __forceinline__ void tile_dots_mma(float* __restrict__ c, const float
 // s = the 64 x 64 tile of A B^T in the fp32 path's ownership (rows ty + 16 i, columns
 // tx + 16 j), on tensor cores through the shared tile c (MMA) or with FMAs.  With MMA it
 // contains a __syncthreads, so it must be reached by the whole block.
-template <typename T, int D, bool MMA>
+template <typename T, int D, bool MMA, bool SPLIT_A = false>
 __device__ __forceinline__ void tile_product(float (&s)[kRows][kCols], const float* __restrict__ a,
                                              const float* __restrict__ b, float* __restrict__ c,
                                              int tid, int ty, int tx) {
   if constexpr (MMA) {
-    tile_dots_mma<T, D>(c, a, b, tid);
+    tile_dots_mma<T, D, SPLIT_A>(c, a, b, tid);
     __syncthreads();
 #pragma unroll
     for (int i = 0; i < kRows; ++i)
@@ -432,10 +467,12 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 // there is one group, else the workspace that head_sum_reduce_kernel adds up.  Each
 // head's maximum over the tile goes to partials[(b * H + h) * tiles + tile], reduced by
 // head_max_reduce_kernel.  No atomics: every output is deterministic.
-template <typename T, int D, bool MMA>
+// SPLIT_G: g is float32 beside bfloat16 q, k, v (tensor cores only, see the top).
+template <typename T, int D, bool MMA, bool SPLIT_G,
+          typename TG = typename std::conditional<SPLIT_G, float, T>::type>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-            const T* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
+            const TG* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
             float* __restrict__ maps, float* __restrict__ sum_out, float* __restrict__ partials,
             int H, int heads_per_group, int n_q, int n_k, int d, float scale, int causal,
             Strides sq, Strides sk, Strides sv, Strides sg, long long mask_sb) {
@@ -486,10 +523,10 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
       float s[kRows][kCols];
       tile_product<T, D, MMA>(s, s_a, s_b, s_c, tid, ty, tx);
       __syncthreads();
-      load_tile<T, D, kBM>(s_a, g + b * sg.b + h * sg.h, sg.n, q0, n_q, d);
+      load_tile<TG, D, kBM>(s_a, g + b * sg.b + h * sg.h, sg.n, q0, n_q, d);
       load_tile<T, D, kBN>(s_b, v + b * sv.b + h * sv.h, sv.n, k0, n_k, d);
       __syncthreads();
-      tile_product<T, D, MMA>(a, s_a, s_b, s_c, tid, ty, tx);  // a = G V^T for now
+      tile_product<T, D, MMA, SPLIT_G>(a, s_a, s_b, s_c, tid, ty, tx);  // a = G V^T for now
 
       const float* stats_bh = stats + ((long long)b * H + h) * n_q * 2;
 #pragma unroll
@@ -643,7 +680,7 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
   return cudaGetLastError();
 }
 
-template <typename T, int D, bool MMA>
+template <typename T, int D, bool MMA, bool SPLIT_G>
 cudaError_t launch_attr(const void* q, const void* k, const void* v, const void* g,
                         const float* mask, const float* stats, float* maps, float* head_sum,
                         float* head_max, float* workspace, float* partials, int heads_per_group,
@@ -653,7 +690,8 @@ cudaError_t launch_attr(const void* q, const void* k, const void* v, const void*
   const int groups = (H + heads_per_group - 1) / heads_per_group;
   const size_t smem = sizeof(float) * ((size_t)(kBM + kBN) * (D + 1) + kWarps +
                                        (MMA ? (size_t)kBM * (kBN + 1) : 0));
-  auto kern = attr_kernel<T, D, MMA>;
+  using TG = typename std::conditional<SPLIT_G, float, T>::type;
+  auto kern = attr_kernel<T, D, MMA, SPLIT_G>;
   cudaError_t err;
   if (smem > kDefaultSmem) {
     err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
@@ -663,7 +701,7 @@ cudaError_t launch_attr(const void* q, const void* k, const void* v, const void*
   float* sum_out = groups > 1 ? workspace : head_sum;
   kern<<<grid, kThreads, smem, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<const T*>(g), mask, stats, maps, sum_out, partials, H, heads_per_group, n_q,
+      static_cast<const TG*>(g), mask, stats, maps, sum_out, partials, H, heads_per_group, n_q,
       n_k, d, scale, causal, make_strides(q_str), make_strides(k_str), make_strides(v_str),
       make_strides(g_str), mask_sb);
   err = cudaGetLastError();
@@ -721,23 +759,32 @@ cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, co
                           int heads_per_group, int B, int H, int n_q, int n_k,
                           const long long* q_str, const long long* k_str, const long long* v_str,
                           const long long* g_str, long long mask_sb, float scale, int causal,
-                          int tensor_cores, cudaStream_t stream) {
-#define ATTATTR_ATTR(DD, MMA)                                                                 \
-  return launch_attr<T, DD, MMA>(q, k, v, g, mask, stats, maps, head_sum, head_max, workspace, \
-                                 partials, heads_per_group, B, H, n_q, n_k, d, q_str, k_str,   \
-                                 v_str, g_str, mask_sb, scale, causal, stream)
-  if constexpr (is_half_type<T>()) {
-    if (tensor_cores) {
-      if (d <= 32) ATTATTR_ATTR(32, true);
-      if (d <= 64) ATTATTR_ATTR(64, true);
-      if (d <= 96) ATTATTR_ATTR(96, true);
-      ATTATTR_ATTR(128, true);
+                          int tensor_cores, bool split_g, cudaStream_t stream) {
+#define ATTATTR_ATTR(DD, MMA, SPLIT)                                                          \
+  return launch_attr<T, DD, MMA, SPLIT>(q, k, v, g, mask, stats, maps, head_sum, head_max,    \
+                                        workspace, partials, heads_per_group, B, H, n_q, n_k, \
+                                        d, q_str, k_str, v_str, g_str, mask_sb, scale, causal, \
+                                        stream)
+  if constexpr (is_bf16<T>::value) {
+    if (split_g) {  // float32 G: the caller checked tensor_cores
+      if (d <= 32) ATTATTR_ATTR(32, true, true);
+      if (d <= 64) ATTATTR_ATTR(64, true, true);
+      if (d <= 96) ATTATTR_ATTR(96, true, true);
+      ATTATTR_ATTR(128, true, true);
     }
   }
-  if (d <= 32) ATTATTR_ATTR(32, false);
-  if (d <= 64) ATTATTR_ATTR(64, false);
-  if (d <= 96) ATTATTR_ATTR(96, false);
-  ATTATTR_ATTR(128, false);
+  if constexpr (is_half_type<T>()) {
+    if (tensor_cores) {
+      if (d <= 32) ATTATTR_ATTR(32, true, false);
+      if (d <= 64) ATTATTR_ATTR(64, true, false);
+      if (d <= 96) ATTATTR_ATTR(96, true, false);
+      ATTATTR_ATTR(128, true, false);
+    }
+  }
+  if (d <= 32) ATTATTR_ATTR(32, false, false);
+  if (d <= 64) ATTATTR_ATTR(64, false, false);
+  if (d <= 96) ATTATTR_ATTR(96, false, false);
+  ATTATTR_ATTR(128, false, false);
 #undef ATTATTR_ATTR
 }
 
@@ -805,10 +852,13 @@ extern "C" int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* h
 }
 
 // stats must come from attattr_attn_forward on the same q, k, mask, scale, causal.
+// g_dtype: g's dtype code, dtype's own, or 0 (float32) with dtype 2 (bfloat16) and
+// tensor_cores (the split path); anything else is cudaErrorInvalidValue.
 // maps may be null; head_sum and head_max are always written.  heads_per_group, workspace
 // and partials as given by attattr_attr_plan (workspace may be null when it asked for 0).
-extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
-                                      const void* g, const float* mask, const float* stats,
+extern "C" int attattr_attr_from_grad(int dtype, int g_dtype, const void* q, const void* k,
+                                      const void* v, const void* g, const float* mask,
+                                      const float* stats,
                                       float* maps, float* head_sum, float* head_max,
                                       float* workspace, float* partials, int heads_per_group,
                                       int B, int H, int n_q, int n_k, int d,
@@ -823,23 +873,27 @@ extern "C" int attattr_attr_from_grad(int dtype, const void* q, const void* k, c
   const long long groups = (H + heads_per_group - 1) / heads_per_group;
   if ((groups > 1 && workspace == nullptr) || (long long)B * groups > 65535)
     return (int)cudaErrorInvalidValue;
+  // g has q's dtype, or is float32 beside bfloat16 q, k, v on the tensor-core path.
+  const bool split_g = dtype == 2 && g_dtype == 0;
+  if (g_dtype != dtype && !(split_g && tensor_cores)) return (int)cudaErrorInvalidValue;
   cudaStream_t st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
     case 0:
       return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
                                         workspace, partials, heads_per_group, B, H, n_q, n_k,
                                         q_str, k_str, v_str, g_str, mask_sb, scale, causal,
-                                        tensor_cores, st);
+                                        tensor_cores, false, st);
     case 1:
       return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
                                          workspace, partials, heads_per_group, B, H, n_q, n_k,
                                          q_str, k_str, v_str, g_str, mask_sb, scale, causal,
-                                         tensor_cores, st);
+                                         tensor_cores, false, st);
     case 2:
       return (int)dispatch_attr<__nv_bfloat16>(d, q, k, v, g, mask, stats, maps, head_sum,
                                                 head_max, workspace, partials, heads_per_group,
                                                 B, H, n_q, n_k, q_str, k_str, v_str, g_str,
-                                                mask_sb, scale, causal, tensor_cores, st);
+                                                mask_sb, scale, causal, tensor_cores, split_g,
+                                                st);
     default:
       return (int)cudaErrorInvalidValue;
   }

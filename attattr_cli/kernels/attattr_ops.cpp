@@ -10,7 +10,7 @@
 //                           int stream=-1) -> (Tensor maps, Tensor head_sum, Tensor head_max)
 //
 // q, g: [B, H, n_q, d]; k, v: [B, H, n_k, d]; all float32, float16 or bfloat16 (one
-// dtype), on one CUDA device, 1 <= d <= 128.  Any strides work for the first three
+// dtype; or bfloat16 q, k, v with a float32 g), on one CUDA device, 1 <= d <= 128.  Any strides work for the first three
 // dimensions; the last must be contiguous (a copy is made otherwise).
 // mask: additive key-padding mask [B or 1, n_k] (converted to float32).
 // stats: [B, H, n_q, 2] float32 softmax row statistics (m, l) from attn_forward on the
@@ -49,7 +49,7 @@ int attattr_attn_forward(int dtype, const void* q, const void* k, const void* v,
                          float scale, int causal, int tensor_cores, void* stream);
 int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* heads_per_group,
                       long long* workspace_floats, long long* partial_floats);
-int attattr_attr_from_grad(int dtype, const void* q, const void* k, const void* v,
+int attattr_attr_from_grad(int dtype, int g_dtype, const void* q, const void* k, const void* v,
                            const void* g, const float* mask, const float* stats, float* maps,
                            float* head_sum, float* head_max, float* workspace, float* partials,
                            int heads_per_group, int B, int H, int n_q, int n_k, int d,
@@ -93,15 +93,16 @@ Strides3 strides_of(const at::Tensor& t) {
                    static_cast<long long>(t.stride(2))}};
 }
 
-void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q) {
+void check_operand(const at::Tensor& t, const char* name, const at::Tensor& q,
+                   bool same_dtype = true) {
   TORCH_CHECK(t.defined(), "attattr: ", name, " is undefined");
   TORCH_CHECK(t.is_cuda(), "attattr: ", name, " must be a CUDA tensor, got ", t.device());
   TORCH_CHECK(t.dim() == 4, "attattr: ", name, " must be 4-D [batch, head, pos, d_head], got ",
               t.sizes());
   TORCH_CHECK(t.device() == q.device(), "attattr: ", name, " is on ", t.device(), ", q on ",
               q.device());
-  TORCH_CHECK(t.scalar_type() == q.scalar_type(), "attattr: ", name, " has dtype ",
-              t.scalar_type(), ", q has ", q.scalar_type());
+  TORCH_CHECK(!same_dtype || t.scalar_type() == q.scalar_type(), "attattr: ", name,
+              " has dtype ", t.scalar_type(), ", q has ", q.scalar_type());
 }
 
 struct Dims {
@@ -200,13 +201,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
     const std::optional<at::Tensor>& stats_in, double scale, bool causal, bool want_maps,
     int64_t stream) {
   const Dims dims = check_qkv(q_in, k_in, v_in);
-  check_operand(g_in, "g", q_in);
+  // g has q's dtype, or is float32 beside bfloat16 q, k, v (the engine's bf16 scoring sums
+  // the integral in float32): on tensor cores the kernel splits g into three bfloat16 parts
+  // (exact); without them q, k, v are upcast to float32 and take the fp32 path.
+  const bool mixed = q_in.scalar_type() == at::kBFloat16 && g_in.scalar_type() == at::kFloat;
+  check_operand(g_in, "g", q_in, !mixed);
   TORCH_CHECK(g_in.sizes() == q_in.sizes(), "attattr: g must have q's shape ", q_in.sizes(),
               ", got ", g_in.sizes());
   c10::DeviceGuard guard(q_in.device());
-  const at::Tensor q = last_dim_contiguous(q_in);
-  const at::Tensor k = last_dim_contiguous(k_in);
-  const at::Tensor v = last_dim_contiguous(v_in);
+  const int tc = tensor_cores();
+  const bool upcast = mixed && !tc;
+  const at::Tensor q = last_dim_contiguous(upcast ? q_in.to(at::kFloat) : q_in);
+  const at::Tensor k = last_dim_contiguous(upcast ? k_in.to(at::kFloat) : k_in);
+  const at::Tensor v = last_dim_contiguous(upcast ? v_in.to(at::kFloat) : v_in);
   const at::Tensor g = last_dim_contiguous(g_in);
   auto [m, mask_sb] = prepare_mask(mask, q, dims);
   void* st = resolve_stream(q, stream);
@@ -240,7 +247,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
         dtype_code(q.scalar_type()), q.data_ptr(), k.data_ptr(), v.data_ptr(),
         m.defined() ? m.data_ptr<float>() : nullptr, nullptr, stats.data_ptr<float>(), dims.B,
         dims.H, dims.n_q, dims.n_k, dims.d, sq.s, sk.s, sv.s, nullptr, mask_sb,
-        static_cast<float>(scale), causal ? 1 : 0, tensor_cores(), st);
+        static_cast<float>(scale), causal ? 1 : 0, tc, st);
     check_launch(code, "attention statistics");
   }
 
@@ -253,13 +260,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
   at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_floats)}, f32);
   at::Tensor partials = at::empty({static_cast<int64_t>(partial_floats)}, f32);
   const int code = attattr_attr_from_grad(
-      dtype_code(q.scalar_type()), q.data_ptr(), k.data_ptr(), v.data_ptr(), g.data_ptr(),
+      dtype_code(q.scalar_type()), dtype_code(g.scalar_type()), q.data_ptr(), k.data_ptr(),
+      v.data_ptr(), g.data_ptr(),
       m.defined() ? m.data_ptr<float>() : nullptr, stats.data_ptr<float>(),
       want_maps ? maps.data_ptr<float>() : nullptr, head_sum.data_ptr<float>(),
       head_max.data_ptr<float>(), workspace_floats > 0 ? workspace.data_ptr<float>() : nullptr,
       partials.data_ptr<float>(), heads_per_group, dims.B, dims.H, dims.n_q, dims.n_k, dims.d,
-      sq.s, sk.s, sv.s, sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, tensor_cores(),
-      st);
+      sq.s, sk.s, sv.s, sg.s, mask_sb, static_cast<float>(scale), causal ? 1 : 0, tc, st);
   check_launch(code, "attribution");
   return {maps, head_sum, head_max};
 }

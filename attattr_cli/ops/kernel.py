@@ -20,7 +20,9 @@ The wrappers mirror :mod:`attattr_cli.ops.reference`:
   statistics of :func:`attention_forward_with_stats`);
 * :func:`attention_forward` returns ``O = softmax(q k^T * scale + mask) v``.
 
-Supported: CUDA tensors of one dtype among float32, float16, bfloat16; head dims 1..128;
+Supported: CUDA tensors of one dtype among float32, float16, bfloat16 (float16 / bfloat16
+tile products on tensor cores; ``ATTATTR_TENSOR_CORES=0`` keeps them on the fp32 CUDA-core
+path), or bfloat16 q, k, v with a float32 ``g``; head dims 1..128;
 ``mask`` None or an additive key-padding mask ``[batch, key_pos]`` (also accepted as
 ``[batch, 1, 1, key_pos]``), finite large negatives (``finfo.min``) for padding; ``causal``
 (key j allowed for query i iff ``j <= i + n_k - n_q``).  Anything else (softcap, a general
@@ -619,13 +621,16 @@ def attribution_from_grad(
     [B, H, n_q, n_k], all float32.  ``stats`` from :func:`attention_forward_with_stats`
     on the same q, k, mask, scale and causal skips the statistics pass.
 
-    The kernel computes in float32 whatever the input dtype.  When ``g`` is wider than
-    q, k, v (the engine accumulates the integral in float32 while a bfloat16 model
-    gives bfloat16 q, k, v), q, k, v are upcast to ``g``'s dtype rather than ``g`` rounded
-    down, so the integral keeps its precision.
+    The kernel accumulates in float32 whatever the input dtype (float16 / bfloat16 tile
+    products on tensor cores).  bfloat16 q, k, v with a float32 ``g`` (the engine
+    accumulates the integral in float32 while a bfloat16 model gives bfloat16 q, k, v) go
+    to the kernel as they are: on tensor cores it splits ``g`` into three bfloat16 parts
+    (exactly), else the binding upcasts q, k, v.  Other mixes: q, k, v are upcast to
+    ``g``'s dtype rather than ``g`` rounded down, so the integral keeps its precision.
     """
     dtypes = {t.dtype for t in (q, k, v, g)}
-    if len(dtypes) > 1:
+    split_g = {q.dtype, k.dtype, v.dtype} == {torch.bfloat16} and g.dtype == torch.float32
+    if len(dtypes) > 1 and not split_g:
         work = g.dtype if g.dtype in SUPPORTED_DTYPES else q.dtype
         for t in (q, k, v):
             work = torch.promote_types(work, t.dtype)

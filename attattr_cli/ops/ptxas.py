@@ -72,12 +72,12 @@ def _describe(mangled: str) -> tuple[str, str, int]:
     )
     if match is None:
         return mangled, "", 0
-    # attr_kernel<T, D, MMA>; attn_fwd_kernel<T, D, WITH_O, MMA>
+    # attr_kernel<T, D, MMA, SPLIT_G, TG>; attn_fwd_kernel<T, D, WITH_O, MMA>
     if match.group(1) == "attr_kernel":
-        with_o, mma = False, match.group(4) == "1"
+        with_o, mma, split = False, match.group(4) == "1", match.group(5) == "1"
     else:
-        with_o, mma = match.group(4) == "1", match.group(5) == "1"
-    name = match.group(1) + ("+O" if with_o else "") + ("+mma" if mma else "")
+        with_o, mma, split = match.group(4) == "1", match.group(5) == "1", False
+    name = match.group(1) + ("+O" if with_o else "") + ("+mma" if mma else "") + ("+splitG" if split else "")
     return name, _DTYPES[match.group(2)], int(match.group(3))
 
 
@@ -120,7 +120,7 @@ def dynamic_smem(kernel: str, head_dim: int) -> int:
     product = 64 * 65 * 4  # the tensor-core product tile (+mma), the forward's P (+O)
     if kernel == "attr_kernel":
         return tiles + (THREADS // 32) * 4
-    if kernel == "attr_kernel+mma":
+    if kernel in ("attr_kernel+mma", "attr_kernel+mma+splitG"):
         return tiles + (THREADS // 32) * 4 + product
     if kernel == "attn_fwd_kernel":
         return tiles
