@@ -8,6 +8,8 @@
 For each sequence length and dtype it times ``attribution_from_grad`` of one layer
 (12 heads, d = 64, batch 1 by default):
 
+* dtypes ``bf16``, ``fp16``, ``fp32``: q, k, v and g in that dtype; ``bf16-g32``: bfloat16
+  q, k, v with a float32 g (the engine's ``--dtype bfloat16`` scoring; the kernel's split path);
 * ``ref``: ``attattr_cli.ops.reference`` (cuBLAS products, always builds the maps);
 * ``kern``: the fused kernel with the maps kept, on its default path (tensor cores,
   ``mma.sync``, for float16 / bfloat16; CUDA-core fp32 FMAs for float32), and without the
@@ -47,7 +49,9 @@ sys.path.insert(0, str(ROOT))
 
 from attattr_cli.ops import kernel, reference  # noqa: E402
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-g32": torch.bfloat16}
+# the dtype of g where it is not q's: bfloat16 q, k, v with a float32 integral (the engine's bf16 scoring)
+G_DTYPES = {"bf16-g32": torch.float32}
 DEFAULT_NS = [128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 
 
@@ -57,7 +61,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--dim", type=int, default=64, help="head dim")
     parser.add_argument("--ns", type=int, nargs="+", default=None, help=f"default {DEFAULT_NS}")
-    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=sorted(DTYPES))
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "bf16-g32", "fp32"], choices=sorted(DTYPES),
+                        help="bf16-g32: bfloat16 q, k, v with a float32 g (the engine's bf16 scoring)")
     parser.add_argument("--maps", choices=["both", "yes", "no"], default="both",
                         help="kernel runs with want_maps True, False or both")
     parser.add_argument("--mask", action="store_true", help="add a key-padding mask (a quarter padded)")
@@ -153,6 +158,8 @@ def measure_cell(args, dname: str, n: int, device: torch.device, with_kernel: bo
     gen = torch.Generator(device=device).manual_seed(n)
     shape = (b, h, n, d)
     q, k, v, g = (torch.randn(shape, generator=gen, device=device, dtype=dtype) for _ in range(4))
+    if dname in G_DTYPES:
+        g = g.to(G_DTYPES[dname])
     pad = None
     if args.mask:
         pad = torch.zeros(b, n, device=device)
@@ -270,15 +277,15 @@ def fmt(x, spec=".3f", none="-") -> str:
 
 
 def table(rows: list[dict], launches: list[dict], skipped: list[str]) -> str:
-    head = (f"{'dtype':>5} {'n':>6} | {'ref ms':>9} {'kern ms':>9} {'no maps':>9} {'fp32 path':>9} "
+    head = (f"{'dtype':>8} {'n':>6} | {'ref ms':>9} {'kern ms':>9} {'no maps':>9} {'fp32 path':>9} "
             f"{'sdpa bwd':>9} | {'ref':>6} {'kern':>6} {'fp32p':>6} {'sdpa':>6} | {'ref/kern':>8} | "
             f"{'ref MiB':>9} {'kern MiB':>9} {'no maps':>8}")
-    lines = [f"{'':13}| {'time per call (ms)':^49} | {'TFLOP/s':^27} | {'':8} | {'peak memory':^28}", head,
+    lines = [f"{'':16}| {'time per call (ms)':^49} | {'TFLOP/s':^27} | {'':8} | {'peak memory':^28}", head,
              "-" * len(head)]
     for r in rows:
         ratio = r["ref_ms"] / r["kern_ms"] if r.get("ref_ms") and r.get("kern_ms") else None
         lines.append(
-            f"{r['dtype']:>5} {r['n']:>6} | {fmt(r.get('ref_ms'), '9.3f', 'OOM'):>9} "
+            f"{r['dtype']:>8} {r['n']:>6} | {fmt(r.get('ref_ms'), '9.3f', 'OOM'):>9} "
             f"{fmt(r.get('kern_ms'), '9.3f'):>9} {fmt(r.get('kern_nomaps_ms'), '9.3f'):>9} "
             f"{fmt(r.get('kern_fp32path_ms'), '9.3f'):>9} {fmt(r.get('sdpa_bwd_ms'), '9.3f'):>9} | "
             f"{fmt(r.get('ref_tflops'), '6.1f'):>6} {fmt(r.get('kern_tflops'), '6.1f'):>6} "
