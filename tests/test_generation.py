@@ -230,7 +230,7 @@ def test_cli_generate_store_steps_and_api(llama_dir, tmp_path):
                 "--logprob", "--steps", "4", "--quiet", "--out", out)
     assert r.exit_code == 0, r.output
     with Store(out) as s:
-        assert s.schema_version == "1.5"
+        assert s.schema_version == "1.6"
         e = s.get(0)
         assert len(e.steps) == 3 and e.meta["lm"]["per_step"] and e.meta["lm"]["foil_token"] == "w9"
         n = len(e.tokens)

@@ -143,8 +143,15 @@ def test_source_scores_equal_the_maps_key_columns(lm):
     table = kept.to_pandas("sources")
     assert list(table.columns) == ["source", "start", "end", "text", "score"]
     assert list(table.text) == ["w1 w2 w3", "w4 w5 w6 w7", "w8 w9 w10 w11"]
+    # a source's score: the attribution of the query rows that read the passages (from the end
+    # of the last one on: the question and the answer's rows), not of the passages reading each other
+    read = int(table.end.max())
+    rows = np.asarray(full.attribution, np.float64)[:, :, read:, :].sum(axis=(1, 2))
+    assert read < len(kept.tokens) - 2
+    np.testing.assert_allclose(kept.read_sum, rows, rtol=1e-5, atol=1e-7 * np.abs(rows).max())
     for row in table.itertuples():
-        assert row.score == pytest.approx(reduced[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
+        assert row.score == pytest.approx(rows[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
+    assert table.score.tolist() != pytest.approx([reduced[:, r.start:r.end].sum() for r in table.itertuples()], rel=1e-3)
     np.testing.assert_allclose(full.to_pandas("sources").score, table.score, rtol=1e-5,
                                atol=1e-6 * np.abs(table.score).max())
     # completeness still holds per layer: the key sums add up to F(A) - F(0)
@@ -218,8 +225,11 @@ def test_generation_sources_per_step(lm):
     for t, st in enumerate(kept.steps):
         ref = np.asarray(maps.steps[t].attribution, np.float64).sum(axis=(1, 2))
         np.testing.assert_allclose(st.key_sum, ref, rtol=1e-5, atol=1e-7 * np.abs(ref).max())
+        read = int(table.end.max())  # the rows that read the passages: the question's and the step's rows
+        rows = np.asarray(maps.steps[t].attribution, np.float64)[:, :, read:, :].sum(axis=(1, 2))
+        np.testing.assert_allclose(st.read_sum, rows, rtol=1e-5, atol=1e-7 * np.abs(rows).max())
         for row in table.itertuples():
-            assert getattr(row, f"step_{t}") == pytest.approx(ref[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
+            assert getattr(row, f"step_{t}") == pytest.approx(rows[:, row.start:row.end].sum(), rel=1e-5, abs=1e-9)
 
 
 def test_generation_sources_judges_each_step_on_its_kept_table(lm, monkeypatch):
@@ -248,10 +258,10 @@ def test_store_keeps_key_sums_and_sources(lm, tmp_path):
     import h5py
 
     with h5py.File(out, "r") as f:
-        assert f.attrs["schema_version"] == "1.5"
+        assert f.attrs["schema_version"] == "1.6"
     store = aa.open_store(out)
     e = store[0]
-    assert e.keep == "sources" and e.key_sum is not None and e.attribution is None
+    assert e.keep == "sources" and e.key_sum is not None and e.read_sum is not None and e.attribution is None
     assert e.meta["sources"]["how"] == "sentences"
     assert len(e.to_pandas("sources")) == 3
     assert store.to_pandas("sources").example.tolist() == [0, 0, 0]

@@ -2,8 +2,12 @@
 
 The sources themselves, passages only (the template and the question left out), are found in
 the prompt by data/sources.py and kept with the example (``meta.sources``). A source's
-**score** is the sum of its keys' attribution over every scored layer, every head and every
-query row: sum_{l, h, i} Attr_l,h(i, j) summed over the source's keys j. For
+**score** is the sum of its keys' attribution over every scored layer, every head and the
+query rows that read the passages, from the end of the last one on (the question, the
+template's tail, the answer's rows): sum_{l, h, i >= R} Attr_l,h(i, j) summed over the
+source's keys j. The rows inside the context (passages reading earlier passages, which gave
+the first passages more rows to be attended from) are left out (docs/long-context.md, "The
+first-passage bias"). For
 ``continuation=...`` (F the answer's joint probability or log-probability) this is the share
 of F(A) - F(0) that flows through attention to the source's tokens, per layer, added over the
 layers, as ContextCite scores sources for the same F. For a generation the score is summed
@@ -26,8 +30,21 @@ def scores(key_importance: np.ndarray, spans: list[dict]) -> np.ndarray:
 
 
 def key_importance(example) -> np.ndarray:
-    """Per key token: the attribution summed over layers, heads and queries (the stored
-    ``key_sum`` with ``keep="sources"``, else from the maps or head sums)."""
+    """Per key token: the attribution of the query rows that read the passages, from the end of
+    the last one on (the question, the template's tail, the answer's rows), summed over layers,
+    heads and those rows: the stored ``read_sum`` (``keep="sources"``), else the maps or head
+    sums reduced so. A store of schema 1.5 kept every query row's (``key_sum``): that."""
+    rs = getattr(example, "read_sum", None)
+    if rs is not None:
+        return np.asarray(rs, np.float64).sum(axis=0)
+    meta = example.meta if isinstance(example.meta, dict) else {}
+    spans = (meta.get("sources") or {}).get("spans") if isinstance(meta.get("sources"), dict) else None
+    first = max(int(s[1]) for s in spans) if spans else 0
+    for name, rows in (("attribution", (0, 1, 2)), ("head_sum", (0, 1))):
+        maps = getattr(example, name, None)
+        if maps is not None:
+            m = np.asarray(maps)
+            return m[..., first:, :].sum(axis=rows, dtype=np.float64)
     ks = getattr(example, "key_sum", None)
     if ks is not None:
         return np.asarray(ks, np.float64).sum(axis=0)

@@ -44,6 +44,10 @@ class Assembly:
             # keep sources: per key, the layer's attribution summed over heads and queries (the
             # head sum [q, k] above is made for this layer only and dropped here)
             "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
+            # and over the query rows that read the passages only, from the end of the last one on
+            # (the source scores: docs/long-context.md, "The first-passage bias")
+            "read_sum": hs[self._read_from:].sum(0, dtype=torch.float64).float().cpu()
+            if keep == "sources" and self._read_from is not None else None,
             "head_max": res["head_max"][0].cpu(),  # [head]: a few bytes, the plain copy
             "f0": f0,
             "resid": resid,
@@ -139,6 +143,7 @@ class Assembly:
         maps = [r["map"] for r in per_layer if r["map"] is not None]
         sums = [r["sum"] for r in per_layer if r["sum"] is not None]
         key_sums = [r["key_sum"] for r in per_layer if r.get("key_sum") is not None]
+        read_sums = [r["read_sum"] for r in per_layer if r.get("read_sum") is not None]
         head_max = [r["head_max"] for r in per_layer]
         tk_i = [r["topk"][0] for r in per_layer if r["topk"] is not None]
         tk_v = [r["topk"][1] for r in per_layer if r["topk"] is not None]
@@ -167,6 +172,7 @@ class Assembly:
             status=np.asarray([r["conv"][3] for r in per_layer], np.uint8),
             status_tol=self.check_tol,
             key_sum=torch.stack(key_sums).numpy() if key_sums else None,
+            read_sum=torch.stack(read_sums).numpy() if read_sums else None,
         )
 
 

@@ -31,6 +31,9 @@ class FamilyScore:
     status: np.ndarray | None = None  # [layer] convergence state (attattr_cli/convergence.py: CONVERGED, CAP_HIT, ...)
     status_tol: float | None = None  # the tolerance the states were judged at
     key_sum: np.ndarray | None = None  # [layer, key] (keep sources): summed over heads and queries
+    # [layer, key] (keep sources): summed over heads and the query rows that read the passages (from
+    # the end of the last one on: the question, the template's tail, the answer's rows; data/sources.py)
+    read_sum: np.ndarray | None = None
 
 
 @dataclass

@@ -39,6 +39,7 @@ class Scorer(Integration, Assembly):
     engine/generation.py's StepwiseScorer)."""
 
     scores_steps = False
+    _read_from: int | None = None  # with sources: the first query row after the last passage (score())
 
     def __init__(self, loaded: LoadedModel, options: ScoreOptions, task_labels=None):
         if options.stepwise and not self.scores_steps:  # engine/run.py's scorer_for chooses the strategy
@@ -306,6 +307,8 @@ class Scorer(Integration, Assembly):
         """Score one example. Step micro-batches that run out of memory are halved and retried
         (said once through ``self.warn``); memory that runs out anyway raises ResourceError."""
         enc = encoded or self.encode(example)
+        # the first query row that reads the passages (after the last one), for their scores
+        self._read_from = max(s["end"] for s in enc.sources) if getattr(enc, "sources", None) else None
         try:
             return self._score(example, enc, on_layer)
         except RuntimeError as exc:

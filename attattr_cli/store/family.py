@@ -17,7 +17,8 @@ ARRAYS = {"input_ids": ("iu", 1), "segment_ids": ("iu", 1), "logits": ("f", 1), 
            "layers": ("iu", 1), "head_max": ("f", None), "f_baseline": ("f", 1), "residual": ("f", 1),
            "attribution": ("f", 4), "attention": ("f", 4), "attention_mean": ("f", 3), "head_sum": ("f", 3),
            "topk_index": ("iu", 4), "topk_value": ("f", 3), "nodes": ("iu", 1), "error_estimate": ("f", 1),
-           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1), "key_sum": ("f", 2)}
+           "node_cap_hit": ("biu", 1), "convergence": ("iu", 1), "key_sum": ("f", 2),
+          "read_sum": ("f", 2)}
 # the datasets that hold one value per layer
 PER_LAYER = ("f_baseline", "residual", "nodes", "error_estimate", "node_cap_hit", "convergence")
 
@@ -85,7 +86,8 @@ def family_arrays(fs) -> dict:
         node_cap_hit=None if getattr(fs, "capped", None) is None else np.asarray(fs.capped, np.uint8),
         convergence=None if getattr(fs, "status", None) is None else np.asarray(fs.status, np.uint8),
         convergence_tol=getattr(fs, "status_tol", None),
-        key_sum=getattr(fs, "key_sum", None))  # schema 1.5 (keep sources)
+        key_sum=getattr(fs, "key_sum", None),  # schema 1.5 (keep sources)
+        read_sum=getattr(fs, "read_sum", None))  # schema 1.6 (keep sources: the rows that read the passages)
 
 
 def write_family(g, arrays: dict, held: list, store_dtype: str = "float32") -> None:
@@ -109,7 +111,7 @@ def write_family(g, arrays: dict, held: list, store_dtype: str = "float32") -> N
             ds = dataset(name, data=arr.astype(store_dtype), chunks=chunks, **(big if arr.size else {}))
         elif name == "topk_index":
             ds = dataset(name, data=arr.astype(np.int32), **(big if arr.size else {}))
-        elif name in ("head_max", "topk_value", "key_sum"):
+        elif name in ("head_max", "topk_value", "key_sum", "read_sum"):
             ds = dataset(name, data=arr.astype(np.float32))
         else:
             ds = dataset(name, data=arr)
@@ -126,7 +128,7 @@ def read_family(path, fg, where: str, arrays: bool = True) -> dict:
     ``where``); the maps only with ``arrays`` (else None). Keys as StoredExample's fields:
     layers, attribution, attention (or the head mean), head_max, f_baseline, residual,
     head_sum, topk_index, topk_value, nodes, error_estimate, node_cap_hit, convergence,
-    convergence_tol, key_sum (schema 1.5: keep sources)."""
+    convergence_tol, key_sum (schema 1.5: keep sources), read_sum (schema 1.6)."""
     n_layers = checked(path, fg, "layers", where).shape[0]
     for key in ARRAYS:
         if key in fg:
@@ -146,4 +148,5 @@ def read_family(path, fg, where: str, arrays: bool = True) -> dict:
         head_sum=arr("head_sum"), topk_index=arr("topk_index"), topk_value=arr("topk_value"),
         nodes=arr("nodes", big=False), error_estimate=arr("error_estimate", big=False),
         node_cap_hit=None if "node_cap_hit" not in fg else fg["node_cap_hit"][()].astype(bool),
-        convergence=states, convergence_tol=tol, key_sum=arr("key_sum", big=False))
+        convergence=states, convergence_tol=tol, key_sum=arr("key_sum", big=False),
+        read_sum=arr("read_sum", big=False))

@@ -73,6 +73,9 @@ class StoredExample:
     output: str | None = None  # what F is of the target: prob, logprob or logit (the store's option)
     # schema 1.5: keep sources: [layer, key], the attribution summed over heads and queries
     key_sum: np.ndarray | None = None
+    # schema 1.6: keep sources: [layer, key], summed over heads and the query rows that read the
+    # passages (from the end of the last one on); the source scores (analysis/sources.py)
+    read_sum: np.ndarray | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above
     # as stored (pred, gold, target: class indices; probs), and these

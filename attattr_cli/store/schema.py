@@ -5,10 +5,11 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.5"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
+SCHEMA_VERSION = "1.6"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
 # 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds;
 # 1.4: a generation's per-step results (examples/N/steps/TTTTT, store/steps.py);
-# 1.5: keep sources: key_sum [layer, key] per family and step, and the prompt's sources in meta
+# 1.5: keep sources: key_sum [layer, key] per family and step, and the prompt's sources in meta;
+# 1.6: keep sources: read_sum [layer, key], the attribution of the query rows after the last passage
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"
@@ -45,11 +46,13 @@ AXES = {
     "convergence": ("layer",),
     # schema 1.5
     "key_sum": ("layer", "key"),
+    # schema 1.6
+    "read_sum": ("layer", "key"),
 }
 # the datasets of one family (at the example's top level for "self", else under families/)
 FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
                    "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit",
-                   "convergence", "key_sum")
+                   "convergence", "key_sum", "read_sum")
 
 STORE_DTYPES = ("float32", "float16")
 

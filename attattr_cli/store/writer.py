@@ -338,7 +338,7 @@ class StoreWriter(OpenFile):
             for fs in families.values():
                 maps += [fs.attribution, fs.attention, fs.head_sum]
                 arrays += [fs.head_max, fs.f_baseline, fs.residual, fs.topk_index, fs.topk_value,
-                           getattr(fs, "key_sum", None)]
+                           getattr(fs, "key_sum", None), getattr(fs, "read_sum", None)]
         else:
             maps += [score.attribution, score.attention]
             arrays += [score.head_max, score.f_baseline, score.residual]
