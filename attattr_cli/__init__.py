@@ -6,10 +6,16 @@ The library is the product: ``import attattr_cli as aa`` gives ``aa.load_model``
 ``aa.import_2021``, ``aa.source_removal``, ``aa.view``, ``aa.report``, ``aa.info``, ``aa.train_default`` and
 ``aa.synthetic_data`` (see docs/api.md). They are imported lazily, so ``import attattr_cli``
 stays cheap (no torch until a function is used). The command-line interface lives in
-``attattr_cli.cli`` and calls these functions.
+``attattr_cli.cli`` and calls these functions. What they raise is importable from here too:
+``aa.AttattrError`` and its kinds ``aa.DataError``, ``aa.OptionError``, ``aa.ModelError``,
+``aa.StoreError``, ``aa.ResourceError``, ``aa.DistributedError`` (``except aa.AttattrError``
+catches every error attattr reports to a user).
 """
 
 import warnings
+
+from .errors import (AttattrError, DataError, DistributedError, ModelError, OptionError,  # noqa: F401 (cheap:
+                     ResourceError, StoreError)  # no torch)
 
 __version__ = "0.1.0"
 
@@ -23,12 +29,14 @@ __all__ = [
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
-    "__version__",
+    "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError",
+    "StoreError",
 ]
+ERRORS = ("AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError", "StoreError")
 
 
 def __getattr__(name: str):
-    if name in __all__ and name != "__version__":
+    if name in __all__ and name != "__version__" and name not in ERRORS:
         from . import api
 
         value = getattr(api, name)

@@ -149,6 +149,7 @@ class Circuit:
                 f"{', '.join(self.methods)}; {self.recommended}: CPR {best.cpr:.3f}, CMD {best.cmd:.3f})")
 
     def describe_split(self) -> str:
+        """The split in words, as the table's note and the repr say it ("" for an older result)."""
         sp = self.split
         if not sp:
             return ""
