@@ -472,7 +472,7 @@ def test_split_methods_see_only_their_pairs_and_the_curve_only_the_others(loaded
         seen["prompts"] = [p.prompt for p in ctx.task.pairs]
         return real.compute(ctx)
 
-    monkeypatch.setitem(REGISTRY, "atp", registry.HeadMethod(**{**real.__dict__, "compute": spy}))
+    monkeypatch.setitem(REGISTRY._entries, "atp", registry.HeadMethod(**{**real.__dict__, "compute": spy}))
     pairs = _pairs()
     res = aa.circuit(loaded, pairs, methods="atp", split="half", seed=3, bootstrap=20)
     parts = split_pairs(len(pairs), "half", 3)

@@ -27,17 +27,7 @@ DEFAULT = tuple(dict.fromkeys((RECOMMENDED,) + tuple(m.name for m in REGISTRY.va
 def parse_methods(spec: str | None) -> tuple[str, ...]:
     """``None`` -> the default set; ``all``; or a comma-separated list of registered names.
     The recommended method is always computed."""
-    if spec is None:
-        return DEFAULT
-    names = [s.strip() for s in spec.split(",") if s.strip()]
-    if not names:
-        raise OptionError("methods is empty; give one or more of: " + ", ".join(NAMES) + " (or all)")
-    if names == ["all"]:
-        return NAMES
-    for n in names:
-        if n not in REGISTRY:
-            raise OptionError(f"unknown head method {n!r}; available: {', '.join(NAMES)} (or all)")
-    return tuple(dict.fromkeys([RECOMMENDED] + names))
+    return REGISTRY.parse(spec, DEFAULT, first=RECOMMENDED)
 
 
 def markdown_table() -> str:

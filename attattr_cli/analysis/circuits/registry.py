@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ...registry import Registry
+
 @dataclass(frozen=True)
 class HeadMethod:
     name: str
@@ -18,11 +20,5 @@ class HeadMethod:
     mlp: bool = False  # it scores MLP nodes too (--nodes heads+mlp); False: heads only
 
 
-REGISTRY: dict[str, HeadMethod] = {}
-
-
-def register(method: HeadMethod) -> HeadMethod:
-    if method.name in REGISTRY or method.name == "all":
-        raise ValueError(f"head method '{method.name}' is registered twice")
-    REGISTRY[method.name] = method
-    return method
+REGISTRY = Registry("head method")
+register = REGISTRY.register

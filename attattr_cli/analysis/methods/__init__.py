@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from ...errors import OptionError
+from ...registry import Registry
 
 VERSION = 1  # the version stored with every method's numbers unless a method says otherwise
 
@@ -61,14 +62,8 @@ class Method:
         return {"version": self.version, **self.params(settings)}
 
 
-REGISTRY: dict[str, Method] = {}
-
-
-def register(method: Method) -> Method:
-    if method.name in REGISTRY or method.name == "all":
-        raise ValueError(f"token importance method '{method.name}' is registered twice")
-    REGISTRY[method.name] = method
-    return method
+REGISTRY = Registry("token importance method")
+register = REGISTRY.register
 
 
 # the method modules register themselves; their order is the order of tables and --help
