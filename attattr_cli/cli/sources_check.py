@@ -24,11 +24,11 @@ def table(check) -> str:
     ks = sorted({k for d in check.drops.values() for k in d})
     head = ["method"] + [f"drop top-{k}" for k in ks] + [f"of LOO top-{k}" for k in ks] + ["tau LOO"]
 
-    def num(v, fmt):
-        return "-" if v is None or v != v else format(v, fmt)
+    def num(v, fmt, unit=""):
+        return "-" if v is None or v != v else format(v, fmt) + unit
 
     body = [[r["method"]] + [num(r.get(f"drop_k{k}"), ".3f") for k in ks]
-            + [num(None if r.get(f"of_loo_k{k}") is None else 100 * r[f"of_loo_k{k}"], ".0f") + ("" if r.get(f"of_loo_k{k}") is None else " %") for k in ks]
+            + [num(None if r.get(f"of_loo_k{k}") is None else 100 * r[f"of_loo_k{k}"], ".0f", " %") for k in ks]
             + [num(r.get("tau_loo"), "+.2f")] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     lines = ["  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
