@@ -342,7 +342,8 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     if summed is None and ti is None:
         raise OptionError(
             f"example {example.index} keeps no attribution maps, head sums or top-k entries (scored with --keep {keep}"
-            + (": its source scores are in to_pandas('sources')" if keep == "sources" else " and no --top-k")
+            + (": its source scores are in to_pandas('sources'), drawn by plot_sources()" if keep == "sources"
+               else " and no --top-k")
             + "): score it again with --keep sum or --keep maps to view it")
     heads = _heads(example, spec.heads, n_heads) if summed is not None else ["sum"]
 
