@@ -415,13 +415,13 @@ static int emu_peak = 0;   // OS threads of the process seen while a block runs
 // ------------------------------------------------------------------ fibers
 // x86-64: a 10-instruction switch of the callee-saved registers, the stack pointer and the
 // SSE / x87 control words (glibc's swapcontext also saves the signal mask: two system
-// calls per switch); elsewhere ucontext.
+// calls per switch); elsewhere, or with -DATTATTR_EMU_UCONTEXT, ucontext.
 enum emu_state { EMU_RUNNING, EMU_AT_BARRIER, EMU_DONE };
 constexpr size_t kEmuStack = 256 * 1024;  // per fiber, with a guard page below
 static std::vector<char*> emu_stacks;
 static unsigned emu_cur = 0;
 static const std::function<void()>* emu_body = nullptr;
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(ATTATTR_EMU_UCONTEXT)
 extern "C" void emu_switch(void** save_sp, void* load_sp);
 asm(R"(
   .text
