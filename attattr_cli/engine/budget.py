@@ -19,7 +19,8 @@ H heads, S steps of a generation, 1 otherwise):
   that the error estimate stacks;
 * what is kept, for the example and each step of a generation: ``maps`` L H n² (held twice
   while they are stacked for the store) and the clean attention (L H n²); ``sum`` L n² and the
-  mean attention; ``sources`` L n (the key sums: kilobytes); ``--top-k K`` L H K entries.
+  mean attention; ``sources`` 2 L n (the key sums of every query row and of the rows that read
+  the passages: kilobytes); ``--top-k K`` L H K entries.
 
 The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
 checked against the bench's measured peak RSS (bench/bench_long_context.py): the table in
@@ -152,9 +153,10 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     elif keep == "sum":
         kept = layers * n * n * 4 * copies * 2 + all_layers * n * n * 4
         stored = layers * n * n * copies + all_layers * n * n
-    elif keep == "sources":
-        kept = layers * n * 4 * copies
-        stored = layers * n * copies
+    elif keep == "sources":  # key_sum, and read_sum where the prompt has sources (store schema 1.6)
+        arrays = 2 if scorer.options.sources is not None else 1
+        kept = layers * n * 4 * copies * arrays
+        stored = layers * n * copies * arrays
     else:
         kept = stored = 0
     item = 2 if store_dtype == "float16" else 4
