@@ -305,6 +305,8 @@ def test_an_output_that_cannot_be_written_is_refused_before_work(pairs_file, tmp
     r = run_cli("circuit", "--model", tmp_path / "m", "--data", pairs_file, "--plot", folder / "c.png", "-q")
     assert r.exit_code == 2
     one_error_line(r, "--plot", "not writable")
+    with pytest.raises(OptionError, match="plot .* is the same file as json"):
+        aa.circuit("m", pairs_file, json=tmp_path / "x.json", plot=tmp_path / "x.json")
     assert done.read_bytes() == b"kept" and _files(folder) == []
 
 
@@ -317,5 +319,5 @@ def test_ctrl_c_says_that_nothing_was_written(pairs_file, tmp_path, monkeypatch)
     monkeypatch.setattr(api, "circuit", interrupted)
     r = run_cli("circuit", "--model", tmp_path / "m", "--data", pairs_file, "--out", tmp_path / "c.h5", "-q")
     assert r.exit_code == 130
-    assert "Interrupted: nothing was written; the output files are untouched" in r.stderr
+    assert "Interrupted: nothing is written before the end, and each output is written whole or left untouched" in r.stderr
     assert "resume" not in r.stderr.replace("does not resume", "")

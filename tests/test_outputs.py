@@ -119,7 +119,7 @@ def _to_device(cmd: str, f: dict, dev: Path) -> list:
 
 WRITERS = writing_commands()
 # the commands whose output is one file: streamed into a device
-STREAMED = {"attack", "circuit", "faithfulness", "importance", "prune", "report", "tree", "triggers", "view"}
+STREAMED = {"attack", "faithfulness", "importance", "prune", "report", "tree", "triggers", "view"}
 
 
 def test_every_writing_command_is_listed():

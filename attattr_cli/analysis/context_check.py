@@ -67,6 +67,14 @@ class RemovalCheck:
         return {"f_full": self.f_full, "forwards": self.forwards, "sources": sources, "rows": self.rows(),
                 "tau_loo": dict(self.agreement)}
 
+    def method_rows(self) -> list[dict]:
+        """One row per method: its drop at each k (``drop_k{k}``), its share of leave-one-out's
+        (``of_loo_k{k}``) and Kendall's tau-b with leave-one-out (``tau_loo``): the table of
+        `attattr sources-check`."""
+        from ..views.sources import removal_rows
+
+        return removal_rows(self)
+
     def to_pandas(self):
         """A pandas DataFrame of :meth:`rows` (method, k, drop, of_loo, tau_loo)."""
         from ..views.notebook import data_frame

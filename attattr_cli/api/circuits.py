@@ -229,17 +229,22 @@ def _outputs_held(fn):
     them is refused at once instead of computing and replacing the first one's file."""
 
     @functools.wraps(fn)
-    def call(model, pairs, *args, out=None, json=None, **kw):
+    def call(model, pairs, *args, out=None, json=None, plot=None, **kw):
         from ..fileio import check_file_output, check_output, check_writable, one_writer
 
         inputs = [x for x in (pairs, model) if isinstance(x, (str, os.PathLike))]
         check_file_output(out, inputs, "out")
         check_output(json, [*inputs, out], "json")
-        if out is not None and json is not None and os.path.abspath(out) == os.path.abspath(json):  # neither there yet
-            raise OptionError(f"json {json} is the same file as out: give each its own path")
+        check_output(plot, [*inputs, out, json], "plot")
+        named = [(n, os.path.abspath(p)) for n, p in (("out", out), ("json", json), ("plot", plot)) if p is not None]
+        for i, (n, p) in enumerate(named):  # none of them there yet: two outputs onto one path
+            for m, q in named[:i]:
+                if p == q:
+                    raise OptionError(f"{n} {p} is the same file as {m}: give each its own path")
         check_writable(json, "json")
+        check_writable(plot, "plot")
         with one_writer(out, "out"), one_writer(json, "json"):
-            return fn(model, pairs, *args, out=out, json=json, **kw)
+            return fn(model, pairs, *args, out=out, json=json, plot=plot, **kw)
 
     return call
 
@@ -260,20 +265,20 @@ def _threads(requested, loaded, pairs):
 
 @checked(model=ModelArg(), pairs=PairsArg, methods=Names(), ablation=Str(), metric=Str(), nodes=Str(),
          steps=Int(min=1), seed=Seed(), bootstrap=Int(min=10, max=BOOTSTRAP_MAX), progress=Progress(), out=Out(),
-         json=Out(), threads=Threads(),
-         split=Str(), verify=Int(min=0))
+         json=Out(), threads=Threads(), split=Str(), verify=Int(min=0), plot=Out())
 @_outputs_held
 def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: str = "logit-diff",
             nodes: str = "heads", steps: int | None = None, seed: int = 0, bootstrap: int = 1000,
             split: str = "half", verify: int | None = None,
-            device: str = "auto", progress=False, out=None, json=None, threads: int | None = None) -> Circuit:
+            device: str = "auto", progress=False, out=None, json=None, threads: int | None = None,
+            plot=None) -> Circuit:
     """Rank attention heads by each of ``methods`` (a list or comma string of registered head
     methods, ``"all"``; default: atp-verified, attr-gates, atp, nap-ig) on counterfactual
     ``pairs`` (a JSONL path or a list of pairs / dicts with prompt, counterfactual, answer,
     foil), and judge each ranking by MIB's faithfulness curve with the heads outside the
     circuit ablated by ``ablation`` (patching, mean, zero). ``metric``: logit-diff (default),
     logprob-diff or prob. Returns :class:`Circuit`; ``out`` also writes it as HDF5, ``json``
-    as JSON.
+    as JSON, ``plot`` draws its curves (.png, .svg, .pdf); all three checked before any work.
 
     ``split`` (MIB's protocol): ``"half"`` (default) gives a seeded half of the pairs to the
     methods and measures the curve on the other half; a fraction in (0, 1) sets the methods'
@@ -328,4 +333,6 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
         from ..fileio import write_json
 
         write_json(json, result.to_dict())
+    if plot is not None:
+        result.plot(plot)
     return result

@@ -11,7 +11,8 @@ from . import options
 from .common import edge, err, out, progress_bar, renamed_options
 
 # circuit writes its outputs only when it has finished, each whole or not at all: Ctrl-C leaves them as they were
-INTERRUPTED = "nothing was written; the output files are untouched (a circuit run does not resume: run it again)."
+INTERRUPTED = ("nothing is written before the end, and each output is written whole or left untouched (a circuit run "
+               "does not resume: run it again).")
 
 
 def circuit(
@@ -41,22 +42,14 @@ def circuit(
     bootstrap intervals, the Spearman correlation with exact patching (when computed) and the
     CPU seconds per pair. The table goes to stdout.
     """
-    written: list = []  # what the run has written, said if Ctrl-C comes after (while --plot draws)
-    said = lambda: (f"{' and '.join(written)} written in full; nothing else was written" if written  # noqa: E731
-                    else INTERRUPTED)
-    with edge(interrupted=said):
+    with edge(interrupted=INTERRUPTED):
         from ..api.circuits import circuit as run
-        from ..fileio import check_writable
 
         to_stdout = json_path is not None and str(json_path) == "-"
-        check_writable(plot, "--plot")  # before any work, as the library checks --out and --json
-        with progress_bar("circuit", quiet) as bar, renamed_options("data", "out", "json", "methods"):
+        with progress_bar("circuit", quiet) as bar, renamed_options("data", "out", "json", "methods", "plot"):
             result = run(model, str(data), methods=methods, ablation=ablation, metric=metric, nodes=nodes,
                          steps=steps, seed=seed, bootstrap=bootstrap, split=split, verify=verify, device=device, progress=bar,
-                         out=out_path, json=None if to_stdout else json_path, threads=threads)
-        written.extend(str(p) for p in (out_path, None if to_stdout else json_path) if p is not None)
-        if plot is not None:
-            result.plot(plot)
+                         out=out_path, json=None if to_stdout else json_path, threads=threads, plot=plot)
         if to_stdout:
             out.print(result.to_json(), markup=False, soft_wrap=True)
             return

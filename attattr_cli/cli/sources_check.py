@@ -18,9 +18,7 @@ METHODS_HELP = "attattr, attention, input_x_gradient, loo"
 def table(check) -> str:
     """The plain table: one row per method, the drop of log p(answer) at each k, its share of
     leave-one-out's, and Kendall's tau-b with leave-one-out."""
-    from ..views.sources import removal_rows
-
-    rows = removal_rows(check)
+    rows = check.method_rows()
     ks = sorted({k for d in check.drops.values() for k in d})
     head = ["method"] + [f"drop top-{k}" for k in ks] + [f"of LOO top-{k}" for k in ks] + ["tau LOO"]
 
