@@ -24,6 +24,20 @@ def test_the_store_imports_nothing_built_on_it():
             assert top not in ABOVE_STORE, f"{path.name} imports {module}"
 
 
+ABOVE_ENGINE = ("analysis", "api", "cli", "views")
+
+
+def test_the_engine_imports_nothing_built_on_it():
+    """engine/ computes; what reads its results (analysis, the API, the commands, the views)
+    lives above it and is never imported from it, lazily or not."""
+    for path in (PACKAGE / "engine").rglob("*.py"):
+        depth = len(path.relative_to(PACKAGE).parts) - 1  # the level that reaches the package root
+        for level, module, _names in _imports(path):
+            top = module.split(".")[0] if level == depth + 1 else (
+                module.split(".")[1] if module.startswith("attattr_cli.") and "." in module else "")
+            assert top not in ABOVE_ENGINE, f"engine/{path.relative_to(PACKAGE / 'engine')} imports {module}"
+
+
 def test_no_private_name_crosses_a_module():
     crossing = []
     for path in PACKAGE.rglob("*.py"):
