@@ -444,3 +444,25 @@ def test_prune_and_importance_pair_refusals_are_one_line(tmp_path, lm_dir, ioi_f
     one_error_line(run_cli("prune", "--model", lm_dir, "--data", ioi_file, "--out", tmp_path / "c.json"),
                    "nothing to do")
     assert not (tmp_path / "c.json").exists()
+
+
+def test_circuit_head_methods_rank_heads_for_importance_and_prune(tmp_path, lm_dir, ioi_file):
+    """On pairs, importance takes attattr circuit's head methods (one table each, its mean score
+    over the pairs it saw), and prune judges them on the pairs they did not see."""
+    import attattr_cli as aa
+    from attattr_cli.analysis.circuits import REGISTRY
+    from attattr_cli.analysis.circuits.task import CircuitTask, Context
+    from attattr_cli.errors import OptionError
+
+    imp = aa.importance(model=str(lm_dir), data=str(ioi_file), examples="0:3", methods="atp,nap-ig,random",
+                        seeds=[0], out=tmp_path / "imp.h5")
+    assert {"atp", "nap-ig", "random-0"} <= set(imp.tables)
+    loaded = aa.load_model(str(lm_dir), lm=True)
+    pairs = P.read_pairs(ioi_file)[:3]
+    want = REGISTRY["atp"].compute(Context(CircuitTask(loaded.loaded, pairs))).mean(0)
+    np.testing.assert_allclose(imp["atp"], want, rtol=1e-5, atol=1e-7)
+    assert imp.tables["atp"].examples == [0, 1, 2]
+    res = aa.prune(str(lm_dir), imp.path, data=str(ioi_file), rates=[0, 0.5, 1])
+    assert {"atp", "nap-ig"} <= set(res.curves["methods"]) and res.info["split"]["eval"] == [3, 4, 5]
+    with pytest.raises(OptionError, match="method 'atp' needs clean / counterfactual pairs"):
+        aa.importance(methods="atp")

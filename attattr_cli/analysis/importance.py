@@ -117,17 +117,46 @@ def identity_of(loaded) -> Identity:
 # ----------------------------------------------------------------------------- methods
 
 
+def pair_methods() -> tuple[str, ...]:
+    """The head methods of ``attattr circuit`` that rank heads alone (analysis/circuits'
+    registry): on clean / counterfactual pairs, ``importance`` computes any of them as one more
+    table, so ``prune`` can judge AtP or NAP-IG as it judges attribution."""
+    from .circuits import REGISTRY
+
+    return REGISTRY.names()
+
+
 def parse_methods(spec: str, allowed: Sequence[str]) -> list[str]:
     names = [m.strip().lower() for m in spec.split(",") if m.strip()]
+    known = METHODS + pair_methods()
     if not names:
-        raise OptionError("methods (--methods) is empty; give one of " + ", ".join(METHODS))
+        raise OptionError("methods (--methods) is empty; give one of " + ", ".join(known))
     for m in names:
-        if m not in METHODS:
-            raise OptionError(f"unknown importance method '{m}'; available: {', '.join(METHODS)}")
+        if m not in known:
+            raise OptionError(f"unknown importance method '{m}'; available: {', '.join(known)}")
         if m not in allowed:
-            where = "a store (attattr importance STORE ...)" if m in STORE_METHODS else "--model and --data (no store)"
+            where = ("a store (attattr importance STORE ...)" if m in STORE_METHODS else
+                     "clean / counterfactual pairs (--data a JSONL of pairs, --model a causal language model)"
+                     if m in pair_methods() else "--model and --data (no store)")
             raise OptionError(f"method '{m}' needs {where}")
     return list(dict.fromkeys(names))
+
+
+def circuit_tables(loaded, pairs, names: Sequence[str], metric: str, seed: int = 0, source: str = "",
+                   progress: Progress | None = None) -> list[Table]:
+    """One table per head method of the circuit registry (``names``) on ``pairs`` (data/pairs.py
+    ``Pair``): each head's score averaged over the pairs, the ablation the counterfactual run
+    (MIB's patching), heads as nodes; ``examples`` the pairs' indices."""
+    from .circuits import REGISTRY
+    from .circuits.task import CircuitTask, Context
+
+    ctx = Context(CircuitTask(loaded, pairs, metric=metric), ablation="patching", seed=seed, progress=progress)
+    tables = []
+    for name in names:
+        per = np.asarray(REGISTRY[name].compute(ctx), dtype=np.float64)
+        tables.append(Table(name, name, per.mean(0), [p.index for p in pairs], None, source,
+                            f"{REGISTRY[name].description} (attattr circuit's {name}, {metric}, over {len(pairs)} pairs)"))
+    return tables
 
 
 MASKABLE_FAMILIES = ("self", "encoder")

@@ -143,7 +143,10 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`.
     With clean / counterfactual pairs (``data`` a JSONL of pairs, or ``Pair`` inputs) and a causal
     language model, ``taylor`` takes the gradient of each pair's ``metric`` (logit-diff by
-    default) instead of a loss; a store of pairs gives attr and attention as any store does."""
+    default) instead of a loss; a store of pairs gives attr and attention as any store does. On
+    pairs, every head method of :func:`circuit` (``atp``, ``nap-ig``, ``atp-verified``,
+    ``patching``, ...) is one more table (its mean score over the pairs), so that :func:`prune`
+    judges it as it judges the others."""
     from ..analysis import importance as imp
 
     check_methods_given(methods)
@@ -172,8 +175,9 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     else:
         if family is not None:
             raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
-        wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS)
-        if _pairs_given(data, inputs) or metric is not None:  # clean / counterfactual pairs of a language model
+        on_pairs = _pairs_given(data, inputs) or metric is not None
+        wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS + (imp.pair_methods() if on_pairs else ()))
+        if on_pairs:  # clean / counterfactual pairs of a language model
             tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
                                    progress, metric)
             ident = tables.pop()
@@ -563,6 +567,7 @@ def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, norma
         raise OptionError("pairs need a model: a causal language model")
     picked = _pair_rows(data, inputs, examples)
     tables = []
+    heads = [n for n in wanted if n in imp.pair_methods()]  # attattr circuit's head methods
     with using(as_model(model, device=device, lm=True)) as m:
         ident = imp.identity_of(m.loaded)
         if "taylor" in wanted:
@@ -571,4 +576,10 @@ def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, norma
             t.source = str(data or "memory")
             t.examples = [e.index for e in picked]
             tables.append(t)
+        if heads:
+            from ..data.pairs import pair_of_example
+
+            with progress_for(progress, "importance") as bar:
+                tables.extend(imp.circuit_tables(m.loaded, [pair_of_example(e) for e in picked], heads, metric,
+                                                 source=str(data or "memory"), progress=bar))
     return tables + [ident]

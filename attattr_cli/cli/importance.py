@@ -15,7 +15,7 @@ from .common import (skipped_line, unconverged_line, command_line, edge, err, ou
 def importance(
     store: Optional[Path] = typer.Argument(None, help="An attribution store (attattr score) for --methods attr / attention."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Importance file (HDF5) to write; an existing one for the same model gets the new tables added."),
-    methods: Optional[str] = typer.Option(None, "--methods", help="attr, attention (from STORE), taylor, random (from --model/--data); a comma list (default: attr,attention with a store, taylor,random without)."),
+    methods: Optional[str] = typer.Option(None, "--methods", help="attr, attention (from STORE), taylor, random (from --model/--data); with --data a JSONL of pairs also every head method of attattr circuit (atp, nap-ig, atp-verified, patching, ...); a comma list (default: attr,attention with a store, taylor,random without)."),
     method_old: Optional[str] = options.hidden("--method", None),
     model: Optional[str] = options.model(),
     data: Optional[str] = options.data(),
