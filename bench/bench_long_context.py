@@ -111,7 +111,7 @@ def child(cfg: dict) -> dict:
     import attattr_cli as aa
     from attattr_cli.analysis.context_check import check_example
     from attattr_cli.engine import budget
-    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.options import ScoreOptions, integration
     from attattr_cli.engine.run import scorer_for
     from attattr_cli.data.types import Example
 
@@ -130,9 +130,11 @@ def child(cfg: dict) -> dict:
     answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False)
     load_cpu = time.process_time() - t_cpu
     estimates = {}
-    rule = {"tol": cfg["tol"]} if cfg["steps"] is None else {"steps": cfg["steps"]}
+    # what was given (neither: score's own default for --sources) and what score resolves it to
+    rule = {k: cfg[k] for k in ("steps", "tol") if cfg.get(k) is not None}
+    resolved = integration(cfg.get("steps"), None, cfg.get("tol"), sources)
     per_step = cfg.get("per_step", False)
-    sc = scorer_for(model.loaded, ScoreOptions(**rule, lm=True, continuation=answer, keep="sources", output="logprob",
+    sc = scorer_for(model.loaded, ScoreOptions(**resolved, lm=True, continuation=answer, keep="sources", output="logprob",
                                                sources=sources, per_step=per_step))
     enc = sc.encode(Example(0, text))
     for keep in ("maps", "sum", "sources"):
@@ -156,6 +158,7 @@ def child(cfg: dict) -> dict:
     check_cpu = time.process_time() - t1c
     return {
         **{k: cfg[k] for k in ("name", "tokens", "threads", "tol", "steps")}, "per_step": per_step,
+        "integration": resolved,
         "threads_used": chosen,
         "n_tokens": len(e.tokens), "sources": len(table), "asked_passage": asked, "answer": answer,
         "score_cpu_s": score_cpu, "score_wall_s": score_wall, "load_cpu_s": load_cpu, "check_cpu_s": check_cpu,
@@ -203,8 +206,10 @@ def main() -> None:
     ap.add_argument("--answer", type=int, default=5, help="generated answer tokens")
     ap.add_argument("--smollm2", default=SMOLLM2)
     ap.add_argument("--no-check", action="store_true", help="leave out the source-removal check")
-    ap.add_argument("--tol", type=float, default=0.1, help="the integration's tolerance (default: score's, 0.1)")
-    ap.add_argument("--steps", type=int, default=None, help="a fixed rule of this many nodes instead of --tol")
+    ap.add_argument("--tol", type=float, default=None, help="the integration's tolerance (score's error-controlled run"
+                    " is --tol 0.1)")
+    ap.add_argument("--steps", type=int, default=None, help="a fixed rule of this many nodes instead of --tol (neither:"
+                    " score's own default for --sources, engine/options.py SOURCES_RULE and SOURCES_STEPS)")
     ap.add_argument("--per-step", action="store_true", help="attribute each answer token given what comes before it "
                     "(a generation step by step) instead of the answer's joint log-probability")
     ap.add_argument("--timeout", type=float, default=3600)
@@ -230,7 +235,7 @@ def main() -> None:
                 for th in [int(x) for x in args.threads.split(",")]:
                     cfg = {"name": name, "model": path, "tokens": t, "threads": th, "answer": args.answer,
                            "check": not args.no_check, "out": str(Path(tmp, f"{name}-{t}-{th}.h5")),
-                           "tol": None if args.steps else args.tol, "steps": args.steps, "per_step": args.per_step}
+                           "tol": args.tol, "steps": args.steps, "per_step": args.per_step}
                     r = run_config(cfg, args.timeout)
                     rows.append(r)
                     print(json.dumps(r), flush=True)

@@ -246,7 +246,8 @@ def test_generation_sources_judges_each_step_on_its_kept_table(lm, monkeypatch):
 
     monkeypatch.setattr(generation.StepScorer, "_integrate_to_tol", spy)
     monkeypatch.setattr(generation.sweep, "usable", lambda *a, **k: False)  # the per-layer path (long inputs)
-    res = aa.score(lm, prompts=[TEXT], generate=2, sources="paragraphs", keep="sources", dtype="float64")[0]
+    res = aa.score(lm, prompts=[TEXT], generate=2, sources="paragraphs", keep="sources", dtype="float64",
+                   tol=0.1)[0]
     assert [layer for layer, _ in seen] == [1, 0]
     assert seen[0][1] == [0.0, 0.0]
     assert seen[1][1] == pytest.approx([float(np.abs(st.key_sum[1]).max()) for st in res.steps])
@@ -265,6 +266,34 @@ def test_store_keeps_key_sums_and_sources(lm, tmp_path):
     assert e.meta["sources"]["how"] == "sentences"
     assert len(e.to_pandas("sources")) == 3
     assert store.to_pandas("sources").example.tolist() == [0, 0, 0]
+
+
+def test_sources_default_to_the_fast_rule_and_tol_to_the_tolerance(lm, llama_dir, tmp_path):
+    """--sources given none of --steps, --rule, --tol integrates with the fixed fast rule
+    (resolved in one place, engine/options.integration); --tol keeps the error-controlled run;
+    the store records which ran."""
+    from attattr_cli.engine.options import DEFAULT_TOL, SOURCES_RULE, SOURCES_STEPS, integration
+
+    fast = {"steps": SOURCES_STEPS, "rule": SOURCES_RULE, "tol": None}
+    assert (SOURCES_STEPS, SOURCES_RULE) == (2, "right")
+    assert integration(None, None, None, "paragraphs") == fast
+    assert integration(None, None, None) == {"steps": None, "rule": "clenshaw-curtis", "tol": DEFAULT_TOL}
+    assert integration(None, None, 0.1, "paragraphs") == {"steps": None, "rule": "clenshaw-curtis", "tol": 0.1}
+    assert integration(3, None, None, "paragraphs") == {"steps": 3, "rule": "right", "tol": None}
+    assert integration(None, "gauss", None, "paragraphs") == {"steps": 20, "rule": "gauss", "tol": None}
+    res = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", dtype="float64")[0]
+    same = aa.score(lm, prompts=[TEXT], continuation=ANSWER, sources="paragraphs", dtype="float64", steps=2)[0]
+    np.testing.assert_allclose(res.to_pandas("sources").score, same.to_pandas("sources").score)
+    prompt = tmp_path / "p.txt"
+    prompt.write_text(TEXT)
+    for extra, want in (((), (SOURCES_STEPS, SOURCES_RULE, None)), (("--tol", "0.1"), (None, "clenshaw-curtis", 0.1))):
+        out = tmp_path / f"s{len(extra)}.h5"
+        r = run_cli("score", "--lm", "--model", llama_dir, "--prompt-file", prompt, "--continuation", ANSWER,
+                    "--sources", "paragraphs", *extra, "--out", out, "-q")
+        assert r.exit_code == 0, r.output
+        store = aa.open_store(out)
+        for opts in (store.provenance["options"], store.fingerprint["options"]):
+            assert (opts.get("steps"), opts["rule"], opts.get("tol")) == want
 
 
 def test_sources_need_a_language_model_and_spans(lm):

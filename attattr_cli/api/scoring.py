@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
-from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, cli_words  # noqa: F401
+from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, SOURCES_RULE, SOURCES_STEPS, cli_words  # noqa: F401
 from ..errors import OptionError
 from .checks import OneOf, Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, Threads, checked
 from .inputs import command_of, default_task, model_arg, selection, to_examples
@@ -42,7 +42,8 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once and
     ``group`` the short examples scored together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one
     at a time); the numbers do not depend on either (up to float rounding). Integration:
-    ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given) is error-controlled
+    ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given, but for ``sources``)
+    is error-controlled
     (adaptive subdivision of the path per example and layer until the map's estimated error
     is below tol x max |Attr| of the layer and the completeness residual agrees, at most
     ``max_nodes`` nodes; each result's ``convergence`` says per layer whether it did); ``rule`` and/or
@@ -72,7 +73,10 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     of passages, ``FILE`` or ``FILE:FIELD``) groups an LM prompt's keys into sources, and
     ``keep="sources"`` (the default with ``sources``) keeps per layer only each key's
     attribution summed over heads and queries (kilobytes), the maps reduced layer by layer;
-    ``example.to_pandas("sources")`` is one row per source. ``memory`` (bytes, or "4GB") bounds
+    ``example.to_pandas("sources")`` is one row per source. With ``sources`` and none of
+    ``steps``, ``rule``, ``tol`` the integral is the right rule with two nodes (alpha = 1/2 and
+    1): on the measured contexts its top source was leave-one-out's (docs/long-context.md, "The
+    default for --sources"); ``tol=0.1`` gives the error-controlled run. ``memory`` (bytes, or "4GB") bounds
     the run's estimated peak (default: most of the free memory): a run over it is refused
     (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
     a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
@@ -85,7 +89,7 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     metric = _pair_metric(metric, data, inputs)
 
     def options_for(is_lm):
-        return ScoreOptions(**integration(steps, rule, tol), max_nodes=max_nodes, group=group, target=target,
+        return ScoreOptions(**integration(steps, rule, tol, sources), max_nodes=max_nodes, group=group, target=target,
                             output=output, layers=layers, dtype=dtype, truncate=truncate,
                             step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
                             lm=is_lm, target_token=target_token, continuation=continuation, position=position,

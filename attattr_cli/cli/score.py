@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from ..api.scoring import DEFAULT_TOL, MAX_NODES, RULES
+from ..api.scoring import DEFAULT_TOL, MAX_NODES, RULES, SOURCES_RULE, SOURCES_STEPS
 from ..errors import OptionError
 from . import options
 from .common import command_line, edge, err, out, parse_int_list, progress_bar
@@ -25,7 +25,7 @@ def score(
     examples: Optional[str] = options.examples(),
     steps: Optional[int] = typer.Option(None, "--steps", help="Integration steps m of a fixed rule instead of --tol (alone: the right rule; 20 when only --rule is given)."),
     rule: Optional[str] = typer.Option(None, "--rule", help="A fixed quadrature rule instead of --tol (right with --steps 20 is the paper's, left the 2021 code's): " + RULES_HELP + "."),
-    tol: Optional[float] = typer.Option(None, "--tol", help=f"Error-controlled integration (the default, at {DEFAULT_TOL:g}, when neither --steps nor --rule is given): per example and layer, the path is subdivided until the map's estimated error is below TOL x max |Attr| of the layer and the completeness residual agrees (not with --steps or --rule)."),
+    tol: Optional[float] = typer.Option(None, "--tol", help=f"Error-controlled integration (the default, at {DEFAULT_TOL:g}, when neither --steps nor --rule is given, except with --sources): per example and layer, the path is subdivided until the map's estimated error is below TOL x max |Attr| of the layer and the completeness residual agrees (not with --steps or --rule)."),
     max_nodes: int = typer.Option(MAX_NODES, "--max-nodes", help="With --tol: the node cap per example and layer (the store flags where it stopped the refinement)."),
     target: str = typer.Option("predicted", "--target", help="Class to attribute: predicted, gold, a label name or index."),
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
@@ -45,7 +45,7 @@ def score(
     lm: bool = typer.Option(False, "--lm", help="The model is a causal language model; the target is a next token (see --prompt, --target-token, --continuation)."),
     prompt: Optional[list[str]] = typer.Option(None, "--prompt", help="With --lm: a prompt to score (repeat for several); or give --data."),
     prompt_file: Optional[Path] = typer.Option(None, "--prompt-file", help="With --lm: a text file whose whole text is one prompt (a long context: passages separated by blank lines, then the question)."),
-    sources: Optional[str] = typer.Option(None, "--sources", help="With --lm: group the prompt's keys into sources: sentences, paragraphs (split on blank lines) or a JSONL file of passages (FILE, or FILE:FIELD; field text by default). Implies --keep sources unless --keep is given; per source, the sum of its keys' attribution over layers, heads and queries."),
+    sources: Optional[str] = typer.Option(None, "--sources", help=f"With --lm: group the prompt's keys into sources: sentences, paragraphs (split on blank lines) or a JSONL file of passages (FILE, or FILE:FIELD; field text by default). Implies --keep sources unless --keep is given; per source, the sum of its keys' attribution over layers, heads and the query rows after the last passage. Given none of --steps, --rule, --tol, the integral is the {SOURCES_RULE} rule with {SOURCES_STEPS} nodes (alpha = 1/2 and 1), fast at long lengths; on the contexts of docs/long-context.md its top source was leave-one-out's (\"The default for --sources\"); --tol 0.1 for the error-controlled run."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Peak memory the run may use, e.g. 4GB (default: 0.8 of the memory available now). A run estimated above it is refused, naming the --keep that fits."),
     threads: Optional[int] = options.threads(),
     target_token: Optional[str] = typer.Option(None, "--target-token", help="With --lm: attribute the probability of this next token (one token; default: the predicted one)."),

@@ -44,7 +44,7 @@ def sources_check(
     methods: Optional[str] = typer.Option(None, "--methods", help=f"Comma-separated methods (default all: {METHODS_HELP})."),
     steps: Optional[int] = typer.Option(None, "--steps", help="attattr's integration: a fixed rule of this many steps instead of --tol."),
     rule: Optional[str] = typer.Option(None, "--rule", help="attattr's integration: a fixed quadrature rule instead of --tol."),
-    tol: Optional[float] = typer.Option(None, "--tol", help="attattr's integration: error-controlled to this tolerance (the default, 0.1, without --steps or --rule)."),
+    tol: Optional[float] = typer.Option(None, "--tol", help="attattr's integration: error-controlled to this tolerance (without it, --steps or --rule: score's default for --sources, the right rule with 2 nodes)."),
     memory: Optional[str] = typer.Option(None, "--memory", help="Peak memory attattr's scoring may use, e.g. 4GB."),
     threads: Optional[int] = options.threads(),
     device: str = options.device(),

@@ -24,6 +24,12 @@ MAX_NODES = 129  # default node cap of the error-controlled integration (Clensha
 # benchmarks; docs/integration.md "Which to pick"); --steps or --rule alone: that fixed rule
 DEFAULT_TOL = 1e-1
 PAPER_STEPS, PAPER_RULE = 20, "right"  # the paper's setting: a fixed rule's defaults
+# ... except with --sources (a long context ranked per passage): given none of them, the right rule with
+# two nodes (alpha = 1/2 and 1; one pass per layer beyond the clean forward), chosen against
+# leave-one-out on bench/bench_sources_heldout.py's tuning contexts over 1- and 2-node rules and
+# checked on three others (docs/long-context.md "The default for --sources"); --tol for the
+# error-controlled run
+SOURCES_STEPS, SOURCES_RULE = 2, "right"
 # the quadrature rules engine/integrate.py implements (named here, where `attattr --help` reads them without torch)
 RULES = {
     "right": "right Riemann sum, alpha = k/m for k = 1..m (the paper)",
@@ -34,12 +40,13 @@ RULES = {
 }
 
 
-def integration(steps: int | None, rule: str | None, tol: float | None) -> dict:
+def integration(steps: int | None, rule: str | None, tol: float | None, sources: str | None = None) -> dict:
     """The ScoreOptions fields ``steps``, ``rule``, ``tol`` from what a user gave (None: not
-    given): nothing -> ``tol`` DEFAULT_TOL; ``steps`` and/or ``rule`` -> that fixed rule (the
-    paper's right rule, 20 steps, for what is left out); ``tol`` -> as given, with no steps
-    (it places its own nodes). ``tol`` with ``steps`` or ``rule`` is an OptionError: the one
-    place this is checked, for the CLI and the API."""
+    given): nothing -> ``tol`` DEFAULT_TOL, or with ``sources`` the fixed rule SOURCES_RULE
+    with SOURCES_STEPS nodes; ``steps`` and/or ``rule`` -> that fixed rule (the paper's right
+    rule, 20 steps, for what is left out); ``tol`` -> as given, with no steps (it places its
+    own nodes). ``tol`` with ``steps`` or ``rule`` is an OptionError: the one place this is
+    checked and the defaults are chosen, for the CLI and the API."""
     if tol is not None and (isinstance(tol, bool) or not isinstance(tol, (int, float))):
         raise OptionError(f"--tol must be a number, got {tol!r}")
     if tol is not None and not (math.isfinite(tol) and tol > 0):
@@ -48,6 +55,8 @@ def integration(steps: int | None, rule: str | None, tol: float | None) -> dict:
         given = " and ".join(f"--{name} {value}" for name, value in (("steps", steps), ("rule", rule)) if value is not None)
         raise OptionError(f"--tol places its own nodes; it does not go with {given} (give either --tol or a fixed rule)")
     if steps is None and rule is None and tol is None:
+        if sources is not None:
+            return {"steps": SOURCES_STEPS, "rule": SOURCES_RULE, "tol": None}
         tol = DEFAULT_TOL
     if tol is not None:
         return {"steps": None, "rule": "clenshaw-curtis", "tol": tol}
