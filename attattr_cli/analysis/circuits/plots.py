@@ -23,7 +23,9 @@ def curves_figure(result, absolute: bool = False):
     ax.set_xscale("log")
     ax.set_xlabel("heads kept (%); the others ablated by " + result.ablation)
     ax.set_ylabel("faithfulness f = (m(C) - m(∅)) / (m(N) - m(∅))")
-    ax.set_title(short_title(f"{result.model}: {result.n_pairs} pairs, ranking by "
+    sp = getattr(result, "split", None) or {}
+    seen = "" if not sp or sp.get("same_pairs") else f" (methods ranked on {len(sp['fit'])} others)"
+    ax.set_title(short_title(f"{result.model}: curve on {result.n_pairs} pairs{seen}, ranking by "
                              + ("|score|" if absolute else "signed score")), fontsize=10)
     ax.legend(fontsize=7, loc="best")
     return fig
@@ -38,6 +40,8 @@ def heatmap_figure(result, method: str):
     im = ax.imshow(r.scores, aspect="auto", cmap="RdBu_r", vmin=-v, vmax=v, interpolation="nearest")
     ax.set_xlabel("head" if H == result.heads else "head (last column: the layer's MLP)")
     ax.set_ylabel("layer")
-    ax.set_title(short_title(f"{method}: head scores ({result.metric}, mean over {result.n_pairs} pairs)"), fontsize=9)
+    sp = getattr(result, "split", None) or {}
+    n = len(sp["fit"]) if sp.get("fit") else result.n_pairs  # the scores are the mean over the pairs the methods saw
+    ax.set_title(short_title(f"{method}: head scores ({result.metric}, mean over {n} pairs)"), fontsize=9)
     fig.colorbar(im, ax=ax, shrink=0.9)
     return fig
