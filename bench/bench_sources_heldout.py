@@ -1,7 +1,8 @@
 """The default for --sources, chosen on some contexts and checked on others (docs/long-context.md).
 
 Contexts (SmolLM2-135M-Instruct's chat template, the answer the model's own greedy output,
-at most 6 tokens, cut after the first token with a period; the sources are the paragraphs):
+at most 6 tokens (``--answer``), cut after the first token with a period unless ``--no-cut``;
+the sources are the paragraphs):
 
 * tuning contexts, the ones the rule was chosen on: ``orrin3``, ``orrin5``, ``orrin7``
   (bench_source_bias.py's eight village paragraphs, about 600 tokens, the question about
@@ -135,7 +136,7 @@ MDQA = [
 MDQA_Q = ("According to the documents, who led the team that discovered the glowing shrimp?",
           "The team that discovered the glowing shrimp was led by")
 
-HELDOUT = {  # the answers' passages: registry 5 (Station Ishvar), story 3, mdqa 5 (document 2's second paragraph)
+HELDOUT = {  # the answers' passages: registry 5 (Station Ishvar), story 3, mdqa 4 (document 2's second paragraph)
     "registry": (REGISTRY,) + REGISTRY_Q,
     "story": (STORY,) + STORY_Q,
     "mdqa": (MDQA,) + MDQA_Q,
@@ -168,15 +169,15 @@ def prompt_of(tok, name: str) -> str:
                                    add_generation_prompt=True) + start
 
 
-def greedy_answer(model, tok, text: str, most: int = 6) -> str:
+def greedy_answer(model, tok, text: str, most: int = 6, cut: bool = True) -> str:
     import torch
 
     ids = tok(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = model.loaded.model.generate(ids, max_new_tokens=most, do_sample=False, pad_token_id=tok.eos_token_id)
     new = out[0, ids.shape[1]:].tolist()
-    cut = next((i + 1 for i, t in enumerate(new) if "." in tok.decode([t])), len(new))
-    return tok.decode(new[:cut])
+    end = next((i + 1 for i, t in enumerate(new) if "." in tok.decode([t])), len(new)) if cut else len(new)
+    return tok.decode(new[:end])
 
 
 def order(v):
@@ -276,6 +277,9 @@ def main() -> None:
     ap.add_argument("--model", default=os.environ.get("ATTATTR_SMOLLM2", ""))
     ap.add_argument("--context", required=True, help=", ".join(TUNING + tuple(HELDOUT)))
     ap.add_argument("--rules", help="fixed rules to compare, rule:steps,... (the tuning mode)")
+    ap.add_argument("--answer", type=int, default=6, help="most greedy tokens of the answer (default 6)")
+    ap.add_argument("--no-cut", action="store_true", help="keep all --answer tokens (default: cut after the first"
+                    " token with a period, as bench_source_bias.py does; an answer such as ' Dr.' stops there)")
     ap.add_argument("--json", help="also write the numbers here")
     args = ap.parse_args()
 
@@ -287,7 +291,7 @@ def main() -> None:
     model = aa.load_model(args.model, lm=True)
     tok = model.tokenizer
     text = prompt_of(tok, args.context)
-    answer = greedy_answer(model, tok, text)
+    answer = greedy_answer(model, tok, text, args.answer, not args.no_cut)
     out = rules_mode(args, model, tok, text, answer) if args.rules else default_mode(args, model, tok, text, answer)
     out["context"] = args.context
     if args.json:
