@@ -38,3 +38,15 @@ def test_both_method_families_are_registries():
     assert isinstance(circuits.REGISTRY, Registry) and isinstance(methods.REGISTRY, Registry)
     assert circuits.register == circuits.REGISTRY.register and methods.register == methods.REGISTRY.register
     assert circuits.REGISTRY.what == "head method" and methods.REGISTRY.what == "token importance method"
+
+
+def test_source_methods_are_a_registry_and_the_cli_names_them():
+    import importlib
+
+    from attattr_cli.analysis import context_check
+
+    assert isinstance(context_check.SOURCE_METHODS, Registry)
+    assert context_check.METHODS == context_check.SOURCE_METHODS.names() == ("attattr", "attention",
+                                                                             "input_x_gradient", "loo")
+    cli = importlib.import_module("attattr_cli.cli.sources_check")
+    assert cli.METHODS_HELP == ", ".join(context_check.METHODS)

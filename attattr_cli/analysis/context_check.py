@@ -25,14 +25,15 @@ Every F here is one forward of the model on token ids (float64 sums of log-softm
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
 
+from ..registry import Registry
 from .stats import kendall_tau_b
 
 KS = (1, 3, 5)
-METHODS = ("attattr", "attention", "input_x_gradient", "loo")
 
 
 @dataclass
@@ -148,6 +149,35 @@ def input_x_gradient(model, ids: list[int], answer: list[int], spans: list[dict]
     return _per_source(per_token, spans)
 
 
+@dataclass(frozen=True)
+class SourceMethod:
+    """A way to score a prompt's sources for the answer's joint log-probability F: ``compute(model,
+    ids, answer, spans, f_full, attattr)`` gives one score per source (or None: left out) and the
+    forwards it ran."""
+
+    name: str
+    description: str
+    compute: Callable[..., tuple]
+
+
+SOURCE_METHODS = Registry("source method")
+register = SOURCE_METHODS.register
+register(SourceMethod("attattr", "the attention attribution of F, read at the rows after the passages (the scored "
+                      "example's source scores)", lambda model, ids, answer, spans, f_full, attattr: (
+                          None if attattr is None else [float(x) for x in attattr], 0)))
+register(SourceMethod("attention", "attention from the answer's query rows, averaged over layers, heads and rows",
+                      lambda model, ids, answer, spans, f_full, attattr: (
+                          attention_scores(model, ids, answer, spans), 1)))
+register(SourceMethod("input_x_gradient", "(dF/de_j) . e_j per token, summed over the source",
+                      lambda model, ids, answer, spans, f_full, attattr: (
+                          input_x_gradient(model, ids, answer, spans), 1)))
+register(SourceMethod("loo", "leave-one-source-out, exact: F(prompt) - F(prompt without the source)",
+                      lambda model, ids, answer, spans, f_full, attattr: (
+                          [f_full - _answer_logprob(model, _without(ids, spans, {s}), answer) for s in range(len(spans))],
+                          len(spans))))
+METHODS = SOURCE_METHODS.names()
+
+
 def removal_check(model, ids: list[int], answer: list[int], spans: list[dict], attattr: list[float] | None,
                   ks=KS, methods=METHODS) -> RemovalCheck:
     """Source removal (module docstring) for one prompt: ``ids`` the prompt's token ids,
@@ -157,18 +187,10 @@ def removal_check(model, ids: list[int], answer: list[int], spans: list[dict], a
     forwards = 1
     scores: dict[str, list[float]] = {}
     for m in methods:
-        if m == "attattr":
-            if attattr is not None:
-                scores[m] = [float(x) for x in attattr]
-        elif m == "attention":
-            scores[m] = attention_scores(model, ids, answer, spans)
-            forwards += 1
-        elif m == "input_x_gradient":
-            scores[m] = input_x_gradient(model, ids, answer, spans)
-            forwards += 1
-        elif m == "loo":
-            scores[m] = [f_full - _answer_logprob(model, _without(ids, spans, {s}), answer) for s in range(len(spans))]
-            forwards += len(spans)
+        got, ran = SOURCE_METHODS[m].compute(model, ids, answer, spans, f_full, attattr)
+        forwards += ran
+        if got is not None:
+            scores[m] = got
     drops: dict[str, dict[int, float]] = {}
     cache: dict[frozenset, float] = {}
     for m, sc in scores.items():
