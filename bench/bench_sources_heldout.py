@@ -42,6 +42,9 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench_long_context import vm_hwm  # noqa: E402 (the peak RSS, read as that bench reads it)
 TUNING = ("orrin3", "orrin5", "orrin7", "towns272")
 
 
@@ -141,14 +144,6 @@ HELDOUT = {  # the answers' passages: registry 5 (Station Ishvar), story 3, mdqa
     "story": (STORY,) + STORY_Q,
     "mdqa": (MDQA,) + MDQA_Q,
 }
-
-
-def vm_hwm() -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def prompt_of(tok, name: str) -> str:

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import build_model, one_error_line, run_cli
-from test_circuits import _pairs
+from conftest import one_error_line, run_cli
+from test_circuits import _pairs, loaded  # noqa: F401 (loaded: the tiny causal LM fixture)
 
 
 @pytest.fixture
@@ -23,16 +23,6 @@ def pairs_file(tmp_path):
     path = tmp_path / "pairs.jsonl"
     write_pairs(path, _pairs())
     return path
-
-
-@pytest.fixture
-def loaded(tokenizer):
-    from attattr_cli.models.loading import prepare
-
-    model = build_model("llama", torch.float64, num_labels=2, layers=2, lm=True)
-    for p in model.parameters():
-        p.requires_grad_(False)
-    return prepare(model, tokenizer, "tiny-llama", lm=True)
 
 
 @pytest.fixture
