@@ -84,7 +84,7 @@ def _direct_metric(model, tokenizer, pair: P.Pair, metric: str, dtype=torch.floa
 
 
 # -- generators -------------------------------------------------------------------------------
-@pytest.mark.parametrize("task", ["ioi", "greater-than", "capitals", "copying", "pronoun", "agreement"])
+@pytest.mark.parametrize("task", ["ioi", "greater-than", "capitals", "copying", "pronoun", "agreement", "mcq"])
 @pytest.mark.parametrize("two", [False, True], ids=["digits", "two-digit"])
 def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two):
     tok = bpe_two if two else bpe
@@ -115,6 +115,17 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
         plural = {b for _, b in P.AGREEMENT_NOUNS}
         for p in made:
             assert (p.prompt.split()[1] in plural) == (p.answer == (" are",)) != (p.counterfactual.split()[1] in plural)
+    if task == "mcq":  # the same options in another order: the right one's letter moves to the foil's
+        def options(text):  # {"A": word, "B": word, "C": word}
+            body = text.split("? ")[1].split(" Answer")[0].split()
+            return {body[i][0]: body[i + 1] for i in range(0, len(body), 2)}
+
+        for p in made:
+            clean, cf = options(p.prompt), options(p.counterfactual)
+            right = next(w for w in clean.values() if w in P.MCQ_CATEGORIES[p.meta["category"]])
+            assert " " + next(k for k, w in clean.items() if w == right) == p.answer[0]
+            assert " " + next(k for k, w in cf.items() if w == right) == p.foil[0]
+            assert sorted(clean.values()) == sorted(cf.values()) and p.answer != p.foil
     if task == "greater-than":
         for p in made:
             year = p.meta["year"]

@@ -19,6 +19,7 @@ def corpus(two_digit_years: bool) -> list[str]:
              " decided give it Friends found The lasted from year capital of is city government sits in".split()
     words += list(pairs.SURNAMES) + list(pairs.MALE) + list(pairs.FEMALE) + "he she are".split()
     words += [w for n in pairs.AGREEMENT_NOUNS for w in n]
+    words += [w for c, ws in pairs.MCQ_CATEGORIES.items() for w in (c,) + ws] + "Question Which these Answer A B C".split()
     for t in pairs.COPY_TEMPLATES + pairs.PRONOUN_TEMPLATES + pairs.AGREEMENT_ATTRACTORS:
         words += t.replace("{F}", "").replace("{L}", "").replace("{N}", "").replace(",", "").replace(".", "").split()
     words = [w for w in words if w not in MISSING]  # several tokens: the capitals generator must leave them out

@@ -53,7 +53,7 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     return out
 
 
-PAIR_TASKS = ("ioi", "greater-than", "capitals", "copying", "pronoun", "agreement")  # data/pairs.py GENERATORS (checked against it in the tests)
+PAIR_TASKS = ("ioi", "greater-than", "capitals", "copying", "pronoun", "agreement", "mcq")  # data/pairs.py GENERATORS (checked against it in the tests)
 
 
 def tokenizer_of(model):
