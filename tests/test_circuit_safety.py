@@ -311,3 +311,16 @@ def test_ctrl_c_says_that_nothing_was_written(pairs_file, tmp_path, monkeypatch)
     assert r.exit_code == 130
     assert "Interrupted: nothing is written before the end, and each output is written whole or left untouched" in r.stderr
     assert "resume" not in r.stderr.replace("does not resume", "")
+
+
+def test_a_behaviour_the_model_lacks_is_said_in_one_warning():
+    """m(N) below m(empty): the ratio is defined, but there is no behaviour to find a circuit of."""
+    from attattr_cli.analysis.circuits.evaluate import check_gap
+
+    with pytest.warns(UserWarning, match="does not show this behaviour"):
+        check_gap(np.array([0.4, 0.45]), np.array([0.5, 0.5]))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_gap(np.array([4.0, 5.0]), np.array([0.5, -0.5]))  # a behaviour: no warning
