@@ -50,6 +50,25 @@ def run_cli(*args):
     return CliRunner().invoke(app, [str(a) for a in args])
 
 
+def cli_commands() -> dict:
+    """Every leaf command of the CLI by its name ("demo train" for a subcommand): its click command."""
+    import typer
+
+    from attattr_cli.cli import app
+
+    found = {}
+
+    def walk(group, prefix):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                walk(cmd, prefix + [name])
+            else:
+                found[" ".join(prefix + [name])] = cmd
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
 def one_error_line(result, *needles: str) -> str:
     """Assert that a command failed with exactly one line on stderr, ``Error: ...``, holding
     every needle, and no traceback anywhere; return that line.

@@ -528,23 +528,12 @@ MODEL_COMMANDS = {"score", "finetune", "importance", "prune", "triggers", "attac
 
 
 def test_every_command_that_runs_a_model_takes_threads():
-    import typer
+    from conftest import cli_commands
 
-    from attattr_cli.cli import app
     from attattr_cli.cli.options import THREADS_HELP
 
-    found = {}
-
-    def walk(group, prefix):
-        for name, cmd in group.commands.items():
-            if hasattr(cmd, "commands"):
-                walk(cmd, prefix + [name])
-                continue
-            for p in cmd.params:
-                if "--threads" in getattr(p, "opts", []):
-                    found[" ".join(prefix + [name])] = p.help
-
-    walk(typer.main.get_command(app), [])
+    found = {name: p.help for name, cmd in cli_commands().items() for p in cmd.params
+             if "--threads" in getattr(p, "opts", [])}
     assert set(found) == MODEL_COMMANDS
     # one definition (cli/options.py), worded for training where the default differs
     assert {c for c, h in found.items() if h == THREADS_HELP} >= MODEL_COMMANDS - {"finetune", "demo train", "circuit"}

@@ -12,9 +12,7 @@ import stat
 from pathlib import Path
 
 import pytest
-import typer
 
-from attattr_cli.cli import app
 from attattr_cli.fileio import check_output, is_stream, replaced, write_atomic
 from attattr_cli.errors import OptionError
 from conftest import build_model, one_error_line, run_cli
@@ -26,17 +24,13 @@ def _md5(path: Path) -> str:
 
 def writing_commands() -> dict[str, list[str]]:
     """Every command (``demo train`` as "demo train") with an --out or -o option: its flags."""
-    found = {}
+    from conftest import cli_commands
 
-    def walk(group, prefix):
-        for name, cmd in group.commands.items():
-            if hasattr(cmd, "commands"):
-                walk(cmd, prefix + [name])
-                continue
-            flags = [o for p in cmd.params for o in getattr(p, "opts", []) if o in ("--out", "-o")]
-            if flags:
-                found[" ".join(prefix + [name])] = flags
-    walk(typer.main.get_command(app), [])
+    found = {}
+    for name, cmd in cli_commands().items():
+        flags = [o for p in cmd.params for o in getattr(p, "opts", []) if o in ("--out", "-o")]
+        if flags:
+            found[name] = flags
     return found
 
 
