@@ -132,12 +132,18 @@ def check_store_output(path, name: str = "--out") -> None:
                           f" lies and resumed there); give a file path")
 
 
+def _a_file_path(path) -> bool:
+    """``path`` names a file to write (not None, ``-``, a device, a FIFO or a socket, which are
+    streamed in place)."""
+    return isinstance(path, (str, os.PathLike)) and str(path) not in ("", "-") and not is_stream(path)
+
+
 def check_writable(path, name: str = "--out") -> None:
     """Refuse before any work an output that could not be written at the end: a folder that
     is read-only (on a read-only file system, or without write permission: the output is
     written beside its name and renamed over it), or an existing file that is read-only (as
     a store opened for writing is refused). A device, a FIFO, ``-`` or None pass."""
-    if path is None or not isinstance(path, (str, os.PathLike)) or str(path) in ("", "-") or is_stream(path):
+    if not _a_file_path(path):
         return
     target = Path(path)
     folder = target.parent if str(target.parent) else Path(".")
@@ -184,7 +190,7 @@ def one_writer(path, name: str = "--out"):
     (``.NAME.lock``), removed when the block ends (a crash leaves the file, not the lock).
     Taken again by the same process (a function that writes what its caller locked) it is
     shared. A device, a FIFO, ``-`` or None take no lock."""
-    if path is None or not isinstance(path, (str, os.PathLike)) or str(path) in ("", "-") or is_stream(path):
+    if not _a_file_path(path):
         yield
         return
     try:

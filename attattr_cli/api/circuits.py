@@ -294,7 +294,7 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
     counterfactuals do not change the metric (m(N) = m(empty) within noise) is refused once
     the two ends are measured. Nothing is written before the end."""
     from ..analysis import circuits as reg
-    from ..analysis.circuits.split import fraction_of, split_pairs
+    from ..analysis.circuits.split import split_pairs
     from ..analysis.circuits.evaluate import PERCENTAGES
     from ..analysis.circuits.run import evaluate
     from ..analysis.circuits.task import ABLATIONS, NODES, CircuitTask, Context

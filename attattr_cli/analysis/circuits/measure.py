@@ -59,8 +59,6 @@ def curve_from(per_pair: np.ndarray, clean: np.ndarray, empty: np.ndarray, rows=
     return (per_pair[:, sel].mean(1) - e) / (denom if denom != 0 else np.nan)
 
 
-
-
 def measured_best(ctx, rankings: list, ks) -> int:
     """The index of the ranking whose curve (CMD's ranking by |score|) is nearest 1 at ``ks``
     on ``ctx``'s pairs, each point weighted by the width CMD's trapezoids give it; each

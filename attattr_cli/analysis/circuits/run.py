@@ -35,7 +35,6 @@ class CircuitRun:
     clean: float = 0.0  # m(N), mean over pairs
     empty: float = 0.0  # m(empty)
     n_pairs: int = 0  # the pairs the curve is measured on
-    n_fit: int = 0  # the pairs the methods saw (the same pairs without a split)
     ablation: str = "patching"
     metric: str = "logit-diff"
     layers: int = 0
@@ -54,7 +53,7 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000, fit: Context 
 
     fit = ctx if fit is None else fit
     task = ctx.task
-    run = CircuitRun(n_pairs=task.n, n_fit=fit.task.n, ablation=ctx.ablation, metric=task.metric_name,
+    run = CircuitRun(n_pairs=task.n, ablation=ctx.ablation, metric=task.metric_name,
                      layers=task.layers, heads=task.heads)
     t = _cpu()
     for c in ([ctx] if fit is ctx else [fit, ctx]):  # the ablation's sources, shared by every method (not charged to any)

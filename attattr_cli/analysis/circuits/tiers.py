@@ -50,6 +50,9 @@ EXACT_LAYERS = 1
 # patching effect replaces AtP's too: the two estimates of one head pointing opposite ways is the
 # mark of the nonlinearity AtP misses (docs/circuits.md: IOI's head 16.0, AtP -0.27, patching +1.4)
 DISAGREE = 10
+# what verified_estimates costs per pair (shared by the methods that read it)
+VERIFIED_PASSES = (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + {DISAGREE} + "
+                   "(heads per layer) forwards (patching)")
 TIERS = (0.1, 0.2, 0.5)  # the curve's k where the tiers end (CMD's largest trapezoids)
 
 
@@ -126,7 +129,7 @@ def _attr_tiers(ctx) -> np.ndarray:
 
 def verified_count(ctx) -> int:
     """Heads of largest |AtP| verified by exact patching: ``--verify`` where given, else ``VERIFIED``."""
-    return VERIFIED if getattr(ctx, "verify", None) is None else int(ctx.verify)
+    return VERIFIED if ctx.verify is None else int(ctx.verify)
 
 
 def disagreeing(ig: np.ndarray, atp: np.ndarray, count: int) -> np.ndarray:
@@ -167,8 +170,6 @@ register(HeadMethod(
     compute=_attr_tiers,
     kind="attribution",
     reference="attattr (attr-gates for the tiers; AtP and its verification, Kramar et al. 2024)",
-    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + "
-                      f"{DISAGREE} + (heads per layer) forwards (patching) + up to {len(FIRST) * len(CHECKED)} forwards "
-                      f"(the candidates)"),
+    passes=lambda s: f"{VERIFIED_PASSES} + up to {len(FIRST) * len(CHECKED)} forwards (the candidates)",
     mlp=True,
 ))

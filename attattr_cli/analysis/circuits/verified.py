@@ -28,7 +28,7 @@ import numpy as np
 
 from . import measure
 from .registry import HeadMethod, register
-from .tiers import DISAGREE, VERIFIED, verified_estimates
+from .tiers import DISAGREE, VERIFIED, VERIFIED_PASSES, verified_estimates
 
 # the multipliers of the negative scores among which the curve chooses (c = 1: |verified AtP|)
 SCALES = (1.0, 0.5, 0.25, 0.001)
@@ -61,8 +61,6 @@ register(HeadMethod(
     compute=_atp_verified,
     kind="gradient",
     reference="Kramar et al. 2024 (AtP and its verification, AtP*); attattr (the interleaving)",
-    passes=lambda s: (f"1 counterfactual forward + (steps + 1) forward and backward rows + up to {VERIFIED} + "
-                      f"{DISAGREE} + (heads per layer) forwards (patching) + up to {len(SCALES) * len(CHECKED)} "
-                      f"forwards (the candidates)"),
+    passes=lambda s: f"{VERIFIED_PASSES} + up to {len(SCALES) * len(CHECKED)} forwards (the candidates)",
     mlp=True,
 ))
