@@ -12,7 +12,7 @@ visible queries on average, raw attention, and the attribution of the passage's 
 leave-one-out, the rank of leave-one-out's top passage and the drop of removing the variant's
 top 1 and top 3.
 
-    ATTATTR_SMOLLM2=/work/models/smollm2 OMP_NUM_THREADS=1 python bench/bench_source_bias.py --ask 5
+    ATTATTR_SMOLLM2=./smollm2 OMP_NUM_THREADS=1 python bench/bench_source_bias.py --ask 5
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ Two modes, one context per process (its own peak RSS):
   attention, input x gradient, leave-one-out; top 1 / 3 / 5 removed): CPU s of the scoring and
   of the check, the peak RSS after each.
 
-    ATTATTR_SMOLLM2=/work/models/smollm2 OMP_NUM_THREADS=1 python bench/bench_sources_heldout.py \
+    ATTATTR_SMOLLM2=./smollm2 OMP_NUM_THREADS=1 python bench/bench_sources_heldout.py \
         --context orrin5 --rules right:1,midpoint:1,gauss:2 --json out.json
-    ATTATTR_SMOLLM2=/work/models/smollm2 OMP_NUM_THREADS=1 python bench/bench_sources_heldout.py --context story
+    ATTATTR_SMOLLM2=./smollm2 OMP_NUM_THREADS=1 python bench/bench_sources_heldout.py --context story
 """
 
 from __future__ import annotations
