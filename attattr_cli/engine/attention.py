@@ -17,11 +17,12 @@ comes here. What it does depends on the active plan:
 ``Record(keep_graph=True)`` also keeps the probabilities with their autograd graph, for
 gradients with respect to the attention of every layer (token importance).
 
-* ``HeadScale``: head masking (transformers 5 has no ``head_mask``). Each head's output
-  ``A_h V_h`` is multiplied by ``scale[layer, head]`` (or ``scale[example, layer, head]``)
-  before the output projection: 0 removes the head, 1 keeps it. A scale tensor that
-  requires grad gives, by one backward, the head-gate gradients of Michel et al.
-  (``sum A_h * dL/dA_h`` per head), the Taylor importance.
+* ``HeadPatch``: heads as nodes (head masking too: transformers 5 has no ``head_mask``).
+  Each head's output ``A_h V_h`` moves towards a source by its gate before the output
+  projection; without a source the source is zero, so the gate scales the head: 0 removes
+  it, 1 keeps it (``HeadScale(scale)``). A gate that requires grad gives, by one backward,
+  the head-gate gradients of Michel et al. (``sum A_h * dL/dA_h`` per head), the Taylor
+  importance.
 
 Outside a plan (or for layers a plan does not touch) the function is plain attention.
 
@@ -144,17 +145,6 @@ class Sweep:
 
 
 @dataclass
-class HeadScale:
-    """Multiply each head's attention output by a factor.
-
-    scale: ``[layer, head]`` for every example of the batch, or ``[batch, layer, head]``
-    one row per example. Rows of layers the model does not have are an error.
-    """
-
-    scale: torch.Tensor
-
-
-@dataclass
 class HeadPatch:
     """Head outputs as nodes of a circuit: record them, gate them, patch them.
 
@@ -164,7 +154,9 @@ class HeadPatch:
     - ``source`` (layer -> [1 or batch, head, query, d]) and ``gate`` ([batch, layer, head] or
       [layer, head]): each head's output becomes ``source + gate * (z - source)`` with z the
       head's live output: gate 1 keeps the head, 0 patches it (from the counterfactual run,
-      a mean, or zeros), values between interpolate. Without ``source`` nothing is patched.
+      a mean, or zeros), values between interpolate. Without ``source`` the source is zero:
+      ``gate * z`` (head masking, :func:`HeadScale`); a ``source`` without a layer's key leaves
+      that layer as it is.
     - ``record``: filled with each layer's (gated) output, with its graph, so that gradients
       with respect to head outputs can be taken (``torch.autograd.grad``).
     - ``probs``: filled with each layer's attention probabilities when ``want_probs``.
@@ -177,6 +169,12 @@ class HeadPatch:
     want_probs: bool = False
     probs: dict = field(default_factory=dict)
     values: dict | None = None  # filled with each layer's values [batch, head, key, d] (key/value heads repeated)
+
+
+def HeadScale(scale: torch.Tensor) -> HeadPatch:
+    """Head masking: each head's output times ``scale[layer, head]`` (or ``[batch, layer, head]``
+    one row per example): a :class:`HeadPatch` with a zero source."""
+    return HeadPatch(gate=scale)
 
 
 @dataclass
@@ -234,7 +232,9 @@ def patch_node(plan: HeadPatch, key, out: torch.Tensor, gate_of) -> torch.Tensor
         leaf = torch.zeros_like(out, requires_grad=True)
         plan.leaves[key] = leaf
         out = out + leaf
-    if plan.source is not None and key in plan.source:
+    if plan.source is None and plan.gate is not None:  # a zero source: the gate scales the node
+        out = out * gate_of(plan.gate).to(device=out.device, dtype=out.dtype)
+    elif plan.source is not None and key in plan.source:
         src = plan.source[key].to(device=out.device, dtype=out.dtype)
         if plan.gate is None:
             out = src.expand_as(out)
@@ -243,18 +243,6 @@ def patch_node(plan: HeadPatch, key, out: torch.Tensor, gate_of) -> torch.Tensor
     if plan.record is not None:
         plan.record[key] = out
     return out
-
-
-def _head_scale(plan: HeadScale, layer: int, out: torch.Tensor) -> torch.Tensor:
-    """out [batch, head, query, d] times the plan's factors of ``layer``."""
-    s = plan.scale
-    if s.dim() == 2:
-        f = s[layer].view(1, -1, 1, 1)
-    else:
-        f = s[:, layer].view(s.shape[0], -1, 1, 1)
-    if f.shape[1] != out.shape[1]:
-        raise ModelError(f"head mask has {f.shape[1]} heads for layer {layer}, the model {out.shape[1]}")
-    return out * f.to(device=out.device, dtype=out.dtype)
 
 
 def repeat_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -434,16 +422,6 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
             plan.values[site[1]] = value
         return _head_patch(plan, site[1], out).transpose(1, 2).contiguous(), None
 
-    if isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
-        layer = site[1]
-        if softcap is None:
-            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling)
-            probs = None
-        else:
-            probs = reference.attention_probs(query, key, mask, scaling, softcap)
-            out = torch.matmul(probs, value)
-        return _head_scale(plan, layer, out).transpose(1, 2).contiguous(), probs
-
     # plain attention (fused where PyTorch has it)
     if softcap is None:
         return _plain_attention(query, key, value, mask, scaling, softcap, causal).transpose(1, 2).contiguous(), None
@@ -555,8 +533,8 @@ def _sink_attention(plan, module, query, key, value, mask, d_value):
             index = index.expand(real.shape[0], *index.shape[1:])
         real = torch.gather(real, -1, index)
         out = torch.matmul(real, value[..., :-1, :])
-    elif isinstance(plan, HeadScale) and site is not None and site[0] in ("self", "encoder"):
-        out = _head_scale(plan, site[1], out)
+    elif isinstance(plan, HeadPatch) and site is not None and site[0] in ("self", "encoder"):
+        out = _head_patch(plan, site[1], out)
     return out.transpose(1, 2).contiguous(), real
 
 
