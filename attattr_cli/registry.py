@@ -1,24 +1,61 @@
-"""One registry class for every family of methods (head methods of ``attattr circuit``, token
-importance methods of ``attattr faithfulness``, ...): entries by name, in registration order,
-each a frozen dataclass with at least ``name``.
+"""One registry class for every family of methods (head methods of ``attattr circuit``, head
+importance tables of ``attattr importance``, token importance methods of ``attattr
+faithfulness``, source methods of ``attattr sources-check``): entries by name, in registration
+order, each a frozen dataclass with at least ``name`` and ``description``.
 
-A family is ``Registry("head method")``; a module adds an entry with ``REGISTRY.register(...)``.
+A family is ``Registry("head method", units="heads")``; a module adds an entry with
+``REGISTRY.register(...)``. Other packages add methods through the Python entry point group
+``attattr.methods`` (docs/extending.md): each entry point names a module (or a function) that
+registers its methods when loaded; they are loaded the first time any registry is read, so a
+plugin's method appears in every command that lists or accepts its family.
 
 NumPy-free and torch-free: importing it costs nothing.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator
 
 from .errors import OptionError
 
+ENTRY_POINT_GROUP = "attattr.methods"
+FAMILIES: list["Registry"] = []  # every registry of a command, in creation order (`attattr methods` lists them)
+_plugins = {"state": "not loaded", "loaded": [], "failed": []}
+
+
+def load_plugins() -> dict:
+    """Load the ``attattr.methods`` entry points once (a failing one is reported on stderr in
+    one line and left out); returns which loaded and which failed."""
+    if _plugins["state"] != "not loaded":
+        return _plugins
+    _plugins["state"] = "loading"  # a plugin that reads a registry while it loads does not recurse
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if callable(obj) and not isinstance(obj, type):
+                obj()
+            _plugins["loaded"].append(ep.name)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not break attattr
+            _plugins["failed"].append(ep.name)
+            print(f"attattr: warning: the method plugin {ep.name!r} ({ep.value}) failed to load and is left out: "
+                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+    _plugins["state"] = "loaded"
+    return _plugins
+
+
 class Registry:
     """Entries of one family by name, in registration order (a read-only mapping)."""
 
-    def __init__(self, what: str):
+    def __init__(self, what: str, units: str = "", command: str = ""):
         self.what = what  # "head method", "token importance method": how errors name an entry
+        self.units = units  # what its entries score: heads, tokens, sources
+        self.command = command  # the attattr command that lists and accepts them
         self._entries: dict[str, Any] = {}
+        if command:
+            FAMILIES.append(self)
 
     def register(self, entry):
         name = entry.name
@@ -27,37 +64,43 @@ class Registry:
         self._entries[name] = entry
         return entry
 
+    @property
+    def entries(self) -> dict[str, Any]:
+        """Every entry, the plugins' included (reading it loads the plugins once)."""
+        load_plugins()
+        return self._entries
+
     # the mapping interface (what callers used of the plain dicts before)
     def __getitem__(self, name: str):
-        return self._entries[name]
+        return self.entries[name]
 
     def __contains__(self, name: object) -> bool:
-        return name in self._entries
+        return name in self.entries
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._entries)
+        return iter(self.entries)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.entries)
 
     def get(self, name: str, default=None):
-        return self._entries.get(name, default)
+        return self.entries.get(name, default)
 
     def keys(self):
-        return self._entries.keys()
+        return self.entries.keys()
 
     def values(self):
-        return self._entries.values()
+        return self.entries.values()
 
     def items(self):
-        return self._entries.items()
+        return self.entries.items()
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._entries)
+        return tuple(self.entries)
 
     def unknown(self, name: str) -> OptionError:
         """The one-line error for a name that is not registered."""
-        return OptionError(f"unknown {self.what} {name!r}; available: {', '.join(self._entries)} (or all)")
+        return OptionError(f"unknown {self.what} {name!r}; available: {', '.join(self.entries)} (or all)")
 
     def parse(self, spec: str | None, default: tuple[str, ...], first: str | None = None) -> tuple[str, ...]:
         """``None`` -> ``default``; ``all``; or a comma-separated list of registered names (order
@@ -66,10 +109,33 @@ class Registry:
             return default
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
-            raise OptionError(f"methods is empty; give one or more of: {', '.join(self._entries)} (or all)")
+            raise OptionError(f"methods is empty; give one or more of: {', '.join(self.entries)} (or all)")
         if names == ["all"]:
             return self.names()
         for n in names:
-            if n not in self._entries:
+            if n not in self.entries:
                 raise self.unknown(n)
         return tuple(dict.fromkeys(([first] if first else []) + names))
+
+    def rows(self) -> list[dict]:
+        """One row per entry, the same columns for every family: what ``attattr methods`` prints."""
+        return [{"command": self.command, "family": self.what, "units": self.units, "method": e.name,
+                 "kind": getattr(e, "kind", ""), "cost": cost_of(e), "reference": getattr(e, "reference", "") or "",
+                 "description": e.description} for e in self.values()]
+
+
+def cost_of(entry) -> str:
+    """An entry's cost in words: its ``cost`` or ``passes`` (text, or a callable of the run's
+    settings, called with None), else what it ``needs``."""
+    cost = getattr(entry, "cost", None) or getattr(entry, "passes", None)
+    if callable(cost):
+        return cost(None)
+    return cost or ("needs " + ", ".join(entry.needs) if getattr(entry, "needs", None) else "")
+
+
+def families() -> list[Registry]:
+    """Every registry of methods, built-in and plugged-in, after importing the built-in families."""
+    from .analysis import circuits, context_check, importance, methods  # noqa: F401  (they register)
+
+    load_plugins()
+    return list(FAMILIES)

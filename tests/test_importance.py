@@ -247,9 +247,9 @@ def test_importance_file_roundtrip_and_refusals(tmp_path, tiny_store):
     with pytest.raises(StoreError, match="not an attattr importance file"):
         imp.read(path)  # a store is not an importance file
     with pytest.raises(OptionError, match="unknown importance method"):
-        imp.parse_methods("attr,bogus", imp.METHODS)
+        imp.parse_methods("attr,bogus", "store")
     with pytest.raises(OptionError, match="needs a store"):
-        imp.parse_methods("attr", imp.MODEL_METHODS)
+        imp.parse_methods("attr", "data")
 
 
 def test_importance_cli_store_and_model(tmp_path, tiny_store, tiny_model_dir):

@@ -158,23 +158,28 @@ class SourceMethod:
     name: str
     description: str
     compute: Callable[..., tuple]
+    kind: str = "other"
+    cost: str = ""
+    reference: str = ""
 
 
-SOURCE_METHODS = Registry("source method")
+SOURCE_METHODS = Registry("source method", units="sources", command="sources-check")
 register = SOURCE_METHODS.register
 register(SourceMethod("attattr", "the attention attribution of F, read at the rows after the passages (the scored "
                       "example's source scores)", lambda model, ids, answer, spans, f_full, attattr: (
-                          None if attattr is None else [float(x) for x in attattr], 0)))
+                          None if attattr is None else [float(x) for x in attattr], 0),
+                      kind="attribution", cost="none (the scored example's sources)"))
 register(SourceMethod("attention", "attention from the answer's query rows, averaged over layers, heads and rows",
                       lambda model, ids, answer, spans, f_full, attattr: (
-                          attention_scores(model, ids, answer, spans), 1)))
+                          attention_scores(model, ids, answer, spans), 1), kind="attention", cost="1 forward"))
 register(SourceMethod("input_x_gradient", "(dF/de_j) . e_j per token, summed over the source",
                       lambda model, ids, answer, spans, f_full, attattr: (
-                          input_x_gradient(model, ids, answer, spans), 1)))
+                          input_x_gradient(model, ids, answer, spans), 1),
+                      kind="gradient", cost="1 forward and backward"))
 register(SourceMethod("loo", "leave-one-source-out, exact: F(prompt) - F(prompt without the source)",
                       lambda model, ids, answer, spans, f_full, attattr: (
                           [f_full - _answer_logprob(model, _without(ids, spans, {s}), answer) for s in range(len(spans))],
-                          len(spans))))
+                          len(spans)), kind="perturbation", cost="1 forward per source"))
 METHODS = SOURCE_METHODS.names()
 
 

@@ -51,13 +51,47 @@ from ..data.types import Example
 from ..errors import OptionError, StoreError
 from ..fileio import is_stream, replaced
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..registry import Registry
 
 SCHEMA = "attattr.importance"
 SCHEMA_VERSION = "1.0"
 SCHEMA_MAJOR = 1
-STORE_METHODS = ("attr", "attention")
-MODEL_METHODS = ("taylor", "random")
-METHODS = STORE_METHODS + MODEL_METHODS
+
+
+@dataclass(frozen=True)
+class TableMethod:
+    """A head importance table of ``attattr importance`` (module docstring): ``tasks`` the inputs
+    it is computed from (``store``, ``data``: a classifier's examples, ``pairs``: clean /
+    counterfactual pairs), how plots draw it. On pairs every head method of ``attattr circuit``
+    is one more table (:func:`methods_for`)."""
+
+    name: str
+    description: str
+    tasks: tuple[str, ...]
+    kind: str = "other"
+    cost: str = ""
+    reference: str = ""
+    label: str = ""  # its name in plots
+    color: str = "tab:purple"
+
+
+TABLES = Registry("importance method", units="heads", command="importance")
+for _m in (TableMethod("attr", "E_x max_ij Attr_h(A) (signed), from the store's head_max", ("store",), "attribution",
+                       "none (reads the store)", "Hao et al. 2021", "attribution", "tab:blue"),
+           TableMethod("taylor", "E_x |<dL/dO_h, O_h>|, unit L2 norm per layer (pairs: the gradient of the metric)",
+                       ("data", "pairs"), "gradient", "1 forward and backward per batch", "Michel et al. 2019",
+                       "Taylor", "tab:green"),
+           TableMethod("attention", "E_x max_ij A_h (the paper's attention baseline), from the store's maps",
+                       ("store",), "attention", "none (reads the store)", "Hao et al. 2021", "attention", "tab:red"),
+           TableMethod("random", "a seeded uniform table per seed (--seeds), the floor every method must beat",
+                       ("store", "data", "pairs"), "baseline", "none", "", "random", "tab:gray")):
+    TABLES.register(_m)
+STORE_METHODS = tuple(m.name for m in TABLES.values() if "store" in m.tasks and m.kind != "baseline")
+MODEL_METHODS = tuple(m.name for m in TABLES.values() if "data" in m.tasks)
+METHODS = tuple(TABLES)
+TASKS = {"store": "a store (attattr importance STORE ...)",
+         "data": "--model and --data (no store)",
+         "pairs": "clean / counterfactual pairs (--data a JSONL of pairs, --model a causal language model)"}
 
 Progress = Callable[[int, int, str], None]
 
@@ -118,27 +152,35 @@ def identity_of(loaded) -> Identity:
 
 
 def pair_methods() -> tuple[str, ...]:
-    """The head methods of ``attattr circuit`` that rank heads alone (analysis/circuits'
-    registry): on clean / counterfactual pairs, ``importance`` computes any of them as one more
-    table, so ``prune`` can judge AtP or NAP-IG as it judges attribution."""
+    """The head methods of ``attattr circuit`` that are tables on pairs: every one but those
+    whose name is a table of this module (``attention``, ``random``: on pairs the table of that
+    name is this module's), so that ``prune`` judges AtP or NAP-IG as it judges attribution."""
     from .circuits import REGISTRY
 
-    return REGISTRY.names()
+    return tuple(n for n in REGISTRY if n not in TABLES or "pairs" not in TABLES[n].tasks)
 
 
-def parse_methods(spec: str, allowed: Sequence[str]) -> list[str]:
+def methods_for(task: str) -> tuple[str, ...]:
+    """Every registered method that gives a head table on ``task`` (store, data or pairs)."""
+    own = tuple(m.name for m in TABLES.values() if task in m.tasks)
+    return own + (pair_methods() if task == "pairs" else ())
+
+
+def parse_methods(spec: str, task: str) -> list[str]:
+    """``spec`` (a comma list, or ``all``) checked against the methods that fit ``task``."""
     names = [m.strip().lower() for m in spec.split(",") if m.strip()]
-    known = METHODS + pair_methods()
+    allowed = methods_for(task)
+    known = METHODS + tuple(n for n in pair_methods() if n not in METHODS)
     if not names:
-        raise OptionError("methods (--methods) is empty; give one of " + ", ".join(known))
+        raise OptionError("methods (--methods) is empty; give one of " + ", ".join(allowed))
+    if names == ["all"]:
+        return list(allowed)
     for m in names:
         if m not in known:
             raise OptionError(f"unknown importance method '{m}'; available: {', '.join(known)}")
         if m not in allowed:
-            where = ("a store (attattr importance STORE ...)" if m in STORE_METHODS else
-                     "clean / counterfactual pairs (--data a JSONL of pairs, --model a causal language model)"
-                     if m in pair_methods() else "--model and --data (no store)")
-            raise OptionError(f"method '{m}' needs {where}")
+            needs = [TASKS[t] for t in TASKS if m in methods_for(t)]
+            raise OptionError(f"method '{m}' needs {' or '.join(needs)}")
     return list(dict.fromkeys(names))
 
 

@@ -12,8 +12,6 @@ from ..errors import OptionError
 from ..fileio import replaced
 
 FORMATS = (".png", ".svg", ".pdf")
-COLORS = {"attr": "tab:blue", "taylor": "tab:green", "attention": "tab:red", "random": "tab:gray"}
-LABELS = {"attr": "attribution", "taylor": "Taylor", "attention": "attention", "random": "random"}
 
 
 def new_figure(width: float, height: float, **kwargs):
@@ -90,7 +88,15 @@ def _save(fig, path: str | Path) -> None:
         fig.savefig(tmp, dpi=150, bbox_inches="tight")
 
 
-_ORDER = {"attr": 0, "taylor": 1, "attention": 2, "random": 3}
+def _style(name: str) -> tuple[str, str | None, int]:
+    """A table's label, colour and place in plots: the importance registry's, else its name,
+    matplotlib's next colour, after the registered tables."""
+    from .importance import TABLES
+
+    m = TABLES.get(name)
+    return (m.label, m.color, list(TABLES).index(name)) if m else (name, None, len(TABLES))
+
+
 _LOCAL = re.compile(r"^(?:/|~[\\/]|[A-Za-z]:[\\/])")
 
 
@@ -109,12 +115,12 @@ def short_title(title: str) -> str:
 def _table_title(t) -> str:
     if t.method == "random" and getattr(t, "seed", None) is not None:
         return f"random (seed {t.seed})"
-    return LABELS.get(t.name, t.name)
+    return _style(t.name)[0]
 
 
 def importance_figure(tables: Sequence, title: str = "", columns: int = 4):
     """The figure of :func:`importance_heatmaps`: a matplotlib Figure (the caller saves it)."""
-    tables = sorted(tables, key=lambda t: (_ORDER.get(t.method, 9), t.method, getattr(t, "seed", None) or 0, t.name))
+    tables = sorted(tables, key=lambda t: (_style(t.method)[2], t.method, getattr(t, "seed", None) or 0, t.name))
     n = max(len(tables), 1)
     cols = min(n, columns)
     rows = -(-n // cols)
@@ -151,8 +157,8 @@ def _curves_panel(ax, curves: dict) -> None:
     banded = False
     for name, entry in curves["methods"].items():
         y = np.asarray(entry[metric])
-        color = COLORS.get(entry.get("method", name))
-        label = LABELS.get(name, name)
+        color = _style(entry.get("method", name))[1]
+        label = _style(name)[0]
         if "tables" in entry:
             label += f" (mean of {len(entry['tables'])})"
         if "accuracy" not in curves["baseline"]:  # a language-model pair task: its metric's band

@@ -158,7 +158,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     if source is not None:
         if model is not None or data is not None or task is not None or inputs is not None:
             raise OptionError("give either a store or model/data/task, not both")
-        wanted = imp.parse_methods(methods or "attr,attention", imp.STORE_METHODS + ("random",))
+        wanted = imp.parse_methods(methods or "attr,attention", "store")
         st, close = open_source(source)
         try:
             chosen = None
@@ -176,7 +176,7 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
         if family is not None:
             raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
         on_pairs = _pairs_given(data, inputs) or metric is not None
-        wanted = imp.parse_methods(methods or "taylor,random", imp.MODEL_METHODS + (imp.pair_methods() if on_pairs else ()))
+        wanted = imp.parse_methods(methods or "taylor,random", "pairs" if on_pairs else "data")
         if on_pairs:  # clean / counterfactual pairs of a language model
             tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
                                    progress, metric)

@@ -21,6 +21,7 @@ from .import_json import import_json
 from .importance import importance
 from .info import info
 from .merge import merge
+from .methods import methods
 from .prune import prune
 from .score import score
 from .sources_check import sources_check
@@ -40,7 +41,8 @@ for _name, _command in (("score", score), ("info", info), ("merge", merge), ("tr
                         ("import-json", import_json), ("finetune", finetune), ("importance", importance),
                         ("prune", prune), ("triggers", triggers), ("attack", attack),
                         ("faithfulness", faithfulness), ("circuit", circuit), ("view", view.view),
-                        ("report", report.report), ("convert", convert), ("sources-check", sources_check)):
+                        ("report", report.report), ("convert", convert), ("sources-check", sources_check),
+                        ("methods", methods)):
     app.command(_name, cls=Command)(_command)
 app.add_typer(demo.app, name="demo", cls=Group)
 

@@ -20,5 +20,5 @@ class HeadMethod:
     mlp: bool = False  # it scores MLP nodes too (--nodes heads+mlp); False: heads only
 
 
-REGISTRY = Registry("head method")
+REGISTRY = Registry("head method", units="heads", command="circuit")
 register = REGISTRY.register

@@ -62,7 +62,7 @@ class Method:
         return {"version": self.version, **self.params(settings)}
 
 
-REGISTRY = Registry("token importance method")
+REGISTRY = Registry("token importance method", units="tokens", command="faithfulness")
 register = REGISTRY.register
 
 

@@ -1,0 +1,59 @@
+"""``methods()``: every registered method of every family, built-in and plugged in (the
+``attattr.methods`` entry points, docs/extending.md), with the command that accepts it, the
+units it scores, its cost and its reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import OptionError
+
+COLUMNS = ("command", "family", "units", "method", "kind", "cost", "reference", "description")
+
+
+@dataclass
+class Methods:
+    """The registered methods, one row each (:data:`COLUMNS`); ``plugins`` the entry points
+    loaded and ``failed`` those that did not load."""
+
+    rows: list[dict]
+    plugins: list[str]
+    failed: list[str]
+
+    def names(self, command: str | None = None) -> list[str]:
+        return [r["method"] for r in self.rows if command is None or r["command"] == command]
+
+    def to_pandas(self):
+        """A pandas DataFrame, one row per method."""
+        from ..views.notebook import data_frame
+
+        return data_frame(self.rows, COLUMNS)
+
+    def to_dict(self) -> dict:
+        return {"methods": self.rows, "plugins": self.plugins, "failed": self.failed}
+
+    def _repr_html_(self) -> str:
+        from ..views.notebook import table_html
+
+        return table_html([[r[c] for c in COLUMNS] for r in self.rows], COLUMNS, title=repr(self), limit=200)
+
+    def __repr__(self) -> str:
+        counts = {}
+        for r in self.rows:
+            counts[r["command"]] = counts.get(r["command"], 0) + 1
+        plug = f"; plugins: {', '.join(self.plugins)}" if self.plugins else ""
+        return "Methods(" + ", ".join(f"{c}: {n}" for c, n in counts.items()) + plug + ")"
+
+
+def methods(command: str | None = None) -> Methods:
+    """Every registered method (``command``: only those of ``circuit``, ``importance``,
+    ``faithfulness`` or ``sources-check``)."""
+    from ..registry import families, load_plugins
+
+    fams = families()
+    known = [f.command for f in fams]
+    if command is not None and command not in known:
+        raise OptionError(f"unknown command {command!r} for methods; available: {', '.join(known)}")
+    rows = [r for f in fams if command in (None, f.command) for r in f.rows()]
+    state = load_plugins()
+    return Methods(rows, list(state["loaded"]), list(state["failed"]))
