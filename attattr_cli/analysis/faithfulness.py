@@ -759,11 +759,6 @@ def report_rows(report: dict) -> list[dict]:
     return rows
 
 
-def plot_report(report: dict, path: str | Path) -> None:
-    """Deletion curves per method and the agreement taus, to PNG/SVG/PDF."""
-    report_figure(report).savefig(str(path))
-
-
 def report_figure(report: dict):
     """Deletion curves per method and the agreement taus (and the adversarial panel): a
     matplotlib Figure drawn off screen."""

@@ -229,8 +229,3 @@ def prune_plot(result: dict, title: str = ""):
     if title:
         fig.suptitle(short_title(title), fontsize=10)
     return fig
-
-
-def prune_figure(result: dict, path: str | Path, title: str = "") -> None:
-    """:func:`prune_plot` written to ``path`` (.png, .svg, .pdf), whole or not at all."""
-    _save(prune_plot(result, title), path)
