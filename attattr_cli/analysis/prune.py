@@ -36,6 +36,7 @@ import torch
 
 from ..errors import ModelError, OptionError
 from ..fileio import swap_dir_in, temp_dir_for, writing
+from .ablation import MASK_TOKENS, per_pair_metrics, ratio, under_masks
 from .importance import ImportanceFile
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -89,42 +90,25 @@ def mask_at(values: np.ndarray, rate: float) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- many masks per pass
 
-#: tokens per forward pass when several head masks share it (the padded batch of examples
-#: repeated once per mask); 1: one mask per pass
-MASK_TOKENS = 16384
-
 
 def logits_under_masks(loaded, batches, masks: Sequence[torch.Tensor], max_tokens: int = MASK_TOKENS,
                        on_masks: Callable[[int], None] | None = None) -> list[torch.Tensor]:
     """Logits [examples, labels] (float32, CPU, the examples' order) under each head mask:
-    ``[layer, head]`` for every example, or ``[examples, layer, head]`` one per example. Each
-    padded batch of examples runs once per group of masks, repeated along the batch with one
-    mask per copy (``engine.heads.masked`` with a per-row scale), at most ``max_tokens``
-    tokens per pass: the numbers of ``logits_under`` with one mask, up to the float rounding
-    of a batch of another size. ``on_masks(k)``: after each group of k masks."""
+    ``[layer, head]`` for every example, or ``[examples, layer, head]`` one per example, several
+    masks per pass (:func:`ablation.under_masks`, ``engine.heads.masked`` with a per-row scale):
+    the numbers of ``logits_under`` with one mask, up to the float rounding of a batch of
+    another size. ``on_masks(k)``: after each group of k masks."""
     from ..engine.heads import masked
 
-    model = loaded.model
-    widest = max((b.inputs["input_ids"].numel() for b in batches.batches), default=1)
-    per = max(1, max_tokens // max(widest, 1))
-    out: list[torch.Tensor] = []
+    def run(b, gate):
+        copies = gate.shape[0] // b.inputs["input_ids"].shape[0]
+        with masked(loaded.model, gate.to(batches.device)):
+            return loaded.model(**{k: v.repeat(copies, *([1] * (v.dim() - 1))) for k, v in b.inputs.items()}
+                                ).logits.float().cpu()
+
     with torch.no_grad():
-        for start in range(0, len(masks), per):
-            group = masks[start:start + per]
-            full = None
-            for b in batches.batches:
-                rows = b.inputs["input_ids"].shape[0]
-                scale = torch.cat([m.expand(rows, *m.shape) if m.dim() == 2 else m[b.positions] for m in group])
-                inputs = {k: v.repeat(len(group), *([1] * (v.dim() - 1))) for k, v in b.inputs.items()}
-                with masked(model, scale.to(batches.device)):
-                    logits = model(**inputs).logits.float().cpu().view(len(group), rows, -1)
-                if full is None:
-                    full = torch.empty(len(group), batches.n, logits.shape[-1], dtype=torch.float32)
-                full[:, b.positions] = logits
-            out.extend(full.unbind(0) if full is not None else [torch.empty(0, 0)] * len(group))
-            if on_masks is not None:
-                on_masks(len(group))
-    return out
+        return under_masks(batches.batches, masks, run, batches.n,
+                           max((b.inputs["input_ids"].numel() for b in batches.batches), default=1), max_tokens, on_masks)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -153,6 +137,27 @@ def scores(logits: torch.Tensor, gold: torch.Tensor, task_name: str | None, posi
 # ----------------------------------------------------------------------------- curves
 
 
+def _tables(imp: ImportanceFile, methods: Sequence[str] | None) -> list:
+    """The tables of ``imp`` asked for (every one by default): attr, taylor, attention, random, the rest."""
+    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+    tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
+                    key=lambda t: (order.get(t.method, len(order)), t.name))
+    if not tables:
+        raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
+    return tables
+
+
+def _distinct(tables, rates) -> dict[bytes, torch.Tensor]:
+    """Every distinct mask of every table at every rate (each runs once), by its bytes."""
+    distinct: dict[bytes, torch.Tensor] = {}
+    for t in tables:
+        for r in rates:
+            m = mask_at(t.values, r)
+            distinct.setdefault(m.numpy().tobytes(), m)
+    return distinct
+
+
+
 def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,
            methods: Sequence[str] | None = None, progress: Progress | None = None, level: float = 0.95,
            seed: int = 0, max_tokens: int = MASK_TOKENS) -> dict:
@@ -164,11 +169,7 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
 
     gold = batches.gold()
     metric = metric_name(task_name)
-    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-    tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
-                    key=lambda t: (order.get(t.method, len(order)), t.name))
-    if not tables:
-        raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
+    tables = _tables(imp, methods)
     cache: dict[bytes, dict] = {}
 
     def keep(key: bytes, logits: torch.Tensor) -> None:
@@ -177,11 +178,7 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
         cache[key]["_correct"] = (logits.argmax(-1)[known] == gold[known]).numpy()
 
     # the baseline (unmasked), then every distinct mask of every table, several per pass
-    distinct: dict[bytes, torch.Tensor] = {}
-    for t in tables:
-        for r in rates:
-            m = mask_at(t.values, r)
-            distinct.setdefault(m.numpy().tobytes(), m)
+    distinct = _distinct(tables, rates)
     todo = len(distinct) + 1
     keep(b"none", logits_under(loaded, batches, None))
     done = 1
@@ -305,70 +302,26 @@ def _num(x) -> float | None:
 
 
 class PairBatches:
-    """Clean / counterfactual pairs of a causal LM (data/pairs.py) encoded once: their clean
-    prompts grouped by token length (no padding: a batch's rows are exactly what the model sees
-    one by one), each with its own answer and foil ids. ``metric`` (engine/metrics.py) is what
-    an evaluation takes of the next-token logits after each prompt."""
+    """Clean / counterfactual pairs of a causal LM (data/pairs.py) as examples, encoded once: a
+    circuits ``CircuitTask`` (``task``: the pairs grouped by token length, no padding) whose
+    pruned heads are ablated by ``ablation`` (zero by default; mean; patching, the counterfactual
+    run). ``metric`` (engine/metrics.py) is what an evaluation takes of the next-token logits
+    after each prompt; ``batches`` (each batch's pair positions and clean ids) and
+    :meth:`values` serve the Taylor importance of pairs."""
 
-    def __init__(self, loaded, examples, metric: str = "logit-diff", batch_size: int = 64):
-        from ..data.pairs import encode_pair, pair_of_example
-        from ..models.arch import takes_logits_to_keep
+    def __init__(self, loaded, examples, metric: str = "logit-diff", batch_size: int = 64, ablation: str = "zero"):
+        from ..data.pairs import pair_of_example
+        from .circuits.task import CircuitTask
 
-        self.device = next(loaded.model.parameters()).device
-        self.metric = metric
-        self.n = len(examples)
-        enc = [encode_pair(loaded.tokenizer, pair_of_example(e), loaded.arch.max_length) for e in examples]
-        self.answer = [x.answer for x in enc]
-        self.foil = [x.foil for x in enc]
-        by_length: dict[int, list[int]] = {}
-        for i, x in enumerate(enc):
-            by_length.setdefault(len(x.clean), []).append(i)
-        self.batches: list[tuple[list[int], torch.Tensor]] = []
-        for length in sorted(by_length):
-            rows = by_length[length]
-            for s in range(0, len(rows), batch_size):
-                chunk = rows[s:s + batch_size]
-                self.batches.append((chunk, torch.tensor([enc[i].clean for i in chunk], device=self.device)))
-        self.last_only = takes_logits_to_keep(loaded.model)
+        self.task = CircuitTask(loaded, [pair_of_example(e) for e in examples], metric, batch_size)
+        self.metric, self.ablation, self.n = metric, ablation, self.task.n
+        self.device, self.last_only = self.task.device, self.task.last_only
+        self.batches = [(b.positions, b.clean) for b in self.task.batches]
+        self._holding = {b.positions[0]: b for b in self.task.batches}
 
     def values(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-        """The metric of each of ``rows`` from its next-token logits [rows, vocab]."""
-        from ..engine.metrics import pair_metric
-
-        return torch.stack([pair_metric(logits[k], self.answer[i], self.foil[i], self.metric)
-                            for k, i in enumerate(rows)])
-
-
-def pair_values_under_masks(loaded, batches: PairBatches, masks: Sequence[torch.Tensor],
-                            max_tokens: int = MASK_TOKENS, on_masks: Callable[[int], None] | None = None
-                            ) -> list[np.ndarray]:
-    """Per mask ([layer, head] of head scales; all ones: the model as it is) the metric of every pair [examples]
-    (float64, the examples' order), several masks per pass (each batch repeated once per mask,
-    as :func:`logits_under_masks` does)."""
-    from ..engine.heads import masked
-    from ..models.arch import last_logits_only
-
-    model = loaded.model
-    widest = max((ids.numel() for _, ids in batches.batches), default=1)
-    per = max(1, max_tokens // max(widest, 1))
-    out: list[np.ndarray] = []
-    with torch.no_grad():
-        for start in range(0, len(masks), per):
-            group = masks[start:start + per]
-            full = np.empty((len(group), batches.n), np.float64)
-            for rows, ids in batches.batches:
-                n = ids.shape[0]
-                scale = torch.cat([m.expand(n, *m.shape) for m in group])
-                extra = last_logits_only(ids.shape[1], batches.device) if batches.last_only else {}
-                with masked(model, scale.to(batches.device)):
-                    logits = model(input_ids=ids.repeat(len(group), 1), use_cache=False, **extra).logits[:, -1]
-                logits = logits.float().view(len(group), n, -1)
-                for g in range(len(group)):
-                    full[g, rows] = batches.values(logits[g], rows).double().cpu().numpy()
-            out.extend(full)
-            if on_masks is not None:
-                on_masks(len(group))
-    return out
+        """The metric of each of ``rows`` (one batch's positions) from its next-token logits [rows, vocab]."""
+        return self.task.metric(logits, self._holding[rows[0]])
 
 
 def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequence[float],
@@ -376,42 +329,27 @@ def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequen
                 seed: int = 0, max_tokens: int = MASK_TOKENS) -> dict:
     """The pruning curves of a language-model pair task: at each rate the mean ``metric``
     (``batches.metric``: the logit difference answer - foil by default) of the pairs with the
-    least important heads zeroed, per table of ``imp`` (random seeds averaged), against the
-    unpruned model; ``zeroed`` is the metric with every head zeroed, and ``faithfulness`` per
-    rate (m(kept) - m(none kept)) / (m(all) - m(none kept)). Bands: bootstrap over the pairs;
-    tests: attr keeps the metric higher than each other method (paired sign-flip, Holm)."""
+    least important heads ablated (``batches.ablation``: zeroed by default), per table of ``imp``
+    (random seeds averaged), against the unpruned model; ``zeroed`` is the metric with every
+    head ablated, and ``faithfulness`` per rate (m(kept) - m(none kept)) / (m(all) - m(none
+    kept)) (:func:`ablation.ratio`). Bands: bootstrap over the pairs; tests: attr keeps the
+    metric higher than each other method (paired sign-flip, Holm)."""
     from . import stats
+    from .circuits.task import Context
 
     metric = batches.metric
-    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
-    tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
-                    key=lambda t: (order.get(t.method, len(order)), t.name))
-    if not tables:
-        raise OptionError(f"{imp.path} holds none of the methods asked for; it has {', '.join(imp.tables)}")
+    tables = _tables(imp, methods)
     L, H = tables[0].values.shape
-    distinct: dict[bytes, torch.Tensor] = {}
-    for t in tables:
-        for r in rates:
-            m = mask_at(t.values, r)
-            distinct.setdefault(m.numpy().tobytes(), m)
+    distinct = _distinct(tables, rates)
     zero = torch.zeros(L, H)
     distinct.setdefault(zero.numpy().tobytes(), zero)
-    todo, done = len(distinct) + 1, 0
-
-    def tick(k: int) -> None:
-        nonlocal done
-        done += k
-        if progress:
-            progress(done, todo, "masks")
-
-    keys = [b"none"] + list(distinct)
-    got = pair_values_under_masks(loaded, batches, [torch.ones(L, H)] + list(distinct.values()), max_tokens, tick)
-    cache = dict(zip(keys, got))
+    got = per_pair_metrics(Context(batches.task, batches.ablation, progress=progress),
+                           torch.stack([torch.ones(L, H)] + list(distinct.values())), max_tokens)
+    cache = dict(zip([b"none"] + list(distinct), got))
     full, none_kept = float(cache[b"none"].mean()), float(cache[zero.numpy().tobytes()].mean())
 
     def faithful(values: Sequence[float]) -> list[float | None]:
-        span = full - none_kept
-        return [_num((v - none_kept) / span + 0.0) if span != 0 else None for v in values]
+        return [_num(f + 0.0) for f in ratio(values, full, none_kept)]
 
     per_table: dict[str, dict] = {}
     each: dict[str, np.ndarray] = {}

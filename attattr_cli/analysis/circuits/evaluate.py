@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .measure import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
+from ..ablation import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
 
 
 def area(ks, f) -> tuple[float, float]:
@@ -27,16 +27,20 @@ def area(ks, f) -> tuple[float, float]:
 
 
 def bootstrap(per_signed, per_abs, clean, empty, samples: int = 1000, seed: int = 0, level: float = 0.95):
-    """Percentile intervals of CPR (signed ranking) and CMD (absolute ranking) over pairs."""
-    rng = np.random.default_rng(seed)
-    n = clean.shape[0]
-    cprs, cmds = [], []
-    for _ in range(samples):
-        rows = rng.integers(0, n, n)
-        cprs.append(area(PERCENTAGES, curve_from(per_signed, clean, empty, rows))[0])
-        cmds.append(area(PERCENTAGES, curve_from(per_abs, clean, empty, rows))[1])
-    lo, hi = (1 - level) / 2 * 100, (1 + level) / 2 * 100
-    return (tuple(np.nanpercentile(cprs, [lo, hi])), tuple(np.nanpercentile(cmds, [lo, hi])))
+    """Percentile intervals of CPR (signed ranking) and CMD (absolute ranking) over pairs
+    (``stats.bootstrap_ci``, the pairs resampled, the rankings held fixed)."""
+    from .. import stats
+
+    k = len(per_signed)
+
+    def both(rows):  # rows: the resampled pairs of [signed masks..., absolute masks..., m(N), m(empty)]
+        t = np.ascontiguousarray(rows.T)
+        return (area(PERCENTAGES, curve_from(t[:k], t[2 * k], t[2 * k + 1]))[0],
+                area(PERCENTAGES, curve_from(t[k:2 * k], t[2 * k], t[2 * k + 1]))[1])
+
+    lo, hi = stats.bootstrap_ci(np.column_stack([per_signed.T, per_abs.T, clean, empty]), both,
+                                resamples=samples, level=level, seed=seed)
+    return (lo[0], hi[0]), (lo[1], hi[1])
 
 
 # below this share of max(1, |m(N)|), m(N) - m(empty) is float noise, not an effect

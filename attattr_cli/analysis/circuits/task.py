@@ -227,21 +227,12 @@ class CircuitTask:
                 sums.setdefault(k, v.new_zeros(1, v.shape[1], width, v.shape[3]))[:, :, width - n:] += v.sum(0, keepdim=True)
         return {k: s / counts.clamp(min=1).view(1, 1, -1, 1).to(s) for k, s in sums.items()}
 
-    def gated(self, batch: PairBatch, source: dict, gate: torch.Tensor, chunk: int = 64,
-              rows_per_pair: int | None = None) -> torch.Tensor:
-        """Metric [rows] with heads gated by ``gate`` [rows, layer, head]; rows go pair-major:
-        row r is pair ``r // rows_per_pair`` of the batch (``rows_per_pair`` = rows / pairs)."""
-        rows = gate.shape[0]
-        per = rows_per_pair or rows // batch.size
-        out = []
-        for s in range(0, rows, chunk):
-            g = gate[s:s + chunk]
-            owner = torch.arange(s, s + g.shape[0], device=self.device) // per
-            plan = attention.HeadPatch(source=rows_of(source, owner), gate=g)
-            with torch.no_grad():
-                logits = self.logits(batch.clean[owner], plan)
-            out.append(self.metric(logits, batch.take(owner)))
-        return torch.cat(out)
+    def gated(self, batch: PairBatch, source: dict | None, gate: torch.Tensor) -> torch.Tensor:
+        """Metric [rows] with heads gated by ``gate`` [rows, layer, head] towards ``source`` (None:
+        zero); rows go mask-major: row r is pair ``r % batch.size`` of the batch."""
+        owner = torch.arange(gate.shape[0], device=self.device) % batch.size
+        plan = attention.HeadPatch(source=None if source is None else rows_of(source, owner), gate=gate)
+        return self.metric(self.logits(batch.clean[owner], plan), batch.take(owner))
 
 
 MLP_NAMES = ("mlp", "feed_forward", "ffn")  # a decoder layer's MLP, by the names transformers gives it
@@ -301,6 +292,7 @@ class Context:
             self._sources[key] = self.task.sources(batch, self.ablation, self._means)
         return self._sources[key]
 
-    def tick(self, done: int, what: str) -> None:
+    def tick(self, done: int, what: str, total: int | None = None) -> None:
+        """``done`` of ``total`` (default: of the task's batches)."""
         if self.progress is not None:
-            self.progress(done, len(self.task.batches), what)
+            self.progress(done, len(self.task.batches) if total is None else total, what)
