@@ -130,7 +130,7 @@ def test_atp_is_the_gradient_times_the_output_change(loaded):
 def test_gate_integrals_add_up_to_the_clean_minus_ablated_metric(loaded):
     """Completeness: the scores of attr-gates add up to m(N) - m(empty); more nodes, smaller residual."""
     from attattr_cli.analysis.circuits import REGISTRY
-    from attattr_cli.analysis.circuits.evaluate import ends
+    from attattr_cli.analysis.ablation import ends
 
     residual = []
     for steps in (2, 8):
@@ -161,7 +161,8 @@ def test_counterfactual_pattern_attribution_is_complete_per_layer(loaded):
 
 
 def test_area_is_trapezoids_over_k_and_masks_keep_int_k_n():
-    from attattr_cli.analysis.circuits.evaluate import area, keep_masks
+    from attattr_cli.analysis.ablation import keep_masks
+    from attattr_cli.analysis.circuits.evaluate import area
 
     cpr, cmd = area([0, 0.5, 1], [0, 1, 1])
     assert cpr == pytest.approx(0.75) and cmd == pytest.approx(0.25)
@@ -372,7 +373,7 @@ def test_measured_best_picks_the_ranking_nearest_one_where_measured(loaded):
     """measured_best: the ranking whose curve is nearest 1 at the given k, each point weighted
     by its trapezoids' width; the same sets as the evaluation's curve."""
     from attattr_cli.analysis.circuits import tiers
-    from attattr_cli.analysis.circuits.evaluate import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
+    from attattr_cli.analysis.ablation import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
 
     ctx = _ctx(loaded)
     rng = np.random.default_rng(0)
@@ -410,7 +411,7 @@ def test_mlp_nodes_patching_and_gate_completeness(loaded):
     replacing the MLP's output by hand, heads' effects are unchanged, and the gate integral
     over heads and MLPs adds up to m(N) - m(every head and MLP ablated)."""
     from attattr_cli.analysis.circuits import REGISTRY
-    from attattr_cli.analysis.circuits.evaluate import ends
+    from attattr_cli.analysis.ablation import ends
     from attattr_cli.analysis.circuits.task import CircuitTask, Context
 
     ctx = Context(CircuitTask(loaded, _pairs(), mlp=True), steps=8)
@@ -480,7 +481,7 @@ def test_split_methods_see_only_their_pairs_and_the_curve_only_the_others(loaded
     assert seen["prompts"] == [pairs[i].prompt for i in parts.fit]
     assert res.n_pairs == len(parts.eval) and res.methods["atp"].per_pair.shape[0] == len(parts.fit)
     # the curve's ends are the eval pairs' own
-    from attattr_cli.analysis.circuits.evaluate import ends
+    from attattr_cli.analysis.ablation import ends
     from attattr_cli.analysis.circuits.task import CircuitTask, Context
 
     clean, empty = ends(Context(CircuitTask(loaded, [pairs[i] for i in parts.eval])))

@@ -9,7 +9,7 @@
   ablated heads' outputs moved to the ablation's source (zero, the mean over the pairs, or the
   head's output on the counterfactual prompt) by one ``HeadPatch`` plan; :func:`ends` the
   metric with every head kept, m(N), and with none, m(empty).
-* :func:`ratio`, :func:`curve_from`: the faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty))
+* :func:`ratio`, :func:`curve_from`, :func:`curve`: the faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty))
   of a curve's points.
 * :func:`keep_masks`: the masks keeping the top ``int(k N)`` heads of a ranking (MIB's k).
 
@@ -103,3 +103,9 @@ def ratio(values, full: float, empty: float) -> np.ndarray:
 def curve_from(per_pair: np.ndarray, clean: np.ndarray, empty: np.ndarray) -> np.ndarray:
     """f of each mask from the metrics [masks, pairs] and the ends per pair (means over the pairs)."""
     return ratio(per_pair.mean(1), clean.mean(), empty.mean())
+
+
+def curve(ctx, masks) -> tuple[np.ndarray, np.ndarray]:
+    """(m of every pair under each mask [masks, pairs], f of each mask) on ``ctx``'s pairs."""
+    per = per_pair_metrics(ctx, masks)
+    return per, curve_from(per, *ends(ctx))

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ablation import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
+from ..ablation import PERCENTAGES, curve_from  # noqa: F401 (PERCENTAGES: the curve's k, for the API)
 
 
 def area(ks, f) -> tuple[float, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ablation import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
+from ..ablation import PERCENTAGES, curve, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
 
 
 def measured_best(ctx, rankings: list, ks) -> int:
@@ -17,8 +17,7 @@ def measured_best(ctx, rankings: list, ks) -> int:
     distinct set is run once (one forward per pair and set). Ties: the first."""
     masks = np.concatenate([keep_masks(r, True, ks) for r in rankings])
     unique, which = np.unique(masks.reshape(len(masks), -1), axis=0, return_inverse=True)
-    clean, empty = ends(ctx)
-    f = curve_from(per_pair_metrics(ctx, unique.reshape(-1, *masks.shape[1:])), clean, empty)[which.ravel()]
+    f = curve(ctx, unique.reshape(-1, *masks.shape[1:]))[1][which.ravel()]
     ks_all = list(PERCENTAGES)
     width = np.array([(ks_all[min(i + 1, len(ks_all) - 1)] - ks_all[max(i - 1, 0)]) / 2
                       for i in (ks_all.index(k) for k in ks)])

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import REGISTRY
-from .evaluate import PERCENTAGES, area, bootstrap, check_gap, curve_from, ends, keep_masks, per_pair_metrics
+from ..ablation import PERCENTAGES, curve, ends, keep_masks
+from .evaluate import area, bootstrap, check_gap
 from .task import Context
 
 
@@ -69,14 +70,11 @@ def evaluate(ctx: Context, methods, bootstrap_samples: int = 1000, fit: Context 
         per = np.asarray(method.compute(fit), dtype=np.float64)
         cost = (_cpu() - t) / fit.task.n + (shared if method.kind != "baseline" else 0.0)  # a baseline runs no model
         mean = per.mean(0)
-        masks = np.concatenate([keep_masks(mean, False), keep_masks(mean, True)])
-        pm = per_pair_metrics(ctx, masks)
+        pm, f = curve(ctx, np.concatenate([keep_masks(mean, False), keep_masks(mean, True)]))  # signed, absolute
         k = len(PERCENTAGES)
-        signed, absolute = pm[:k], pm[k:]
-        f_s, f_a = curve_from(signed, clean, empty), curve_from(absolute, clean, empty)
-        cpr, cmd = area(PERCENTAGES, f_s)[0], area(PERCENTAGES, f_a)[1]
-        ci_cpr, ci_cmd = bootstrap(signed, absolute, clean, empty, samples=bootstrap_samples, seed=ctx.seed)
-        res = MethodResult(name, mean, per, f_s.tolist(), f_a.tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
+        cpr, cmd = area(PERCENTAGES, f[:k])[0], area(PERCENTAGES, f[k:])[1]
+        ci_cpr, ci_cmd = bootstrap(pm[:k], pm[k:], clean, empty, samples=bootstrap_samples, seed=ctx.seed)
+        res = MethodResult(name, mean, per, f[:k].tolist(), f[k:].tolist(), cpr, cmd, ci_cpr, ci_cmd, cost)
         if method.complete:  # on the pairs the method saw
             total = per.sum((1, 2))
             gap = np.subtract(*ends(fit))
