@@ -98,6 +98,11 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self.entries)
 
+    def built_in(self) -> tuple[str, ...]:
+        """The names registered so far, without loading the plugins: for ``--help`` texts, which
+        must stay quick (a command that runs loads them)."""
+        return tuple(self._entries)
+
     def unknown(self, name: str) -> OptionError:
         """The one-line error for a name that is not registered."""
         return OptionError(f"unknown {self.what} {name!r}; available: {', '.join(self.entries)} (or all)")
@@ -136,6 +141,7 @@ def cost_of(entry) -> str:
 def families() -> list[Registry]:
     """Every registry of methods, built-in and plugged-in, after importing the built-in families."""
     from .analysis import circuits, context_check, importance, methods  # noqa: F401  (they register)
+    from .data import pair_tasks  # noqa: F401
 
     load_plugins()
     return list(FAMILIES)

@@ -43,13 +43,14 @@ def word_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from attattr_cli.data.pair_tasks import capitals, ioi
+
     words = set()
-    for t in pairs_mod.IOI_TEMPLATES:
+    for t in ioi.IOI_TEMPLATES:
         words.update(re.findall(r"\w+|[^\w\s]", re.sub(r"\{\w+\}", " ", t)))
-    words.update(pairs_mod.NAMES + pairs_mod.PLACES + pairs_mod.OBJECTS)
-    for name in ("COUNTRIES", "YEARS_WORDS"):
-        for item in getattr(pairs_mod, name, ()):
-            words.update(re.findall(r"\w+|[^\w\s]", " ".join(item) if isinstance(item, tuple) else str(item)))
+    words.update(pairs_mod.NAMES + ioi.PLACES + ioi.OBJECTS)
+    for item in capitals.COUNTRIES:
+        words.update(re.findall(r"\w+|[^\w\s]", " ".join(item)))
     vocab = {"[UNK]": 0, "[BOS]": 1}
     for w in sorted(words):
         vocab[w] = len(vocab)
@@ -159,10 +160,10 @@ def main() -> None:
     torch.set_num_threads(1)
     methods = circuits.parse_methods(args.methods)
     tasks = [t for t in args.tasks.split(",") if t]
-    missing = [t for t in tasks if t not in pairs_mod.GENERATORS]
+    missing = [t for t in tasks if t not in pairs_mod.PAIR_TASKS]
     if missing:
-        print(f"tasks without a generator here: {', '.join(missing)} (available: {', '.join(pairs_mod.GENERATORS)})")
-        tasks = [t for t in tasks if t in pairs_mod.GENERATORS]
+        print(f"tasks without a generator here: {', '.join(missing)} (available: {', '.join(pairs_mod.PAIR_TASKS)})")
+        tasks = [t for t in tasks if t in pairs_mod.PAIR_TASKS]
     print(f"methods: {', '.join(methods)}; recommended: {circuits.RECOMMENDED}; one thread, process CPU seconds")
     out = []
     if not args.no_tiny:

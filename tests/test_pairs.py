@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from attattr_cli.data import pairs as P
+from attattr_cli.data import pair_tasks as T, pairs as P
 from attattr_cli.errors import DataError
 from conftest import one_error_line, run_cli
 from tiny_bpe import MISSING, save_bpe_tokenizer
@@ -99,7 +99,7 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
         assert p.meta["task"] == task
     if task == "capitals":
         assert not {" " + c for c in MISSING} & {t for p in made for t in p.answer + p.foil}
-        capital = dict(P.COUNTRIES)
+        capital = dict(T.capitals.COUNTRIES)
         for p in made:  # the foil is the counterfactual country's capital, another city
             country = next(c for c in capital if p.counterfactual == p.prompt.replace(
                 next(k for k in capital if " " + capital[k] == p.answer[0]), c))
@@ -109,10 +109,10 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
             assert p.counterfactual == p.prompt.replace(p.answer[0], p.foil[0], 1) != p.prompt
     if task == "pronoun":  # the counterfactual names someone of the other gender
         for p in made:
-            name = lambda text: next(w.strip(",") for w in text.split() if w.strip(",") in P.MALE + P.FEMALE)  # noqa: E731
-            assert (name(p.prompt) in P.FEMALE) == (p.answer == (" she",)) != (name(p.counterfactual) in P.FEMALE)
+            name = lambda text: next(w.strip(",") for w in text.split() if w.strip(",") in T.pronoun.MALE + T.pronoun.FEMALE)  # noqa: E731
+            assert (name(p.prompt) in T.pronoun.FEMALE) == (p.answer == (" she",)) != (name(p.counterfactual) in T.pronoun.FEMALE)
     if task == "agreement":  # the verb agrees with the subject, and the counterfactual flips its number
-        plural = {b for _, b in P.AGREEMENT_NOUNS}
+        plural = {b for _, b in T.agreement.AGREEMENT_NOUNS}
         for p in made:
             assert (p.prompt.split()[1] in plural) == (p.answer == (" are",)) != (p.counterfactual.split()[1] in plural)
     if task == "mcq":  # the same options in another order: the right one's letter moves to the foil's
@@ -122,7 +122,7 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
 
         for p in made:
             clean, cf = options(p.prompt), options(p.counterfactual)
-            right = next(w for w in clean.values() if w in P.MCQ_CATEGORIES[p.meta["category"]])
+            right = next(w for w in clean.values() if w in T.mcq.MCQ_CATEGORIES[p.meta["category"]])
             assert " " + next(k for k, w in clean.items() if w == right) == p.answer[0]
             assert " " + next(k for k, w in cf.items() if w == right) == p.foil[0]
             assert sorted(clean.values()) == sorted(cf.values()) and p.answer != p.foil
@@ -142,9 +142,9 @@ def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two
 
 
 def test_greater_than_sets_and_year_tokens(bpe, bpe_two):
-    assert P.greater_than_sets(32, "two") == ([f"{y:02d}" for y in range(33, 100)], [f"{y:02d}" for y in range(33)])
-    assert P.greater_than_sets(32, "one") == ([str(d) for d in range(4, 10)], ["0", "1", "2"])
-    assert P.year_tokens(bpe)[0] == "one" and P.year_tokens(bpe_two)[0] == "two"
+    assert T.greater_than.greater_than_sets(32, "two") == ([f"{y:02d}" for y in range(33, 100)], [f"{y:02d}" for y in range(33)])
+    assert T.greater_than.greater_than_sets(32, "one") == ([str(d) for d in range(4, 10)], ["0", "1", "2"])
+    assert T.greater_than.year_tokens(bpe)[0] == "one" and T.greater_than.year_tokens(bpe_two)[0] == "two"
 
 
 def test_a_tokenizer_without_the_words_is_one_clear_error(tokenizer):
@@ -175,8 +175,8 @@ def test_generators_with_smollm2_tokenizer():
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(SMOLLM2)
-    assert P.year_tokens(tok)[0] == "one"  # SmolLM2 writes digits one by one
-    for task in P.GENERATORS:
+    assert T.greater_than.year_tokens(tok)[0] == "one"  # SmolLM2 writes digits one by one
+    for task in P.PAIR_TASKS:
         for p in P.generate(task, tok, 20, seed=0):
             P.encode_pair(tok, p)
 
@@ -184,7 +184,7 @@ def test_generators_with_smollm2_tokenizer():
 def test_demo_data_task_cli(tmp_path, lm_dir):
     from attattr_cli.api.demo import PAIR_TASKS
 
-    assert set(PAIR_TASKS) == set(P.GENERATORS)  # the CLI's choices are the registered generators
+    assert set(PAIR_TASKS) == set(P.PAIR_TASKS)  # the CLI's choices are the registered generators
     out = tmp_path / "gt.jsonl"
     r = run_cli("demo", "data", "--task", "greater-than", "--model", lm_dir, "--count", 5, "--out", out)
     assert r.exit_code == 0, r.output

@@ -136,7 +136,7 @@ def test_every_family_is_listed_with_units_cost_and_command():
 
     found = api_methods.methods()
     commands = {r["command"] for r in found.rows}
-    assert commands == {"circuit", "importance", "faithfulness", "sources-check"}
+    assert commands == {"circuit", "importance", "faithfulness", "sources-check", "demo data"}
     assert all(r["units"] and r["description"] for r in found.rows)
     assert set(found.names("sources-check")) == {"attattr", "attention", "input_x_gradient", "loo"}
     assert found.names("importance") == ["attr", "taylor", "attention", "random"]
@@ -156,3 +156,15 @@ def test_importance_lists_exactly_the_methods_that_fit_the_task():
     assert imp.parse_methods("all", "data") == ["taylor", "random"]
     with pytest.raises(OptionError, match="method 'atp' needs clean / counterfactual pairs"):
         imp.parse_methods("atp", "store")
+
+
+def test_pair_tasks_are_a_registry_one_module_each():
+    import importlib
+
+    from attattr_cli.api.demo import PAIR_TASKS, pair_tasks
+    from attattr_cli.data import pairs
+
+    assert isinstance(pairs.PAIR_TASKS, Registry) and pair_tasks() == PAIR_TASKS == pairs.PAIR_TASKS.names()
+    for name in PAIR_TASKS:  # each task is the module of its name, and registers itself there
+        module = importlib.import_module("attattr_cli.data.pair_tasks." + name.replace("-", "_"))
+        assert pairs.PAIR_TASKS[name].generate.__module__ == module.__name__

@@ -12,19 +12,20 @@ MISSING = ("Canberra", "Copenhagen")
 
 def corpus(two_digit_years: bool) -> list[str]:
     from attattr_cli.data import pairs
+    from attattr_cli.data.pair_tasks import agreement, capitals, copying, greater_than, ioi, mcq, pronoun
 
-    words = list(pairs.NAMES) + list(pairs.PLACES) + list(pairs.OBJECTS) + list(pairs.GT_NOUNS)
-    words += [w for c in pairs.COUNTRIES for w in c]
+    words = list(pairs.NAMES) + list(ioi.PLACES) + list(ioi.OBJECTS) + list(greater_than.GT_NOUNS)
+    words += [w for c in capitals.COUNTRIES for w in c]
     words += "When and went to the gave a Then After While were working at had long argument Afterwards said got" \
              " decided give it Friends found The lasted from year capital of is city government sits in".split()
-    words += list(pairs.SURNAMES) + list(pairs.MALE) + list(pairs.FEMALE) + "he she are".split()
-    words += [w for n in pairs.AGREEMENT_NOUNS for w in n]
-    words += [w for c, ws in pairs.MCQ_CATEGORIES.items() for w in (c,) + ws] + "Question Which these Answer A B C".split()
-    for t in pairs.COPY_TEMPLATES + pairs.PRONOUN_TEMPLATES + pairs.AGREEMENT_ATTRACTORS:
+    words += list(copying.SURNAMES) + list(pronoun.MALE) + list(pronoun.FEMALE) + "he she are".split()
+    words += [w for n in agreement.AGREEMENT_NOUNS for w in n]
+    words += [w for c, ws in mcq.MCQ_CATEGORIES.items() for w in (c,) + ws] + "Question Which these Answer A B C".split()
+    for t in copying.COPY_TEMPLATES + pronoun.PRONOUN_TEMPLATES + agreement.AGREEMENT_ATTRACTORS:
         words += t.replace("{F}", "").replace("{L}", "").replace("{N}", "").replace(",", "").replace(".", "").split()
     words = [w for w in words if w not in MISSING]  # several tokens: the capitals generator must leave them out
     lines = [" ".join(words)] * 30
-    lines += [t.format(A="Mary", B="John", S="John", PLACE="store", OBJECT="drink") for t in pairs.IOI_TEMPLATES] * 5
+    lines += [t.format(A="Mary", B="John", S="John", PLACE="store", OBJECT="drink") for t in ioi.IOI_TEMPLATES] * 5
     years = [f"{y:02d}" for y in range(100)] if two_digit_years else [str(d) for d in range(10)]
     lines += [" ".join(years)] * 30 + [f"year {c}{y:02d}" for c in range(11, 18) for y in range(100)]
     return lines

@@ -53,7 +53,27 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     return out
 
 
-PAIR_TASKS = ("ioi", "greater-than", "capitals", "copying", "pronoun", "agreement", "mcq")  # data/pairs.py GENERATORS (checked against it in the tests)
+def pair_tasks() -> tuple[str, ...]:
+    """The registered pair tasks (data/pair_tasks/, one module each; plugins' too)."""
+    from ..data import pair_tasks as _builtin  # noqa: F401  (the built-in tasks register themselves)
+    from ..data.pairs import PAIR_TASKS as registry
+
+    return registry.names()
+
+
+def _built_in() -> tuple[str, ...]:
+    from ..data import pair_tasks as _builtin  # noqa: F401
+    from ..data.pairs import PAIR_TASKS as registry
+
+    return registry.built_in()
+
+
+PAIR_TASKS = _built_in()  # the built-in tasks, for --help (a run accepts every registered one)
+
+
+def _check_task(task: str) -> None:
+    if task not in pair_tasks():
+        raise OptionError(f"task must be one of {', '.join(pair_tasks())}, not {task!r}")
 
 
 def tokenizer_of(model):
@@ -81,18 +101,18 @@ def tokenizer_of(model):
         raise ModelError(f"cannot load the tokenizer of {model}: {first}") from None
 
 
-@checked(model=ModelOrTokenizer, count=Int(min=1), seed=Int(), task=Str(choices=PAIR_TASKS))
+@checked(model=ModelOrTokenizer, count=Int(min=1), seed=Int(), task=Str())
 def make_pairs(model, task: str = "ioi", *, count: int = 100, seed: int = 0) -> list:
     """``count`` clean / counterfactual pairs (data/pairs.py ``Pair``) of the built-in ``task``
     (ioi, greater-than, capitals) for ``model``'s tokenizer (a Model, a tokenizer, a folder or
     hub id): every answer and foil one token, prompt and counterfactual of equal token length."""
     from ..data import pairs
 
+    _check_task(task)
     return pairs.generate(task, tokenizer_of(model), count, seed)
 
 
-@checked(out=Out(), model=ModelOrTokenizer, count=Int(min=1), seed=Int(),
-         task=Str(choices=PAIR_TASKS))
+@checked(out=Out(), model=ModelOrTokenizer, count=Int(min=1), seed=Int(), task=Str())
 def pair_data(out, *, task: str = "ioi", model=None, count: int = 100, seed: int = 0) -> Path:
     """Write ``count`` pairs of ``task`` for ``model``'s tokenizer as JSONL (``prompt``,
     ``counterfactual``, ``answer``, ``foil``, and what made them) to ``out``, which must not
@@ -100,6 +120,7 @@ def pair_data(out, *, task: str = "ioi", model=None, count: int = 100, seed: int
     from ..data import pairs
 
     out = Path(out)
+    _check_task(task)
     if model is None:
         raise OptionError(f"the {task} task needs a model (its tokenizer decides which answers are one token)")
     if out.exists():

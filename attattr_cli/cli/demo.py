@@ -53,12 +53,13 @@ def data(
     seed: Optional[int] = typer.Option(None, "--seed", help="Generator seed (default 1 synthetic, 0 pairs)."),
 ) -> None:
     """Write examples of a built-in task: synthetic examples as TSV, or clean / counterfactual
-    prompt pairs (ioi, greater-than, capitals) as JSONL for a model's tokenizer."""
+    prompt pairs of a registered pair task (attattr methods 'demo data' lists them) as JSONL for a
+    model's tokenizer."""
     with edge():
-        from ..api.demo import pair_data, synthetic_data
+        from ..api.demo import pair_data, pair_tasks, synthetic_data
 
-        if task not in TASKS:
-            raise OptionError(f"unknown --task '{task}'; available: {', '.join(TASKS)}")
+        if task not in ("synthetic",) + pair_tasks():
+            raise OptionError(f"unknown --task '{task}'; available: {', '.join(('synthetic',) + pair_tasks())}")
         with renamed_options("out", "count", "model", "task"):
             if task == "synthetic":
                 if model is not None:

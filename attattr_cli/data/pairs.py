@@ -14,11 +14,10 @@ JSONL, one object per line::
 ``answer`` and ``foil`` are strings or lists of strings (each must be one token for the
 model's tokenizer); other fields are kept as ``meta``.
 
-Generators (``GENERATORS``, one registered entry each) write such pairs for any tokenizer:
-``ioi`` (indirect-object identification), ``greater-than`` (years after a given one) and
-``capitals`` (a fact: a country's capital); further tasks register with :func:`generator`.
-Each checks, for the tokenizer it is given, that every answer and foil is one token and that
-the clean and the counterfactual prompt have the same token length.
+Tasks (``PAIR_TASKS``, one registered :class:`PairTask` per module of data/pair_tasks/) write
+such pairs for any tokenizer: ``ioi``, ``greater-than``, ``capitals``, ``copying``, ``pronoun``,
+``agreement``, ``mcq``. Each checks, for the tokenizer it is given, that every answer and foil
+is one token and that the clean and the counterfactual prompt have the same token length.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from ..errors import DataError
+from ..registry import Registry
 
 FIELDS = ("prompt", "counterfactual", "answer", "foil")
 # what a pairs file may hold: its size and one line's (a device such as /dev/zero, or a file
@@ -212,7 +212,7 @@ def one_token(tokenizer, text: str) -> int | None:
     return ids[0]
 
 
-def _length(tokenizer, text: str) -> int:
+def token_length(tokenizer, text: str) -> int:
     return len(tokenizer(text)["input_ids"])
 
 
@@ -250,43 +250,39 @@ def encode_pair(tokenizer, pair: Pair, limit: int | None = None) -> Encoded:
     return Encoded(clean, cf, ids["answer"], ids["foil"])
 
 
-# ---------------------------------------------------------------- generators
-
-Generator = Callable[..., list[Pair]]
-GENERATORS: dict[str, Generator] = {}
+# ---------------------------------------------------------------- tasks
 
 
-def generator(name: str):
-    def deco(fn: Generator) -> Generator:
-        GENERATORS[name] = fn
-        return fn
-    return deco
+@dataclass(frozen=True)
+class PairTask:
+    """A generator of clean / counterfactual pairs for any tokenizer (data/pair_tasks/, one
+    module each): ``generate(tokenizer, count, seed)`` returns ``count`` pairs whose answers and
+    foils are one token and whose prompts have equal token lengths, or raises DataError."""
+
+    name: str
+    description: str
+    generate: Callable[..., list[Pair]]
+    reference: str = ""
+    kind: str = "pairs"
+    cost: str = "the tokenizer only"
+
+
+PAIR_TASKS = Registry("pair task", units="pairs", command="demo data")
 
 
 def generate(task: str, tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    if task not in GENERATORS:
-        raise DataError(f"no pair generator {task!r}; available: {', '.join(sorted(GENERATORS))}")
+    from . import pair_tasks  # noqa: F401  (the built-in tasks register themselves)
+
+    if task not in PAIR_TASKS:
+        raise DataError(f"no pair generator {task!r}; available: {', '.join(sorted(PAIR_TASKS))}")
     if count < 1:
         raise DataError("count must be at least 1")
-    return GENERATORS[task](tokenizer, count=count, seed=seed)
+    return PAIR_TASKS[task].generate(tokenizer, count=count, seed=seed)
 
 
 NAMES = ("Mary", "John", "Tom", "James", "Dan", "Sarah", "Michael", "David", "Paul", "Mark", "Anna",
          "Lisa", "Kate", "Amy", "Emma", "Sam", "Jack", "Ben", "Alex", "Peter", "George", "Laura",
          "Rachel", "Chris", "Mike", "Joe", "Steve", "Robert", "Kevin", "Jessica", "Andrew", "Eric")
-PLACES = ("store", "park", "school", "garden", "hospital", "office", "station", "restaurant")
-OBJECTS = ("drink", "book", "ring", "ball", "bag", "snack", "computer", "necklace")
-# the templates of the IOI task (Wang et al. 2022, as MIB uses them): A and B introduced, S repeated, IO answered
-IOI_TEMPLATES = (
-    "When {A} and {B} went to the {PLACE}, {S} gave a {OBJECT} to",
-    "Then, {A} and {B} went to the {PLACE}. {S} gave a {OBJECT} to",
-    "After {A} and {B} went to the {PLACE}, {S} gave a {OBJECT} to",
-    "While {A} and {B} were working at the {PLACE}, {S} gave a {OBJECT} to",
-    "Then, {A} and {B} had a long argument. Afterwards {S} said to",
-    "When {A} and {B} got a {OBJECT} at the {PLACE}, {S} decided to give it to",
-    "Friends {A} and {B} found a {OBJECT} at the {PLACE}. {S} gave it to",
-    "The {PLACE} {A} and {B} went to had a {OBJECT}. {S} gave it to",
-)
 
 
 def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
@@ -294,7 +290,7 @@ def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
     return [n for n in names if one_token(tokenizer, " " + n) is not None]
 
 
-def _draw(count: int, seed: int, make: Callable[[random.Random, int], "Pair | None"], what: str) -> list[Pair]:
+def draw_pairs(count: int, seed: int, make: Callable[[random.Random, int], "Pair | None"], what: str) -> list[Pair]:
     """``count`` pairs from ``make(rng, index)``, which returns a pair or None for a draw that
     does not fit the tokenizer (drawn again; a DataError after 100 draws per pair)."""
     rng = random.Random(seed)
@@ -310,266 +306,3 @@ def _draw(count: int, seed: int, make: Callable[[random.Random, int], "Pair | No
     return pairs
 
 
-@generator("ioi")
-def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """Indirect-object identification: "When Mary and John went to the store, John gave a drink
-    to" -> " Mary" against " John"; the counterfactual puts three other names in (the ABC
-    distribution), so that it carries no information about which name is the answer."""
-    names = usable_names(tokenizer)
-    if len(names) < 5:
-        raise DataError(f"only {len(names)} of the IOI names are one token for this tokenizer (5 needed)")
-    def make(rng, i):
-        template = IOI_TEMPLATES[i % len(IOI_TEMPLATES)]
-        io, s, c1, c2, c3 = rng.sample(names, 5)
-        place, obj = rng.choice(PLACES), rng.choice(OBJECTS)
-        first, second = (io, s) if rng.random() < 0.5 else (s, io)
-        fill = dict(PLACE=place, OBJECT=obj)
-        clean = template.format(A=first, B=second, S=s, **fill)
-        cf = template.format(A=c1, B=c2, S=c3, **fill)
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + io,), (" " + s,), {"task": "ioi", "template": IOI_TEMPLATES.index(template)})
-
-    return _draw(count, seed, make, "IOI pairs of equal token length")
-
-
-# ---------------------------------------------------------------- greater-than
-
-# the nouns and the template of the greater-than task (Hanna et al. 2023)
-GT_NOUNS = ("war", "expedition", "project", "reign", "campaign", "journey", "contract", "drought", "famine",
-            "dynasty", "pilgrimage", "siege", "voyage", "occupation", "empire", "festival", "strike", "revolt")
-GT_TEMPLATE = "The {noun} lasted from the year {century}{year:02d} to the year {century}"
-GT_CENTURIES = tuple(range(11, 18))
-
-
-def year_tokens(tokenizer) -> tuple[str, dict[str, int]]:
-    """How a tokenizer writes the two last digits of a year after its century: ``("two", ids)``
-    where every two-digit string 00..99 is one token (GPT-2's), else ``("one", ids)`` where
-    the digits are tokens one by one (SmolLM2's, Llama's): the next token is the tens digit.
-    ``ids`` maps each string to its token id."""
-    two = {f"{y:02d}": one_token(tokenizer, f"{y:02d}") for y in range(100)}
-    if all(v is not None for v in two.values()):
-        return "two", two
-    one = {str(d): one_token(tokenizer, str(d)) for d in range(10)}
-    if all(v is not None for v in one.values()):
-        return "one", one
-    raise DataError("this tokenizer writes neither every two-digit number nor every digit as one token;"
-                    " the greater-than task needs one of them")
-
-
-def greater_than_sets(year: int, mode: str) -> tuple[list[str], list[str]]:
-    """The answer and foil continuations of "... to the year {century}" after the year ``year``
-    (0..99): with two-digit tokens the years above it against those at or below it; with one
-    digit per token the tens digits above ``year``'s against those below (its own tens digit
-    holds years on both sides and is neither)."""
-    if mode == "two":
-        return [f"{y:02d}" for y in range(year + 1, 100)], [f"{y:02d}" for y in range(0, year + 1)]
-    tens = year // 10
-    return [str(d) for d in range(tens + 1, 10)], [str(d) for d in range(0, tens)]
-
-
-@generator("greater-than")
-def greater_than(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """Greater-than: "The war lasted from the year 1732 to the year 17" -> the years above 32
-    against those at or below it (answer and foil are sets of tokens; the metric is the mean
-    logit of the answer set minus that of the foil set). The counterfactual names the year 01
-    ("... from the year 1701 ..."), as the task's literature does. A tokenizer with a token
-    for every two-digit number is asked for the two digits; one that splits digits one by one
-    for the tens digit (:func:`greater_than_sets`)."""
-    mode, ids = year_tokens(tokenizer)
-    years = list(range(2, 99)) if mode == "two" else list(range(10, 90))  # both sets non-empty
-    plain = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])  # noqa: E731
-
-    def make(rng, i):
-        noun, century, year = rng.choice(GT_NOUNS), rng.choice(GT_CENTURIES), rng.choice(years)
-        clean = GT_TEMPLATE.format(noun=noun, century=century, year=year)
-        cf = GT_TEMPLATE.format(noun=noun, century=century, year=1)
-        answer, foil = greater_than_sets(year, mode)
-        # the next token after the prompt must be the one asked for: "17" + "33" -> ... "33"
-        base = plain(clean)
-        if _length(tokenizer, cf) != _length(tokenizer, clean) or any(
-                plain(clean + t) != base + [ids[t]] for t in (answer[0], answer[-1], foil[0], foil[-1])):
-            return None
-        return Pair(i, clean, cf, tuple(answer), tuple(foil), {"task": "greater-than", "year": year, "digits": mode})
-
-    return _draw(count, seed, make, "greater-than pairs of equal token length whose last token is the century")
-
-
-# ---------------------------------------------------------------- capitals
-
-COUNTRIES = (
-    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
-    ("Russia", "Moscow"), ("England", "London"), ("China", "Beijing"), ("Egypt", "Cairo"), ("Greece", "Athens"),
-    ("Austria", "Vienna"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Norway", "Oslo"),
-    ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Poland", "Warsaw"),
-    ("Hungary", "Budapest"), ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Canada", "Ottawa"),
-    ("Australia", "Canberra"), ("India", "Delhi"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Chile", "Santiago"),
-    ("Cuba", "Havana"), ("Thailand", "Bangkok"), ("Turkey", "Ankara"), ("Iran", "Tehran"),
-    ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"),
-    ("Colombia", "Bogota"), ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"),
-    ("Nigeria", "Abuja"), ("Morocco", "Rabat"), ("Switzerland", "Bern"), ("Scotland", "Edinburgh"),
-)
-CAPITAL_TEMPLATES = (
-    "The capital of {country} is",
-    "The capital city of {country} is",
-    "{country}'s capital is the city of",
-    "The government of {country} sits in the city of",
-)
-
-
-@generator("capitals")
-def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """A fact: "The capital of France is" -> " Paris" against the capital of the counterfactual's
-    country ("The capital of Germany is" -> " Berlin"), a country of the same token length
-    whose capital is another city. Only countries whose capital (with a leading space) is one
-    token for the tokenizer take part (``COUNTRIES``, about 40)."""
-    usable = [(c, cap) for c, cap in COUNTRIES if one_token(tokenizer, " " + cap) is not None]
-    if len(usable) < 2:
-        raise DataError(f"only {len(usable)} of the capitals are one token for this tokenizer (2 needed)")
-    def make(rng, i):
-        template = CAPITAL_TEMPLATES[i % len(CAPITAL_TEMPLATES)]
-        (country, capital), (other, other_capital) = rng.sample(usable, 2)
-        if one_token(tokenizer, " " + capital) == one_token(tokenizer, " " + other_capital):
-            return None
-        clean, cf = template.format(country=country), template.format(country=other)
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + capital,), (" " + other_capital,),
-                    {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)})
-
-    return _draw(count, seed, make, "capital pairs of equal token length")
-
-
-# ---------------------------------------------------------------- tasks of other kinds
-# (made to check that a head ranking holds on behaviours it was not built on: docs/circuits.md)
-
-SURNAMES = ("Smith", "Brown", "Jones", "Miller", "Davis", "Wilson", "Taylor", "Clark", "Moore", "White", "Hall",
-            "Young", "King", "Wright", "Green", "Baker", "Adams", "Hill", "Scott", "Lee", "Walker", "Allen", "Hughes",
-            "Evans", "Turner", "Parker", "Cook", "Morgan", "Bell", "Ward", "Cooper", "Reed")
-COPY_TEMPLATES = (
-    "I sat next to {F} {L} at the dinner. After the dinner, {F}",
-    "The letter was signed by {F} {L}. Everyone knew that {F}",
-    "Our new neighbour is called {F} {L}. This morning {F}",
-    "The prize went to {F} {L} last year. This year {F}",
-)
-
-
-@generator("copying")
-def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """Copying a name seen earlier (an induction task): "I sat next to Anna Smith at the dinner.
-    After the dinner, Anna" -> " Smith" against " Brown"; the counterfactual names Anna Brown
-    instead, so that the copy points at the foil."""
-    first = usable_names(tokenizer)
-    last = usable_names(tokenizer, SURNAMES)
-    if len(first) < 1 or len(last) < 2:
-        raise DataError("too few one-token names and surnames for this tokenizer for the copying task")
-
-    def make(rng, i):
-        template = COPY_TEMPLATES[i % len(COPY_TEMPLATES)]
-        f = rng.choice(first)
-        l1, l2 = rng.sample(last, 2)
-        clean, cf = template.format(F=f, L=l1), template.format(F=f, L=l2)
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + l1,), (" " + l2,), {"task": "copying", "template": COPY_TEMPLATES.index(template)})
-
-    return _draw(count, seed, make, "copying pairs of equal token length")
-
-
-MALE = ("John", "James", "Michael", "David", "Paul", "Mark", "Tom", "Dan", "Jack", "Ben", "Peter", "George", "Steve",
-        "Robert", "Kevin", "Eric", "Andrew", "Joe", "Mike", "Sam")
-FEMALE = ("Mary", "Sarah", "Anna", "Lisa", "Kate", "Amy", "Emma", "Laura", "Rachel", "Jessica", "Susan", "Linda",
-          "Helen", "Karen", "Julia", "Alice", "Claire", "Sophie", "Lucy", "Grace")
-PRONOUN_TEMPLATES = (
-    "{N} was tired after the long trip, so",
-    "When {N} opened the door,",
-    "{N} missed the bus this morning because",
-    "After {N} finished the exam,",
-)
-
-
-@generator("pronoun")
-def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """A gendered pronoun: "Mary was tired after the long trip, so" -> " she" against " he"; the
-    counterfactual names someone of the other gender (the continuation's pronoun flips)."""
-    male, female = usable_names(tokenizer, MALE), usable_names(tokenizer, FEMALE)
-    if not male or not female or one_token(tokenizer, " he") is None or one_token(tokenizer, " she") is None:
-        raise DataError("this tokenizer lacks one-token names of both genders or the pronouns he / she")
-
-    def make(rng, i):
-        template = PRONOUN_TEMPLATES[i % len(PRONOUN_TEMPLATES)]
-        woman = rng.random() < 0.5
-        n, other = (rng.choice(female), rng.choice(male)) if woman else (rng.choice(male), rng.choice(female))
-        clean, cf = template.format(N=n), template.format(N=other)
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        answer, foil = (" she", " he") if woman else (" he", " she")
-        return Pair(i, clean, cf, (answer,), (foil,), {"task": "pronoun", "template": PRONOUN_TEMPLATES.index(template)})
-
-    return _draw(count, seed, make, "pronoun pairs of equal token length")
-
-
-AGREEMENT_NOUNS = (("key", "keys"), ("dog", "dogs"), ("author", "authors"), ("teacher", "teachers"),
-                   ("house", "houses"), ("car", "cars"), ("student", "students"), ("picture", "pictures"),
-                   ("farmer", "farmers"), ("book", "books"), ("doctor", "doctors"), ("bird", "birds"))
-AGREEMENT_ATTRACTORS = ("near the cabinet", "next to the windows", "behind the trees", "of the old man",
-                        "by the river", "beside the chairs", "in the garden", "with the boxes")
-
-
-@generator("agreement")
-def agreement(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """Subject-verb agreement across an attractor: "The key near the cabinets" -> " is" against
-    " are"; the counterfactual makes the subject plural ("The keys ...": the verb flips)."""
-    if one_token(tokenizer, " is") is None or one_token(tokenizer, " are") is None:
-        raise DataError("this tokenizer does not write ' is' and ' are' as one token each")
-
-    def make(rng, i):
-        (sing, plural), attractor = rng.choice(AGREEMENT_NOUNS), rng.choice(AGREEMENT_ATTRACTORS)
-        plural_first = rng.random() < 0.5
-        a, b = (plural, sing) if plural_first else (sing, plural)
-        clean, cf = f"The {a} {attractor}", f"The {b} {attractor}"
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        answer, foil = (" are", " is") if plural_first else (" is", " are")
-        return Pair(i, clean, cf, (answer,), (foil,), {"task": "agreement", "noun": sing})
-
-    return _draw(count, seed, make, "agreement pairs of equal token length")
-
-
-MCQ_CATEGORIES = {
-    "fruit": ("apple", "banana", "orange", "pear", "grape", "lemon", "cherry", "peach"),
-    "animal": ("dog", "cat", "horse", "cow", "sheep", "rabbit", "mouse", "lion"),
-    "colour": ("red", "blue", "green", "yellow", "purple", "brown", "pink", "white"),
-    "tool": ("hammer", "saw", "drill", "wrench", "shovel", "knife", "axe", "rake"),
-}
-MCQ_TEMPLATE = "Question: Which of these is a {category}? A. {a} B. {b} C. {c} Answer:"
-
-
-@generator("mcq")
-def mcq(tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    """A multiple-choice question in MIB's style: "Question: Which of these is a fruit? A. chair
-    B. apple C. stone Answer:" -> " B" against the letter the right option holds in the
-    counterfactual, which puts the same three options in another order (the same tokens, so the
-    same length: only where the answer stands changes)."""
-    letters = [" A", " B", " C"]
-    if any(one_token(tokenizer, x) is None for x in letters):
-        raise DataError("this tokenizer does not write ' A', ' B' and ' C' as one token each")
-
-    def make(rng, i):
-        category = rng.choice(sorted(MCQ_CATEGORIES))
-        right = rng.choice(MCQ_CATEGORIES[category])
-        others = [c for c in sorted(MCQ_CATEGORIES) if c != category]
-        wrong = [rng.choice(MCQ_CATEGORIES[c]) for c in rng.sample(others, 2)]
-        options = [right] + wrong
-        rng.shuffle(options)
-        moved = options[:]
-        while moved.index(right) == options.index(right):
-            rng.shuffle(moved)
-        clean = MCQ_TEMPLATE.format(category=category, a=options[0], b=options[1], c=options[2])
-        cf = MCQ_TEMPLATE.format(category=category, a=moved[0], b=moved[1], c=moved[2])
-        if _length(tokenizer, clean) != _length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (letters[options.index(right)],), (letters[moved.index(right)],),
-                    {"task": "mcq", "category": category})
-
-    return _draw(count, seed, make, "multiple-choice pairs of equal token length")

@@ -1,0 +1,52 @@
+"""Capitals pairs: a country's capital."""
+
+from __future__ import annotations
+
+from ...errors import DataError
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token
+
+
+COUNTRIES = (
+    ("France", "Paris"), ("Germany", "Berlin"), ("Italy", "Rome"), ("Spain", "Madrid"), ("Japan", "Tokyo"),
+    ("Russia", "Moscow"), ("England", "London"), ("China", "Beijing"), ("Egypt", "Cairo"), ("Greece", "Athens"),
+    ("Austria", "Vienna"), ("Portugal", "Lisbon"), ("Ireland", "Dublin"), ("Norway", "Oslo"),
+    ("Sweden", "Stockholm"), ("Finland", "Helsinki"), ("Denmark", "Copenhagen"), ("Poland", "Warsaw"),
+    ("Hungary", "Budapest"), ("Belgium", "Brussels"), ("Netherlands", "Amsterdam"), ("Canada", "Ottawa"),
+    ("Australia", "Canberra"), ("India", "Delhi"), ("Kenya", "Nairobi"), ("Peru", "Lima"), ("Chile", "Santiago"),
+    ("Cuba", "Havana"), ("Thailand", "Bangkok"), ("Turkey", "Ankara"), ("Iran", "Tehran"),
+    ("Iraq", "Baghdad"), ("Syria", "Damascus"), ("Lebanon", "Beirut"), ("Ukraine", "Kyiv"), ("Romania", "Bucharest"),
+    ("Colombia", "Bogota"), ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"),
+    ("Nigeria", "Abuja"), ("Morocco", "Rabat"), ("Switzerland", "Bern"), ("Scotland", "Edinburgh"),
+)
+CAPITAL_TEMPLATES = (
+    "The capital of {country} is",
+    "The capital city of {country} is",
+    "{country}'s capital is the city of",
+    "The government of {country} sits in the city of",
+)
+
+
+def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """A fact: "The capital of France is" -> " Paris" against the capital of the counterfactual's
+    country ("The capital of Germany is" -> " Berlin"), a country of the same token length
+    whose capital is another city. Only countries whose capital (with a leading space) is one
+    token for the tokenizer take part (``COUNTRIES``, about 40)."""
+    usable = [(c, cap) for c, cap in COUNTRIES if one_token(tokenizer, " " + cap) is not None]
+    if len(usable) < 2:
+        raise DataError(f"only {len(usable)} of the capitals are one token for this tokenizer (2 needed)")
+    def make(rng, i):
+        template = CAPITAL_TEMPLATES[i % len(CAPITAL_TEMPLATES)]
+        (country, capital), (other, other_capital) = rng.sample(usable, 2)
+        if one_token(tokenizer, " " + capital) == one_token(tokenizer, " " + other_capital):
+            return None
+        clean, cf = template.format(country=country), template.format(country=other)
+        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
+            return None
+        return Pair(i, clean, cf, (" " + capital,), (" " + other_capital,),
+                    {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)})
+
+    return draw_pairs(count, seed, make, "capital pairs of equal token length")
+
+
+PAIR_TASKS.register(PairTask("capitals", "a fact: a country's capital against another country's",
+                           capitals))

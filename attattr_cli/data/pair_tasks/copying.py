@@ -1,0 +1,42 @@
+"""Copying pairs: a name seen earlier (an induction task; made to check a ranking on a behaviour it was not built on)."""
+
+from __future__ import annotations
+
+from ...errors import DataError
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, usable_names
+
+
+SURNAMES = ("Smith", "Brown", "Jones", "Miller", "Davis", "Wilson", "Taylor", "Clark", "Moore", "White", "Hall",
+            "Young", "King", "Wright", "Green", "Baker", "Adams", "Hill", "Scott", "Lee", "Walker", "Allen", "Hughes",
+            "Evans", "Turner", "Parker", "Cook", "Morgan", "Bell", "Ward", "Cooper", "Reed")
+COPY_TEMPLATES = (
+    "I sat next to {F} {L} at the dinner. After the dinner, {F}",
+    "The letter was signed by {F} {L}. Everyone knew that {F}",
+    "Our new neighbour is called {F} {L}. This morning {F}",
+    "The prize went to {F} {L} last year. This year {F}",
+)
+
+
+def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """Copying a name seen earlier (an induction task): "I sat next to Anna Smith at the dinner.
+    After the dinner, Anna" -> " Smith" against " Brown"; the counterfactual names Anna Brown
+    instead, so that the copy points at the foil."""
+    first = usable_names(tokenizer)
+    last = usable_names(tokenizer, SURNAMES)
+    if len(first) < 1 or len(last) < 2:
+        raise DataError("too few one-token names and surnames for this tokenizer for the copying task")
+
+    def make(rng, i):
+        template = COPY_TEMPLATES[i % len(COPY_TEMPLATES)]
+        f = rng.choice(first)
+        l1, l2 = rng.sample(last, 2)
+        clean, cf = template.format(F=f, L=l1), template.format(F=f, L=l2)
+        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
+            return None
+        return Pair(i, clean, cf, (" " + l1,), (" " + l2,), {"task": "copying", "template": COPY_TEMPLATES.index(template)})
+
+    return draw_pairs(count, seed, make, "copying pairs of equal token length")
+
+
+PAIR_TASKS.register(PairTask("copying", "copying a surname seen earlier (induction)",
+                           copying))

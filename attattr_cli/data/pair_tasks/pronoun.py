@@ -1,0 +1,42 @@
+"""Pronoun pairs: he / she after a name."""
+
+from __future__ import annotations
+
+from ...errors import DataError
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token, usable_names
+
+
+MALE = ("John", "James", "Michael", "David", "Paul", "Mark", "Tom", "Dan", "Jack", "Ben", "Peter", "George", "Steve",
+        "Robert", "Kevin", "Eric", "Andrew", "Joe", "Mike", "Sam")
+FEMALE = ("Mary", "Sarah", "Anna", "Lisa", "Kate", "Amy", "Emma", "Laura", "Rachel", "Jessica", "Susan", "Linda",
+          "Helen", "Karen", "Julia", "Alice", "Claire", "Sophie", "Lucy", "Grace")
+PRONOUN_TEMPLATES = (
+    "{N} was tired after the long trip, so",
+    "When {N} opened the door,",
+    "{N} missed the bus this morning because",
+    "After {N} finished the exam,",
+)
+
+
+def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+    """A gendered pronoun: "Mary was tired after the long trip, so" -> " she" against " he"; the
+    counterfactual names someone of the other gender (the continuation's pronoun flips)."""
+    male, female = usable_names(tokenizer, MALE), usable_names(tokenizer, FEMALE)
+    if not male or not female or one_token(tokenizer, " he") is None or one_token(tokenizer, " she") is None:
+        raise DataError("this tokenizer lacks one-token names of both genders or the pronouns he / she")
+
+    def make(rng, i):
+        template = PRONOUN_TEMPLATES[i % len(PRONOUN_TEMPLATES)]
+        woman = rng.random() < 0.5
+        n, other = (rng.choice(female), rng.choice(male)) if woman else (rng.choice(male), rng.choice(female))
+        clean, cf = template.format(N=n), template.format(N=other)
+        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
+            return None
+        answer, foil = (" she", " he") if woman else (" he", " she")
+        return Pair(i, clean, cf, (answer,), (foil,), {"task": "pronoun", "template": PRONOUN_TEMPLATES.index(template)})
+
+    return draw_pairs(count, seed, make, "pronoun pairs of equal token length")
+
+
+PAIR_TASKS.register(PairTask("pronoun", "a gendered pronoun after a name",
+                           pronoun))
