@@ -449,3 +449,104 @@ def test_one_set_of_names_for_a_scored_example_wherever_it_is_read(tmp_path):
         assert e.top(2) == scored[1].top(2)
         assert e.converged == scored[1].converged
         assert e.label_names == ["entailment", "neutral", "contradiction"]
+
+
+# ----------------------------------------------------------------------------- option groups (api/groups.py)
+
+
+def _parameters(fn) -> list[str]:
+    """The parameters a reader sees (the old keywords' catch-all aside)."""
+    sig = inspect.signature(getattr(fn, "__checked__", fn))
+    return [p.name for p in sig.parameters.values() if p.kind is not p.VAR_KEYWORD]
+
+
+def test_score_and_faithfulness_read_as_a_short_list_of_concepts():
+    """score took 43 parameters and faithfulness 27; what belongs together is one group now."""
+    assert len(_parameters(aa.score)) <= 20, _parameters(aa.score)
+    assert len(_parameters(aa.faithfulness)) <= 20, _parameters(aa.faithfulness)
+    assert {"integration", "target", "compute", "hooks"} <= set(_parameters(aa.score))
+    assert {"integration", "target", "compute", "adversarial"} <= set(_parameters(aa.faithfulness))
+    for cls in (aa.Integration, aa.Target, aa.Compute, aa.Hooks, aa.Adversarial):
+        with pytest.raises(Exception):  # frozen: a group is a value
+            cls().x = 1
+        assert cls() == cls()
+
+
+def test_old_keywords_warn_once_and_give_the_same_result(builtin, tmp_path):
+    with pytest.warns(FutureWarning) as said:
+        old = aa.score(builtin, examples="0:2", steps=2, rule="left", output="logit", store_dtype="float16")
+    future = [w for w in said if issubclass(w.category, FutureWarning)]
+    assert len(future) == 1 and future[0].filename == __file__  # at the caller's line
+    text = str(future[0].message)
+    assert "\n" not in text and "steps=" in text and "output=" in text
+    assert "integration=aa.Integration(" in text and "target=aa.Target(" in text and "compute=aa.Compute(" in text
+    new = aa.score(builtin, examples="0:2", integration=aa.Integration(steps=2, rule="left"),
+                   target=aa.Target(output="logit"), compute=aa.Compute(store_dtype="float16"))
+    for a, b in zip(old, new):
+        for name in ("attribution", "attention", "residual", "head_max", "probs"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    # into a store: the same fingerprint and arrays, whichever spelling
+    from attattr_cli.store import Store
+
+    with pytest.warns(FutureWarning):
+        aa.score(builtin, examples="0:2", out=tmp_path / "old.h5", steps=2, target="gold")
+    aa.score(builtin, examples="0:2", out=tmp_path / "new.h5", integration=aa.Integration(steps=2),
+             target=aa.Target(target="gold"))
+    with Store(tmp_path / "old.h5") as a, Store(tmp_path / "new.h5") as b:
+        assert a.fingerprint == b.fingerprint and a.indices() == b.indices() == [0, 1]
+        for i in a.indices():
+            np.testing.assert_array_equal(a.get(i).attribution, b.get(i).attribution)
+
+
+def test_faithfulness_old_keywords_warn_and_give_the_same_report(cli_store):
+    common = dict(methods="attention_last,attr", permutations=0)
+    with pytest.warns(FutureWarning, match=r"device=, truncate= are the old spelling.*compute=aa.Compute"):
+        old = aa.faithfulness(cli_store, device="cpu", truncate=False, **common)
+    new = aa.faithfulness(cli_store, compute=aa.Compute(device="cpu"), **common)
+    drop = ("seconds",)
+    assert {k: v for k, v in old.report.items() if k not in drop} == {k: v for k, v in new.report.items() if k not in drop}
+    with pytest.raises(OptionError, match="epsilons is given twice"):
+        aa.faithfulness(cli_store, adversarial=aa.Adversarial(layer=0), epsilons=[0.1], **common)
+    with pytest.raises(OptionError, match=r"dtype=\.\.\.\): with a store nothing is scored"):
+        aa.faithfulness(cli_store, compute=aa.Compute(dtype="float64"), **common)
+    with pytest.raises(OptionError, match="faithfulness attributes the target class"):
+        aa.faithfulness(cli_store, target=aa.Target(foil="neutral"), **common)
+
+
+def test_the_new_spelling_and_the_librarys_own_calls_say_nothing(builtin, tmp_path):
+    """The group form, the target shorthand, the CLI and the library's own calls of score
+    (faithfulness scoring first) raise no FutureWarning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        aa.score(builtin, examples="0:1", target="gold", integration=aa.Integration(steps=2))
+        aa.faithfulness(model=builtin, examples="0:2", methods="attention_last,attr", permutations=0,
+                        integration=aa.Integration(steps=2), target="gold")
+        _cli("score", "--out", tmp_path / "c.h5", "--examples", "0:1", "--steps", "2", "--logit", "-q")
+
+
+def test_old_and_new_spellings_refuse_what_they_refused():
+    """An unknown keyword, a flat keyword given again in its group, and a wrong value in either
+    spelling: one OptionError naming the argument, before any work."""
+    with pytest.raises(OptionError, match=r"score\(\): got an unexpected keyword argument 'colour'"):
+        aa.score(out="x.h5", colour="red")
+    with pytest.raises(OptionError, match=r"steps is given twice: as steps= and in integration=aa.Integration"):
+        aa.score(out="x.h5", steps=2, integration=aa.Integration(tol=0.1))
+    with pytest.raises(OptionError, match="output is given twice"):
+        aa.score(out="x.h5", output="logit", target=aa.Target(output="logprob"))
+    with pytest.raises(OptionError, match=r"^steps must be a whole number, got 2.0$"):
+        aa.score(out="x.h5", steps=2.0)
+    with pytest.raises(OptionError, match=r"^steps must be a whole number, got 2.0$"):
+        aa.Integration(steps=2.0)
+    with pytest.raises(OptionError, match=r"^dist_timeout must be above 0, got 0$"):
+        aa.Compute(dist_timeout=0)
+    with pytest.raises(OptionError, match=r"^integration must be an aa.Integration, got 3$"):
+        aa.score(out="x.h5", integration=3)
+    with pytest.raises(OptionError, match=r"^target must be an aa.Target, or the class"):
+        aa.score(out="x.h5", target=3)
+    with pytest.raises(OptionError, match="unknown rule 'simpson'"):
+        aa.score(out="x.h5", integration=aa.Integration(rule="simpson"))
+    with pytest.raises(OptionError, match=r"faithfulness\(\): got an unexpected keyword argument 'max_nodes'"):
+        aa.faithfulness("s.h5", max_nodes=9)  # not one of faithfulness's old keywords
+    assert not Path("x.h5").exists()

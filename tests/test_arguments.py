@@ -264,6 +264,9 @@ def test_the_table_of_names_is_one_and_true():
     arguments = {p for fn in public_functions().values()
                  for p in inspect.signature(getattr(fn, "__checked__", fn)).parameters}
     arguments |= {f.name for f in fields(ScoreOptions)}
+    # the fields of the option groups (aa.Integration, aa.Compute, ...) are arguments too: score's and
+    # faithfulness's old flat keywords
+    arguments |= {f.name for cls in (aa.Integration, aa.Target, aa.Compute, aa.Hooks, aa.Adversarial) for f in fields(cls)}
     flags = {opt for _path, command in cli_commands() for p in command.params for opt in getattr(p, "opts", [])}
     flags |= {opt for _path, command in cli_commands() for p in command.params for opt in getattr(p, "secondary_opts", [])}
     for argument, flag in names.FLAGS.items():

@@ -2,13 +2,14 @@
 
 >>> import attattr_cli as aa
 >>> model = aa.load_model()
->>> res = aa.score(model, [("a premise", "a hypothesis")], steps=20)
+>>> res = aa.score(model, [("a premise", "a hypothesis")], integration=aa.Integration(steps=20))
 >>> res[0].top(5)
 
 Layered above analysis/, engine/ and store/; every command of the CLI calls into it.
 model.py: load_model, Model, convert (a GGUF file as a model folder), the context that leaves a caller's model as it was, progress;
 results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
-resolution; scoring.py: score; heads.py: importance, predict, prune; triggers.py: triggers,
+resolution; scoring.py: score; groups.py: the option groups score and faithfulness take
+(Integration, Target, Compute, Hooks, Adversarial); heads.py: importance, predict, prune; triggers.py: triggers,
 attack; tools.py: faithfulness, finetune, merge, import_2021; views.py: view, report, info;
 demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments, declared once
 per function (``@checked``) and checked before any work.
@@ -17,6 +18,7 @@ per function (``@checked``) and checked before any work.
 from .circuits import Circuit, circuit
 from .demo import make_pairs, pair_data, synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
+from .groups import Adversarial, Compute, Hooks, Integration, Target
 from .scoring import score
 from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge, source_removal
 from .triggers import AttackResult, TriggersResult, attack, triggers
@@ -29,4 +31,5 @@ __all__ = [
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
+    "Integration", "Target", "Compute", "Hooks", "Adversarial",
 ]

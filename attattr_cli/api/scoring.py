@@ -7,7 +7,8 @@ from pathlib import Path
 # the option values and defaults (torch-free), which `attattr score`'s help shows; cli_words: its messages' words
 from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, SOURCES_RULE, SOURCES_STEPS, cli_words  # noqa: F401
 from ..errors import OptionError
-from .checks import OneOf, Tolerance, Callback, Examples, File, Inputs, Ints, Names, Number, Out, Progress, Str, Texts, Threads, checked
+from .checks import OneOf, Examples, File, Inputs, Ints, Names, Out, Progress, Str, Texts, checked
+from .groups import Compute, Group, Hooks, Integration, Target, legacy_table, regroup
 from .inputs import command_of, default_task, model_arg, selection, to_examples
 from .model import Model, ModelArg, as_model, progress_for, using
 from .results import TemporaryStore, read_all
@@ -16,19 +17,19 @@ from .results import TemporaryStore, read_all
 # ----------------------------------------------------------------------------- score
 
 
-@checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), out=Out(), layers=Ints(), family=Names(),
-         prompts=Texts(), dist_timeout=Number(above=0), tol=Tolerance(), progress=Progress(), command=Texts(), warn=Callback(),
-         notify=Callback(), memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"),
-         threads=Threads())
-def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=None, steps: int | None = None,
-          rule: str | None = None, tol: float | None = None, max_nodes: int = MAX_NODES, target: str = "predicted",
-          output: str = "prob", layers=None, steps_per_pass: int | None = None, group: int | None = None, family=None, keep: str = "auto", top_k: int | None = None,
-          dtype: str = "float32", kernel: str = "auto", device: str = "auto", store_dtype: str = "float32",
-          truncate: bool = False, seed: int = 0, lm: bool | None = None, target_token: str | None = None,
-          continuation: str | None = None, position: int | None = None, prompts=None, keep_shards: bool = False,
-          dist_timeout: float = 3600.0, progress=False, command=None, warn=None, foil: str | None = None,
-          generate: int | None = None, per_step: bool = False, sample: bool = False, metric: str | None = None,
-          sources: str | None = None, memory=None, threads: int | None = None, notify=None):
+SCORE_GROUPS = {"target": Target, "integration": Integration, "compute": Compute, "hooks": Hooks}
+# score's old flat keywords (each a field of its group, under its own name), kept for one release
+SCORE_LEGACY = legacy_table(SCORE_GROUPS)
+TARGET = OneOf(Group(Target), Str(), what="an aa.Target, or the class: predicted, gold, a label name or index")
+
+
+@checked(model=ModelArg(), inputs=Inputs(), data=File(), task=Str(), examples=Examples(), prompts=Texts(), out=Out(),
+         layers=Ints(), family=Names(), target=TARGET, integration=Group(Integration), compute=Group(Compute),
+         hooks=Group(Hooks), progress=Progress(), command=Texts())
+def score(model=None, inputs=None, *, data=None, task=None, examples=None, prompts=None, lm: bool | None = None,
+          out=None, layers=None, family=None, keep: str = "auto", top_k: int | None = None, sources: str | None = None,
+          target=None, integration=None, compute=None, hooks=None, seed: int = 0, progress=False, command=None,
+          **legacy):
     """Attention attribution of every layer and head.
 
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
@@ -38,24 +39,36 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     ``out`` writes (or resumes) the HDF5 store and returns the run's ``ScoreReport``
     (``.out``, ``.scored``, ``.skipped``, ``.mean_abs_residual``, ``.accuracy``).
 
-    ``output`` is prob, logit or logprob; ``keep`` auto, maps, sum or none; ``top_k`` also keeps
-    each head's k strongest entries; ``steps_per_pass`` bounds the steps run at once and
-    ``group`` the short examples scored together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one
-    at a time); the numbers do not depend on either (up to float rounding). Integration:
-    ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given, but for ``sources``)
-    is error-controlled
-    (adaptive subdivision of the path per example and layer until the map's estimated error
-    is below tol x max |Attr| of the layer and the completeness residual agrees, at most
-    ``max_nodes`` nodes; each result's ``convergence`` says per layer whether it did); ``rule`` and/or
-    ``steps`` choose a fixed rule instead (``rule="right", steps=20`` is the paper's,
-    ``"left"`` the 2021 code's); see docs/integration.md. Results in memory hold exactly what a store written with the
-    same options would (float32 arrays, or float16 with ``store_dtype``). A causal language model (``load_model(..., lm=True)``)
-    attributes the next token (``target_token``) or a ``continuation``; its ``prompts`` (texts)
-    may be given instead of ``data`` (with ``out``) or of ``inputs``. ``foil`` attributes the difference
-    out(target) - out(foil) of a token (LM) or a class (classifier); ``generate=N`` generates N
-    tokens (greedy; ``sample=True`` samples with ``seed``) and attributes each generated token
-    given everything before it, and ``continuation=..., per_step=True`` does the same for given
-    text (per-step results: ``result.steps``; docs/method.md section 1.5).
+    What is kept: ``layers`` (default all), ``family`` (attention families, e.g. encoder,cross),
+    ``keep`` (auto, maps, sum, sources or none), ``top_k`` (also each head's k strongest
+    entries). The rest comes in groups (api/groups.py): ``target`` (:class:`Target`: the class,
+    ``output`` prob/logit/logprob, ``foil``, a language model's ``target_token``,
+    ``continuation``, ``position``, pairs' ``metric``, a generation's ``generate``,
+    ``per_step``, ``sample``; a text is the class alone, ``target="gold"``), ``integration``
+    (:class:`Integration`: ``tol``, ``max_nodes``, or a fixed ``rule`` and ``steps``),
+    ``compute`` (:class:`Compute`: ``device``, ``dtype``, ``kernel``, ``store_dtype``,
+    ``truncate``, ``steps_per_pass``, ``group``, ``memory``, ``threads``, ``keep_shards``,
+    ``dist_timeout``) and ``hooks`` (:class:`Hooks`: ``warn``, ``notify``). Their fields as flat
+    keywords (``steps=20``, the old spelling) still work for one release, with a FutureWarning.
+
+    Integration: ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given, but
+    for ``sources``) is error-controlled (adaptive subdivision of the path per example and layer
+    until the map's estimated error is below tol x max |Attr| of the layer and the completeness
+    residual agrees, at most ``max_nodes`` nodes; each result's ``convergence`` says per layer
+    whether it did); ``rule`` and/or ``steps`` choose a fixed rule instead (``rule="right",
+    steps=20`` is the paper's, ``"left"`` the 2021 code's); see docs/integration.md.
+    ``steps_per_pass`` bounds the steps run at once and ``group`` the short examples scored
+    together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one at a time);
+    the numbers do not depend on either (up to float rounding). Results in memory hold exactly
+    what a store written with the same options would (float32 arrays, or float16 with
+    ``store_dtype``). A causal language model (``load_model(..., lm=True)``, or ``lm=True``)
+    attributes the next token (``target_token``) or a ``continuation``; its ``prompts``
+    (texts) may be given instead of ``data`` (with ``out``) or of ``inputs``. ``foil``
+    attributes the difference out(target) - out(foil) of a token (LM) or a class (classifier);
+    ``generate=N`` generates N tokens (greedy; ``sample=True`` samples with ``seed``) and
+    attributes each generated token given everything before it, and ``continuation=...,
+    per_step=True`` does the same for given text (per-step results: ``result.steps``;
+    docs/method.md section 1.5).
 
     With ``out`` and a model given by path or hub id (or none: the built-in default), the data
     is read and the examples chosen before the model loads (a bad file costs no load), and
@@ -81,6 +94,25 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, out=N
     (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
     a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
     the free cores for long ones; at most the machine's CPUs)."""
+    g = regroup("score", {"target": target, "integration": integration, "compute": compute, "hooks": hooks},
+                legacy, SCORE_LEGACY, SCORE_GROUPS, shorthand={"target": lambda text: Target(target=text)})
+    t, i, c, h = g["target"], g["integration"], g["compute"], g["hooks"]
+    return _score(model, inputs, data=data, task=task, examples=examples, out=out, steps=i.steps, rule=i.rule,
+                  tol=i.tol, max_nodes=i.max_nodes, target=t.target, output=t.output, layers=layers,
+                  steps_per_pass=c.steps_per_pass, group=c.group, family=family, keep=keep, top_k=top_k,
+                  dtype=c.dtype, kernel=c.kernel, device=c.device, store_dtype=c.store_dtype, truncate=c.truncate,
+                  seed=seed, lm=lm, target_token=t.target_token, continuation=t.continuation, position=t.position,
+                  prompts=prompts, keep_shards=c.keep_shards, dist_timeout=c.dist_timeout, progress=progress,
+                  command=command, warn=h.warn, foil=t.foil, generate=t.generate, per_step=t.per_step,
+                  sample=t.sample, metric=t.metric, sources=sources, memory=c.memory, threads=c.threads,
+                  notify=h.notify)
+
+
+def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_nodes, target, output, layers,
+           steps_per_pass, group, family, keep, top_k, dtype, kernel, device, store_dtype, truncate, seed, lm,
+           target_token, continuation, position, prompts, keep_shards, dist_timeout, progress, command, warn, foil,
+           generate, per_step, sample, metric, sources, memory, threads, notify):
+    """score's run, its options checked and flat (as the engine's ScoreOptions and ScoreRequest take them)."""
     from ..engine.budget import parse_size
     from ..engine.options import ScoreOptions, integration, precheck
 

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
-from .checks import OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Numbers, Out, Progress, Str, Texts, Threads, checked
+from .checks import Bool, OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Out, Progress, Str, Texts, Threads, checked
+from .groups import Adversarial, Compute, Group, Integration, Target, legacy_table, regroup
 from ..engine.threads import on_threads
 from .inputs import command_of, default_task, model_arg, selection
 from .model import Model, ModelArg, as_model, progress_for, using
-from .scoring import score
+from .scoring import TARGET, score
 
 
 # ----------------------------------------------------------------------------- faithfulness
@@ -105,31 +106,75 @@ class FaithfulnessResult:
         return strict_dumps(self.report, indent=1, allow_nan=False)
 
 
-@checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(), score_store=Out(), importance_store=Out(),
-         tol=Tolerance(),         permutations=Int(min=0), perm_layers=Ints(), epsilons=Numbers(above=0, below=1, single=False), out=Out(), progress=Progress(),
-         command=Texts(), threads=Threads())
-@on_threads
+FAITHFULNESS_GROUPS = {"target": Target, "integration": Integration, "compute": Compute, "adversarial": Adversarial}
+# faithfulness's old flat keywords (its fields of the groups), kept for one release
+FAITHFULNESS_LEGACY = legacy_table({k: v for k, v in FAITHFULNESS_GROUPS.items() if k != "adversarial"},
+                                   {"epsilons": ("adversarial", "epsilons"), "adversarial_layer": ("adversarial", "layer")},
+                                   only={"target": ("target", "output"), "integration": ("steps", "rule", "tol"),
+                                         "compute": ("device", "truncate", "threads")})
+# what faithfulness does with the groups: the fields it reads itself; the rest go to score when it scores
+_OWN = {"target": ("target", "output"), "compute": ("device", "truncate", "threads")}
+
+
+@checked(store=File(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), methods=Names(),
+         score_store=Out(), importance_store=Out(), permutations=Int(min=0), perm_layers=Ints(),
+         adversarial=OneOf(Bool(), Group(Adversarial), what="True, False or an aa.Adversarial"), out=Out(),
+         progress=Progress(), command=Texts(), target=TARGET, integration=Group(Integration), compute=Group(Compute))
 def faithfulness(store=None, *, model=None, data=None, task=None, examples=None, methods=None, score_store=None,
-                 importance_store=None,
-                 steps: int | None = None, rule: str | None = None, tol: float | None = None, target: str = "predicted", output: str = "prob",
-                 erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
-                 adversarial: bool = False, epsilons=None, adversarial_layer: int = -1,
-                 device: str = "auto", truncate: bool = False, out=None, progress=False, command=None,
-                 aggregate: str | None = None, threads: int | None = None) -> FaithfulnessResult:
+                 importance_store=None, erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
+                 aggregate: str | None = None, adversarial=False, target=None, integration=None, compute=None, out=None,
+                 progress=False, command=None, **legacy) -> FaithfulnessResult:
     """Faithfulness of token importance (attention, rollout, attention x gradient, attention
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
-    or a temporary file) as :func:`score` scores (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol``
-    is given). The store read is left as it is (it may be read-only): token importance already
+    or a temporary file) as :func:`score` scores with ``target``, ``integration`` and ``compute``
+    (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol`` is given). The store read is left as it is
+    (it may be read-only): token importance already
     in it is read, the rest computed; ``importance_store`` (a path) keeps the vectors computed
     for the next run: a copy of ``store`` made there on first use, or ``store`` itself when it
     names it. Scoring first, they are kept in ``score_store``. ``methods``: names from the registry
     (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
-    model. ``adversarial``: also run the adversarial-attention experiment at ``epsilons``
-    (default 0.01, 0.05) on layer ``adversarial_layer``. ``aggregate="words"``: the agreement,
+    model. ``adversarial=True`` (or an :class:`Adversarial`): also run the adversarial-attention
+    experiment at ``epsilons`` (default 0.01, 0.05) on its ``layer`` (default the last).
+    ``aggregate="words"``: the agreement,
     erasure and masking metrics rank and erase whole words, a word's score the sum of its
-    tokens' (docs/faithfulness.md, "Words"). ``out``: write the JSON report.
-    Returns :class:`FaithfulnessResult`."""
+    tokens' (docs/faithfulness.md, "Words"). ``target``: its ``target`` (the class; a text is
+    that alone) and ``output``; ``compute``: its ``device``, ``truncate`` and ``threads`` (the
+    rest of it, with a store, is refused: it goes with scoring). ``out``: write the JSON report.
+    The old flat keywords (``steps=``, ``target=``, ``output=``, ``device=``, ``truncate=``,
+    ``threads=``, ``epsilons=``, ``adversarial_layer=``) still work for one release, with a
+    FutureWarning. Returns :class:`FaithfulnessResult`."""
+    g = regroup("faithfulness", {"target": target, "integration": integration, "compute": compute,
+                                 "adversarial": adversarial}, legacy, FAITHFULNESS_LEGACY, FAITHFULNESS_GROUPS,
+                shorthand={"target": lambda text: Target(target=text)})
+    _only_own(g["target"], "target", "faithfulness attributes the target class and its output")
+    if store is not None:
+        _only_own(g["compute"], "compute", "with a store nothing is scored")
+    c = g["compute"]
+    return _faithfulness(store, model=model, data=data, task=task, examples=examples, methods=methods,
+                         score_store=score_store, importance_store=importance_store, erase=erase,
+                         permutations=permutations, perm_layers=perm_layers, seed=seed, aggregate=aggregate,
+                         adversarial=adversarial is not False, epsilons=g["adversarial"].epsilons,
+                         adversarial_layer=g["adversarial"].layer, target=g["target"], integration=g["integration"],
+                         compute=c, device=c.device, truncate=c.truncate, threads=c.threads, out=out,
+                         progress=progress, command=command)
+
+
+def _only_own(group, arg: str, why: str) -> None:
+    """The fields of ``group`` faithfulness does not read must be at their defaults."""
+    from dataclasses import fields
+
+    other = [f.name for f in fields(group) if f.name not in _OWN[arg] and getattr(group, f.name) != f.default]
+    if other:
+        raise OptionError(f"{arg}={type(group).__name__}({other[0]}=...): {why}; faithfulness takes"
+                          f" {' and '.join(_OWN[arg])} of it")
+
+
+@on_threads
+def _faithfulness(store, *, model, data, task, examples, methods, score_store, importance_store, erase, permutations,
+                  perm_layers, seed, aggregate, adversarial, epsilons, adversarial_layer, target, integration, compute,
+                  device, truncate, threads, out, progress, command) -> FaithfulnessResult:
+    """faithfulness's run, its options checked and its groups resolved."""
     import time
 
     started = time.perf_counter()
@@ -139,11 +184,12 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     from .inputs import check_methods_given
 
     check_methods_given(methods)
-    if tol is not None or steps is not None or rule is not None:  # before anything loads
-        from ..engine.options import api_names, integration
+    if integration.tol is not None or integration.steps is not None or integration.rule is not None:  # before anything loads
+        from ..engine.options import api_names
+        from ..engine.options import integration as resolve_integration
 
         with api_names():
-            integration(steps, rule, tol)
+            resolve_integration(integration.steps, integration.rule, integration.tol)
     if isinstance(methods, str):
         methods = methods.split(",")
     chosen = check_methods(list(methods) if methods else list(METHODS))
@@ -177,9 +223,9 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
                 store = Path(tmp.name) / "scores.h5"
             need_attr = any(m in ATTRIBUTION_METHODS or m == "all" for m in chosen)
             m = loaded_model or as_model(model, device=device)
-            score(m, data=data, task=task, examples=examples, out=store, steps=steps, rule=rule, tol=tol, target=target,
-                  output=output, layers=None if need_attr else [], truncate=truncate, device=device,
-                  progress=progress, command=command)
+            score(m, data=data, task=task, examples=examples, out=store, target=target, integration=integration,
+                  compute=replace(compute, threads=None), layers=None if need_attr else [], progress=progress,
+                  command=command)  # threads: this call's own (on_threads), every scoring inside given it
             from ..data import parse_examples
             from ..engine.run import resolve_inputs
 
@@ -378,8 +424,10 @@ def source_removal(model, prompt: str, continuation: str, *, sources: str = "par
     if not ks or any(int(k) < 1 for k in ks):
         raise OptionError(f"ks must be whole numbers of at least 1, got {ks!r}")
     m = as_model(model, device=device, lm=True)
-    res = score(m, prompts=[prompt], continuation=continuation, sources=sources, output="logprob", keep="sources",
-                steps=steps, rule=rule, tol=tol, threads=threads, memory=memory, lm=True, progress=progress) \
+    res = score(m, prompts=[prompt], sources=sources, keep="sources", lm=True, progress=progress,
+                target=Target(continuation=continuation, output="logprob"),
+                integration=Integration(steps=steps, rule=rule, tol=tol),
+                compute=Compute(threads=threads, memory=memory)) \
         if "attattr" in methods else None
     with using(m, device=device, lm=True) as used:
         if res is not None:

@@ -176,6 +176,7 @@ def faithfulness(
     """
     with edge():
         from ..api import faithfulness as run
+        from ..api.groups import Adversarial, Compute, Integration, Target
 
         eps = None
         if epsilons is not None:
@@ -203,12 +204,13 @@ def faithfulness(
             res = run(store, model=model, data=data, task=task, examples=examples,
                       methods=methods.split(",") if methods is not None else list(METHODS),
                       score_store=store_out or (out_path.with_suffix(".h5") if store is None and out_path else None),
-                      importance_store=importance_store,
-                      steps=steps, rule=rule, tol=tol, target=target, output="logit" if logit else "prob", erase=erase,
-                      permutations=permutations, perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed,
-                      adversarial=adversarial, epsilons=eps, adversarial_layer=adversarial_layer,
-                      device=device, truncate=truncate, out=out_path, progress=bar, command=command_line(),
-                      aggregate=aggregate, threads=threads)
+                      importance_store=importance_store, erase=erase, permutations=permutations,
+                      perm_layers=parse_int_list(perm_layers, "--perm-layers"), seed=seed, aggregate=aggregate,
+                      adversarial=Adversarial(epsilons=eps, layer=adversarial_layer) if adversarial else False,
+                      target=Target(target=target, output="logit" if logit else "prob"),
+                      integration=Integration(steps=steps, rule=rule, tol=tol),
+                      compute=Compute(device=device, truncate=truncate, threads=threads),
+                      out=out_path, progress=bar, command=command_line())
         report = res.report
         store = res.store
         for note in report.get("left_out") or []:

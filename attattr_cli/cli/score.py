@@ -75,6 +75,7 @@ def score(
     """
     with edge():
         from ..api import score as run
+        from ..api.groups import Compute, Hooks, Integration, Target
         from ..api.scoring import cli_words
 
         if logit and logprob:
@@ -88,17 +89,21 @@ def score(
                 raise OptionError(f"--prompt-file {prompt_file}: cannot read it ({exc.__class__.__name__})") from None
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar, cli_words():
-            report = run(model, data=data, task=task, examples=examples, out=out_path, steps=steps, rule=rule, tol=tol,
-                         max_nodes=max_nodes, target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
-                         layers=parse_int_list(layers, "--layers"), steps_per_pass=options.pick(step_batch, step_batch_old),
-                         group=group, family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
-                         keep=keep, top_k=top_k, dtype=dtype, kernel=kernel, device=device, store_dtype=store_dtype,
-                         truncate=truncate, seed=seed, lm=lm, target_token=target_token, continuation=continuation,
-                         position=position, prompts=prompt or None, keep_shards=keep_shards, dist_timeout=dist_timeout,
-                         progress=None if quiet else bar, command=command_line(), foil=foil, generate=generate,
-                         per_step=per_step, sample=sample, metric=metric, sources=sources, memory=memory, threads=threads,
-                         notify=None if quiet else (lambda line: err.print(line, markup=False)),
-                         warn=_warn if _distributed_rank() is None else _rank_warn)
+            report = run(
+                model, data=data, task=task, examples=examples, prompts=prompt or None, lm=lm, out=out_path,
+                layers=parse_int_list(layers, "--layers"),
+                family=[f.strip() for f in family.split(",") if f.strip()] if family else None,
+                keep=keep, top_k=top_k, sources=sources, seed=seed, progress=None if quiet else bar,
+                command=command_line(),
+                target=Target(target=target, output="logit" if logit else ("logprob" if logprob else "prob"),
+                              foil=foil, target_token=target_token, continuation=continuation, position=position,
+                              metric=metric, generate=generate, per_step=per_step, sample=sample),
+                integration=Integration(steps=steps, rule=rule, tol=tol, max_nodes=max_nodes),
+                compute=Compute(device=device, dtype=dtype, kernel=kernel, store_dtype=store_dtype, truncate=truncate,
+                                steps_per_pass=options.pick(step_batch, step_batch_old), group=group, memory=memory,
+                                threads=threads, keep_shards=keep_shards, dist_timeout=dist_timeout),
+                hooks=Hooks(warn=_warn if _distributed_rank() is None else _rank_warn,
+                            notify=None if quiet else (lambda line: err.print(line, markup=False))))
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
             _report_distributed(report, quiet)
             return
