@@ -194,14 +194,11 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
     for key, logits in zip(distinct, logits_under_masks(loaded, batches, list(distinct.values()), max_tokens, tick)):
         keep(key, logits)
 
-    def run(mask: torch.Tensor | None, label: str) -> dict:
-        return cache[b"none" if mask is None else mask.numpy().tobytes()]
-
-    baseline = {k: v for k, v in run(None, "baseline").items() if not k.startswith("_")}
+    baseline = {k: v for k, v in cache[b"none"].items() if not k.startswith("_")}
     per_table: dict[str, dict] = {}
     correct: dict[str, np.ndarray] = {}
     for t in tables:
-        rows = [run(mask_at(t.values, r), f"{t.name} {r:.0%}") for r in rates]
+        rows = [cache[mask_at(t.values, r).numpy().tobytes()] for r in rates]
         per_table[t.name] = {
             "method": t.method,
             "accuracy": [x["accuracy"] for x in rows],
@@ -270,27 +267,27 @@ def curve_statistics(result_methods: dict, per_table: dict, correct: dict, level
             entry["seeds"] = len(names)
             entry["accuracy_seed_min"] = accs.min(0).tolist()
             entry["accuracy_seed_max"] = accs.max(0).tolist()
-    if "attr" not in result_methods:
-        return
-    a = per_method["attr"]
-    tests: dict[str, dict] = {}
+    if "attr" in result_methods:
+        result_methods["attr"]["tests"] = _attr_tests(
+            per_method, {n for n in per_method if n in correct and "tables" not in result_methods[n]}, seed)
+
+
+def _attr_tests(per_method: dict, exact=(), seed: int = 0) -> dict:
+    """attr against each other method at every rate ([examples, rates] each), one-sided (attr
+    higher), Holm over the rates: exact McNemar of the examples right for the methods in
+    ``exact``, else a paired sign-flip test (on the seeds' mean where a method has several)."""
+    from . import stats
+
+    a, tests = per_method["attr"], {}
     for name, m in per_method.items():
-        if name == "attr":
-            continue
-        rows = []
-        for j in range(a.shape[1]):
-            if name in correct and "tables" not in result_methods[name]:
-                r = stats.mcnemar(a[:, j] > 0.5, m[:, j] > 0.5, "greater")
-                rows.append({"test": "mcnemar", "difference": r["difference"], "p": r["p"],
-                             "attr_only": r["a_only"], "other_only": r["b_only"]})
-            else:
-                r = stats.paired_test(a[:, j], m[:, j], "greater", seed=seed + j)
-                rows.append({"test": "sign-flip", "difference": r["statistic"], "p": r["p"]})
-        for row, adj in zip(rows, stats.holm([r["p"] for r in rows])):
-            row["p_holm"] = adj
-        tests[name] = {"p": [r["p"] for r in rows], "p_holm": [r["p_holm"] for r in rows],
-                       "difference": [r["difference"] for r in rows], "test": rows[0]["test"] if rows else None}
-    result_methods["attr"]["tests"] = tests
+        if name != "attr":
+            rows = [stats.mcnemar(a[:, j] > 0.5, m[:, j] > 0.5, "greater") if name in exact
+                    else stats.paired_test(a[:, j], m[:, j], "greater", seed=seed + j) for j in range(a.shape[1])]
+            ps = [r["p"] for r in rows]
+            tests[name] = {"p": ps, "p_holm": stats.holm(ps), "difference": [
+                r["difference" if name in exact else "statistic"] for r in rows],
+                "test": "mcnemar" if name in exact else "sign-flip"}
+    return tests
 
 
 def _num(x) -> float | None:
@@ -379,16 +376,7 @@ def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequen
         result[t.method][f"{metric}_low"] = [_num(x) for x in lo]
         result[t.method][f"{metric}_high"] = [_num(x) for x in hi]
     if "attr" in per_method:
-        tests = {}
-        for name, m in per_method.items():
-            if name == "attr":
-                continue
-            rows = [stats.paired_test(per_method["attr"][:, j], m[:, j], "greater", seed=seed + j)
-                    for j in range(len(rates))]
-            ps = [r["p"] for r in rows]
-            tests[name] = {"p": ps, "p_holm": stats.holm(ps), "difference": [r["statistic"] for r in rows],
-                           "test": "sign-flip"}
-        result["attr"]["tests"] = tests
+        result["attr"]["tests"] = _attr_tests(per_method, seed=seed)
     return {
         "metric": metric,
         "rates": list(rates),
