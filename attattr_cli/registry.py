@@ -98,10 +98,10 @@ class Registry:
     def names(self) -> tuple[str, ...]:
         return tuple(self.entries)
 
-    def built_in(self) -> tuple[str, ...]:
-        """The names registered so far, without loading the plugins: for ``--help`` texts, which
-        must stay quick (a command that runs loads them)."""
-        return tuple(self._entries)
+    def built_in(self, where=None) -> tuple[str, ...]:
+        """The names registered so far (``where(entry)`` true, when given), without loading the
+        plugins: for ``--help`` texts and defaults, which must stay quick (a run loads them)."""
+        return tuple(n for n, e in self._entries.items() if where is None or where(e))
 
     def unknown(self, name: str) -> OptionError:
         """The one-line error for a name that is not registered."""

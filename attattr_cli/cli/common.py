@@ -82,7 +82,7 @@ EXIT_CODES_HELP = "Exit codes: " + "; ".join(f"{code} {what}" for code, what in 
 PLAIN_EVERY = 10.0
 
 # --task's help in every command, from the task registry (a new preset shows up everywhere)
-TASK_HELP = "Task preset: " + ", ".join(TASKS) + "."
+TASK_HELP = "Task preset: " + ", ".join(TASKS.built_in()) + "."
 
 
 

@@ -30,6 +30,7 @@ from typing import Any, Iterable, Sequence
 from attattr_cli.data.readers import Table, read_table, shown
 from attattr_cli.data.types import Example
 from attattr_cli.errors import DataError, OptionError, first_line
+from attattr_cli.registry import Registry
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 
@@ -88,9 +89,8 @@ def _glue(name: str, split: str = "validation") -> HubSpec:
     return HubSpec("nyu-mll/glue", name, split)
 
 
-TASKS: dict[str, Task] = {
-    task.name: task
-    for task in (
+TASKS = Registry("classification task", units="examples", command="score --task")
+for _task in (
         Task(
             name="sst2",
             text_a_columns=("sentence",),
@@ -151,8 +151,8 @@ TASKS: dict[str, Task] = {
             description="built-in synthetic NLI held-out set (no download needed)",
             builtin=True,
         ),
-    )
-}
+):
+    TASKS.register(_task)
 
 GENERIC_NAME = "generic"
 

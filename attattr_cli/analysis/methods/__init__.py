@@ -69,8 +69,8 @@ register = REGISTRY.register
 # the method modules register themselves; their order is the order of tables and --help
 from . import builtin, ig, decompose, value_zeroing  # noqa: E402,F401
 
-DEFAULT = tuple(m.name for m in REGISTRY.values() if m.default)
-NAMES = tuple(REGISTRY)
+DEFAULT = REGISTRY.built_in(lambda m: m.default)
+NAMES = REGISTRY.built_in()  # the built-in methods (--help); plugins' are in REGISTRY once it is read
 
 
 def available(loaded=None) -> list[str]:
