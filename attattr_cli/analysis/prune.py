@@ -337,13 +337,11 @@ def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequen
     metric = batches.metric
     tables = _tables(imp, methods)
     L, H = tables[0].values.shape
-    distinct = _distinct(tables, rates)
-    zero = torch.zeros(L, H)
-    distinct.setdefault(zero.numpy().tobytes(), zero)
-    got = per_pair_metrics(Context(batches.task, batches.ablation, progress=progress),
-                           torch.stack([torch.ones(L, H)] + list(distinct.values())), max_tokens)
-    cache = dict(zip([b"none"] + list(distinct), got))
-    full, none_kept = float(cache[b"none"].mean()), float(cache[zero.numpy().tobytes()].mean())
+    every_none = torch.ones(L, H), torch.zeros(L, H)  # every head kept, none: rates 0 and 1 are these masks
+    distinct = {m.numpy().tobytes(): m for m in every_none} | _distinct(tables, rates)
+    ctx = Context(batches.task, batches.ablation, progress=progress)
+    cache = dict(zip(distinct, per_pair_metrics(ctx, torch.stack(list(distinct.values())), max_tokens)))
+    full, none_kept = (float(cache[m.numpy().tobytes()].mean()) for m in every_none)
 
     def faithful(values: Sequence[float]) -> list[float | None]:
         return [_num(f + 0.0) for f in ratio(values, full, none_kept)]
