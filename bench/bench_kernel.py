@@ -26,7 +26,13 @@ one call above what the inputs hold (``torch.cuda.max_memory_allocated``).
 
 ``--launches 128 512`` also counts the CUDA kernels one example's scoring launches
 (BERT-base, random init, m = 20, all layers; ``torch.profiler``) with ``--kernel cuda`` and
-``--kernel torch``. ``--budget S`` stops starting new cells after S seconds (the cells not
+``--kernel torch``. ``--count-ops 128 512`` counts, on any device (the CPU too), the aten
+ops one scored example runs (BERT-base's 12 layers and 12 heads, m = 20, all layers, the
+widths narrowed: the ops of a pass depend on the graph of the model, not on its widths, and
+the count is checked at two head dims), the ones that launch a CUDA kernel apart
+(``attattr_cli.ops.graphs.OpCounter``), those inside the integration passes, and the launches
+left if each pass were one CUDA-graph replay (``ATTATTR_CUDA_GRAPHS=1``): a lower bound of
+the launches without a GPU. ``--budget S`` stops starting new cells after S seconds (the cells not
 run are listed). ``--json PATH`` writes every figure. One table is printed at the end.
 """
 
@@ -70,6 +76,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-sdpa", action="store_true", help="skip the SDPA flash backward column")
     parser.add_argument("--launches", type=int, nargs="*", default=[],
                         help="count the CUDA kernels of one scored example at these lengths")
+    parser.add_argument("--count-ops", type=int, nargs="*", default=[],
+                        help="count the aten ops (kernel launches) of one scored example at these lengths; any device")
+    parser.add_argument("--count-steps", type=int, default=20, help="m for --count-ops / --launches")
+    parser.add_argument("--graph-pass", type=int, nargs="*", default=[],
+                        help="time one integration-like pass of BERT-base (forward + backward, batch m) at "
+                             "these lengths, eager and as a CUDA-graph replay (attattr_cli.ops.graphs); CUDA only")
     parser.add_argument("--budget", type=float, default=0.0, help="seconds; 0: no limit")
     parser.add_argument("--json", type=Path, default=None, help="write the figures here")
     parser.add_argument("--smoke", action="store_true",
@@ -269,6 +281,146 @@ def count_launches(ns: list[int], dtype_name: str, steps: int = 20) -> list[dict
     return rows
 
 
+def narrow_bert(device, head_dim: int, max_n: int):
+    """BERT-base's graph (12 layers, 12 heads, GELU, layer norms, a 3-way head) at head dim
+    ``head_dim`` instead of 64, random init, with bench_gpu_score's tokenizer."""
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from attattr_cli.models.loading import prepare
+
+    torch.manual_seed(0)
+    hidden = 12 * head_dim
+    cfg = BertConfig(num_hidden_layers=12, num_attention_heads=12, hidden_size=hidden,
+                     intermediate_size=4 * hidden, num_labels=3, max_position_embeddings=max(512, max_n + 2))
+    model = BertForSequenceClassification(cfg).to(device).eval()
+    vocab = ROOT / "bench" / ".vocab.txt"
+    if not vocab.exists():
+        vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(1000)]))
+    tok = BertTokenizerFast(str(vocab), model_max_length=max(512, max_n + 2))
+    return prepare(model, tok, f"bert-base graph, head dim {head_dim} (random init)")
+
+
+def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, step_batch: int | None = None) -> list[dict]:
+    """Aten ops of one scored example (see the module docstring), by OpCounter: all, those that
+    launch a kernel on a GPU, the host synchronisations, those inside the integration passes
+    (Scorer._step_chunk) and the attribution (Scorer.attribute), and the launches left with
+    one CUDA-graph replay per pass. The first head dim is reported, the others' counts beside.
+    ``step_batch`` (default: every row of a pass at once, as on a large GPU) fixes the micro-batches,
+    which otherwise follow the free memory and the model's width."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.ops.graphs import OpCounter
+
+    device = device or torch.device("cpu")
+    step_batch = step_batch or 12 * steps  # all layers' rows of a sweep in one micro-batch
+    rows = []
+    for n in ns:
+        per_dim = {}
+        for head_dim in head_dims:
+            loaded = narrow_bert(device, head_dim, n)
+            example = Example(0, " ".join(f"w{i % 1000}" for i in range(n - 2)))
+            scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=step_batch))
+            scorer.score(example)  # warm-up (lazy set-up, caches)
+            counter = OpCounter()
+            from attattr_cli.engine import sweep
+
+            # the regions, where the engine has them: a pass of one layer, a sweep over all layers
+            # (engine/sweep.py), the attribution from G
+            targets = [(scorer, "_step_chunk", "pass"), (sweep, "_pass", "pass"),
+                       (sweep, "shared_pass", "pass"), (scorer, "attribute", "attribute")]
+            restore = []
+            for owner, name, region in targets:
+                method = getattr(owner, name, None)
+                if method is None:
+                    continue
+
+                def wrapped(*a, _method=method, _region=region, **k):
+                    with counter.region(_region):
+                        return _method(*a, **k)
+
+                restore.append((owner, name, method))
+                setattr(owner, name, wrapped)
+            t0 = time.perf_counter()
+            try:
+                with counter:
+                    scorer.score(example)
+            finally:
+                for owner, name, method in restore:
+                    if owner is scorer:
+                        delattr(scorer, name)
+                    else:
+                        setattr(owner, name, method)
+            passes = counter.entries["pass"]
+            in_passes = counter.regions.get("pass")
+            launching = counter.all.launching
+            row = {
+                "n": n, "steps": steps, "head_dim": head_dim, "device": str(device),
+                "ops": counter.all.total, "launching_ops": launching, "syncs": counter.all.syncs,
+                "passes": passes, "pass_launching_ops": in_passes.launching if in_passes else None,
+                "attribution_launching_ops": counter.regions["attribute"].launching if "attribute" in counter.regions else None,
+                "launches_with_graphs": (launching - in_passes.launching + passes) if in_passes else None,
+                "top_ops": counter.all.as_dict(8)["top"], "seconds": time.perf_counter() - t0,
+            }
+            per_dim[head_dim] = row
+        first = per_dim[head_dims[0]]
+        first["launching_ops_at_head_dims"] = {str(d): per_dim[d]["launching_ops"] for d in head_dims}
+        first["passes_at_head_dims"] = {str(d): per_dim[d]["passes"] for d in head_dims}
+        rows.append(first)
+        print(f"# ops: n = {n}, m = {steps}: {first['launching_ops']:,} kernel-launching ops of {first['ops']:,} "
+              f"({first['syncs']} host syncs), {first['passes']} integration passes holding "
+              f"{first['pass_launching_ops']}; with one graph replay per pass: {first['launches_with_graphs']} "
+              f"launches; launching ops at head dims {first['launching_ops_at_head_dims']} "
+              f"({first['seconds']:.1f} s)", flush=True)
+    return rows
+
+
+def graph_pass(ns: list[int], steps: int = 20, dtype=torch.bfloat16, min_time: float = 0.3) -> list[dict]:
+    """One integration-like pass of BERT-base (random init): the forward of m scaled copies of
+    the embeddings and the backward to them, eager and captured once / replayed with
+    ``CapturedPass``; ms per pass, CUDA kernels per pass (torch.profiler) and the largest
+    difference of the gradients."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from attattr_cli.ops.graphs import CapturedPass
+
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(num_labels=3)).to(device=device, dtype=dtype).eval()
+    rows = []
+    for n in ns:
+        emb = torch.randn(1, n, 768, device=device, dtype=dtype)
+        alphas = torch.linspace(0.05, 1, steps, device=device, dtype=dtype)
+
+        def one_pass(emb, alphas):
+            x = (emb * alphas.view(-1, 1, 1)).detach().requires_grad_(True)
+            with torch.enable_grad():
+                f = model(inputs_embeds=x).logits[:, 0].float()
+                (g,) = torch.autograd.grad(f.sum(), x)
+            return g.float().sum(0), f.detach()
+
+        captured = CapturedPass(enabled=True)
+        graphed = lambda: captured.run("pass", one_pass, emb, alphas)  # noqa: E731
+        eager = lambda: one_pass(emb, alphas)  # noqa: E731
+        want, got = eager(), graphed()
+        row = {"n": n, "steps": steps, "dtype": str(dtype).split(".")[-1],
+               "max_abs_diff": float((want[0] - got[0]).abs().max())}
+        for name, fn in (("eager", eager), ("graph", graphed)):
+            row[f"{name}_ms"] = time_call(fn, min_time, device) * 1e3
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                fn()
+                torch.cuda.synchronize()
+            row[f"{name}_kernels"] = sum(e.count for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+        row["graph_stats"] = captured.stats()
+        rows.append(row)
+        print(f"# graph pass: n = {n}, m = {steps}: eager {row['eager_ms']:.2f} ms ({row['eager_kernels']} kernels), "
+              f"graph replay {row['graph_ms']:.2f} ms ({row['graph_kernels']} kernels), |diff| {row['max_abs_diff']:.2g}; "
+              f"{captured.stats()}", flush=True)
+    return rows
+
+
 # ------------------------------------------------------------------ output
 def fmt(x, spec=".3f", none="-") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
@@ -276,7 +428,7 @@ def fmt(x, spec=".3f", none="-") -> str:
     return format(x, spec)
 
 
-def table(rows: list[dict], launches: list[dict], skipped: list[str]) -> str:
+def table(rows: list[dict], launches: list[dict], skipped: list[str], ops: list[dict] | None = None) -> str:
     head = (f"{'dtype':>8} {'n':>6} | {'ref ms':>9} {'kern ms':>9} {'no maps':>9} {'fp32 path':>9} "
             f"{'sdpa bwd':>9} | {'ref':>6} {'kern':>6} {'fp32p':>6} {'sdpa':>6} | {'ref/kern':>8} | "
             f"{'ref MiB':>9} {'kern MiB':>9} {'no maps':>8}")
@@ -294,6 +446,12 @@ def table(rows: list[dict], launches: list[dict], skipped: list[str]) -> str:
             f"{fmt(r.get('kern_mib'), ',.1f'):>9} {fmt(r.get('kern_nomaps_mib'), ',.1f'):>8}")
     for item in skipped:
         lines.append(f"  not run (budget): {item}")
+    for r in ops or []:
+        lines.append("")
+        lines.append(f"aten ops per scored example (BERT-base graph, m = {r['steps']}, all layers; any device): "
+                     f"n = {r['n']}: {r['launching_ops']:,} that launch kernels ({r['ops']:,} in all, "
+                     f"{r['syncs']} host syncs), {r['passes']} passes holding {r['pass_launching_ops']}; "
+                     f"one graph replay per pass would leave {r['launches_with_graphs']}")
     if launches:
         lines.append("")
         lines.append("CUDA kernels launched per scored example (BERT-base, m = 20, all layers):")
@@ -321,9 +479,10 @@ def machine(device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    if args.smoke:
+    if args.smoke or (args.count_ops and not torch.cuda.is_available()):
         device = torch.device("cpu")
-        ns = args.ns or [32, 64]
+        # --count-ops on a machine without a GPU (and no --smoke): only the counts
+        ns = (args.ns or [32, 64]) if args.smoke else []
         with_kernel = False
     else:
         if not torch.cuda.is_available():
@@ -354,6 +513,13 @@ def main(argv=None) -> int:
             print(f"# {dname} n={n}: ref {fmt(row.get('ref_ms'), '.3f', 'OOM')} ms, kernel "
                   f"{fmt(row.get('kern_ms'))} ms, fp32 path {fmt(row.get('kern_fp32path_ms'))} ms, "
                   f"sdpa bwd {fmt(row.get('sdpa_bwd_ms'))} ms ({row['cell_seconds']:.1f} s)", flush=True)
+    ops = count_ops(args.count_ops, args.count_steps) if args.count_ops else []
+    passes = []
+    if args.graph_pass:
+        if device.type != "cuda":
+            print("# graph pass: needs a CUDA device; not measured", flush=True)
+        else:
+            passes = graph_pass(args.graph_pass, args.count_steps)
     launches = []
     if args.launches:
         if device.type != "cuda":
@@ -361,15 +527,15 @@ def main(argv=None) -> int:
         elif args.budget and time.perf_counter() - start > args.budget:
             skipped.append(f"launches at {args.launches}")
         else:
-            launches = count_launches(args.launches, "bfloat16")
-    text = table(rows, launches, skipped)
+            launches = count_launches(args.launches, "bfloat16", args.count_steps)
+    text = table(rows, launches, skipped, ops)
     print()
     print(text)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"machine": info, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                for k, v in vars(args).items()},
-                   "rows": rows, "launches": launches, "skipped": skipped,
+                   "rows": rows, "launches": launches, "ops": ops, "graph_pass": passes, "skipped": skipped,
                    "seconds": time.perf_counter() - start, "table": text}
         args.json.write_text(json.dumps(payload, indent=1))
         print(f"\n# wrote {args.json}")

@@ -750,7 +750,8 @@ def _emulation_sources(folder: Path) -> list[Path]:
         "return nullptr;",
         "resolve_stream",
     )
-    for name in ("attattr_attn_forward", "attattr_attr_from_grad", "attattr_attr_plan", "attattr_error_string"):
+    for name in ("attattr_attn_forward", "attattr_attr_from_grad", "attattr_attr_key_sums", "attattr_attr_plan",
+                 "attattr_error_string"):
         cu = cu.replace(name, "emu_" + name)
         cpp = cpp.replace(name, "emu_" + name)
     (folder / "emu_cuda.h").write_text(EMU_SHIM)
@@ -1089,6 +1090,104 @@ def test_emulated_split_g_path_keeps_the_float32_integral(emulated, emulated_wra
     with pytest.raises(RuntimeError, match="has dtype"):
         emulated.attr_from_grad(q.half(), k.half(), v.half(), g32, pad, None, d**-0.5, True, False, 0)
 
+# (batch, heads, n_q, n_k, d_head, dtype, masked, causal)
+PV_CASES = [
+    (2, 2, 70, 70, 80, torch.bfloat16, True, False),  # partial tiles, d padded to 96
+    (1, 2, 33, 129, 32, torch.float16, False, True),  # three key tiles, causal (bottom right)
+    (3, 1, 65, 65, 128, torch.bfloat16, True, True),  # a fully padded item, 8 tiles of 8 columns
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", PV_CASES, ids=lambda c: "x".join(map(str, c[:5])) + "-" + str(c[5]).split(".")[-1])
+def test_emulated_forward_pv_on_tensor_cores(emulated, case, monkeypatch):
+    """attn_forward's P V on tensor cores (issue 53): O within half an ulp of the output dtype
+    (plus a floor far below one) of the float64 truth, as close as the fp32 path; and the
+    emulated mma count is exactly that of Q K^T and P V (P split into two parts) on every
+    (query tile, key tile), so P V does not run on the CUDA cores."""
+    b, h, n_q, n_k, d, dtype, masked, causal = case
+    emulated.library.emu_mma_instructions.restype = ctypes.c_ulonglong
+    q, k, v, _ = _inputs(b, h, n_q, n_k, d, dtype, seed=n_q + 3 * d)
+    pad = _padding(b, n_k) if masked else None
+    truth = _truth(q, k, v, v[..., :1, :].expand(b, h, n_q, d), pad, causal)["o"]
+    half_ulp = 2.0 ** -(8 if dtype == torch.bfloat16 else 11)
+    floor = 1e-4 * truth.abs().max().item()
+    outs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ATTATTR_TENSOR_CORES", flag)
+        emulated.library.emu_mma_instructions()
+        o, _stats = emulated.attn_forward(q, k, v, pad, d**-0.5, causal, 0)
+        count = emulated.library.emu_mma_instructions()
+        err = (o.double() - truth).abs()
+        bound = half_ulp * truth.abs() + floor
+        assert (err <= bound).all(), f"tensor_cores={flag}: worst excess {(err - bound).max().item():.3g}"
+        outs[flag] = o
+        if flag == "0":
+            assert count == 0
+            continue
+        dp = -(-d // 32) * 32  # the padded head dim the dispatcher picks (32, 64, 96, 128)
+        q_tiles, k_tiles = -(-n_q // 64), -(-n_k // 64)
+        if causal:  # key tiles up to the causal end of each query tile
+            k_tiles_per = [-(-min(n_k, max(0, min(q0 + 64, n_q) - 1 + n_k - n_q + 1)) // 64) for q0 in range(0, n_q, 64)]
+        else:
+            k_tiles_per = [k_tiles] * q_tiles
+        per_tile = 8 * ((dp // 16) * 4 + (64 // 16) * (dp // 16) * 2)  # 8 warps: Q K^T, then P V (hi + lo)
+        assert count == b * h * sum(k_tiles_per) * per_tile, (count, k_tiles_per)
+    # the two paths: each within half an ulp of the truth, so at most one ulp apart
+    diff = (outs["1"].double() - outs["0"].double()).abs()
+    assert (diff <= 2 * half_ulp * truth.abs() + 2 * floor).all()
+
+
+# (batch, heads, n_q, n_k, d_head, dtype, g dtype, masked, causal, read_from)
+KEY_SUM_CASES = [
+    (3, 2, 70, 70, 64, torch.float32, torch.float32, True, False, 40),
+    (2, 5, 40, 40, 32, torch.float32, torch.float32, False, True, 0),  # 3 head groups (4 SMs)
+    (1, 2, 33, 129, 32, torch.bfloat16, torch.bfloat16, False, True, 20),  # tensor cores, n_q < n_k
+    (2, 3, 70, 70, 64, torch.bfloat16, torch.float32, True, True, 69),  # split G (the engine's bf16)
+    (1, 2, 130, 70, 48, torch.float16, torch.float16, True, False, 200),  # read_from past n_q: zeros
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", KEY_SUM_CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[-1]}")
+def test_emulated_key_sums_match_reference(emulated, emulated_wrappers, case):
+    """The per-key-sum epilogue (the sources' quantity, no n_q x n_k array): per key j the
+    attribution summed over heads and query rows, and over the rows i >= read_from, against
+    the float64 truth; head_max bit for bit that of attr_from_grad; run to run identical;
+    the launches: the attribution grid, the per-key reduction and the head-max reduction."""
+    b, h, n_q, n_k, d, dtype, gdtype, masked, causal, read_from = case
+    q, k, v, g = _inputs(b, h, n_q, n_k, d, dtype, seed=n_q + n_k + d)
+    g = g.to(gdtype)
+    pad = _padding(b, n_k) if masked else None
+    truth = _truth(q, k, v, g, pad, causal)
+    scale = d**-0.5
+    _, _, head_max_full = emulated.attr_from_grad(q, k, v, g, pad, None, scale, causal, False, 0)
+    _o, stats = emulated.attn_forward(q, k, v, pad, scale, causal, 0)
+    _launch_grids(emulated)
+    key_sums, head_max = emulated.attr_key_sums(q, k, v, g, pad, stats, scale, causal, read_from, 0)
+    grids = _launch_grids(emulated)
+    plan = kernel.attribution_grid(b, h, n_q, n_k, sms=4)
+    assert grids[0] == (-(-n_k // 64), -(-n_q // 64), b * plan["groups"]) and len(grids) == 3, grids
+    assert key_sums.shape == (b, 2, n_k) and key_sums.dtype == torch.float32
+    want_all = truth["maps"].sum((1, 2))
+    want_read = truth["maps"][:, :, read_from:].sum((1, 2))
+    mag = truth["maps"].abs().sum((1, 2)).max().item()  # the sums' own scale
+    torch.testing.assert_close(key_sums[:, 0].double(), want_all, atol=2e-6 * mag, rtol=1e-5)
+    torch.testing.assert_close(key_sums[:, 1].double(), want_read, atol=2e-6 * mag, rtol=1e-5)
+    assert torch.equal(head_max, head_max_full)
+    again, _ = emulated.attr_key_sums(q, k, v, g, pad, None, scale, causal, read_from, 0)
+    assert torch.equal(again, key_sums)  # deterministic, with the statistics recomputed too
+    # the wrapper and both backends give the same dict
+    got = emulated_wrappers.attribution_key_sums(q, k, v, g, pad, causal=causal, read_from=read_from)
+    assert set(got) == {"key_sum", "read_sum", "total", "head_max"}
+    assert torch.equal(got["key_sum"], key_sums[:, 0]) and torch.equal(got["read_sum"], key_sums[:, 1])
+    ref = TorchBackend().attribution_key_sums(q, k, v, g, pad, causal=causal, read_from=read_from)
+    for name in ("key_sum", "read_sum", "head_max"):
+        torch.testing.assert_close(ref[name].double(), got[name].double(), atol=2e-5 * mag, rtol=2e-5, msg=name)
+    torch.testing.assert_close(got["total"], truth["maps"].sum((1, 2, 3)), atol=2e-6 * mag * n_k, rtol=1e-5)
+    assert "read_sum" not in emulated_wrappers.attribution_key_sums(q, k, v, g, pad, causal=causal)
+
+
 @pytest.mark.slow
 def test_emulated_plan_matches_python_mirror(emulated):
     for b, h, n, sms in itertools.product((1, 3, 40000), (1, 2, 12, 16), (1, 64, 65, 128, 512, 4096), (1, 108, 132)):
@@ -1176,6 +1275,93 @@ def test_emulated_ops_opcheck_and_compile(emulated_wrappers, emulated):
     for a, b in zip(eager, compiled):
         torch.testing.assert_close(a, b)
 
+
+
+# ------------------------------------------------------------------ launches and CUDA graphs
+def _tiny_pass():
+    """An integration-pass-like function: a forward and a backward through a small MLP."""
+    torch.manual_seed(3)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 3))
+
+    def fn(x, w):
+        x = x.detach().requires_grad_(True)
+        with torch.enable_grad():
+            f = net(x).logsumexp(-1)
+            (g,) = torch.autograd.grad((f * w).sum(), x)
+        return g, f.detach()
+
+    return net, fn
+
+
+def test_op_counter_counts_forward_and_backward_ops():
+    """The dispatch-level counter sees the backward's ops too, sorts views out of the ops that
+    launch kernels, counts per region, and its count does not depend on the tensors' sizes
+    (the launches of a pass depend on the graph of ops, not on the widths)."""
+    from attattr_cli.ops.graphs import OpCounter
+
+    _net, fn = _tiny_pass()
+    counts = []
+    for batch in (2, 40):
+        x, w = torch.randn(batch, 8), torch.rand(batch)
+        with OpCounter() as counter:
+            with counter.region("pass"):
+                fn(x, w)
+            (x * 2).view(-1)
+        counts.append(counter)
+        assert counter.regions["pass"].launching > 0 and counter.entries["pass"] == 1
+        assert counter.all.launching == counter.regions["pass"].launching + 1  # the mul; the view launches nothing
+        assert counter.all.total > counter.all.launching
+        assert counter.regions["pass"].by_op["aten::addmm"] == 2  # the two Linear layers' forwards
+        assert any("backward" in name or name == "aten::mm" for name in counter.regions["pass"].by_op)
+    assert counts[0].all.launching == counts[1].all.launching
+
+
+def test_captured_pass_falls_back_to_eager_on_cpu(monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=1 on CPU tensors: the pass runs eagerly, with the same results as
+    the plain call, and the reason is recorded; off, nothing is recorded."""
+    from attattr_cli.ops import graphs
+
+    _net, fn = _tiny_pass()
+    x, w = torch.randn(5, 8), torch.rand(5)
+    want = fn(x, w)
+    monkeypatch.setenv(graphs.ENV_VAR, "1")
+    captured = graphs.CapturedPass()
+    for _ in range(3):
+        got = captured.run("layer-0", fn, x, w)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert captured.stats()["captures"] == 0 and captured.eager_calls == 3
+    assert captured.stats()["fallbacks"] == ["inputs not on a CUDA device"]
+    monkeypatch.setenv(graphs.ENV_VAR, "0")
+    off = graphs.CapturedPass()
+    assert not off.enabled
+    off.run("layer-0", fn, x, w)
+    assert off.fallback_reasons == {} and off.eager_calls == 1
+    with_aux = graphs.CapturedPass(enabled=True, aux=True)
+    tensors, aux = with_aux.run("k", lambda x, w: (fn(x, w), {"saved": 1}), x, w)
+    assert aux == {"saved": 1} and torch.equal(tensors[0], want[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
+def test_gpu_captured_pass_replays_and_matches_eager():
+    """On a GPU the pass (forward and backward) is captured once and replayed: the replay's
+    results equal the eager ones for new inputs each time (not the captured inputs')."""
+    from attattr_cli.ops import graphs
+
+    net, fn = _tiny_pass()
+    net.cuda()
+    captured = graphs.CapturedPass(enabled=True)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    for _ in range(4):
+        x = torch.randn(6, 8, device="cuda", generator=gen)
+        w = torch.rand(6, device="cuda", generator=gen)
+        got = captured.run("pass", fn, x, w)
+        want = fn(x, w)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+    assert captured.captures == 1 and captured.replays == 4, captured.stats()
+    assert not captured.fallback_reasons
 
 
 # ------------------------------------------------------------------ GPU benchmark scripts

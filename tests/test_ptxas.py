@@ -85,9 +85,9 @@ def test_no_spills_and_two_blocks_per_sm(usage):
     _, rows = usage
     kernels = {(r.kernel, r.dtype, r.head_dim, r.arch) for r in rows}
     # 3 dtypes x 4 head dims x (attr, fwd, fwd+O), the tensor-core variants of the two half
-    # dtypes (attr+mma, fwd+mma, fwd+O+mma), bfloat16's attr+mma+splitG (float32 G) and 2
-    # reductions, for each architecture
-    assert len(kernels) == 2 * (3 * 4 * 3 + 2 * 4 * 3 + 4 + 2), sorted(kernels)
+    # dtypes (attr+mma, fwd+mma, fwd+O+mma), bfloat16's attr+mma+splitG (float32 G) and 3
+    # reductions (head sums, head maxima, per-key sums), for each architecture
+    assert len(kernels) == 2 * (3 * 4 * 3 + 2 * 4 * 3 + 4 + 3), sorted(kernels)
     spilled = [r for r in rows if r.spills or r.stack]
     assert not spilled, "spills: " + "; ".join(
         f"{r.kernel} {r.dtype} D={r.head_dim} sm_{r.arch}: {r.spills} bytes" for r in spilled
@@ -164,11 +164,13 @@ def test_ptx_of_the_tensor_core_kernels_holds_mma(ptx, arch):
     entries = _entries(ptx[arch])
     assert entries, "no .entry in the PTX"
     checked = 0
+    counts = {}
     for name, body in entries.items():
         kern, dtype, head_dim = ptxas._describe(name)
         if not kern.startswith(("attr_kernel", "attn_fwd_kernel")):
             continue
         count = body.count("mma.sync.aligned.m16n8k16")
+        counts[kern, dtype, head_dim] = count
         if "+mma" in kern:
             assert MMA[dtype] in body, f"{kern} {dtype} D={head_dim} {arch}: no {MMA[dtype]}"
             # two products of D / 16 k-steps x 4 tiles (one for the forward); loops may be unrolled
@@ -177,3 +179,10 @@ def test_ptx_of_the_tensor_core_kernels_holds_mma(ptx, arch):
         else:
             assert count == 0, f"{kern} {dtype} D={head_dim} {arch}: the fp32 path has mma"
     assert checked == 2 * 4 * 3 + 4  # (attr, fwd, fwd+O) x 4 head dims x 2 half dtypes, splitG
+    # the forward with O computes P V on tensor cores too: beyond the Q K^T of the
+    # statistics-only forward, the P V loop's 4 key steps x D / 16 tiles x 2 parts (hi, lo) of P
+    # (fully unrolled)
+    for dtype in MMA:
+        for head_dim in (32, 64, 96, 128):
+            extra = counts["attn_fwd_kernel+O+mma", dtype, head_dim] - counts["attn_fwd_kernel+mma", dtype, head_dim]
+            assert extra >= 4 * (head_dim // 16) * 2, (dtype, head_dim, counts)

@@ -51,7 +51,12 @@
 //       the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point type"
 //       documents; the CPU emulation (tests/test_kernels.py) models the instruction with
 //       that layout, so a fragment bug fails on the CPU.
-//     The forward's P V product stays on the CUDA cores in both paths.
+//     The forward's P V product (WITH_O) takes the same path: on tensor cores each warp keeps
+//     a 16 x D/2 part of O in mma accumulators across the key tiles; P (float, in [0, 1]) is
+//     split into two half parts, p = hi + lo (hi the half rounding of p, lo that of the
+//     rest), so P V is two mma per step and P carries 16 (bfloat16) or 22 (float16)
+//     significant bits instead of 8 or 11: the row rescaling by exp(m_old - m_new) and the
+//     final 1 / l go through shared memory (the accumulator rows are not the thread's own).
 //   * bfloat16 q, k, v with a float32 G (the engine's bf16 scoring: the integral is summed
 //     in float32) on the tensor-core path (SPLIT_G): G is staged as float and each of its
 //     values split into three bfloat16 parts, g = hi + mid + lo exactly (8 + 8 + 8 of
@@ -222,6 +227,23 @@ __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[
 #endif
 }
 
+// The 8 fragment values x (in the A register order below) as PARTS half parts, x = p[0] +
+// p[1] + ... : each part the T rounding of what the previous ones leave (exact in float).
+template <typename T, int PARTS>
+__device__ __forceinline__ void split_fragment(float (&x)[8], uint32_t (&parts)[PARTS][4]) {
+#pragma unroll
+  for (int p = 0; p < PARTS; ++p) {
+    float rounded[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      rounded[e] = to_float<T>(from_float<T>(x[e]));
+      x[e] -= rounded[e];
+    }
+#pragma unroll
+    for (int r = 0; r < 4; ++r) parts[p][r] = pack2<T>(rounded[2 * r], rounded[2 * r + 1]);
+  }
+}
+
 // c[r][j] (row pitch kBN + 1) = sum_k A[r][k] * B[j][k] for the 64 x 64 tile on tensor cores.
 // Warp w computes rows 16 (w % 4) .. +16 and columns 32 (w / 4) .. +32: one A fragment
 // and four m16n8 tiles per step of 16 along D.  With groupID g = lane / 4 and t = lane % 4:
@@ -250,17 +272,7 @@ __device__ __forceinline__ void tile_dots_mma(float* __restrict__ c, const float
       // bfloat16 (the residual of rounding to 8 bits is exact in float).
       float x[8] = {ar[0], ar[1], ar8[0], ar8[1], ar[8], ar[9], ar8[8], ar8[9]};
       uint32_t parts[3][4];
-#pragma unroll
-      for (int p = 0; p < 3; ++p) {
-        float rounded[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          rounded[e] = to_float<T>(from_float<T>(x[e]));
-          x[e] -= rounded[e];
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) parts[p][r] = pack2<T>(rounded[2 * r], rounded[2 * r + 1]);
-      }
+      split_fragment<T, 3>(x, parts);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const float* br = b + (c0 + 8 * nt + grp) * (D + 1) + k0 + 2 * tig;
@@ -310,6 +322,35 @@ __device__ __forceinline__ void tile_product(float (&s)[kRows][kCols], const flo
   }
 }
 
+// acc += P V on tensor cores for one key tile: P = p (row pitch kBN + 1, 64 x 64 floats),
+// V = vt (row pitch D + 1, 64 keys x D).  Warp w owns O rows 16 (w % 4) .. +16 and columns
+// (w / 4) D / 2 .. + D / 2: D / 16 m16n8 tiles, acc[nt] in the C / D layout of
+// tile_dots_mma.  A is P (row major: A[r][k] = p[r][k]), B[k][n] = vt[k][n] (k the key).
+// Each P fragment is split into two half parts (hi + lo), the smaller first.
+template <typename T, int D>
+__device__ __forceinline__ void pv_mma(float (&acc)[D / 16][4], const float* __restrict__ p,
+                                       const float* __restrict__ vt, int tid) {
+  const int warp = tid >> 5, lane = tid & 31;
+  const int grp = lane >> 2, tig = lane & 3;
+  const int r0 = 16 * (warp & 3), c0 = (D / 2) * (warp >> 2);
+#pragma unroll
+  for (int k0 = 0; k0 < kBN; k0 += 16) {
+    const float* pr = p + (r0 + grp) * (kBN + 1) + k0 + 2 * tig;
+    const float* pr8 = pr + 8 * (kBN + 1);
+    float x[8] = {pr[0], pr[1], pr8[0], pr8[1], pr[8], pr[9], pr8[8], pr8[9]};
+    uint32_t parts[2][4];
+    split_fragment<T, 2>(x, parts);
+    const float* vk = vt + (k0 + 2 * tig) * (D + 1) + c0 + grp;
+#pragma unroll
+    for (int nt = 0; nt < D / 16; ++nt) {
+      const float* vc = vk + 8 * nt;
+      const uint32_t fb[2] = {pack2<T>(vc[0], vc[D + 1]), pack2<T>(vc[8 * (D + 1)], vc[9 * (D + 1)])};
+      mma_m16n8k16<T>(acc[nt], parts[1], fb);
+      mma_m16n8k16<T>(acc[nt], parts[0], fb);
+    }
+  }
+}
+
 template <typename T>
 constexpr bool is_half_type() {
   return sizeof(T) == 2;
@@ -336,6 +377,9 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
   float* s_q = smem;                    // [kBM][D + 1]
   float* s_kv = s_q + kBM * (D + 1);    // [kBN][D + 1]  K, then V
   float* s_p = s_kv + kBN * (D + 1);    // [kBM][kBN + 1] (WITH_O or MMA): P, scores of MMA
+  // WITH_O and MMA: the rows' alpha, then their l, in s_p's pad column (kBN), which P never
+  // uses (no more shared memory: 2 blocks per SM at D = 128 on an A100 too)
+  constexpr bool kPvMma = WITH_O && MMA;
 
   const int tid = threadIdx.x;
   const int ty = tid / kTY;
@@ -354,6 +398,11 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 
   float m[kRows], l[kRows];
   float acc[kRows][kDPer];
+  float acc_tc[kPvMma ? D / 16 : 1][4];  // the tensor-core P V accumulators (pv_mma)
+#pragma unroll
+  for (int nt = 0; nt < (kPvMma ? D / 16 : 1); ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_tc[nt][e] = 0.f;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     m[i] = -INFINITY;
@@ -409,8 +458,12 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
       l[i] = l[i] * alpha + psum;
       m[i] = m_new;
       if (WITH_O) {
+        if constexpr (kPvMma) {
+          if (tx == 0) s_p[(ty + kTY * i) * (kBN + 1) + kBN] = alpha;
+        } else {
 #pragma unroll
-        for (int e = 0; e < kDPer; ++e) acc[i][e] *= alpha;
+          for (int e = 0; e < kDPer; ++e) acc[i][e] *= alpha;
+        }
 #pragma unroll
         for (int j = 0; j < kCols; ++j) s_p[(ty + kTY * i) * (kBN + 1) + tx + kTY * j] = s[i][j];
       }
@@ -420,6 +473,19 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
       __syncthreads();  // everyone is done with K in s_kv; s_p is complete
       load_tile<T, D, kBN>(s_kv, vb, sv.n, k0, n_k, d);
       __syncthreads();
+      if constexpr (kPvMma) {
+        const int lane = tid & 31;
+        const int row = 16 * ((tid >> 5) & 3) + (lane >> 2);
+        const float al0 = s_p[row * (kBN + 1) + kBN], al8 = s_p[(row + 8) * (kBN + 1) + kBN];
+#pragma unroll
+        for (int nt = 0; nt < D / 16; ++nt) {
+          acc_tc[nt][0] *= al0;
+          acc_tc[nt][1] *= al0;
+          acc_tc[nt][2] *= al8;
+          acc_tc[nt][3] *= al8;
+        }
+        pv_mma<T, D>(acc_tc, s_p, s_kv, tid);
+      } else {
 #pragma unroll 4
       for (int c = 0; c < kBN; ++c) {
         float pv[kRows];
@@ -432,6 +498,33 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
           for (int i = 0; i < kRows; ++i) acc[i][e] = fmaf(pv[i], vv, acc[i][e]);
         }
       }
+      }
+    }
+  }
+
+  if constexpr (kPvMma) {
+    // O from the accumulators: rows r0 + grp (+ 8), columns c0 + 8 nt + 2 tig (+ 1); the
+    // rows' l through shared memory (the pad column, once every warp has read its alphas).
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < kRows; ++i)
+      if (tx == 0) s_p[(ty + kTY * i) * (kBN + 1) + kBN] = l[i];
+    __syncthreads();
+    const int lane = tid & 31, grp = lane >> 2, tig = lane & 3;
+    const int r0 = 16 * ((tid >> 5) & 3) + grp, c0 = (D / 2) * (tid >> 7) + 2 * tig;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = q0 + r0 + 8 * half;
+      if (r >= n_q) continue;
+      const float row_l = s_p[(r0 + 8 * half) * (kBN + 1) + kBN];
+      const float inv = row_l > 0.f ? 1.f / row_l : 0.f;
+      T* orow = o + b * so.b + h * so.h + (long long)r * so.n;
+#pragma unroll
+      for (int nt = 0; nt < D / 16; ++nt) {
+        const int dd = c0 + 8 * nt;
+        if (dd < d) orow[dd] = from_float<T>(acc_tc[nt][2 * half] * inv);
+        if (dd + 1 < d) orow[dd + 1] = from_float<T>(acc_tc[nt][2 * half + 1] * inv);
+      }
     }
   }
 
@@ -441,7 +534,7 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
     const int r = q0 + ty + kTY * i;
     if (r >= n_q) continue;
     const bool any = l[i] > 0.f;
-    if (WITH_O) {
+    if (WITH_O && !kPvMma) {
       const float inv = any ? 1.f / l[i] : 0.f;
       T* orow = o + b * so.b + h * so.h + (long long)r * so.n;
 #pragma unroll
@@ -468,12 +561,18 @@ attn_fwd_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __res
 // head's maximum over the tile goes to partials[(b * H + h) * tiles + tile], reduced by
 // head_max_reduce_kernel.  No atomics: every output is deterministic.
 // SPLIT_G: g is float32 beside bfloat16 q, k, v (tensor cores only, see the top).
+// Per-key sums (col_out not null; sum_out then unused, maps null): instead of its head-sum
+// tile the block writes, per key column of the tile, the group's attribution summed over the
+// tile's query rows, and over its rows r >= read_from, to
+// col_out[((blockIdx.z * gridDim.y + blockIdx.y) * 2 + {0, 1}) * n_k + column]; the sources'
+// quantity sum_i sum_h a_ij without any n_q x n_k array (key_sum_reduce_kernel adds them).
 template <typename T, int D, bool MMA, bool SPLIT_G,
           typename TG = typename std::conditional<SPLIT_G, float, T>::type>
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSM)
 attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
             const TG* __restrict__ g, const float* __restrict__ mask, const float* __restrict__ stats,
             float* __restrict__ maps, float* __restrict__ sum_out, float* __restrict__ partials,
+            float* __restrict__ col_out, int read_from,
             int H, int heads_per_group, int n_q, int n_k, int d, float scale, int causal,
             Strides sq, Strides sk, Strides sv, Strides sg, long long mask_sb) {
   extern __shared__ float smem[];
@@ -584,6 +683,40 @@ attr_kernel(const T* __restrict__ q, const T* __restrict__ k, const T* __restric
     }
   }
 
+  if (col_out != nullptr) {  // uniform over the block
+    __syncthreads();  // the head loop's readers of s_a / s_b are done
+    float* s_all = s_a;   // [kTY][kBN]: per thread row ty, the column sums of its rows
+    float* s_read = s_b;  // [kTY][kBN]: the same over the rows r >= read_from
+#pragma unroll
+    for (int j = 0; j < kCols; ++j) {
+      float all = 0.f, read = 0.f;
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int r = q0 + ty + kTY * i;
+        if (r >= n_q) continue;
+        all += hsum[i][j];
+        if (r >= read_from) read += hsum[i][j];
+      }
+      s_all[ty * kBN + tx + kTY * j] = all;
+      s_read[ty * kBN + tx + kTY * j] = read;
+    }
+    __syncthreads();
+    if (tid < kBN) {
+      float all = 0.f, read = 0.f;
+      for (int y = 0; y < kTY; ++y) {  // fixed order: deterministic
+        all += s_all[y * kBN + tid];
+        read += s_read[y * kBN + tid];
+      }
+      const int c = k0 + tid;
+      if (c < n_k) {
+        float* out = col_out + ((long long)blockIdx.z * gridDim.y + blockIdx.y) * 2 * n_k;
+        out[c] = all;
+        out[n_k + c] = read;
+      }
+    }
+    return;
+  }
+
   float* sum_b = sum_out + (long long)blockIdx.z * n_q * n_k;
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -611,6 +744,23 @@ __global__ void head_sum_reduce_kernel(const float* __restrict__ workspace,
     float acc = 0.f;
     for (int grp = 0; grp < groups; ++grp) acc += src[grp * per_item];
     head_sum[idx] = acc;
+  }
+}
+
+// Second pass of the per-key sums: key_sums[b, w, c] = sum over p of
+// col_out[((b * parts + p) * 2 + w) * n_k + c], p = group * q_tiles + query tile, in the
+// order p = 0, 1, ... (deterministic); w = 0 all query rows, w = 1 rows >= read_from.
+__global__ void key_sum_reduce_kernel(const float* __restrict__ col_out,
+                                      float* __restrict__ key_sums, int B, int parts, int n_k) {
+  const long long total = (long long)B * 2 * n_k;
+  for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+       idx += (long long)gridDim.x * blockDim.x) {
+    const long long b = idx / (2LL * n_k);
+    const long long rest = idx - b * 2LL * n_k;  // w * n_k + c
+    const float* src = col_out + b * parts * 2LL * n_k + rest;
+    float acc = 0.f;
+    for (int part = 0; part < parts; ++part) acc += src[part * 2LL * n_k];
+    key_sums[idx] = acc;
   }
 }
 
@@ -683,7 +833,8 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
 template <typename T, int D, bool MMA, bool SPLIT_G>
 cudaError_t launch_attr(const void* q, const void* k, const void* v, const void* g,
                         const float* mask, const float* stats, float* maps, float* head_sum,
-                        float* head_max, float* workspace, float* partials, int heads_per_group,
+                        float* head_max, float* workspace, float* partials, float* col_out,
+                        float* key_sums, int read_from, int heads_per_group,
                         int B, int H, int n_q, int n_k, int d, const long long* q_str,
                         const long long* k_str, const long long* v_str, const long long* g_str,
                         long long mask_sb, float scale, int causal, cudaStream_t stream) {
@@ -698,17 +849,25 @@ cudaError_t launch_attr(const void* q, const void* k, const void* v, const void*
     if (err != cudaSuccess) return err;
   }
   const dim3 grid((n_k + kBN - 1) / kBN, (n_q + kBM - 1) / kBM, B * groups);
-  float* sum_out = groups > 1 ? workspace : head_sum;
+  const bool key_mode = col_out != nullptr;
+  float* sum_out = key_mode ? nullptr : (groups > 1 ? workspace : head_sum);
   kern<<<grid, kThreads, smem, stream>>>(
       static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v),
-      static_cast<const TG*>(g), mask, stats, maps, sum_out, partials, H, heads_per_group, n_q,
+      static_cast<const TG*>(g), mask, stats, key_mode ? nullptr : maps, sum_out, partials,
+      col_out, read_from, H, heads_per_group, n_q,
       n_k, d, scale, causal, make_strides(q_str), make_strides(k_str), make_strides(v_str),
       make_strides(g_str), mask_sb);
   err = cudaGetLastError();
   if (err != cudaSuccess) return err;
 
   const long long per_item = (long long)n_q * n_k;
-  if (groups > 1) {
+  if (key_mode) {
+    const long long blocks = ((long long)B * 2 * n_k + kThreads - 1) / kThreads;
+    key_sum_reduce_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), kThreads, 0, stream>>>(
+        col_out, key_sums, B, (int)(groups * grid.y), n_k);
+    err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  } else if (groups > 1) {
     const long long blocks = ((long long)B * per_item + kThreads - 1) / kThreads;
     head_sum_reduce_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), kThreads, 0, stream>>>(
         workspace, head_sum, B, groups, per_item);
@@ -755,14 +914,16 @@ cudaError_t dispatch_forward(int d, const void* q, const void* k, const void* v,
 template <typename T>
 cudaError_t dispatch_attr(int d, const void* q, const void* k, const void* v, const void* g,
                           const float* mask, const float* stats, float* maps, float* head_sum,
-                          float* head_max, float* workspace, float* partials,
-                          int heads_per_group, int B, int H, int n_q, int n_k,
+                          float* head_max, float* workspace, float* partials, float* col_out,
+                          float* key_sums, int read_from, int heads_per_group, int B, int H,
+                          int n_q, int n_k,
                           const long long* q_str, const long long* k_str, const long long* v_str,
                           const long long* g_str, long long mask_sb, float scale, int causal,
                           int tensor_cores, bool split_g, cudaStream_t stream) {
 #define ATTATTR_ATTR(DD, MMA, SPLIT)                                                          \
   return launch_attr<T, DD, MMA, SPLIT>(q, k, v, g, mask, stats, maps, head_sum, head_max,    \
-                                        workspace, partials, heads_per_group, B, H, n_q, n_k, \
+                                        workspace, partials, col_out, key_sums, read_from,    \
+                                        heads_per_group, B, H, n_q, n_k,                      \
                                         d, q_str, k_str, v_str, g_str, mask_sb, scale, causal, \
                                         stream)
   if constexpr (is_bf16<T>::value) {
@@ -851,6 +1012,49 @@ extern "C" int attattr_attr_plan(int B, int H, int n_q, int n_k, int sms, int* h
   return 0;
 }
 
+namespace attattr {
+namespace {
+// The attribution entry points' shared body (see attattr_attr_from_grad below).
+int attr_entry(int dtype, int g_dtype, const void* q, const void* k, const void* v, const void* g,
+               const float* mask, const float* stats, float* maps, float* head_sum,
+               float* head_max, float* workspace, float* partials, float* col_out,
+               float* key_sums, int read_from, int heads_per_group, int B, int H, int n_q,
+               int n_k, int d, const long long* q_str, const long long* k_str,
+               const long long* v_str, const long long* g_str, long long mask_sb, float scale,
+               int causal, int tensor_cores, void* stream) {
+  if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr || head_max == nullptr ||
+      partials == nullptr || heads_per_group < 1)
+    return (int)cudaErrorInvalidValue;
+  const long long groups = (H + heads_per_group - 1) / heads_per_group;
+  if (col_out == nullptr &&
+      (head_sum == nullptr || (groups > 1 && workspace == nullptr)))
+    return (int)cudaErrorInvalidValue;
+  if (col_out != nullptr && key_sums == nullptr) return (int)cudaErrorInvalidValue;
+  if ((long long)B * groups > 65535) return (int)cudaErrorInvalidValue;
+  // g has q's dtype, or is float32 beside bfloat16 q, k, v on the tensor-core path.
+  const bool split_g = dtype == 2 && g_dtype == 0;
+  if (g_dtype != dtype && !(split_g && tensor_cores)) return (int)cudaErrorInvalidValue;
+  cudaStream_t st = static_cast<cudaStream_t>(stream);
+#define ATTATTR_DISPATCH(TT, SPLIT)                                                           \
+  return (int)dispatch_attr<TT>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,         \
+                                workspace, partials, col_out, key_sums, read_from,            \
+                                heads_per_group, B, H, n_q, n_k, q_str, k_str, v_str, g_str,  \
+                                mask_sb, scale, causal, tensor_cores, SPLIT, st)
+  switch (dtype) {
+    case 0:
+      ATTATTR_DISPATCH(float, false);
+    case 1:
+      ATTATTR_DISPATCH(__half, false);
+    case 2:
+      ATTATTR_DISPATCH(__nv_bfloat16, split_g);
+    default:
+      return (int)cudaErrorInvalidValue;
+  }
+#undef ATTATTR_DISPATCH
+}
+}  // namespace
+}  // namespace attattr
+
 // stats must come from attattr_attn_forward on the same q, k, mask, scale, causal.
 // g_dtype: g's dtype code, dtype's own, or 0 (float32) with dtype 2 (bfloat16) and
 // tensor_cores (the split path); anything else is cudaErrorInvalidValue.
@@ -866,37 +1070,31 @@ extern "C" int attattr_attr_from_grad(int dtype, int g_dtype, const void* q, con
                                       const long long* v_str, const long long* g_str,
                                       long long mask_sb, float scale, int causal,
                                       int tensor_cores, void* stream) {
-  using namespace attattr;
-  if (bad_sizes(B, H, n_q, n_k, d) || stats == nullptr || head_sum == nullptr ||
-      head_max == nullptr || partials == nullptr || heads_per_group < 1)
-    return (int)cudaErrorInvalidValue;
-  const long long groups = (H + heads_per_group - 1) / heads_per_group;
-  if ((groups > 1 && workspace == nullptr) || (long long)B * groups > 65535)
-    return (int)cudaErrorInvalidValue;
-  // g has q's dtype, or is float32 beside bfloat16 q, k, v on the tensor-core path.
-  const bool split_g = dtype == 2 && g_dtype == 0;
-  if (g_dtype != dtype && !(split_g && tensor_cores)) return (int)cudaErrorInvalidValue;
-  cudaStream_t st = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case 0:
-      return (int)dispatch_attr<float>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
-                                        workspace, partials, heads_per_group, B, H, n_q, n_k,
-                                        q_str, k_str, v_str, g_str, mask_sb, scale, causal,
-                                        tensor_cores, false, st);
-    case 1:
-      return (int)dispatch_attr<__half>(d, q, k, v, g, mask, stats, maps, head_sum, head_max,
-                                         workspace, partials, heads_per_group, B, H, n_q, n_k,
-                                         q_str, k_str, v_str, g_str, mask_sb, scale, causal,
-                                         tensor_cores, false, st);
-    case 2:
-      return (int)dispatch_attr<__nv_bfloat16>(d, q, k, v, g, mask, stats, maps, head_sum,
-                                                head_max, workspace, partials, heads_per_group,
-                                                B, H, n_q, n_k, q_str, k_str, v_str, g_str,
-                                                mask_sb, scale, causal, tensor_cores, split_g,
-                                                st);
-    default:
-      return (int)cudaErrorInvalidValue;
-  }
+  return attattr::attr_entry(dtype, g_dtype, q, k, v, g, mask, stats, maps, head_sum, head_max,
+                             workspace, partials, nullptr, nullptr, 0, heads_per_group, B, H,
+                             n_q, n_k, d, q_str, k_str, v_str, g_str, mask_sb, scale, causal,
+                             tensor_cores, stream);
+}
+
+// The per-key sums of the attribution (the sources' quantity), no n_q x n_k array:
+// key_sums [B, 2, n_k] float32, [b, 0, j] = sum_h sum_i a_ij and [b, 1, j] the same over the
+// query rows i >= read_from (read_from >= n_q: zeros); head_max [B, H] as above.
+// col_partials: B * groups * ceil(n_q / 64) * 2 * n_k floats of scratch, groups =
+// ceil(H / heads_per_group) from attattr_attr_plan (whose workspace is not needed here).
+extern "C" int attattr_attr_key_sums(int dtype, int g_dtype, const void* q, const void* k,
+                                     const void* v, const void* g, const float* mask,
+                                     const float* stats, float* key_sums, float* head_max,
+                                     float* col_partials, float* partials, int read_from,
+                                     int heads_per_group, int B, int H, int n_q, int n_k, int d,
+                                     const long long* q_str, const long long* k_str,
+                                     const long long* v_str, const long long* g_str,
+                                     long long mask_sb, float scale, int causal,
+                                     int tensor_cores, void* stream) {
+  if (col_partials == nullptr) return (int)cudaErrorInvalidValue;
+  return attattr::attr_entry(dtype, g_dtype, q, k, v, g, mask, stats, nullptr, nullptr,
+                             head_max, nullptr, partials, col_partials, key_sums, read_from,
+                             heads_per_group, B, H, n_q, n_k, d, q_str, k_str, v_str, g_str,
+                             mask_sb, scale, causal, tensor_cores, stream);
 }
 
 extern "C" const char* attattr_error_string(int code) {

@@ -8,6 +8,9 @@
 //   attattr::attr_from_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask,
 //                           Tensor? stats, float scale, bool causal, bool want_maps,
 //                           int stream=-1) -> (Tensor maps, Tensor head_sum, Tensor head_max)
+//   attattr::attr_key_sums(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask, Tensor? stats,
+//                          float scale, bool causal, int read_from, int stream=-1)
+//                          -> (Tensor key_sums, Tensor head_max)
 //
 // q, g: [B, H, n_q, d]; k, v: [B, H, n_k, d]; all float32, float16 or bfloat16 (one
 // dtype; or bfloat16 q, k, v with a float32 g), on one CUDA device, 1 <= d <= 128.  Any strides work for the first three
@@ -20,7 +23,10 @@
 //      -1 means the current stream of q's device.
 // Outputs: o [B, H, n_q, d] in q's dtype, stats [B, H, n_q, 2] float32 ((-inf, 0) for a
 // row with no allowed key, whose o row is 0); maps [B, H, n_q, n_k] float32 (shape [0] when
-// want_maps is false), head_sum [B, n_q, n_k] float32, head_max [B, H] float32.
+// want_maps is false), head_sum [B, n_q, n_k] float32, head_max [B, H] float32;
+// key_sums [B, 2, n_k] float32: [b, 0, j] the attribution summed over heads and all query
+// rows, [b, 1, j] over the query rows i >= read_from (zeros when read_from >= n_q), without
+// any n_q x n_k array (the sources' quantity).
 //
 // float16 / bfloat16 inputs run their tile products on tensor cores (mma.sync, fp32
 // accumulation); ATTATTR_TENSOR_CORES=0 in the environment (read at every call) selects the
@@ -33,6 +39,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -56,6 +63,13 @@ int attattr_attr_from_grad(int dtype, int g_dtype, const void* q, const void* k,
                            const long long* q_str, const long long* k_str,
                            const long long* v_str, const long long* g_str, long long mask_sb,
                            float scale, int causal, int tensor_cores, void* stream);
+int attattr_attr_key_sums(int dtype, int g_dtype, const void* q, const void* k, const void* v,
+                          const void* g, const float* mask, const float* stats, float* key_sums,
+                          float* head_max, float* col_partials, float* partials, int read_from,
+                          int heads_per_group, int B, int H, int n_q, int n_k, int d,
+                          const long long* q_str, const long long* k_str,
+                          const long long* v_str, const long long* g_str, long long mask_sb,
+                          float scale, int causal, int tensor_cores, void* stream);
 const char* attattr_error_string(int code);
 }
 
@@ -195,11 +209,14 @@ std::tuple<at::Tensor, at::Tensor> attn_forward_cuda(const at::Tensor& q_in,
   return {o, stats};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
+// Both attribution ops: the maps / head sum (read_from < 0) or the per-key sums (read_from
+// >= 0, returned in head_sum's place as [B, 2, n_k]; maps is then [0]).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attribution_cuda(
     const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
     const at::Tensor& g_in, const std::optional<at::Tensor>& mask,
     const std::optional<at::Tensor>& stats_in, double scale, bool causal, bool want_maps,
-    int64_t stream) {
+    int64_t read_from, int64_t stream) {
+  const bool key_mode = read_from >= 0;
   const Dims dims = check_qkv(q_in, k_in, v_in);
   // g has q's dtype, or is float32 beside bfloat16 q, k, v (the engine's bf16 scoring sums
   // the integral in float32): on tensor cores the kernel splits g into three bfloat16 parts
@@ -219,9 +236,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
   void* st = resolve_stream(q, stream);
 
   const auto f32 = q.options().dtype(at::kFloat);
-  at::Tensor maps = want_maps ? at::empty({dims.B, dims.H, dims.n_q, dims.n_k}, f32)
-                              : at::empty({0}, f32);
-  at::Tensor head_sum = at::empty({dims.B, dims.n_q, dims.n_k}, f32);
+  at::Tensor maps = want_maps && !key_mode ? at::empty({dims.B, dims.H, dims.n_q, dims.n_k}, f32)
+                                           : at::empty({0}, f32);
+  at::Tensor head_sum = key_mode ? at::empty({dims.B, 2, dims.n_k}, f32)
+                                 : at::empty({dims.B, dims.n_q, dims.n_k}, f32);
   at::Tensor head_max = at::empty({dims.B, dims.H}, f32);
   if (dims.B == 0 || dims.H == 0 || dims.n_q == 0 || dims.n_k == 0) {
     maps.zero_();
@@ -257,8 +275,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
   check_launch(attattr_attr_plan(dims.B, dims.H, dims.n_q, dims.n_k, 0, &heads_per_group,
                                  &workspace_floats, &partial_floats),
                "attribution plan");
-  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_floats)}, f32);
   at::Tensor partials = at::empty({static_cast<int64_t>(partial_floats)}, f32);
+  if (key_mode) {
+    const int64_t groups = (dims.H + heads_per_group - 1) / heads_per_group;
+    const int64_t q_tiles = (dims.n_q + kTile - 1) / kTile;
+    at::Tensor col_partials = at::empty({dims.B * groups * q_tiles * 2 * dims.n_k}, f32);
+    const int from = static_cast<int>(std::min<int64_t>(read_from, dims.n_q));
+    const int code = attattr_attr_key_sums(
+        dtype_code(q.scalar_type()), dtype_code(g.scalar_type()), q.data_ptr(), k.data_ptr(),
+        v.data_ptr(), g.data_ptr(), m.defined() ? m.data_ptr<float>() : nullptr,
+        stats.data_ptr<float>(), head_sum.data_ptr<float>(), head_max.data_ptr<float>(),
+        col_partials.data_ptr<float>(), partials.data_ptr<float>(), from, heads_per_group,
+        dims.B, dims.H, dims.n_q, dims.n_k, dims.d, sq.s, sk.s, sv.s, sg.s, mask_sb,
+        static_cast<float>(scale), causal ? 1 : 0, tc, st);
+    check_launch(code, "attribution key sums");
+    return {maps, head_sum, head_max};
+  }
+  at::Tensor workspace = at::empty({static_cast<int64_t>(workspace_floats)}, f32);
   const int code = attattr_attr_from_grad(
       dtype_code(q.scalar_type()), dtype_code(g.scalar_type()), q.data_ptr(), k.data_ptr(),
       v.data_ptr(), g.data_ptr(),
@@ -271,6 +304,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
   return {maps, head_sum, head_max};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attr_from_grad_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& stats, double scale,
+    bool causal, bool want_maps, int64_t stream) {
+  return attribution_cuda(q, k, v, g, mask, stats, scale, causal, want_maps, -1, stream);
+}
+
+std::tuple<at::Tensor, at::Tensor> attr_key_sums_cuda(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+    const std::optional<at::Tensor>& mask, const std::optional<at::Tensor>& stats, double scale,
+    bool causal, int64_t read_from, int64_t stream) {
+  TORCH_CHECK(read_from >= 0, "attattr: read_from must be >= 0, got ", read_from);
+  auto out = attribution_cuda(q, k, v, g, mask, stats, scale, causal, false, read_from, stream);
+  return {std::get<1>(out), std::get<2>(out)};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(attattr, m) {
@@ -280,9 +329,13 @@ TORCH_LIBRARY(attattr, m) {
   m.def(
       "attr_from_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask, Tensor? stats, "
       "float scale, bool causal, bool want_maps, int stream=-1) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "attr_key_sums(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask, Tensor? stats, "
+      "float scale, bool causal, int read_from, int stream=-1) -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attattr, CUDA, m) {
   m.impl("attn_forward", &attn_forward_cuda);
   m.impl("attr_from_grad", &attr_from_grad_cuda);
+  m.impl("attr_key_sums", &attr_key_sums_cuda);
 }

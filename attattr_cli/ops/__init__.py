@@ -98,6 +98,23 @@ class Backend:
         """Dict ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H], ``maps`` [B, H, n_q, n_k] (if asked)."""
         raise NotImplementedError
 
+    def attribution_key_sums(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        causal: bool = False,
+        read_from: int | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The sources' quantity with no ``n_q x n_k`` array kept: dict ``key_sum`` [B, n_k]
+        (summed over heads and query rows), ``read_sum`` [B, n_k] (rows ``>= read_from``; only
+        when given), ``total`` [B] (float64) and ``head_max`` [B, H]."""
+        raise NotImplementedError
+
     def __repr__(self) -> str:
         return f"<attattr {self.name} backend>"
 
@@ -120,6 +137,14 @@ class TorchBackend(Backend):
         if causal:
             full_mask = with_causal(full_mask, q, k)
         return reference.attribution_from_grad(q, k, v, g, full_mask, scale, softcap, want_maps)
+
+    def attribution_key_sums(
+        self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None
+    ):
+        full_mask = reference_mask(mask)
+        if causal:
+            full_mask = with_causal(full_mask, q, k)
+        return reference.attribution_key_sums(q, k, v, g, full_mask, scale, softcap, read_from)
 
 
 class CudaBackend(Backend):
@@ -152,6 +177,17 @@ class CudaBackend(Backend):
             )
         return self._fallback.attribution_from_grad(
             q, k, v, g, mask, scale, softcap, want_maps, causal
+        )
+
+    def attribution_key_sums(
+        self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None
+    ):
+        if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
+            return kernel.attribution_key_sums(
+                q, k, v, g, mask, scale, softcap, causal=causal, read_from=read_from
+            )
+        return self._fallback.attribution_key_sums(
+            q, k, v, g, mask, scale, softcap, causal, read_from
         )
 
 

@@ -465,8 +465,15 @@ def _register_fakes(namespace: str = OP_NAMESPACE) -> None:
         head_max = q.new_empty((batch, heads), dtype=torch.float32)
         return maps, head_sum, head_max
 
+    def attr_key_sums_fake(q, k, v, g, mask, stats, scale, causal, read_from, stream=-1):
+        batch, heads = q.shape[:2]
+        key_sums = q.new_empty((batch, 2, k.shape[2]), dtype=torch.float32)
+        head_max = q.new_empty((batch, heads), dtype=torch.float32)
+        return key_sums, head_max
+
     torch.library.register_fake(f"{namespace}::attn_forward")(attn_forward_fake)
     torch.library.register_fake(f"{namespace}::attr_from_grad")(attr_from_grad_fake)
+    torch.library.register_fake(f"{namespace}::attr_key_sums")(attr_key_sums_fake)
     done.add(namespace)
 
 
@@ -603,6 +610,53 @@ def attention_forward(
     return attention_forward_with_stats(q, k, v, mask, scale, causal)[0]
 
 
+def _common_dtype(q, k, v, g):
+    """The inputs as the kernel takes them: one dtype, or bfloat16 q, k, v with a float32 g
+    (kept as they are, the split path); other mixes upcast to the widest (g's precision kept)."""
+    dtypes = {t.dtype for t in (q, k, v, g)}
+    split_g = {q.dtype, k.dtype, v.dtype} == {torch.bfloat16} and g.dtype == torch.float32
+    if len(dtypes) > 1 and not split_g:
+        work = g.dtype if g.dtype in SUPPORTED_DTYPES else q.dtype
+        for t in (q, k, v):
+            work = torch.promote_types(work, t.dtype)
+        q, k, v, g = (t.to(work) for t in (q, k, v, g))
+    return q, k, v, g
+
+
+def attribution_key_sums(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    causal: bool = False,
+    read_from: int | None = None,
+    stats: torch.Tensor | None = None,
+) -> dict[str, torch.Tensor]:
+    """The sources' quantity without any ``n_q x n_k`` array: the same dict as
+    ``reference.attribution_key_sums``: ``key_sum`` [B, n_k] (the attribution summed over
+    heads and query rows), ``read_sum`` [B, n_k] (over the rows ``i >= read_from``; only
+    when ``read_from`` is given), ``total`` [B] and ``head_max`` [B, H], float32.
+
+    One fused pass (the kernel's per-key-sum epilogue: per tile column sums, then a
+    deterministic second pass over the tiles); memory O(n) beyond the inputs and a
+    ``B x groups x ceil(n_q / 64) x 2 x n_k`` float scratch."""
+    q, k, v, g = _common_dtype(q, k, v, g)
+    kp = _check(q, k, mask, softcap)
+    n_q = q.shape[2]
+    start = n_q if read_from is None else max(0, min(int(read_from), n_q))
+    key_sums, head_max = _ops().attr_key_sums(
+        q, k, v, g, kp, stats, _scale(q, scale), bool(causal), start, _stream(q)
+    )
+    result = {"key_sum": key_sums[:, 0], "total": key_sums[:, 0].sum(-1, dtype=torch.float64),
+              "head_max": head_max}
+    if read_from is not None:
+        result["read_sum"] = key_sums[:, 1]
+    return result
+
+
 def attribution_from_grad(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -628,13 +682,7 @@ def attribution_from_grad(
     (exactly), else the binding upcasts q, k, v.  Other mixes: q, k, v are upcast to
     ``g``'s dtype rather than ``g`` rounded down, so the integral keeps its precision.
     """
-    dtypes = {t.dtype for t in (q, k, v, g)}
-    split_g = {q.dtype, k.dtype, v.dtype} == {torch.bfloat16} and g.dtype == torch.float32
-    if len(dtypes) > 1 and not split_g:
-        work = g.dtype if g.dtype in SUPPORTED_DTYPES else q.dtype
-        for t in (q, k, v):
-            work = torch.promote_types(work, t.dtype)
-        q, k, v, g = (t.to(work) for t in (q, k, v, g))
+    q, k, v, g = _common_dtype(q, k, v, g)
     kp = _check(q, k, mask, softcap)
     maps, head_sum, head_max = _ops().attr_from_grad(
         q, k, v, g, kp, stats, _scale(q, scale), bool(causal), bool(want_maps), _stream(q)

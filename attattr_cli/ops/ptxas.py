@@ -64,7 +64,7 @@ def compile_report(cu: Path, nvcc: str, archs=ARCHS, timeout: float = 1800) -> t
 
 
 def _describe(mangled: str) -> tuple[str, str, int]:
-    for name in ("head_sum_reduce_kernel", "head_max_reduce_kernel"):
+    for name in ("head_sum_reduce_kernel", "head_max_reduce_kernel", "key_sum_reduce_kernel"):
         if name in mangled:
             return name, "", 0
     match = re.search(

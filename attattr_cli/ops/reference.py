@@ -101,3 +101,43 @@ def attention_forward(
         mask = causal_mask if mask is None else mask + causal_mask
     probs = attention_probs(q, k, mask, scale)
     return torch.matmul(probs, v)
+
+
+def attribution_key_sums(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    read_from: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Per key, the attribution summed over heads and query rows (the sources' quantity).
+
+    ``key_sum`` [batch, key_pos] = sum_h sum_i A_hij (G_hi . V_hj), ``read_sum`` the same over
+    the query rows ``i >= read_from`` (only when ``read_from`` is given), ``total`` [batch]
+    (float64: the completeness sum) and ``head_max`` [batch, head], as
+    :func:`attribution_from_grad` computes them, one head at a time (one ``n_q x n_k`` map
+    alive, never the ``[batch, head, n_q, n_k]`` stack).
+    """
+    key_sum = read_sum = None
+    maxima = []
+    for h in range(q.shape[1]):
+        part = slice(h, h + 1)
+        head_mask = mask
+        if mask is not None and mask.dim() == 4 and mask.shape[1] > 1:
+            head_mask = mask[:, part]
+        maps = attribution_from_grad(q[:, part], k[:, part], v[:, part], g[:, part], head_mask, scale, softcap,
+                                     want_maps=True)["maps"][:, 0]
+        ks = maps.sum(1)
+        key_sum = ks if key_sum is None else key_sum + ks
+        if read_from is not None:
+            rs = maps[:, read_from:].sum(1)
+            read_sum = rs if read_sum is None else read_sum + rs
+        maxima.append(maps.flatten(1).amax(-1))
+        del maps
+    result = {"key_sum": key_sum, "total": key_sum.sum(-1, dtype=torch.float64), "head_max": torch.stack(maxima, 1)}
+    if read_from is not None:
+        result["read_sum"] = read_sum
+    return result

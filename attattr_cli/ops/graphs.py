@@ -1,0 +1,242 @@
+"""Launch accounting and CUDA-graph replay of integration passes (issue 53, "no launch storm").
+
+A scored example runs one forward + backward through the model per micro-batch of
+integration steps and per target layer: thousands of small CUDA kernels at short lengths,
+each paying a launch (a few microseconds of CPU) that the GPU may finish sooner than the CPU
+issues the next.  Two tools:
+
+* :class:`OpCounter`: a ``TorchDispatchMode`` that counts the aten ops a block of code
+  runs, on any device (the CPU too), sorted into those that launch a kernel on a GPU and
+  those that do not (views, metadata, empty allocations), and by named region
+  (:meth:`OpCounter.region`).  Every aten op that computes is at least one kernel on a CUDA
+  device, so the count is a lower bound of the launches, measured without a GPU
+  (``bench/bench_kernel.py --count-ops``).
+* :class:`CapturedPass`: runs a function of fixed-shape tensors (one integration pass)
+  eagerly the first time, captures it into a ``torch.cuda.CUDAGraph`` and afterwards only
+  copies the new inputs into the captured (static) ones and replays the graph: one launch
+  for the whole pass.  On by ``ATTATTR_CUDA_GRAPHS=1`` (or ``enabled=True``); on the CPU,
+  with CUDA off, while another capture runs, or when capture fails (a host synchronisation
+  inside, an op that cannot be captured), it falls back to calling the function eagerly
+  and says why (:attr:`CapturedPass.fallback_reasons`), so results never depend on it.
+
+What a replay reuses: the captured function's Python side effects happen at capture time
+only; tensors it created (e.g. saved projections returned as ``aux``) live in the graph's
+memory pool and are rewritten by every replay with the values of that replay.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+__all__ = ["ENV_VAR", "CapturedPass", "OpCounter", "enabled"]
+
+ENV_VAR = "ATTATTR_CUDA_GRAPHS"
+
+# ops that never launch a kernel on a CUDA device: allocations without a fill, and
+# metadata / view ops (besides every op whose schema says it is a view)
+_NO_LAUNCH = {
+    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty",
+    "aten::new_empty_strided", "aten::detach", "aten::alias", "aten::lift_fresh",
+    "aten::_unsafe_view", "aten::view", "aten::reshape", "aten::as_strided", "aten::t",
+    "aten::transpose", "aten::permute", "aten::expand", "aten::squeeze", "aten::unsqueeze",
+    "aten::slice", "aten::select", "aten::split", "aten::split_with_sizes", "aten::unbind",
+    "aten::chunk", "aten::narrow", "aten::unflatten", "aten::flatten", "aten::set_",
+    "aten::resize_", "aten::is_nonzero", "aten::sym_size", "aten::sym_stride", "aten::sym_numel",
+    "aten::_reshape_alias", "aten::view_as", "aten::diagonal", "aten::unfold",
+}
+# ops that wait for the device (a host synchronisation on CUDA): they end a capture
+_SYNC = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal"}
+
+
+def enabled() -> bool:
+    """``ATTATTR_CUDA_GRAPHS=1`` in the environment (read at every call)."""
+    return os.environ.get(ENV_VAR, "").strip() == "1"
+
+
+@dataclass
+class OpCounts:
+    """Counts of one region (or of everything)."""
+
+    total: int = 0
+    launching: int = 0  # ops that are at least one kernel on a CUDA device
+    syncs: int = 0  # host synchronisations (item(), nonzero, ...)
+    by_op: Counter = field(default_factory=Counter)
+
+    def as_dict(self, top: int = 12) -> dict:
+        return {"total": self.total, "launching": self.launching, "syncs": self.syncs,
+                "top": dict(self.by_op.most_common(top))}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops run inside ``with OpCounter() as c:`` (any device).
+
+    ``c.all`` holds everything; ``with c.region("name"):`` also counts into ``c.regions[name]``
+    (regions nest: an op counts in every open region) and ``c.entries[name]`` the times a
+    region was entered.  The ops of the backward pass count too (autograd dispatches them
+    below this mode, on this thread for CPU tensors).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.all = OpCounts()
+        self.regions: dict[str, OpCounts] = {}
+        self.entries: Counter = Counter()
+        self._open: list[str] = []
+
+    @contextlib.contextmanager
+    def region(self, name: str):
+        self.regions.setdefault(name, OpCounts())
+        self.entries[name] += 1
+        self._open.append(name)
+        try:
+            yield self
+        finally:
+            self._open.pop()
+
+    @staticmethod
+    def launches(func) -> bool:
+        name = func._schema.name
+        return not (name in _NO_LAUNCH or getattr(func, "is_view", False))
+
+    def _add(self, counts: OpCounts, name: str, launching: bool, sync: bool) -> None:
+        counts.total += 1
+        counts.launching += launching
+        counts.syncs += sync
+        if launching:
+            counts.by_op[name] += 1
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        launching = self.launches(func)
+        sync = name in _SYNC
+        self._add(self.all, name, launching, sync)
+        for region in set(self._open):
+            self._add(self.regions[region], name, launching, sync)
+        return func(*args, **(kwargs or {}))
+
+
+def _flat_tensors(out) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    if not isinstance(out, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in out):
+        raise TypeError("a captured pass returns a tensor or a tuple of tensors (and aux)")
+    return tuple(out)
+
+
+@dataclass
+class _Captured:
+    graph: Any
+    inputs: tuple[torch.Tensor, ...]
+    outputs: tuple[torch.Tensor, ...]
+    aux: Any
+
+
+class CapturedPass:
+    """Capture once, replay after: ``run(key, fn, *inputs)``.
+
+    ``fn(*inputs)`` returns a tensor or a tuple of tensors, or, with ``aux=True``, a pair
+    ``(tensors, aux)`` whose ``aux`` (any object) is handed back as it was at capture.  Inputs
+    are tensors whose shapes, dtypes and devices, with ``key`` (any hashable naming what else
+    the pass depends on: the example, the layer, the target), select the graph; each new
+    combination is captured once (after ``warmup`` eager calls on a side stream, as CUDA
+    graphs require), later calls copy the inputs in and replay.  Outputs are cloned out of
+    the graph's memory, so a later replay does not change them.
+
+    Eager (and counted in ``eager_calls``) when: not enabled (``enabled=None`` reads
+    ``ATTATTR_CUDA_GRAPHS``), any input not on a CUDA device, a capture already running, more
+    than ``max_graphs`` graphs, or the capture of that key failed (``fallback_reasons[key]``).
+    """
+
+    def __init__(self, enabled: bool | None = None, warmup: int = 2, max_graphs: int = 64,
+                 aux: bool = False) -> None:
+        self._enabled = enabled
+        self.warmup = warmup
+        self.max_graphs = max_graphs
+        self.with_aux = aux
+        self.graphs: dict[Any, _Captured] = {}
+        self.fallback_reasons: dict[Any, str] = {}
+        self.captures = self.replays = self.eager_calls = 0
+        self._pool = None
+
+    @property
+    def enabled(self) -> bool:
+        return enabled() if self._enabled is None else bool(self._enabled)
+
+    def _split(self, out):
+        if self.with_aux:
+            tensors, aux = out
+            return _flat_tensors(tensors), aux
+        return _flat_tensors(out), None
+
+    def _join(self, tensors, aux):
+        return (tensors, aux) if self.with_aux else tensors
+
+    def _why_eager(self, full_key, inputs) -> str:
+        if not self.enabled:
+            return ""  # not a fallback: simply off
+        if not inputs or any(t.device.type != "cuda" for t in inputs):
+            return "inputs not on a CUDA device"
+        if torch.cuda.is_current_stream_capturing():
+            return "inside another capture"
+        if full_key in self.fallback_reasons:
+            return self.fallback_reasons[full_key]
+        if full_key not in self.graphs and len(self.graphs) >= self.max_graphs:
+            return f"more than {self.max_graphs} graphs"
+        return ""
+
+    def eager(self, fn: Callable, inputs):
+        self.eager_calls += 1
+        tensors, aux = self._split(fn(*inputs))
+        return self._join(tensors, aux)
+
+    def run(self, key, fn: Callable, *inputs: torch.Tensor):
+        full_key = (key, tuple((tuple(t.shape), t.dtype, str(t.device)) for t in inputs))
+        reason = self._why_eager(full_key, inputs)
+        if not self.enabled or reason:
+            if reason and full_key not in self.fallback_reasons:
+                self.fallback_reasons[full_key] = reason
+            return self.eager(fn, inputs)
+        entry = self.graphs.get(full_key)
+        if entry is None:
+            try:
+                entry = self._capture(fn, inputs)
+            except Exception as error:  # noqa: BLE001 - any capture failure means eager, with the reason
+                self.fallback_reasons[full_key] = f"capture failed: {type(error).__name__}: {error}"
+                torch.cuda.synchronize()
+                return self.eager(fn, inputs)
+            self.graphs[full_key] = entry
+            self.captures += 1
+        for static, new in zip(entry.inputs, inputs):
+            if static.data_ptr() != new.data_ptr():
+                static.copy_(new)
+        entry.graph.replay()
+        self.replays += 1
+        return self._join(tuple(t.clone() for t in entry.outputs), entry.aux)
+
+    def _capture(self, fn: Callable, inputs) -> _Captured:
+        static = tuple(t.detach().clone() for t in inputs)
+        side = torch.cuda.Stream(device=static[0].device)
+        side.wait_stream(torch.cuda.current_stream(static[0].device))
+        with torch.cuda.stream(side):
+            for _ in range(self.warmup):
+                self._split(fn(*static))
+        torch.cuda.current_stream(static[0].device).wait_stream(side)
+        torch.cuda.synchronize(static[0].device)
+        graph = torch.cuda.CUDAGraph()
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
+            outputs, aux = self._split(fn(*static))
+        return _Captured(graph, static, outputs, aux)
+
+    def stats(self) -> dict:
+        return {"captures": self.captures, "replays": self.replays, "eager_calls": self.eager_calls,
+                "graphs": len(self.graphs),
+                "fallbacks": sorted({reason for reason in self.fallback_reasons.values()})}
