@@ -55,6 +55,17 @@ def under_masks(batches: Sequence, masks: Sequence[torch.Tensor], run: Callable,
     return out
 
 
+def counting(progress: Callable[[int, int, str], None] | None, total: int, what: str, done: int = 0
+             ) -> Callable[[int], None]:
+    """An ``on_masks`` for :func:`under_masks` that tells ``progress(done, total, what)`` after each group."""
+    def tick(k: int) -> None:
+        nonlocal done
+        done += k
+        if progress is not None:
+            progress(done, total, what)
+    return tick
+
+
 def keep_masks(scores: np.ndarray, absolute: bool, ks=PERCENTAGES) -> np.ndarray:
     """[len(ks), layer, head] 0/1 masks of the top int(k N) heads (ties broken by position)."""
     L, H = scores.shape
@@ -71,16 +82,10 @@ def per_pair_metrics(ctx, masks, max_tokens: int = MASK_TOKENS) -> np.ndarray:
     ablated by ``ctx.ablation``): [masks, pairs], several masks per pass (:func:`under_masks`)."""
     task = ctx.task
     gates = list(torch.as_tensor(np.asarray(masks), dtype=torch.float32, device=task.device))
-    done = 0
-
-    def tick(k: int) -> None:
-        nonlocal done
-        done += k
-        ctx.tick(done, "curve", len(gates))
-
     with task.over(), torch.no_grad():
         got = under_masks(task.batches, gates, lambda b, gate: task.gated(b, ctx.source(b), gate).cpu(), task.n,
-                          max(b.clean.numel() for b in task.batches), max_tokens, tick)
+                          max(b.clean.numel() for b in task.batches), max_tokens,
+                          counting(ctx.progress, len(gates), "curve"))
     return torch.stack(got).numpy() if got else np.zeros((0, task.n))
 
 

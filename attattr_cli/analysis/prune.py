@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ModelError, OptionError
 from ..fileio import swap_dir_in, temp_dir_for, writing
-from .ablation import MASK_TOKENS, per_pair_metrics, ratio, under_masks
+from .ablation import MASK_TOKENS, counting, per_pair_metrics, ratio, under_masks
 from .importance import ImportanceFile
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -164,37 +164,19 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
     """Metric at every rate for every table of ``imp`` (random seeds averaged), one baseline,
     with bootstrap bands and paired tests (:func:`curve_statistics`). The masks run several
     per pass (:func:`logits_under_masks`, ``max_tokens``)."""
-    from ..engine.heads import logits_under
     from . import stats
 
     gold = batches.gold()
+    known = gold >= 0
     metric = metric_name(task_name)
     tables = _tables(imp, methods)
-    cache: dict[bytes, dict] = {}
-
-    def keep(key: bytes, logits: torch.Tensor) -> None:
-        cache[key] = scores(logits, gold, task_name)
-        known = gold >= 0
-        cache[key]["_correct"] = (logits.argmax(-1)[known] == gold[known]).numpy()
-
-    # the baseline (unmasked), then every distinct mask of every table, several per pass
-    distinct = _distinct(tables, rates)
-    todo = len(distinct) + 1
-    keep(b"none", logits_under(loaded, batches, None))
-    done = 1
-    if progress:
-        progress(done, todo, "baseline")
-
-    def tick(k: int) -> None:
-        nonlocal done
-        done += k
-        if progress:
-            progress(done, todo, "masks")
-
-    for key, logits in zip(distinct, logits_under_masks(loaded, batches, list(distinct.values()), max_tokens, tick)):
-        keep(key, logits)
-
-    baseline = {k: v for k, v in cache[b"none"].items() if not k.startswith("_")}
+    # every distinct mask of every table, several per pass; the baseline is rate 0's mask, every head kept
+    ones = torch.ones(tables[0].values.shape)
+    distinct = {ones.numpy().tobytes(): ones} | _distinct(tables, rates)
+    cache = {key: scores(logits, gold, task_name) | {"_correct": (logits.argmax(-1)[known] == gold[known]).numpy()}
+             for key, logits in zip(distinct, logits_under_masks(loaded, batches, list(distinct.values()), max_tokens,
+                                                                 counting(progress, len(distinct), "masks")))}
+    baseline = {k: v for k, v in cache[ones.numpy().tobytes()].items() if not k.startswith("_")}
     per_table: dict[str, dict] = {}
     correct: dict[str, np.ndarray] = {}
     for t in tables:
@@ -417,7 +399,6 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
         "attention_large_first": (attn, True),
     }
     total = len(orders) * len(ks) * L
-    done = 0
     out: dict[str, dict] = {}
     each: dict[str, np.ndarray] = {}
     for name, (score, large) in orders.items():
@@ -433,13 +414,8 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
                 m[:, layer, :].scatter_(1, rank[:, layer, :k], 0.0)
                 masks.append(m)
 
-        def tick(c: int, _name=name) -> None:
-            nonlocal done
-            done += c
-            if progress:
-                progress(done, total, _name)
-
-        every = iter(logits_under_masks(loaded, batches, masks, max_tokens, tick))
+        every = iter(logits_under_masks(loaded, batches, masks, max_tokens,
+                                        counting(progress, total, name, len(masks) * list(orders).index(name))))
         for ki in range(len(ks)):
             for layer in range(L):
                 logits = next(every)

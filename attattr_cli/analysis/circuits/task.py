@@ -292,7 +292,6 @@ class Context:
             self._sources[key] = self.task.sources(batch, self.ablation, self._means)
         return self._sources[key]
 
-    def tick(self, done: int, what: str, total: int | None = None) -> None:
-        """``done`` of ``total`` (default: of the task's batches)."""
+    def tick(self, done: int, what: str) -> None:
         if self.progress is not None:
-            self.progress(done, len(self.task.batches) if total is None else total, what)
+            self.progress(done, len(self.task.batches), what)
