@@ -96,8 +96,8 @@ def forced_start() -> dict:
     """Make every integral start from three nodes and end there, recording per (example, layer)
     what the start's acceptance reads."""
     ctx, log = {}, {}
-    group_tol, score, single_tol = (grouped._Group._integrate_to_tol, scorer_mod.Scorer.score,
-                                    layer_integral.Integration._integrate_to_tol)
+    group_tol, score, single_tol = (grouped._Group.integrate, scorer_mod.Scorer.score,
+                                    layer_integral.Integration.integrate)
 
     def group_wrap(self, site, *a, **k):
         ctx["ex"], ctx["layer"] = [e.index for e in self.examples], site[1]
@@ -123,9 +123,9 @@ def forced_start() -> dict:
                          for t in (0.05, 0.1, 0.2, 0.5, 1.0)})
         return self._finish(i, total, adaptive.relative(leaf.e, big), leaf.rho, adaptive.CONVERGED, False)
 
-    grouped._Group._integrate_to_tol = group_wrap
+    grouped._Group.integrate = group_wrap
     scorer_mod.Scorer.score = score_wrap
-    layer_integral.Integration._integrate_to_tol = single_wrap
+    layer_integral.Integration.integrate = single_wrap
     adaptive.coarse_start = lambda tokens, shared: True
     adaptive.Refinement._step = step
     return log

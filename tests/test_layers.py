@@ -65,6 +65,34 @@ def test_no_private_member_of_another_module_is_used():
     assert used == []
 
 
+def test_no_private_member_of_the_scorer_is_used_outside_its_module():
+    """``obj._name`` where ``_name`` is a private member of the Scorer (engine/scorer.py and its
+    parts) is read only in the module that defines that member: the strategies (engine/grouped.py,
+    generation.py, sweep.py) use the Scorer's public interface."""
+    from attattr_cli.engine.scorer import Scorer
+
+    def private(path: Path) -> set[str]:  # members defined in a module: methods, class attributes, self._x =
+        tree = ast.parse(path.read_text(), str(path))
+        names = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        names |= {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
+                  for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
+        return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+    members = {n for cls in Scorer.__mro__ if cls.__module__.startswith("attattr_cli.") for n in vars(cls)}
+    members |= {n for cls in Scorer.__mro__ if cls.__module__.startswith("attattr_cli.")
+                for n in private(Path(__import__("sys").modules[cls.__module__].__file__))}
+    members = {n for n in members if n.startswith("_") and not n.startswith("__")}
+    assert {"_step_chunk", "_score", "_encode_lm"} <= members  # the scan sees the Scorer's own
+    used = []
+    for path in PACKAGE.rglob("*.py"):
+        own = private(path)
+        tree = ast.parse(path.read_text(), str(path))
+        used += [f"{path.relative_to(PACKAGE)}:{n.lineno}: .{n.attr}" for n in ast.walk(tree)
+                 if isinstance(n, ast.Attribute) and n.attr in members and n.attr not in own]
+    assert used == []
+
+
 def test_every_command_module_imports_the_api_and_nothing_below_it():
     """A command is parse -> one public API call -> print (the errors module and the table of
     argument and flag names are shared by all)."""

@@ -238,13 +238,13 @@ def test_generation_sources_judges_each_step_on_its_kept_table(lm, monkeypatch):
     from attattr_cli.engine import generation
 
     seen = []
-    original = generation.StepScorer._integrate_to_tol
+    original = generation.StepScorer.integrate
 
     def spy(self, site, clean, grad_at_one, f_full, floors=None):
         seen.append((site[1], list(floors)))
         return original(self, site, clean, grad_at_one, f_full, floors)
 
-    monkeypatch.setattr(generation.StepScorer, "_integrate_to_tol", spy)
+    monkeypatch.setattr(generation.StepScorer, "integrate", spy)
     monkeypatch.setattr(generation.sweep, "usable", lambda *a, **k: False)  # the per-layer path (long inputs)
     res = aa.score(lm, prompts=[TEXT], generate=2, sources="paragraphs", keep="sources", dtype="float64",
                    tol=0.1)[0]

@@ -81,7 +81,7 @@ def test_a_layer_that_cannot_sweep_falls_back(tokenizer, monkeypatch):
     scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, tol=0.1))
     got = scorer.score(Example(0, TEXT))
     _same(got, layered)
-    assert scorer._sweeps_work is False
+    assert scorer.sweeps_work is False
 
 
 def test_sweeps_converge_like_layers_under_the_completeness_axiom(tokenizer):

@@ -20,20 +20,20 @@ class Assembly:
     """The Scorer's result assembly (a mixin: it uses the scorer's options, families and
     integration)."""
 
-    def _layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
+    def layer_result(self, g: torch.Tensor, f0: float, f_full: float, keep: str, saved: dict, conv) -> dict:
         """What the store keeps of one layer, from its G: the map (keep maps), the head sum
         (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
         and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
         rule's state is judged here, from its embedded estimate and its residual)."""
-        sink = bool((self._saved if saved is None else saved).get("sink"))
-        res = self._attribute(g, want_maps=(keep == "maps" or self.options.top_k is not None or sink), saved=saved)
+        sink = bool(saved.get("sink"))
+        res = self.attribute(g, saved, want_maps=(keep == "maps" or self.options.top_k is not None or sink))
         if sink:  # the sink key's column (value 0, so attribution 0) is not a token: dropped
             maps = res["maps"][..., :-1]
             res = {"maps": maps, "head_sum": maps.sum(1), "head_max": maps.amax(dim=(-2, -1))}
         hs = res["head_sum"][0]
         resid = float(hs.double().sum()) - (f_full - f0)
         if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
-            scale = adaptive.residual_scale(f_full - f0, self._measure(g, saved)[0])
+            scale = adaptive.residual_scale(f_full - f0, self.measure(g, saved)[0])
             state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
                                    float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
             conv = (*conv, state)
@@ -46,15 +46,15 @@ class Assembly:
             "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
             # and over the query rows that read the passages only, from the end of the last one on
             # (the source scores: docs/long-context.md, "The first-passage bias")
-            "read_sum": hs[self._read_from:].sum(0, dtype=torch.float64).float().cpu()
-            if keep == "sources" and self._read_from is not None else None,
+            "read_sum": hs[self.read_from:].sum(0, dtype=torch.float64).float().cpu()
+            if keep == "sources" and self.read_from is not None else None,
             "head_max": res["head_max"][0].cpu(),  # [head]: a few bytes, the plain copy
             "f0": f0,
             "resid": resid,
             "conv": conv,
         }
 
-    def _example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
+    def example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
                        f_full: float, fams: dict) -> ExampleScore:
         """The scored example from its logits ([1, ...]), prediction, target and families."""
         first = fams[self.families[0].name]
@@ -137,7 +137,7 @@ class Assembly:
             step_batch=self.last_step_batch,
         )
 
-    def _family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
+    def family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
         """One family's results from its layers' (``_layer_result``) and the clean forward's
         probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
         maps = [r["map"] for r in per_layer if r["map"] is not None]

@@ -48,9 +48,9 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention, sweep
 from .encoding import Encoded
-from .rows import add_rows, crop_saved, detached
+from .layer_integral import Maps, integrate, rows_of
+from .rows import crop_saved
 from .scorer import Scorer
-from .layer_integral import map_measures, map_spread
 
 
 # steps share one forward per node (StepScorer._shared) where the nodes the steps want, taken
@@ -122,7 +122,7 @@ def encode_steps(scorer, example: Example, prompt: list[int]) -> Encoded:
     else:
         gen = generate(scorer, prompt, opts.generate, opts.sample_seed, example.index)
     ids = prompt + gen[:-1]
-    scorer._check_length(len(ids), example.index)
+    scorer.check_length(len(ids), example.index)
     if scorer.foil is not None:
         for t, token in enumerate(gen):
             if token == scorer.foil:
@@ -149,7 +149,7 @@ def generate(scorer, prompt: list[int], count: int, seed: int | None, index: int
     with torch.no_grad():
         for _ in range(count):
             kwargs = {"use_cache": False}
-            if scorer._takes_logits_to_keep:
+            if scorer.takes_logits_to_keep:
                 kwargs["logits_to_keep"] = 1
             logits = scorer.model(input_ids=torch.tensor([ids], device=scorer.device), **kwargs).logits[0, -1]
             if gen_rng is None:
@@ -197,27 +197,18 @@ class StepScorer:
         fam = sc.families[0]
         sites = [(fam.name, layer) for layer in sc.layers_of[fam.name]]
         with attention.taken_over(sc.model):
-            share_one = bool((sc.alphas == 1).any()) and bool(sites)
-            record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
-                                      keep={"maps": "maps", "sum": "mean"}.get(keep))
-            with sc.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
-                logits_g = sc._logits(enc, 1)  # [1, steps, vocab]
+            clean, record, logits_g = sc.clean_forward(sites, keep, lambda: sc.logits(enc, 1))  # [1, steps, vocab]
             logits = logits_g.detach()
-            f_rows = self.targets.value(sc, logits.expand(count, -1, -1))
-            f_full = f_rows.to("cpu", torch.float64)
-            at_one = {}
-            if share_one:
-                wanted = [s for s in sites if s in record.leaves]
-                if not wanted:
-                    raise attention.not_routed(sc.arch.model_type, *sites[0])
+            f_full = self.targets.value(sc, logits.expand(count, -1, -1)).to("cpu", torch.float64)
+
+            def backward(leaves):  # one backward per step, through the one clean forward
                 f_g = self.targets.value(sc, logits_g.expand(count, -1, -1))
-                per_step = [torch.autograd.grad(f_g[t], [record.leaves[s] for s in wanted], retain_graph=t < count - 1)
-                            for t in range(count)]
-                at_one = {s: torch.cat([per_step[t][i] for t in range(count)]) for i, s in enumerate(wanted)}
-                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
-            del logits_g, record.leaves
+                per_step = [torch.autograd.grad(f_g[t], leaves, retain_graph=t < count - 1) for t in range(count)]
+                return [torch.cat([per_step[t][i] for t in range(count)]) for i in range(len(leaves))]
+
+            at_one = sc.at_one(sites, clean, record, backward)
+            del logits_g
             sc.last_step_batch = 0
-            integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             per_step_layers: list[list[dict]] = [[] for _ in range(count)]
             summed_layers = []
             swept = self._swept(fam.name, clean, at_one, f_full, on_layer)
@@ -227,16 +218,16 @@ class StepScorer:
             floors = [0.0] * count
             done = {}
             for site in (sites[::-1] if keep == "sources" and not swept else sites):
-                g, f0, convs, saved = swept[site] if swept else integral(site, clean, at_one.get(site), f_full,
-                                                                          floors)
+                g, f0, convs, saved = swept[site] if swept else self.integrate(site, clean, at_one.get(site), f_full,
+                                                                                floors)
                 steps = []
                 for t in range(count):
                     n_t = self.positions[t] + 1
-                    steps.append(sc._layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
+                    steps.append(sc.layer_result(g[t:t + 1, :, :n_t], f0[t], float(f_full[t]), keep,
                                                   crop_saved(saved, n_t), convs[t]))
                     if keep == "sources":
                         floors[t] = max(floors[t], float(steps[t]["key_sum"].abs().max()))
-                done[site] = steps, sc._layer_result(g.sum(0, keepdim=True), float(np.sum(f0)), float(f_full.sum()),
+                done[site] = steps, sc.layer_result(g.sum(0, keepdim=True), float(np.sum(f0)), float(f_full.sum()),
                                                      keep, saved, _summed_conv(convs))
                 if on_layer is not None and not swept:  # (a sweep tells as each layer is done)
                     on_layer(site[1])
@@ -246,10 +237,10 @@ class StepScorer:
                 for t in range(count):
                     per_step_layers[t].append(steps[t])
                 summed_layers.append(summed)
-            fams = {fam.name: sc._family_score(fam, keep, record.keep, record.probs, summed_layers,
+            fams = {fam.name: sc.family_score(fam, keep, record.keep, record.probs, summed_layers,
                                                len(enc.input_ids))}
         preds = [int(p) for p in logits[0].argmax(-1)]
-        result = sc._example_score(self.example, enc, logits, preds[0], -1, self.tokens, float(f_full.sum()), fams)
+        result = sc.example_score(self.example, enc, logits, preds[0], -1, self.tokens, float(f_full.sum()), fams)
         step_logits = logits[0].double()
         probs = torch.softmax(step_logits, -1)
         names = sc.tokenizer.convert_ids_to_tokens(self.tokens)
@@ -257,7 +248,7 @@ class StepScorer:
         result.steps = [StepScore(
             step=t, position=self.positions[t], target=self.tokens[t], target_token=names[t], pred=preds[t],
             f_full=float(f_full[t]), logit=float(step_logits[t, self.tokens[t]]), prob=float(probs[t, self.tokens[t]]),
-            family=sc._family_score(fam, keep, None, {}, per_step_layers[t], self.positions[t] + 1),
+            family=sc.family_score(fam, keep, None, {}, per_step_layers[t], self.positions[t] + 1),
             foil=sc.foil, extra={"pred_token": pred_names[t]}) for t in range(count)]
         opts = sc.options
         result.meta["lm"].update(per_step=True, generated=opts.generate is not None,
@@ -269,7 +260,7 @@ class StepScorer:
         """Every layer's passes in sweeps (engine/sweep.py): with ``--tol`` every (layer, step)
         integral refined in one Refinement, each round's nodes of every layer and step in one
         sweep; a fixed rule in one sweep of a row per (layer, node) serving every step. Site ->
-        what :meth:`_integrate_to_tol` / :meth:`_integrate` give for it; None where sweeps are
+        what :meth:`integrate` gives for it; None where sweeps are
         not used."""
         sc, count = self.sc, self.count
         layers = sc.layers_of[family]
@@ -287,7 +278,7 @@ class StepScorer:
 
         @contextlib.contextmanager
         def per_position():
-            with head_per_position(sc.model, count if sc._takes_logits_to_keep else 0) as parts:
+            with head_per_position(sc.model, count if sc.takes_logits_to_keep else 0) as parts:
                 box["parts"] = parts
                 try:
                     yield
@@ -299,12 +290,12 @@ class StepScorer:
                 sweep.same_shapes(at_one, family, layers)
                 return self._swept_fixed(family, layers, clean, at_one, values, per_position, on_layer)
             except attention.NotSweepable:
-                sc._sweeps_work = False  # this model: one pass per target layer from now on
+                sc.sweeps_work = False  # this model: one pass per target layer from now on
                 return None
-        kept = count if sc._takes_logits_to_keep else 0
+        kept = count if sc.takes_logits_to_keep else 0
 
-        def targets(_part, steps):
-            rows = self.targets.rows(steps)
+        def targets(_part, owner):
+            rows = self.targets.rows(owner % count)
             return rows, own_position_only(sc.model, rows.slot, kept)
 
         saved: dict = {}
@@ -319,11 +310,9 @@ class StepScorer:
             pairs = list(zip(row_layer.tolist(), keys))
             uniq = sorted(set(pairs))
             if count < 2 or len(uniq) * (1 + count) >= 2 * len(pairs):
-                step = owner % count
-                ones_w = torch.ones(len(owner), dtype=self.acc, device=sc.device)
-                g, f = sweep.run_rows(sc, self.enc, family, lambda part: targets(part, step[part]), clean, row_layer,
-                                  torch.from_numpy(alphas), ones_w, saved, self.acc)
-                return owner, keys, g, f
+                run = sweep.runner(sc, self.enc, family, targets, clean, lambda _owner: row_layer, saved, self.acc)
+                return (owner, keys, *rows_of(run, owner, torch.from_numpy(alphas),
+                                              torch.ones(len(owner), dtype=self.acc, device=sc.device)))
             u_layer = torch.tensor([u[0] for u in uniq], dtype=torch.long)
             u_alpha = torch.tensor([adaptive.alpha_of(u[1]) for u in uniq], dtype=torch.float64)
             position = {layer: i for i, layer in enumerate(layers)}
@@ -341,7 +330,7 @@ class StepScorer:
                                              w[:, part], saved)
 
             own, ks, gs, fs = [], [], [], []
-            for part, (grads, f) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
+            for part, (grads, f) in sc.back_off.chunks(len(uniq), size, run, sc.warn):
                 sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
                 for t in range(count):
                     if grads[t] is None:
@@ -359,17 +348,13 @@ class StepScorer:
             sweep.same_shapes(at_one, family, layers)
             ones = [at_one.get((family, layer)) for layer in layers]
             known = None if any(x is None for x in ones) else torch.cat(ones)
-            refining = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets, saved,
-                                    self.acc, evaluate=evaluate, on_layer=on_layer)
+            g, f0, convs = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets,
+                                        saved, self.acc, evaluate=evaluate, on_layer=on_layer)
         except attention.NotSweepable:
-            sc._sweeps_work = False  # this model: one pass per target layer from now on
+            sc.sweeps_work = False  # this model: one pass per target layer from now on
             return None
-        out = {}
-        for i, layer in enumerate(layers):
-            results = [refining.result(i * count + t) for t in range(count)]
-            out[(family, layer)] = (refining.g[i * count:(i + 1) * count], [r.f[adaptive.ZERO] for r in results],
-                                    [(r.nodes, r.error, r.capped, r.status) for r in results], saved[layer])
-        return out
+        return {(family, layer): (g[i * count:(i + 1) * count], f0[i * count:(i + 1) * count],
+                                  convs[i * count:(i + 1) * count], saved[layer]) for i, layer in enumerate(layers)}
 
     def _swept_fixed(self, family, layers, clean, at_one, values, per_position, on_layer) -> dict:
         """A fixed rule by sweeps: one row per (layer, node) serves every step (the pass at
@@ -392,7 +377,7 @@ class StepScorer:
                     return sweep.shared_pass(sc, self.enc, family, values, clean, row_layer[part], row_alpha[part],
                                              row_w[:, part], saved)
 
-            for part, out in sc._back_off.chunks(len(row_alpha), size, run, sc.warn):
+            for part, out in sc.back_off.chunks(len(row_alpha), size, run, sc.warn):
                 sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
                 yield part, out
 
@@ -467,7 +452,7 @@ class StepScorer:
             k = part.stop - part.start
             plan = attention.Attribute(site[1], ua[part].to(sc.device), sc.backend, family=site[0])
             with sc.sites.target_pass(site, clean, plan), torch.enable_grad():
-                logits = sc._logits(enc, k, sc.sites.extra_inputs(site, clean, k))  # [k, steps, vocab]
+                logits = sc.logits(enc, k, sc.sites.extra_inputs(site, clean, k))  # [k, steps, vocab]
                 if plan.leaf is None:
                     raise attention.not_routed(sc.arch.model_type, *site)
                 f = torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(self.count)],
@@ -487,7 +472,7 @@ class StepScorer:
 
         g_all = f_all = saved_first = None
         size = 1 if one_node else sc.auto_step_batch(enc, site, len(uniq))
-        for part, (grads, f, saved) in sc._back_off.chunks(len(uniq), size, run, sc.warn):
+        for part, (grads, f, saved) in sc.back_off.chunks(len(uniq), size, run, sc.warn):
             sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
             saved_first = saved_first or saved
             for t, (mine, g) in grads.items():
@@ -500,19 +485,15 @@ class StepScorer:
         yield slice(0, len(alist)), g_all, f_all, saved_first
 
     def _rows(self, site, clean, owner, alphas, weights):
-        sc, enc = self.sc, self.enc
-        saved_box = {}
+        sc, first = self.sc, None
 
-        def run(part):
+        def targets(part):
             rows = self.targets.rows(owner[part])
-            with own_position_only(sc.model, rows.slot, self.count if sc._takes_logits_to_keep else 0):
-                return sc._step_chunk(enc, site, rows, clean, alphas[part], weights[part])
+            return rows, own_position_only(sc.model, rows.slot, self.count if sc.takes_logits_to_keep else 0)
 
-        size = sc.auto_step_batch(enc, site, len(owner))
-        for part, (g, f, saved) in sc._back_off.chunks(len(owner), size, run, sc.warn):
-            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-            saved_box.setdefault("saved", saved)
-            yield part, g, f, saved_box["saved"]
+        for part, g, f, saved in sc.passes(self.enc, site, targets, clean, alphas, weights):
+            first = first or saved
+            yield part, g, f, first
 
     def _f_at_zero(self, site, clean):
         """F_t with the site's attention at 0, every step from one forward; and the saved projections."""
@@ -520,85 +501,33 @@ class StepScorer:
         plan = attention.Attribute(site[1], torch.zeros(1, dtype=torch.float64, device=sc.device), sc.backend,
                                    family=site[0])
         with sc.sites.target_pass(site, clean, plan), torch.no_grad():
-            logits = sc._logits(enc, 1, sc.sites.extra_inputs(site, clean, 1))
+            logits = sc.logits(enc, 1, sc.sites.extra_inputs(site, clean, 1))
         return self.targets.value(sc, logits.expand(self.count, -1, -1)).to("cpu", torch.float64).tolist(), plan.saved
 
-    def _integrate(self, site, clean, grad_at_one, f_full, floors=None):
-        """Every step's integral of ``site`` by the fixed rule (``floors``: unused, a fixed rule
-        judges nothing while it runs)."""
-        sc, count = self.sc, self.count
-        alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
-        f0 = [float("nan")] * count
-        saved = None
-        m = len(alphas)
-        if m:
-            owner = torch.arange(count).repeat_interleave(m)
-            row_alpha = alphas.repeat(count)
-            row_w = weights.repeat(count).to(sc.device, self.acc)
-            row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
-            for part, g, f, saved in self._run(site, clean, owner, row_alpha, row_w):
-                total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio)
-        if not bool((alphas == 0).any()):
-            f0, zero_saved = self._f_at_zero(site, clean)
-            saved = saved if saved is not None else zero_saved
-        convs = []
-        for t in range(count):
-            n_t = self.positions[t] + 1
-            err = sc.embedded_error(total[t:t + 1, :, :n_t], None if low is None else low[t:t + 1, :, :n_t],
-                                    crop_saved(saved, n_t))
-            convs.append((len(sc.alphas), err, False))
-        return total, f0, convs, saved
-
-    # -- --tol -----------------------------------------------------------------------
-    def _integrate_to_tol(self, site, clean, grad_at_one, f_full, floors=None):
-        """Every step's integral of ``site`` to --tol, in lock-step; ``floors``: the least scale
-        each step's is judged against (engine/adaptive.py)."""
-        sc, count = self.sc, self.count
+    def integrate(self, site, clean, grad_at_one, f_full, floors=None):
+        """Every step's integral of ``site`` (engine/layer_integral.py's ``integrate``): (G [steps,
+        ...], F(0), (nodes, error estimate, cap hit[, state]) per step, the saved projections);
+        ``floors``: the least scale each step's is judged against with ``--tol``."""
         box: dict = {}
 
-        def stacks(dtype):
-            if "a" not in box:
-                box["a"] = sc.layer_probs(box["saved"], dtype)
-                box["v"] = box["saved"]["v"].to(dtype)
-            return box["a"], box["v"]
-
-        def measure(g, rows):  # every step's map lies within the whole sequence's, zero elsewhere
-            a, v = stacks(g.dtype)
-            return map_measures(a, v, g, sc.judged).cpu()
-
-        def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
-            a, v = stacks(g.dtype)
-            return map_spread(a, v, g, sc.judged).cpu()
-
-        def derivative(g, rows):
-            a, v = stacks(g.dtype)
-            if "av" not in box:
-                box["av"] = torch.matmul(a, v)
-            return (g * box["av"]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
-
-        known = known_f = None
-        if grad_at_one is not None:
-            known = {adaptive.ONE: grad_at_one.to(self.acc)}
-            known_f = {adaptive.ONE: f_full.numpy()}
-        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                       coarse=adaptive.coarse_start(), spread=spread)
-        if floors is not None:
-            refining.floors = [float(x) for x in floors]
-        while not refining.done:
-            owner, keys, alphas = refining.wanted()
-            owner = torch.as_tensor(owner)
-            ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
-            grads, fs = [], []
-            for _part, g, f, saved in self._run(site, clean, owner, torch.from_numpy(alphas), ones):
+        def run(owner, alphas, weights):
+            for part, g, f, saved in self._run(site, clean, torch.as_tensor(owner), alphas, weights):
                 box.setdefault("saved", saved)
-                grads.append(g)
-                fs.append(f)
-            refining.give(owner, keys, torch.cat(grads), torch.cat(fs))
-        results = [refining.result(t) for t in range(count)]
+                yield part, g, f
+
+        def zero():  # every step from one forward
+            f0, saved = self._f_at_zero(site, clean)
+            box.setdefault("saved", saved)
+            return f0
+
+        def own(t):
+            return self.positions[t] + 1, crop_saved(box["saved"], self.positions[t] + 1)
+
+        g, f0, convs = integrate(self.sc, self.count, run, grad_at_one, f_full, self.acc,
+                                 Maps(self.sc.judged, lambda _k: box["saved"]), own, floors, zero)
         if "saved" not in box:  # every node was known (cannot happen: alpha = 0 is always evaluated)
             box["saved"] = self._f_at_zero(site, clean)[1]
-        return (refining.g, [r.f[adaptive.ZERO] for r in results],
-                [(r.nodes, r.error, r.capped, r.status) for r in results], box["saved"])
+        return g, f0, convs, box["saved"]
 
 
 @contextlib.contextmanager

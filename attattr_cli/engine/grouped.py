@@ -31,12 +31,12 @@ import torch
 
 from ..data.types import Example
 from ..ops import reference
-from . import adaptive, attention, memory
+from . import attention, memory
 from .batching import pad_rows
 from .encoding import Encoded
+from .layer_integral import Maps, integrate
 from .results import ExampleScore
-from .layer_integral import map_measures, map_spread
-from .rows import add_rows, crop_saved, detached
+from .rows import crop_saved
 
 MAX_TOKENS = 128  # longer examples are scored one at a time (their passes are full already)
 DEFAULT_GROUP = 32  # examples per group when the options leave it to attattr (hidden size 384 or wider)
@@ -118,35 +118,23 @@ class _Group:
         fam = sc.families[0]
         sites = [(fam.name, layer) for layer in sc.layers_of[fam.name]]
         with attention.taken_over(sc.model):
-            share_one = bool((sc.alphas == 1).any()) and bool(sites)
-            record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
-                                      keep={"maps": "maps", "sum": "mean"}.get(keep))
-            with sc.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
-                logits_g = sc.model(**self.inputs).logits
+            clean, record, logits_g = sc.clean_forward(sites, keep, lambda: sc.model(**self.inputs).logits)
             logits = logits_g.detach()
             preds = [int(p) for p in logits.argmax(-1)]
             golds = [-1 if e.label is None else sc.label_map[e.label] for e in self.examples]
-            targets = [sc._choose_target(p, g, e) for p, g, e in zip(preds, golds, self.examples)]
+            targets = [sc.choose_target(p, g, e) for p, g, e in zip(preds, golds, self.examples)]
             self.targets = torch.tensor(targets, device=sc.device)
-            f_full = sc._target_value(logits, self.targets)
-            at_one = {}
-            if share_one:
-                wanted = [s for s in sites if s in record.leaves]
-                if not wanted:  # the model's attention went around the interface and every adapter
-                    raise attention.not_routed(sc.arch.model_type, *sites[0])
-                grads = torch.autograd.grad(sc._target_value(logits_g, self.targets).sum(),
-                                            [record.leaves[s] for s in wanted])
-                at_one = dict(zip(wanted, grads))
-                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
-            del logits_g, record.leaves
+            f_full = sc.target_value(logits, self.targets)
+            at_one = sc.at_one(sites, clean, record, lambda leaves: torch.autograd.grad(
+                sc.target_value(logits_g, self.targets).sum(), leaves))
+            del logits_g
             sc.last_step_batch = 0
             per_example: list[list[dict]] = [[] for _ in range(count)]
-            integral = self._integrate_to_tol if sc.options.tol is not None else self._integrate
             for site in sites:
-                gs, f0s, convs, saved = integral(site, clean, at_one.get(site), f_full)
+                gs, f0s, convs, saved = self.integrate(site, clean, at_one.get(site), f_full)
                 for e in range(count):
                     n = self.lengths[e]
-                    per_example[e].append(sc._layer_result(gs[e:e + 1, :, :n], f0s[e], float(f_full[e]), keep,
+                    per_example[e].append(sc.layer_result(gs[e:e + 1, :, :n], f0s[e], float(f_full[e]), keep,
                                                            saved[e], convs[e]))
                     if on_layer is not None:
                         on_layer(e, site[1])
@@ -155,8 +143,8 @@ class _Group:
         for e, (example, enc) in enumerate(zip(self.examples, self.encs)):
             n = self.lengths[e]
             probs = {s: _crop_probs(p[e:e + 1], n) for s, p in record.probs.items()}
-            family = sc._family_score(fam, keep, record.keep, probs, per_example[e], n)
-            out.append(sc._example_score(example, enc, logits[e:e + 1], preds[e], golds[e], targets[e],
+            family = sc.family_score(fam, keep, record.keep, probs, per_example[e], n)
+            out.append(sc.example_score(example, enc, logits[e:e + 1], preds[e], golds[e], targets[e],
                                          float(f_full[e]), {fam.name: family}))
         return out
 
@@ -171,21 +159,20 @@ class _Group:
         return size
 
     def _run(self, site, clean, owner: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor | None,
-             saved: dict, grad: bool = True):
+             saved: dict):
         """Passes over rows (example ``owner[r]`` at ``alphas[r]``, example-major), in chunks
         that fit memory (halved on an out-of-memory error): yields (row slice, w_r dF/dO_r or
-        None, F_r). Fills ``saved`` with each example's target-layer projections."""
+        None without weights, F_r). Fills ``saved`` with each example's target-layer projections."""
         sc = self.sc
 
         def run(part):
-            return self._pass(site, clean, owner[part], alphas[part], None if weights is None else weights[part],
-                              saved, grad)
+            return self._pass(site, clean, owner[part], alphas[part], None if weights is None else weights[part], saved)
 
-        for part, (g, f) in sc._back_off.chunks(len(owner), self._rows_per_pass(site, len(owner)), run, sc.warn):
+        for part, (g, f) in sc.back_off.chunks(len(owner), self._rows_per_pass(site, len(owner)), run, sc.warn):
             sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
             yield part, g, f
 
-    def _pass(self, site, clean, owner, alphas, weights, saved, grad):
+    def _pass(self, site, clean, owner, alphas, weights, saved):
         sc = self.sc
         change = torch.ones(len(owner), dtype=torch.bool)
         change[1:] = owner[1:] != owner[:-1]
@@ -195,13 +182,13 @@ class _Group:
         plan = attention.Attribute(site[1], alphas.to(sc.device), sc.backend, family=site[0],
                                    first=first.to(sc.device), local=local.to(sc.device), owner=owner.to(sc.device))
         rows = {k: v.index_select(0, plan.owner) for k, v in self.inputs.items()}
-        with sc.sites.target_pass(site, clean, plan), torch.set_grad_enabled(grad):
+        with sc.sites.target_pass(site, clean, plan), torch.set_grad_enabled(weights is not None):
             logits = sc.model(**rows).logits
-            f = sc._target_value(logits, self.targets.index_select(0, plan.owner))
+            f = sc.target_value(logits, self.targets.index_select(0, plan.owner))
             if plan.leaf is None:
                 raise attention.not_routed(sc.arch.model_type, site[0], site[1])
             g = None
-            if grad:
+            if weights is not None:
                 (g,) = torch.autograd.grad((f * weights.to(f)).sum(), plan.leaf)
                 g = g.to(self.acc)
         for i, e in enumerate(examples):
@@ -210,77 +197,23 @@ class _Group:
                 saved[e] = crop_saved(one, self.lengths[e])
         return g, f.detach()
 
-    # -- fixed rules -------------------------------------------------------------------
-    def _integrate(self, site, clean, grad_at_one, f_full=None):
-        """G, F(0), (nodes, error estimate, cap hit) and saved projections per example (fixed rule)."""
-        sc, count = self.sc, len(self.examples)
-        alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, self.acc)
-        f0 = [float("nan")] * count
+    # -- the integral ----------------------------------------------------------------
+    def integrate(self, site, clean, grad_at_one, f_full):
+        """G, F(0), (nodes, error estimate, cap hit[, state]) and saved projections per example
+        (engine/layer_integral.py's ``integrate``); with ``--tol`` the examples refine in
+        lock-step, those still refining sharing one pass per level."""
         saved: dict = {}
-        m = len(alphas)
-        if m:
-            owner = torch.arange(count).repeat_interleave(m)
-            row_alpha = alphas.repeat(count)
-            row_w = weights.repeat(count).to(sc.device, self.acc)
-            row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, self.acc)
-            for part, g, f in self._run(site, clean, owner, row_alpha, row_w, saved):
-                total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio)
-        if not bool((alphas == 0).any()):  # F(0): one forward of the group, no backward
-            owner = torch.arange(count)
-            for _part, _g, f in self._run(site, clean, owner, torch.zeros(count, dtype=torch.float64), None,
-                                          saved, grad=False):
-                for r, e in enumerate(owner[_part].tolist()):
-                    f0[e] = float(f[r])
-        convs = [(len(sc.alphas), sc.embedded_error(total[e:e + 1, :, :self.lengths[e]],
-                                                    None if low is None else low[e:e + 1, :, :self.lengths[e]],
-                                                    saved[e]), False) for e in range(count)]
-        return total, f0, convs, saved
+        padded: dict = {}  # A and V of every example, zero-padded to the group's width (made once)
 
-    # -- --tol ---------------------------------------------------------------------------
-    def _integrate_to_tol(self, site, clean, grad_at_one, f_full=None):
-        """As ``_integrate``, by the error-controlled rule: the examples refine in lock-step
-        (one :class:`~attattr_cli.engine.adaptive.Refinement`), those still refining share one
-        pass per level."""
-        sc, count = self.sc, len(self.examples)
-        saved: dict = {}
-        stacks: list = []  # A and V of every example, zero-padded to the group's width (made once)
+        def stacked(_key):
+            if not padded:
+                padded["probs"], padded["v"] = self._padded_a_v(saved, self.acc)
+            return padded
 
-        def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row; zero padding adds zeros only
-            if not stacks:
-                stacks.extend(self._padded_a_v(saved, g.dtype))
-            a, v = stacks[:2]
-            return map_measures(a[rows], v[rows], g, sc.judged).cpu()
-
-        def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
-            if not stacks:
-                stacks.extend(self._padded_a_v(saved, g.dtype))
-            r = int(rows[0])
-            return map_spread(stacks[0][r], stacks[1][r], g, sc.judged).cpu()
-
-        def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
-            if not stacks:
-                stacks.extend(self._padded_a_v(saved, g.dtype))
-            if len(stacks) == 2:
-                stacks.append(torch.matmul(stacks[0], stacks[1]))
-            return (g * stacks[2][rows]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
-
-        known = known_f = None
-        if grad_at_one is not None:
-            known = {adaptive.ONE: grad_at_one.to(self.acc)}
-            known_f = {adaptive.ONE: f_full.detach().to("cpu", torch.float64).numpy()}
-        refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, known, known_f, derivative,
-                                       coarse=adaptive.coarse_start(), spread=spread)
-        while not refining.done:
-            owner, keys, alphas = refining.wanted()
-            ones = torch.ones(len(owner), dtype=self.acc, device=sc.device)
-            grads, fs = [], []
-            for _part, g, f in self._run(site, clean, owner, torch.from_numpy(alphas), ones, saved):
-                grads.append(g)
-                fs.append(f)
-            refining.give(owner, keys, torch.cat(grads), torch.cat(fs))
-        results = [refining.result(e) for e in range(count)]
-        return (refining.g, [r.f[adaptive.ZERO] for r in results],
-                [(r.nodes, r.error, r.capped, r.status) for r in results], saved)
+        g, f0, convs = integrate(self.sc, len(self.examples), lambda o, a, w: self._run(site, clean, o, a, w, saved),
+                                 grad_at_one, f_full.detach().to("cpu", torch.float64).numpy(), self.acc,
+                                 Maps(self.sc.judged, stacked, key=None), lambda e: (self.lengths[e], saved[e]))
+        return g, f0, convs, saved
 
     def _padded_a_v(self, saved: dict, dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Every example's clean attention A [E, head, W, W] and values V [E, head, W, d] of the

@@ -1,17 +1,29 @@
-"""One layer's integral: G = sum_k w_k dF/dO(alpha_k) by a fixed rule (with its embedded error
-estimate) or to a tolerance (engine/adaptive.py), the passes that give dF/dO at the nodes in
-micro-batches that fit memory, and the map measures the estimates read. A part of
-:class:`~attattr_cli.engine.scorer.Scorer` (its integration), kept apart from the result
-assembly (engine/assembly.py) and the encoding and targets (engine/scorer.py)."""
+"""The integral, once for every way its passes run (docs/method.md section 1.2,
+docs/integration.md): G = sum_k w_k dF/dO(alpha_k) of ``count`` integrals at once (one layer
+of an example, the examples of a group, the steps of a generation, the layers of a sweep), by
+the fixed rule with its embedded estimate (:func:`fixed`) or to ``--tol`` (:func:`to_tol`,
+driving engine/adaptive.py's Refinement). What differs between the strategies is only how
+their rows run, ``run(owner, alphas, weights)``: it yields (row slice, w_r dF/dO_r or None
+without weights, F_r) over the rows of integral ``owner[r]`` at ``alphas[r]``, in passes that
+fit memory; and which clean attention and values each integral's maps are made with
+(:class:`Maps`).
+
+:class:`Integration` is the Scorer's part of it (one target site per integral, the passes of
+one example), kept apart from the result assembly (engine/assembly.py) and the encoding and
+targets (engine/scorer.py); the map measures the estimates read are at the end."""
 
 from __future__ import annotations
 
+import contextlib
+
+import numpy as np
 import torch
 
 from ..ops import reference, reference_mask, with_causal
 from . import adaptive, attention, memory
 from .encoding import Encoded
 from .options import DEFAULT_TOL
+from .rows import add_rows
 
 
 class Integration:
@@ -21,6 +33,7 @@ class Integration:
     # the passes of every target layer of an example in one sweep per round (engine/sweep.py);
     # False: one pass per target layer (benches compare the two; the numbers agree)
     sweep = True
+    sweeps_work = True  # False once a model's layers did not run as a sweep (engine/sweep.py)
 
     # -- step micro-batching ------------------------------------------------------
     def auto_step_batch(self, enc: Encoded, site, steps: int | None = None) -> int:
@@ -40,48 +53,52 @@ class Integration:
         kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
         return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
 
-    def _integrate(self, enc: Encoded, site, target, clean, grad_at_one: torch.Tensor | None = None,
-                   f_full: float | None = None, floor: float = 0.0) -> tuple[torch.Tensor, float]:
-        """G = sum_k w_k dF/dO_k for the target site, and F with its attention at 0.
+    def integrate(self, enc: Encoded, site, target, clean, grad_at_one: torch.Tensor | None = None,
+                  f_full: float | None = None, floor: float = 0.0):
+        """One target site's integral: (G = sum_k w_k dF/dO_k [1, ...], F with its attention at
+        0, the saved projections, (nodes, error estimate, cap hit[, state])).
 
         ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward (F there:
         ``f_full``); that node is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
         out-of-memory error halves the micro-batch and retries. ``floor``: the least scale ``--tol``
         judges the layer against (the example's largest kept number so far; engine/adaptive.py).
         """
-        family, layer = site
-        acc_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
-        if self.options.tol is not None:
-            return self._integrate_to_tol(enc, site, target, clean, grad_at_one, acc_dtype, f_full, floor)
-        alphas, weights, ratio, g_sum, g_low = self.fixed_nodes(grad_at_one, acc_dtype)
-        zero = torch.nonzero(alphas == 0)
-        zero_at = int(zero[0]) if len(zero) else None
-        f0 = float("nan")
-        chunk = self.auto_step_batch(enc, site, len(alphas)) if len(alphas) else 1
-        saved = None
-        weights = weights.to(self.device, acc_dtype)
-        run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], weights[part])  # noqa: E731
-        for part, (grads, f, saved) in self._back_off.chunks(len(alphas), chunk, run, self.warn):
-            if ratio is not None:
-                low = (grads * ratio[part].to(grads).view(-1, *[1] * (grads.dim() - 1))).sum(0, keepdim=True)
-                g_low = low if g_low is None else g_low + low
-            grads = grads.sum(0, keepdim=True)
-            g_sum = grads if g_sum is None else g_sum + grads
-            if zero_at is not None and part.start <= zero_at < part.stop:
-                f0 = float(f[zero_at - part.start])
+        box: dict = {}
+
+        def run(owner, alphas, weights):
+            for part, g, f, box["saved"] in self.passes(enc, site, one_target(target), clean, alphas, weights):
+                yield part, g, f
+
+        def zero():  # F(0): one forward at batch 1, no backward
+            _g, f, saved = self._step_chunk(enc, site, target, clean, torch.zeros(1, dtype=torch.float64), None)
+            box.setdefault("saved", saved)
+            return [float(f[0])]
+
+        maps = Maps(self.judged, lambda _k: box["saved"], alone=True)
+        g, f0, convs = integrate(self, 1, run, grad_at_one, [f_full], self.acc, maps, lambda _i: (None, box["saved"]),
+                                 [floor], zero, summed=True)
+        return g, f0[0], box["saved"], convs[0]
+
+    @property
+    def acc(self) -> torch.dtype:
+        """The dtype gradients are added up in."""
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def passes(self, enc: Encoded, site, targets, clean, alphas: torch.Tensor, weights: torch.Tensor | None):
+        """The rows of ``site``'s passes (row r at ``alphas[r]``), in micro-batches that fit
+        memory (halved on an out-of-memory error): yields (row slice, w_r dF/dO_r, or None
+        without ``weights``, F_r, saved projections). ``targets(part)`` -> (the target of the
+        rows ``part``, a context to run their pass in)."""
+        def run(part):
+            target, context = targets(part)
+            with context:
+                return self._step_chunk(enc, site, target, clean, alphas[part],
+                                        None if weights is None else weights[part])
+
+        size = self.auto_step_batch(enc, site, len(alphas))
+        for part, (g, f, saved) in self.back_off.chunks(len(alphas), size, run, self.warn):
             self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
-            del f, grads
-        if zero_at is None:  # F(0): one forward at batch 1, no backward
-            plan = attention.Attribute(layer, torch.zeros(1, dtype=torch.float64, device=self.device), self.backend,
-                                       family=family)
-            with self.sites.target_pass(site, clean, plan), torch.no_grad():
-                f0 = float(self._target_value(
-                    self._logits(enc, 1, self.sites.extra_inputs(site, clean, 1)), target)[0])
-            if saved is None:
-                saved = plan.saved
-        self._saved = saved
-        self.last_integral = (len(self.alphas), self.embedded_error(g_sum, g_low), False)
-        return g_sum, f0
+            yield part, g, f, saved
 
     def fixed_nodes(self, grad_at_one: torch.Tensor | None, acc_dtype: torch.dtype):
         """The fixed rule's nodes left to evaluate, (alphas, weights, ratio, G, G_low): where the
@@ -101,56 +118,21 @@ class Integration:
             alphas, weights = alphas[~one], weights[~one]
         return alphas, weights, ratio, g, g_low
 
-    def _integrate_to_tol(self, enc: Encoded, site, target, clean, grad_at_one, acc_dtype, f_full, floor: float = 0.0):
-        """G and F(0) by the error-controlled integration of engine/adaptive.py."""
-        def evaluate(alphas: torch.Tensor):  # unweighted dF/dO per alpha, in micro-batches
-            ones = torch.ones(len(alphas), dtype=acc_dtype, device=self.device)
-            run = lambda part: self._step_chunk(enc, site, target, clean, alphas[part], ones[part])  # noqa: E731
-            grads, fs = [], []
-            for part, (g, f, self._saved) in self._back_off.chunks(
-                    len(alphas), self.auto_step_batch(enc, site, len(alphas)), run, self.warn):
-                grads.append(g)
-                fs.append(f)
-                self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
-            return torch.cat(grads), torch.cat(fs)
-
-        known = {} if grad_at_one is None else {adaptive.ONE: grad_at_one.to(acc_dtype)[0]}
-        known_f = {} if grad_at_one is None else {adaptive.ONE: f_full}
-        def derivative(g: torch.Tensor) -> torch.Tensor:  # sum Attr = <G, A V> per row (dF/dalpha at a node)
-            s = self._saved
-            if "out" not in s:
-                s["out"] = torch.matmul(self.layer_probs(s, g.dtype), s["v"].to(g.dtype))
-            return (g.reshape(len(g), *s["out"].shape[-3:]) * s["out"]).sum(dim=(-3, -2, -1), dtype=torch.float64)
-
-        def spread(g: torch.Tensor) -> torch.Tensor:  # the leaves' maps summed entry by entry (adaptive.Refinement)
-            s = self._saved
-            return map_spread(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g.reshape(len(g), *g.shape[-3:]),
-                              self.judged)
-
-        # the three-node start, as in sweeps (engine/sweep.py) and groups: an example gets the same
-        # nodes whichever way its passes run
-        res = adaptive.integrate(evaluate, self._measure, self.options.tol, self.options.max_nodes, known, known_f,
-                                 derivative, coarse=adaptive.coarse_start(), spread=spread,
-                                 floor=floor)
-        self.last_integral = (res.nodes, res.error, res.capped, res.status)
-        return res.g.unsqueeze(0), res.f[adaptive.ZERO]
-
-    def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict | None = None) -> float:
+    def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict) -> float:
         """The fixed rule's error estimate from its embedded lower-order rule: max |Attr(G) -
         Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule."""
         if g_low is None:
             return float("nan")
-        return adaptive.relative(self._measure(g - g_low, saved)[0], self._measure(g, saved)[0]) / self.low[1]
+        return adaptive.relative(self.measure(g - g_low, saved)[0], self.measure(g, saved)[0]) / self.low[1]
 
     @property
     def check_tol(self) -> float:
         """The tolerance convergence is judged at: --tol, or for a fixed rule the default's."""
         return self.options.tol if self.options.tol is not None else DEFAULT_TOL
 
-    def _measure(self, g: torch.Tensor, saved: dict | None = None) -> tuple[float, float, float]:
+    def measure(self, g: torch.Tensor, s: dict) -> tuple[float, float, float]:
         """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
-        projections (``self._saved`` by default); the map itself is not kept."""
-        s = self._saved if saved is None else saved
+        projections ``s``; the map itself is not kept."""
         g = g.reshape(1, *g.shape[-3:])
         return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g,
                                                     self.judged)[0])
@@ -172,21 +154,23 @@ class Integration:
                                                        saved["softcap"]).to(dtype)
         return saved["probs"]
 
-    def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor):
-        """One micro-batch of steps: (w_k dF/dO_k per step, F at its alphas, saved Q/K/V)."""
+    def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor | None):
+        """One micro-batch of steps: (w_k dF/dO_k per step, or None without ``w``, F at its
+        alphas, saved Q/K/V)."""
         family, layer = site
-        acc_dtype = w.dtype
         plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
-        with self.sites.target_pass(site, clean, plan), torch.enable_grad():
-            logits = self._logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
-            f = self._target_value(logits, target)
+        with self.sites.target_pass(site, clean, plan), torch.set_grad_enabled(w is not None):
+            logits = self.logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
+            f = self.target_value(logits, target)
+            if w is None:
+                return None, f.detach(), plan.saved
             if plan.leaf is None:
                 raise attention.not_routed(self.arch.model_type, family, layer)
             (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-        return g.to(acc_dtype), f.detach(), plan.saved
+        return g.to(w.dtype), f.detach(), plan.saved
 
-    def _attribute(self, g: torch.Tensor, want_maps: bool = True, saved: dict | None = None) -> dict:
-        s = self._saved if saved is None else saved
+    def attribute(self, g: torch.Tensor, s: dict, want_maps: bool = True) -> dict:
+        """The maps (``want_maps``), head sums and head maxima from ``g`` and the saved projections ``s``."""
         self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
         return self.backend.attribution_from_grad(
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
@@ -194,6 +178,149 @@ class Integration:
         )
 
 
+# -- the integral, for every strategy ------------------------------------------------------
+def one_target(target):
+    """``targets(part, ...)`` for rows that all share ``target`` (no context to run them in)."""
+    return lambda part, *_: (target, contextlib.nullcontext())
+
+
+def rows_of(run, owner, alphas, weights):
+    """Every row of ``run`` at once: (w_r dF/dO_r, F_r) in row order."""
+    parts = list(run(owner, alphas, weights))
+    return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+
+
+class Maps:
+    """The three measures the error control reads (engine/adaptive.py's Refinement) of maps
+    Attr = A * (G V^T), with each integral's clean A and V from ``saved_of(key)``, the saved
+    projections of the integrals whose ``key(rows)`` is ``key`` (default: one for all), made
+    again where they change; ``key`` None: ``saved_of(None)`` holds one A ("probs") and V per
+    integral (a group's padded examples). ``alone``: each G's measures made by itself (one
+    layer's integral, as it always was: a batch's products may round otherwise)."""
+
+    def __init__(self, judged: tuple, saved_of, key=lambda rows: torch.zeros_like(rows), alone: bool = False):
+        self.judged, self.saved_of, self.key, self.alone, self.made = judged, saved_of, key, alone, {}
+
+    def stack(self, k, dtype, with_av: bool = False):
+        """[A, V, A V (with_av, else None where not yet made)] of stack ``k``."""
+        saved = self.saved_of(k)
+        made = self.made.get(k)
+        if made is None or made[0] is not saved:
+            made = self.made[k] = [saved, Integration.layer_probs(saved, dtype), saved["v"].to(dtype), None]
+        if with_av and made[3] is None:
+            made[3] = torch.matmul(made[1], made[2])
+        return made[1:]
+
+    def _parts(self, g, rows, with_av: bool = False):
+        """(A, V, A V, the rows' g, where they go) per stack the rows use."""
+        g = g.reshape(len(g), *g.shape[-3:])
+        if self.key is None:
+            a, v, av = self.stack(None, g.dtype, with_av)
+            return [(a[rows], v[rows], None if av is None else av[rows], g, slice(None))]
+        keys, out = self.key(rows), []
+        for k in torch.unique(keys).tolist():
+            sel = torch.nonzero(keys == k).flatten()
+            out.append((*self.stack(k, g.dtype, with_av), g if len(sel) == len(rows) else g[sel.to(g.device)], sel))
+        return out
+
+    def measure(self, g, rows):
+        """(max |Attr|, sum |Attr|, sum Attr) per row."""
+        if self.alone and len(rows) > 1:
+            return torch.cat([self.measure(g[i:i + 1], rows[i:i + 1]) for i in range(len(rows))])
+        out = torch.empty((len(rows), 3), dtype=torch.float64)
+        for a, v, _, part, sel in self._parts(g, rows):
+            out[sel] = map_measures(a, v, part, self.judged).cpu()
+        return out
+
+    def derivative(self, g, rows):
+        """sum Attr = <G, A V> per row (dF/dalpha at a node)."""
+        out = torch.empty(len(rows), dtype=torch.float64)
+        for _, _, av, part, sel in self._parts(g, rows, with_av=True):
+            out[sel] = (part * av).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
+        return out
+
+    def spread(self, g, rows):
+        """One integral's leaves: max over the entries of sum |Attr|."""
+        r = int(rows[0])
+        a, v, _ = self.stack(None if self.key is None else int(self.key(rows[:1])[0]), g.dtype)
+        a, v = (a[r], v[r]) if self.key is None else (a, v)
+        return map_spread(a, v, g.reshape(len(g), *g.shape[-3:]), self.judged).cpu()
+
+
+def f_at_zero(run, count: int) -> list:
+    """F of every integral with its attention at 0: one row each, no backward."""
+    f0 = [float("nan")] * count
+    owner = torch.arange(count)
+    for part, _g, f in run(owner, torch.zeros(count, dtype=torch.float64), None):
+        for r, i in enumerate(owner[part].tolist()):
+            f0[i] = float(f[r])
+    return f0
+
+
+def fixed(sc, count: int, run, grad_at_one, acc, own, zero=None, summed: bool = False):
+    """``count`` integrals by the scorer's fixed rule: (G [count, ...], F(0) per integral,
+    (nodes, error estimate, cap hit) per integral). ``grad_at_one`` [count, ...]: the clean
+    backward's alpha = 1, or None; ``own(i)`` -> (integral i's length or None, its saved
+    projections) for the embedded estimate; ``zero()`` -> F(0) per integral where the rule
+    lacks alpha = 0 (default: one row each); ``summed``: a pass's rows (all of one integral)
+    are summed before they are added."""
+    alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, acc)
+    f0 = [float("nan")] * count
+    if len(alphas):
+        owner = torch.arange(count).repeat_interleave(len(alphas))
+        row_alpha = alphas.repeat(count)
+        row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, acc)
+        for part, g, f in run(owner, row_alpha, weights.repeat(count).to(sc.device, acc)):
+            total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio, summed)
+    if not bool((alphas == 0).any()):
+        f0 = zero() if zero is not None else f_at_zero(run, count)
+    convs = []
+    for i in range(count):
+        n, saved = own(i)
+        err = sc.embedded_error(total[i:i + 1, :, :n], None if low is None else low[i:i + 1, :, :n], saved)
+        convs.append((len(sc.alphas), err, False))
+    return total, f0, convs
+
+
+def to_tol(sc, count: int, run, grad_at_one, f_full, acc, maps: Maps, floors=None, shared: bool = False,
+           evaluate=None, on_round=None):
+    """``count`` integrals to ``--tol`` in lock-step (one Refinement; those still refining share
+    each round's passes): (G [count, ...], F(0) per integral, (nodes, error estimate, cap hit,
+    state) per integral). ``grad_at_one`` [count, ...] and ``f_full`` [count]: the clean run's
+    alpha = 1 (None: not at hand); ``floors``: the least scale each integral is judged against;
+    ``shared``: the integrals are the layers of one example, judged on one scale.
+    ``evaluate(owner, keys, alphas, active)`` -> (owner, keys, unweighted dF/dO, F), where a
+    caller shares more than rows (default: ``run`` with unit weights); ``on_round(refinement)``
+    after each round. Every integral starts from the three nodes (adaptive.coarse_start):
+    whichever way its passes run, an example gets the same nodes."""
+    known = known_f = None
+    if grad_at_one is not None:
+        known, known_f = {adaptive.ONE: grad_at_one.to(acc)}, {adaptive.ONE: np.asarray(f_full, dtype=np.float64)}
+    refining = adaptive.Refinement(maps.measure, count, sc.options.tol, sc.options.max_nodes, known, known_f,
+                                   maps.derivative, coarse=adaptive.coarse_start(), spread=maps.spread)
+    refining.shared = shared
+    if floors is not None:
+        refining.floors = [float(x) for x in floors]
+    while not refining.done:
+        owner, keys, alphas = refining.wanted()
+        if evaluate is not None:
+            owner, keys, g, f = evaluate(owner, keys, alphas, set(refining.active))
+        else:
+            g, f = rows_of(run, owner, torch.from_numpy(alphas), torch.ones(len(owner), dtype=acc, device=sc.device))
+        refining.give(owner, keys, g, f)
+        if on_round is not None:
+            on_round(refining)
+    results = [refining.result(i) for i in range(count)]
+    return refining.g, [r.f[adaptive.ZERO] for r in results], [(r.nodes, r.error, r.capped, r.status) for r in results]
+
+
+def integrate(sc, count: int, run, grad_at_one, f_full, acc, maps: Maps, own, floors=None, zero=None,
+              summed: bool = False):
+    """``count`` integrals by the scorer's rule: :func:`to_tol` with ``--tol`` (``f_full``,
+    ``maps``, ``floors``), else :func:`fixed` (``own``, ``zero``, ``summed``)."""
+    if sc.options.tol is not None:
+        return to_tol(sc, count, run, grad_at_one, f_full, acc, maps, floors)
+    return fixed(sc, count, run, grad_at_one, acc, own, zero, summed)
 
 
 JUDGED = {"maps": (), "none": (), "auto": (), "sum": (-3,), "sources": (-3, -2)}  # --keep -> dims summed away

@@ -7,17 +7,24 @@ from __future__ import annotations
 import torch
 
 
-def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row_ratio):
+def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row_ratio, summed: bool = False):
     """One pass of a fixed rule over several owners (examples or steps) added up: the rows
     ``part`` of the pass belong to ``owner[part]``; their weighted gradients ``g`` go to
     ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
-    rows to ``f0``. Returns (total, low), made on first use."""
+    rows to ``f0``. ``summed``: the rows (of one owner) are summed first, then added. Returns
+    (total, low), made on first use."""
     own = owner[part].to(g.device)
-    total = g.new_zeros((count, *g.shape[1:])) if total is None else total
-    total.index_add_(0, own, g)
-    if row_ratio is not None:
-        low = torch.zeros_like(total) if low is None else low
-        low.index_add_(0, own, g * row_ratio[part].view(-1, *[1] * (g.dim() - 1)))
+    ratio = None if row_ratio is None else g * row_ratio[part].view(-1, *[1] * (g.dim() - 1))
+    if summed:
+        total = g.sum(0, keepdim=True) if total is None else total + g.sum(0, keepdim=True)
+        if ratio is not None:
+            low = ratio.sum(0, keepdim=True) if low is None else low + ratio.sum(0, keepdim=True)
+    else:
+        total = g.new_zeros((count, *g.shape[1:])) if total is None else total
+        total.index_add_(0, own, g)
+        if ratio is not None:
+            low = torch.zeros_like(total) if low is None else low
+            low.index_add_(0, own, ratio)
     for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
         f0[int(owner[part][r])] = float(f[r])
     return total, low
@@ -25,7 +32,7 @@ def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row
 
 def crop_saved(saved: dict, n: int) -> dict:
     """One example's saved projections ([1, head, N, d] of the padded group) cut to its n tokens."""
-    out = dict(saved)
+    out = {k: v for k, v in saved.items() if k not in ("probs", "out")}  # A made for the whole length: not the crop's
     for key in ("q", "k", "v"):
         out[key] = saved[key][:, :, :n]
     mask = saved["mask"]

@@ -39,7 +39,7 @@ class Scorer(Integration, Assembly):
     engine/generation.py's StepwiseScorer)."""
 
     scores_steps = False
-    _read_from: int | None = None  # with sources: the first query row after the last passage (score())
+    read_from: int | None = None  # with sources: the first query row after the last passage (score())
 
     def __init__(self, loaded: LoadedModel, options: ScoreOptions, task_labels=None):
         if options.stepwise and not self.scores_steps:  # engine/run.py's scorer_for chooses the strategy
@@ -93,11 +93,10 @@ class Scorer(Integration, Assembly):
                                       " is 0 everywhere and every map would be zero; give another --foil")
         self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
-        self.last_integral = (options.steps or 0, float("nan"), False)  # nodes, error estimate, cap hit
         # LMs that can run only the needed positions through their head (checked once, not per pass)
-        self._takes_logits_to_keep = takes_logits_to_keep(self.model)
+        self.takes_logits_to_keep = takes_logits_to_keep(self.model)
         self.last_step_batch = 0
-        self._back_off = BackOff(self.device, options.dtype)  # its lowered size is kept for later examples
+        self.back_off = BackOff(self.device, options.dtype)  # its lowered size is kept for later examples
         self.warn: Callable[[str], None] | None = None  # where the back-off says so once; None: warnings.warn
 
     # -- targets ---------------------------------------------------------------
@@ -127,7 +126,7 @@ class Scorer(Integration, Assembly):
             )
         return int(ids[0])
 
-    def _target_value(self, logits: torch.Tensor, target) -> torch.Tensor:
+    def target_value(self, logits: torch.Tensor, target) -> torch.Tensor:
         """F per batch row. Classifiers: logits [b, labels], target a label index.
         LMs: logits [b, positions, vocab] (the kept positions), target a list of token ids,
         one per kept position; F is their joint probability, summed log-probability or
@@ -162,7 +161,7 @@ class Scorer(Integration, Assembly):
         return torch.softmax(work, dim=-1)[:, target]
 
     # -- encoding --------------------------------------------------------------
-    def _check_length(self, n: int, index: int) -> None:
+    def check_length(self, n: int, index: int) -> None:
         limit = self.loaded.arch.max_length
         if limit is not None and n > limit:
             raise too_long(index, n, limit, hint=not self.options.lm)
@@ -227,7 +226,7 @@ class Scorer(Integration, Assembly):
                 raise OptionError(f"--position {p} is outside the prompt of example {example.index} ({len(ids)} tokens)")
             positions = [p % len(ids)]
             targets = None if self._lm_token is None else [self._lm_token]
-        self._check_length(len(ids), example.index)
+        self.check_length(len(ids), example.index)
         segments = [0] * len(ids)
         return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
                        lm_positions=positions, lm_targets=targets)
@@ -268,7 +267,7 @@ class Scorer(Integration, Assembly):
                                   " model's target is the first decoder token (or --continuation)")
             dec, positions = [start], [0]
             targets = None if self._lm_token is None else [self._lm_token]
-        self._check_length(len(prompt), example.index)
+        self.check_length(len(prompt), example.index)
         return Encoded(prompt, tok.convert_ids_to_tokens(prompt), [0] * len(prompt), None, False,
                        lm_positions=positions, lm_targets=targets, decoder_input_ids=dec,
                        decoder_tokens=tok.convert_ids_to_tokens(dec))
@@ -283,11 +282,11 @@ class Scorer(Integration, Assembly):
             inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:
             inputs["use_cache"] = False  # no key/value cache at batch m
-        if enc.lm_positions is not None and self._takes_logits_to_keep:
+        if enc.lm_positions is not None and self.takes_logits_to_keep:
             inputs["logits_to_keep"] = torch.tensor(enc.lm_positions, device=self.device)
         return inputs
 
-    def _logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
+    def logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
         """The model's logits: [batch, labels] for classifiers, [batch, kept positions, vocab]
         for LMs (only the positions F needs go through the LM head where the model can)."""
         inputs = self._inputs(enc, batch)
@@ -308,7 +307,7 @@ class Scorer(Integration, Assembly):
         (said once through ``self.warn``); memory that runs out anyway raises ResourceError."""
         enc = encoded or self.encode(example)
         # the first query row that reads the passages (after the last one), for their scores
-        self._read_from = max(s["end"] for s in enc.sources) if getattr(enc, "sources", None) else None
+        self.read_from = max(s["end"] for s in enc.sources) if getattr(enc, "sources", None) else None
         try:
             return self._score(example, enc, on_layer)
         except RuntimeError as exc:
@@ -328,13 +327,7 @@ class Scorer(Integration, Assembly):
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
         with attention.taken_over(model):
-            # alpha = 1 is the clean forward for every target site: when the rule has that
-            # node, one backward of the clean forward gives its gradient for all of them
-            share_one = bool((self.alphas == 1).any()) and bool(targets)
-            record = attention.Record(grad_layers=frozenset(targets) if share_one else frozenset(),
-                                      keep={"maps": "maps", "sum": "mean"}.get(keep))
-            with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
-                logits_g = self._logits(enc, 1)
+            clean, record, logits_g = self.clean_forward(targets, keep, lambda: self.logits(enc, 1))
             logits = logits_g.detach()
             if self.options.lm:
                 pred = int(logits[0, 0].argmax())
@@ -348,19 +341,11 @@ class Scorer(Integration, Assembly):
             else:
                 pred = int(logits[0].argmax())
                 gold = -1 if example.label is None else self.label_map[example.label]
-                target = self._choose_target(pred, gold, example)
-            f_full = float(self._target_value(logits, target)[0])
-            at_one = {}
-            if share_one:
-                wanted = [t for t in targets if t in record.leaves]
-                if not wanted:  # the model's attention went around the interface and every adapter
-                    raise attention.not_routed(self.arch.model_type, *targets[0])
-                grads = torch.autograd.grad(self._target_value(logits_g, target).sum(), [record.leaves[x] for x in wanted])
-                at_one = dict(zip(wanted, grads))
-                clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
-                if clean.encoder_out is not None:
-                    clean.encoder_out = clean.encoder_out.detach()
-            del logits_g, record.leaves
+                target = self.choose_target(pred, gold, example)
+            f_full = float(self.target_value(logits, target)[0])
+            at_one = self.at_one(targets, clean, record,
+                                 lambda leaves: torch.autograd.grad(self.target_value(logits_g, target).sum(), leaves))
+            del logits_g
 
             fams = {}
             self.last_step_batch = 0
@@ -375,11 +360,9 @@ class Scorer(Integration, Assembly):
                     except attention.NotSweepable:
                         # a model whose layers do not run as a sweep needs them (engine/sweep.py):
                         # one pass per target layer, for this model from now on
-                        self._sweeps_work = False
+                        self.sweeps_work = False
                 if swept is not None:
-                    for layer, (g, f0, saved, conv) in zip(layers, swept):
-                        self._saved = saved
-                        per_layer.append(self._layer_result(g, f0, f_full, keep, saved, conv))
+                    per_layer += [self.layer_result(g, f0, f_full, keep, saved, conv) for g, f0, saved, conv in swept]
                 # keep sources: the kept table [layer, key] is judged as a whole (docs/integration.md),
                 # against the largest key sum of the layers done so far; the layers run from the top
                 # down, so that the first layers (where decoders put their attention sinks, whose
@@ -389,19 +372,47 @@ class Scorer(Integration, Assembly):
                 order = (layers[::-1] if keep == "sources" else layers) if swept is None else []
                 for layer in order:
                     site = (fam.name, layer)
-                    g, f0 = self._integrate(enc, site, target, clean, at_one.get(site), f_full, floor)
-                    done[layer] = self._layer_result(g, f0, f_full, keep, self._saved, self.last_integral)
+                    g, f0, saved, conv = self.integrate(enc, site, target, clean, at_one.get(site), f_full, floor)
+                    done[layer] = self.layer_result(g, f0, f_full, keep, saved, conv)
                     if keep == "sources":
                         floor = max(floor, float(done[layer]["key_sum"].abs().max()))
                     del g
                     if on_layer is not None:
                         on_layer(layer)
                 per_layer += [done[layer] for layer in layers if layer in done]
-                fams[fam.name] = self._family_score(fam, keep, record.keep, record.probs, per_layer,
+                fams[fam.name] = self.family_score(fam, keep, record.keep, record.probs, per_layer,
                                                     len(enc.input_ids))
-        return self._example_score(example, enc, logits, pred, gold, target, f_full, fams)
+        return self.example_score(example, enc, logits, pred, gold, target, f_full, fams)
 
-    def _choose_target(self, pred: int, gold: int, example: Example) -> int:
+    def clean_forward(self, sites: list, keep: str, forward: Callable[[], torch.Tensor]):
+        """The clean forward (``forward()`` -> logits) that captures every target site's input and
+        keeps the attention ``keep`` asks for: (the captured run, the attention record, the logits,
+        with their graph where the rule has alpha = 1: that node is the clean forward for every
+        target site, and one backward gives it for all of them, :meth:`at_one`)."""
+        share_one = bool((self.alphas == 1).any()) and bool(sites)
+        record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
+                                  keep={"maps": "maps", "sum": "mean"}.get(keep))
+        with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
+            logits = forward()
+        return clean, record, logits
+
+    def at_one(self, sites: list, clean, record, backward: Callable[[list], list]) -> dict:
+        """Site -> dF/dO at alpha = 1 from the clean forward's backward (``backward(leaves)`` ->
+        the gradient at each leaf); empty where the rule lacks alpha = 1. The captured run is
+        detached from the clean forward's graph."""
+        at = {}
+        if record.grad_layers:
+            wanted = [s for s in sites if s in record.leaves]
+            if not wanted:  # the model's attention went around the interface and every adapter
+                raise attention.not_routed(self.arch.model_type, *sites[0])
+            at = dict(zip(wanted, backward([record.leaves[s] for s in wanted])))
+            clean.outputs = {p: {i: detached(o) for i, o in d.items()} for p, d in clean.outputs.items()}
+            if clean.encoder_out is not None:
+                clean.encoder_out = clean.encoder_out.detach()
+        del record.leaves
+        return at
+
+    def choose_target(self, pred: int, gold: int, example: Example) -> int:
         if self._fixed_target is not None:
             return self._fixed_target
         if self.options.target == "gold":

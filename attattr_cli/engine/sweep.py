@@ -26,14 +26,11 @@ scorer falls back to one pass per layer for that model (``attention.NotSweepable
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
-from . import adaptive, attention
-from .layer_integral import map_measures, map_spread
-from .rows import add_rows
+from . import attention
+from .layer_integral import Maps, fixed, one_target, to_tol
 
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 # on a CUDA device a pass of 19 rows is not full even at 1,024 tokens: BERT-base, bf16, m = 20,
@@ -51,7 +48,7 @@ def max_tokens(device: torch.device) -> int:
 def usable(sc, enc, family: str, layers: list[int]) -> bool:
     """Whether ``family``'s layers of this example are scored by sweeps."""
     n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-    return (sc.sweep and getattr(sc, "_sweeps_work", True) and len(layers) > 1 and n <= max_tokens(sc.device)
+    return (sc.sweep and sc.sweeps_work and len(layers) > 1 and n <= max_tokens(sc.device)
             and sc.sites.sweepable(family))
 
 
@@ -62,8 +59,8 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
     plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
     wanted = sorted(set(row_layer.tolist()))
     with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
-        logits = sc._logits(enc, len(alphas))
-        f = sc._target_value(logits, target)
+        logits = sc.logits(enc, len(alphas))
+        f = sc.target_value(logits, target)
         leaves = _leaves(plan, wanted, same_shape=weights is not None)
         g = None if weights is None else torch.cat(torch.autograd.grad((f * weights.to(f)).sum(), leaves))
     for layer in wanted:
@@ -94,7 +91,7 @@ def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, al
     plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
     wanted = sorted(set(row_layer.tolist()))
     with sc.sites.sweep_pass(family, clean, plan), torch.enable_grad():
-        f = values(sc._logits(enc, len(alphas)))
+        f = values(sc.logits(enc, len(alphas)))
         leaves = _leaves(plan, wanted, same_shape=True)
         used = [t for t in range(weights.shape[0]) if bool(weights[t].any())]
         grads: list = [None] * weights.shape[0]
@@ -113,149 +110,76 @@ def same_shapes(at_one: dict, family: str, layers: list[int]) -> None:
         raise attention.NotSweepable("layers of different attention shapes")
 
 
-def _one_target(target):
-    return lambda part: (target, contextlib.nullcontext())
+def runner(sc, enc, family: str, targets, clean, layer_of, saved: dict, acc):
+    """``run(owner, alphas, weights)`` (engine/layer_integral.py) over sweeps in chunks that fit
+    memory (halved on an out-of-memory error), integral ``owner[r]``'s target layer
+    ``layer_of(owner)[r]`` (rows ascending by layer). ``targets(part, owner)`` -> (the target
+    of the rows ``part``, integrals ``owner``, a context to run their pass in)."""
+    def run(owner, alphas, weights):
+        row_layer = layer_of(owner)
 
+        def one(part):
+            target, context = targets(part, owner[part])
+            with context:
+                return _pass(sc, enc, family, target, clean, row_layer[part], alphas[part],
+                             None if weights is None else weights[part], saved)
 
-def run_rows(sc, enc, family, targets, clean, row_layer, alphas, weights, saved, acc):
-    """Sweeps over all rows in chunks that fit memory (halved on an out-of-memory error):
-    (gradients or None, F) of every row, in row order. ``targets(part)`` -> (the target of
-    the rows ``part``, a context to run their pass in)."""
-    lowest = (family, int(row_layer.min()))
-    size = sc.auto_step_batch(enc, lowest, len(alphas))
-
-    def run(part):
-        w = None if weights is None else weights[part]
-        target, context = targets(part)
-        with context:
-            return _pass(sc, enc, family, target, clean, row_layer[part], alphas[part], w, saved)
-
-    gs, fs = [], []
-    for part, (g, f) in sc._back_off.chunks(len(alphas), size, run, sc.warn):
-        sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-        if g is not None:
-            gs.append(g.to(acc))
-        fs.append(f)
-    return (torch.cat(gs) if gs else None), torch.cat(fs)
+        size = sc.auto_step_batch(enc, (family, int(row_layer.min())), len(alphas))
+        for part, (g, f) in sc.back_off.chunks(len(alphas), size, one, sc.warn):
+            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+            yield part, None if g is None else g.to(acc), f
+    return run
 
 
 def integrate(sc, enc, family: str, layers: list[int], target, clean, at_one: dict, f_full: float,
               on_layer=None) -> list:
     """Every layer of ``family`` integrated by sweeps: per layer (G [1, ...], F(0), saved
     projections, (nodes, error estimate, cap hit[, state])), as the scorer's per-layer
-    ``_integrate`` gives them; ``on_layer(layer)`` as each layer's integral is done. Raises
+    ``integrate`` gives them; ``on_layer(layer)`` as each layer's integral is done. Raises
     attention.NotSweepable where the model cannot sweep."""
-    acc = torch.float64 if sc.dtype == torch.float64 else torch.float32
     saved: dict = {}
-    targets = _one_target(target)
     same_shapes(at_one, family, layers)
-    if sc.options.tol is not None:
-        ones = [at_one.get((family, layer)) for layer in layers]
-        known = None if any(x is None for x in ones) else torch.cat(ones)
-        refining = refine(sc, enc, family, layers, 1, clean, known, np.array([f_full], dtype=np.float64),
-                          lambda part, steps: targets(part), saved, acc, on_layer=on_layer)
-        out = []
-        for i, layer in enumerate(layers):
-            r = refining.result(i)
-            out.append((r.g.unsqueeze(0), r.f[adaptive.ZERO], saved[layer], (r.nodes, r.error, r.capped, r.status)))
-        return out
-    count = len(layers)
     ones = [at_one.get((family, layer)) for layer in layers]
-    stacked = torch.cat(ones) if all(x is not None for x in ones) else None
-    alphas, weights, ratio, total, low = sc.fixed_nodes(stacked, acc)
-    layer_ids = torch.tensor(layers, dtype=torch.long)
-    f0 = [float("nan")] * count
-    m = len(alphas)
-    if m:
-        owner = torch.arange(count).repeat_interleave(m)
-        row_alpha = alphas.repeat(count)
-        row_w = weights.repeat(count).to(sc.device, acc)
-        g, f = run_rows(sc, enc, family, targets, clean, layer_ids[owner], row_alpha, row_w, saved, acc)
-        row_ratio = None if ratio is None else ratio.repeat(count).to(g.device, acc)
-        total, low = add_rows(total, low, f0, count, owner, slice(None), g, f, row_alpha, row_ratio)
-    if not bool((alphas == 0).any()):  # F(0) of every layer: one sweep without a backward
-        _g, f = run_rows(sc, enc, family, targets, clean, layer_ids, torch.zeros(count, dtype=torch.float64), None,
-                     saved, acc)
-        f0 = [float(x) for x in f]
-    out = []
-    for i, layer in enumerate(layers):
-        if on_layer is not None:
+    known = torch.cat(ones) if all(x is not None for x in ones) else None
+    if sc.options.tol is not None:
+        g, f0, convs = refine(sc, enc, family, layers, 1, clean, known, [f_full], one_target(target), saved, sc.acc,
+                              on_layer=on_layer)
+    else:
+        layer_ids = torch.tensor(layers, dtype=torch.long)
+        run = runner(sc, enc, family, one_target(target), clean, lambda owner: layer_ids[owner], saved, sc.acc)
+        g, f0, convs = fixed(sc, len(layers), run, known, sc.acc, lambda i: (None, saved[layers[i]]))
+        for layer in layers if on_layer is not None else []:
             on_layer(layer)
-        g_i = total[i:i + 1]
-        g_low = None if low is None else low[i:i + 1]
-        out.append((g_i, f0[i], saved[layer], (len(sc.alphas), sc.embedded_error(g_i, g_low, saved[layer]), False)))
-    return out
+    return [(g[i:i + 1], f0[i], saved[layer], convs[i]) for i, layer in enumerate(layers)]
 
 
 def refine(sc, enc, family, layers, per_layer: int, clean, known, known_f, targets, saved, acc,
-           coarse: bool | None = None, evaluate=None, on_layer=None) -> adaptive.Refinement:
-    """``--tol`` by sweeps: one Refinement whose integrals are ``per_layer`` per layer (the
-    steps of a generation; one for an example), integral i = (layer i // per_layer, i %
-    per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
+           evaluate=None, on_layer=None):
+    """``--tol`` by sweeps (engine/layer_integral.py's ``to_tol``): integrals ``per_layer`` per
+    layer (the steps of a generation; one for an example), integral i = (layer i // per_layer,
+    i % per_layer); each round's wanted nodes of every integral in one sweep (rows ascending by
     layer). ``known`` [layers x per_layer, ...] and ``known_f`` [per_layer]: the clean
-    backward's alpha = 1, or None. ``targets(part, which)`` -> (target of those rows, a
-    context for their pass), ``which`` the rows' index within their layer. The three-node
-    start (coarse): in a sweep every node is rows, as in a group's pass (adaptive.coarse_start).
-    ``evaluate(owner, keys, alphas, row_layer, active)`` -> (owner, keys, unweighted dF/dO,
-    F) of the wanted pairs and of any more it has at hand for integrals still ``active``,
-    where a caller shares more than rows (engine/generation.py); default: one row per pair.
-    ``on_layer(layer)`` once all of a layer's integrals are done (progress)."""
-    count = len(layers) * per_layer
+    backward's alpha = 1, or None. ``targets(part, owner)`` -> (target of those rows, a context
+    for their pass). ``evaluate(owner, keys, alphas, row_layer, active)`` -> (owner, keys,
+    unweighted dF/dO, F) of the wanted pairs and of any more it has at hand for integrals still
+    ``active``, where a caller shares more than rows (engine/generation.py); default: one row
+    per pair. ``on_layer(layer)`` once all of a layer's integrals are done (progress). Returns
+    what ``to_tol`` does."""
     layer_ids = torch.tensor(layers, dtype=torch.long)
-    a_v: dict = {}
-
-    def stacks(i, dtype):
-        if i not in a_v:
-            s = saved[layers[i]]
-            a = sc.layer_probs(s, dtype)
-            v = s["v"].to(dtype)
-            a_v[i] = (a, v, torch.matmul(a, v))
-        return a_v[i]
-
-    def measure(g, rows):  # (max |Attr|, sum |Attr|, sum Attr) per row, each with its layer's A and V
-        out = torch.empty((len(rows), 3), dtype=torch.float64)
-        of_layer = rows // per_layer
-        for i in torch.unique(of_layer).tolist():
-            sel = torch.nonzero(of_layer == i).flatten()
-            a, v, _ = stacks(i, g.dtype)
-            out[sel] = map_measures(a, v, g[sel.to(g.device)], sc.judged).cpu()
-        return out
-
-    def spread(g, rows):  # one integral's leaves: max over entries of sum |Attr| (adaptive.Refinement)
-        a, v, _ = stacks(int(rows[0]) // per_layer, g.dtype)
-        return map_spread(a, v, g, sc.judged).cpu()
-
-    def derivative(g, rows):  # sum Attr = <G, A V> per row (dF/dalpha at a node)
-        out = torch.empty(len(rows), dtype=torch.float64)
-        of_layer = rows // per_layer
-        for i in torch.unique(of_layer).tolist():
-            sel = torch.nonzero(of_layer == i).flatten()
-            out[sel] = (g[sel.to(g.device)] * stacks(i, g.dtype)[2]).sum(dim=(-3, -2, -1), dtype=torch.float64).cpu()
-        return out
-
-    k = k_f = None
-    if known is not None:
-        k = {adaptive.ONE: known.to(acc)}
-        k_f = {adaptive.ONE: np.tile(np.asarray(known_f, dtype=np.float64), len(layers))}
-    refining = adaptive.Refinement(measure, count, sc.options.tol, sc.options.max_nodes, k, k_f, derivative,
-                                   coarse=adaptive.coarse_start() if coarse is None else coarse, spread=spread)
-    refining.shared = sc.options.keep == "sources" and per_layer == 1  # the kept table [layer, key] judged as a whole
+    run = runner(sc, enc, family, targets, clean, lambda owner: layer_ids[owner // per_layer], saved, acc)
+    maps = Maps(sc.judged, lambda i: saved[layers[i]], key=lambda rows: rows // per_layer)
     reported: set = set()
-    while not refining.done:
-        owner, keys, alphas = refining.wanted()  # integral-major: ascending by layer
-        row_layer = layer_ids[owner // per_layer]
-        if evaluate is not None:
-            owner, keys, g, f = evaluate(owner, keys, alphas, row_layer, set(refining.active))
-        else:
-            which = owner % per_layer
-            ones_w = torch.ones(len(owner), dtype=acc, device=sc.device)
-            g, f = run_rows(sc, enc, family, lambda part: targets(part, which[part]), clean, row_layer,
-                        torch.from_numpy(alphas), ones_w, saved, acc)
-        refining.give(owner, keys, g, f)
-        if on_layer is not None:
-            active = {i // per_layer for i in refining.active}
-            for i in range(len(layers)):
-                if i not in active and i not in reported:
-                    reported.add(i)
-                    on_layer(layers[i])
-    return refining
+
+    def on_round(refining):
+        active = {i // per_layer for i in refining.active}
+        for i in range(len(layers)):
+            if i not in active and i not in reported:
+                reported.add(i)
+                on_layer(layers[i])
+
+    return to_tol(sc, len(layers) * per_layer, run, known, None if known is None else np.tile(
+        np.asarray(known_f, dtype=np.float64), len(layers)), acc, maps,
+        shared=sc.options.keep == "sources" and per_layer == 1,
+        evaluate=None if evaluate is None else (
+            lambda owner, keys, alphas, active: evaluate(owner, keys, alphas, layer_ids[owner // per_layer], active)),
+        on_round=None if on_layer is None else on_round)
