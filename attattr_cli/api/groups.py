@@ -18,14 +18,18 @@ given both flat and in its group is refused too. Imports neither torch nor trans
 from __future__ import annotations
 
 import os
+import reprlib
 import sys
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
 from ..engine.options import MAX_NODES
 from ..errors import OptionError, warn_user
-from .checks import (Bool, Callback, Int, Kind, Number, Numbers, OneOf, Refused, Str, Threads, Tolerance, _message,
-                     refused)
+from .checks import Bool, Callback, Int, Kind, Number, Numbers, OneOf, Refused, Str, Threads, Tolerance, refused
+
+# values in messages as api/checks.py's @checked shows them
+_repr = reprlib.Repr()
+_repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxtuple, _repr.maxdict = 40, 40, 4, 4, 3
 
 
 def _checked_fields(obj) -> None:
@@ -43,8 +47,8 @@ def check_value(kind: Kind, name: str, value):
     try:
         return kind.check(value)
     except Refused as why:
-        template = _message(why.why, "{name}", value, why.note).replace("{", "{{").replace("}", "}}")
-        raise refused(kind.error, name, template.replace("{{name}}", "{name}", 1)) from None
+        text = f"must be {why.why}, got {_repr.repr(value)}" + (f" {why.note}" if why.note else "")
+        raise refused(kind.error, name, "{name} " + text.replace("{", "{{").replace("}", "}}")) from None
 
 
 @dataclass(frozen=True)
