@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Every GPU check in one command, for a GPU machine that cannot install anything (no `just setup`):
 # the kernel build, the kernel benchmark (one table: kernel vs reference vs SDPA flash backward,
-# n = 128 .. 16,384, time and TFLOP/s, launches per scored example), `just gpu-test`,
-# bench_gpu_score.py and `just bench-long-gpu`, each under its own time limit inside one overall
-# deadline (8 minutes by default), so one that hangs or runs long leaves the rest their turn.
+# n = 128 .. 16,384, time and TFLOP/s, launches per scored example, one integration-like pass
+# eager and as a CUDA-graph replay), long-context sources (`--keep sources`, Qwen2-0.5B's config,
+# random weights) at 8,192 and 32,768 tokens, `just gpu-test`, bench_gpu_score.py and
+# `just bench-long-gpu`, each under its own time limit inside one overall deadline (8 minutes by
+# default), so one that hangs or runs long leaves the rest their turn.
 #
 #   bench/gpu_all.sh [LOGDIR]      PY (default python3) must already hold torch (CUDA) and the
 #                                  project's dependencies; DEADLINE: seconds for everything (480)
 #   DRY_RUN=1 bench/gpu_all.sh     no GPU needed: prints the steps and their limits, runs the
-#                                  benchmark's CPU smoke version, and writes the same files
+#                                  CPU versions (the benchmark's smoke table, the op counts of a
+#                                  scored example at 128 tokens, the sources script on a tiny
+#                                  model), and writes the same files
 #
 # Writes LOGDIR/<step>.log for each step, LOGDIR/summary.txt (machine, versions, each step's exit
-# status and seconds), LOGDIR/bench-kernel.json, LOGDIR/bench-long-gpu.json and LOGDIR/gpu-all.json
-# (the steps and the benchmark's figures), and prints the benchmark's table last.
+# status and seconds), LOGDIR/bench-kernel.json, LOGDIR/sources-8k.json, LOGDIR/sources-32k.json,
+# LOGDIR/bench-long-gpu.json and LOGDIR/gpu-all.json (the steps and every figure of those JSONs),
+# and prints the benchmark's table last.
 set -u
 PY=${PY:-python3}
 LOG=${1:-gpu-logs}
@@ -55,14 +60,20 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 
 # The benchmark runs right after the build: it is what the deadline must not cut.
 step build 200 "$PY" -c "from attattr_cli.ops import kernel; print(kernel.build())"
-step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 100 --launches 128 512 --json "$LOG/bench-kernel.json"
-step gpu-test 150 "$PY" -m pytest -q -m gpu tests/test_kernels.py -rs --durations=8 -p no:cacheprovider
-step bench-gpu-score 90 "$PY" bench/bench_gpu_score.py
-step bench-long-gpu 240 "$PY" bench/bench_long_decoder.py --gpu --json "$LOG/bench-long-gpu.json"
+step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 90 --launches 128 512 --graph-pass 128 512 \
+  --json "$LOG/bench-kernel.json"
+step sources-8k 110 "$PY" bench/bench_long_sources.py --n 8192 --timeout 100 --json "$LOG/sources-8k.json"
+step gpu-test 120 "$PY" -m pytest -q -m gpu tests/test_kernels.py -rs --durations=8 -p no:cacheprovider
+step sources-32k 150 "$PY" bench/bench_long_sources.py --n 32768 --timeout 140 --json "$LOG/sources-32k.json"
+step bench-gpu-score 60 "$PY" bench/bench_gpu_score.py
+step bench-long-gpu 120 "$PY" bench/bench_long_decoder.py --gpu --json "$LOG/bench-long-gpu.json"
 if [ "$DRY_RUN" = 1 ]; then
-  echo "== bench-kernel smoke (CPU, dry run): $PY bench/bench_kernel.py --smoke"
-  "$PY" bench/bench_kernel.py --smoke --json "$LOG/bench-kernel.json" > "$LOG/bench-kernel.log" 2>&1
+  echo "== bench-kernel smoke (CPU, dry run): $PY bench/bench_kernel.py --smoke --count-ops 128"
+  "$PY" bench/bench_kernel.py --smoke --count-ops 128 --json "$LOG/bench-kernel.json" > "$LOG/bench-kernel.log" 2>&1
   echo "== bench-kernel smoke: exit $?" | tee -a "$LOG/summary.txt"
+  echo "== sources smoke (CPU, dry run): $PY bench/bench_long_sources.py --smoke"
+  "$PY" bench/bench_long_sources.py --smoke --json "$LOG/sources-8k.json" > "$LOG/sources-8k.log" 2>&1
+  echo "== sources smoke: exit $?" | tee -a "$LOG/summary.txt"
 fi
 echo "== total $(($(date +%s) - start)) s" | tee -a "$LOG/summary.txt"
 
@@ -76,11 +87,22 @@ steps = []
 for line in (log / "steps.tsv").read_text().splitlines():
     name, status, seconds, limit = line.split("\t")
     steps.append({"step": name, "exit": status, "seconds": int(seconds), "limit_s": int(limit)})
-bench = log / "bench-kernel.json"
+def load(name):
+    path = log / name
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except ValueError as error:  # a step cut by its limit while writing
+        return {"unreadable": str(error)}
+
 payload = {"summary": (log / "summary.txt").read_text(), "steps": steps,
-           "bench_kernel": json.loads(bench.read_text()) if bench.exists() else None}
+           "bench_kernel": load("bench-kernel.json"), "sources_8k": load("sources-8k.json"),
+           "sources_32k": load("sources-32k.json"), "bench_long_gpu": load("bench-long-gpu.json")}
 (log / "gpu-all.json").write_text(json.dumps(payload, indent=1))
 print()
-print(payload["bench_kernel"]["table"] if payload["bench_kernel"] else "(no bench-kernel figures)")
+print(payload["bench_kernel"].get("table", "(no table)") if payload["bench_kernel"] else "(no bench-kernel figures)")
+for key in ("sources_8k", "sources_32k"):
+    for row in (payload[key] or {}).get("rows", []):
+        print(f"{key}: n = {row.get('n')}: {row.get('status')}, {row.get('seconds')} s, peak {row.get('peak_gib')} GiB, "
+              f"op alone {row.get('op')}")
 print(f"\n# wrote {log / 'gpu-all.json'}")
 EOF

@@ -9,7 +9,7 @@ Step 1 (this process): ``attattr_cli.ops.kernel.build(arch_list=...)``; prints t
 toolkit it used and where the library went.  Step 2 (a fresh interpreter, so nothing of
 the build is left in memory): ``torch.ops.load_library`` of that file, then checks that
 
-* both ops are registered with the expected schemas and have a CUDA kernel;
+* the three ops are registered with the expected schemas and have a CUDA kernel;
 * their fake (meta) implementations are registered and give the right shapes and dtypes
   on meta tensors, and ``torch.library.opcheck`` passes on meta tensors;
 * the launch plan exported by the library (``attattr_attr_plan``) agrees with
@@ -36,6 +36,10 @@ EXPECTED_SCHEMAS = {
         "attattr::attr_from_grad(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask, "
         "Tensor? stats, float scale, bool causal, bool want_maps, int stream=-1) "
         "-> (Tensor, Tensor, Tensor)"
+    ),
+    "attr_key_sums": (
+        "attattr::attr_key_sums(Tensor q, Tensor k, Tensor v, Tensor g, Tensor? mask, "
+        "Tensor? stats, float scale, bool causal, int read_from, int stream=-1) -> (Tensor, Tensor)"
     ),
 }
 
@@ -76,10 +80,15 @@ def check_library(library: str) -> dict:
         if got != want or {maps.dtype, head_sum.dtype, head_max.dtype} != {torch.float32}:
             failures.append(f"attr_from_grad fake (want_maps={want_maps}) gave {got}")
 
+    key_sums, head_max = ops.attr_key_sums(q, k, v, g, mask, None, 0.125, True, 10)
+    if (tuple(key_sums.shape), tuple(head_max.shape)) != ((b, 2, n_k), (b, h)):
+        failures.append(f"attr_key_sums fake gave {tuple(key_sums.shape)}, {tuple(head_max.shape)}")
+
     opchecks = [
         (ops.attn_forward.default, (q, k, v, mask, 0.125, True, -1)),
         (ops.attr_from_grad.default, (q, k, v, g, mask, None, 0.125, False, True, -1)),
         (ops.attr_from_grad.default, (q, k, v, g, None, stats, 0.125, True, False, -1)),
+        (ops.attr_key_sums.default, (q, k, v, g, mask, None, 0.125, True, 10, -1)),
     ]
     passed = 0
     for op, args in opchecks:
@@ -149,7 +158,7 @@ def main() -> int:
     print(
         f"kernel-link {status}: torch {report['torch']}, {toolkit.root if toolkit else '?'}, "
         f"arch {kernel.normalize_arch_list(args.arch)}, {Path(library).name} {size:.2f} MB "
-        f"loaded in a fresh process without a GPU; 2 ops with CUDA + Meta kernels and "
+        f"loaded in a fresh process without a GPU; {len(EXPECTED_SCHEMAS)} ops with CUDA + Meta kernels and "
         f"the expected schemas; opcheck on meta {report['opcheck']}; "
         f"BERT-base attribution blocks on 132 SMs: {grids}"
     )

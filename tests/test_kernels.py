@@ -1392,6 +1392,43 @@ def test_bench_kernel_smoke_writes_table_and_json(tmp_path):
     assert bf16["ref_ms"] > 0 and bf16["sdpa_bwd_ms"] > 0 and bf16["attr_flops"] == 4 * 12 * 16 * 16 * 64
     assert "sdpa bwd" in payload["table"] and "TFLOP/s" in payload["table"]
 
+
+def _bench_module(name):
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+
+def test_bench_kernel_counts_ops_of_a_scored_example_on_cpu():
+    """--count-ops without a GPU: the aten ops one scored example runs (BERT-base's graph,
+    narrowed), the same count at two widths, the integration passes found and what one graph
+    replay per pass would leave."""
+    rows = _bench_module("bench_kernel").count_ops([32], steps=2)
+    (row,) = rows
+    assert row["launching_ops"] > 0 and row["ops"] > row["launching_ops"]
+    assert len(set(row["launching_ops_at_head_dims"].values())) == 1, row["launching_ops_at_head_dims"]
+    assert row["passes"] >= 1 and 0 < row["pass_launching_ops"] < row["launching_ops"]
+    assert row["launches_with_graphs"] == row["launching_ops"] - row["pass_launching_ops"] + row["passes"]
+
+
+def test_bench_long_sources_smoke(tmp_path):
+    """bench/bench_long_sources.py on the CPU (tiny model, 96 tokens): keep sources gives per
+    layer a key sum, and the op alone agrees between the per-key sums and the head sum."""
+    import json
+
+    out = tmp_path / "s.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_long_sources.py"), "--smoke", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["status"] == "ok", row
+    assert row["key_sum_shape"] == [2, 96]  # [layer, key]
+    assert row["op"]["max_abs_diff_vs_head_sum"] < 1e-6
+
+
 # ------------------------------------------------------------------ GPU tests
 @pytest.fixture(scope="module")
 def cuda_kernel():
