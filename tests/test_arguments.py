@@ -519,3 +519,65 @@ TEXT_LIST_OPTIONS = [
 def test_generated_garbage_in_list_options_is_one_error_line(data):
     args, option = data.draw(st.sampled_from(TEXT_LIST_OPTIONS), label="option")
     _one_cli_error([*args, f"{option}={data.draw(NOT_A_NUMBER, label='value')}"])
+
+
+# ----------------------------------------------------------------------------- the option groups' fields
+
+
+def _group_fields():
+    """(group, field, the old flat keywords of it: (function, keyword)) for every field of every
+    option group (api/groups.py)."""
+    from dataclasses import fields
+
+    from attattr_cli.api.scoring import SCORE_GROUPS, SCORE_LEGACY
+    from attattr_cli.api.tools import FAITHFULNESS_GROUPS, FAITHFULNESS_LEGACY
+
+    out = []
+    for cls in (aa.Integration, aa.Target, aa.Compute, aa.Hooks, aa.Adversarial):
+        for f in fields(cls):
+            old = [(fn, keyword) for fn, table, groups in ((aa.score, SCORE_LEGACY, SCORE_GROUPS),
+                                                           (aa.faithfulness, FAITHFULNESS_LEGACY, FAITHFULNESS_GROUPS))
+                   for keyword, (arg, field) in table.items() if groups[arg] is cls and field == f.name]
+            out.append((cls, f.name, old))
+    return out
+
+
+GROUP_FIELDS = _group_fields()
+
+
+@pytest.mark.parametrize("cls, name, old", GROUP_FIELDS, ids=[f"{c.__name__}-{n}" for c, n, _ in GROUP_FIELDS])
+def test_every_field_of_every_group_refuses_a_foreign_object(cls, name, old):
+    """A group's field is checked when the group is made, and its old flat keyword when the
+    function is called: one error naming it (the field's or the keyword's name), nothing written."""
+    with pytest.raises(OptionError) as exc:
+        cls(**{name: object()})
+    assert str(exc.value).startswith(f"{name} must be "), str(exc.value)
+    for fn, keyword in old:
+        with _fresh_folder() as written:
+            with pytest.raises(OptionError) as exc:
+                fn(**{keyword: object()})
+            assert written() == []
+        assert str(exc.value).startswith(f"{keyword} must be "), str(exc.value)
+
+
+def test_every_old_keyword_is_a_field_of_a_group():
+    """score's 43 parameters and faithfulness's 27: each is a parameter still, or an old
+    keyword that names a group's field."""
+    import inspect
+
+    from attattr_cli.api.scoring import SCORE_LEGACY
+    from attattr_cli.api.tools import FAITHFULNESS_LEGACY
+
+    before = {
+        aa.score: "model inputs data task examples out steps rule tol max_nodes target output layers steps_per_pass group"
+                  " family keep top_k dtype kernel device store_dtype truncate seed lm target_token continuation position"
+                  " prompts keep_shards dist_timeout progress command warn foil generate per_step sample metric sources"
+                  " memory threads notify",
+        aa.faithfulness: "store model data task examples methods score_store importance_store steps rule tol target output"
+                         " erase permutations perm_layers seed adversarial epsilons adversarial_layer device truncate out"
+                         " progress command aggregate threads",
+    }
+    for fn, table in ((aa.score, SCORE_LEGACY), (aa.faithfulness, FAITHFULNESS_LEGACY)):
+        now = set(inspect.signature(fn.__checked__).parameters) - {"legacy"}
+        assert set(before[fn].split()) <= now | set(table), set(before[fn].split()) - now - set(table)
+        assert len(now) <= 20 and not now & set(table)

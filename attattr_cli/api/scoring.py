@@ -18,8 +18,9 @@ from .results import TemporaryStore, read_all
 
 
 SCORE_GROUPS = {"target": Target, "integration": Integration, "compute": Compute, "hooks": Hooks}
-# score's old flat keywords (each a field of its group, under its own name), kept for one release
-SCORE_LEGACY = legacy_table(SCORE_GROUPS)
+# score's old flat keywords (each a field of its group, under its own name), kept for one release; but
+# target, an argument still (a text is the class: Target.target)
+SCORE_LEGACY = {k: v for k, v in legacy_table(SCORE_GROUPS).items() if k != "target"}
 TARGET = OneOf(Group(Target), Str(), what="an aa.Target, or the class: predicted, gold, a label name or index")
 
 

@@ -110,7 +110,7 @@ FAITHFULNESS_GROUPS = {"target": Target, "integration": Integration, "compute": 
 # faithfulness's old flat keywords (its fields of the groups), kept for one release
 FAITHFULNESS_LEGACY = legacy_table({k: v for k, v in FAITHFULNESS_GROUPS.items() if k != "adversarial"},
                                    {"epsilons": ("adversarial", "epsilons"), "adversarial_layer": ("adversarial", "layer")},
-                                   only={"target": ("target", "output"), "integration": ("steps", "rule", "tol"),
+                                   only={"target": ("output",), "integration": ("steps", "rule", "tol"),
                                          "compute": ("device", "truncate", "threads")})
 # what faithfulness does with the groups: the fields it reads itself; the rest go to score when it scores
 _OWN = {"target": ("target", "output"), "compute": ("device", "truncate", "threads")}
@@ -141,7 +141,7 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     tokens' (docs/faithfulness.md, "Words"). ``target``: its ``target`` (the class; a text is
     that alone) and ``output``; ``compute``: its ``device``, ``truncate`` and ``threads`` (the
     rest of it, with a store, is refused: it goes with scoring). ``out``: write the JSON report.
-    The old flat keywords (``steps=``, ``target=``, ``output=``, ``device=``, ``truncate=``,
+    The old flat keywords (``steps=``, ``rule=``, ``tol=``, ``output=``, ``device=``, ``truncate=``,
     ``threads=``, ``epsilons=``, ``adversarial_layer=``) still work for one release, with a
     FutureWarning. Returns :class:`FaithfulnessResult`."""
     g = regroup("faithfulness", {"target": target, "integration": integration, "compute": compute,
