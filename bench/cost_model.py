@@ -26,9 +26,12 @@ head sum (and the maps with ``--keep maps``) in float32.
 
 Each part's time on a GPU is ``max(FLOPs / peak, bytes / bandwidth)`` at the data sheet's
 dense peak: linear layers and attention on tensor cores in bfloat16 (fp32 without
-tensor cores, as PyTorch runs float32 matmuls by default), the kernel on the plain fp32
-units (it uses no tensor cores), scaled by its wave efficiency (blocks of the attribution
-grid over whole waves of 2 blocks per SM).  These are lower bounds: real runs reach some
+tensor cores, as PyTorch runs float32 matmuls by default), the kernel's tile products on
+the tensor cores for bf16 and on the plain fp32 units for fp32 (its two paths), its
+exponentials and products on the fp32 units, scaled by its wave efficiency (blocks of the
+attribution grid over whole waves of 2 blocks per SM). ``launch_seconds`` is the floor that
+issuing kernels one by one puts under a time (``LAUNCH_US`` each). ``--roofline`` prints the
+table of docs/benchmarks.md (issue 53's scenarios on H100 and H200).  These are lower bounds: real runs reach some
 fraction of peak.  ``--measure`` scores one example of that shape on this CPU (random
 weights) and prints the seconds and the FLOP rate it implies beside the predictions.
 """
@@ -52,6 +55,8 @@ PRESETS = {  # hidden, ffn, layers, heads, vocab
     "bert-base": (768, 3072, 12, 12, 30522),
     "bert-large": (1024, 4096, 24, 16, 30522),
     "minilm": (384, 1536, 6, 12, 30522),
+    "qwen2-0.5b": (896, 4864, 24, 14, 151936),
+    "smollm2-135m": (576, 1536, 30, 9, 49152),
 }
 
 
@@ -68,6 +73,7 @@ class Gpu:
 GPUS = [
     Gpu("A100-SXM4-80GB", 108, 19.5, 312.0, 2039.0),
     Gpu("H100-SXM5", 132, 67.0, 989.0, 3350.0),
+    Gpu("H200-SXM", 132, 67.0, 989.0, 4800.0),
     Gpu("L4", 58, 30.3, 121.0, 300.0),
     Gpu("RTX-4090", 128, 82.6, 165.2, 1008.0),
 ]
@@ -77,11 +83,25 @@ GPUS = [
 class Part:
     flops: float
     bytes: float
+    tc_flops: float = 0.0  # of ``flops``, the kernel's tile products (tensor cores for half inputs)
+
+
+# CPU time to issue one CUDA kernel launch (eager PyTorch: the dispatcher, the launch itself);
+# a few microseconds on current machines. A replayed CUDA graph issues its kernels from the GPU.
+LAUNCH_US = 4.0
+
+
+def launch_seconds(launches: int, per_launch_us: float = LAUNCH_US) -> float:
+    """The floor that issuing ``launches`` kernels one by one puts under an example's time."""
+    return launches * per_launch_us * 1e-6
 
 
 def costs(h: int, f: int, layers: int, heads: int, n: int, m: int, rule: str, keep_maps: bool,
-          elt: int) -> dict[str, Part]:
-    """FLOPs and bytes per example of the linear layers, the attention and the kernel."""
+          elt: int, keep_sources: bool = False) -> dict[str, Part]:
+    """FLOPs and bytes per example of the linear layers, the attention and the kernel.
+
+    ``keep_sources``: the kernel writes per-key sums (its epilogue, 2 n floats per layer)
+    instead of the n x n head sum."""
     alphas, _ = nodes(rule, m)
     has_one = bool((alphas == 1).any())
     has_zero = bool((alphas == 0).any())
@@ -105,10 +125,11 @@ def costs(h: int, f: int, layers: int, heads: int, n: int, m: int, rule: str, ke
         bytes=att_bytes * (fwd_layers + 2 * bwd_layers),
     )
     tiles = -(-n // 64)
-    kernel_out = n * n * 4 * (1 + (heads if keep_maps else 0))
+    kernel_out = 2 * n * 4 if keep_sources else n * n * 4 * (1 + (heads if keep_maps else 0))
     kernel = Part(
         flops=layers * (4 * n * n * h + 6 * heads * n * n),
         bytes=layers * (4 * n * h * elt * tiles + kernel_out),
+        tc_flops=layers * 4 * n * n * h,
     )
     return {"linear": linear, "attention": attention, "kernel": kernel}
 
@@ -123,10 +144,45 @@ def gpu_times(parts: dict[str, Part], gpu: Gpu, bf16: bool, n: int, heads: int, 
     wave_efficiency = grid["blocks"] / (waves * resident)
     out = {}
     for name, part in parts.items():
-        peak = gpu.fp32_tflops * 1e12 * wave_efficiency if name == "kernel" else matmul_peak
-        out[name] = max(part.flops / peak, part.bytes / bandwidth)
+        if name == "kernel":  # products on tensor cores (bf16) or FMAs (fp32), the rest on the CUDA cores
+            compute = (part.tc_flops / matmul_peak + (part.flops - part.tc_flops) / (gpu.fp32_tflops * 1e12))
+            out[name] = max(compute / wave_efficiency, part.bytes / bandwidth)
+        else:
+            out[name] = max(part.flops / matmul_peak, part.bytes / bandwidth)
     out["blocks"] = grid["blocks"]
     return out
+
+
+# The issue-53 scenarios of docs/benchmarks.md's roofline table: (label, preset, n, m, rule, keep)
+ROOFLINE = [
+    ("BERT-base, 128 tokens, m = 20, maps", "bert-base", 128, 20, "right", "maps"),
+    ("BERT-base, 512 tokens, m = 20, maps", "bert-base", 512, 20, "right", "maps"),
+    ("Qwen2-0.5B, 8,192 tokens, sources (2 nodes)", "qwen2-0.5b", 8192, 2, "right", "sources"),
+    ("Qwen2-0.5B, 32,768 tokens, sources (2 nodes)", "qwen2-0.5b", 32768, 2, "right", "sources"),
+]
+
+
+def roofline(gpu_names=("H100-SXM5", "H200-SXM"), launches: dict | None = None) -> list[dict]:
+    """Time at peak per part for the ROOFLINE scenarios, bf16 layers, the kernel on tensor
+    cores and (``kernel_fp32``) on its fp32 CUDA-core path; ``launches`` {n: count} adds the
+    launch floor (``launch_seconds``) where known."""
+    rows = []
+    for label, preset, n, m, rule, keep in ROOFLINE:
+        h, f, layers, heads, _ = PRESETS[preset]
+        parts = costs(h, f, layers, heads, n, m, rule, keep == "maps", 2, keep_sources=keep == "sources")
+        for gpu in GPUS:
+            if gpu.name not in gpu_names:
+                continue
+            t = gpu_times(parts, gpu, True, n, heads, layers)
+            t32 = gpu_times(parts, gpu, False, n, heads, layers)
+            row = {"scenario": label, "gpu": gpu.name, "n": n, "linear_s": t["linear"],
+                   "attention_s": t["attention"], "kernel_s": t["kernel"], "kernel_fp32_s": t32["kernel"],
+                   "total_s": t["linear"] + t["attention"] + t["kernel"],
+                   "kernel_tflop": parts["kernel"].flops / 1e12, "all_tflop": sum(p.flops for p in parts.values()) / 1e12}
+            if launches and n in launches:
+                row["launch_floor_s"] = launch_seconds(launches[n])
+            rows.append(row)
+    return rows
 
 
 def load_config(spec: str) -> tuple[str, tuple[int, int, int, int, int]]:
@@ -182,16 +238,26 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=128, help="tokens per example")
     ap.add_argument("--m", type=int, default=20, help="integration steps")
     ap.add_argument("--rule", default="right", choices=sorted(RULES))
-    ap.add_argument("--keep", default="maps", choices=["maps", "sum"], help="the kernel writes per-head maps or only the head sum")
+    ap.add_argument("--keep", default="maps", choices=["maps", "sum", "sources"],
+                    help="the kernel writes per-head maps, only the head sum, or per-key sums")
+    ap.add_argument("--roofline", action="store_true", help="print docs/benchmarks.md's roofline table and exit")
     ap.add_argument("--measure", action="store_true", help="also score one example of this shape on this CPU")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for --measure")
     args = ap.parse_args()
+    if args.roofline:
+        print("| scenario | GPU | linear | attention | kernel (tensor cores) | kernel (fp32 path) | total at peak |")
+        print("|---|---|---|---|---|---|---|")
+        for r in roofline():
+            print(f"| {r['scenario']} | {r['gpu']} | {1e3 * r['linear_s']:,.2f} ms | {1e3 * r['attention_s']:,.3f} ms | "
+                  f"{1e3 * r['kernel_s']:,.4f} ms | {1e3 * r['kernel_fp32_s']:,.4f} ms | {1e3 * r['total_s']:,.2f} ms |")
+        return
     name, (h, f, layers, heads, _vocab) = load_config(args.config)
     print(f"{name}: h={h}, ffn={f}, {layers} layers x {heads} heads; n={args.n}, m={args.m}, rule {args.rule}, "
           f"all layers, kernel writes {args.keep}")
     by_dtype = {}
     for dtype, elt in (("bf16", 2), ("fp32", 4)):
-        by_dtype[dtype] = costs(h, f, layers, heads, args.n, args.m, args.rule, args.keep == "maps", elt)
+        by_dtype[dtype] = costs(h, f, layers, heads, args.n, args.m, args.rule, args.keep == "maps", elt,
+                                keep_sources=args.keep == "sources")
     parts = by_dtype["fp32"]
     total = sum(p.flops for p in parts.values())
     print("per example: " + ", ".join(

@@ -46,3 +46,29 @@ def test_cli_prints_every_gpu():
     for gpu in cost_model.GPUS:
         assert proc.stdout.count(gpu.name) == 2  # bf16 and fp32 rows
     assert "GFLOP" in proc.stdout
+
+
+def test_kernel_on_tensor_cores_and_key_sums():
+    """The kernel's tile products run at the tensor-core peak for bf16 (its fp32 path at the
+    CUDA cores'), and the per-key-sum epilogue writes 2 n floats a layer instead of n x n."""
+    h, f, layers, heads, _ = cost_model.PRESETS["qwen2-0.5b"]
+    n = 8192
+    sums = cost_model.costs(h, f, layers, heads, n, 2, "right", keep_maps=False, elt=2)
+    keys = cost_model.costs(h, f, layers, heads, n, 2, "right", keep_maps=False, elt=2, keep_sources=True)
+    assert sums["kernel"].bytes - keys["kernel"].bytes == layers * (n * n * 4 - 2 * n * 4)
+    assert keys["kernel"].tc_flops == layers * 4 * n * n * h
+    h200 = next(g for g in cost_model.GPUS if g.name.startswith("H200"))
+    tc = cost_model.gpu_times(keys, h200, True, n, heads, layers)["kernel"]
+    fp32 = cost_model.gpu_times(keys, h200, False, n, heads, layers)["kernel"]
+    assert tc < fp32
+    assert cost_model.launch_seconds(5800) == 5800 * cost_model.LAUNCH_US * 1e-6
+
+
+def test_roofline_rows():
+    rows = cost_model.roofline(launches={128: 2374})
+    assert len(rows) == 2 * len(cost_model.ROOFLINE)
+    assert {r["gpu"] for r in rows} == {"H100-SXM5", "H200-SXM"}
+    for r in rows:
+        assert r["total_s"] == r["linear_s"] + r["attention_s"] + r["kernel_s"] > 0
+        assert r["kernel_s"] <= r["kernel_fp32_s"]
+    assert all(("launch_floor_s" in r) == (r["n"] == 128) for r in rows)
