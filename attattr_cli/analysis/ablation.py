@@ -9,8 +9,8 @@
   ablated heads' outputs moved to the ablation's source (zero, the mean over the pairs, or the
   head's output on the counterfactual prompt) by one ``HeadPatch`` plan; :func:`ends` the
   metric with every head kept, m(N), and with none, m(empty).
-* :func:`ratio`, :func:`curve_from`, :func:`curve`: the faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty))
-  of a curve's points.
+* :func:`ratio`, :func:`curve_from`, :func:`curve`: the faithfulness ratio
+  (m(C) - m(empty)) / (m(N) - m(empty)) of a curve's points.
 * :func:`keep_masks`: the masks keeping the top ``int(k N)`` heads of a ranking (MIB's k).
 
 Intervals are percentile bootstraps over the examples (``stats.bootstrap_ci``).

@@ -107,8 +107,8 @@ def logits_under_masks(loaded, batches, masks: Sequence[torch.Tensor], max_token
                                 ).logits.float().cpu()
 
     with torch.no_grad():
-        return under_masks(batches.batches, masks, run, batches.n,
-                           max((b.inputs["input_ids"].numel() for b in batches.batches), default=1), max_tokens, on_masks)
+        return under_masks(batches.batches, masks, run, batches.n, max(
+            (b.inputs["input_ids"].numel() for b in batches.batches), default=1), max_tokens, on_masks)
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -155,7 +155,6 @@ def _distinct(tables, rates) -> dict[bytes, torch.Tensor]:
             m = mask_at(t.values, r)
             distinct.setdefault(m.numpy().tobytes(), m)
     return distinct
-
 
 
 def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ablation import PERCENTAGES, curve, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401 (the curve's parts)
+from ..ablation import PERCENTAGES, curve, curve_from, ends, keep_masks, per_pair_metrics  # noqa: F401
 
 
 def measured_best(ctx, rankings: list, ks) -> int:
