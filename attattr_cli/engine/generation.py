@@ -48,7 +48,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention, sweep
 from .encoding import Encoded
-from .layer_integral import Maps, integrate, rows_of
+from .layer_integral import Maps, fixed, integrate, rows_of
 from .rows import crop_saved
 from .scorer import Scorer
 
@@ -255,7 +255,7 @@ class StepScorer:
                                  sampled=opts.sample_seed is not None, steps=count)
         return result
 
-    # -- --tol by sweeps ---------------------------------------------------------------
+    # -- by sweeps ----------------------------------------------------------------------
     def _swept(self, family, clean, at_one, f_full, on_layer=None) -> dict | None:
         """Every layer's passes in sweeps (engine/sweep.py): with ``--tol`` every (layer, step)
         integral refined in one Refinement, each round's nodes of every layer and step in one
@@ -285,20 +285,46 @@ class StepScorer:
                 finally:
                     box.clear()
 
-        if sc.options.tol is None:
-            try:
-                sweep.same_shapes(at_one, family, layers)
-                return self._swept_fixed(family, layers, clean, at_one, values, per_position, on_layer)
-            except attention.NotSweepable:
-                sc.sweeps_work = False  # this model: one pass per target layer from now on
-                return None
         kept = count if sc.takes_logits_to_keep else 0
+        layer_ids = torch.tensor(layers, dtype=torch.long)
+        position = {layer: i for i, layer in enumerate(layers)}
+        saved: dict = {}
 
         def targets(_part, owner):
             rows = self.targets.rows(owner % count)
             return rows, own_position_only(sc.model, rows.slot, kept)
 
-        saved: dict = {}
+        def shared(u_layer, u_alpha, w):
+            """Sweeps of rows at (layer ``u_layer[c]``, ``u_alpha[c]``), each serving every step
+            that ``w[:, c]`` weighs, in chunks that fit memory: yields (the chunk's columns, per
+            step its w dF/dO or None, F [columns, steps])."""
+            size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(u_alpha))
+
+            def run(part):
+                with per_position():
+                    return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
+                                             w[:, part], saved)
+
+            for part, (grads, f) in sc.back_off.chunks(len(u_alpha), size, run, sc.warn):
+                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+                yield part, grads, f
+
+        def run(owner, alphas, weights):
+            """A fixed rule's rows, integral (layer position, step) = divmod(owner, steps): one row
+            per (layer, node) serves every step (a forward for all, a backward per step)."""
+            pairs = list(zip((owner // count).tolist(), alphas.tolist()))
+            uniq = {p: c for c, p in enumerate(dict.fromkeys(pairs))}
+            col, step = torch.tensor([uniq[p] for p in pairs]), owner % count
+            w = torch.zeros((count, len(uniq)), dtype=self.acc, device=sc.device)
+            if weights is not None:
+                w[step.to(sc.device), col.to(sc.device)] = weights.to(w)
+            u_alpha = torch.tensor([p[1] for p in uniq], dtype=torch.float64)
+            for part, grads, f in shared(layer_ids[[p[0] for p in uniq]], u_alpha, w):
+                for t in range(count):
+                    rows = torch.nonzero((step == t) & (col >= part.start) & (col < part.stop)).flatten()
+                    local = col[rows] - part.start
+                    g = None if grads[t] is None else grads[t].index_select(0, local.to(grads[t].device)).to(self.acc)
+                    yield rows, g, f[local.to(f.device), t]
 
         def evaluate(owner, keys, alphas, row_layer, active):
             """The round's (layer, step, node) pairs. Where one row per (layer, node) serving every
@@ -315,23 +341,14 @@ class StepScorer:
                                               torch.ones(len(owner), dtype=self.acc, device=sc.device)))
             u_layer = torch.tensor([u[0] for u in uniq], dtype=torch.long)
             u_alpha = torch.tensor([adaptive.alpha_of(u[1]) for u in uniq], dtype=torch.float64)
-            position = {layer: i for i, layer in enumerate(layers)}
             # every active step of each row's layer takes the row (the steps' weights)
             w = torch.zeros((count, len(uniq)), dtype=self.acc, device=sc.device)
             for c, (layer, _key) in enumerate(uniq):
                 for t in range(count):
                     if position[layer] * count + t in active:
                         w[t, c] = 1
-            size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(uniq))
-
-            def run(part):
-                with per_position():
-                    return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
-                                             w[:, part], saved)
-
             own, ks, gs, fs = [], [], [], []
-            for part, (grads, f) in sc.back_off.chunks(len(uniq), size, run, sc.warn):
-                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+            for part, grads, f in shared(u_layer, u_alpha, w):
                 for t in range(count):
                     if grads[t] is None:
                         continue
@@ -348,73 +365,22 @@ class StepScorer:
             sweep.same_shapes(at_one, family, layers)
             ones = [at_one.get((family, layer)) for layer in layers]
             known = None if any(x is None for x in ones) else torch.cat(ones)
-            g, f0, convs = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(), targets,
-                                        saved, self.acc, evaluate=evaluate, on_layer=on_layer)
+            if sc.options.tol is None:
+                def own(i):
+                    n = self.positions[i % count] + 1
+                    return n, crop_saved(saved[layers[i // count]], n)
+
+                g, f0, convs = fixed(sc, len(layers) * count, run, known, self.acc, own)
+                for layer in layers if on_layer is not None else []:
+                    on_layer(layer)
+            else:
+                g, f0, convs = sweep.refine(sc, self.enc, family, layers, count, clean, known, f_full.numpy(),
+                                            targets, saved, self.acc, evaluate=evaluate, on_layer=on_layer)
         except attention.NotSweepable:
             sc.sweeps_work = False  # this model: one pass per target layer from now on
             return None
         return {(family, layer): (g[i * count:(i + 1) * count], f0[i * count:(i + 1) * count],
                                   convs[i * count:(i + 1) * count], saved[layer]) for i, layer in enumerate(layers)}
-
-    def _swept_fixed(self, family, layers, clean, at_one, values, per_position, on_layer) -> dict:
-        """A fixed rule by sweeps: one row per (layer, node) serves every step (the pass at
-        (layer, alpha) is the same forward for each; one backward per step), in chunks that
-        fit memory; F(0) of every layer and step from one sweep without a backward where the
-        rule lacks alpha = 0."""
-        sc, count, acc = self.sc, self.count, self.acc
-        ones = [at_one.get((family, layer)) for layer in layers]
-        known = None if any(x is None for x in ones) else torch.cat(ones)  # [layers x steps, ...]
-        alphas, weights, ratio, total, low = sc.fixed_nodes(known, acc)
-        m, n_layers = len(alphas), len(layers)
-        layer_ids = torch.tensor(layers, dtype=torch.long)
-        saved: dict = {}
-        f0 = np.full((n_layers, count), np.nan)
-
-        def sweep_rows(row_layer, row_alpha, row_w):
-            size = sc.auto_step_batch(self.enc, (family, int(row_layer.min())), len(row_alpha))
-            def run(part):
-                with per_position():
-                    return sweep.shared_pass(sc, self.enc, family, values, clean, row_layer[part], row_alpha[part],
-                                             row_w[:, part], saved)
-
-            for part, out in sc.back_off.chunks(len(row_alpha), size, run, sc.warn):
-                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-                yield part, out
-
-        if m:
-            of_row = torch.arange(n_layers).repeat_interleave(m)  # layer position of each row
-            node = torch.arange(m).repeat(n_layers)
-            row_alpha = alphas.repeat(n_layers)
-            row_w = weights.to(sc.device, acc)[node].expand(count, -1)
-            for part, (grads, f) in sweep_rows(layer_ids[of_row], row_alpha, row_w):
-                own = of_row[part]
-                for t in range(count):
-                    g = grads[t].to(acc)
-                    idx = (own * count + t).to(g.device)
-                    total = (g.new_zeros((n_layers * count, *g.shape[1:])) if total is None else total).index_add(0, idx, g)
-                    if ratio is not None:
-                        r = ratio.to(g.device, acc)[node[part]].view(-1, *[1] * (g.dim() - 1))
-                        low = (torch.zeros_like(total) if low is None else low).index_add(0, idx, g * r)
-                for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
-                    f0[int(own[r])] = f[r].double().cpu().numpy()
-        if not bool((alphas == 0).any()):  # F(0): one forward per layer for every step, no backward
-            no_w = torch.zeros((count, n_layers), dtype=acc, device=sc.device)
-            for part, (_grads, f) in sweep_rows(layer_ids, torch.zeros(n_layers, dtype=torch.float64), no_w):
-                f0[part] = f.double().cpu().numpy()
-        out = {}
-        for i, layer in enumerate(layers):
-            g = total[i * count:(i + 1) * count]
-            g_low = None if low is None else low[i * count:(i + 1) * count]
-            convs = []
-            for t in range(count):
-                n_t = self.positions[t] + 1
-                err = sc.embedded_error(g[t:t + 1, :, :n_t], None if g_low is None else g_low[t:t + 1, :, :n_t],
-                                        crop_saved(saved[layer], n_t))
-                convs.append((len(sc.alphas), err, False))
-            out[(family, layer)] = (g, [float(x) for x in f0[i]], convs, saved[layer])
-            if on_layer is not None:
-                on_layer(layer)
-        return out
 
     # -- fixed rules -----------------------------------------------------------------
     def _run(self, site, clean, owner, alphas, weights):
