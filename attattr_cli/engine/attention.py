@@ -21,8 +21,7 @@ gradients with respect to the attention of every layer (token importance).
   Each head's output ``A_h V_h`` moves towards a source by its gate before the output
   projection; without a source the source is zero, so the gate scales the head: 0 removes
   it, 1 keeps it (``HeadScale(scale)``). A gate that requires grad gives, by one backward,
-  the head-gate gradients of Michel et al. (``sum A_h * dL/dA_h`` per head), the Taylor
-  importance.
+  the head-gate gradients (``sum A_h * dL/dA_h`` per head) of the Taylor importance.
 
 Outside a plan (or for layers a plan does not touch) the function is plain attention.
 
