@@ -324,18 +324,18 @@ def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | N
     from ..engine.heads import masked
     from ..models.arch import last_logits_only
 
-    model = loaded.model
+    model, task = loaded.model, batches.task
     L, H = loaded.arch.num_layers, loaded.arch.num_heads
     total = torch.zeros(L, H, dtype=torch.float64)
-    for k, (rows, ids) in enumerate(batches.batches):
-        extra = last_logits_only(ids.shape[1], batches.device) if batches.last_only else {}
-        gate = torch.ones(len(rows), L, H, device=batches.device, requires_grad=True)
+    for k, b in enumerate(task.batches):
+        extra = last_logits_only(b.clean.shape[1], task.device) if task.last_only else {}
+        gate = torch.ones(b.size, L, H, device=task.device, requires_grad=True)
         with torch.enable_grad(), masked(model, gate):
-            logits = model(input_ids=ids, use_cache=False, **extra).logits[:, -1].float()
-            (g,) = torch.autograd.grad(batches.values(logits, rows).sum(), gate)
+            logits = model(input_ids=b.clean, use_cache=False, **extra).logits[:, -1].float()
+            (g,) = torch.autograd.grad(task.metric(logits, b).sum(), gate)
         total += g.detach().abs().double().sum(0).cpu()
         if progress:
-            progress(k + 1, len(batches.batches), "")
+            progress(k + 1, len(task.batches), "")
     return _taylor_table(total, batches.n, normalize, [],
                          f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}")
 

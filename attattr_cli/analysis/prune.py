@@ -284,8 +284,7 @@ class PairBatches:
     circuits ``CircuitTask`` (``task``: the pairs grouped by token length, no padding) whose
     pruned heads are ablated by ``ablation`` (zero by default; mean; patching, the counterfactual
     run). ``metric`` (engine/metrics.py) is what an evaluation takes of the next-token logits
-    after each prompt; ``batches`` (each batch's pair positions and clean ids) and
-    :meth:`values` serve the Taylor importance of pairs."""
+    after each prompt."""
 
     def __init__(self, loaded, examples, metric: str = "logit-diff", batch_size: int = 64, ablation: str = "zero"):
         from ..data.pairs import pair_of_example
@@ -293,13 +292,6 @@ class PairBatches:
 
         self.task = CircuitTask(loaded, [pair_of_example(e) for e in examples], metric, batch_size)
         self.metric, self.ablation, self.n = metric, ablation, self.task.n
-        self.device, self.last_only = self.task.device, self.task.last_only
-        self.batches = [(b.positions, b.clean) for b in self.task.batches]
-        self._holding = {b.positions[0]: b for b in self.task.batches}
-
-    def values(self, logits: torch.Tensor, rows: Sequence[int]) -> torch.Tensor:
-        """The metric of each of ``rows`` (one batch's positions) from its next-token logits [rows, vocab]."""
-        return self.task.metric(logits, self._holding[rows[0]])
 
 
 def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequence[float],
