@@ -141,6 +141,7 @@ def cost_of(entry) -> str:
 def families() -> list[Registry]:
     """Every registry of methods, built-in and plugged-in, after importing the built-in families."""
     from .analysis import circuits, context_check, importance, methods  # noqa: F401  (they register)
+    from .analysis.circuits import ablations  # noqa: F401
     from .data import pair_tasks  # noqa: F401
 
     load_plugins()

@@ -136,7 +136,8 @@ def test_every_family_is_listed_with_units_cost_and_command():
 
     found = api_methods.methods()
     commands = {r["command"] for r in found.rows}
-    assert commands == {"circuit", "importance", "faithfulness", "sources-check", "demo data", "score --task"}
+    assert commands == {"circuit", "importance", "faithfulness", "sources-check", "demo data", "score --task",
+                        "circuit --ablation"}
     assert all(r["units"] and r["description"] for r in found.rows)
     assert set(found.names("sources-check")) == {"attattr", "attention", "input_x_gradient", "loo"}
     assert found.names("importance") == ["attr", "taylor", "attention", "random"]
@@ -177,3 +178,31 @@ def test_the_command_line_starts_without_loading_plugins():
 
     code = "import attattr_cli.cli; from attattr_cli import registry; print(registry._plugins['state'])"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "not loaded"
+
+
+def test_an_ablation_is_one_registered_entry_and_circuit_runs_a_new_one(tokenizer):
+    """A new ablation (here: every removed head's output doubled towards minus its own, i.e.
+    the clean output negated) registered as an entry is accepted by circuit like the built-in
+    ones; unregistered names are refused in one line listing the registered ones."""
+    import torch
+
+    import attattr_cli as aa
+    from attattr_cli.analysis.circuits.ablations import ABLATIONS, Ablation
+    from attattr_cli.models.loading import prepare
+    from conftest import build_model
+    from test_circuits import _pairs
+
+    assert ABLATIONS.names() == ("patching", "mean", "zero")
+    negate = Ablation("negate", "minus the clean output", lambda task, batch, shared: {
+        k: -v for k, v in task.record(batch.clean)[1].items()})
+    ABLATIONS.register(negate)
+    try:
+        loaded = prepare(build_model("llama", torch.float64, num_labels=2, layers=2, lm=True), tokenizer, "tiny-llama",
+                         lm=True)
+        zero = aa.circuit(loaded, _pairs(), methods="atp", ablation="zero", split="none", bootstrap=10)
+        neg = aa.circuit(loaded, _pairs(), methods="atp", ablation="negate", split="none", bootstrap=10)
+        assert neg.clean == pytest.approx(zero.clean) and neg.empty != pytest.approx(zero.empty)
+    finally:
+        ABLATIONS._entries.pop("negate")
+    with pytest.raises(OptionError, match="unknown ablation 'negate'"):
+        aa.circuit(loaded, _pairs(), methods="atp", ablation="negate")

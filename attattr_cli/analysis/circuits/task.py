@@ -24,8 +24,8 @@ from ...engine import attention
 from ...engine.metrics import pair_metric_rows
 from ...engine.options import METRICS
 from ...models.arch import last_logits_only, takes_logits_to_keep
+from .ablations import ABLATIONS  # noqa: F401  (the registered ablations)
 
-ABLATIONS = ("patching", "mean", "zero")
 NODES = ("heads", "heads+mlp")  # MIB's node level: attention heads, or heads and each layer's MLP
 
 
@@ -173,18 +173,6 @@ class CircuitTask:
         (a, v), (a2, v2) = runs
         return {"pattern": {l: a2[l] @ v[l] for l in a}, "values": {l: a[l] @ v2[l] for l in a}}
 
-    def sources(self, batch: PairBatch, ablation: str, means: dict | None = None) -> dict:
-        """What a patched head's output becomes: {layer: [b or 1, head, n, d]}."""
-        if ablation == "patching":
-            _, outs, _ = self.record(batch.counterfactual)
-            return outs
-        if ablation == "mean":  # aligned at the last token (mean_outputs is as long as the longest pair)
-            return {k: v[:, :, -batch.clean.shape[1]:] for k, v in (means or {}).items()}
-        if ablation == "zero":
-            _, outs, _ = self.record(batch.clean[:1])
-            return {k: torch.zeros_like(v) for k, v in outs.items()}
-        raise OptionError(f"unknown ablation {ablation!r}; available: {', '.join(ABLATIONS)}")
-
     def layer_outputs(self, ids: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """(last-position logits, {layer: what the decoder layer returned}) of a plain run without
         gradients, for :meth:`from_layer` (the layers below a target replayed instead of recomputed)."""
@@ -271,7 +259,7 @@ class Context:
     verify: int | None = None  # heads of largest |AtP| verified by exact patching (None: each method's default)
     cache: dict = field(default_factory=dict)  # what several methods share (one integral, two reductions)
     _sources: dict = field(default_factory=dict)
-    _means: dict | None = None
+    _shared: dict = field(default_factory=dict)  # what the ablation keeps for every batch (the means)
 
     def part_source(self, batch: PairBatch, part: str) -> dict:
         """The sources of patching one part of each head (``pattern`` or ``values``; only where
@@ -287,9 +275,9 @@ class Context:
     def source(self, batch: PairBatch) -> dict:
         key = id(batch)
         if key not in self._sources:
-            if self.ablation == "mean" and self._means is None:
-                self._means = self.task.mean_outputs()
-            self._sources[key] = self.task.sources(batch, self.ablation, self._means)
+            if self.ablation not in ABLATIONS:
+                raise ABLATIONS.unknown(self.ablation)
+            self._sources[key] = ABLATIONS[self.ablation].source(self.task, batch, self._shared)
         return self._sources[key]
 
     def tick(self, done: int, what: str) -> None:
