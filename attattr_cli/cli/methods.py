@@ -13,10 +13,10 @@ SHOWN = ("command", "units", "method", "kind", "cost", "reference")
 
 
 def methods(
-    command: Optional[str] = typer.Argument(None, help="Only the methods of this command: circuit, importance, faithfulness or sources-check."),
+    command: Optional[str] = typer.Argument(None, help="Only the entries of this command: circuit, importance, faithfulness, sources-check, 'demo data', 'score --task' or 'circuit --ablation'."),
     as_json: bool = options.as_json(),
 ) -> None:
-    """List the methods each command accepts: the units they score, their cost and their paper.
+    """List the methods (and the tasks and ablations) each command accepts: the units they score, their cost, their paper.
 
     Methods that other packages add through the Python entry point group attattr.methods are
     listed with the built-in ones (docs/extending.md). Prints a table on stdout, or JSON with --json.
