@@ -5,7 +5,7 @@ the fixed rule with its embedded estimate (:func:`fixed`) or to ``--tol`` (:func
 driving engine/adaptive.py's Refinement). What differs between the strategies is only how
 their rows run, ``run(owner, alphas, weights)``: it yields (row slice, w_r dF/dO_r or None
 without weights, F_r) over the rows of integral ``owner[r]`` at ``alphas[r]``, in passes that
-fit memory; and which clean attention and values each integral's maps are made with
+fit memory (the rows a slice, or their indices); and which clean attention and values each integral's maps are made with
 (:class:`Maps`).
 
 :class:`Integration` is the Scorer's part of it (one target site per integral, the passes of
@@ -257,21 +257,29 @@ def f_at_zero(run, count: int) -> list:
     return f0
 
 
+def node_sum(run, count: int, alphas, weights, acc, device, ratio=None, total=None, low=None, summed: bool = False):
+    """sum_k w_k g_i(alpha_k) of ``count`` integrals at the same nodes, their rows run by ``run``
+    (integral-major): (that sum added to ``total`` [count, ...], the same with the embedded
+    rule's w_k x ``ratio``_k added to ``low`` (None without ``ratio``), F at alpha = 0 per
+    integral). ``summed``: a pass's rows (all of one integral) are summed before they are added."""
+    f0 = [float("nan")] * count
+    if len(alphas):
+        owner = torch.arange(count).repeat_interleave(len(alphas))
+        row_alpha = alphas.repeat(count)
+        row_ratio = None if ratio is None else ratio.repeat(count).to(device, acc)
+        for part, g, f in run(owner, row_alpha, weights.repeat(count).to(device, acc)):
+            total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio, summed)
+    return total, low, f0
+
+
 def fixed(sc, count: int, run, grad_at_one, acc, own, zero=None, summed: bool = False):
     """``count`` integrals by the scorer's fixed rule: (G [count, ...], F(0) per integral,
     (nodes, error estimate, cap hit) per integral). ``grad_at_one`` [count, ...]: the clean
     backward's alpha = 1, or None; ``own(i)`` -> (integral i's length or None, its saved
     projections) for the embedded estimate; ``zero()`` -> F(0) per integral where the rule
-    lacks alpha = 0 (default: one row each); ``summed``: a pass's rows (all of one integral)
-    are summed before they are added."""
+    lacks alpha = 0 (default: one row each); ``summed`` as for :func:`node_sum`."""
     alphas, weights, ratio, total, low = sc.fixed_nodes(grad_at_one, acc)
-    f0 = [float("nan")] * count
-    if len(alphas):
-        owner = torch.arange(count).repeat_interleave(len(alphas))
-        row_alpha = alphas.repeat(count)
-        row_ratio = None if ratio is None else ratio.repeat(count).to(sc.device, acc)
-        for part, g, f in run(owner, row_alpha, weights.repeat(count).to(sc.device, acc)):
-            total, low = add_rows(total, low, f0, count, owner, part, g, f, row_alpha, row_ratio, summed)
+    total, low, f0 = node_sum(run, count, alphas, weights, acc, sc.device, ratio, total, low, summed)
     if not bool((alphas == 0).any()):
         f0 = zero() if zero is not None else f_at_zero(run, count)
     convs = []

@@ -11,23 +11,33 @@ def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row
     """One pass of a fixed rule over several owners (examples or steps) added up: the rows
     ``part`` of the pass belong to ``owner[part]``; their weighted gradients ``g`` go to
     ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
-    rows to ``f0``. ``summed``: the rows (of one owner) are summed first, then added. Returns
-    (total, low), made on first use."""
+    rows to ``f0``. ``summed``: each owner's rows (as many for each, owner-major) are summed
+    first (a reduction), then added. Returns (total, low), made on first use."""
     own = owner[part].to(g.device)
     ratio = None if row_ratio is None else g * row_ratio[part].view(-1, *[1] * (g.dim() - 1))
     if summed:
-        total = g.sum(0, keepdim=True) if total is None else total + g.sum(0, keepdim=True)
-        if ratio is not None:
-            low = ratio.sum(0, keepdim=True) if low is None else low + ratio.sum(0, keepdim=True)
+        owners = torch.unique_consecutive(own)
+        total = _add(total, count, owners, _per_owner(g, len(owners)))
+        low = low if ratio is None else _add(low, count, owners, _per_owner(ratio, len(owners)))
     else:
-        total = g.new_zeros((count, *g.shape[1:])) if total is None else total
-        total.index_add_(0, own, g)
+        total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add_(0, own, g)
         if ratio is not None:
-            low = torch.zeros_like(total) if low is None else low
-            low.index_add_(0, own, ratio)
+            low = (torch.zeros_like(total) if low is None else low).index_add_(0, own, ratio)
     for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
         f0[int(owner[part][r])] = float(f[r])
     return total, low
+
+
+def _per_owner(g, owners: int):
+    """Rows summed per owner: [owners, ...]."""
+    return g.sum(0, keepdim=True) if owners == 1 else g.view(owners, -1, *g.shape[1:]).sum(1)
+
+
+def _add(total, count: int, owners, s):
+    """``s`` (one row per owner in ``owners``) added to ``total`` [count, ...] (made on first use)."""
+    if total is None and len(owners) == count:  # every owner, in order
+        return s
+    return (s.new_zeros((count, *s.shape[1:])) if total is None else total).index_add_(0, owners, s)
 
 
 def crop_saved(saved: dict, n: int) -> dict:

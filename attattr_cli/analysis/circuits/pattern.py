@@ -30,40 +30,44 @@ def pattern_attribution(ctx, counterfactual: bool, reduce: str) -> np.ndarray:
     from one integral, made once per context and path."""
     key = ("pattern", counterfactual)
     if key not in ctx.cache:
-        ctx.cache[key] = _integrate(ctx, counterfactual)
+        ctx.cache[key] = _pattern_maps(ctx, counterfactual)
     return ctx.cache[key][reduce]
 
 
-def _integrate(ctx, counterfactual: bool) -> dict:
+def _pattern_maps(ctx, counterfactual: bool) -> dict:
+    """Every pair's and layer's map by the engine's integral (engine/layer_integral.py's
+    node_sum: the rows of a pass are the nodes of several pairs), reduced per head."""
     import torch
 
     from ...engine import attention
+    from ...engine.layer_integral import node_sum
 
     task = ctx.task
     L, H = task.layers, task.heads
     x, w = nodes(ctx.steps or STEPS)
-    k = len(x)
+    alphas, weights = torch.tensor(x, dtype=task.dtype, device=task.device), torch.from_numpy(w)
     out = {"max": np.zeros((task.n, L, H)), "sum": np.zeros((task.n, L, H))}
     with task.over():
         for i, b in enumerate(task.batches):
             if counterfactual:
                 _, _, cf_probs = task.record(b.counterfactual, want_probs=True)
             _, below = task.layer_outputs(b.clean)
-            per_pass = max(1, 64 // k)  # pairs per pass
+            per_pass = max(1, 64 // len(x))  # pairs per pass
             for s in range(0, b.size, per_pass):
                 pos = torch.arange(s, min(b.size, s + per_pass), device=task.device)
-                owner = pos.repeat_interleave(k)
-                alpha = torch.tensor(x, dtype=task.dtype, device=task.device).repeat(len(pos))
-                wt = torch.tensor(w, dtype=task.dtype, device=task.device).repeat(len(pos)).view(-1, 1, 1, 1)
                 for l in range(L):
-                    source = {l: cf_probs[l][owner] if counterfactual else torch.zeros(1, dtype=task.dtype,
-                                                                                         device=task.device)}
-                    plan = attention.PatternPath(target=torch.full((len(owner),), l, device=task.device),
-                                                 alpha=alpha, source=source)
-                    with torch.enable_grad():
-                        m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
-                        (g,) = torch.autograd.grad(m.sum(), plan.leaves[l])
-                    attr = (plan.delta[l] * g * wt).view(len(pos), k, H, -1).sum(1)  # [pairs, head, q * k]
+                    def run(owner, alpha, wt, l=l):  # the maps' rows: (A - A') dM/dA(row) w
+                        owner = pos[owner.to(task.device)]
+                        source = {l: cf_probs[l][owner] if counterfactual else torch.zeros(1, dtype=task.dtype,
+                                                                                             device=task.device)}
+                        plan = attention.PatternPath(target=torch.full((len(owner),), l, device=task.device),
+                                                     alpha=alpha, source=source)
+                        with torch.enable_grad():
+                            m = task.metric(task.from_layer(l, below, b.clean, owner, plan), b.take(owner))
+                            (g,) = torch.autograd.grad(m.sum(), plan.leaves[l])
+                        yield slice(None), plan.delta[l] * g * wt.view(-1, 1, 1, 1), m.detach()
+
+                    attr = node_sum(run, len(pos), alphas, weights, task.dtype, task.device, summed=True)[0].flatten(2)
                     rows = [b.positions[p] for p in pos.tolist()]
                     out["max"][rows, l] = attr.max(-1).values.double().cpu().numpy()
                     out["sum"][rows, l] = attr.sum(-1).double().cpu().numpy()
@@ -71,28 +75,16 @@ def _integrate(ctx, counterfactual: bool) -> dict:
     return out
 
 
-register(HeadMethod(
-    name="attr",
-    description="the paper's attention attribution (zero-attention baseline), max over the head's map",
-    compute=lambda ctx: pattern_attribution(ctx, counterfactual=False, reduce="max"),
-    kind="attribution",
-    reference="Hao et al. 2021",
-    passes=lambda s: "(layers x steps) forward and backward rows per pair",
-))
-register(HeadMethod(
-    name="attr-sum",
-    description="the paper's attention attribution (zero-attention baseline), summed over the head's map",
-    compute=lambda ctx: pattern_attribution(ctx, counterfactual=False, reduce="sum"),
-    kind="attribution",
-    reference="Hao et al. 2021",
-    passes=lambda s: "(layers x steps) forward and backward rows per pair",
-))
-register(HeadMethod(
-    name="attr-cf",
-    description="attention attribution along the path from the counterfactual run's pattern to the clean one, "
-                "summed over the head's map",
-    compute=lambda ctx: pattern_attribution(ctx, counterfactual=True, reduce="sum"),
-    kind="attribution",
-    reference="attattr (Hao et al. 2021 with a counterfactual baseline)",
-    passes=lambda s: "1 counterfactual forward + (layers x steps) forward and backward rows per pair",
-))
+ROWS = "(layers x steps) forward and backward rows per pair"
+for name, counterfactual, reduce, description in (
+        ("attr", False, "max", "the paper's attention attribution (zero-attention baseline), max over the head's map"),
+        ("attr-sum", False, "sum", "the paper's attention attribution (zero-attention baseline), summed over the head's"
+                                   " map"),
+        ("attr-cf", True, "sum", "attention attribution along the path from the counterfactual run's pattern to the"
+                                 " clean one, summed over the head's map")):
+    register(HeadMethod(
+        name=name, description=description, kind="attribution",
+        compute=lambda ctx, cf=counterfactual, r=reduce: pattern_attribution(ctx, counterfactual=cf, reduce=r),
+        reference="attattr (Hao et al. 2021 with a counterfactual baseline)" if counterfactual else "Hao et al. 2021",
+        passes=lambda s, cf=counterfactual: ("1 counterfactual forward + " if cf else "") + ROWS,
+    ))
