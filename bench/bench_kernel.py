@@ -30,7 +30,8 @@ one call above what the inputs hold (``torch.cuda.max_memory_allocated``).
 ops one scored example runs (BERT-base's 12 layers and 12 heads, m = 20, all layers, the
 widths narrowed: the ops of a pass depend on the graph of the model, not on its widths, and
 the count is checked at two head dims), the ones that launch a CUDA kernel apart
-(``attattr_cli.ops.graphs.OpCounter``), those inside the integration passes, and the launches
+(``attattr_cli.ops.graphs.OpCounter``; layers in sweeps up to the length a CUDA device
+sweeps), those inside the integration passes, and the launches
 left if each pass were one CUDA-graph replay (``ATTATTR_CUDA_GRAPHS=1``): a lower bound of
 the launches without a GPU. ``--budget S`` stops starting new cells after S seconds (the cells not
 run are listed). ``--json PATH`` writes every figure. One table is printed at the end.
@@ -308,6 +309,7 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
     ``step_batch`` (default: every row of a pass at once, as on a large GPU) fixes the micro-batches,
     which otherwise follow the free memory and the model's width."""
     from attattr_cli.data.types import Example
+    from attattr_cli.engine import sweep
     from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.engine.scorer import Scorer
     from attattr_cli.ops.graphs import OpCounter
@@ -323,7 +325,6 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
             scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=step_batch))
             scorer.score(example)  # warm-up (lazy set-up, caches)
             counter = OpCounter()
-            from attattr_cli.engine import sweep
 
             # the regions, where the engine has them: a pass of one layer, a sweep over all layers
             # (engine/sweep.py), the attribution from G
@@ -342,10 +343,13 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
                 restore.append((owner, name, method))
                 setattr(owner, name, wrapped)
             t0 = time.perf_counter()
+            cpu_max = sweep.MAX_TOKENS
+            sweep.MAX_TOKENS = getattr(sweep, "CUDA_MAX_TOKENS", cpu_max)  # the passes a CUDA device runs
             try:
                 with counter:
                     scorer.score(example)
             finally:
+                sweep.MAX_TOKENS = cpu_max
                 for owner, name, method in restore:
                     if owner is scorer:
                         delattr(scorer, name)
