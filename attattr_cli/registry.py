@@ -137,12 +137,3 @@ def cost_of(entry) -> str:
         return cost(None)
     return cost or ("needs " + ", ".join(entry.needs) if getattr(entry, "needs", None) else "")
 
-
-def families() -> list[Registry]:
-    """Every registry of methods, built-in and plugged-in, after importing the built-in families."""
-    from .analysis import circuits, context_check, importance, methods  # noqa: F401  (they register)
-    from .analysis.circuits import ablations  # noqa: F401
-    from .data import pair_tasks  # noqa: F401
-
-    load_plugins()
-    return list(FAMILIES)

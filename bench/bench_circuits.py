@@ -33,7 +33,7 @@ from attattr_cli.analysis import circuits  # noqa: E402
 from attattr_cli.analysis.circuits.run import evaluate  # noqa: E402
 from attattr_cli.analysis.circuits.split import split_pairs  # noqa: E402
 from attattr_cli.analysis.circuits.task import CircuitTask, Context  # noqa: E402
-from attattr_cli.data import pairs as pairs_mod  # noqa: E402
+from attattr_cli.data import pair_tasks, pairs as pairs_mod  # noqa: E402
 
 
 def word_tokenizer():
@@ -79,7 +79,7 @@ def tiny_llama(task: str):
 def train(model, tok, task: str, steps: int = 400, batch: int = 32) -> None:
     """A few hundred Adam steps on the task's clean prompts (loss on the answer token only), so
     that the tiny model has a behaviour for its heads to carry."""
-    pairs = pairs_mod.generate(task, tok, 2000, seed=123)
+    pairs = pair_tasks.generate(task, tok, 2000, seed=123)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
     model.train()
@@ -111,7 +111,7 @@ def smollm2(folder: str):
 def run(loaded, label: str, task: str, n: int, methods, steps, bootstrap: int, seed: int = 1,
         nodes: str = "heads", split: str = "half", verify: int | None = None) -> dict:
     try:
-        pairs = pairs_mod.generate(task, loaded.tokenizer, n, seed=seed)
+        pairs = pair_tasks.generate(task, loaded.tokenizer, n, seed=seed)
     except Exception as exc:  # a task this tokenizer cannot make (names of several tokens)
         print(f"{label} {task}: skipped ({exc})")
         return {}

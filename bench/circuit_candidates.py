@@ -31,7 +31,7 @@ from attattr_cli.analysis.circuits import REGISTRY, measure, tiers, verified  # 
 from attattr_cli.analysis.circuits.evaluate import area  # noqa: E402
 from attattr_cli.analysis.circuits.split import split_pairs  # noqa: E402
 from attattr_cli.analysis.circuits.task import CircuitTask, Context  # noqa: E402
-from attattr_cli.data import pairs as pairs_mod  # noqa: E402
+from attattr_cli.data import pair_tasks  # noqa: E402
 
 
 def judge(ctx, scores):
@@ -61,7 +61,7 @@ def main() -> None:
     out = []
     for task in args.tasks.split(","):
         t0 = time.time()
-        pairs = pairs_mod.generate(task, loaded.tokenizer, args.pairs, seed=args.seed)
+        pairs = pair_tasks.generate(task, loaded.tokenizer, args.pairs, seed=args.seed)
         parts = split_pairs(len(pairs), "half", args.seed)
         fit = Context(CircuitTask(loaded, [pairs[i] for i in parts.fit]))
         ev = Context(CircuitTask(loaded, [pairs[i] for i in parts.eval]))

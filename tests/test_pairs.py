@@ -88,10 +88,10 @@ def _direct_metric(model, tokenizer, pair: P.Pair, metric: str, dtype=torch.floa
 @pytest.mark.parametrize("two", [False, True], ids=["digits", "two-digit"])
 def test_generators_make_checked_pairs_for_any_tokenizer(task, two, bpe, bpe_two):
     tok = bpe_two if two else bpe
-    made = P.generate(task, tok, 12, seed=5)
+    made = T.generate(task, tok, 12, seed=5)
     assert len(made) == 12 and [p.index for p in made] == list(range(12))
-    assert [p.to_json() for p in P.generate(task, tok, 12, seed=5)] == [p.to_json() for p in made]  # seeded
-    assert [p.to_json() for p in P.generate(task, tok, 12, seed=6)] != [p.to_json() for p in made]
+    assert [p.to_json() for p in T.generate(task, tok, 12, seed=5)] == [p.to_json() for p in made]  # seeded
+    assert [p.to_json() for p in T.generate(task, tok, 12, seed=6)] != [p.to_json() for p in made]
     for p in made:
         enc = P.encode_pair(tok, p)  # equal lengths and one-token answers and foils, or it raises
         assert len(enc.clean) == len(enc.counterfactual) and enc.answer and enc.foil
@@ -151,11 +151,11 @@ def test_a_tokenizer_without_the_words_is_one_clear_error(tokenizer):
     for task, text in (("ioi", "IOI names are one token"), ("capitals", "capitals are one token"),
                        ("greater-than", "greater-than task needs")):
         with pytest.raises(DataError, match=text):
-            P.generate(task, tokenizer, 3)
+            T.generate(task, tokenizer, 3)
 
 
 def test_pairs_read_back_and_bad_pairs_name_the_line(tmp_path, bpe):
-    made = P.generate("capitals", bpe, 4, seed=1)
+    made = T.generate("capitals", bpe, 4, seed=1)
     f = tmp_path / "c.jsonl"
     P.write_pairs(f, made)
     back = P.read_pairs(f)
@@ -177,7 +177,7 @@ def test_generators_with_smollm2_tokenizer():
     tok = AutoTokenizer.from_pretrained(SMOLLM2)
     assert T.greater_than.year_tokens(tok)[0] == "one"  # SmolLM2 writes digits one by one
     for task in P.PAIR_TASKS:
-        for p in P.generate(task, tok, 20, seed=0):
+        for p in T.generate(task, tok, 20, seed=0):
             P.encode_pair(tok, p)
 
 
@@ -215,7 +215,7 @@ def test_pair_target_equals_slow_reference_of_the_metric(lm_dir, bpe, metric):
 
     model = AutoModelForCausalLM.from_pretrained(lm_dir, dtype=torch.float64).eval()
     loaded = prepare(model, bpe, "tiny-llama-bpe", lm=True)
-    pair = P.generate("greater-than", bpe, 1, seed=2)[0]  # answer and foil are sets of tokens
+    pair = T.generate("greater-than", bpe, 1, seed=2)[0]  # answer and foil are sets of tokens
     ex = P.as_examples([pair])[0]
     result = Scorer(loaded, ScoreOptions(steps=6, dtype="float64", lm=True, metric=metric)).score(ex)
     assert result.f_full == pytest.approx(_direct_metric(model, bpe, pair, metric, torch.float64), rel=1e-9)

@@ -106,10 +106,10 @@ def make_pairs(model, task: str = "ioi", *, count: int = 100, seed: int = 0) -> 
     """``count`` clean / counterfactual pairs (data/pairs.py ``Pair``) of the built-in ``task``
     (ioi, greater-than, capitals) for ``model``'s tokenizer (a Model, a tokenizer, a folder or
     hub id): every answer and foil one token, prompt and counterfactual of equal token length."""
-    from ..data import pairs
+    from ..data import pair_tasks as registered
 
     _check_task(task)
-    return pairs.generate(task, tokenizer_of(model), count, seed)
+    return registered.generate(task, tokenizer_of(model), count, seed)
 
 
 @checked(out=Out(), model=ModelOrTokenizer, count=Int(min=1), seed=Int(), task=Str())

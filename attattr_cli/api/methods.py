@@ -32,6 +32,11 @@ class Methods:
     def to_dict(self) -> dict:
         return {"methods": self.rows, "plugins": self.plugins, "failed": self.failed}
 
+    def to_json(self) -> str:
+        from ..fileio import dumps
+
+        return dumps(self.to_dict(), indent=2)
+
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
 
@@ -48,9 +53,13 @@ class Methods:
 def methods(command: str | None = None) -> Methods:
     """Every registered method (``command``: only those of ``circuit``, ``importance``,
     ``faithfulness`` or ``sources-check``)."""
-    from ..registry import families, load_plugins
+    from ..analysis.circuits import ablations  # noqa: F401  (each family registers its built-in entries)
+    from ..analysis import circuits, context_check, importance, methods as token_methods  # noqa: F401
+    from ..data import pair_tasks, tasks  # noqa: F401
+    from ..registry import FAMILIES, load_plugins
 
-    fams = families()
+    load_plugins()
+    fams = list(FAMILIES)
     known = [f.command for f in fams]
     if command is not None and command not in known:
         raise OptionError(f"unknown command {command!r} for methods; available: {', '.join(known)}")

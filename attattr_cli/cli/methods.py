@@ -23,11 +23,10 @@ def methods(
     """
     with edge():
         from ..api.methods import methods as listing
-        from ..fileio import dumps
 
         found = listing(command)
         if as_json:
-            print(dumps(found.to_dict(), indent=2))
+            print(found.to_json())
             return
         rows = [[str(r[c]) for c in SHOWN] for r in found.rows]
         widths = [max(len(x) for x in col) for col in zip(SHOWN, *rows)]

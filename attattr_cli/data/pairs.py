@@ -270,16 +270,6 @@ class PairTask:
 PAIR_TASKS = Registry("pair task", units="pairs", command="demo data")
 
 
-def generate(task: str, tokenizer, count: int, seed: int = 0) -> list[Pair]:
-    from . import pair_tasks  # noqa: F401  (the built-in tasks register themselves)
-
-    if task not in PAIR_TASKS:
-        raise DataError(f"no pair generator {task!r}; available: {', '.join(sorted(PAIR_TASKS))}")
-    if count < 1:
-        raise DataError("count must be at least 1")
-    return PAIR_TASKS[task].generate(tokenizer, count=count, seed=seed)
-
-
 NAMES = ("Mary", "John", "Tom", "James", "Dan", "Sarah", "Michael", "David", "Paul", "Mark", "Anna",
          "Lisa", "Kate", "Amy", "Emma", "Sam", "Jack", "Ben", "Alex", "Peter", "George", "Laura",
          "Rachel", "Chris", "Mike", "Joe", "Steve", "Robert", "Kevin", "Jessica", "Andrew", "Eric")
