@@ -5,7 +5,8 @@ The library is the product: ``import attattr_cli as aa`` gives ``aa.load_model``
 ``aa.triggers``, ``aa.attack``, ``aa.circuit``, ``aa.make_pairs``, ``aa.faithfulness``, ``aa.finetune``, ``aa.merge``,
 ``aa.import_2021``, ``aa.source_removal``, ``aa.view``, ``aa.report``, ``aa.info``, ``aa.train_default`` and
 ``aa.synthetic_data``, with the option groups ``aa.Integration``, ``aa.Target``, ``aa.Compute``,
-``aa.Hooks`` and ``aa.Adversarial`` (see docs/api.md). They are imported lazily, so ``import attattr_cli``
+``aa.Hooks`` and ``aa.Adversarial``, and ``aa.methods()`` (every registered method, plugins' too;
+docs/extending.md) (see docs/api.md). They are imported lazily, so ``import attattr_cli``
 stays cheap (no torch until a function is used). The command-line interface lives in
 ``attattr_cli.cli`` and calls these functions. What they raise is importable from here too:
 ``aa.AttattrError`` and its kinds ``aa.DataError``, ``aa.OptionError``, ``aa.ModelError``,
@@ -30,7 +31,7 @@ __all__ = [
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
-    "Integration", "Target", "Compute", "Hooks", "Adversarial",
+    "Integration", "Target", "Compute", "Hooks", "Adversarial", "methods", "Methods",
     "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError",
     "StoreError",
 ]

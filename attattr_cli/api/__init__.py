@@ -9,7 +9,7 @@ Layered above analysis/, engine/ and store/; every command of the CLI calls into
 model.py: load_model, Model, convert (a GGUF file as a model folder), the context that leaves a caller's model as it was, progress;
 results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
 resolution; scoring.py: score; groups.py: the option groups score and faithfulness take
-(Integration, Target, Compute, Hooks, Adversarial); heads.py: importance, predict, prune; triggers.py: triggers,
+(Integration, Target, Compute, Hooks, Adversarial); methods.py: methods (every registered method); heads.py: importance, predict, prune; triggers.py: triggers,
 attack; tools.py: faithfulness, finetune, merge, import_2021; views.py: view, report, info;
 demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments, declared once
 per function (``@checked``) and checked before any work.
@@ -19,6 +19,7 @@ from .circuits import Circuit, circuit
 from .demo import make_pairs, pair_data, synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
 from .groups import Adversarial, Compute, Hooks, Integration, Target
+from .methods import Methods, methods
 from .scoring import score
 from .tools import FaithfulnessResult, finetune, faithfulness, import_2021, merge, source_removal
 from .triggers import AttackResult, TriggersResult, attack, triggers
@@ -31,5 +32,5 @@ __all__ = [
     "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
     "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
     "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
-    "Integration", "Target", "Compute", "Hooks", "Adversarial",
+    "Integration", "Target", "Compute", "Hooks", "Adversarial", "methods", "Methods",
 ]

@@ -21,6 +21,7 @@ class Methods:
     failed: list[str]
 
     def names(self, command: str | None = None) -> list[str]:
+        """The methods' names (of ``command``'s only, when given), in listing order."""
         return [r["method"] for r in self.rows if command is None or r["command"] == command]
 
     def to_pandas(self):
@@ -30,9 +31,11 @@ class Methods:
         return data_frame(self.rows, COLUMNS)
 
     def to_dict(self) -> dict:
+        """JSON-able: the rows, the plugins loaded and those that failed."""
         return {"methods": self.rows, "plugins": self.plugins, "failed": self.failed}
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
         from ..fileio import dumps
 
         return dumps(self.to_dict(), indent=2)
