@@ -132,9 +132,9 @@ def test_a_plugin_method_from_an_entry_point_appears_in_every_command_it_fits(tm
 
 
 def test_every_family_is_listed_with_units_cost_and_command():
-    import attattr_cli.api.methods as api_methods
+    import attattr_cli as aa
 
-    found = api_methods.methods()
+    found = aa.methods()
     commands = {r["command"] for r in found.rows}
     assert commands == {"circuit", "importance", "faithfulness", "sources-check", "demo data", "score --task",
                         "circuit --ablation"}
@@ -142,7 +142,7 @@ def test_every_family_is_listed_with_units_cost_and_command():
     assert set(found.names("sources-check")) == {"attattr", "attention", "input_x_gradient", "loo"}
     assert found.names("importance") == ["attr", "taylor", "attention", "random"]
     with pytest.raises(OptionError, match="unknown command 'prune'"):
-        api_methods.methods("prune")
+        aa.methods("prune")
 
 
 def test_importance_lists_exactly_the_methods_that_fit_the_task():
