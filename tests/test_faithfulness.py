@@ -450,3 +450,15 @@ def test_the_store_read_is_never_changed_and_may_be_read_only(scored, tmp_path):
     finally:
         folder.chmod(0o755)
         store.chmod(0o644)
+
+
+def test_attention_methods_alone_score_no_layer_and_run(tmp_path):
+    """Methods that need no attribution score the examples with no layer (predictions and
+    attention only): that used to be refused as 'layers that compute no softmax attention'."""
+    import attattr_cli as aa
+
+    r = aa.faithfulness(model=None, examples="0:3", methods="attention_last", permutations=2,
+                        score_store=tmp_path / "s.h5")
+    assert list(r.methods) == ["attention_last"] and r.report["examples"] == 3
+    with aa.open_store(tmp_path / "s.h5") as st:
+        assert len(st) == 3

@@ -99,7 +99,7 @@ class FamilyInfo:
         """``layers`` without the not-attention ones; OptionError when only such layers are asked for."""
         skip = dict(self.not_attention)
         out = [i for i in layers if i not in skip]
-        if not out:
+        if layers and not out:
             raise OptionError(f"{self.name} layer{'s' if len(layers) > 1 else ''} "
                              + ", ".join(f"{i} ({skip[i]})" for i in layers)
                              + " compute no softmax attention; the attention layers are "
