@@ -136,8 +136,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp) / "base.h5"
-        api.score(args.model, data=args.data, task=args.task, examples=args.examples, out=base, steps=args.steps,
-                  device="cpu")
+        api.score(args.model, data=args.data, task=args.task, examples=args.examples, out=base,
+                  integration=api.Integration(steps=args.steps), compute=api.Compute(device="cpu"))
         from attattr_cli.store import TokenImportanceStore
 
         with TokenImportanceStore(base) as store:

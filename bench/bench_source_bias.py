@@ -102,8 +102,9 @@ def main() -> None:
     print(f"{ids.shape[1]} prompt tokens; asked about passage {args.ask}; answer {answer!r}", flush=True)
 
     t0 = time.process_time()
-    res = aa.score(model, prompts=[text], continuation=answer, sources="paragraphs", output="logprob", keep="sum",
-                   steps=args.steps, threads=args.threads)[0]
+    res = aa.score(model, prompts=[text], sources="paragraphs", keep="sum",
+                   target=aa.Target(continuation=answer, output="logprob"), integration=aa.Integration(steps=args.steps),
+                   compute=aa.Compute(threads=args.threads))[0]
     cpu = time.process_time() - t0
     spans = [{"start": a, "end": b, "text": t} for a, b, t in res.meta["sources"]["spans"]]
     hs = np.asarray(res.head_sum, np.float64)  # [layer, query, key]

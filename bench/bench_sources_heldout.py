@@ -188,8 +188,9 @@ def rules_mode(args, model, tok, text, answer) -> dict:
     for spec in args.rules.split(","):
         rule, steps = spec.split(":")
         t0 = time.process_time()
-        res = aa.score(model, prompts=[text], continuation=answer, sources="paragraphs", output="logprob",
-                       keep="sources", rule=rule, steps=int(steps), threads=1)[0]
+        res = aa.score(model, prompts=[text], sources="paragraphs", keep="sources",
+                       target=aa.Target(continuation=answer, output="logprob"),
+                       integration=aa.Integration(rule=rule, steps=int(steps)), compute=aa.Compute(threads=1))[0]
         cpu[spec] = time.process_time() - t0
         scores[spec] = [float(x) for x in res.to_pandas("sources").score]
         spans = [{"start": int(a), "end": int(b), "text": t} for a, b, t in res.meta["sources"]["spans"]]
@@ -240,8 +241,8 @@ def default_mode(args, model, tok, text, answer) -> dict:
     print(f"{args.context}: {n} prompt tokens, answer {answer!r}", flush=True)
     t0 = time.process_time()
     # score's default for --sources: no integration option given
-    res = aa.score(model, prompts=[text], continuation=answer, sources="paragraphs", output="logprob",
-                   keep="sources", threads=1)[0]
+    res = aa.score(model, prompts=[text], sources="paragraphs", keep="sources",
+                   target=aa.Target(continuation=answer, output="logprob"), compute=aa.Compute(threads=1))[0]
     score_cpu, score_peak = time.process_time() - t0, vm_hwm()
     rule = integration(None, None, None, "paragraphs")  # what that run resolved to (engine/options.py)
     t1 = time.process_time()
