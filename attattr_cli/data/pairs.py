@@ -280,6 +280,24 @@ def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
     return [n for n in names if one_token(tokenizer, " " + n) is not None]
 
 
+def draw_templated(tokenizer, count: int, seed: int, task: str, templates: Sequence[str],
+                   fill: Callable[[random.Random], "tuple | None"], what: str) -> list[Pair]:
+    """Pairs from ``templates`` in turn: ``fill(rng)`` draws (the clean prompt's fields, the
+    counterfactual's, answer, foil), or None for a draw to discard; a pair is kept when both
+    prompts have the same token length (meta: the task and the template's index)."""
+    def make(rng, i):
+        t = i % len(templates)
+        got = fill(rng)
+        if got is None:
+            return None
+        clean, cf = templates[t].format(**got[0]), templates[t].format(**got[1])
+        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
+            return None
+        return Pair(i, clean, cf, (got[2],), (got[3],), {"task": task, "template": t})
+
+    return draw_pairs(count, seed, make, what)
+
+
 def draw_pairs(count: int, seed: int, make: Callable[[random.Random, int], "Pair | None"], what: str) -> list[Pair]:
     """``count`` pairs from ``make(rng, index)``, which returns a pair or None for a draw that
     does not fit the tokenizer (drawn again; a DataError after 100 draws per pair)."""

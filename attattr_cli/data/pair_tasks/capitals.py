@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, one_token
 
 
 COUNTRIES = (
@@ -34,18 +34,14 @@ def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     usable = [(c, cap) for c, cap in COUNTRIES if one_token(tokenizer, " " + cap) is not None]
     if len(usable) < 2:
         raise DataError(f"only {len(usable)} of the capitals are one token for this tokenizer (2 needed)")
-    def make(rng, i):
-        template = CAPITAL_TEMPLATES[i % len(CAPITAL_TEMPLATES)]
+    def fill(rng):
         (country, capital), (other, other_capital) = rng.sample(usable, 2)
         if one_token(tokenizer, " " + capital) == one_token(tokenizer, " " + other_capital):
             return None
-        clean, cf = template.format(country=country), template.format(country=other)
-        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + capital,), (" " + other_capital,),
-                    {"task": "capitals", "template": CAPITAL_TEMPLATES.index(template)})
+        return {"country": country}, {"country": other}, " " + capital, " " + other_capital
 
-    return draw_pairs(count, seed, make, "capital pairs of equal token length")
+    return draw_templated(tokenizer, count, seed, "capitals", CAPITAL_TEMPLATES, fill,
+                          "capital pairs of equal token length")
 
 
 PAIR_TASKS.register(PairTask("capitals", "a fact: a country's capital against another country's",

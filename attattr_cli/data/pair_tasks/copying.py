@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, usable_names
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, usable_names
 
 
 SURNAMES = ("Smith", "Brown", "Jones", "Miller", "Davis", "Wilson", "Taylor", "Clark", "Moore", "White", "Hall",
@@ -26,16 +26,13 @@ def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     if len(first) < 1 or len(last) < 2:
         raise DataError("too few one-token names and surnames for this tokenizer for the copying task")
 
-    def make(rng, i):
-        template = COPY_TEMPLATES[i % len(COPY_TEMPLATES)]
+    def fill(rng):
         f = rng.choice(first)
         l1, l2 = rng.sample(last, 2)
-        clean, cf = template.format(F=f, L=l1), template.format(F=f, L=l2)
-        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + l1,), (" " + l2,), {"task": "copying", "template": COPY_TEMPLATES.index(template)})
+        return {"F": f, "L": l1}, {"F": f, "L": l2}, " " + l1, " " + l2
 
-    return draw_pairs(count, seed, make, "copying pairs of equal token length")
+    return draw_templated(tokenizer, count, seed, "copying", COPY_TEMPLATES, fill,
+                          "copying pairs of equal token length")
 
 
 PAIR_TASKS.register(PairTask("copying", "copying a surname seen earlier (induction)",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, usable_names
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, usable_names
 
 PLACES = ("store", "park", "school", "garden", "hospital", "office", "station", "restaurant")
 OBJECTS = ("drink", "book", "ring", "ball", "bag", "snack", "computer", "necklace")
@@ -27,19 +27,13 @@ def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     names = usable_names(tokenizer)
     if len(names) < 5:
         raise DataError(f"only {len(names)} of the IOI names are one token for this tokenizer (5 needed)")
-    def make(rng, i):
-        template = IOI_TEMPLATES[i % len(IOI_TEMPLATES)]
+    def fill(rng):
         io, s, c1, c2, c3 = rng.sample(names, 5)
-        place, obj = rng.choice(PLACES), rng.choice(OBJECTS)
+        both = {"PLACE": rng.choice(PLACES), "OBJECT": rng.choice(OBJECTS)}
         first, second = (io, s) if rng.random() < 0.5 else (s, io)
-        fill = dict(PLACE=place, OBJECT=obj)
-        clean = template.format(A=first, B=second, S=s, **fill)
-        cf = template.format(A=c1, B=c2, S=c3, **fill)
-        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (" " + io,), (" " + s,), {"task": "ioi", "template": IOI_TEMPLATES.index(template)})
+        return {"A": first, "B": second, "S": s, **both}, {"A": c1, "B": c2, "S": c3, **both}, " " + io, " " + s
 
-    return draw_pairs(count, seed, make, "IOI pairs of equal token length")
+    return draw_templated(tokenizer, count, seed, "ioi", IOI_TEMPLATES, fill, "IOI pairs of equal token length")
 
 
 PAIR_TASKS.register(PairTask("ioi", "indirect-object identification: the name not repeated, against the repeated one",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token, usable_names
+from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, one_token, usable_names
 
 
 MALE = ("John", "James", "Michael", "David", "Paul", "Mark", "Tom", "Dan", "Jack", "Ben", "Peter", "George", "Steve",
@@ -25,17 +25,13 @@ def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
     if not male or not female or one_token(tokenizer, " he") is None or one_token(tokenizer, " she") is None:
         raise DataError("this tokenizer lacks one-token names of both genders or the pronouns he / she")
 
-    def make(rng, i):
-        template = PRONOUN_TEMPLATES[i % len(PRONOUN_TEMPLATES)]
+    def fill(rng):
         woman = rng.random() < 0.5
         n, other = (rng.choice(female), rng.choice(male)) if woman else (rng.choice(male), rng.choice(female))
-        clean, cf = template.format(N=n), template.format(N=other)
-        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
-            return None
-        answer, foil = (" she", " he") if woman else (" he", " she")
-        return Pair(i, clean, cf, (answer,), (foil,), {"task": "pronoun", "template": PRONOUN_TEMPLATES.index(template)})
+        return ({"N": n}, {"N": other}) + ((" she", " he") if woman else (" he", " she"))
 
-    return draw_pairs(count, seed, make, "pronoun pairs of equal token length")
+    return draw_templated(tokenizer, count, seed, "pronoun", PRONOUN_TEMPLATES, fill,
+                          "pronoun pairs of equal token length")
 
 
 PAIR_TASKS.register(PairTask("pronoun", "a gendered pronoun after a name",
