@@ -1532,6 +1532,41 @@ def test_gpu_tensor_core_path_agrees_with_the_fp32_path(cuda_kernel, dtype, monk
         torch.testing.assert_close(got["1"][name], got["0"][name], atol=3e-5, rtol=3e-5)
 
 @gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_gpu_forward_pv_on_tensor_cores_within_half_an_ulp(cuda_kernel, dtype, monkeypatch):
+    """The forward's P V on tensor cores (P in two half parts): O within half an ulp of the
+    output dtype of the float64 truth (plus 1e-4 of its largest entry), on both paths."""
+    q, k, v, _ = (t.cuda() for t in _inputs(2, 3, 700, 700, 64, dtype, seed=54))
+    pad = _padding(2, 700, device="cuda", full_row=False)
+    truth = _truth(q, k, v, q, pad, True)["o"]
+    half_ulp = 2.0 ** -(8 if dtype == torch.bfloat16 else 11)
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ATTATTR_TENSOR_CORES", flag)
+        o = cuda_kernel.attention_forward(q, k, v, pad, causal=True)
+        excess = (o.double() - truth).abs() - (half_ulp * truth.abs() + 1e-4 * truth.abs().max())
+        assert excess.max().item() <= 0, (flag, excess.max().item())
+
+
+@gpu
+@pytest.mark.parametrize("n", [130, 2048])
+def test_gpu_key_sums_match_the_head_sum(cuda_kernel, n):
+    """attr_key_sums on a GPU (bfloat16 q, k, v with a float32 G, causal, a padding mask):
+    the per-key sums of the head sum, over all rows and over the rows from read_from on, run to
+    run identical, and the head maxima those of attribution_from_grad."""
+    q, k, v, _ = (t.cuda() for t in _inputs(2, 12, n, n, 64, torch.bfloat16, seed=55))
+    g = torch.randn(q.shape, device="cuda", generator=torch.Generator(device="cuda").manual_seed(56)) * 1e-3
+    pad = _padding(2, n, device="cuda", full_row=False)
+    full = cuda_kernel.attribution_from_grad(q, k, v, g, pad, causal=True, want_maps=False)
+    got = cuda_kernel.attribution_key_sums(q, k, v, g, pad, causal=True, read_from=n // 3)
+    mag = full["head_sum"].abs().sum(1).max().item()
+    torch.testing.assert_close(got["key_sum"], full["head_sum"].sum(1), atol=1e-6 * mag, rtol=1e-5)
+    torch.testing.assert_close(got["read_sum"], full["head_sum"][:, n // 3:].sum(1), atol=1e-6 * mag, rtol=1e-5)
+    assert torch.equal(got["head_max"], full["head_max"])
+    again = cuda_kernel.attribution_key_sums(q, k, v, g, pad, causal=True, read_from=n // 3)
+    assert torch.equal(again["key_sum"], got["key_sum"]) and torch.equal(again["read_sum"], got["read_sum"])
+
+
+@gpu
 def test_gpu_backend_selection(cuda_kernel, monkeypatch):
     monkeypatch.delenv("ATTATTR_KERNEL", raising=False)
     assert select_backend("auto", device="cuda").name == "cuda"
