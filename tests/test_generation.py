@@ -180,13 +180,13 @@ def test_long_inputs_share_a_nodes_forward_between_the_steps_that_want_it(make, 
     paths = []
     original_shared, original_rows = generation.StepScorer._shared, generation.StepScorer._rows
 
-    def shared(self, site, clean, owner, alist, uniq, weights, one_node=False):
-        paths.append(("one node" if one_node else "shared", len(alist), len(uniq)))
-        yield from original_shared(self, site, clean, owner, alist, uniq, weights, one_node)
+    def shared(self, site, clean, owner, alphas, weights, box, one_node=False):
+        paths.append(("one node" if one_node else "shared", len(alphas), len(set(alphas.tolist()))))
+        yield from original_shared(self, site, clean, owner, alphas, weights, box, one_node)
 
-    def rows(self, site, clean, owner, alphas, weights):
+    def rows(self, site, clean, owner, alphas, weights, box):
         paths.append(("rows", len(alphas), len(set(alphas.tolist()))))
-        yield from original_rows(self, site, clean, owner, alphas, weights)
+        yield from original_rows(self, site, clean, owner, alphas, weights, box)
 
     monkeypatch.setattr(generation.StepScorer, "_shared", shared)
     monkeypatch.setattr(generation.StepScorer, "_rows", rows)
@@ -205,6 +205,23 @@ def test_long_inputs_share_a_nodes_forward_between_the_steps_that_want_it(make, 
     for a, b in zip(by_node.steps, by_rows.steps):
         np.testing.assert_allclose(a.family.attribution, b.family.attribution, rtol=1e-9, atol=1e-12)
         np.testing.assert_array_equal(a.family.nodes, b.family.nodes)
+
+
+@pytest.mark.parametrize("tol", [None, 1e-2], ids=["fixed", "tol"])
+def test_a_bfloat16_generation_by_layer_passes_gives_the_sweeps_numbers(make, tol):
+    """bfloat16, the steps sharing each node's forward one layer at a time (the passes of long
+    inputs): each step's gradients are added in the accumulation dtype (they once went into a
+    bfloat16 buffer and the assignment failed), and the maps are the sweeps' up to bfloat16
+    rounding."""
+    loaded = make(dtype=torch.float32)
+    opts = ScoreOptions(lm=True, dtype="bfloat16", generate=3, steps=None if tol else 4, tol=tol)
+    results = []
+    for swept in (True, False):
+        scorer = scorer_for(loaded, opts)
+        scorer.sweep = swept
+        results.append(scorer.score(PROMPT))
+    for a, b in zip(*(r.steps for r in results)):
+        assert _rel(a.family.attribution, b.family.attribution) < 5e-2
 
 
 def test_generation_options_refused(make):

@@ -48,7 +48,7 @@ from ..data.types import Example
 from ..errors import DataError, OptionError
 from . import adaptive, attention, sweep
 from .encoding import Encoded
-from .layer_integral import Maps, fixed, integrate, rows_of
+from .layer_integral import Maps, fixed, integrate, one_target, rows_of
 from .rows import crop_saved
 from .scorer import Scorer
 
@@ -116,9 +116,7 @@ def encode_steps(scorer, example: Example, prompt: list[int]) -> Encoded:
     if scorer.arch.is_encoder_decoder:
         raise OptionError("--generate and --per-step attribute decoder-only language models")
     if opts.continuation is not None:
-        gen = list(tok(opts.continuation, add_special_tokens=False)["input_ids"])
-        if not gen:
-            raise OptionError("--continuation is empty for this tokenizer")
+        gen = scorer.continuation_ids()
     else:
         gen = generate(scorer, prompt, opts.generate, opts.sample_seed, example.index)
     ids = prompt + gen[:-1]
@@ -260,31 +258,11 @@ class StepScorer:
         """Every layer's passes in sweeps (engine/sweep.py): with ``--tol`` every (layer, step)
         integral refined in one Refinement, each round's nodes of every layer and step in one
         sweep; a fixed rule in one sweep of a row per (layer, node) serving every step. Site ->
-        what :meth:`integrate` gives for it; None where sweeps are
-        not used."""
+        what :meth:`integrate` gives for it; None where sweeps are not used."""
         sc, count = self.sc, self.count
         layers = sc.layers_of[family]
         if not sweep.usable(sc, self.enc, family, layers):
             return None
-        every = StepTargets(torch.arange(count, device=sc.device), self.targets.token, self.targets.foil)
-
-        box: dict = {}  # "parts": each position's own logits, where head_per_position gives them
-
-        def values(logits):  # F of every step on every row: [rows, steps]
-            k = logits.shape[0]
-            parts = box.get("parts") or []
-            own = parts if len(parts) == count else [logits[:, t:t + 1] for t in range(count)]
-            return torch.stack([every.rows(torch.full((k,), t)).value(sc, own[t]) for t in range(count)], dim=1)
-
-        @contextlib.contextmanager
-        def per_position():
-            with head_per_position(sc.model, count if sc.takes_logits_to_keep else 0) as parts:
-                box["parts"] = parts
-                try:
-                    yield
-                finally:
-                    box.clear()
-
         kept = count if sc.takes_logits_to_keep else 0
         layer_ids = torch.tensor(layers, dtype=torch.long)
         position = {layer: i for i, layer in enumerate(layers)}
@@ -298,33 +276,15 @@ class StepScorer:
             """Sweeps of rows at (layer ``u_layer[c]``, ``u_alpha[c]``), each serving every step
             that ``w[:, c]`` weighs, in chunks that fit memory: yields (the chunk's columns, per
             step its w dF/dO or None, F [columns, steps])."""
-            size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(u_alpha))
-
             def run(part):
-                with per_position():
-                    return sweep.shared_pass(sc, self.enc, family, values, clean, u_layer[part], u_alpha[part],
-                                             w[:, part], saved)
+                with head_per_position(sc.model, kept) as parts:  # each position's own logits, where it gives them
+                    return sweep.shared_pass(sc, self.enc, family, lambda logits: self._values(logits, parts),
+                                             clean, u_layer[part], u_alpha[part], w[:, part], saved)
 
+            size = sc.auto_step_batch(self.enc, (family, int(u_layer.min())), len(u_alpha))
             for part, (grads, f) in sc.back_off.chunks(len(u_alpha), size, run, sc.warn):
                 sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
                 yield part, grads, f
-
-        def run(owner, alphas, weights):
-            """A fixed rule's rows, integral (layer position, step) = divmod(owner, steps): one row
-            per (layer, node) serves every step (a forward for all, a backward per step)."""
-            pairs = list(zip((owner // count).tolist(), alphas.tolist()))
-            uniq = {p: c for c, p in enumerate(dict.fromkeys(pairs))}
-            col, step = torch.tensor([uniq[p] for p in pairs]), owner % count
-            w = torch.zeros((count, len(uniq)), dtype=self.acc, device=sc.device)
-            if weights is not None:
-                w[step.to(sc.device), col.to(sc.device)] = weights.to(w)
-            u_alpha = torch.tensor([p[1] for p in uniq], dtype=torch.float64)
-            for part, grads, f in shared(layer_ids[[p[0] for p in uniq]], u_alpha, w):
-                for t in range(count):
-                    rows = torch.nonzero((step == t) & (col >= part.start) & (col < part.stop)).flatten()
-                    local = col[rows] - part.start
-                    g = None if grads[t] is None else grads[t].index_select(0, local.to(grads[t].device)).to(self.acc)
-                    yield rows, g, f[local.to(f.device), t]
 
         def evaluate(owner, keys, alphas, row_layer, active):
             """The round's (layer, step, node) pairs. Where one row per (layer, node) serving every
@@ -365,11 +325,12 @@ class StepScorer:
             sweep.same_shapes(at_one, family, layers)
             ones = [at_one.get((family, layer)) for layer in layers]
             known = None if any(x is None for x in ones) else torch.cat(ones)
-            if sc.options.tol is None:
+            if sc.options.tol is None:  # one row per (layer, node) serves every step
                 def own(i):
                     n = self.positions[i % count] + 1
                     return n, crop_saved(saved[layers[i // count]], n)
 
+                run = lambda o, a, w: self._by_node(o, a, w, lambda key, *x: shared(layer_ids[key], *x))  # noqa: E731
                 g, f0, convs = fixed(sc, len(layers) * count, run, known, self.acc, own)
                 for layer in layers if on_layer is not None else []:
                     on_layer(layer)
@@ -382,24 +343,52 @@ class StepScorer:
         return {(family, layer): (g[i * count:(i + 1) * count], f0[i * count:(i + 1) * count],
                                   convs[i * count:(i + 1) * count], saved[layer]) for i, layer in enumerate(layers)}
 
-    # -- fixed rules -----------------------------------------------------------------
-    def _run(self, site, clean, owner, alphas, weights):
-        """Passes over rows (step ``owner[r]`` at ``alphas[r]``, weight ``weights[r]``): yields
-        (row slice, w_r dF_r/dO_r, F_r, saved projections). Where the steps want (nearly) the
-        same nodes, one forward per node serves every step (:meth:`_shared`), else rows of
-        several steps share passes."""
-        alist = [float(a) for a in alphas]
-        uniq = sorted(set(alist))
-        if self.count > 1 and len(set(zip(owner.tolist(), alist))) == len(alist):
-            if len(uniq) * self.count <= SHARED_SLACK * len(alist):
-                yield from self._shared(site, clean, owner, alist, uniq, weights)
-                return
-            if len(uniq) < len(alist) and len(self.enc.input_ids) >= LONG_SHARED:
-                yield from self._shared(site, clean, owner, alist, uniq, weights, one_node=True)
-                return
-        yield from self._rows(site, clean, owner, alphas, weights)
+    # -- rows of several steps ---------------------------------------------------------
+    def _values(self, logits, parts=()):
+        """F of every step on every row, [rows, steps] (``parts``: each position's own logits,
+        where head_per_position gives them)."""
+        own = parts if len(parts) == self.count else [logits[:, t:t + 1] for t in range(self.count)]
+        return torch.stack([self.targets.rows(torch.full((len(logits),), t)).value(self.sc, own[t])
+                            for t in range(self.count)], dim=1)
 
-    def _shared(self, site, clean, owner, alist, uniq, weights, one_node: bool = False):
+    def _by_node(self, owner, alphas, weights, shared):
+        """Rows of integrals (key, step) = divmod(``owner``, steps), where one row per (key,
+        alpha) serves every step that wants it: ``shared(u_key, u_alpha, w)`` yields (the
+        columns run, per step its w dF/dO of them or None, F [columns, steps]) of the columns
+        (``u_key``, ``u_alpha``) and the steps' weights ``w`` [steps, columns]. Yields (rows,
+        w_r dF/dO_r or None, F_r)."""
+        count = self.count
+        pairs = list(zip((owner // count).tolist(), [float(a) for a in alphas]))
+        uniq = {p: c for c, p in enumerate(sorted(set(pairs)))}
+        col, step = torch.tensor([uniq[p] for p in pairs]), owner % count
+        w = torch.zeros((count, len(uniq)), dtype=self.acc, device=self.sc.device)
+        if weights is not None:
+            w[step.to(w.device), col.to(w.device)] = weights.to(w)
+        u_alpha = torch.tensor([p[1] for p in uniq], dtype=torch.float64)
+        for part, grads, f in shared(torch.tensor([p[0] for p in uniq], dtype=torch.long), u_alpha, w):
+            for t in range(count):
+                rows = torch.nonzero((step == t) & (col >= part.start) & (col < part.stop)).flatten()
+                if not len(rows):
+                    continue
+                local = col[rows] - part.start
+                g = None if grads[t] is None else grads[t].index_select(0, local.to(grads[t].device)).to(self.acc)
+                yield rows, g, f[local.to(f.device), t]
+
+    def _run(self, site, clean, owner, alphas, weights, box: dict):
+        """Passes over rows (step ``owner[r]`` at ``alphas[r]``, weight ``weights[r]``): yields
+        (rows, w_r dF_r/dO_r, F_r); the saved projections go to ``box``. Where the steps want
+        (nearly) the same nodes, one forward per node serves every step (:meth:`_shared`), else
+        rows of several steps share passes."""
+        alist = [float(a) for a in alphas]
+        uniq = len(set(alist))
+        if self.count > 1 and len(set(zip(owner.tolist(), alist))) == len(alist):
+            if uniq * self.count <= SHARED_SLACK * len(alist):
+                return self._shared(site, clean, owner, alphas, weights, box)
+            if uniq < len(alist) and len(self.enc.input_ids) >= LONG_SHARED:
+                return self._shared(site, clean, owner, alphas, weights, box, one_node=True)
+        return self._rows(site, clean, owner, alphas, weights, box)
+
+    def _shared(self, site, clean, owner, alphas, weights, box: dict, one_node: bool = False):
         """One forward per node for every step, then one backward per step through it: the
         forward at alpha is the same for every step (the whole sequence, the same alpha), only
         F differs. Without weight gradients a backward costs about what the forward does, so S
@@ -408,67 +397,36 @@ class StepScorer:
         U nodes, where rows would cost R of each; a backward through a pass of several nodes
         costs all of them, wanted or not)."""
         sc, enc = self.sc, self.enc
-        col = torch.tensor([uniq.index(a) for a in alist])
-        ua = torch.tensor(uniq, dtype=torch.float64)
-        rows_of = [torch.nonzero(owner == t).flatten() for t in range(self.count)]
-        weights = weights.to(sc.device)
-        every = StepTargets(torch.arange(self.count, device=sc.device), self.targets.token, self.targets.foil)
 
-        def run(part):
-            k = part.stop - part.start
-            plan = attention.Attribute(site[1], ua[part].to(sc.device), sc.backend, family=site[0])
-            with sc.sites.target_pass(site, clean, plan), torch.enable_grad():
-                logits = sc.logits(enc, k, sc.sites.extra_inputs(site, clean, k))  # [k, steps, vocab]
-                if plan.leaf is None:
-                    raise attention.not_routed(sc.arch.model_type, *site)
-                f = torch.stack([every.rows(torch.full((k,), t)).value(sc, logits[:, t:t + 1]) for t in range(self.count)],
-                                dim=1)  # [k, steps]
-                grads = {}
-                todo = []
-                for t in range(self.count):
-                    mine = rows_of[t][(col[rows_of[t]] >= part.start) & (col[rows_of[t]] < part.stop)]
-                    if len(mine):
-                        todo.append((t, mine))
-                for i, (t, mine) in enumerate(todo):
-                    w = torch.zeros(k, dtype=f.dtype, device=f.device)
-                    w[(col[mine] - part.start).to(f.device)] = weights[mine.to(weights.device)].to(f.dtype)
-                    (g,) = torch.autograd.grad((f[:, t] * w).sum(), plan.leaf, retain_graph=i < len(todo) - 1)
-                    grads[t] = (mine, g)
-            return grads, f.detach(), plan.saved
+        def shared(_key, u_alpha, w):
+            def run(part):
+                k = part.stop - part.start
+                plan = attention.Attribute(site[1], u_alpha[part].to(sc.device), sc.backend, family=site[0])
+                with sc.sites.target_pass(site, clean, plan), torch.enable_grad():
+                    f = self._values(sc.logits(enc, k, sc.sites.extra_inputs(site, clean, k)))  # [k, steps]
+                    if plan.leaf is None:
+                        raise attention.not_routed(sc.arch.model_type, *site)
+                    grads = sweep.per_target(f, w[:, part], [plan.leaf])
+                return grads, f.detach(), plan.saved
 
-        g_all = f_all = saved_first = None
-        size = 1 if one_node else sc.auto_step_batch(enc, site, len(uniq))
-        for part, (grads, f, saved) in sc.back_off.chunks(len(uniq), size, run, sc.warn):
-            sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
-            saved_first = saved_first or saved
-            for t, (mine, g) in grads.items():
-                if g_all is None:
-                    g_all = g.new_zeros((len(alist), *g.shape[1:]))
-                    f_all = torch.zeros(len(alist), dtype=f.dtype, device=f.device)
-                local = (col[mine] - part.start).to(g.device)
-                g_all[mine.to(g.device)] = g.index_select(0, local).to(weights.dtype)
-                f_all[mine.to(f.device)] = f[local.to(f.device), t]
-        yield slice(0, len(alist)), g_all, f_all, saved_first
+            size = 1 if one_node else sc.auto_step_batch(enc, site, len(u_alpha))
+            for part, (grads, f, saved) in sc.back_off.chunks(len(u_alpha), size, run, sc.warn):
+                sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
+                box.setdefault("saved", saved)
+                yield part, grads, f
 
-    def _rows(self, site, clean, owner, alphas, weights):
-        sc, first = self.sc, None
+        return self._by_node(owner, alphas, weights, shared)
+
+    def _rows(self, site, clean, owner, alphas, weights, box: dict):
+        sc = self.sc
 
         def targets(part):
             rows = self.targets.rows(owner[part])
             return rows, own_position_only(sc.model, rows.slot, self.count if sc.takes_logits_to_keep else 0)
 
         for part, g, f, saved in sc.passes(self.enc, site, targets, clean, alphas, weights):
-            first = first or saved
-            yield part, g, f, first
-
-    def _f_at_zero(self, site, clean):
-        """F_t with the site's attention at 0, every step from one forward; and the saved projections."""
-        sc, enc = self.sc, self.enc
-        plan = attention.Attribute(site[1], torch.zeros(1, dtype=torch.float64, device=sc.device), sc.backend,
-                                   family=site[0])
-        with sc.sites.target_pass(site, clean, plan), torch.no_grad():
-            logits = sc.logits(enc, 1, sc.sites.extra_inputs(site, clean, 1))
-        return self.targets.value(sc, logits.expand(self.count, -1, -1)).to("cpu", torch.float64).tolist(), plan.saved
+            box.setdefault("saved", saved)
+            yield part, g, f
 
     def integrate(self, site, clean, grad_at_one, f_full, floors=None):
         """Every step's integral of ``site`` (engine/layer_integral.py's ``integrate``): (G [steps,
@@ -476,23 +434,20 @@ class StepScorer:
         ``floors``: the least scale each step's is judged against with ``--tol``."""
         box: dict = {}
 
-        def run(owner, alphas, weights):
-            for part, g, f, saved in self._run(site, clean, torch.as_tensor(owner), alphas, weights):
-                box.setdefault("saved", saved)
-                yield part, g, f
-
         def zero():  # every step from one forward
-            f0, saved = self._f_at_zero(site, clean)
+            alpha = torch.zeros(1, dtype=torch.float64)
+            ((_part, _g, f, saved),) = self.sc.passes(self.enc, site, one_target(self.targets), clean, alpha, None)
             box.setdefault("saved", saved)
-            return f0
+            return f.to("cpu", torch.float64).tolist()
 
         def own(t):
             return self.positions[t] + 1, crop_saved(box["saved"], self.positions[t] + 1)
 
-        g, f0, convs = integrate(self.sc, self.count, run, grad_at_one, f_full, self.acc,
-                                 Maps(self.sc.judged, lambda _k: box["saved"]), own, floors, zero)
+        g, f0, convs = integrate(self.sc, self.count, lambda o, a, w: self._run(site, clean, torch.as_tensor(o), a, w, box),
+                                 grad_at_one, f_full, self.acc, Maps(self.sc.judged, lambda _k: box["saved"]), own,
+                                 floors, zero)
         if "saved" not in box:  # every node was known (cannot happen: alpha = 0 is always evaluated)
-            box["saved"] = self._f_at_zero(site, clean)[1]
+            zero()
         return g, f0, convs, box["saved"]
 
 

@@ -149,15 +149,6 @@ class _Group:
         return out
 
     # -- passes ------------------------------------------------------------------------
-    def _rows_per_pass(self, site, rows: int) -> int:
-        sc = self.sc
-        if sc.options.step_batch is not None:
-            size = sc.options.step_batch
-        else:
-            per_row = memory.step_bytes(sc.model.config, sc.arch, site, self.width, sc.dtype, sc.device, 1, False)
-            size = memory.steps_that_fit(per_row, rows, self.width, sc.device, memory.hidden_size(sc.model.config))
-        return size
-
     def _run(self, site, clean, owner: torch.Tensor, alphas: torch.Tensor, weights: torch.Tensor | None,
              saved: dict):
         """Passes over rows (example ``owner[r]`` at ``alphas[r]``, example-major), in chunks
@@ -168,7 +159,8 @@ class _Group:
         def run(part):
             return self._pass(site, clean, owner[part], alphas[part], None if weights is None else weights[part], saved)
 
-        for part, (g, f) in sc.back_off.chunks(len(owner), self._rows_per_pass(site, len(owner)), run, sc.warn):
+        size = sc.auto_step_batch(self.encs[0], site, len(owner), self.width)  # a padded row: the width's tokens
+        for part, (g, f) in sc.back_off.chunks(len(owner), size, run, sc.warn):
             sc.last_step_batch = max(sc.last_step_batch, part.stop - part.start)
             yield part, g, f
 

@@ -36,20 +36,21 @@ class Integration:
     sweeps_work = True  # False once a model's layers did not run as a sweep (engine/sweep.py)
 
     # -- step micro-batching ------------------------------------------------------
-    def auto_step_batch(self, enc: Encoded, site, steps: int | None = None) -> int:
+    def auto_step_batch(self, enc: Encoded, site, steps: int | None = None, width: int | None = None) -> int:
         """Steps per pass (at most ``steps``, default all) that fit the free memory of the
         device: an estimate of the activations kept for the backward through the layers
-        at and above the target. ``--step-batch`` overrides it."""
+        at and above the target (``width``: the tokens of a row, default ``enc``'s).
+        ``--step-batch`` overrides it."""
         if self.options.step_batch is not None:
             return self.options.step_batch
         steps = len(self.alphas) if steps is None else steps
-        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        return memory.steps_that_fit(self.step_bytes(enc, site), steps, n, self.device,
+        n = width or max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        return memory.steps_that_fit(self.step_bytes(enc, site, n), steps, n, self.device,
                                      memory.hidden_size(self.model.config))
 
-    def step_bytes(self, enc: Encoded, site) -> int:
+    def step_bytes(self, enc: Encoded, site, width: int | None = None) -> int:
         """Estimated bytes one integration step of ``site`` keeps (see ``memory.step_bytes``)."""
-        n = max(len(enc.input_ids), len(enc.decoder_input_ids or []))
+        n = width or max(len(enc.input_ids), len(enc.decoder_input_ids or []))
         kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
         return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
 
@@ -70,7 +71,8 @@ class Integration:
                 yield part, g, f
 
         def zero():  # F(0): one forward at batch 1, no backward
-            _g, f, saved = self._step_chunk(enc, site, target, clean, torch.zeros(1, dtype=torch.float64), None)
+            alpha = torch.zeros(1, dtype=torch.float64)
+            ((_part, _g, f, saved),) = self.passes(enc, site, one_target(target), clean, alpha, None)
             box.setdefault("saved", saved)
             return [float(f[0])]
 
@@ -97,7 +99,8 @@ class Integration:
 
         size = self.auto_step_batch(enc, site, len(alphas))
         for part, (g, f, saved) in self.back_off.chunks(len(alphas), size, run, self.warn):
-            self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
+            if weights is not None:  # (a forward alone is no integration step)
+                self.last_step_batch = max(self.last_step_batch, part.stop - part.start)
             yield part, g, f, saved
 
     def fixed_nodes(self, grad_at_one: torch.Tensor | None, acc_dtype: torch.dtype):
@@ -187,7 +190,13 @@ def one_target(target):
 def rows_of(run, owner, alphas, weights):
     """Every row of ``run`` at once: (w_r dF/dO_r, F_r) in row order."""
     parts = list(run(owner, alphas, weights))
-    return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+    if all(isinstance(p[0], slice) for p in parts):  # in order
+        return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
+    g = parts[0][1].new_empty((len(owner), *parts[0][1].shape[1:]))
+    f = parts[0][2].new_empty(len(owner))
+    for rows, g_part, f_part in parts:
+        g[rows.to(g.device)], f[rows.to(f.device)] = g_part, f_part
+    return g, f
 
 
 class Maps:

@@ -213,9 +213,7 @@ class Scorer(Integration, Assembly):
         if self.arch.is_encoder_decoder:
             return self._encode_seq2seq(example, prompt)
         if self.options.continuation is not None:
-            cont = list(tok(self.options.continuation, add_special_tokens=False)["input_ids"])
-            if not cont:
-                raise OptionError("--continuation is empty for this tokenizer")
+            cont = self.continuation_ids()
             ids = prompt + cont[:-1]
             positions = list(range(len(prompt) - 1, len(prompt) - 1 + len(cont)))
             targets = cont
@@ -230,6 +228,13 @@ class Scorer(Integration, Assembly):
         segments = [0] * len(ids)
         return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
                        lm_positions=positions, lm_targets=targets)
+
+    def continuation_ids(self) -> list[int]:
+        """--continuation's token ids (none is an error)."""
+        cont = list(self.tokenizer(self.options.continuation, add_special_tokens=False)["input_ids"])
+        if not cont:
+            raise OptionError("--continuation is empty for this tokenizer")
+        return cont
 
     def _encode_steps(self, example: Example, prompt: list[int]) -> Encoded:
         raise TypeError("a generation is scored by engine/generation.py's StepwiseScorer (engine/run.py's scorer_for)")
@@ -256,9 +261,7 @@ class Scorer(Integration, Assembly):
         tok = self.tokenizer
         start = decoder_start_of(self.model)
         if self.options.continuation is not None:
-            cont = list(tok(self.options.continuation, add_special_tokens=False)["input_ids"])
-            if not cont:
-                raise OptionError("--continuation is empty for this tokenizer")
+            cont = self.continuation_ids()
             dec, targets = [start] + cont[:-1], cont
             positions = list(range(len(cont)))
         else:

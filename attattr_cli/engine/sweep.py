@@ -56,16 +56,9 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
           weights: torch.Tensor | None, saved: dict):
     """One sweep over rows (target layer ``row_layer[r]`` at ``alphas[r]``, ascending by layer):
     (w_r dF/dO_r per row, or None without weights; F per row). Fills ``saved`` per layer."""
-    plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
-    wanted = sorted(set(row_layer.tolist()))
-    with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
-        logits = sc.logits(enc, len(alphas))
-        f = sc.target_value(logits, target)
-        leaves = _leaves(plan, wanted, same_shape=weights is not None)
-        g = None if weights is None else torch.cat(torch.autograd.grad((f * weights.to(f)).sum(), leaves))
-    for layer in wanted:
-        saved.setdefault(layer, plan.saved[layer])
-    return g, f.detach()
+    grads, f = shared_pass(sc, enc, family, lambda logits: sc.target_value(logits, target)[:, None], clean, row_layer,
+                           alphas, None if weights is None else weights[None], saved)
+    return grads[0], f[:, 0]
 
 
 def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
@@ -82,25 +75,34 @@ def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
 
 
 def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
-                weights: torch.Tensor, saved: dict):
+                weights: torch.Tensor | None, saved: dict):
     """One sweep whose rows serve several targets at once (a generation's steps: the pass at
     (layer, alpha) is the same forward for every step, only F differs): ``values(logits)`` ->
-    F [rows, targets]; ``weights`` [targets, rows] the rows each target wants. One forward,
-    then one backward per target with rows (without weight gradients a backward costs about
-    a forward). Returns ([per target: dF/dO of every row, or None], F [rows, targets])."""
+    F [rows, targets]; ``weights`` [targets, rows] the rows each target wants (None: F alone).
+    One forward, then one backward per target with rows (without weight gradients a backward
+    costs about a forward). Returns ([per target: dF/dO of every row, or None], F [rows,
+    targets])."""
     plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
     wanted = sorted(set(row_layer.tolist()))
-    with sc.sites.sweep_pass(family, clean, plan), torch.enable_grad():
+    with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
         f = values(sc.logits(enc, len(alphas)))
-        leaves = _leaves(plan, wanted, same_shape=True)
-        used = [t for t in range(weights.shape[0]) if bool(weights[t].any())]
-        grads: list = [None] * weights.shape[0]
-        for i, t in enumerate(used):
-            gs = torch.autograd.grad((f[:, t] * weights[t].to(f)).sum(), leaves, retain_graph=i < len(used) - 1)
-            grads[t] = torch.cat(gs)
+        leaves = _leaves(plan, wanted, same_shape=weights is not None)
+        grads = per_target(f, weights, leaves)
     for layer in wanted:
         saved.setdefault(layer, plan.saved[layer])
     return grads, f.detach()
+
+
+def per_target(f: torch.Tensor, weights: torch.Tensor | None, leaves: list) -> list:
+    """Per target t (F ``f[:, t]``) with rows in ``weights[t]``: sum_r weights[t, r] dF_t/dO_r at
+    the ``leaves`` (concatenated), one backward each through the same forward; None for the
+    others (all: without weights)."""
+    used = [] if weights is None else [t for t in range(weights.shape[0]) if bool(weights[t].any())]
+    grads: list = [None] * (1 if weights is None else weights.shape[0])
+    for i, t in enumerate(used):
+        grads[t] = torch.cat(torch.autograd.grad((f[:, t] * weights[t].to(f)).sum(), leaves,
+                                                 retain_graph=i < len(used) - 1))
+    return grads
 
 
 def same_shapes(at_one: dict, family: str, layers: list[int]) -> None:
