@@ -1264,11 +1264,13 @@ def test_emulated_ops_opcheck_and_compile(emulated_wrappers, emulated):
     torch.library.opcheck(emulated.attn_forward.default, (q, k, v, pad, scale, True, 0))
     torch.library.opcheck(emulated.attr_from_grad.default, (q, k, v, g, pad, None, scale, False, True, 0))
     torch.library.opcheck(emulated.attr_from_grad.default, (q, k, v, g, None, None, scale, True, False, 0))
+    torch.library.opcheck(emulated.attr_key_sums.default, (q, k, v, g, pad, None, scale, True, 7, 0))
 
     def fn(q, k, v, g, pad):
         o = kernel.attention_forward(q, k, v, pad, causal=True)
         attr = kernel.attribution_from_grad(q, k, v, g, pad, want_maps=False, causal=True)
-        return o, attr["head_sum"], attr["head_max"]
+        keys = kernel.attribution_key_sums(q, k, v, g, pad, causal=True, read_from=7)
+        return o, attr["head_sum"], attr["head_max"], keys["key_sum"], keys["read_sum"]
 
     eager = fn(q, k, v, g, pad)
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k, v, g, pad)
