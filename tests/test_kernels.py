@@ -1095,6 +1095,7 @@ PV_CASES = [
     (2, 2, 70, 70, 80, torch.bfloat16, True, False),  # partial tiles, d padded to 96
     (1, 2, 33, 129, 32, torch.float16, False, True),  # three key tiles, causal (bottom right)
     (3, 1, 65, 65, 128, torch.bfloat16, True, True),  # a fully padded item, 8 tiles of 8 columns
+    (1, 2, 70, 5, 64, torch.float16, True, True),  # n_q > n_k, causal: rows with no allowed key give 0
 ]
 
 
