@@ -208,8 +208,11 @@ class CapturedPass:
             try:
                 entry = self._capture(fn, inputs)
             except Exception as error:  # noqa: BLE001 - any capture failure means eager, with the reason
-                self.fallback_reasons[full_key] = f"capture failed: {type(error).__name__}: {error}"
-                torch.cuda.synchronize()
+                self.fallback_reasons[full_key] = f"capture failed: {type(error).__name__}: {str(error)[:200]}"
+                try:  # a failed capture may leave an error on the stream: cleared here, not in fn's run
+                    torch.cuda.synchronize()
+                except Exception:  # noqa: BLE001
+                    pass
                 return self.eager(fn, inputs)
             self.graphs[full_key] = entry
             self.captures += 1
