@@ -543,6 +543,16 @@ class Refinement:
         """Integral ``i`` once done."""
         return self.out[i]
 
+    def run(self, evaluate: Callable, on_round: Callable | None = None) -> "Refinement":
+        """Refine until every integral is done: ``evaluate(owner, keys, alphas)`` -> (owner, keys,
+        unweighted dF/dO, F) of the pairs :meth:`wanted` names (and of any more at hand);
+        ``on_round(self)`` after each round."""
+        while not self.done:
+            self.give(*evaluate(*self.wanted()))
+            if on_round is not None:
+                on_round(self)
+        return self
+
 
 def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
               measure: Callable[[torch.Tensor], torch.Tensor], tol: float, max_nodes: int = MAX_NODES,
@@ -562,11 +572,7 @@ def integrate(evaluate: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tenso
                      None if derivative is None else (lambda g, rows: derivative(g)), coarse,
                      None if spread is None else (lambda g, rows: spread(g)))
     one.floor = float(floor)
-    while not one.done:
-        owner, keys, alphas = one.wanted()
-        grads, f = evaluate(torch.from_numpy(alphas))
-        one.give(owner, keys, grads, f)
-    return one.result(0)
+    return one.run(lambda owner, keys, alphas: (owner, keys, *evaluate(torch.from_numpy(alphas)))).result(0)
 
 
 def relative(diff: float, scale: float) -> float:

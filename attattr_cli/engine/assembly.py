@@ -138,7 +138,7 @@ class Assembly:
         )
 
     def family_score(self, fam, keep: str, kept: str | None, probs: dict, per_layer: list[dict], n: int) -> FamilyScore:
-        """One family's results from its layers' (``_layer_result``) and the clean forward's
+        """One family's results from its layers' (``layer_result``) and the clean forward's
         probabilities (``probs``: site -> [1, ...], kept as ``kept``: maps, mean or None)."""
         maps = [r["map"] for r in per_layer if r["map"] is not None]
         sums = [r["sum"] for r in per_layer if r["sum"] is not None]

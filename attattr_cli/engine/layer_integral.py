@@ -318,15 +318,12 @@ def to_tol(sc, count: int, run, grad_at_one, f_full, acc, maps: Maps, floors=Non
     refining.shared = shared
     if floors is not None:
         refining.floors = [float(x) for x in floors]
-    while not refining.done:
-        owner, keys, alphas = refining.wanted()
-        if evaluate is not None:
-            owner, keys, g, f = evaluate(owner, keys, alphas, set(refining.active))
-        else:
-            g, f = rows_of(run, owner, torch.from_numpy(alphas), torch.ones(len(owner), dtype=acc, device=sc.device))
-        refining.give(owner, keys, g, f)
-        if on_round is not None:
-            on_round(refining)
+
+    def rows(owner, keys, alphas):  # one row per wanted pair, unit weights
+        ones = torch.ones(len(owner), dtype=acc, device=sc.device)
+        return (owner, keys, *rows_of(run, owner, torch.from_numpy(alphas), ones))
+
+    refining.run(rows if evaluate is None else lambda *wanted: evaluate(*wanted, set(refining.active)), on_round)
     results = [refining.result(i) for i in range(count)]
     return refining.g, [r.f[adaptive.ZERO] for r in results], [(r.nodes, r.error, r.capped, r.status) for r in results]
 
