@@ -206,9 +206,6 @@ class StepScorer:
 
             at_one = sc.at_one(sites, clean, record, backward)
             del logits_g
-            sc.last_step_batch = 0
-            per_step_layers: list[list[dict]] = [[] for _ in range(count)]
-            summed_layers = []
             swept = self._swept(fam.name, clean, at_one, f_full, on_layer)
             # keep sources: each step's kept table [layer, key] is judged as a whole, against the
             # step's largest key sum of the layers done so far, the layers from the top down (as
@@ -230,12 +227,8 @@ class StepScorer:
                 if on_layer is not None and not swept:  # (a sweep tells as each layer is done)
                     on_layer(site[1])
                 del g
-            for site in sites:
-                steps, summed = done[site]
-                for t in range(count):
-                    per_step_layers[t].append(steps[t])
-                summed_layers.append(summed)
-            fams = {fam.name: sc.family_score(fam, keep, record.keep, record.probs, summed_layers,
+            per_step_layers = [[done[site][0][t] for site in sites] for t in range(count)]
+            fams = {fam.name: sc.family_score(fam, keep, record.keep, record.probs, [done[site][1] for site in sites],
                                                len(enc.input_ids))}
         preds = [int(p) for p in logits[0].argmax(-1)]
         result = sc.example_score(self.example, enc, logits, preds[0], -1, self.tokens, float(f_full.sum()), fams)

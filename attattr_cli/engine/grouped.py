@@ -128,7 +128,6 @@ class _Group:
             at_one = sc.at_one(sites, clean, record, lambda leaves: torch.autograd.grad(
                 sc.target_value(logits_g, self.targets).sum(), leaves))
             del logits_g
-            sc.last_step_batch = 0
             per_example: list[list[dict]] = [[] for _ in range(count)]
             for site in sites:
                 gs, f0s, convs, saved = self.integrate(site, clean, at_one.get(site), f_full)

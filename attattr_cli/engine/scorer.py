@@ -351,7 +351,6 @@ class Scorer(Integration, Assembly):
             del logits_g
 
             fams = {}
-            self.last_step_batch = 0
             for fam in self.families:
                 per_layer = []
                 layers = self.layers_of[fam.name]
@@ -392,6 +391,7 @@ class Scorer(Integration, Assembly):
         keeps the attention ``keep`` asks for: (the captured run, the attention record, the logits,
         with their graph where the rule has alpha = 1: that node is the clean forward for every
         target site, and one backward gives it for all of them, :meth:`at_one`)."""
+        self.last_step_batch = 0  # (the example's most steps in one pass, for its store)
         share_one = bool((self.alphas == 1).any()) and bool(sites)
         record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
                                   keep={"maps": "maps", "sum": "mean"}.get(keep))
