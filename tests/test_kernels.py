@@ -1416,17 +1416,14 @@ def test_bench_kernel_counts_ops_of_a_scored_example_on_cpu():
     assert row["launches_with_graphs"] == row["launching_ops"] - row["pass_launching_ops"] + row["passes"]
 
 
-def test_bench_long_sources_smoke(tmp_path):
-    """bench/bench_long_sources.py on the CPU (tiny model, 96 tokens): keep sources gives per
-    layer a key sum, and the op alone agrees between the per-key sums and the head sum."""
+def test_bench_long_sources_smoke(capsys):
+    """bench/bench_long_sources.py's child on the CPU, in this process (tiny model, 96 tokens):
+    keep sources gives per layer a key sum, and the op alone agrees between the per-key sums
+    and the head sum. (The parent only runs children and writes their JSON lines.)"""
     import json
 
-    out = tmp_path / "s.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "bench_long_sources.py"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
-    assert proc.returncode == 0, proc.stderr
-    (row,) = json.loads(out.read_text())["rows"]
+    assert _bench_module("bench_long_sources").main(["--smoke", "--child"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["status"] == "ok", row
     assert row["key_sum_shape"] == [2, 96]  # [layer, key]
     assert row["op"]["max_abs_diff_vs_head_sum"] < 1e-6
