@@ -436,9 +436,9 @@ class StepScorer:
         def own(t):
             return self.positions[t] + 1, crop_saved(box["saved"], self.positions[t] + 1)
 
-        g, f0, convs = integrate(self.sc, self.count, lambda o, a, w: self._run(site, clean, torch.as_tensor(o), a, w, box),
-                                 grad_at_one, f_full, self.acc, Maps(self.sc.judged, lambda _k: box["saved"]), own,
-                                 floors, zero)
+        run = lambda o, a, w: self._run(site, clean, torch.as_tensor(o), a, w, box)  # noqa: E731
+        g, f0, convs = integrate(self.sc, self.count, run, grad_at_one, f_full, self.acc,
+                                 Maps(self.sc.judged, lambda _k: box["saved"]), own, floors, zero)
         if "saved" not in box:  # every node was known (cannot happen: alpha = 0 is always evaluated)
             zero()
         return g, f0, convs, box["saved"]

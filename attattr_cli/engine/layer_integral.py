@@ -3,10 +3,10 @@ docs/integration.md): G = sum_k w_k dF/dO(alpha_k) of ``count`` integrals at onc
 of an example, the examples of a group, the steps of a generation, the layers of a sweep), by
 the fixed rule with its embedded estimate (:func:`fixed`) or to ``--tol`` (:func:`to_tol`,
 driving engine/adaptive.py's Refinement). What differs between the strategies is only how
-their rows run, ``run(owner, alphas, weights)``: it yields (row slice, w_r dF/dO_r or None
-without weights, F_r) over the rows of integral ``owner[r]`` at ``alphas[r]``, in passes that
-fit memory (the rows a slice, or their indices); and which clean attention and values each integral's maps are made with
-(:class:`Maps`).
+their rows run, ``run(owner, alphas, weights)``: it yields (rows, w_r dF/dO_r or None without
+weights, F_r) over the rows of integral ``owner[r]`` at ``alphas[r]``, in passes that fit
+memory (the rows a slice, or their indices); and which clean attention and values each
+integral's maps are made with (:class:`Maps`).
 
 :class:`Integration` is the Scorer's part of it (one target site per integral, the passes of
 one example), kept apart from the result assembly (engine/assembly.py) and the encoding and
