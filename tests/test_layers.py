@@ -69,6 +69,8 @@ def test_no_private_member_of_the_scorer_is_used_outside_its_module():
     """``obj._name`` where ``_name`` is a private member of the Scorer (engine/scorer.py and its
     parts) is read only in the module that defines that member: the strategies (engine/grouped.py,
     generation.py, sweep.py) use the Scorer's public interface."""
+    import sys
+
     from attattr_cli.engine.scorer import Scorer
 
     def private(path: Path) -> set[str]:  # members defined in a module: methods, class attributes, self._x =
@@ -79,10 +81,9 @@ def test_no_private_member_of_the_scorer_is_used_outside_its_module():
         names |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)}
         return {n for n in names if n.startswith("_") and not n.startswith("__")}
 
-    members = {n for cls in Scorer.__mro__ if cls.__module__.startswith("attattr_cli.") for n in vars(cls)}
-    members |= {n for cls in Scorer.__mro__ if cls.__module__.startswith("attattr_cli.")
-                for n in private(Path(__import__("sys").modules[cls.__module__].__file__))}
-    members = {n for n in members if n.startswith("_") and not n.startswith("__")}
+    parts = [cls for cls in Scorer.__mro__ if cls.__module__.startswith("attattr_cli.")]  # Scorer and its mixins
+    members = {n for cls in parts for n in vars(cls) if n.startswith("_") and not n.startswith("__")}
+    members |= {n for cls in parts for n in private(Path(sys.modules[cls.__module__].__file__))}
     assert {"_step_chunk", "_score", "_encode_lm"} <= members  # the scan sees the Scorer's own
     used = []
     for path in PACKAGE.rglob("*.py"):
