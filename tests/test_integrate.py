@@ -680,3 +680,43 @@ def test_the_leaves_maps_are_added_in_chunks_with_the_same_sum(monkeypatch):
     assert float(layer_integral.map_spread(a, v, g)) == pytest.approx(float(want), rel=1e-12)
     monkeypatch.setattr(layer_integral, "SPREAD_CHUNK", 2 * a.numel())  # five chunks of two leaves and one
     assert float(layer_integral.map_spread(a, v, g)) == pytest.approx(float(want), rel=1e-12)
+
+
+@pytest.mark.parametrize("options", [dict(steps=4), dict(tol=0.1)], ids=["fixed", "tol"])
+def test_every_path_integrates_through_the_one_integral(tokenizer, loaded_factory, monkeypatch, options):
+    """One example's layers (one pass per layer, or sweeps), a group of examples, a generation's
+    steps (either way) and the circuit methods' pattern path all add their nodes up in one
+    place (engine/rows.py's add_rows, for engine/layer_integral.py's node_sum) and refine to
+    --tol in one loop (adaptive.Refinement.run, for layer_integral.to_tol)."""
+    from attattr_cli.analysis.circuits.pattern import pattern_attribution
+    from attattr_cli.analysis.circuits.task import CircuitTask, Context
+    from attattr_cli.data.pairs import Pair
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import grouped, layer_integral, run
+    from attattr_cli.models.loading import prepare
+    from conftest import build_model
+
+    seen = []
+    add_rows, refine = layer_integral.add_rows, adaptive.Refinement.run
+    monkeypatch.setattr(layer_integral, "add_rows", lambda *a, **k: seen.append("fixed") or add_rows(*a, **k))
+    monkeypatch.setattr(adaptive.Refinement, "run", lambda self, *a, **k: seen.append("tol") or refine(self, *a, **k))
+    want = "tol" if "tol" in options else "fixed"
+
+    def integrated(score) -> bool:
+        seen.clear()
+        score()
+        return want in seen
+
+    bert = Scorer(loaded_factory("bert"), ScoreOptions(**options))
+    examples = [Example(i, t) for i, t in enumerate(["w1 w2 w3", "w4 w5", "w6 w7 w8 w9"])]
+    lm = prepare(build_model("llama", lm=True, layers=2), tokenizer, "tiny-llama", lm=True)
+    for swept in (True, False):
+        bert.sweep = swept
+        assert integrated(lambda: bert.score(examples[0]))
+        gen = run.scorer_for(lm, ScoreOptions(lm=True, generate=2, **options))
+        gen.sweep = swept
+        assert integrated(lambda: gen.score(Example(0, "w1 w2 w3")))
+    assert integrated(lambda: grouped.score_group(bert, examples, [bert.encode(e) for e in examples]))
+    if want == "fixed":  # (a fixed Gauss rule)
+        pairs = [Pair(0, "w1 w2 w3 w4 w1", "w5 w6 w7 w8 w9", ("w2",), ("w1",))]
+        assert integrated(lambda: pattern_attribution(Context(CircuitTask(lm, pairs)), False, "sum"))
