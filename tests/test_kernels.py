@@ -1677,3 +1677,28 @@ def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
         assert abs(got.attribution - ref.attribution).max() <= 1e-4 * scale, n
         assert abs(got.attention - ref.attention).max() <= 1e-5, n
         assert abs(got.f_full - ref.f_full) <= 1e-5 and not got.nonfinite
+
+
+@gpu
+def test_keep_sources_on_the_kernel_is_the_reference_per_key(tokenizer):
+    """keep sources on the CUDA kernel takes its per-key sums from the kernel's epilogue
+    (engine/assembly.py, no n x n head sum): the sources, key sums, read sums and residuals
+    agree with the reference path's on the CPU."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.models.loading import prepare
+    from conftest import build_model
+
+    text = "w1 w2 w3\n\nw4 w5 w6 w7\n\nw8 w9 w10 w11\n\nw14 w15"
+    model = build_model("llama", torch.float32, num_labels=2, layers=2, lm=True)
+    opts = dict(lm=True, continuation="w12 w13", keep="sources", sources="paragraphs", steps=8)
+    ref = Scorer(prepare(model, tokenizer, "cpu", lm=True), ScoreOptions(kernel="torch", **opts)).score(Example(0, text))
+    got = Scorer(prepare(model.cuda(), tokenizer, "gpu", lm=True), ScoreOptions(kernel="cuda", **opts)).score(Example(0, text))
+    model.cpu()
+    for name in ("key_sum", "read_sum"):
+        a, b = (getattr(next(iter(r.families.values())), name) for r in (ref, got))
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert abs(b - a).max() <= 1e-4 * max(abs(a).max(), 1e-12), name
+    assert abs(got.residual - ref.residual).max() <= 1e-4 * max(abs(ref.f_full), 1)

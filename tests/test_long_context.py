@@ -572,3 +572,33 @@ def test_importance_cli_takes_threads(tmp_path, monkeypatch):
                            "--out", str(out), "-q"), "threads")
     with pytest.raises(OptionError, match="threads"):
         aa.attack(threads=0)
+
+
+def test_the_key_sums_path_of_the_kernel_gives_the_sources_of_the_head_sum_path(lm):
+    """On the CUDA kernel, keep sources reads the per-key sums from the kernel's epilogue
+    (engine/assembly.py) instead of summing an n x n head sum; the path is run here with the
+    reference's key sums (a CPU stand-in for the kernel) and agrees with the head-sum path:
+    key sums, read sums, residuals and the convergence states."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+
+    opts = ScoreOptions(lm=True, continuation=ANSWER, keep="sources", sources="paragraphs", dtype="float64", steps=4)
+    plain = Scorer(lm.loaded, opts).score(Example(0, TEXT))
+    scorer = Scorer(lm.loaded, opts)
+    calls = []
+    key_sums = scorer.backend.attribution_key_sums
+    scorer.backend.name = "cuda"  # the kernel's branch, on the reference backend's attribution_key_sums
+    scorer.backend.attribution_key_sums = lambda *a, **k: calls.append(1) or key_sums(*a, **k)
+    try:
+        epilogue = scorer.score(Example(0, TEXT))
+    finally:
+        scorer.backend.name = type(scorer.backend).name
+        del scorer.backend.attribution_key_sums
+    assert len(calls) == lm.loaded.arch.num_layers  # one epilogue per layer, no head sum
+    a, b = (next(iter(r.families.values())) for r in (plain, epilogue))
+    assert a.read_sum is not None and a.key_sum.shape == b.key_sum.shape
+    np.testing.assert_allclose(b.key_sum, a.key_sum, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(b.read_sum, a.read_sum, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(epilogue.residual, plain.residual, atol=1e-9)
+    assert list(a.status) == list(b.status)

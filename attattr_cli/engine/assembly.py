@@ -26,17 +26,14 @@ class Assembly:
         and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
         rule's state is judged here, from its embedded estimate and its residual)."""
         sink = bool(saved.get("sink"))
+        if keep == "sources" and not sink and self.options.top_k is None and self.backend.name == "cuda":
+            return self._key_sums_result(g, f0, f_full, saved, conv)
         res = self.attribute(g, saved, want_maps=(keep == "maps" or self.options.top_k is not None or sink))
         if sink:  # the sink key's column (value 0, so attribution 0) is not a token: dropped
             maps = res["maps"][..., :-1]
             res = {"maps": maps, "head_sum": maps.sum(1), "head_max": maps.amax(dim=(-2, -1))}
         hs = res["head_sum"][0]
         resid = float(hs.double().sum()) - (f_full - f0)
-        if len(conv) == 3:  # a fixed rule: judged at the tolerance --tol would use by default
-            scale = adaptive.residual_scale(f_full - f0, self.measure(g, saved)[0])
-            state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
-                                   float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
-            conv = (*conv, state)
         return {
             "map": to_host(res["maps"][0]) if keep == "maps" else None,
             "sum": to_host(hs) if keep in ("maps", "sum") else None,
@@ -49,10 +46,33 @@ class Assembly:
             "read_sum": hs[self.read_from:].sum(0, dtype=torch.float64).float().cpu()
             if keep == "sources" and self.read_from is not None else None,
             "head_max": res["head_max"][0].cpu(),  # [head]: a few bytes, the plain copy
-            "f0": f0,
-            "resid": resid,
-            "conv": conv,
+            "f0": f0, "resid": resid, "conv": self._judged(conv, resid, g, saved, f0, f_full),
         }
+
+    def _key_sums_result(self, g, f0: float, f_full: float, saved: dict, conv) -> dict:
+        """keep sources on the CUDA kernel: the per-key sums as the kernel's epilogue, no n x n
+        head sum made (the memory of a long context's layer: ops ``attribution_key_sums``)."""
+        self.last_kernel = self.backend.name if self.backend.supports(saved["q"], saved["mask"], saved["softcap"]) \
+            else "torch"
+        ks = self.backend.attribution_key_sums(saved["q"], saved["k"], saved["v"], g, mask=saved["mask"],
+                                               scale=saved["scale"], softcap=saved["softcap"], causal=saved["causal"],
+                                               read_from=self.read_from)
+        resid = float(ks["total"][0]) - (f_full - f0)
+        read = ks.get("read_sum")
+        return {"map": None, "sum": None, "topk": None, "key_sum": ks["key_sum"][0].float().cpu(),
+                "read_sum": None if self.read_from is None or read is None else read[0].float().cpu(),
+                "head_max": ks["head_max"][0].cpu(), "f0": f0, "resid": resid,
+                "conv": self._judged(conv, resid, g, saved, f0, f_full)}
+
+    def _judged(self, conv, resid: float, g, saved: dict, f0: float, f_full: float):
+        """A fixed rule's (nodes, estimate, cap hit) with its state, judged at the tolerance
+        --tol would use by default; an error-controlled integral's conv as it is."""
+        if len(conv) != 3:
+            return conv
+        scale = adaptive.residual_scale(f_full - f0, self.measure(g, saved)[0])
+        state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
+                               float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
+        return (*conv, state)
 
     def example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,
                        f_full: float, fams: dict) -> ExampleScore:
