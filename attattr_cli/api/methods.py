@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import OptionError
+from .checks import Str, checked
 
 COLUMNS = ("command", "family", "units", "method", "kind", "cost", "reference", "description")
 
@@ -20,6 +21,7 @@ class Methods:
     plugins: list[str]
     failed: list[str]
 
+    @checked(command=Str())
     def names(self, command: str | None = None) -> list[str]:
         """The methods' names (of ``command``'s only, when given), in listing order."""
         return [r["method"] for r in self.rows if command is None or r["command"] == command]
@@ -53,6 +55,7 @@ class Methods:
         return "Methods(" + ", ".join(f"{c}: {n}" for c, n in counts.items()) + plug + ")"
 
 
+@checked(command=Str())
 def methods(command: str | None = None) -> Methods:
     """Every registered method (``command``: only those of ``circuit``, ``importance``,
     ``faithfulness`` or ``sources-check``)."""
