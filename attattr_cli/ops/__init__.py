@@ -65,51 +65,27 @@ class Backend:
 
     name: str = ""
 
-    def supports(
-        self, q: torch.Tensor, mask: torch.Tensor | None = None, softcap: float | None = None
-    ) -> bool:
+    def supports(self, q: torch.Tensor, mask: torch.Tensor | None = None, softcap: float | None = None) -> bool:
         """True when this backend's own implementation handles these inputs."""
         raise NotImplementedError
 
-    def attention_forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        causal: bool = False,
-    ) -> torch.Tensor:
+    def attention_forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          mask: torch.Tensor | None = None, scale: float | None = None, causal: bool = False
+                         ) -> torch.Tensor:
         """``O = softmax(q k^T * scale + mask) v`` ``[batch, head, query_pos, d_head]`` in q's dtype."""
         raise NotImplementedError
 
-    def attribution_from_grad(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        softcap: float | None = None,
-        want_maps: bool = True,
-        causal: bool = False,
-    ) -> dict[str, torch.Tensor]:
+    def attribution_from_grad(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                              mask: torch.Tensor | None = None, scale: float | None = None,
+                              softcap: float | None = None, want_maps: bool = True, causal: bool = False
+                             ) -> dict[str, torch.Tensor]:
         """Dict ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H], ``maps`` [B, H, n_q, n_k] (if asked)."""
         raise NotImplementedError
 
-    def attribution_key_sums(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        g: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        scale: float | None = None,
-        softcap: float | None = None,
-        causal: bool = False,
-        read_from: int | None = None,
-    ) -> dict[str, torch.Tensor]:
+    def attribution_key_sums(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                             mask: torch.Tensor | None = None, scale: float | None = None,
+                             softcap: float | None = None, causal: bool = False, read_from: int | None = None
+                            ) -> dict[str, torch.Tensor]:
         """The sources' quantity with no ``n_q x n_k`` array kept: dict ``key_sum`` [B, n_k]
         (summed over heads and query rows), ``read_sum`` [B, n_k] (rows ``>= read_from``; only
         when given), ``total`` [B] (float64) and ``head_max`` [B, H]."""
@@ -130,17 +106,13 @@ class TorchBackend(Backend):
     def attention_forward(self, q, k, v, mask=None, scale=None, causal=False):
         return reference.attention_forward(q, k, v, reference_mask(mask), scale, causal)
 
-    def attribution_from_grad(
-        self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False
-    ):
+    def attribution_from_grad(self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False):
         full_mask = reference_mask(mask)
         if causal:
             full_mask = with_causal(full_mask, q, k)
         return reference.attribution_from_grad(q, k, v, g, full_mask, scale, softcap, want_maps)
 
-    def attribution_key_sums(
-        self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None
-    ):
+    def attribution_key_sums(self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None):
         full_mask = reference_mask(mask)
         if causal:
             full_mask = with_causal(full_mask, q, k)
@@ -168,9 +140,7 @@ class CudaBackend(Backend):
             return kernel.attention_forward(q, k, v, mask, scale, causal)
         return self._fallback.attention_forward(q, k, v, mask, scale, causal)
 
-    def attribution_from_grad(
-        self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False
-    ):
+    def attribution_from_grad(self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False):
         if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
             return kernel.attribution_from_grad(
                 q, k, v, g, mask, scale, softcap, want_maps, causal=causal
@@ -179,9 +149,7 @@ class CudaBackend(Backend):
             q, k, v, g, mask, scale, softcap, want_maps, causal
         )
 
-    def attribution_key_sums(
-        self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None
-    ):
+    def attribution_key_sums(self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None):
         if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
             return kernel.attribution_key_sums(
                 q, k, v, g, mask, scale, softcap, causal=causal, read_from=read_from

@@ -499,12 +499,8 @@ def key_padding_mask(mask: torch.Tensor | None, batch: int, n_k: int) -> torch.T
     return mask
 
 
-def unsupported_reason(
-    q: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    softcap: float | None = None,
-    k: torch.Tensor | None = None,
-) -> str:
+def unsupported_reason(q: torch.Tensor, mask: torch.Tensor | None = None, softcap: float | None = None,
+                       k: torch.Tensor | None = None) -> str:
     """Why the kernel cannot take these inputs ('' if it can).  Does not build anything."""
     if softcap is not None:
         return "logit soft-capping (softcap) is not supported by the CUDA kernel"
@@ -525,12 +521,8 @@ def unsupported_reason(
     return ""
 
 
-def supports(
-    q: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    softcap: float | None = None,
-    k: torch.Tensor | None = None,
-) -> bool:
+def supports(q: torch.Tensor, mask: torch.Tensor | None = None, softcap: float | None = None,
+             k: torch.Tensor | None = None) -> bool:
     """True when the kernel handles these inputs (the kernel being available aside)."""
     return not unsupported_reason(q, mask, softcap, k)
 
@@ -560,14 +552,9 @@ def _scale(q: torch.Tensor, scale: float | None) -> float:
     return float(q.shape[-1] ** -0.5 if scale is None else scale)
 
 
-def attention_forward_with_stats(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    causal: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward_with_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 mask: torch.Tensor | None = None, scale: float | None = None, causal: bool = False
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(O, stats)``: O ``[B, H, n_q, d]`` in q's dtype; stats ``[B, H, n_q, 2]`` float32.
 
     ``stats[..., 0]`` is the row max m of the scaled, masked scores and ``stats[..., 1]``
@@ -585,27 +572,16 @@ def lse_from_stats(stats: torch.Tensor) -> torch.Tensor:
     return torch.where(l > 0, m + torch.log(l), torch.full_like(m, float("inf")))
 
 
-def attention_forward_with_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    causal: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def attention_forward_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                               scale: float | None = None, causal: bool = False
+                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(O, lse)`` with lse the row log-sum-exp ``[B, H, n_q]`` float32."""
     o, stats = attention_forward_with_stats(q, k, v, mask, scale, causal)
     return o, lse_from_stats(stats)
 
 
-def attention_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                      scale: float | None = None, causal: bool = False) -> torch.Tensor:
     """``O = softmax(q k^T * scale + mask) v`` ``[B, H, n_q, d]`` in q's dtype (fp32 inside)."""
     return attention_forward_with_stats(q, k, v, mask, scale, causal)[0]
 
@@ -623,18 +599,10 @@ def _common_dtype(q, k, v, g):
     return q, k, v, g
 
 
-def attribution_key_sums(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-    causal: bool = False,
-    read_from: int | None = None,
-    stats: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
+def attribution_key_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                         mask: torch.Tensor | None = None, scale: float | None = None,
+                         softcap: float | None = None, causal: bool = False, read_from: int | None = None,
+                         stats: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The sources' quantity without any ``n_q x n_k`` array: the same dict as
     ``reference.attribution_key_sums``: ``key_sum`` [B, n_k] (the attribution summed over
     heads and query rows), ``read_sum`` [B, n_k] (over the rows ``i >= read_from``; only
@@ -657,18 +625,10 @@ def attribution_key_sums(
     return result
 
 
-def attribution_from_grad(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-    want_maps: bool = True,
-    causal: bool = False,
-    stats: torch.Tensor | None = None,
-) -> dict[str, torch.Tensor]:
+def attribution_from_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                          mask: torch.Tensor | None = None, scale: float | None = None,
+                          softcap: float | None = None, want_maps: bool = True, causal: bool = False,
+                          stats: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Fused ``A * (G V^T)`` without storing A; same dict as ``reference.attribution_from_grad``.
 
     ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H] and (if ``want_maps``) ``maps``

@@ -16,13 +16,8 @@ from __future__ import annotations
 import torch
 
 
-def attention_probs(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-) -> torch.Tensor:
+def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, scale: float | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Attention probabilities ``[batch, head, query_pos, key_pos]`` in the inputs' dtype.
 
     The softmax runs in float32 at least (as transformers' eager attention does for
@@ -39,16 +34,9 @@ def attention_probs(
     return torch.softmax(scores.to(work), dim=-1).to(q.dtype)
 
 
-def attribution_from_grad(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-    want_maps: bool = True,
-) -> dict[str, torch.Tensor]:
+def attribution_from_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                          mask: torch.Tensor | None = None, scale: float | None = None,
+                          softcap: float | None = None, want_maps: bool = True) -> dict[str, torch.Tensor]:
     """Attribution of one layer from the summed output gradient ``g``.
 
     Returns a dict with
@@ -78,14 +66,8 @@ def attribution_from_grad(
     return result
 
 
-def attention_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    causal: bool = False,
-) -> torch.Tensor:
+def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None,
+                      scale: float | None = None, causal: bool = False) -> torch.Tensor:
     """Attention output ``O = softmax(q k^T * scale + mask) v`` ``[batch, head, query_pos, d_head]``.
 
     In q's dtype, through :func:`attention_probs` (softmax in float32 at least).
@@ -103,16 +85,9 @@ def attention_forward(
     return torch.matmul(probs, v)
 
 
-def attribution_key_sums(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    scale: float | None = None,
-    softcap: float | None = None,
-    read_from: int | None = None,
-) -> dict[str, torch.Tensor]:
+def attribution_key_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+                         mask: torch.Tensor | None = None, scale: float | None = None,
+                         softcap: float | None = None, read_from: int | None = None) -> dict[str, torch.Tensor]:
     """Per key, the attribution summed over heads and query rows (the sources' quantity).
 
     ``key_sum`` [batch, key_pos] = sum_h sum_i A_hij (G_hi . V_hj), ``read_sum`` the same over
