@@ -16,6 +16,7 @@ catches every error attattr reports to a user).
 
 import warnings
 
+from .exports import API
 from .errors import (AttattrError, DataError, DistributedError, ModelError, OptionError,  # noqa: F401 (cheap:
                      ResourceError, StoreError)  # no torch)
 
@@ -26,15 +27,8 @@ __version__ = "0.1.0"
 # no widgets), so in a notebook that line is noise about nothing attattr shows
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-__all__ = [
-    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
-    "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
-    "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
-    "Integration", "Target", "Compute", "Hooks", "Adversarial", "methods", "Methods",
-    "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError",
-    "StoreError",
-]
+__all__ = [*API, "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError",
+           "ResourceError", "StoreError"]
 ERRORS = ("AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError", "StoreError")
 
 

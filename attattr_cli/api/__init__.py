@@ -18,6 +18,7 @@ per function (``@checked``) and checked before any work.
 from .circuits import Circuit, circuit
 from .demo import make_pairs, pair_data, synthetic_data, train_default
 from .heads import Importance, Predictions, PruneResult, importance, predict, prune
+from ..exports import API
 from .groups import Adversarial, Compute, Hooks, Integration, Target
 from .methods import Methods, methods
 from .scoring import score
@@ -27,10 +28,4 @@ from .model import Model, convert, load_model
 from .results import Attribution, Interaction, Results, StoreView, Tree, open_store, tree
 from .views import Picture, info, report, view
 
-__all__ = [
-    "Attribution", "AttackResult", "Circuit", "circuit", "make_pairs", "pair_data", "FaithfulnessResult", "Importance", "Interaction", "Model", "Predictions",
-    "PruneResult", "Results", "StoreView", "Tree", "TriggersResult", "attack", "faithfulness", "finetune",
-    "import_2021", "importance", "load_model", "merge", "open_store", "predict", "prune", "score", "tree",
-    "triggers", "view", "report", "info", "Picture", "train_default", "synthetic_data", "convert", "source_removal",
-    "Integration", "Target", "Compute", "Hooks", "Adversarial", "methods", "Methods",
-]
+__all__ = list(API)
