@@ -1,7 +1,8 @@
 """One registry class for every family of methods (head methods of ``attattr circuit``, head
 importance tables of ``attattr importance``, token importance methods of ``attattr
-faithfulness``, source methods of ``attattr sources-check``): entries by name, in registration
-order, each a frozen dataclass with at least ``name`` and ``description``.
+faithfulness``, source methods of ``attattr sources-check``) and of what they run on (pair
+tasks, task presets, ablations): entries by name, in registration order, each a frozen
+dataclass with at least ``name`` and ``description``.
 
 A family is ``Registry("head method", units="heads")``; a module adds an entry with
 ``REGISTRY.register(...)``. Other packages add methods through the Python entry point group
@@ -14,10 +15,9 @@ NumPy-free and torch-free: importing it costs nothing.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, Iterator
 
-from .errors import OptionError
+from .errors import OptionError, warn_user
 
 ENTRY_POINT_GROUP = "attattr.methods"
 FAMILIES: list["Registry"] = []  # every registry of a command, in creation order (`attattr methods` lists them)
@@ -25,8 +25,8 @@ _plugins = {"state": "not loaded", "loaded": [], "failed": []}
 
 
 def load_plugins() -> dict:
-    """Load the ``attattr.methods`` entry points once (a failing one is reported on stderr in
-    one line and left out); returns which loaded and which failed."""
+    """Load the ``attattr.methods`` entry points once (a failing one is a one-line warning and
+    is left out); returns which loaded and which failed."""
     if _plugins["state"] != "not loaded":
         return _plugins
     _plugins["state"] = "loading"  # a plugin that reads a registry while it loads does not recurse
@@ -40,8 +40,8 @@ def load_plugins() -> dict:
             _plugins["loaded"].append(ep.name)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not break attattr
             _plugins["failed"].append(ep.name)
-            print(f"attattr: warning: the method plugin {ep.name!r} ({ep.value}) failed to load and is left out: "
-                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", file=sys.stderr)
+            warn_user(f"the method plugin {ep.name!r} ({ep.value}) failed to load and is left out: "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     _plugins["state"] = "loaded"
     return _plugins
 
