@@ -89,7 +89,7 @@ for _m in (TableMethod("attr", "E_x max_ij Attr_h(A) (signed), from the store's 
 STORE_METHODS = tuple(m.name for m in TABLES.values() if "store" in m.tasks and m.kind != "baseline")
 MODEL_METHODS = tuple(m.name for m in TABLES.values() if "data" in m.tasks)
 METHODS = tuple(TABLES)
-TASKS = {"store": "a store (attattr importance STORE ...)",
+INPUTS = {"store": "a store (attattr importance STORE ...)",
          "data": "--model and --data (no store)",
          "pairs": "clean / counterfactual pairs (--data a JSONL of pairs, --model a causal language model)"}
 
@@ -179,7 +179,7 @@ def parse_methods(spec: str, task: str) -> list[str]:
         if m not in known:
             raise OptionError(f"unknown importance method '{m}'; available: {', '.join(known)}")
         if m not in allowed:
-            needs = [TASKS[t] for t in TASKS if m in methods_for(t)]
+            needs = [INPUTS[t] for t in INPUTS if m in methods_for(t)]
             raise OptionError(f"method '{m}' needs {' or '.join(needs)}")
     return list(dict.fromkeys(names))
 
