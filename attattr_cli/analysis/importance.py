@@ -86,9 +86,9 @@ for _m in (TableMethod("attr", "E_x max_ij Attr_h(A) (signed), from the store's 
            TableMethod("random", "a seeded uniform table per seed (--seeds), the floor every method must beat",
                        ("store", "data", "pairs"), "baseline", "none", "", "random", "tab:gray")):
     TABLES.register(_m)
-STORE_METHODS = tuple(m.name for m in TABLES.values() if "store" in m.tasks and m.kind != "baseline")
-MODEL_METHODS = tuple(m.name for m in TABLES.values() if "data" in m.tasks)
-METHODS = tuple(TABLES)
+STORE_METHODS = TABLES.built_in(lambda m: "store" in m.tasks and m.kind != "baseline")
+MODEL_METHODS = TABLES.built_in(lambda m: "data" in m.tasks)
+METHODS = TABLES.built_in()
 INPUTS = {"store": "a store (attattr importance STORE ...)",
          "data": "--model and --data (no store)",
          "pairs": "clean / counterfactual pairs (--data a JSONL of pairs, --model a causal language model)"}
