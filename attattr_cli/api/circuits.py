@@ -309,7 +309,7 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
     if nodes == "heads+mlp":
         heads_only = [n for n in wanted if not reg.REGISTRY[n].mlp]
         if heads_only:
-            able = ", ".join(n for n in reg.NAMES if reg.REGISTRY[n].mlp)
+            able = ", ".join(n for n in reg.REGISTRY if reg.REGISTRY[n].mlp)
             raise OptionError(f"{', '.join(heads_only)} score attention heads only; with nodes heads+mlp use: {able}")
     the_pairs = _pairs_of(pairs)
     parts = split_pairs(len(the_pairs), str(split), seed)  # refused before the model loads

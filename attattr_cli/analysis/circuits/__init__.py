@@ -19,9 +19,9 @@ from .registry import REGISTRY, HeadMethod, register  # noqa: F401
 # the method modules register themselves; their order is the order of tables and --help
 from . import gates, atp, patching, tiers, verified, nap_ig, pattern, attention, baseline  # noqa: E402,F401
 
-NAMES = tuple(REGISTRY)
+NAMES = REGISTRY.built_in()  # the built-in methods; plugins' are in REGISTRY once it is read
 RECOMMENDED = "atp-verified"  # its rule fixed on tuning pairs, then measured on held-out tasks: docs/circuits.md
-DEFAULT = tuple(dict.fromkeys((RECOMMENDED,) + tuple(m.name for m in REGISTRY.values() if m.default)))
+DEFAULT = tuple(dict.fromkeys((RECOMMENDED,) + REGISTRY.built_in(lambda m: m.default)))
 
 
 def parse_methods(spec: str | None) -> tuple[str, ...]:
