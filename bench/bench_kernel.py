@@ -79,6 +79,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="count the CUDA kernels of one scored example at these lengths")
     parser.add_argument("--count-ops", type=int, nargs="*", default=[],
                         help="count the aten ops (kernel launches) of one scored example at these lengths; any device")
+    parser.add_argument("--count-per-layer", action="store_true",
+                        help="--count-ops also with one pass per target layer (no sweeps)")
     parser.add_argument("--count-steps", type=int, default=20, help="m for --count-ops / --launches")
     parser.add_argument("--graph-pass", type=int, nargs="*", default=[],
                         help="time one integration-like pass of BERT-base (forward + backward, batch m) at "
@@ -301,13 +303,16 @@ def narrow_bert(device, head_dim: int, max_n: int):
     return prepare(model, tok, f"bert-base graph, head dim {head_dim} (random init)")
 
 
-def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, step_batch: int | None = None) -> list[dict]:
+def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, step_batch: int | None = None,
+              sweeps: bool = True) -> list[dict]:
     """Aten ops of one scored example (see the module docstring), by OpCounter: all, those that
     launch a kernel on a GPU, the host synchronisations, those inside the integration passes
     (Scorer._step_chunk) and the attribution (Scorer.attribute), and the launches left with
     one CUDA-graph replay per pass. The first head dim is reported, the others' counts beside.
     ``step_batch`` (default: every row of a pass at once, as on a large GPU) fixes the micro-batches,
-    which otherwise follow the free memory and the model's width."""
+    which otherwise follow the free memory and the model's width. ``sweeps=False``: one pass per
+    target layer (the CPU's choice above 256 tokens). Host syncs are counted inside the passes
+    and in all, with the places in attattr's code they come from (``sync_sites``)."""
     from attattr_cli.data.types import Example
     from attattr_cli.engine import sweep
     from attattr_cli.engine.options import ScoreOptions
@@ -323,8 +328,9 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
             loaded = narrow_bert(device, head_dim, n)
             example = Example(0, " ".join(f"w{i % 1000}" for i in range(n - 2)))
             scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=step_batch))
+            scorer.sweep = sweeps
             scorer.score(example)  # warm-up (lazy set-up, caches)
-            counter = OpCounter()
+            counter = OpCounter(where=True)
 
             # the regions, where the engine has them: a pass of one layer, a sweep over all layers
             # (engine/sweep.py), the attribution from G
@@ -359,9 +365,12 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
             in_passes = counter.regions.get("pass")
             launching = counter.all.launching
             row = {
-                "n": n, "steps": steps, "head_dim": head_dim, "device": str(device),
+                "n": n, "steps": steps, "head_dim": head_dim, "device": str(device), "sweeps": sweeps,
                 "ops": counter.all.total, "launching_ops": launching, "syncs": counter.all.syncs,
                 "passes": passes, "pass_launching_ops": in_passes.launching if in_passes else None,
+                "pass_syncs": in_passes.syncs if in_passes else None,
+                "sync_sites": dict(counter.all.sync_sites.most_common()),
+                "pass_sync_sites": dict(in_passes.sync_sites.most_common()) if in_passes else {},
                 "attribution_launching_ops": counter.regions["attribute"].launching if "attribute" in counter.regions else None,
                 "launches_with_graphs": (launching - in_passes.launching + passes) if in_passes else None,
                 "top_ops": counter.all.as_dict(8)["top"], "seconds": time.perf_counter() - t0,
@@ -371,8 +380,9 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
         first["launching_ops_at_head_dims"] = {str(d): per_dim[d]["launching_ops"] for d in head_dims}
         first["passes_at_head_dims"] = {str(d): per_dim[d]["passes"] for d in head_dims}
         rows.append(first)
-        print(f"# ops: n = {n}, m = {steps}: {first['launching_ops']:,} kernel-launching ops of {first['ops']:,} "
-              f"({first['syncs']} host syncs), {first['passes']} integration passes holding "
+        print(f"# ops: n = {n}, m = {steps}{'' if sweeps else ', one pass per layer'}: {first['launching_ops']:,} "
+              f"kernel-launching ops of {first['ops']:,} ({first['syncs']} host syncs, {first['pass_syncs']} inside "
+              f"passes), {first['passes']} integration passes holding "
               f"{first['pass_launching_ops']}; with one graph replay per pass: {first['launches_with_graphs']} "
               f"launches; launching ops at head dims {first['launching_ops_at_head_dims']} "
               f"({first['seconds']:.1f} s)", flush=True)
@@ -453,8 +463,9 @@ def table(rows: list[dict], launches: list[dict], skipped: list[str], ops: list[
     for r in ops or []:
         lines.append("")
         lines.append(f"aten ops per scored example (BERT-base graph, m = {r['steps']}, all layers; any device): "
-                     f"n = {r['n']}: {r['launching_ops']:,} that launch kernels ({r['ops']:,} in all, "
-                     f"{r['syncs']} host syncs), {r['passes']} passes holding {r['pass_launching_ops']}; "
+                     f"n = {r['n']}{'' if r.get('sweeps', True) else ' (one pass per layer)'}: {r['launching_ops']:,} "
+                     f"that launch kernels ({r['ops']:,} in all, {r['syncs']} host syncs, "
+                     f"{r.get('pass_syncs')} inside passes), {r['passes']} passes holding {r['pass_launching_ops']}; "
                      f"one graph replay per pass would leave {r['launches_with_graphs']}")
     if launches:
         lines.append("")
@@ -518,6 +529,8 @@ def main(argv=None) -> int:
                   f"{fmt(row.get('kern_ms'))} ms, fp32 path {fmt(row.get('kern_fp32path_ms'))} ms, "
                   f"sdpa bwd {fmt(row.get('sdpa_bwd_ms'))} ms ({row['cell_seconds']:.1f} s)", flush=True)
     ops = count_ops(args.count_ops, args.count_steps) if args.count_ops else []
+    if args.count_ops and args.count_per_layer:
+        ops += count_ops(args.count_ops, args.count_steps, sweeps=False)
     passes = []
     if args.graph_pass:
         if device.type != "cuda":

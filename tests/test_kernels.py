@@ -1702,3 +1702,40 @@ def test_keep_sources_on_the_kernel_is_the_reference_per_key(tokenizer):
         if a is not None:
             assert abs(b - a).max() <= 1e-4 * max(abs(a).max(), 1e-12), name
     assert abs(got.residual - ref.residual).max() <= 1e-4 * max(abs(ref.f_full), 1)
+
+
+# ------------------------------------------------------------------ issue 53: host syncs in passes
+def test_op_counter_counts_the_ops_that_wait_for_the_device():
+    """item(), nonzero, boolean-mask indexing and a blocking copy between the host and another
+    device count as host synchronisations (with their place in attattr's code, where asked);
+    long-tensor indexing and a non-blocking copy do not; a region entered again inside itself
+    is one entry."""
+    from attattr_cli.ops.graphs import OpCounter
+
+    x = torch.arange(6.0)
+    with OpCounter(where=True) as counter:
+        with counter.region("pass"):
+            with counter.region("pass"):
+                x.index_select(0, torch.tensor([1, 2]))
+                x[torch.tensor([0, 3])]
+                x.to("meta", non_blocking=True)
+        x.sum().item()
+        torch.nonzero(x > 2)
+        x[x > 2]
+        x.to("meta")
+    assert counter.entries["pass"] == 1
+    assert counter.regions["pass"].syncs == 0 and counter.regions["pass"].launching > 0
+    assert counter.all.syncs == 4, counter.all.sync_sites
+    assert sum(counter.all.sync_sites.values()) == 4
+    assert all(site.startswith("test_kernels.py:") for site in counter.all.sync_sites), counter.all.sync_sites
+
+
+def test_bench_kernel_counts_no_host_syncs_inside_passes_on_cpu():
+    """--count-ops: one scored example's passes (sweeps, and one pass per layer) hold no host
+    synchronisation; the ones left are between the passes."""
+    bench = _bench_module("bench_kernel")
+    for sweeps in (True, False):
+        (row,) = bench.count_ops([32], steps=2, head_dims=(4,), sweeps=sweeps)
+        assert row["passes"] >= 1 and row["pass_launching_ops"] > 0
+        assert row["pass_syncs"] == 0, row["pass_sync_sites"]
+        assert row["syncs"] == sum(row["sync_sites"].values()) > 0

@@ -135,3 +135,110 @@ def test_results_reach_the_host_unchanged():
 
     t = torch.randn(4, 5).t()
     assert torch.equal(to_host(t), t)
+
+
+# -- issue 53: a pass never waits for the device ------------------------------------------
+def _counted_score(model, tokenizer, lm, swept: bool, **options):
+    """The example scored under an OpCounter, the passes (sweep._pass, Scorer._step_chunk)
+    as its region "pass": (result, counter)."""
+    from attattr_cli.ops.graphs import OpCounter
+
+    loaded = prepare(model, tokenizer, "tiny", lm=lm)
+    scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, **options))
+    scorer.sweep = swept
+    scorer.score(Example(0, TEXT))  # lazy set-up outside the count
+    counter = OpCounter(where=True)
+    original, step = sweep._pass, Scorer._step_chunk
+
+    def counted(*a, **k):
+        with counter.region("pass"):
+            return original(*a, **k)
+
+    def counted_step(self, *a, **k):
+        with counter.region("pass"):
+            return step(self, *a, **k)
+
+    sweep._pass, Scorer._step_chunk = counted, counted_step
+    try:
+        with counter:
+            result = scorer.score(Example(0, TEXT))
+    finally:
+        sweep._pass, Scorer._step_chunk = original, step
+    return result, counter
+
+
+@pytest.mark.parametrize("model_type", ["bert", "llama"])
+@pytest.mark.parametrize("options", [dict(steps=6, rule="right"), dict(steps=5, rule="gauss"), dict(tol=0.05)],
+                         ids=["right", "gauss", "tol"])
+def test_passes_hold_no_host_synchronisation(model_type, options, tokenizer):
+    """Inside an integration pass (a sweep or one layer's pass, forward and backward) no op
+    waits for the device: no item(), nonzero, boolean-mask indexing or host copy (OpCounter on
+    the CPU counts every such op, on host tensors too); the numbers are those of a plain run."""
+    model, lm = build(model_type, torch.float64)
+    for swept in (True, False):
+        result, counter = _counted_score(model, tokenizer, lm, swept, **options)
+        plain, _ = _score(model, tokenizer, lm, swept, **options)
+        assert counter.entries["pass"] > 0 and counter.regions["pass"].launching > 0
+        assert counter.regions["pass"].syncs == 0, dict(counter.regions["pass"].sync_sites)
+        assert counter.all.syncs > 0  # (between the passes they still happen, and are counted)
+        for fam in result.families:
+            for x, y in zip(result.families[fam].attribution, plain.families[fam].attribution):
+                assert np.array_equal(x, y)
+
+
+@pytest.mark.parametrize("row_layer", [[0, 0, 1, 1, 1, 2], [1, 1, 1], [0, 2, 2, 3], [2, 0, 1, 2]])
+def test_sweep_indices_made_on_the_host_are_the_device_ones(row_layer):
+    """The index tensors a Sweep makes before its pass are those the pass used to ask the device
+    for (nonzero of the rows at or below a layer, of the rows targeting it and of the others)."""
+    from attattr_cli.ops import select_backend
+
+    rl = torch.tensor(row_layer)
+    alphas = torch.rand(len(row_layer), dtype=torch.float64)
+    plan = attention.Sweep("self", rl, alphas, select_backend("torch", "cpu"))
+    assert plan.host_layers == tuple(row_layer)
+    for j in range(min(row_layer), max(row_layer) + 2):
+        idx, on_device = plan.rows_at(j)
+        want = torch.nonzero(rl <= j).flatten()
+        assert torch.equal(idx, want)
+        assert on_device is None if len(want) == len(rl) else torch.equal(on_device, want)
+        if j in plan.split:
+            t, o, alpha_rows = plan.split[j]
+            is_target = rl.index_select(0, want) == j
+            assert torch.equal(t, torch.nonzero(is_target).flatten())
+            assert torch.equal(o, torch.nonzero(~is_target).flatten())
+            assert torch.equal(alphas.index_select(0, alpha_rows), alphas.index_select(0, want)[is_target])
+        else:
+            assert j not in row_layer
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_swept_layer_from_host_indices_equals_the_device_path(with_mask):
+    """_swept_layer with the sweep's host-made indices (the layer known) gives bit for bit what
+    the path that asks the device (nonzero, boolean masks) gives: output, leaf and saved q/k/v."""
+    from attattr_cli.ops import select_backend
+
+    rl = torch.tensor([0, 0, 1, 1, 1, 2, 2])
+    gen = torch.Generator().manual_seed(3)
+    alphas = torch.rand(len(rl), generator=gen, dtype=torch.float64)
+    for layer in (0, 1, 2):
+        rows = torch.nonzero(rl <= layer).flatten()
+        b = len(rows)
+        q, k, v = (torch.randn(b, 2, 5, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+        mask = torch.zeros(b, 1, 5, 5, dtype=torch.float64)
+        if with_mask:
+            mask[:, :, :, -1] = torch.finfo(torch.float64).min
+        mask = mask if with_mask else None
+        got = []
+        for known in (True, False):
+            plan = attention.Sweep("self", rl, alphas, select_backend("torch", "cpu"))
+            plan.rows_now, plan.layer_now = rows, (layer if known else None)
+            out = attention._swept_layer(plan, layer, q, k, v, mask, mask, None, None, None, False)
+            got.append((out, plan.leaves[layer], plan.saved[layer]))
+        (a, leaf_a, saved_a), (b_, leaf_b, saved_b) = got
+        assert torch.equal(a, b_) and torch.equal(leaf_a, leaf_b)
+        for key in ("q", "k", "v"):
+            assert torch.equal(saved_a[key], saved_b[key])
+    plan = attention.Sweep("self", rl, alphas, select_backend("torch", "cpu"))
+    plan.rows_now, plan.layer_now = torch.arange(len(rl)), 3
+    q = torch.randn(len(rl), 2, 5, 4, dtype=torch.float64)
+    assert attention._swept_layer(plan, 3, q, q, q, None, None, None, None, None, False) is None  # no row targets 3

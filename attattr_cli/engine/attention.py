@@ -42,6 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
+from transformers import masking_utils
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 from ..errors import ModelError
@@ -141,6 +142,62 @@ class Sweep:
     rows_now: torch.Tensor | None = None  # the batch rows of the layer running now
     leaves: dict = field(default_factory=dict)  # layer -> leaf [its rows, head, query, d]
     saved: dict = field(default_factory=dict)  # layer -> its saved projections (as Attribute.saved)
+    layer_now: int | None = None  # the layer whose rows are ``rows_now``
+
+    def __post_init__(self) -> None:
+        """Which rows run which layer is known on the host when the sweep is made: kept as
+        Python ints and index tensors made before the forward (on the alphas' device, in one
+        copy), so that no layer of the pass waits for the device (issue 53: no ``nonzero``,
+        ``any()`` or boolean-mask indexing inside a pass)."""
+        self.host_layers = tuple(int(x) for x in self.row_layer.tolist())
+        layers = self.host_layers
+        self.targets = frozenset(layers)
+        self.below: dict = {}  # j -> (rows at or below j on the host, the same on the device)
+        self.split: dict = {}  # j -> (rows targeting j, the other rows: positions in below[j]; their alpha rows)
+        if not layers:
+            return
+        lists, keys = [], []
+        for j in range(min(layers), max(layers) + 1):
+            rows = [r for r, layer in enumerate(layers) if layer <= j]
+            self.below[j] = torch.tensor(rows, dtype=torch.long)
+            if len(rows) < len(layers):
+                keys.append(("rows", j))
+                lists.append(rows)
+            if j in self.targets:
+                keys += [("t", j), ("o", j), ("alpha", j)]
+                lists += [[p for p, r in enumerate(rows) if layers[r] == j],
+                          [p for p, r in enumerate(rows) if layers[r] != j],
+                          [r for r in rows if layers[r] == j]]
+        made = dict(zip(keys, _to_device(lists, self.alphas.device)))
+        for j, host in self.below.items():
+            self.below[j] = (host, made.get(("rows", j)))
+            if j in self.targets:
+                self.split[j] = (made[("t", j)], made[("o", j)], made[("alpha", j)])
+
+    def rows_at(self, j: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(host, device) indices of the rows whose target is at or below layer ``j`` (device:
+        None where that is every row)."""
+        if j in self.below:
+            return self.below[j]
+        rows = [r for r, layer in enumerate(self.host_layers) if layer <= j]
+        if len(rows) < len(self.host_layers):  # (below the lowest target: a layer a sweep replays)
+            return torch.tensor(rows, dtype=torch.long), torch.tensor(rows, dtype=torch.long, device=self.alphas.device)
+        return torch.arange(len(rows)), None
+
+
+def _to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """Long tensors of ``lists`` on ``device``, made in one host-to-device copy (pinned and not
+    blocking on a CUDA device: the host does not wait for the queue)."""
+    host = torch.tensor([x for each in lists for x in each], dtype=torch.long)
+    if device.type == "cuda":
+        flat = host.pin_memory().to(device, non_blocking=True)
+    else:
+        flat = host.to(device)
+    out, start = [], 0
+    for each in lists:
+        out.append(flat[start:start + len(each)])
+        start += len(each)
+    return out
 
 
 @dataclass
@@ -263,8 +320,12 @@ def causal_fill(module, q, k, mask):
 
 
 def _is_causal_mask(mask: torch.Tensor | None) -> bool:
-    """True when an additive mask (every batch row) blocks exactly the keys after the query."""
+    """True when an additive mask (every batch row) blocks exactly the keys after the query.
+    A mask :func:`attattr_mask` made and knew causal on the host is not asked (issue 53: a
+    pass's layers do not wait for the device); any other is compared on the device."""
     if mask is None:
+        return True
+    if getattr(mask, "_attattr_causal", False):
         return True
     n_q, n_k = mask.shape[-2], mask.shape[-1]
     if n_q != n_k:
@@ -477,18 +538,34 @@ def _swept_layer(plan, layer: int, query, key, value, mask, bare_mask, bias, sca
     rows = plan.rows_now
     if rows is None or len(rows) != query.shape[0]:
         return None
+    if layer not in plan.targets:  # no row targets this layer: known on the host
+        return None
+    if plan.layer_now == layer:  # the index tensors made with the sweep, nothing asked of the device
+        t, o, alpha_rows = plan.split[layer]
+        t, o = t.to(query.device), o.to(query.device)
+        alphas = plan.alphas.index_select(0, alpha_rows)
+        return _swept_target(plan, layer, t, o if len(o) else None, alphas, query, key, value, mask, bare_mask,
+                             bias, scaling, softcap, causal)
     is_target = plan.row_layer.index_select(0, rows) == layer
     if not bool(is_target.any()):
         return None
     t = torch.nonzero(is_target).flatten().to(query.device)
     alphas = plan.alphas.index_select(0, rows.to(plan.alphas.device))[is_target.to(plan.alphas.device)]
+    o = torch.nonzero(~is_target).flatten().to(query.device) if len(t) < query.shape[0] else None
+    return _swept_target(plan, layer, t, o, alphas, query, key, value, mask, bare_mask, bias, scaling, softcap,
+                         causal)
+
+
+def _swept_target(plan, layer: int, t, o, alphas, query, key, value, mask, bare_mask, bias, scaling, softcap,
+                  causal):
+    """The target layer's rows ``t`` (positions in the layer's batch) as a leaf at ``alphas``,
+    the other rows ``o`` (None: none) plain attention; see :func:`_swept_layer`."""
     leaf, saved, d_out = _target_leaf(plan.backend, alphas, t[:1], None, query, key, value, bare_mask, bias,
                                       scaling, softcap, False, causal)
     plan.leaves[layer] = leaf
     plan.saved[layer] = saved
     out = leaf[..., :d_out]
-    if len(t) < query.shape[0]:
-        o = torch.nonzero(~is_target).flatten().to(query.device)
+    if o is not None:
         m = mask if (mask is None or mask.shape[0] == 1) else mask.index_select(0, o)
         plain = _plain_attention(query.index_select(0, o), key.index_select(0, o), value.index_select(0, o), m,
                                  scaling, softcap, causal)
@@ -537,8 +614,28 @@ def _sink_attention(plan, module, query, key, value, mask, d_value):
     return out.transpose(1, 2).contiguous(), real
 
 
+def _zero(x) -> bool:
+    return isinstance(x, int) and x == 0
+
+
+def attattr_mask(*args, **kwargs):
+    """transformers' eager mask (the mask interface attattr registers), marked
+    ``_attattr_causal`` where its arguments say on the host that it is exactly causal: the
+    plain causal pattern (no padding, packing, window or other mask function combined), no
+    offsets, as many queries as keys. :func:`_is_causal_mask` reads the mark instead of
+    comparing the mask on the device; a mask without it (a slice of it, too) is compared."""
+    mask = eager_mask(*args, **kwargs)
+    if (mask is not None and not args and kwargs.get("mask_function", masking_utils.causal_mask_function)
+            is masking_utils.causal_mask_function and kwargs.get("attention_mask") is None
+            and _zero(kwargs.get("q_offset", 0)) and _zero(kwargs.get("kv_offset", 0))
+            and isinstance(kwargs.get("q_length"), int) and kwargs.get("q_length") == kwargs.get("kv_length")
+            and tuple(mask.shape[-2:]) == (kwargs["q_length"], kwargs["kv_length"])):
+        mask._attattr_causal = True
+    return mask
+
+
 AttentionInterface.register(IMPLEMENTATION, attattr_attention)
-AttentionMaskInterface.register(IMPLEMENTATION, eager_mask)
+AttentionMaskInterface.register(IMPLEMENTATION, attattr_mask)
 
 _owner: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_owner", default=None)
 
@@ -613,9 +710,16 @@ def taken_over(model):
     if old_pad is None:
         cfg.pad_token_id = -1
     token = _owner.set(owner)
+    packed = _packed.set({})
+    original_packed = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if original_packed is not None:
+        masking_utils.find_packed_sequence_indices = _packed_sequences(original_packed)
     try:
         yield layers
     finally:
+        if original_packed is not None:
+            masking_utils.find_packed_sequence_indices = original_packed
+        _packed.reset(packed)
         _owner.reset(token)
         for step in reversed(undo):
             step()
@@ -623,6 +727,29 @@ def taken_over(model):
         cfg.pad_token_id = old_pad
         for c, impl in old.values():
             c._attn_implementation = impl
+
+
+_packed: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_packed", default=None)
+
+
+def _packed_sequences(original):
+    """transformers' packed-sequence check of the position ids (a host synchronisation in every
+    forward without a mask), asked once per width outside the passes: an integration pass's rows
+    are copies of the clean forward's input, so where that forward found no packed sequences
+    at this width, a pass does not ask the device again (issue 53). Any other forward (and
+    any width not seen) runs the check."""
+    def find(position_ids, *args, **kwargs):
+        seen = _packed.get()
+        plan = _plan.get()
+        key = tuple(position_ids.shape[1:]) if torch.is_tensor(position_ids) else None
+        if seen is not None and key is not None and isinstance(plan, (Attribute, Sweep)) and seen.get(key) is None \
+                and key in seen:
+            return None
+        out = original(position_ids, *args, **kwargs)
+        if seen is not None and key is not None and isinstance(plan, Record):
+            seen[key] = None if out is None else "packed"
+        return out
+    return find
 
 
 def is_taken_over() -> bool:
@@ -696,7 +823,10 @@ def _rows_of(obj, clean_shape, idx: torch.Tensor, batch: int):
             return obj
         if len(shape) == len(clean_shape) and clean_shape[0] == 1 and shape[0] == batch \
                 and shape[1:] == tuple(clean_shape[1:]):
-            return obj.index_select(0, idx.to(obj.device))
+            rows = obj.index_select(0, idx.to(obj.device))
+            if getattr(obj, "_attattr_causal", False):  # some rows of a causal mask: causal (attattr_mask)
+                rows._attattr_causal = True
+            return rows
         raise NotSweepable(f"an argument of shape {shape} (clean forward: {tuple(clean_shape)}) has no batch axis first")
     if isinstance(obj, (tuple, list)) and isinstance(clean_shape, tuple) and len(clean_shape) == len(obj):
         return type(obj)(_rows_of(o, c, idx, batch) for o, c in zip(obj, clean_shape))
@@ -710,16 +840,15 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
     whose target layer is at most j and returns the clean output of layer j (``outputs[j]``)
     for the others, whose input is still clean there. ``arg_shapes[j]``: the shapes of layer
     j's arguments in the clean forward (which of them carry the batch, :func:`_rows_of`)."""
-    row_layer = plan.row_layer.cpu()
-    lowest = int(row_layer.min())
+    lowest = min(plan.host_layers)
     patched = []
 
     def wrap(layer, j):
         original = layer.forward
-        idx = torch.nonzero(row_layer <= j).flatten()
+        idx, on_device = plan.rows_at(j)  # made with the sweep: nothing asked of the device here
         if len(idx) == batch:
             def forward(*args, **kwargs):
-                plan.rows_now = idx
+                plan.rows_now, plan.layer_now = idx, j
                 return original(*args, **kwargs)
             return forward
         clean = outputs.get(j)
@@ -729,7 +858,7 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
         if j not in arg_shapes:
             raise NotSweepable(f"layer {j} did not run in the clean forward")
         pos_shapes, kw_shapes = arg_shapes[j]
-        rows = idx.to(first.device)
+        rows = on_device.to(first.device)
 
         def merged(out, clean_out):  # the rows run, the clean output in the others (every tensor of a tuple)
             if torch.is_tensor(out):
@@ -744,11 +873,11 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
             raise NotSweepable(f"layer {j} returned a {type(out).__name__}")
 
         def forward(*args, **kwargs):
-            plan.rows_now = idx
+            plan.rows_now, plan.layer_now = idx, j
             if len(args) != len(pos_shapes) or set(kwargs) - set(kw_shapes):
                 raise NotSweepable(f"layer {j} is called with other arguments than in the clean forward")
-            out = original(*_rows_of(args, pos_shapes, idx, batch),
-                           **{k: _rows_of(v, kw_shapes.get(k), idx, batch) for k, v in kwargs.items()})
+            out = original(*_rows_of(args, pos_shapes, on_device, batch),
+                           **{k: _rows_of(v, kw_shapes.get(k), on_device, batch) for k, v in kwargs.items()})
             return merged(out, clean)
         return forward
 

@@ -23,7 +23,7 @@ from ..ops import reference, reference_mask, with_causal
 from . import adaptive, attention, memory
 from .encoding import Encoded
 from .options import DEFAULT_TOL
-from .rows import add_rows
+from .rows import add_rows, to_device
 
 
 class Integration:
@@ -91,10 +91,12 @@ class Integration:
         memory (halved on an out-of-memory error): yields (row slice, w_r dF/dO_r, or None
         without ``weights``, F_r, saved projections). ``targets(part)`` -> (the target of the
         rows ``part``, a context to run their pass in)."""
+        on_device = to_device(alphas, self.device)  # before the passes: none copies from the host (issue 53)
+
         def run(part):
             target, context = targets(part)
             with context:
-                return self._step_chunk(enc, site, target, clean, alphas[part],
+                return self._step_chunk(enc, site, target, clean, on_device[part],
                                         None if weights is None else weights[part])
 
         size = self.auto_step_batch(enc, site, len(alphas))

@@ -53,6 +53,15 @@ def crop_saved(saved: dict, n: int) -> dict:
     return out
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``, the same values: from the host to a CUDA device pinned and not
+    blocking (a plain copy waits for the device's queue: a host synchronisation), made before a
+    pass so that the pass itself copies nothing from the host (issue 53)."""
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def detached(obj):
     if torch.is_tensor(obj):
         return obj.detach()

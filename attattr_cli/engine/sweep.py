@@ -31,6 +31,7 @@ import torch
 
 from . import attention
 from .layer_integral import Maps, fixed, one_target, to_tol
+from .rows import to_device
 
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
 # on a CUDA device a pass of 19 rows is not full even at 1,024 tokens: BERT-base, bf16, m = 20,
@@ -53,11 +54,12 @@ def usable(sc, enc, family: str, layers: list[int]) -> bool:
 
 
 def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
-          weights: torch.Tensor | None, saved: dict):
+          weights: torch.Tensor | None, saved: dict, used: bool = True):
     """One sweep over rows (target layer ``row_layer[r]`` at ``alphas[r]``, ascending by layer):
-    (w_r dF/dO_r per row, or None without weights; F per row). Fills ``saved`` per layer."""
+    (w_r dF/dO_r per row, or None without weights (or, ``used`` False, with weights all zero);
+    F per row). Fills ``saved`` per layer."""
     grads, f = shared_pass(sc, enc, family, lambda logits: sc.target_value(logits, target)[:, None], clean, row_layer,
-                           alphas, None if weights is None else weights[None], saved)
+                           alphas, None if weights is None else weights[None], saved, used=[0] if used else [])
     return grads[0], f[:, 0]
 
 
@@ -75,29 +77,34 @@ def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
 
 
 def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
-                weights: torch.Tensor | None, saved: dict):
+                weights: torch.Tensor | None, saved: dict, used: list | None = None):
     """One sweep whose rows serve several targets at once (a generation's steps: the pass at
     (layer, alpha) is the same forward for every step, only F differs): ``values(logits)`` ->
     F [rows, targets]; ``weights`` [targets, rows] the rows each target wants (None: F alone).
     One forward, then one backward per target with rows (without weight gradients a backward
-    costs about a forward). Returns ([per target: dF/dO of every row, or None], F [rows,
-    targets])."""
+    costs about a forward). ``used``: the targets whose weights are not all zero, where the
+    caller knows them on the host (None: asked of ``weights``). Returns ([per target: dF/dO of
+    every row, or None], F [rows, targets])."""
     plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
     wanted = sorted(set(row_layer.tolist()))
     with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
         f = values(sc.logits(enc, len(alphas)))
         leaves = _leaves(plan, wanted, same_shape=weights is not None)
-        grads = per_target(f, weights, leaves)
+        grads = per_target(f, weights, leaves, used)
     for layer in wanted:
         saved.setdefault(layer, plan.saved[layer])
     return grads, f.detach()
 
 
-def per_target(f: torch.Tensor, weights: torch.Tensor | None, leaves: list) -> list:
+def per_target(f: torch.Tensor, weights: torch.Tensor | None, leaves: list, used: list | None = None) -> list:
     """Per target t (F ``f[:, t]``) with rows in ``weights[t]``: sum_r weights[t, r] dF_t/dO_r at
     the ``leaves`` (concatenated), one backward each through the same forward; None for the
-    others (all: without weights)."""
-    used = [] if weights is None else [t for t in range(weights.shape[0]) if bool(weights[t].any())]
+    others (all: without weights). ``used``: those targets with a weight not zero, known on the
+    host (None: asked of the device, a host synchronisation per target)."""
+    if weights is None:
+        used = []
+    elif used is None:
+        used = [t for t in range(weights.shape[0]) if bool(weights[t].any())]
     grads: list = [None] * (1 if weights is None else weights.shape[0])
     for i, t in enumerate(used):
         grads[t] = torch.cat(torch.autograd.grad((f[:, t] * weights[t].to(f)).sum(), leaves,
@@ -119,12 +126,17 @@ def runner(sc, enc, family: str, targets, clean, layer_of, saved: dict, acc):
     of the rows ``part``, integrals ``owner``, a context to run their pass in)."""
     def run(owner, alphas, weights):
         row_layer = layer_of(owner)
+        # before the passes, once per round: the alphas on the device and which rows carry a
+        # weight on the host, so that no pass copies from or waits for the device (issue 53)
+        on_device = to_device(alphas, sc.device)
+        weighted = None if weights is None else (weights != 0).tolist()
 
         def one(part):
             target, context = targets(part, owner[part])
             with context:
-                return _pass(sc, enc, family, target, clean, row_layer[part], alphas[part],
-                             None if weights is None else weights[part], saved)
+                return _pass(sc, enc, family, target, clean, row_layer[part], on_device[part],
+                             None if weights is None else weights[part], saved,
+                             used=weights is None or any(weighted[part]))
 
         size = sc.auto_step_batch(enc, (family, int(row_layer.min())), len(alphas))
         for part, (g, f) in sc.back_off.chunks(len(alphas), size, one, sc.warn):

@@ -52,7 +52,45 @@ _NO_LAUNCH = {
     "aten::_reshape_alias", "aten::view_as", "aten::diagonal", "aten::unfold",
 }
 # ops that wait for the device (a host synchronisation on CUDA): they end a capture
-_SYNC = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal"}
+_SYNC = {"aten::_local_scalar_dense", "aten::item", "aten::nonzero", "aten::equal", "aten::masked_select",
+         "aten::unique_consecutive", "aten::_unique2", "aten::_unique"}
+# ops that synchronise only with some arguments: boolean-mask indexing (a nonzero inside on
+# CUDA) and copies between the host and a device (a blocking copy waits for the stream)
+_INDEX = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+_COPY = {"aten::_to_copy", "aten::copy_"}
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (tuple, list)):
+        for item in obj:
+            yield from _tensors(item)
+
+
+def is_sync(func, args=(), kwargs=None) -> bool:
+    """Whether the aten op ``func`` on ``args`` waits for the device on CUDA: the ops of
+    ``_SYNC``, indexing by a boolean mask, and a copy from or to the host (``.cpu()``, a host
+    tensor ``.to(device)``) that is not ``non_blocking``. Counted on any device: on the CPU
+    the host copies are the ones that name another device."""
+    name = func._schema.name
+    if name in _SYNC:
+        return True
+    kwargs = kwargs or {}
+    if name in _INDEX:
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        return any(t.dtype in (torch.bool, torch.uint8) for t in _tensors(indices))
+    if name in _COPY and not kwargs.get("non_blocking", False):
+        if name == "aten::copy_":
+            devices = {t.device.type for t in _tensors(args[:2])}
+        else:
+            src = args[0] if args else None
+            target = kwargs.get("device")
+            devices = {src.device.type} if isinstance(src, torch.Tensor) else set()
+            if target is not None:
+                devices.add(torch.device(target).type)
+        return "cpu" in devices and len(devices) > 1
+    return False
 
 
 def enabled() -> bool:
@@ -68,32 +106,41 @@ class OpCounts:
     launching: int = 0  # ops that are at least one kernel on a CUDA device
     syncs: int = 0  # host synchronisations (item(), nonzero, ...)
     by_op: Counter = field(default_factory=Counter)
+    sync_sites: Counter = field(default_factory=Counter)  # "file:line" of each sync (with ``where=True``)
 
     def as_dict(self, top: int = 12) -> dict:
-        return {"total": self.total, "launching": self.launching, "syncs": self.syncs,
-                "top": dict(self.by_op.most_common(top))}
+        out = {"total": self.total, "launching": self.launching, "syncs": self.syncs,
+               "top": dict(self.by_op.most_common(top))}
+        if self.sync_sites:
+            out["sync_sites"] = dict(self.sync_sites.most_common(top))
+        return out
 
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops run inside ``with OpCounter() as c:`` (any device).
 
     ``c.all`` holds everything; ``with c.region("name"):`` also counts into ``c.regions[name]``
-    (regions nest: an op counts in every open region) and ``c.entries[name]`` the times a
-    region was entered.  The ops of the backward pass count too (autograd dispatches them
-    below this mode, on this thread for CPU tensors).
+    (regions nest: an op counts in every open region, once) and ``c.entries[name]`` the times a
+    region was entered from outside it (a region entered again inside itself is one entry).
+    The ops of the backward pass count too (autograd dispatches them below this mode, on this
+    thread for CPU tensors). ``where=True``: each host synchronisation's place in attattr's
+    code (the innermost frame under ``attattr_cli/``, else the innermost outside torch) counts in
+    ``sync_sites`` of every count it adds to.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, where: bool = False) -> None:
         super().__init__()
         self.all = OpCounts()
         self.regions: dict[str, OpCounts] = {}
         self.entries: Counter = Counter()
         self._open: list[str] = []
+        self.where = where
 
     @contextlib.contextmanager
     def region(self, name: str):
         self.regions.setdefault(name, OpCounts())
-        self.entries[name] += 1
+        if name not in self._open:
+            self.entries[name] += 1
         self._open.append(name)
         try:
             yield self
@@ -105,20 +152,34 @@ class OpCounter(TorchDispatchMode):
         name = func._schema.name
         return not (name in _NO_LAUNCH or getattr(func, "is_view", False))
 
-    def _add(self, counts: OpCounts, name: str, launching: bool, sync: bool) -> None:
+    def _add(self, counts: OpCounts, name: str, launching: bool, sync: bool, site: str | None) -> None:
         counts.total += 1
         counts.launching += launching
         counts.syncs += sync
         if launching:
             counts.by_op[name] += 1
+        if sync and site is not None:
+            counts.sync_sites[f"{site} ({name})"] += 1
+
+    @staticmethod
+    def _site() -> str:
+        import traceback
+
+        frames = [f for f in traceback.extract_stack()[:-3] if "/torch/" not in f.filename.replace("\\", "/")]
+        ours = [f for f in frames if "attattr_cli" in f.filename.replace("\\", "/") and "ops/graphs.py" not in f.filename]
+        frame = (ours or frames)[-1]
+        path = frame.filename.replace("\\", "/")
+        path = path[path.rfind("attattr_cli/"):] if "attattr_cli/" in path else path.rsplit("/", 1)[-1]
+        return f"{path}:{frame.lineno}"
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name
         launching = self.launches(func)
-        sync = name in _SYNC
-        self._add(self.all, name, launching, sync)
+        sync = is_sync(func, args, kwargs)
+        site = self._site() if sync and self.where else None
+        self._add(self.all, name, launching, sync, site)
         for region in set(self._open):
-            self._add(self.regions[region], name, launching, sync)
+            self._add(self.regions[region], name, launching, sync, site)
         return func(*args, **(kwargs or {}))
 
 
