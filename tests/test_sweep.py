@@ -242,3 +242,36 @@ def test_swept_layer_from_host_indices_equals_the_device_path(with_mask):
     plan.rows_now, plan.layer_now = torch.arange(len(rl)), 3
     q = torch.randn(len(rl), 2, 5, 4, dtype=torch.float64)
     assert attention._swept_layer(plan, 3, q, q, q, None, None, None, None, None, False) is None  # no row targets 3
+
+
+@pytest.mark.parametrize("model_type", ["bert", "llama"])
+def test_cuda_graphs_switch_on_the_cpu_falls_back_with_the_same_numbers(model_type, tokenizer, monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=1 routes each per-layer pass through CapturedPass: on the CPU it
+    runs eagerly (the reason recorded, nothing captured) and every number is the same bit for
+    bit; off (the default) no CapturedPass is made."""
+    from attattr_cli.ops import graphs
+
+    model, lm = build(model_type, torch.float64)
+    for options in (dict(steps=4, rule="gauss"), dict(tol=0.05)):
+        monkeypatch.delenv(graphs.ENV_VAR, raising=False)
+        off, _ = _score(model, tokenizer, lm, False, **options)
+        monkeypatch.setenv(graphs.ENV_VAR, "1")
+        loaded = prepare(model, tokenizer, "tiny", lm=lm)
+        scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, **options))
+        scorer.sweep = False
+        on = scorer.score(Example(0, TEXT))
+        captured = scorer.captured_passes(scorer.__dict__["_captured"][0])
+        assert captured.eager_calls > 0 and captured.captures == captured.replays == 0
+        assert captured.stats()["fallbacks"] == ["inputs not on a CUDA device"]
+        for fam in on.families:
+            a, b = on.families[fam], off.families[fam]
+            for x, y in zip(a.attribution, b.attribution):
+                assert np.array_equal(x, y)
+            assert np.array_equal(a.nodes, b.nodes)
+        np.testing.assert_array_equal(on.residual, off.residual)
+    monkeypatch.delenv(graphs.ENV_VAR)
+    loaded = prepare(model, tokenizer, "tiny", lm=lm)
+    scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, steps=2))
+    scorer.sweep = False
+    scorer.score(Example(0, TEXT))
+    assert "_captured" not in scorer.__dict__

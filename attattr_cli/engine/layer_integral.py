@@ -161,18 +161,42 @@ class Integration:
 
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor | None):
         """One micro-batch of steps: (w_k dF/dO_k per step, or None without ``w``, F at its
-        alphas, saved Q/K/V)."""
+        alphas, saved Q/K/V). With ``ATTATTR_CUDA_GRAPHS=1`` the pass goes through
+        ops/graphs.py's CapturedPass (captured once per example, site, target and shape on a
+        CUDA device, replayed after; eager elsewhere, with the same numbers): off by default,
+        not yet validated on a GPU."""
         family, layer = site
-        plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
-        with self.sites.target_pass(site, clean, plan), torch.set_grad_enabled(w is not None):
-            logits = self.logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
-            f = self.target_value(logits, target)
-            if w is None:
-                return None, f.detach(), plan.saved
-            if plan.leaf is None:
-                raise attention.not_routed(self.arch.model_type, family, layer)
-            (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
-        return g.to(w.dtype), f.detach(), plan.saved
+
+        def one_pass(a: torch.Tensor, w: torch.Tensor | None = None):
+            plan = attention.Attribute(layer, a.to(self.device), self.backend, family=family)
+            with self.sites.target_pass(site, clean, plan), torch.set_grad_enabled(w is not None):
+                logits = self.logits(enc, len(a), self.sites.extra_inputs(site, clean, len(a)))
+                f = self.target_value(logits, target)
+                if w is None:
+                    return (f.detach(),), plan.saved
+                if plan.leaf is None:
+                    raise attention.not_routed(self.arch.model_type, family, layer)
+                (g,) = torch.autograd.grad((f * w).sum(), plan.leaf)
+            return (g.to(w.dtype), f.detach()), plan.saved
+
+        from ..ops import graphs  # (not at import: the dispatch-mode machinery stays unloaded)
+
+        if graphs.enabled():
+            key = (tuple(enc.input_ids), tuple(enc.decoder_input_ids or ()), site, repr(target), w is None)
+            out, saved = self.captured_passes(clean).run(key, one_pass, *((a,) if w is None else (a, w)))
+        else:
+            out, saved = one_pass(a, w)
+        return (None if w is None else out[0]), out[-1], saved
+
+    def captured_passes(self, clean):
+        """The CapturedPass of the example whose clean forward is ``clean`` (a new one for each
+        example: a captured graph reads that forward's tensors, kept alive with it)."""
+        from ..ops import graphs
+
+        held = self.__dict__.get("_captured")
+        if held is None or held[0] is not clean:
+            held = self.__dict__["_captured"] = (clean, graphs.CapturedPass(aux=True))
+        return held[1]
 
     def attribute(self, g: torch.Tensor, s: dict, want_maps: bool = True) -> dict:
         """The maps (``want_maps``), head sums and head maxima from ``g`` and the saved projections ``s``."""

@@ -30,7 +30,7 @@ from .layer_integral import Integration
 from .memory import BackOff, is_out_of_memory
 from .options import ScoreOptions
 from .results import ExampleScore
-from .rows import detached
+from .rows import detached, to_device
 from .sites import SiteScorer
 
 
@@ -276,17 +276,30 @@ class Scorer(Integration, Assembly):
                        decoder_tokens=tok.convert_ids_to_tokens(dec))
 
     # -- scoring ---------------------------------------------------------------
+    def _on_device(self, values, device=None) -> torch.Tensor:
+        """``torch.tensor(values)`` on the device, made once per value list: the clean forward
+        copies an example's ids to the device, its integration passes reuse them (a plain copy
+        from the host waits for the device's queue; issue 53)."""
+        device = self.device if device is None else device
+        key = (tuple(tuple(v) if isinstance(v, (list, tuple)) else v for v in values), str(device))
+        cache = self.__dict__.setdefault("_device_values", {})
+        if key not in cache:
+            if len(cache) >= 64:
+                cache.clear()
+            cache[key] = to_device(torch.tensor(values), device)
+        return cache[key]
+
     def _inputs(self, enc: Encoded, batch: int) -> dict:
-        ids = torch.tensor([enc.input_ids], device=self.device)
+        ids = self._on_device([enc.input_ids])
         inputs = {"input_ids": ids.expand(batch, -1)}
         if self.options.lm and enc.decoder_input_ids is not None:  # an encoder-decoder LM's target side
-            inputs["decoder_input_ids"] = torch.tensor([enc.decoder_input_ids], device=self.device).expand(batch, -1)
+            inputs["decoder_input_ids"] = self._on_device([enc.decoder_input_ids]).expand(batch, -1)
         if enc.token_type_ids is not None:
-            inputs["token_type_ids"] = torch.tensor([enc.token_type_ids], device=self.device).expand(batch, -1)
+            inputs["token_type_ids"] = self._on_device([enc.token_type_ids]).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:
             inputs["use_cache"] = False  # no key/value cache at batch m
         if enc.lm_positions is not None and self.takes_logits_to_keep:
-            inputs["logits_to_keep"] = torch.tensor(enc.lm_positions, device=self.device)
+            inputs["logits_to_keep"] = self._on_device(enc.lm_positions)
         return inputs
 
     def logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
@@ -295,7 +308,7 @@ class Scorer(Integration, Assembly):
         inputs = self._inputs(enc, batch)
         logits = self.model(**inputs, **(extra or {})).logits
         if enc.lm_positions is not None and "logits_to_keep" not in inputs:
-            logits = logits[:, torch.tensor(enc.lm_positions, device=logits.device)]
+            logits = logits[:, self._on_device(enc.lm_positions, logits.device)]
         return logits
 
     def keep_for(self, enc: Encoded) -> str:
