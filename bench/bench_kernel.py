@@ -33,8 +33,9 @@ the count is checked at two head dims), the ones that launch a CUDA kernel apart
 (``attattr_cli.ops.graphs.OpCounter``; layers in sweeps up to the length a CUDA device
 sweeps), those inside the integration passes, and the launches
 left if each pass were one CUDA-graph replay (``ATTATTR_CUDA_GRAPHS=1``): a lower bound of
-the launches without a GPU. ``--budget S`` stops starting new cells after S seconds (the cells not
-run are listed). ``--json PATH`` writes every figure. One table is printed at the end.
+the launches without a GPU, and the host synchronisations, in all and inside the passes, with
+the lines they come from (``--count-per-layer``: also with one pass per target layer).
+``--budget S`` stops starting new cells after S seconds (the cells not run are listed). ``--json PATH`` writes every figure. One table is printed at the end.
 """
 
 from __future__ import annotations
