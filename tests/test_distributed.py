@@ -226,9 +226,9 @@ def _fake_oom(monkeypatch, fits: int, sizes: list):
         too_many(args[-2])
         return real(self, *args)
 
-    def sweep_pass(*args):  # (scorer, enc, family, target, clean, row_layer, alphas, weights, saved)
+    def sweep_pass(*args, **kw):  # (scorer, enc, family, target, clean, row_layer, alphas, weights, saved[, used])
         too_many(args[6])
-        return real_sweep(*args)
+        return real_sweep(*args, **kw)
 
     monkeypatch.setattr(Scorer, "_step_chunk", step_chunk)
     monkeypatch.setattr(sweep, "_pass", sweep_pass)
