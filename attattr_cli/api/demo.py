@@ -53,27 +53,22 @@ def synthetic_data(out, *, count: int = 200, seed: int = 1) -> Path:
     return out
 
 
-def pair_tasks() -> tuple[str, ...]:
-    """The registered pair tasks (data/pair_tasks/, one module each; plugins' too)."""
+def pair_tasks(built_in: bool = False) -> tuple[str, ...]:
+    """The registered pair tasks (data/pair_tasks/, one module each; plugins' too, unless
+    ``built_in``: then no plugin is loaded, as --help needs)."""
     from ..data import pair_tasks as _builtin  # noqa: F401  (the built-in tasks register themselves)
     from ..data.pairs import PAIR_TASKS as registry
 
-    return registry.names()
+    return registry.built_in() if built_in else registry.names()
 
 
-def _built_in() -> tuple[str, ...]:
-    from ..data import pair_tasks as _builtin  # noqa: F401
-    from ..data.pairs import PAIR_TASKS as registry
-
-    return registry.built_in()
-
-
-PAIR_TASKS = _built_in()  # the built-in tasks, for --help (a run accepts every registered one)
+PAIR_TASKS = pair_tasks(built_in=True)  # for --help (a run accepts every registered one)
 
 
 def _check_task(task: str) -> None:
-    if task not in pair_tasks():
-        raise OptionError(f"task must be one of {', '.join(pair_tasks())}, not {task!r}")
+    known = pair_tasks()
+    if task not in known:
+        raise OptionError(f"task must be one of {', '.join(known)}, not {task!r}")
 
 
 def tokenizer_of(model):

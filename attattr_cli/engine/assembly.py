@@ -52,11 +52,7 @@ class Assembly:
     def _key_sums_result(self, g, f0: float, f_full: float, saved: dict, conv) -> dict:
         """keep sources on the CUDA kernel: the per-key sums as the kernel's epilogue, no n x n
         head sum made (the memory of a long context's layer: ops ``attribution_key_sums``)."""
-        self.last_kernel = self.backend.name if self.backend.supports(saved["q"], saved["mask"], saved["softcap"]) \
-            else "torch"
-        ks = self.backend.attribution_key_sums(saved["q"], saved["k"], saved["v"], g, mask=saved["mask"],
-                                               scale=saved["scale"], softcap=saved["softcap"], causal=saved["causal"],
-                                               read_from=self.read_from)
+        ks = self.key_sums(g, saved)
         resid = float(ks["total"][0]) - (f_full - f0)
         read = ks.get("read_sum")
         return {"map": None, "sum": None, "topk": None, "key_sum": ks["key_sum"][0].float().cpu(),

@@ -200,11 +200,22 @@ class Integration:
 
     def attribute(self, g: torch.Tensor, s: dict, want_maps: bool = True) -> dict:
         """The maps (``want_maps``), head sums and head maxima from ``g`` and the saved projections ``s``."""
-        self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
+        self._note_kernel(s)
         return self.backend.attribution_from_grad(
             s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"], softcap=s["softcap"],
             causal=s["causal"], want_maps=want_maps,
         )
+
+    def key_sums(self, g: torch.Tensor, s: dict) -> dict:
+        """The per-key sums (over heads and query rows, and over the rows from ``read_from``), the
+        completeness total and the head maxima, with no ``n x n`` array (ops ``attribution_key_sums``)."""
+        self._note_kernel(s)
+        return self.backend.attribution_key_sums(s["q"], s["k"], s["v"], g, mask=s["mask"], scale=s["scale"],
+                                                 softcap=s["softcap"], causal=s["causal"], read_from=self.read_from)
+
+    def _note_kernel(self, s: dict) -> None:
+        """Which kernel the attribution of these inputs runs on (the report's ``kernel``)."""
+        self.last_kernel = self.backend.name if self.backend.supports(s["q"], s["mask"], s["softcap"]) else "torch"
 
 
 # -- the integral, for every strategy ------------------------------------------------------
