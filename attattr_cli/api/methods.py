@@ -57,18 +57,17 @@ class Methods:
 
 @checked(command=Str())
 def methods(command: str | None = None) -> Methods:
-    """Every registered method (``command``: only those of ``circuit``, ``importance``,
-    ``faithfulness`` or ``sources-check``)."""
+    """Every registered method (``command``: only those of one command, e.g. ``circuit``,
+    ``importance``, ``faithfulness``, ``sources-check``, ``demo data``, ``circuit --ablation``)."""
     from ..analysis.circuits import ablations  # noqa: F401  (each family registers its built-in entries)
     from ..analysis import circuits, context_check, importance, methods as token_methods  # noqa: F401
     from ..data import pair_tasks, tasks  # noqa: F401
     from ..registry import FAMILIES, load_plugins
 
-    load_plugins()
+    state = load_plugins()
     fams = list(FAMILIES)
     known = [f.command for f in fams]
     if command is not None and command not in known:
         raise OptionError(f"unknown command {command!r} for methods; available: {', '.join(known)}")
     rows = [r for f in fams if command in (None, f.command) for r in f.rows()]
-    state = load_plugins()
     return Methods(rows, list(state["loaded"]), list(state["failed"]))
