@@ -37,7 +37,7 @@ import torch
 from ..errors import ModelError, OptionError
 from ..fileio import swap_dir_in, temp_dir_for, writing
 from .ablation import MASK_TOKENS, counting, per_pair_metrics, ratio, under_masks
-from .importance import ImportanceFile
+from .importance import METHODS as TABLE_ORDER, ImportanceFile
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 Progress = Callable[[int, int, str], None]
@@ -138,8 +138,9 @@ def scores(logits: torch.Tensor, gold: torch.Tensor, task_name: str | None, posi
 
 
 def _tables(imp: ImportanceFile, methods: Sequence[str] | None) -> list:
-    """The tables of ``imp`` asked for (every one by default): attr, taylor, attention, random, the rest."""
-    order = {m: i for i, m in enumerate(("attr", "taylor", "attention", "random"))}
+    """The tables of ``imp`` asked for (every one by default), in the importance registry's order
+    (attr, taylor, attention, random), then the rest."""
+    order = {m: i for i, m in enumerate(TABLE_ORDER)}
     tables = sorted((t for t in imp.tables.values() if methods is None or t.method in methods or t.name in methods),
                     key=lambda t: (order.get(t.method, len(order)), t.name))
     if not tables:
