@@ -27,7 +27,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attattr_cli.analysis.circuits import REGISTRY, measure, tiers, verified  # noqa: E402
+from attattr_cli.analysis import ablation as measure  # noqa: E402
+from attattr_cli.analysis.circuits import REGISTRY, tiers, verified  # noqa: E402
 from attattr_cli.analysis.circuits.evaluate import area  # noqa: E402
 from attattr_cli.analysis.circuits.split import split_pairs  # noqa: E402
 from attattr_cli.analysis.circuits.task import CircuitTask, Context  # noqa: E402
@@ -69,7 +70,7 @@ def main() -> None:
         exact_fit = REGISTRY["patching"].compute(fit).mean(0)
         exact_eval = REGISTRY["patching"].compute(ev).mean(0) if args.eval_patching else None
         cands = {f"verified c={c:g}": verified.interleaved(inner, c) for c in verified.SCALES}
-        chosen = list(cands)[measure.measured_best(fit, list(cands.values()), verified.CHECKED)]
+        chosen = list(cands)[fit.choose(list(cands.values()), verified.CHECKED)]
         cands["attr-tiers"] = REGISTRY["attr-tiers"].compute(fit)[0]
         cands["atp"] = atp
         cands["attr-gates"] = ig

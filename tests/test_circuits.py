@@ -330,7 +330,7 @@ def test_tiers_take_membership_from_the_gates_and_order_from_verified_atp(loaded
     for i in tiers.disagreeing(gates, atp, tiers.DISAGREE):  # gate integral and AtP of opposite signs: exact
         inner.flat[i] = exact.flat[i]
     candidates = [tiers.tiered(gates, inner, first=first, signed_first=signed) for first, signed in tiers.FIRST]
-    np.testing.assert_array_equal(got[0], candidates[tiers.measured_best(ctx, candidates)])
+    np.testing.assert_array_equal(got[0], candidates[ctx.choose(candidates, tiers.CHECKED)])
 
 
 def test_tiers_verify_the_heads_whose_two_estimates_disagree_in_sign():
@@ -369,10 +369,9 @@ def test_tiers_first_tier_orders():
     assert np.argsort(-np.abs(r.ravel()), kind="stable")[4] == 1  # |member| leads the second tier
 
 
-def test_measured_best_picks_the_ranking_nearest_one_where_measured(loaded):
-    """measured_best: the ranking whose curve is nearest 1 at the given k, each point weighted
+def test_choose_picks_the_ranking_nearest_one_where_measured(loaded):
+    """Context.choose: the ranking whose curve is nearest 1 at the given k, each point weighted
     by its trapezoids' width; the same sets as the evaluation's curve."""
-    from attattr_cli.analysis.circuits import tiers
     from attattr_cli.analysis.ablation import PERCENTAGES, curve_from, ends, keep_masks, per_pair_metrics
 
     ctx = _ctx(loaded)
@@ -387,7 +386,9 @@ def test_measured_best_picks_the_ranking_nearest_one_where_measured(loaded):
         f = curve_from(per_pair_metrics(ctx, keep_masks(r, True)), clean, empty)
         costs.append(0.2 * abs(1 - f[PERCENTAGES.index(0.2)]) + 0.4 * abs(1 - f[PERCENTAGES.index(0.5)]))
     assert len(set(np.round(costs, 12))) > 1  # the rankings differ where measured
-    assert tiers.measured_best(ctx, rankings, ks) == int(np.argmin(costs))
+    assert ctx.choose(rankings, ks) == int(np.argmin(costs))
+    with pytest.raises(ValueError):
+        ctx.choose(rankings, (0.3,))  # not a point of the curve
 
 
 # -- MLP nodes (--nodes heads+mlp) -----------------------------------------------------------
@@ -511,7 +512,7 @@ def test_atp_verified_keeps_the_signed_order_and_chooses_the_interleaving_by_the
     """atp-verified: the signed order is verified AtP's (so Spearman and CPR do not depend on the
     interleaving); the negative heads' magnitudes are scaled by the candidate the curve measures
     nearest 1 on the method's own pairs."""
-    from attattr_cli.analysis.circuits import REGISTRY, measure, tiers, verified
+    from attattr_cli.analysis.circuits import REGISTRY, tiers, verified
 
     ctx = _ctx(loaded)
     got = REGISTRY["atp-verified"].compute(ctx)
@@ -520,7 +521,7 @@ def test_atp_verified_keeps_the_signed_order_and_chooses_the_interleaving_by_the
     exact = REGISTRY["patching"].compute(_ctx(loaded)).mean(0)
     np.testing.assert_allclose(inner[:tiers.EXACT_LAYERS], exact[:tiers.EXACT_LAYERS])  # the first layer: exact
     cands = [verified.interleaved(inner, c) for c in verified.SCALES]
-    best = measure.measured_best(ctx, cands, verified.CHECKED)
+    best = ctx.choose(cands, verified.CHECKED)
     np.testing.assert_array_equal(got[0], cands[best])
     for c in cands:  # the same signed order whatever the scale
         assert (np.argsort(-c.ravel(), kind="stable") == np.argsort(-inner.ravel(), kind="stable")).all()

@@ -197,3 +197,26 @@ def test_no_import_circle_among_the_modules():
     report = ["  " + " <-> ".join(c) + ":  " + "; ".join(f"{m} -> {', '.join(sorted(graph[m] & set(c)))}" for m in c)
               for c in _circles(graph)]
     assert not report, "import circles:\n" + "\n".join(report)
+
+
+EVALUATIONS = {"ablation", "measure", "prune", "faithfulness", "evaluate", "run"}  # what judges a method's scores
+
+
+def test_no_method_imports_an_evaluation():
+    """A method (head or token) gets its task and returns scores; the curve that judges it is
+    never imported by it, lazily or not (a choice among candidates asks the task's context,
+    on the method's own pairs)."""
+    methods = [p for p in (PACKAGE / "analysis" / "circuits").glob("*.py") if "HeadMethod(" in p.read_text()]
+    methods += [p for p in (PACKAGE / "analysis" / "methods").glob("*.py") if "register(" in p.read_text()]
+    assert len(methods) >= 12
+    for path in methods:
+        for _level, module, names in _imports(path):
+            assert not {module.split(".")[-1], *names} & EVALUATIONS, f"{path.name} imports {module} {names}"
+
+
+def test_the_circuit_tiers_end_where_the_curve_is_read():
+    from attattr_cli.analysis.ablation import PERCENTAGES
+    from attattr_cli.analysis.circuits import tiers
+
+    assert set(tiers.TIERS) <= set(PERCENTAGES) and set(tiers.CHECKED) <= set(PERCENTAGES)
+    assert max(tiers.CHECKED) <= tiers.TIERS[0]

@@ -13,7 +13,6 @@ quick.
 
 from __future__ import annotations
 
-from ...errors import OptionError
 from .registry import REGISTRY, HeadMethod, register  # noqa: F401
 
 # the method modules register themselves; their order is the order of tables and --help

@@ -66,21 +66,15 @@ register(HeadMethod(
     passes=lambda s: "1 counterfactual forward + 1 forward per head, batched",
     mlp=True,
 ))
-register(HeadMethod(
-    name="patching-pattern",
-    description="exact patching of only where the head looks: its output becomes A' V (the counterfactual's "
-                "pattern, the clean values)",
-    compute=lambda ctx: _patching(ctx, "pattern"),
-    kind="causal",
-    reference="attattr (the pattern part of activation patching)",
-    passes=lambda s: "2 recording forwards + 1 forward per head, batched",
-))
-register(HeadMethod(
-    name="patching-values",
-    description="exact patching of only what the head reads: its output becomes A V' (the clean pattern, the "
-                "counterfactual's values)",
-    compute=lambda ctx: _patching(ctx, "values"),
-    kind="causal",
-    reference="attattr (the value part of activation patching)",
-    passes=lambda s: "2 recording forwards + 1 forward per head, batched",
-))
+for part, noun, what in (("pattern", "pattern", "where the head looks: its output becomes A' V (the counterfactual's pattern, "
+                                "the clean values)"),
+                   ("values", "value", "what the head reads: its output becomes A V' (the clean pattern, the "
+                               "counterfactual's values)")):
+    register(HeadMethod(
+        name=f"patching-{part}",
+        description=f"exact patching of only {what}",
+        compute=lambda ctx, part=part: _patching(ctx, part),
+        kind="causal",
+        reference=f"attattr (the {noun} part of activation patching)",
+        passes=lambda s: "2 recording forwards + 1 forward per head, batched",
+    ))

@@ -280,6 +280,25 @@ class Context:
             self._sources[key] = ABLATIONS[self.ablation].source(self.task, batch, self._shared)
         return self._sources[key]
 
+    def choose(self, rankings: list, ks) -> int:
+        """The index of the ranking whose curve (CMD's ranking by |score|) is nearest 1 at the
+        curve's points ``ks``, on this context's pairs only (a method that chooses among
+        candidates asks its task; with a split it never sees the pairs it is judged on). Each
+        point is weighted by the width CMD's trapezoids give it; each distinct set is run once
+        (one forward per pair and set). Ties: the first."""
+        import numpy as np
+
+        from ..ablation import PERCENTAGES, curve, keep_masks
+
+        if not set(ks) <= set(PERCENTAGES):
+            raise ValueError(f"{ks} are not all points of the curve {PERCENTAGES}")
+        masks = np.concatenate([keep_masks(r, True, ks) for r in rankings])
+        unique, which = np.unique(masks.reshape(len(masks), -1), axis=0, return_inverse=True)
+        f = curve(self, unique.reshape(-1, *masks.shape[1:]))[1][which.ravel()]
+        at = [PERCENTAGES.index(k) for k in ks]
+        width = np.array([(PERCENTAGES[min(i + 1, len(PERCENTAGES) - 1)] - PERCENTAGES[max(i - 1, 0)]) / 2 for i in at])
+        return int(np.argmin((np.abs(1 - f.reshape(len(rankings), len(ks))) * width).sum(1)))
+
     def tick(self, done: int, what: str) -> None:
         if self.progress is not None:
             self.progress(done, len(self.task.batches), what)

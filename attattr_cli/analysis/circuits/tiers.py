@@ -19,8 +19,8 @@ the many heads, hardly by the top few. So:
   integral and AtP have opposite signs (largest |gate integral| first): two estimates of one
   head pointing opposite ways mark where AtP's linearisation has failed;
 * **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
-  is the better of two candidates as the curve itself measures them at ``CHECKED`` (the same
-  forwards the evaluation runs, one per pair and set): the heads of largest *signed* gate
+  is the better of two candidates as the curve itself measures them at ``CHECKED`` on the
+  method's own pairs (``Context.choose``): the heads of largest *signed* gate
   integral ordered by verified AtP, largest first (the heads that carry the behaviour first,
   those that work against it last), or the heads of largest |gate integral| in the order
   that keeps the running sum of their gate shares nearest the total m(N) - m(empty) (greedy).
@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import measure
-from .measure import PERCENTAGES
 from .gates import STEPS, gate_gradients, nodes
 from .patching import patched_heads
 from .registry import HeadMethod, register
@@ -123,7 +121,7 @@ def verified_estimates(ctx) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def _attr_tiers(ctx) -> np.ndarray:
     ig_mean, _, inner = verified_estimates(ctx)
     candidates = [tiered(ig_mean, inner, first=first, signed_first=signed) for first, signed in FIRST]
-    ranks = candidates[measured_best(ctx, candidates)]
+    ranks = candidates[ctx.choose(candidates, CHECKED)]
     return np.broadcast_to(ranks, (ctx.task.n, *ranks.shape)).copy()
 
 
@@ -150,16 +148,6 @@ def _greedy(seg: np.ndarray, share: np.ndarray, inner: np.ndarray) -> list[int]:
         out.append(left.pop(j))
     return out
 
-
-def measured_best(ctx, rankings: list[np.ndarray], ks=CHECKED) -> int:
-    """:func:`measure.measured_best` at the first tier's ``CHECKED`` points (on the pairs the
-    method was given: never the evaluation's when the pairs are split)."""
-    return measure.measured_best(ctx, rankings, ks)
-
-
-assert TIERS == tuple(k for k in PERCENTAGES if k in TIERS)  # the tiers end where the curve is read
-# measured where the curve is read, up to the first tier's end
-assert all(k in PERCENTAGES and k <= TIERS[0] for k in CHECKED)
 
 register(HeadMethod(
     name="attr-tiers",

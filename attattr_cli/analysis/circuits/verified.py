@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import measure
 from .registry import HeadMethod, register
 from .tiers import DISAGREE, VERIFIED, VERIFIED_PASSES, verified_estimates
 
@@ -44,13 +43,11 @@ def interleaved(inner: np.ndarray, c: float) -> np.ndarray:
 def _atp_verified(ctx) -> np.ndarray:
     _, _, inner = verified_estimates(ctx)
     candidates = [interleaved(inner, c) for c in SCALES]
-    i = measure.measured_best(ctx, candidates, CHECKED)
+    i = ctx.choose(candidates, CHECKED)
     ctx.cache["atp-verified scale"] = SCALES[i]  # the choice, for the record
     best = candidates[i]
     return np.broadcast_to(best, (ctx.task.n, *best.shape)).copy()
 
-
-assert all(k in measure.PERCENTAGES for k in CHECKED) and all(c > 0 for c in SCALES)
 
 register(HeadMethod(
     name="atp-verified",
