@@ -22,6 +22,7 @@ is one token and that the clean and the counterfactual prompt have the same toke
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -280,22 +281,37 @@ def usable_names(tokenizer, names: Sequence[str] = NAMES) -> list[str]:
     return [n for n in names if one_token(tokenizer, " " + n) is not None]
 
 
-def draw_templated(tokenizer, count: int, seed: int, task: str, templates: Sequence[str],
-                   fill: Callable[[random.Random], "tuple | None"], what: str) -> list[Pair]:
-    """Pairs from ``templates`` in turn: ``fill(rng)`` draws (the clean prompt's fields, the
-    counterfactual's, answer, foil), or None for a draw to discard; a pair is kept when both
-    prompts have the same token length (meta: the task and the template's index)."""
-    def make(rng, i):
-        t = i % len(templates)
-        got = fill(rng)
-        if got is None:
-            return None
-        clean, cf = templates[t].format(**got[0]), templates[t].format(**got[1])
-        if token_length(tokenizer, clean) != token_length(tokenizer, cf):
-            return None
-        return Pair(i, clean, cf, (got[2],), (got[3],), {"task": task, "template": t})
+def pair_task(name: str, description: str, what: str, templates: Sequence[str] = (), reference: str = ""):
+    """Register the decorated ``setup(tokenizer)`` as the pair task ``name`` and return its
+    ``generate(tokenizer, count, seed=0)`` (with setup's name, module and docstring). ``setup``
+    checks the tokenizer (DataError when it cannot serve the task) and returns how one pair is
+    drawn: with ``templates``, ``fill(rng)`` giving (the clean prompt's fields, the
+    counterfactual's, answer, foil) or None for a draw to discard, the templates taken in turn
+    and a pair kept when both prompts have the same token length (meta: the task and the
+    template's index); without, ``make(rng, index)`` as :func:`draw_pairs` takes it. ``what``
+    names the pairs in the error when too few fit."""
+    def register(setup):
+        @functools.wraps(setup)
+        def generate(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+            draw = setup(tokenizer)
+            if not templates:
+                return draw_pairs(count, seed, draw, what)
 
-    return draw_pairs(count, seed, make, what)
+            def make(rng, i):
+                t = i % len(templates)
+                got = draw(rng)
+                if got is None:
+                    return None
+                clean, cf = templates[t].format(**got[0]), templates[t].format(**got[1])
+                if token_length(tokenizer, clean) != token_length(tokenizer, cf):
+                    return None
+                return Pair(i, clean, cf, (got[2],), (got[3],), {"task": name, "template": t})
+
+            return draw_pairs(count, seed, make, what)
+
+        PAIR_TASKS.register(PairTask(name, description, generate, reference))
+        return generate
+    return register
 
 
 def draw_pairs(count: int, seed: int, make: Callable[[random.Random, int], "Pair | None"], what: str) -> list[Pair]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token
+from ..pairs import Pair, one_token, pair_task, token_length
 
 
 AGREEMENT_NOUNS = (("key", "keys"), ("dog", "dogs"), ("author", "authors"), ("teacher", "teachers"),
@@ -13,7 +13,8 @@ AGREEMENT_ATTRACTORS = ("near the cabinet", "next to the windows", "behind the t
                         "by the river", "beside the chairs", "in the garden", "with the boxes")
 
 
-def agreement(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("agreement", "subject-verb agreement across an attractor", "agreement pairs of equal token length")
+def agreement(tokenizer):
     """Subject-verb agreement across an attractor: "The key near the cabinets" -> " is" against
     " are"; the counterfactual makes the subject plural ("The keys ...": the verb flips)."""
     if one_token(tokenizer, " is") is None or one_token(tokenizer, " are") is None:
@@ -29,8 +30,4 @@ def agreement(tokenizer, count: int, seed: int = 0) -> list[Pair]:
         answer, foil = (" are", " is") if plural_first else (" is", " are")
         return Pair(i, clean, cf, (answer,), (foil,), {"task": "agreement", "noun": sing})
 
-    return draw_pairs(count, seed, make, "agreement pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("agreement", "subject-verb agreement across an attractor",
-                           agreement))
+    return make

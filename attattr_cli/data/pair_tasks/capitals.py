@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, one_token
+from ..pairs import one_token, pair_task
 
 
 COUNTRIES = (
@@ -18,15 +18,13 @@ COUNTRIES = (
     ("Colombia", "Bogota"), ("Vietnam", "Hanoi"), ("Indonesia", "Jakarta"),
     ("Nigeria", "Abuja"), ("Morocco", "Rabat"), ("Switzerland", "Bern"), ("Scotland", "Edinburgh"),
 )
-CAPITAL_TEMPLATES = (
-    "The capital of {country} is",
-    "The capital city of {country} is",
-    "{country}'s capital is the city of",
-    "The government of {country} sits in the city of",
-)
+CAPITAL_TEMPLATES = ("The capital of {country} is", "The capital city of {country} is",
+                     "{country}'s capital is the city of", "The government of {country} sits in the city of")
 
 
-def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("capitals", "a fact: a country's capital against another country's", "capital pairs of equal token length",
+           CAPITAL_TEMPLATES)
+def capitals(tokenizer):
     """A fact: "The capital of France is" -> " Paris" against the capital of the counterfactual's
     country ("The capital of Germany is" -> " Berlin"), a country of the same token length
     whose capital is another city. Only countries whose capital (with a leading space) is one
@@ -40,9 +38,4 @@ def capitals(tokenizer, count: int, seed: int = 0) -> list[Pair]:
             return None
         return {"country": country}, {"country": other}, " " + capital, " " + other_capital
 
-    return draw_templated(tokenizer, count, seed, "capitals", CAPITAL_TEMPLATES, fill,
-                          "capital pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("capitals", "a fact: a country's capital against another country's",
-                           capitals))
+    return fill

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, usable_names
+from ..pairs import pair_task, usable_names
 
 
 SURNAMES = ("Smith", "Brown", "Jones", "Miller", "Davis", "Wilson", "Taylor", "Clark", "Moore", "White", "Hall",
             "Young", "King", "Wright", "Green", "Baker", "Adams", "Hill", "Scott", "Lee", "Walker", "Allen", "Hughes",
             "Evans", "Turner", "Parker", "Cook", "Morgan", "Bell", "Ward", "Cooper", "Reed")
-COPY_TEMPLATES = (
-    "I sat next to {F} {L} at the dinner. After the dinner, {F}",
-    "The letter was signed by {F} {L}. Everyone knew that {F}",
-    "Our new neighbour is called {F} {L}. This morning {F}",
-    "The prize went to {F} {L} last year. This year {F}",
-)
+COPY_TEMPLATES = ("I sat next to {F} {L} at the dinner. After the dinner, {F}",
+                  "The letter was signed by {F} {L}. Everyone knew that {F}",
+                  "Our new neighbour is called {F} {L}. This morning {F}",
+                  "The prize went to {F} {L} last year. This year {F}")
 
 
-def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("copying", "copying a surname seen earlier (induction)", "copying pairs of equal token length",
+           COPY_TEMPLATES)
+def copying(tokenizer):
     """Copying a name seen earlier (an induction task): "I sat next to Anna Smith at the dinner.
     After the dinner, Anna" -> " Smith" against " Brown"; the counterfactual names Anna Brown
     instead, so that the copy points at the foil."""
@@ -31,9 +31,4 @@ def copying(tokenizer, count: int, seed: int = 0) -> list[Pair]:
         l1, l2 = rng.sample(last, 2)
         return {"F": f, "L": l1}, {"F": f, "L": l2}, " " + l1, " " + l2
 
-    return draw_templated(tokenizer, count, seed, "copying", COPY_TEMPLATES, fill,
-                          "copying pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("copying", "copying a surname seen earlier (induction)",
-                           copying))
+    return fill

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token
+from ..pairs import Pair, one_token, pair_task, token_length
 
 
 # the nouns and the template of the greater-than task (Hanna et al. 2023)
@@ -39,7 +39,9 @@ def greater_than_sets(year: int, mode: str) -> tuple[list[str], list[str]]:
     return [str(d) for d in range(tens + 1, 10)], [str(d) for d in range(0, tens)]
 
 
-def greater_than(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("greater-than", "the years after a given one against those at or before it",
+           "greater-than pairs of equal token length whose last token is the century", reference="Hanna et al. 2023")
+def greater_than(tokenizer):
     """Greater-than: "The war lasted from the year 1732 to the year 17" -> the years above 32
     against those at or below it (answer and foil are sets of tokens; the metric is the mean
     logit of the answer set minus that of the foil set). The counterfactual names the year 01
@@ -62,8 +64,4 @@ def greater_than(tokenizer, count: int, seed: int = 0) -> list[Pair]:
             return None
         return Pair(i, clean, cf, tuple(answer), tuple(foil), {"task": "greater-than", "year": year, "digits": mode})
 
-    return draw_pairs(count, seed, make, "greater-than pairs of equal token length whose last token is the century")
-
-
-PAIR_TASKS.register(PairTask("greater-than", "the years after a given one against those at or before it",
-                           greater_than, reference="Hanna et al. 2023"))
+    return make

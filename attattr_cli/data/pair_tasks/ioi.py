@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, usable_names
+from ..pairs import pair_task, usable_names
 
 PLACES = ("store", "park", "school", "garden", "hospital", "office", "station", "restaurant")
 OBJECTS = ("drink", "book", "ring", "ball", "bag", "snack", "computer", "necklace")
@@ -20,7 +20,9 @@ IOI_TEMPLATES = (
 )
 
 
-def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("ioi", "indirect-object identification: the name not repeated, against the repeated one",
+           "IOI pairs of equal token length", IOI_TEMPLATES, reference="Wang et al. 2022 (as MIB uses it)")
+def ioi(tokenizer):
     """Indirect-object identification: "When Mary and John went to the store, John gave a drink
     to" -> " Mary" against " John"; the counterfactual puts three other names in (the ABC
     distribution), so that it carries no information about which name is the answer."""
@@ -33,8 +35,4 @@ def ioi(tokenizer, count: int, seed: int = 0) -> list[Pair]:
         first, second = (io, s) if rng.random() < 0.5 else (s, io)
         return {"A": first, "B": second, "S": s, **both}, {"A": c1, "B": c2, "S": c3, **both}, " " + io, " " + s
 
-    return draw_templated(tokenizer, count, seed, "ioi", IOI_TEMPLATES, fill, "IOI pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("ioi", "indirect-object identification: the name not repeated, against the repeated one",
-                           ioi, reference="Wang et al. 2022 (as MIB uses it)"))
+    return fill

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_pairs, token_length, one_token
+from ..pairs import Pair, one_token, pair_task, token_length
 
 
 MCQ_CATEGORIES = {
@@ -15,7 +15,9 @@ MCQ_CATEGORIES = {
 MCQ_TEMPLATE = "Question: Which of these is a {category}? A. {a} B. {b} C. {c} Answer:"
 
 
-def mcq(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("mcq", "multiple choice: the right option's letter, the options reordered",
+           "multiple-choice pairs of equal token length", reference="MIB (multiple-choice tasks)")
+def mcq(tokenizer):
     """A multiple-choice question in MIB's style: "Question: Which of these is a fruit? A. chair
     B. apple C. stone Answer:" -> " B" against the letter the right option holds in the
     counterfactual, which puts the same three options in another order (the same tokens, so the
@@ -41,8 +43,4 @@ def mcq(tokenizer, count: int, seed: int = 0) -> list[Pair]:
         return Pair(i, clean, cf, (letters[options.index(right)],), (letters[moved.index(right)],),
                     {"task": "mcq", "category": category})
 
-    return draw_pairs(count, seed, make, "multiple-choice pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("mcq", "multiple choice: the right option's letter, the options reordered",
-                           mcq, reference="MIB (multiple-choice tasks)"))
+    return make

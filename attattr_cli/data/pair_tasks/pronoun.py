@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 from ...errors import DataError
-from ..pairs import PAIR_TASKS, Pair, PairTask, draw_templated, one_token, usable_names
+from ..pairs import one_token, pair_task, usable_names
 
 
 MALE = ("John", "James", "Michael", "David", "Paul", "Mark", "Tom", "Dan", "Jack", "Ben", "Peter", "George", "Steve",
         "Robert", "Kevin", "Eric", "Andrew", "Joe", "Mike", "Sam")
 FEMALE = ("Mary", "Sarah", "Anna", "Lisa", "Kate", "Amy", "Emma", "Laura", "Rachel", "Jessica", "Susan", "Linda",
           "Helen", "Karen", "Julia", "Alice", "Claire", "Sophie", "Lucy", "Grace")
-PRONOUN_TEMPLATES = (
-    "{N} was tired after the long trip, so",
-    "When {N} opened the door,",
-    "{N} missed the bus this morning because",
-    "After {N} finished the exam,",
-)
+PRONOUN_TEMPLATES = ("{N} was tired after the long trip, so", "When {N} opened the door,",
+                     "{N} missed the bus this morning because", "After {N} finished the exam,")
 
 
-def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
+@pair_task("pronoun", "a gendered pronoun after a name", "pronoun pairs of equal token length", PRONOUN_TEMPLATES)
+def pronoun(tokenizer):
     """A gendered pronoun: "Mary was tired after the long trip, so" -> " she" against " he"; the
     counterfactual names someone of the other gender (the continuation's pronoun flips)."""
     male, female = usable_names(tokenizer, MALE), usable_names(tokenizer, FEMALE)
@@ -30,9 +27,4 @@ def pronoun(tokenizer, count: int, seed: int = 0) -> list[Pair]:
         n, other = (rng.choice(female), rng.choice(male)) if woman else (rng.choice(male), rng.choice(female))
         return ({"N": n}, {"N": other}) + ((" she", " he") if woman else (" he", " she"))
 
-    return draw_templated(tokenizer, count, seed, "pronoun", PRONOUN_TEMPLATES, fill,
-                          "pronoun pairs of equal token length")
-
-
-PAIR_TASKS.register(PairTask("pronoun", "a gendered pronoun after a name",
-                           pronoun))
+    return fill
