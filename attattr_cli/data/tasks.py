@@ -89,68 +89,27 @@ def _glue(name: str, split: str = "validation") -> HubSpec:
     return HubSpec("nyu-mll/glue", name, split)
 
 
+# the columns and labels MNLI and SNLI share
+_NLI = dict(text_a_columns=("premise", "sentence1"), text_b_columns=("hypothesis", "sentence2"),
+            label_columns=("label", "gold_label"), labels=_NLI3)
+
 TASKS = Registry("classification task", units="examples", command="score --task")
 for _task in (
-        Task(
-            name="sst2",
-            text_a_columns=("sentence",),
-            labels=("negative", "positive"),
-            hub=_glue("sst2"),
-            default_model="distilbert/distilbert-base-uncased-finetuned-sst-2-english",
-            description="SST-2 sentiment of movie-review sentences (GLUE)",
-        ),
-        Task(
-            name="mnli",
-            text_a_columns=("premise", "sentence1"),
-            text_b_columns=("hypothesis", "sentence2"),
-            label_columns=("label", "gold_label"),
-            labels=_NLI3,
-            hub=_glue("mnli", "validation_matched"),
-            default_model="FacebookAI/roberta-large-mnli",
-            description="MultiNLI natural-language inference, matched dev set (GLUE)",
-        ),
-        Task(
-            name="rte",
-            text_a_columns=("sentence1",),
-            text_b_columns=("sentence2",),
-            labels=_NLI2,
-            hub=_glue("rte"),
-            description="RTE recognising textual entailment (GLUE)",
-        ),
-        Task(
-            name="mrpc",
-            text_a_columns=("sentence1", "#1 String"),
-            text_b_columns=("sentence2", "#2 String"),
-            label_columns=("label", "Quality"),
-            labels=("not_equivalent", "equivalent"),
-            hub=_glue("mrpc"),
-            description="MRPC paraphrase detection (GLUE)",
-        ),
-        Task(
-            name="snli",
-            text_a_columns=("premise", "sentence1"),
-            text_b_columns=("hypothesis", "sentence2"),
-            label_columns=("label", "gold_label"),
-            labels=_NLI3,
-            hub=HubSpec("stanfordnlp/snli", None, "validation"),
-            description="SNLI natural-language inference",
-        ),
-        Task(
-            name="qnli",
-            text_a_columns=("question",),
-            text_b_columns=("sentence",),
-            labels=_NLI2,
-            hub=_glue("qnli"),
-            description="QNLI question/sentence entailment (GLUE)",
-        ),
-        Task(
-            name="synthetic",
-            text_a_columns=("premise",),
-            text_b_columns=("hypothesis",),
-            labels=_NLI3,
-            description="built-in synthetic NLI held-out set (no download needed)",
-            builtin=True,
-        ),
+        Task("sst2", ("sentence",), labels=("negative", "positive"), hub=_glue("sst2"),
+             default_model="distilbert/distilbert-base-uncased-finetuned-sst-2-english",
+             description="SST-2 sentiment of movie-review sentences (GLUE)"),
+        Task("mnli", **_NLI, hub=_glue("mnli", "validation_matched"), default_model="FacebookAI/roberta-large-mnli",
+             description="MultiNLI natural-language inference, matched dev set (GLUE)"),
+        Task("rte", ("sentence1",), ("sentence2",), labels=_NLI2, hub=_glue("rte"),
+             description="RTE recognising textual entailment (GLUE)"),
+        Task("mrpc", ("sentence1", "#1 String"), ("sentence2", "#2 String"), ("label", "Quality"),
+             ("not_equivalent", "equivalent"), _glue("mrpc"), description="MRPC paraphrase detection (GLUE)"),
+        Task("snli", **_NLI, hub=HubSpec("stanfordnlp/snli", None, "validation"),
+             description="SNLI natural-language inference"),
+        Task("qnli", ("question",), ("sentence",), labels=_NLI2, hub=_glue("qnli"),
+             description="QNLI question/sentence entailment (GLUE)"),
+        Task("synthetic", ("premise",), ("hypothesis",), labels=_NLI3,
+             description="built-in synthetic NLI held-out set (no download needed)", builtin=True),
 ):
     TASKS.register(_task)
 
