@@ -15,6 +15,7 @@ NumPy-free and torch-free: importing it costs nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 from .errors import OptionError, warn_user
@@ -46,8 +47,10 @@ def load_plugins() -> dict:
     return _plugins
 
 
-class Registry:
+class Registry(Mapping):
     """Entries of one family by name, in registration order (a read-only mapping)."""
+
+    __hash__ = object.__hash__  # one registry per family: hashed by identity
 
     def __init__(self, what: str, units: str = "", command: str = ""):
         self.what = what  # "head method", "token importance method": how errors name an entry
@@ -70,30 +73,14 @@ class Registry:
         load_plugins()
         return self._entries
 
-    # the mapping interface (what callers used of the plain dicts before)
     def __getitem__(self, name: str):
         return self.entries[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self.entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.entries)
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def get(self, name: str, default=None):
-        return self.entries.get(name, default)
-
-    def keys(self):
-        return self.entries.keys()
-
-    def values(self):
-        return self.entries.values()
-
-    def items(self):
-        return self.entries.items()
 
     def names(self) -> tuple[str, ...]:
         return tuple(self.entries)
