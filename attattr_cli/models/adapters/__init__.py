@@ -13,13 +13,14 @@ is ``softmax(scale * q k^T + bias + mask)``, its output ``A V``; a target layer'
 by alpha and the gradient taken with respect to its output, never an m x heads x n x n tensor.
 
 An architecture is one registered entry, in one file of this package (imported below):
-``@register`` on an Adapter subclass, or :func:`refuse` for a model type attattr cannot
-attribute honestly, with the reason :func:`check` gives at ``load_model``.
+``@register`` on an Adapter subclass, or :func:`refuse` for a model type (or a configuration of
+one) attattr cannot attribute honestly, with the reason :func:`check` gives at ``load_model``.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from typing import Callable
 
@@ -29,6 +30,7 @@ from ...errors import ModelError
 
 ADAPTERS: dict[str, "Adapter"] = {}  # model_type -> adapter
 REFUSED: dict[str, str] = {}  # model_type -> why attattr cannot attribute it
+REFUSED_WITH: dict[str, tuple[str, str]] = {}  # model_type -> (config flag, why it cannot be attributed with it set)
 
 
 class Adapter:
@@ -53,9 +55,6 @@ class Adapter:
         """Model-level changes while taken over; returns what undoes them."""
         return []
 
-    def check(self, model: torch.nn.Module) -> None:
-        """Raise ModelError (one line) for a configuration this adapter cannot attribute."""
-
     def num_heads(self, model: torch.nn.Module) -> int | None:
         """The attention heads of each layer where the config's count is not it (None: the config's)."""
         return None
@@ -71,8 +70,12 @@ def register(cls):
     return cls
 
 
-def refuse(model_type: str, why: str) -> None:
-    REFUSED[model_type] = why
+def refuse(model_type: str, why: str, flag: str | None = None) -> None:
+    """Refuse ``model_type`` at load_model, or with ``flag`` only its configurations with that flag set."""
+    if flag is None:
+        REFUSED[model_type] = why
+    else:
+        REFUSED_WITH[model_type] = (flag, why)
 
 
 def adapter_for(model: torch.nn.Module) -> Adapter | None:
@@ -85,9 +88,9 @@ def check(model: torch.nn.Module) -> None:
     if model_type in REFUSED:
         raise ModelError(f"model type '{model_type}' is not supported: {REFUSED[model_type]}; see docs/models.md"
                          " for the supported architectures")
-    adapter = ADAPTERS.get(model_type)
-    if adapter is not None:
-        adapter.check(model)
+    flag, why = REFUSED_WITH.get(model_type, ("", ""))
+    if flag and getattr(model.config, flag, False):
+        raise ModelError(why)
 
 
 def install(model: torch.nn.Module, attend: Callable) -> list[Callable[[], None]]:
@@ -104,18 +107,46 @@ def install(model: torch.nn.Module, attend: Callable) -> list[Callable[[], None]
     return undo
 
 
+def blocked_mask(blocked: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An additive float mask of ``blocked``'s shape: 0 where it is False, dtype's min where True."""
+    return torch.zeros(blocked.shape, dtype=dtype, device=blocked.device).masked_fill(blocked, torch.finfo(dtype).min)
+
+
 def additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """A boolean or 0/1 keep-mask as an additive float mask (0 kept, dtype's min blocked)."""
     if mask is None or mask.is_floating_point():
         return mask
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(),
-                                                                               torch.finfo(dtype).min)
+    return blocked_mask(~mask.bool(), dtype)
 
 
 def causal_mask(n_q: int, n_k: int, dtype: torch.dtype, device) -> torch.Tensor:
     """The additive causal mask [1, 1, n_q, n_k] (key j allowed for query i when j <= i + n_k - n_q)."""
-    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q)
-    return torch.zeros(n_q, n_k, dtype=dtype, device=device).masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+    return blocked_mask(~torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(n_k - n_q), dtype)[None, None]
+
+
+def split_heads(x: torch.Tensor, head_size: int) -> torch.Tensor:
+    """[b, n, h * d] -> [b, h, n, d]"""
+    return x.view(*x.shape[:-1], -1, head_size).transpose(1, 2)
+
+
+def merge_heads(out: torch.Tensor) -> torch.Tensor:
+    """[b, n, h, d] -> [b, n, h * d]"""
+    return out.reshape(out.shape[0], out.shape[1], -1)
+
+
+def self_attention(module, attend: Callable, hidden_states, attention_mask, projections, position_bias=None,
+                   rotate: Callable | None = None) -> torch.Tensor:
+    """BERT's attention ``softmax(q k^T / sqrt(d) + bias + mask) V`` as [b, n, h * d]: q, k and v
+    are the three ``projections`` of ``hidden_states`` in heads of the module's
+    ``attention_head_size`` d (then ``rotate(q, k, v)`` -> (q, k, v), where given), the model's
+    mask made additive."""
+    d = module.attention_head_size
+    q, k, v = (split_heads(p(hidden_states), d) for p in projections)
+    if rotate is not None:
+        q, k, v = rotate(q, k, v)
+    out, _ = attend(module, q, k, v, additive(attention_mask, q.dtype), scaling=1.0 / math.sqrt(d),
+                    position_bias=position_bias)
+    return merge_heads(out)
 
 
 def rows_equal(x: torch.Tensor) -> bool:

@@ -6,12 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from . import Adapter, additive, causal_mask, register
-
-
-def _merge(out):
-    """[b, n, h, d] -> [b, n, h * d]"""
-    return out.reshape(out.shape[0], out.shape[1], -1)
+from . import Adapter, additive, causal_mask, merge_heads, register
 
 
 @register
@@ -33,7 +28,7 @@ class Bloom(Adapter):
         if mask is None:
             mask = causal_mask(n, k.shape[-2], q.dtype, q.device)
         out, _ = attend(module, q, k, v, mask, scaling=module.inv_norm_factor, position_bias=bias)
-        out = module.dense(_merge(out))
+        out = module.dense(merge_heads(out))
         out = sys.modules[type(module).__module__].dropout_add(out, residual, module.hidden_dropout, module.training)
         return out, None
 
@@ -63,4 +58,4 @@ class Falcon(Adapter):
         # ALiBi: scores = (q k^T + alibi) * inv_norm_factor
         bias = None if alibi is None else alibi.view(b, module.num_heads, 1, -1) * module.inv_norm_factor
         out, _ = attend(module, q, k, v, mask, scaling=module.inv_norm_factor, position_bias=bias)
-        return module.dense(_merge(out)), None
+        return module.dense(merge_heads(out)), None

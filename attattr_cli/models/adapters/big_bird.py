@@ -8,12 +8,10 @@ inputs, where the block-sparse pattern (random blocks) is really used, are refus
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ...errors import ModelError
-from . import Adapter, additive, register
+from . import Adapter, register, self_attention
 
 
 @register
@@ -52,10 +50,5 @@ class BigBird(Adapter):
                              f" {limit} tokens (pass --truncate or shorter inputs)")
         if encoder_hidden_states is not None:
             raise ModelError("BigBird cross-attention is not supported by attattr")
-        shape = (*hidden_states.shape[:-1], -1, module.attention_head_size)
-        q = module.query(hidden_states).view(shape).transpose(1, 2)
-        k = module.key(hidden_states).view(shape).transpose(1, 2)
-        v = module.value(hidden_states).view(shape).transpose(1, 2)
-        out, _ = attend(module, q, k, v, additive(attention_mask, q.dtype),
-                        scaling=1.0 / math.sqrt(module.attention_head_size))
-        return out.reshape(out.shape[0], n, -1), None
+        return self_attention(module, attend, hidden_states, attention_mask,
+                              (module.query, module.key, module.value)), None

@@ -11,7 +11,7 @@ import math
 import torch
 
 from ...errors import ModelError
-from . import Adapter, additive, register
+from . import Adapter, additive, register, split_heads
 
 
 @register
@@ -29,9 +29,7 @@ class ConvBert(Adapter):
         b, n = hidden_states.shape[:2]
         h, d, size = module.num_attention_heads, module.attention_head_size, module.conv_kernel_size
         mixed_q = module.query(hidden_states)
-        q = mixed_q.view(b, n, -1, d).transpose(1, 2)
-        k = module.key(hidden_states).view(b, n, -1, d).transpose(1, 2)
-        v = module.value(hidden_states).view(b, n, -1, d).transpose(1, 2)
+        q, k, v = (split_heads(x, d) for x in (mixed_q, module.key(hidden_states), module.value(hidden_states)))
         # the dynamic convolution, as the model's own code computes it, with the padding of a
         # group of examples (engine/grouped.py) zeroed where the convolution reads it: each
         # example's convolution sees the zeros beyond its end that it sees scored alone

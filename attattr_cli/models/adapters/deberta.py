@@ -11,7 +11,7 @@ import math
 import sys
 
 from ...errors import ModelError
-from . import Adapter, additive, register, rows_equal
+from . import Adapter, additive, merge_heads, refuse, register, rows_equal
 
 
 def _one_row(hidden, query_states):
@@ -62,18 +62,13 @@ class DebertaV2(Adapter):
         if mask is not None and mask.shape[0] != batch and mask.shape[0] == 1:
             mask = mask.expand(batch, *mask.shape[1:])
         out, _ = attend(module, q, k, v, mask, scaling=1.0 / _scale(module, q, scale_factor), position_bias=bias)
-        return out.reshape(out.shape[0], out.shape[1], -1), None
+        return merge_heads(out), None
 
 
 @register
 class Deberta(Adapter):
     model_types = ("deberta",)
     modules = ("DisentangledSelfAttention",)
-
-    def check(self, model):
-        if getattr(model.config, "talking_head", False):
-            raise ModelError("DeBERTa with talking_head mixes the heads' attention probabilities after the softmax,"
-                             " so no head has its own A V; attattr supports DeBERTa without talking_head")
 
     def forward(self, module, attend, hidden_states, attention_mask, output_attentions=False,
                 query_states=None, relative_pos=None, rel_embeddings=None):
@@ -98,4 +93,8 @@ class Deberta(Adapter):
         if mask is not None and mask.shape[0] == 1 and batch > 1:
             mask = mask.expand(batch, *mask.shape[1:])
         out, _ = attend(module, query, key, value, mask, scaling=1.0, position_bias=bias)
-        return out.reshape(out.shape[0], out.shape[1], -1), None
+        return merge_heads(out), None
+
+
+refuse("deberta", "DeBERTa with talking_head mixes the heads' attention probabilities after the softmax, so no head has"
+                  " its own A V; attattr supports DeBERTa without talking_head", flag="talking_head")

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from . import Adapter, additive, causal_mask, register
+from . import Adapter, additive, blocked_mask, causal_mask, merge_heads, register, split_heads
 
 
 def _with(mask: torch.Tensor, attention_mask, dtype) -> torch.Tensor:
@@ -37,7 +37,7 @@ class OpenAIGPT(Adapter):
         n = q.shape[-2]
         mask = _with(causal_mask(n, n, q.dtype, q.device), attention_mask, q.dtype)
         out, _ = attend(module, q, k, v, mask, scaling=1.0 / math.sqrt(v.shape[-1]) if module.scale else 1.0)
-        return [module.resid_dropout(module.c_proj(out.reshape(out.shape[0], out.shape[1], -1)))]
+        return [module.resid_dropout(module.c_proj(merge_heads(out)))]
 
 
 @register
@@ -47,13 +47,12 @@ class GPTNeo(Adapter):
     causal = True
 
     def forward(self, module, attend, hidden_states, attention_mask=None, *args, **kwargs):
-        shape = (*hidden_states.shape[:-1], module.num_heads, module.head_dim)
-        q, k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (module.q_proj, module.k_proj, module.v_proj))
+        q, k, v = (split_heads(p(hidden_states), module.head_dim)
+                   for p in (module.q_proj, module.k_proj, module.v_proj))
         n = q.shape[-2]
         allowed = module.bias[:, :, :n, :n]  # causal, and banded on local layers
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed, torch.finfo(q.dtype).min)
-        out, _ = attend(module, q, k, v, _with(mask, attention_mask, q.dtype), scaling=1.0)
-        out = module.resid_dropout(module.out_proj(out.reshape(out.shape[0], out.shape[1], -1)))
+        out, _ = attend(module, q, k, v, _with(blocked_mask(~allowed, q.dtype), attention_mask, q.dtype), scaling=1.0)
+        out = module.resid_dropout(module.out_proj(merge_heads(out)))
         return out, None
 
 
@@ -70,9 +69,8 @@ class XGLM(Adapter):
     def forward(self, module, attend, hidden_states, key_value_states=None, cache=None, attention_mask=None,
                 **kwargs):
         b, n, _ = hidden_states.shape
-        shape = (b, n, module.num_heads, module.head_dim)
-        q = (module.q_proj(hidden_states) * module.scaling).view(shape).transpose(1, 2)
-        k, v = (p(hidden_states).view(shape).transpose(1, 2) for p in (module.k_proj, module.v_proj))
+        q = split_heads(module.q_proj(hidden_states) * module.scaling, module.head_dim)
+        k, v = (split_heads(p(hidden_states), module.head_dim) for p in (module.k_proj, module.v_proj))
         mask = additive(attention_mask, q.dtype)
         mask = causal_mask(n, n, q.dtype, q.device) if mask is None else mask
         out, _ = attend(module, q, k, v, mask, scaling=1.0)

@@ -7,10 +7,8 @@ causal part where the model is a decoder). RoFormer rotates q and k (and v where
 
 from __future__ import annotations
 
-import math
-
 from ...errors import ModelError
-from . import Adapter, additive, register
+from . import Adapter, register, self_attention
 
 
 @register
@@ -26,15 +24,11 @@ class LegacyBert(Adapter):
         if cross is not None:
             raise ModelError(f"{type(module).__name__} as cross-attention (encoder_hidden_states) is not supported by"
                              " attattr; see docs/models.md for the supported architectures")
-        shape = (*hidden_states.shape[:-1], -1, module.attention_head_size)
-        q = module.query(hidden_states).view(shape).transpose(1, 2)
-        k = module.key(hidden_states).view(shape).transpose(1, 2)
-        v = module.value(hidden_states).view(shape).transpose(1, 2)
-        if sinusoidal is not None:
+
+        def rotate(q, k, v):  # RoFormer's sinusoidal positions, as its own code applies them
             if module.rotary_value:
-                q, k, v = module.apply_rotary_position_embeddings(sinusoidal, q, k, v)
-            else:
-                q, k = module.apply_rotary_position_embeddings(sinusoidal, q, k)
-        out, _ = attend(module, q, k, v, additive(attention_mask, q.dtype),
-                        scaling=1.0 / math.sqrt(module.attention_head_size))
-        return out.reshape(out.shape[0], out.shape[1], -1), None
+                return module.apply_rotary_position_embeddings(sinusoidal, q, k, v)
+            return (*module.apply_rotary_position_embeddings(sinusoidal, q, k), v)
+
+        return self_attention(module, attend, hidden_states, attention_mask, (module.query, module.key, module.value),
+                              rotate=rotate if sinusoidal is not None else None), None

@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from . import Adapter, register
+from . import Adapter, blocked_mask, register
 
 
 @register
@@ -57,8 +57,7 @@ class Longformer(Adapter):
         band = (pos[:, None] - pos[None, :]).abs() <= module.one_sided_attn_window_size  # [n, n]
         local = band[None] & ~glob[:, None, :] & ~masked[:, None, :] | glob[:, None, :]  # [b, n, n]
         allowed = torch.where(glob[:, :, None], ~masked[:, None, :], local)
-        mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device).masked_fill(~allowed,
-                                                                                   torch.finfo(q.dtype).min)
-        out, _ = attend(module, query, key, value, mask[:, None], scaling=1.0)  # [b, n, h, 2d]
+        mask = blocked_mask(~allowed, q.dtype)[:, None]
+        out, _ = attend(module, query, key, value, mask, scaling=1.0)  # [b, n, h, 2d]
         out = torch.where(glob[:, :, None, None], out[..., d:], out[..., :d])
         return (out.reshape(b, n, h * d),)

@@ -5,9 +5,7 @@ that is True where a key is blocked."""
 
 from __future__ import annotations
 
-import torch
-
-from . import Adapter, causal_mask, register
+from . import Adapter, blocked_mask, causal_mask, register
 
 
 @register
@@ -25,8 +23,7 @@ class MPT(Adapter):
         if attention_mask is None:
             mask = causal_mask(n, n, q.dtype, q.device)
         else:
-            mask = torch.zeros(attention_mask.shape, dtype=q.dtype, device=q.device).masked_fill(
-                attention_mask.bool(), torch.finfo(q.dtype).min)
+            mask = blocked_mask(attention_mask.bool(), q.dtype)
         bias = None
         if position_bias is not None:  # [heads, 1 or n, max] cut to the last n query and key positions
             bias = position_bias[:, max(0, position_bias.size(1) - n):, max(0, position_bias.size(2) - n):][None]

@@ -4,8 +4,7 @@ learned keys and values put before the tokens' in every layer) are refused in on
 
 from __future__ import annotations
 
-from ...errors import ModelError
-from . import Adapter, additive, register
+from . import Adapter, additive, refuse, register, split_heads
 
 
 @register
@@ -13,17 +12,15 @@ class Mvp(Adapter):
     model_types = ("mvp",)
     modules = ("MvpAttention",)
 
-    def check(self, model) -> None:
-        if getattr(model.config, "use_prompt", False):
-            raise ModelError("MVP with prompts (use_prompt: learned keys and values before the tokens') is not"
-                             " supported by attattr; see docs/models.md for the supported architectures")
-
     def forward(self, module, attend, hidden_states, key_value_states=None, cache=None, attention_mask=None,
                 attn_prompt=None, output_attentions=False, **kwargs):
         b, n, _ = hidden_states.shape
         source = hidden_states if key_value_states is None else key_value_states
-        q = (module.q_proj(hidden_states) * module.scaling).view(b, n, module.num_heads, module.head_dim).transpose(1, 2)
-        shape = (b, source.shape[1], module.num_heads, module.head_dim)
-        k, v = (p(source).view(shape).transpose(1, 2) for p in (module.k_proj, module.v_proj))
+        q = split_heads(module.q_proj(hidden_states) * module.scaling, module.head_dim)
+        k, v = (split_heads(p(source), module.head_dim) for p in (module.k_proj, module.v_proj))
         out, _ = attend(module, q, k, v, additive(attention_mask, q.dtype), scaling=1.0)
         return module.out_proj(out.reshape(b, n, -1)), None
+
+
+refuse("mvp", "MVP with prompts (use_prompt: learned keys and values before the tokens') is not supported by attattr;"
+              " see docs/models.md for the supported architectures", flag="use_prompt")

@@ -16,7 +16,12 @@ import contextvars
 import torch
 
 from ...errors import ModelError
-from . import Adapter, register
+from . import Adapter, blocked_mask, register
+
+
+def _time_major(out):
+    """The 3-D tensors of ``out`` with their first two axes swapped (batch-first <-> sequence-first)."""
+    return tuple(o.transpose(0, 1) if torch.is_tensor(o) and o.dim() == 3 else o for o in out)
 
 
 class BatchFirst(torch.nn.Module):
@@ -27,9 +32,8 @@ class BatchFirst(torch.nn.Module):
         self.layer = layer
 
     def forward(self, h, g, *args, **kwargs):
-        out = type(self.layer).forward(self.layer, h.transpose(0, 1), None if g is None else g.transpose(0, 1),
-                                       *args, **kwargs)
-        return tuple(o.transpose(0, 1) if torch.is_tensor(o) and o.dim() == 3 else o for o in out)
+        h, g = h.transpose(0, 1), None if g is None else g.transpose(0, 1)
+        return _time_major(type(self.layer).forward(self.layer, h, g, *args, **kwargs))
 
 
 _MASK: contextvars.ContextVar = contextvars.ContextVar("attattr_xlnet_mask", default=None)
@@ -57,10 +61,6 @@ def _pool_last_real_token(model, summary) -> list:
 
     model.forward, summary.forward = forward, pool
     return [lambda: model.__dict__.pop("forward", None), lambda: summary.__dict__.pop("forward", None)]
-
-
-def _time_major(out):
-    return tuple(o.transpose(0, 1) if torch.is_tensor(o) and o.dim() == 3 else o for o in out)
 
 
 @register
@@ -115,8 +115,6 @@ class XLNet(Adapter):
             q, k, v, bias = (t.expand(b, *t.shape[1:]) for t in (q, k, v, bias))
         mask = None
         if attn_mask_h is not None:  # [query, key, batch, 1], 1 = blocked
-            blocked = torch.einsum("ijbn->bnij", attn_mask_h) > 0
-            mask = torch.zeros(blocked.shape, dtype=q.dtype, device=q.device).masked_fill(
-                blocked, torch.finfo(q.dtype).min)
+            mask = blocked_mask(torch.einsum("ijbn->bnij", attn_mask_h) > 0, q.dtype)
         out, _ = attend(module, q, k, v, mask, scaling=module.scale, position_bias=bias)  # [b, n, h, d]
         return module.post_attention(h, out.transpose(0, 1)), None
