@@ -30,7 +30,7 @@ the content tokens. JSD uses natural logarithms (at most ln 2 = 0.693).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -95,6 +95,7 @@ class _Site:
     def __init__(self, runner, ex, layer: int):
         from ..engine import attention
         from ..models.arch import find_layers
+        from .token_importance import model_inputs
 
         self.runner = runner
         self.ex = ex
@@ -107,9 +108,7 @@ class _Site:
         if not -num <= layer < num:
             raise OptionError(f"layer {layer} does not exist: the model has {num} layers (0..{num - 1})")
         self.layer = layer % num
-        dev = runner.device
-        self.ids = torch.tensor([list(ex.input_ids)], device=dev)
-        self.tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=dev)
+        self.clean_inputs = model_inputs([ex], runner.device)
         record = attention.Record()
         captured = {}
         hook = None
@@ -127,10 +126,7 @@ class _Site:
         self.p0 = torch.softmax(logits[0].double(), -1)
 
     def _inputs(self, b):
-        inputs = {"input_ids": self.ids.expand(b, -1)}
-        if self.tt is not None:
-            inputs["token_type_ids"] = self.tt.expand(b, -1)
-        return inputs
+        return {k: v.expand(b, -1) for k, v in self.clean_inputs.items()}
 
     def logits(self, full: torch.Tensor) -> torch.Tensor:
         """Logits [b, C] with the layer's attention replaced by ``full`` [b, H, n, n]."""

@@ -51,6 +51,7 @@ from ..errors import DataError, OptionError
 from ..engine.batching import classify, pad_id_of
 from ..engine.encoding import encode
 from ..models.loading import LoadedModel, align_labels
+from .ablation import counting
 
 FORMAT = "attattr.attack"
 VERSION = 2  # 2: control distributions, per-trigger and per-class tests
@@ -141,28 +142,14 @@ def insert_into_segment(seg: list, items: Sequence[tuple[object, float, float]],
             out.insert(cur, value)
             mask.insert(cur, True)
         return out, mask
-    points = []
-    for k, (value, rel, _ref) in enumerate(items):
-        if mode == "start":
-            p = 0
-        elif mode == "end":
-            p = L
-        else:
-            r = rel if mode == "relative" else float(mode)
-            p = _round(min(max(r, 0.0), 1.0) * L)
-        points.append((min(max(p, 0), L), k, value))
-    points.sort(key=lambda x: (x[0], x[1]))
-    out, mask = [], []
-    q = 0
-    for pos in range(L + 1):
-        while q < len(points) and points[q][0] == pos:
-            out.append(points[q][2])
-            mask.append(True)
-            q += 1
-        if pos < L:
-            out.append(seg[pos])
-            mask.append(False)
-    return out, mask
+
+    def before(rel: float) -> int:  # the segment position an item goes before (L: appended)
+        return _round(min(max({"start": 0.0, "end": 1.0, "relative": rel}.get(mode, mode), 0.0), 1.0) * L)
+
+    # (position, 0 for an item / 1 for the segment's own entry, item order, value)
+    merged = sorted([(before(rel), 0, k, value) for k, (value, rel, _ref) in enumerate(items)]
+                    + [(i, 1, 0, x) for i, x in enumerate(seg)], key=lambda e: e[:3])
+    return [e[3] for e in merged], [e[1] == 0 for e in merged]
 
 
 def attack_example(framed: Framed, trigger_ids: Sequence[int], segments: Sequence[int], relative: Sequence[float],
@@ -313,9 +300,9 @@ def data_vocabulary(tokenizer, framed: Sequence[Framed], exclude: set[str]) -> l
     return sorted({t for t in tokens if t not in exclude})
 
 
-def layout_of(ins: Insertion) -> tuple[int, tuple[int, ...]]:
+def layout_of(tokens: Sequence, segments: Sequence[int]) -> tuple[int, tuple[int, ...]]:
     """A trigger's layout: its size and the segment of each token."""
-    return len(ins.tokens), tuple(ins.segments)
+    return len(tokens), tuple(segments)
 
 
 def layout_name(layout: tuple[int, tuple[int, ...]]) -> str:
@@ -336,7 +323,7 @@ def make_controls(triggers: Sequence[Insertion], vocabulary: Sequence[str], coun
     if per_layout:
         groups: dict[tuple, list[Insertion]] = {}
         for t in triggers:
-            groups.setdefault(layout_of(t), []).append(t)
+            groups.setdefault(layout_of(t.tokens, t.segments), []).append(t)
         plan = [g[k % len(g)] for g in groups.values() for k in range(count)]
     else:
         plan = [triggers[k % len(triggers)] for k in range(count)]
@@ -387,6 +374,7 @@ def run_attack(
     ``table``, and the tests against the controls (:func:`control_statistics`)."""
     if not 0.0 < alpha < 1.0:
         raise OptionError(f"--alpha must be in (0, 1), got {alpha}")
+    controls = CONTROLS if controls is None else controls
     position = parse_position(position)
     if not examples:
         raise DataError("no examples to attack")
@@ -404,38 +392,23 @@ def run_attack(
             )
     trig_ids = [_token_ids(tok, t) for t in triggers]
     exclude = {x for t in triggers for x in t.tokens}
-    ctrl = make_controls(triggers, data_vocabulary(tok, framed, exclude), CONTROLS if controls is None else controls, seed,
-                         per_layout=True)
-    ctrl_ids = [_token_ids(tok, c) for c in ctrl]
+    ctrl = make_controls(triggers, data_vocabulary(tok, framed, exclude), controls, seed, per_layout=True)
     inserts = list(triggers) + ctrl
-    all_ids = trig_ids + ctrl_ids
+    all_ids = trig_ids + [_token_ids(tok, c) for c in ctrl]
 
     gold = np.asarray([label_map[e.label] if e.label is not None else -1 for e in examples])
     total = len(examples) * (1 + len(inserts))
-    done = 0
-
-    def tick(n):
-        nonlocal done
-        done += n
-        if progress is not None:
-            progress(done, total, "")
-
-    if progress is not None:
-        progress(0, total, "")
+    tick = counting(progress, total, "")
+    tick(0)
     clean = [clean_variant(f, max_length) for f in framed]
     before = predict(loaded, clean, batch_size, tick)
 
-    def per_class(pred):
-        out = {}
-        for k, c in enumerate(class_names):
-            sel = gold == label_map[k]
-            n = int(sel.sum())
-            right = int((pred[sel] == gold[sel]).sum())
-            out[c] = {"n": n, "correct": right, "accuracy": (right / n) if n else None}
-        known = gold >= 0
-        out_all = {"n": int(known.sum()), "correct": int((pred[known] == gold[known]).sum())}
-        out_all["accuracy"] = out_all["correct"] / out_all["n"] if out_all["n"] else None
-        return out, out_all
+    def per_class(pred):  # per class, and over every example with a known label
+        def count(sel):
+            n, right = int(sel.sum()), int((pred[sel] == gold[sel]).sum())
+            return {"n": n, "correct": right, "accuracy": (right / n) if n else None}
+
+        return {c: count(gold == label_map[k]) for k, c in enumerate(class_names)}, count(gold >= 0)
 
     before_cls, before_all = per_class(before)
     results = []
@@ -478,7 +451,7 @@ def run_attack(
         "label_mapping": how,
         "position": position,
         "seed": seed,
-        "controls_per_layout": CONTROLS if controls is None else controls,
+        "controls_per_layout": controls,
         "alpha": alpha,
         "tests": ("per trigger: exact permutation p-value of its accuracy drop among the controls of its layout, "
                   "(1 + #controls dropping at least as much) / (n + 1); per class: two-sample permutation test "
@@ -544,22 +517,19 @@ def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before:
         target = _class_index(row["class"], loaded)
         return known & (gold != target) if target is not None else known
 
-    def layout(row: dict) -> tuple[int, tuple[int, ...]]:  # layout_of, for a result row
-        return len(row["tokens"]), tuple(row["segments"])
-
     controls = [(r, p) for r, p in zip(results, preds) if r["kind"] == "control"]
     for row, pred in zip(results, preds):
         if row["kind"] == "control":
             mirrored = by_name.get(row["mirrors"])
-            row["layout"] = layout_name(layout(row))
+            row["layout"] = layout_name(layout_of(row["tokens"], row["segments"]))
             row["drop"] = drop(pred, attacked(mirrored) if mirrored is not None else known)
             continue
         sel = attacked(row)
-        lay = layout(row)
+        lay = layout_of(row["tokens"], row["segments"])
         row["layout"] = layout_name(lay)
         row["drop"] = d = drop(pred, sel)
-        null = [drop(p, sel) for r, p in controls if layout(r) == lay]
-        null = [x for x in null if x is not None]
+        null = [x for r, p in controls if layout_of(r["tokens"], r["segments"]) == lay
+                and (x := drop(p, sel)) is not None]
         row["controls"] = {
             "n": len(null),
             "drop_mean": float(np.mean(null)) if null else None,
@@ -573,10 +543,8 @@ def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before:
         sel = known & (gold == label_map[k])
         against = [(r, p) for r, p in zip(results, preds)
                    if r["kind"] == "trigger" and _class_index(r["class"], loaded) != label_map[k]]
-        t_drops = [drop(p, sel) for _r, p in against]
-        c_drops = [drop(p, sel) for _r, p in controls]
-        t_drops = [x for x in t_drops if x is not None]
-        c_named = [(r, x) for (r, _p), x in zip(controls, c_drops) if x is not None]
+        t_drops = [x for _r, p in against if (x := drop(p, sel)) is not None]
+        c_named = [(r, x) for r, p in controls if (x := drop(p, sel)) is not None]
         c_drops = [x for _r, x in c_named]
         trow["trigger_drop"] = float(np.mean(t_drops)) if t_drops else None
         trow["control_drop"] = float(np.mean(c_drops)) if c_drops else None

@@ -55,7 +55,6 @@ from ..fileio import strict_json
 from ..errors import OptionError, StoreError
 from .methods import REGISTRY
 from .stats import kendall_tau_b
-from .context_check import removal_check as source_removal_check  # noqa: F401  (the LM context check)
 from .token_importance import (
     ALL_METHODS,
     MAX_TOKENS,
@@ -64,6 +63,7 @@ from .token_importance import (
     Prepared,
     check_methods,
     expand_methods,
+    model_inputs,
     params_for,
     pool_position,
 )
@@ -75,8 +75,6 @@ Progress = Callable[[int, int, str], None]
 #: examples whose forward passes are run together (see :func:`evaluate_store`)
 BATCH_EXAMPLES = 16
 
-
-# -- agreement ----------------------------------------------------------------------------
 
 # -- erasure ------------------------------------------------------------------------------
 
@@ -261,22 +259,16 @@ def permutation_tvds(runner: ModelRunner, examples: Sequence[Prepared], layers: 
             attention.first_token_only(attention.first_token_output(model, stack)):
         for (n, _), members in by_shape.items():
             per = max(1, runner.max_tokens // max(n, 1))
-            ids = torch.tensor([list(examples[e].input_ids) for e in members], device=dev)
-            tt = None if examples[members[0]].token_type_ids is None else \
-                torch.tensor([list(examples[e].token_type_ids) for e in members], device=dev)
+            base = model_inputs([examples[e] for e in members], dev)
             rows = [(k, p) for k in range(len(members)) for p in range(permutations)]  # (member, permutation)
             for li, layer in enumerate(layers):
                 for start in range(0, len(rows), per):
                     part = rows[start:start + per]
                     who = torch.tensor([k for k, _ in part], device=dev)
                     idx = torch.stack([index[members[k]][li][p] for k, p in part])
-                    inputs = {"input_ids": ids[who]}
-                    if tt is not None:
-                        inputs["token_type_ids"] = tt[who]
                     with attention.active(attention.Permute(layer, idx.to(dev))):
-                        logits = model(**inputs).logits.double()
+                        logits = model(**{k: v[who] for k, v in base.items()}).logits.double()
                     runner.forwards += len(part)
-                    runner.passes += 1
                     probs = torch.softmax(logits, -1).cpu().numpy()
                     for (k, p), row in zip(part, probs):
                         outs[members[k]][li, p] = total_variation(row, bases[members[k]])
@@ -358,12 +350,14 @@ class Units:
         return [token_keep(k, self.groups, self.tokens) for k in keeps]
 
 
-def _mean_se(values: list[float]) -> tuple[float | None, float | None, int]:
-    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
-    if len(v) == 0:
-        return None, None, 0
-    se = float(v.std(ddof=1) / math.sqrt(len(v))) if len(v) > 1 else None
-    return float(v.mean()), se, int(len(v))
+def _summary(metric: str, rows, m: str, parts: int) -> dict:
+    """``metric``'s mean over the examples where it is finite, then (the first ``parts`` of)
+    ``<metric>_se`` (None with one example) and ``<metric>_n``."""
+    v = np.asarray([x for x in _values(rows, metric, m) if x is not None], dtype=np.float64)
+    n = len(v)
+    mean = float(v.mean()) if n else None
+    se = float(v.std(ddof=1) / math.sqrt(n)) if n > 1 else None
+    return dict(list(zip((metric, f"{metric}_se", f"{metric}_n"), (mean, se, n)))[:parts])
 
 
 def load_for_store(store, model: str | None = None, device: str = "auto"):
@@ -582,34 +576,20 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
 
 def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards, skipped: int = 0) -> dict:
     methods = {}
+    masked = [r for r in rows if "masking" in r]
     for m in options.methods:
-        tl = _mean_se([r["tau_loo"][m] for r in rows])
-        ta = _mean_se([r["tau_loo_abs"][m] for r in rows])
-        tg = _mean_se([r["tau_grad"][m] for r in rows])
-        comp = _mean_se([r["erasure"][m]["comprehensiveness"] for r in rows])
-        suff = _mean_se([r["erasure"][m]["sufficiency"] for r in rows])
-        auc = _mean_se([r["erasure"][m]["deletion_auc"] for r in rows])
-        methods[m] = {
-            "description": ALL_METHODS[m],
-            "tau_loo": tl[0], "tau_loo_se": tl[1], "tau_loo_n": tl[2],
-            "tau_loo_abs": ta[0], "tau_loo_abs_se": ta[1],
-            "tau_grad": tg[0], "tau_grad_se": tg[1], "tau_grad_n": tg[2],
-            "comprehensiveness": comp[0], "comprehensiveness_se": comp[1],
-            "sufficiency": suff[0], "sufficiency_se": suff[1],
-            "comprehensiveness_bins": np.mean([r["erasure"][m]["comprehensiveness_bins"] for r in rows], 0).tolist(),
-            "sufficiency_bins": np.mean([r["erasure"][m]["sufficiency_bins"] for r in rows], 0).tolist(),
-            "deletion_curve": np.mean([r["erasure"][m]["deletion_curve"] for r in rows], 0).tolist(),
-            "deletion_auc": auc[0],
-        }
-        if any("masking" in r for r in rows):
-            masked = [r for r in rows if "masking" in r]
+        entry = methods[m] = {"description": ALL_METHODS[m]}
+        for metric, parts in (("tau_loo", 3), ("tau_loo_abs", 2), ("tau_grad", 3), ("comprehensiveness", 2),
+                              ("sufficiency", 2)):
+            entry.update(_summary(metric, rows, m, parts))
+        for key in ("comprehensiveness_bins", "sufficiency_bins", "deletion_curve"):
+            entry[key] = np.mean([r["erasure"][m][key] for r in rows], 0).tolist()
+        entry.update(_summary("deletion_auc", rows, m, 1))
+        if masked:
             for key in ("aopc", "naopc", "accuracy", "kept"):
-                mean, se, k = _mean_se([r["masking"][m][key] for r in masked])
-                methods[m][f"mask_{key}"], methods[m][f"mask_{key}_se"] = mean, se
-                if key == "naopc":
-                    methods[m]["mask_naopc_n"] = k
-            methods[m]["mask_aopc_bins"] = np.mean([r["masking"][m]["aopc_bins"] for r in masked], 0).tolist()
-            methods[m]["mask_accuracy_bins"] = np.mean([r["masking"][m]["accuracy_bins"] for r in masked], 0).tolist()
+                entry.update(_summary(f"mask_{key}", masked, m, 3 if key == "naopc" else 2))
+            for key in ("aopc_bins", "accuracy_bins"):
+                entry[f"mask_{key}"] = np.mean([r["masking"][m][key] for r in masked], 0).tolist()
     _intervals(methods, rows, options.seed)
     perm = None
     if tvd_medians:
@@ -662,7 +642,6 @@ METRICS = {
     "mask_accuracy": (lambda r, m: r["masking"][m]["accuracy"], "less"),
     "mask_kept": (lambda r, m: r["masking"][m]["kept"], "less"),
 }
-ATTENTION_BASELINES = ("attention_last", "attention_mean", "rollout", "attn_grad")
 
 
 def _values(rows, metric, m) -> list[float | None]:
@@ -732,30 +711,21 @@ def adversarial_rows(report: dict) -> list[dict]:
     return out
 
 
+#: the per-method CSV: (column, the report's key, whether its standard error is a column too)
+ROW_COLUMNS = (("tau_loo", "tau_loo", True), ("tau_loo_abs", "tau_loo_abs", True), ("tau_grad", "tau_grad", True),
+               ("aopc_comprehensiveness", "comprehensiveness", False), ("aopc_sufficiency", "sufficiency", False),
+               *((k, k, False) for k in ("deletion_auc", "mask_aopc", "mask_naopc", "mask_accuracy", "mask_kept")))
+
+
 def report_rows(report: dict) -> list[dict]:
     """One flat row per method (the CSV and the table)."""
     rows = []
     for m, r in report["methods"].items():
-        rows.append({
-            "method": m,
-            "tau_loo": r["tau_loo"], "tau_loo_se": r["tau_loo_se"],
-            "tau_loo_low": r.get("tau_loo_low"), "tau_loo_high": r.get("tau_loo_high"),
-            "tau_loo_abs": r["tau_loo_abs"], "tau_loo_abs_se": r["tau_loo_abs_se"],
-            "tau_loo_abs_low": r.get("tau_loo_abs_low"), "tau_loo_abs_high": r.get("tau_loo_abs_high"),
-            "tau_grad": r["tau_grad"], "tau_grad_se": r["tau_grad_se"],
-            "tau_grad_low": r.get("tau_grad_low"), "tau_grad_high": r.get("tau_grad_high"),
-            "aopc_comprehensiveness": r["comprehensiveness"],
-            "aopc_comprehensiveness_low": r.get("comprehensiveness_low"),
-            "aopc_comprehensiveness_high": r.get("comprehensiveness_high"),
-            "aopc_sufficiency": r["sufficiency"],
-            "aopc_sufficiency_low": r.get("sufficiency_low"), "aopc_sufficiency_high": r.get("sufficiency_high"),
-            "deletion_auc": r["deletion_auc"],
-            "deletion_auc_low": r.get("deletion_auc_low"), "deletion_auc_high": r.get("deletion_auc_high"),
-            **{f"{k}{s}": r.get(f"{k}{s}") for k in ("mask_aopc", "mask_naopc", "mask_accuracy")
-               for s in ("", "_low", "_high")},
-            **{f"mask_kept{s}": r.get(f"mask_kept{s}") for s in ("", "_low", "_high")},
-            "examples": report["examples"],
-        })
+        row = {"method": m}
+        for column, key, se in ROW_COLUMNS:
+            for s in ("", "_se", "_low", "_high") if se else ("", "_low", "_high"):
+                row[column + s] = r.get(key + s)
+        rows.append(row | {"examples": report["examples"]})
     return rows
 
 

@@ -148,6 +148,14 @@ def _tables(imp: ImportanceFile, methods: Sequence[str] | None) -> list:
     return tables
 
 
+def _groups(tables) -> dict[str, list[str]]:
+    """The tables' names by method, in their order (random-0, random-1, ... under random)."""
+    out: dict[str, list[str]] = {}
+    for t in tables:
+        out.setdefault(t.method, []).append(t.name)
+    return out
+
+
 def _distinct(tables, rates) -> dict[bytes, torch.Tensor]:
     """Every distinct mask of every table at every rate (each runs once), by its bytes."""
     distinct: dict[bytes, torch.Tensor] = {}
@@ -189,22 +197,15 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
         }
         correct[t.name] = np.stack([x["_correct"] for x in rows], axis=1)  # [examples, rates]
     result_methods: dict[str, dict] = {}
-    for t in tables:
-        group = [n for n, v in per_table.items() if v["method"] == t.method]
-        if t.method in result_methods:
-            continue
-        if len(group) == 1 and group[0] == t.method:
-            result_methods[t.method] = per_table[group[0]]
-            continue
-        entry = {
-            "method": t.method,
+    for method, group in _groups(tables).items():
+        result_methods[method] = per_table[method] if group == [method] else {
+            "method": method,
             "accuracy": np.mean([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
             metric: np.mean([per_table[n][metric] for n in group], axis=0).tolist(),
             "accuracy_std": np.std([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
             "heads_masked": per_table[group[0]]["heads_masked"],
             "tables": {n: per_table[n] for n in group},
         }
-        result_methods[t.method] = entry
     curve_statistics(result_methods, per_table, correct, level, seed)
     return {
         "metric": metric,
@@ -330,23 +331,20 @@ def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequen
                              "heads_masked": [int(round(r * t.values.size)) for r in rates]}
     result: dict[str, dict] = {}
     per_method: dict[str, np.ndarray] = {}
-    for t in tables:
-        if t.method in result:
-            continue
-        group = [n for n, v in per_table.items() if v["method"] == t.method]
-        per_method[t.method] = np.mean([each[n] for n in group], axis=0)
-        if len(group) == 1 and group[0] == t.method:
-            result[t.method] = per_table[group[0]]
+    for method, group in _groups(tables).items():
+        per_method[method] = np.mean([each[n] for n in group], axis=0)
+        if group == [method]:
+            result[method] = per_table[method]
         else:
-            values = per_method[t.method].mean(0).tolist()
+            values = per_method[method].mean(0).tolist()
             seeds = np.asarray([per_table[n][metric] for n in group])
-            result[t.method] = {"method": t.method, metric: values, "faithfulness": faithful(values),
-                                "heads_masked": per_table[group[0]]["heads_masked"], "seeds": len(group),
-                                f"{metric}_seed_min": seeds.min(0).tolist(), f"{metric}_seed_max": seeds.max(0).tolist(),
-                                "tables": {n: per_table[n] for n in group}}
-        lo, hi = stats.bootstrap_ci(per_method[t.method], level=level, seed=seed)
-        result[t.method][f"{metric}_low"] = [_num(x) for x in lo]
-        result[t.method][f"{metric}_high"] = [_num(x) for x in hi]
+            result[method] = {"method": method, metric: values, "faithfulness": faithful(values),
+                              "heads_masked": per_table[group[0]]["heads_masked"], "seeds": len(group),
+                              f"{metric}_seed_min": seeds.min(0).tolist(), f"{metric}_seed_max": seeds.max(0).tolist(),
+                              "tables": {n: per_table[n] for n in group}}
+        lo, hi = stats.bootstrap_ci(per_method[method], level=level, seed=seed)
+        result[method][f"{metric}_low"] = [_num(x) for x in lo]
+        result[method][f"{metric}_high"] = [_num(x) for x in hi]
     if "attr" in per_method:
         result["attr"]["tests"] = _attr_tests(per_method, seed=seed)
     return {
@@ -384,12 +382,8 @@ def effectiveness(loaded, batches, attr: np.ndarray, attn: np.ndarray, ks: Seque
 
     n, L, H = attr.shape
     gold = batches.gold()
-    orders = {
-        "attr_small_first": (attr, False),
-        "attr_large_first": (attr, True),
-        "attention_small_first": (attn, False),
-        "attention_large_first": (attn, True),
-    }
+    orders = {f"{name}_{side}_first": (score, side == "large") for name, score in (("attr", attr), ("attention", attn))
+              for side in ("small", "large")}
     total = len(orders) * len(ks) * L
     out: dict[str, dict] = {}
     each: dict[str, np.ndarray] = {}

@@ -46,7 +46,6 @@ METHODS: dict[str, str] = {m: registry.REGISTRY[m].description for m in registry
 #: every registered method: name -> description
 ALL_METHODS: dict[str, str] = {m.name: m.description for m in registry.REGISTRY.values()}
 ATTRIBUTION_METHODS = tuple(m.name for m in registry.REGISTRY.values() if "attribution" in m.needs)
-GRADIENT_METHODS = ("attn_grad", "grad", "input_x_grad")
 ERASE_MODES = ("remove", "mask")
 VERSION = registry.VERSION
 #: tokens per forward pass of the analyses' batched runs (sequences of one length share a
@@ -101,6 +100,15 @@ class Prepared:
         return c if len(c) else np.arange(self.n)
 
 
+def model_inputs(examples: Sequence[Prepared], device) -> dict[str, torch.Tensor]:
+    """``input_ids`` and, where the model takes them, ``token_type_ids`` [examples, n] of
+    examples of one length, on ``device``."""
+    inputs = {"input_ids": torch.tensor([list(ex.input_ids) for ex in examples], device=device)}
+    if examples[0].token_type_ids is not None:
+        inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids) for ex in examples], device=device)
+    return inputs
+
+
 class ModelRunner:
     """Runs one loaded classifier for token importance and erasure metrics.
 
@@ -124,7 +132,6 @@ class ModelRunner:
         self.mask_id = mask_id
         self.forwards = 0  # sequences run (for reports)
         self.notes: dict[str, dict] = {}  # per method, per example: what a method reports of itself (IG's completeness)
-        self.passes = 0  # forward passes (batches) run
         # sequence -> class probabilities, while a caller batches several requests
         # (:meth:`prefetch`, :meth:`caching`); None: every call runs its own sequences
         self.cache: dict[tuple, np.ndarray] | None = None
@@ -222,7 +229,6 @@ class ModelRunner:
                         inputs["token_type_ids"] = torch.from_numpy(tt).to(self.device)
                     logits = self.model(**inputs).logits.double()
                     self.forwards += len(chunk)
-                    self.passes += 1
                     probs = torch.softmax(logits, -1).cpu().numpy()
                     for c, p in zip(chunk, probs):
                         results[c] = p
@@ -236,13 +242,7 @@ class ModelRunner:
     # methods -----------------------------------------------------------------------------
     def loo_keeps(self, ex: Prepared) -> list[np.ndarray]:
         """The full input, then the input without token j for every position j."""
-        full = np.ones(ex.n, dtype=bool)
-        keeps = [full]
-        for j in range(ex.n):
-            k = full.copy()
-            k[j] = False
-            keeps.append(k)
-        return keeps
+        return [np.ones(ex.n, dtype=bool), *~np.eye(ex.n, dtype=bool)]
 
     def loo(self, ex: Prepared) -> np.ndarray:
         """p(x)_t - p(x with token j erased)_t for every position j."""
@@ -285,25 +285,19 @@ class ModelRunner:
         from ..engine import attention
 
         model = self.model
-        ids = torch.tensor([list(ex.input_ids) for ex in examples], device=self.device)
-        emb_layer = model.get_input_embeddings()
+        inputs = model_inputs(examples, self.device)
         record = attention.Record(keep_graph=True)
         rows = torch.arange(len(examples), device=self.device)
         targets = torch.tensor([int(ex.target) for ex in examples], device=self.device)
         with attention.taken_over(model) as layers, torch.enable_grad(), attention.active(record):
-            emb = emb_layer(ids).detach().requires_grad_(True)
-            inputs = {"inputs_embeds": emb}
-            if examples[0].token_type_ids is not None:
-                inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids) for ex in examples],
-                                                        device=self.device)
-            logits = model(**inputs).logits
+            emb = model.get_input_embeddings()(inputs.pop("input_ids")).detach().requires_grad_(True)
+            logits = model(inputs_embeds=emb, **inputs).logits
             work = logits.double() if logits.dtype == torch.float64 else logits.float()
             out = work if self.output == "logit" else torch.softmax(work, -1)
             f = out[rows, targets].sum()  # rows are independent: each row's gradients are its own F's
             live = [record.live[("self", i)] for i in range(len(layers))]
             grads = torch.autograd.grad(f, [emb, *live])
         self.forwards += len(examples)
-        self.passes += 1
         attn = torch.stack([a.detach() for a in live], 1).double().cpu().numpy()  # [b, layer, head, q, k]
         attn_grad = torch.stack(grads[1:], 1).double().cpu().numpy()
         emb_np = emb.detach().double().cpu().numpy()

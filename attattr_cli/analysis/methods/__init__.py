@@ -73,11 +73,6 @@ DEFAULT = REGISTRY.built_in(lambda m: m.default)
 NAMES = REGISTRY.built_in()  # the built-in methods (--help); plugins' are in REGISTRY once it is read
 
 
-def available(loaded=None) -> list[str]:
-    """Every method that can run here (and, given a loaded model, applies to it)."""
-    return [m.name for m in REGISTRY.values() if m.missing() is None and (loaded is None or m.not_for(loaded) is None)]
-
-
 def expand(methods: Iterable[str], loaded=None) -> tuple[list[str], list[str]]:
     """``all`` replaced by every available method; returns (methods, notes on those left out)."""
     out: list[str] = []

@@ -89,15 +89,12 @@ def clean_forward(runner, ex):
     import torch
 
     from ...engine import attention
+    from ..token_importance import model_inputs
 
     model = runner.model
-    ids = torch.tensor([list(ex.input_ids)], device=runner.device)
-    inputs = {"input_ids": ids, "output_hidden_states": True}
-    if ex.token_type_ids is not None:
-        inputs["token_type_ids"] = torch.tensor([list(ex.token_type_ids)], device=runner.device)
     record = attention.Record()
     with attention.taken_over(model) as layers, torch.no_grad(), attention.active(record):
-        out = model(**inputs)
+        out = model(**model_inputs([ex], runner.device), output_hidden_states=True)
         att = torch.stack([record.probs[("self", i)][0] for i in range(len(layers))]).double()
     runner.forwards += 1
     hs = torch.stack([h[0] for h in out.hidden_states]).double()

@@ -30,22 +30,18 @@ def integrated_gradients(runner, ex, steps: int = IG_STEPS) -> tuple[np.ndarray,
     from captum.attr import IntegratedGradients
 
     from ...engine import attention
+    from ..token_importance import model_inputs
 
     model = runner.model
     dev = runner.device
-    ids = torch.tensor([list(ex.input_ids)], device=dev)
-    tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=dev)
-    emb = model.get_input_embeddings()(ids).detach()
+    types = model_inputs([ex], dev)  # token_type_ids, where the model takes them, once input_ids are popped
+    emb = model.get_input_embeddings()(types.pop("input_ids")).detach()
     content = torch.zeros(ex.n, dtype=torch.bool, device=dev)
     content[torch.as_tensor(ex.content, device=dev)] = True
     baseline = torch.where(content[None, :, None], torch.zeros_like(emb), emb)
 
     def forward(e):
-        inputs = {"inputs_embeds": e}
-        if tt is not None:
-            inputs["token_type_ids"] = tt.expand(e.shape[0], -1)
-        logits = model(**inputs).logits
-        work = logits.double()
+        work = model(inputs_embeds=e, **{k: v.expand(e.shape[0], -1) for k, v in types.items()}).logits.double()
         return work[:, ex.target] if runner.output == "logit" else torch.softmax(work, -1)[:, ex.target]
 
     ig = IntegratedGradients(forward)

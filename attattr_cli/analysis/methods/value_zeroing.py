@@ -34,18 +34,14 @@ def value_zeroing_matrices(runner, ex) -> np.ndarray:
 
     from ...engine import attention
     from ..attention_edit import Edit, edited
+    from ..token_importance import model_inputs
 
     model = runner.model
-    dev = runner.device
     n = ex.n
-    ids = torch.tensor([list(ex.input_ids)], device=dev)
-    tt = None if ex.token_type_ids is None else torch.tensor([list(ex.token_type_ids)], device=dev)
+    inputs = model_inputs([ex], runner.device)
 
-    def run(batch, **kw):
-        inputs = {"input_ids": ids.expand(batch, -1), "output_hidden_states": True}
-        if tt is not None:
-            inputs["token_type_ids"] = tt.expand(batch, -1)
-        return model(**inputs).hidden_states
+    def run(batch):
+        return model(**{k: v.expand(batch, -1) for k, v in inputs.items()}, output_hidden_states=True).hidden_states
 
     with attention.taken_over(model), torch.no_grad():
         clean = run(1)
