@@ -34,15 +34,31 @@ def _heads(x, b, h):
     return x.view(b, h, x.shape[-2], x.shape[-1])
 
 
-@register
-class DebertaV2(Adapter):
-    model_types = ("deberta-v2",)
+class _Disentangled(Adapter):
+    """DeBERTa's attention; a subclass gives q, k, v, the disentangled bias and the scaling (:meth:`scores`)."""
+
     modules = ("DisentangledSelfAttention",)
 
     def forward(self, module, attend, hidden_states, attention_mask, output_attentions=False,
                 query_states=None, relative_pos=None, rel_embeddings=None):
         batch = hidden_states.shape[0]
         hidden_states, query_states, expand = _one_row(hidden_states, query_states)
+        q, k, v, bias, scaling = self.scores(module, hidden_states, query_states, relative_pos, rel_embeddings)
+        if expand is not None:
+            q, k, v = (t.expand(expand, *t.shape[1:]) for t in (q, k, v))
+            bias = None if bias is None else bias.expand(expand, *bias.shape[1:])
+        mask = additive(attention_mask, q.dtype)
+        if mask is not None and mask.shape[0] == 1 and batch > 1:
+            mask = mask.expand(batch, *mask.shape[1:])
+        out, _ = attend(module, q, k, v, mask, scaling=scaling, position_bias=bias)
+        return merge_heads(out), None
+
+
+@register
+class DebertaV2(_Disentangled):
+    model_types = ("deberta-v2",)
+
+    def scores(self, module, hidden_states, query_states, relative_pos, rel_embeddings):
         h = module.num_attention_heads
         b = hidden_states.shape[0]
         query = module.transpose_for_scores(module.query_proj(
@@ -55,25 +71,14 @@ class DebertaV2(Adapter):
             bias = _heads(module.disentangled_attention_bias(
                 query, key, relative_pos, module.pos_dropout(rel_embeddings), scale_factor), b, h)
         q, k, v = (_heads(t, b, h) for t in (query, key, value))
-        if expand is not None:
-            q, k, v = (t.expand(expand, *t.shape[1:]) for t in (q, k, v))
-            bias = None if bias is None else bias.expand(expand, *bias.shape[1:])
-        mask = additive(attention_mask, q.dtype)
-        if mask is not None and mask.shape[0] != batch and mask.shape[0] == 1:
-            mask = mask.expand(batch, *mask.shape[1:])
-        out, _ = attend(module, q, k, v, mask, scaling=1.0 / _scale(module, q, scale_factor), position_bias=bias)
-        return merge_heads(out), None
+        return q, k, v, bias, 1.0 / _scale(module, q, scale_factor)
 
 
 @register
-class Deberta(Adapter):
+class Deberta(_Disentangled):
     model_types = ("deberta",)
-    modules = ("DisentangledSelfAttention",)
 
-    def forward(self, module, attend, hidden_states, attention_mask, output_attentions=False,
-                query_states=None, relative_pos=None, rel_embeddings=None):
-        batch = hidden_states.shape[0]
-        hidden_states, query_states, expand = _one_row(hidden_states, query_states)
+    def scores(self, module, hidden_states, query_states, relative_pos, rel_embeddings):
         if query_states is not None:
             raise ModelError("DeBERTa with separate query states is not supported by attattr")
         qp = module.in_proj(hidden_states)
@@ -86,14 +91,7 @@ class Deberta(Adapter):
         if module.relative_attention and rel_embeddings is not None and relative_pos is not None:
             bias = module.disentangled_att_bias(query, key, relative_pos, module.pos_dropout(rel_embeddings),
                                                 scale_factor)
-        if expand is not None:
-            query, key, value = (t.expand(expand, *t.shape[1:]) for t in (query, key, value))
-            bias = None if bias is None else bias.expand(expand, *bias.shape[1:])
-        mask = additive(attention_mask, query.dtype)
-        if mask is not None and mask.shape[0] == 1 and batch > 1:
-            mask = mask.expand(batch, *mask.shape[1:])
-        out, _ = attend(module, query, key, value, mask, scaling=1.0, position_bias=bias)
-        return merge_heads(out), None
+        return query, key, value, bias, 1.0
 
 
 refuse("deberta", "DeBERTa with talking_head mixes the heads' attention probabilities after the softmax, so no head has"

@@ -12,9 +12,8 @@ class IBert(Adapter):
     model_types = ("ibert",)
     modules = ("IBertSelfAttention",)
 
-    def forward(self, module, attend, hidden_states, hidden_states_scaling_factor=None, attention_mask=None,
-                output_attentions=False):
-        projections = [lambda x, p=proj, a=act: a(*p(x, hidden_states_scaling_factor))[0]
+    def forward(self, module, attend, hidden_states, scaling_factor=None, attention_mask=None, output_attentions=False):
+        projections = [lambda x, p=proj, a=act: a(*p(x, scaling_factor))[0]
                        for proj, act in ((module.query, module.query_activation), (module.key, module.key_activation),
                                          (module.value, module.value_activation))]
         out = self_attention(module, attend, hidden_states, attention_mask, projections)
