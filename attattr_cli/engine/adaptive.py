@@ -1,50 +1,33 @@
-"""Error-controlled integration of the attribution path integral (docs/integration.md).
+"""Error-controlled integration of the attribution path integral (docs/integration.md, "--tol T").
 
 The attribution map of a layer is linear in G = sum_k w_k dF/dO(alpha_k) (Attr = A * (G V^T)),
 and two facts come free with every node: F(alpha_k) from the pass's forward, and the
-derivative of F along the path, dF/dalpha(alpha_k) = sum Attr(dF/dO(alpha_k)) (the map of
-one node's gradient, summed). So on every interval [a, b] of the path both the map's
-integral and a scalar whose exact integral is known, F(b) - F(a), are computed from the same
-nodes: the completeness residual of the interval.
+derivative of F along the path, dF/dalpha(alpha_k) = sum Attr(dF/dO(alpha_k)). So on every
+interval [a, b] of the path both the map's integral and a scalar whose exact integral is
+known, F(b) - F(a), are computed from the same nodes: the completeness residual of the interval.
 
 The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis variable t
-(alpha = (1 - cos(pi t)) / 2, which puts nodes near both ends of the path, where saturating
-classifiers move). It starts (:func:`coarse_start`) from three nodes, alpha = 0,
-1/2 and the free alpha = 1 (the clean backward): Simpson's rule in alpha with the midpoint rule
-below it, the midpoint rule's error scaled by what the two rules' residuals on dF/dalpha say of
-Simpson's (:func:`start_factor`). Where that does not converge, every interval (a leaf) carries five nodes at t = a,
-a + h/4, ..., b and two rules on them: the whole path [0, 1] is the 5-node Clenshaw-Curtis rule
-with the 3-node one below it (alpha = 0, 0.146, 0.5, 0.854, 1: two nodes more than the start),
-a sub-interval Boole's rule in t with Simpson's below it (of f(alpha(t)) alpha'(t)). A split
-reuses three of a leaf's nodes in each half, so it costs four new nodes. Per leaf:
+(alpha = (1 - cos(pi t)) / 2: nodes near both ends of the path, where saturating classifiers
+move). It starts from three nodes, alpha = 0, 1/2 and the free alpha = 1 (Simpson's rule over
+the midpoint rule, :func:`start_factor`); where that does not converge, every interval (a
+leaf) carries five nodes at t = a, a + h/4, ..., b and two rules on them (:func:`_leaf_rule`),
+and a split reuses three of a leaf's nodes in each half (four new nodes). Per leaf:
 
-* e = max |Attr(Q5 - Q3)|, the map's error estimate (the error of the lower rule: an
-  overestimate of the upper one's, which is what is returned), times the start's factor
-  min(1, max(8 q, 1/2)) with q = |rho| / |the lower rule's residual| (:func:`start_factor`);
-* rho = Q5(dF/dalpha) - (F(b) - F(a)), the completeness residual of the leaf.
+* e = max |Attr(upper - lower)|, the map's error estimate (the lower rule's error: an
+  overestimate of the upper one's, which is what is returned);
+* rho = upper(dF/dalpha) - (F(b) - F(a)), the completeness residual of the leaf.
 
-The leaves' estimates add entry by entry where the caller gives ``spread``: the error is
-max over the map's entries of sum_I |Attr(Q5_I - Q3_I)| (scaled as e), not sum_I e_I, which
-adds the worst entry of each leaf wherever it lies (:meth:`Refinement._spread`).
-An example-layer is converged when that error <= tol * max |Attr| **and** |sum_I rho_I| (the
-completeness residual the store keeps) <= tol * max(|F(1) - F(0)|, max |Attr|) (plus a
-floating-point floor). Until then, for each indicator over its budget, the leaves holding the
-most of it are split (largest first, until the others hold at most REST of the budget; into
-four at once where a leaf is far over its width's share). Where the leaves are all equal,
-their nodes are those of one Clenshaw-Curtis rule on the whole path, and that rule against
-the one on every other node (with the same residual test) may end the refinement: smooth
-integrands then need no more nodes than nested global levels would. A leaf
-whose F changes faster than any derivative seen at its nodes explains, down to a t-width of
-2^-JUMP_DEPTH, holds a jump of F (mixture-of-experts routing switching along the path, say):
-it is split no further, and the layer is flagged as a non-smooth path.
+An example-layer is converged when the leaves' estimate, summed entry by entry
+(:meth:`Refinement._spread`), is <= tol * max |Attr| **and** |sum_I rho_I| <= tol * max(|F(1) -
+F(0)|, max |Attr|) (plus a floating-point floor). Until then the leaves holding the most of an
+indicator over its budget are split (:meth:`Refinement._to_split`). Where the leaves are all
+equal, their nodes are one Clenshaw-Curtis rule on the whole path, which may end the
+refinement as nested global levels would. A leaf down to a t-width of 2^-JUMP_DEPTH whose F
+changes faster than its nodes' derivatives explain holds a jump of F (mixture-of-experts
+routing switching along the path): it is split no further, and the layer flagged non-smooth.
 
-The driver knows nothing of models. :class:`Refinement` refines the integrals of several
-examples in lock-step (each pass holds the new nodes of every example still refining, not
-necessarily the same nodes); it is driven from outside (:meth:`Refinement.wanted` the
-(row, node) pairs, :meth:`Refinement.give` their values) and takes ``measure(g, rows)`` ->
-[len(rows), 3]: max |Attr|, sum |Attr| and sum Attr of each ``g[i]``'s map in integral
-``rows[i]`` (and, optionally, a cheaper ``derivative`` for sum Attr alone). :func:`integrate`
-drives one integral from two callables.
+The driver knows nothing of models: :class:`Refinement` refines several integrals in
+lock-step, driven from outside; :func:`integrate` drives one integral from two callables.
 """
 
 from __future__ import annotations
@@ -101,11 +84,8 @@ def alpha_of(t: float) -> float:
 
 def coarse_start() -> bool:
     """Whether integrals start from the three-node pair (two evaluated nodes) rather than the
-    five-node rule (four): always, now that every node is rows of a shared pass (the examples
-    of a group, or every layer of an example in one sweep, engine/sweep.py), so the start's two
-    nodes cost about half the five's. (Before sweeps, a decoder scoring one short prompt
-    started from five: its per-layer passes were bound by reading the weights, not by their
-    rows.) A function, so that benches can compare the five-node start."""
+    five-node rule (four): always, every node being rows of a shared pass. A function, so
+    that benches can compare the five-node start."""
     return True
 
 
@@ -162,9 +142,8 @@ def _leaf_rule(ta: float, tb: float, coarse: bool = False) -> tuple[tuple[float,
     jac = np.array([math.pi / 2 * math.sin(math.pi * t) for t in keys])  # dalpha/dt
     upper = h * np.array([7, 32, 12, 32, 7]) / 90 * jac  # Boole in t
     # Simpson's rule in t on three of the nodes: upper - lower is the error of the lower rule,
-    # an overestimate of the upper one's, as on the whole path. (The classic adaptive-Simpson
-    # estimate divides it by 15; on a small Gemma-3 configuration that called maps off by 35 %
-    # of max |Attr| converged at --tol 0.1, so no such extrapolation is trusted here.)
+    # an overestimate of the upper one's (not divided by 15 as adaptive Simpson does: on a small
+    # Gemma-3 configuration that called maps off by 35 % of max |Attr| converged at --tol 0.1)
     lower = h * np.array([1, 0, 4, 0, 1]) / 6 * jac
     return keys, upper, lower
 
@@ -231,7 +210,8 @@ class Refinement:
 
     ``measure(g, rows)`` -> [len(rows), 3]: max |Attr|, sum |Attr|, sum Attr of the map of
     each ``g[i]`` in integral ``rows[i]``; ``derivative(g, rows)`` (optional) -> sum Attr alone,
-    which is <g, A V> and cheaper than the map (the nodes' dF/dalpha need only that). ``known`` maps node keys to gradients at hand
+    which is <g, A V> and cheaper than the map (the nodes' dF/dalpha need only that);
+    ``spread`` as :meth:`_spread` reads it. ``known`` maps node keys to gradients at hand
     ([count, ...]) and ``known_f`` the same keys to F there ([count]): the clean forward's
     alpha = 1."""
 
@@ -417,11 +397,10 @@ class Refinement:
         error = relative(spread, big)
         residual = sum(leaf.rho for leaf in row.leaves)
         f_scale = abs(row.f[ONE]) + abs(row.f[ZERO])
+        effect = row.f[ONE] - row.f[ZERO]
+        scale = residual_scale(effect, big)
         if row.leaves[0].coarse:  # Simpson's error, from the midpoint rule's and the two residuals
-            effect = row.f[ONE] - row.f[ZERO]
-            noise = FLOOR * (self.eps_f * f_scale + self.eps_acc * residual_scale(effect, big))
-            error *= start_factor(residual, row.s[0.5] - effect, noise)
-        scale = residual_scale(row.f[ONE] - row.f[ZERO], big)
+            error *= start_factor(residual, row.s[0.5] - effect, FLOOR * (self.eps_f * f_scale + self.eps_acc * scale))
         smooth_residual = residual - sum(leaf.rho for leaf in row.leaves if leaf.jump)
         jumps = any(leaf.jump for leaf in row.leaves)
         residual_agrees = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
@@ -433,9 +412,9 @@ class Refinement:
         # the leaves' e over the budget as the entry-by-entry sum reads them: the budget scaled by held / spread
         split = self._to_split(row, big * held / max(spread, 1e-300) if held > 0 else big, scale, error > tol,
                                not residual_agrees)
-        if not split:  # what is left over tolerance sits in jumps
-            smooth = residual_ok(smooth_residual, scale, f_scale, tol, self.eps_f, self.eps_acc)
-            state = NON_SMOOTH if any(leaf.jump for leaf in row.leaves) else (CONVERGED if smooth else RESIDUAL)
+        if not split:  # what is left over tolerance sits in jumps (_to_split may have marked more)
+            jumps = any(leaf.jump for leaf in row.leaves)
+            state = NON_SMOOTH if jumps else (CONVERGED if residual_agrees else RESIDUAL)
             return self._finish(i, total, error, residual, state, False)
         room = self.max_nodes - row.used()
         if room < 4:

@@ -1,29 +1,12 @@
 """attattr's attention function, registered with transformers' attention interface.
 
-While a model runs inside :func:`taken_over`, every self-attention call of every layer
-comes here. What it does depends on the active plan:
-
-* ``Record``: the clean forward at batch 1. Eager attention; the probabilities
-  ``[batch=1, head, query_pos, key_pos]`` of every layer are kept.
-* ``Attribute``: the integral for one target layer. The model's input batch holds one
-  copy of the example per integration step; layers below the target do not run (their
-  output is replayed from the clean forward, expanded to the batch), the target layer
-  computes A and A·V once from the first copy and returns ``alpha_k * (A V)`` for step k
-  as a leaf tensor whose gradient is dF/dO_k, and the layers above run as usual.
-* ``Permute``: counterfactual attention for the permutation test (Jain & Wallace 2019):
-  the target layer's probabilities are gathered along the key axis with a given index,
-  one permutation per batch row.
-
-``Record(keep_graph=True)`` also keeps the probabilities with their autograd graph, for
-gradients with respect to the attention of every layer (token importance).
-
-* ``HeadPatch``: heads as nodes (head masking too: transformers 5 has no ``head_mask``).
-  Each head's output ``A_h V_h`` moves towards a source by its gate before the output
-  projection; without a source the source is zero, so the gate scales the head: 0 removes
-  it, 1 keeps it (``HeadScale(scale)``). A gate that requires grad gives, by one backward,
-  the head-gate gradients (``sum A_h * dL/dA_h`` per head) of the Taylor importance.
-
-Outside a plan (or for layers a plan does not touch) the function is plain attention.
+While a model runs inside :func:`taken_over`, every self-attention call of every layer comes
+here and does what the active plan (:func:`active`) asks: :class:`Record` (the clean forward:
+keep each layer's probabilities), :class:`Attribute` (one target layer's integration pass: the
+layers below replayed, the target's output ``alpha_k * (A V)`` a leaf whose gradient is
+dF/dO_k), :class:`Sweep` (several target layers in one pass), :class:`Permute`
+(counterfactual attention), :class:`HeadPatch` (heads as nodes: gated, patched, masked) and
+:class:`PatternPath`. Outside a plan (or for layers a plan does not touch) it is plain attention.
 
 Every attention call is told apart by its *site* ``(family, layer)``: ``("self", i)`` for
 encoder-only and decoder-only models; ``("encoder", i)``, ``("decoder", i)`` and
@@ -50,6 +33,7 @@ from ..models import adapters, experts
 from ..models.adapters.albert import CALL as shared_call
 from ..models.arch import attention_module, find_families, find_layers
 from ..ops import reference
+from .rows import to_device
 
 IMPLEMENTATION = "attattr"
 
@@ -105,7 +89,10 @@ class Permute:
 
 @dataclass
 class Attribute:
-    """One chunk of integration steps for one target layer."""
+    """One chunk of integration steps for one target layer: the batch holds one copy of the
+    example per step; the layers below the target are replayed from the clean forward, the
+    target computes A and A V once from the first copy and returns ``alpha_k * (A V)`` for
+    step k as a leaf whose gradient is dF/dO_k, and the layers above run as usual."""
 
     layer: int
     alphas: torch.Tensor  # [chunk]
@@ -145,10 +132,9 @@ class Sweep:
     layer_now: int | None = None  # the layer whose rows are ``rows_now``
 
     def __post_init__(self) -> None:
-        """Which rows run which layer is known on the host when the sweep is made: kept as
-        Python ints and index tensors made before the forward (on the alphas' device, in one
-        copy), so that no layer of the pass waits for the device (issue 53: no ``nonzero``,
-        ``any()`` or boolean-mask indexing inside a pass)."""
+        """Which rows run which layer, known on the host: kept as Python ints and index tensors
+        made before the forward, so that no layer of the pass waits for the device (issue 53:
+        no ``nonzero``, ``any()`` or boolean-mask indexing inside a pass)."""
         self.host_layers = tuple(int(x) for x in self.row_layer.tolist())
         layers = self.host_layers
         self.targets = frozenset(layers)
@@ -168,7 +154,8 @@ class Sweep:
                 lists += [[p for p, r in enumerate(rows) if layers[r] == j],
                           [p for p, r in enumerate(rows) if layers[r] != j],
                           [r for r in rows if layers[r] == j]]
-        made = dict(zip(keys, _to_device(lists, self.alphas.device)))
+        flat = to_device(torch.tensor([x for each in lists for x in each], dtype=torch.long), self.alphas.device)
+        made = dict(zip(keys, flat.split([len(each) for each in lists])))  # (one host-to-device copy)
         for j, host in self.below.items():
             self.below[j] = (host, made.get(("rows", j)))
             if j in self.targets:
@@ -183,21 +170,6 @@ class Sweep:
         if len(rows) < len(self.host_layers):  # (below the lowest target: a layer a sweep replays)
             return torch.tensor(rows, dtype=torch.long), torch.tensor(rows, dtype=torch.long, device=self.alphas.device)
         return torch.arange(len(rows)), None
-
-
-def _to_device(lists: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """Long tensors of ``lists`` on ``device``, made in one host-to-device copy (pinned and not
-    blocking on a CUDA device: the host does not wait for the queue)."""
-    host = torch.tensor([x for each in lists for x in each], dtype=torch.long)
-    if device.type == "cuda":
-        flat = host.pin_memory().to(device, non_blocking=True)
-    else:
-        flat = host.to(device)
-    out, start = [], 0
-    for each in lists:
-        out.append(flat[start:start + len(each)])
-        start += len(each)
-    return out
 
 
 @dataclass
@@ -390,9 +362,8 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     value = repeat_kv(value, heads)
     mask = causal_fill(module, query, key, attention_mask)
     if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(
-            ~mask, torch.finfo(query.dtype).min
-        )
+        blocked = torch.finfo(query.dtype).min
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, blocked)
     if sink is not None:  # the sink as one more key; every path below sees n + 1 keys
         d_value = value.shape[-1]
         query, key, value, mask, scaling = with_sink(query, key, value, mask, scaling, sink,
@@ -413,39 +384,21 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         mask = bias if mask is None else mask + bias
 
     if isinstance(plan, Record) and site is not None:
-        if site in plan.called:  # one site, two softmaxes combined: no one map to attribute
-            raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
-        plan.called.add(site)
-        want_grad = site in plan.grad_layers
         if plan.keep_graph:  # probabilities with their graph: gradients with respect to A
             probs = reference.attention_probs(query, key, mask, scaling, softcap)
-            plan.live[site] = probs
-            if plan.keep is not None:
-                plan.probs[site] = probs.detach() if plan.keep == "maps" else probs.detach().float().mean(1)
             out = torch.matmul(probs, value)
         else:
+            probs = None
             if plan.keep is not None or softcap is not None:
                 with torch.no_grad():
                     probs = reference.attention_probs(query, key, mask, scaling, softcap)
-                if plan.keep == "maps":
-                    plan.probs[site] = probs.detach()
-                elif plan.keep == "mean":
-                    plan.probs[site] = probs.detach().float().mean(1)
             out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
-        if want_grad:
-            # as wide as the target pass's output (with a bias: padded, see the Attribute branch)
-            extra = 0 if bias is None else query.shape[-1] + query.shape[-2] - out.shape[-1]
-            z = out.new_zeros(*out.shape[:-1], out.shape[-1] + extra).requires_grad_(True)
-            plan.leaves[site] = z
-            out = out + z[..., :out.shape[-1]]
-        return out.transpose(1, 2).contiguous(), None
+        # as wide as the target pass's output (with a bias: padded, see the Attribute branch)
+        width = out.shape[-1] if bias is None else query.shape[-1] + query.shape[-2]
+        return _recorded(plan, module, site, probs, out, width).transpose(1, 2).contiguous(), None
 
     if isinstance(plan, Permute) and site == plan.site:
-        probs = reference.attention_probs(query, key, mask, scaling, softcap)
-        index = plan.index.to(probs.device)
-        if index.shape[0] != probs.shape[0]:
-            index = index.expand(probs.shape[0], *index.shape[1:])
-        probs = torch.gather(probs, -1, index)
+        probs = _permuted(plan, reference.attention_probs(query, key, mask, scaling, softcap))
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
     if isinstance(plan, Attribute) and site == plan.site:
@@ -471,12 +424,10 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
         return out.transpose(1, 2).contiguous(), None
 
     if isinstance(plan, HeadPatch) and site is not None and site[0] in ("self", "encoder"):
-        if plan.want_probs or softcap is not None:
-            probs = reference.attention_probs(query, key, mask, scaling, softcap)
-            if plan.want_probs:
-                plan.probs[site[1]] = probs
+        if plan.want_probs:
+            probs = plan.probs[site[1]] = reference.attention_probs(query, key, mask, scaling, softcap)
             out = torch.matmul(probs, value)
-        else:
+        else:  # (with a soft cap: the probabilities times V, as the model computes it)
             out = _plain_attention(query, key, value, mask, scaling, softcap, causal)
         if plan.values is not None:
             plan.values[site[1]] = value
@@ -489,6 +440,35 @@ def attattr_attention(module, query, key, value, attention_mask, scaling=None, d
     return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 
 
+def _recorded(plan: Record, module, site, probs, out: torch.Tensor, width: int) -> torch.Tensor:
+    """A Record's bookkeeping of one site's attention (``probs``: its probabilities, with their
+    graph where ``keep_graph``; None where neither kept nor made): the site marked as run (a
+    second run in one forward is :func:`several_maps`), the probabilities kept, and, for a site
+    in ``grad_layers``, a zero leaf ``width`` wide added to ``out``."""
+    if site in plan.called:  # one site, two softmaxes combined: no one map to attribute
+        raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
+    plan.called.add(site)
+    if plan.keep_graph:
+        plan.live[site] = probs
+    if plan.keep == "maps":
+        plan.probs[site] = probs.detach()
+    elif plan.keep == "mean":
+        plan.probs[site] = probs.detach().float().mean(1)
+    if site in plan.grad_layers:
+        z = out.new_zeros(*out.shape[:-1], width).requires_grad_(True)
+        plan.leaves[site] = z
+        out = out + z[..., :out.shape[-1]]
+    return out
+
+
+def _permuted(plan: Permute, probs: torch.Tensor) -> torch.Tensor:
+    """``probs`` with each row's weights moved to other keys by ``plan.index``."""
+    index = plan.index.to(probs.device)
+    if index.shape[0] != probs.shape[0]:
+        index = index.expand(probs.shape[0], *index.shape[1:])
+    return torch.gather(probs, -1, index)
+
+
 def _target_leaf(backend, alphas, first, local, query, key, value, bare_mask, bias, scaling, softcap,
                  sink: bool, causal: bool):
     """The target layer's rows of a pass: A V of the clean input (the rows ``first`` of the batch,
@@ -499,15 +479,14 @@ def _target_leaf(backend, alphas, first, local, query, key, value, bare_mask, bi
         bare_mask = bare_mask.expand(query.shape[0], *bare_mask.shape[1:])
     m1 = None if (bare_mask is None or causal) else bare_mask[first].detach()
     d_out = v1.shape[-1]
-    if sink:  # q' is one wider than v (the sink's dimension): v padded to match
-        v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
     if bias is not None:
         b1 = bias if bias.shape[0] == 1 else bias[first]
         q1, k1 = fold_bias(q1, k1, b1.detach(), scaling)
         scaling = 1.0
-        # values padded with zeros to the folded width: [A V, 0], whose extra columns the
-        # model never reads (their gradient is 0), so A * (G V^T) is unchanged and every
-        # backend sees q, k and v of one shape
+    if sink or bias is not None:
+        # values padded with zeros to q's width (the sink's dimension, the folded bias): [A V, 0],
+        # whose extra columns the model never reads (their gradient is 0), so A * (G V^T) is
+        # unchanged and every backend sees q, k and v of one shape
         v1 = torch.cat([v1, v1.new_zeros(*v1.shape[:-1], q1.shape[-1] - d_out)], -1)
     with torch.no_grad():
         ctx = backend.attention_forward(q1, k1, v1, mask=m1, scale=scaling, causal=causal) \
@@ -542,24 +521,16 @@ def _swept_layer(plan, layer: int, query, key, value, mask, bare_mask, bias, sca
         return None
     if plan.layer_now == layer:  # the index tensors made with the sweep, nothing asked of the device
         t, o, alpha_rows = plan.split[layer]
-        t, o = t.to(query.device), o.to(query.device)
+        t, o = t.to(query.device), o.to(query.device) if len(o) else None
         alphas = plan.alphas.index_select(0, alpha_rows)
-        return _swept_target(plan, layer, t, o if len(o) else None, alphas, query, key, value, mask, bare_mask,
-                             bias, scaling, softcap, causal)
-    is_target = plan.row_layer.index_select(0, rows) == layer
-    if not bool(is_target.any()):
-        return None
-    t = torch.nonzero(is_target).flatten().to(query.device)
-    alphas = plan.alphas.index_select(0, rows.to(plan.alphas.device))[is_target.to(plan.alphas.device)]
-    o = torch.nonzero(~is_target).flatten().to(query.device) if len(t) < query.shape[0] else None
-    return _swept_target(plan, layer, t, o, alphas, query, key, value, mask, bare_mask, bias, scaling, softcap,
-                         causal)
-
-
-def _swept_target(plan, layer: int, t, o, alphas, query, key, value, mask, bare_mask, bias, scaling, softcap,
-                  causal):
-    """The target layer's rows ``t`` (positions in the layer's batch) as a leaf at ``alphas``,
-    the other rows ``o`` (None: none) plain attention; see :func:`_swept_layer`."""
+    else:
+        is_target = plan.row_layer.index_select(0, rows) == layer
+        if not bool(is_target.any()):
+            return None
+        t = torch.nonzero(is_target).flatten().to(query.device)
+        alphas = plan.alphas.index_select(0, rows.to(plan.alphas.device))[is_target.to(plan.alphas.device)]
+        o = torch.nonzero(~is_target).flatten().to(query.device) if len(t) < query.shape[0] else None
+    # the target rows t as a leaf at their alphas, the other rows o (None: none) plain attention
     leaf, saved, d_out = _target_leaf(plan.backend, alphas, t[:1], None, query, key, value, bare_mask, bias,
                                       scaling, softcap, False, causal)
     plan.leaves[layer] = leaf
@@ -589,25 +560,10 @@ def _sink_attention(plan, module, query, key, value, mask, d_value):
     probs = reference.attention_probs(query, key, mask, 1.0, None)
     out = torch.matmul(probs, value)
     real = probs[..., :-1]
-    if isinstance(plan, Record) and site is not None:
-        if site in plan.called:
-            raise several_maps(getattr(getattr(module, "config", None), "model_type", "?"), site)
-        plan.called.add(site)
-        if plan.keep_graph:
-            plan.live[site] = real
-        if plan.keep == "maps":
-            plan.probs[site] = real.detach()
-        elif plan.keep == "mean":
-            plan.probs[site] = real.detach().float().mean(1)
-        if site in plan.grad_layers:  # as wide as the target pass's output (v padded to q's width)
-            z = out.new_zeros(*out.shape[:-1], max(query.shape[-1], out.shape[-1])).requires_grad_(True)
-            plan.leaves[site] = z
-            out = out + z[..., :out.shape[-1]]
+    if isinstance(plan, Record) and site is not None:  # as wide as the target pass's output (v padded to q's)
+        out = _recorded(plan, module, site, real, out, max(query.shape[-1], out.shape[-1]))
     elif isinstance(plan, Permute) and site == plan.site:
-        index = plan.index.to(real.device)
-        if index.shape[0] != real.shape[0]:
-            index = index.expand(real.shape[0], *index.shape[1:])
-        real = torch.gather(real, -1, index)
+        real = _permuted(plan, real)
         out = torch.matmul(real, value[..., :-1, :])
     elif isinstance(plan, HeadPatch) and site is not None and site[0] in ("self", "encoder"):
         out = _head_patch(plan, site[1], out)
@@ -651,11 +607,6 @@ def plan_site_of(module) -> tuple[str, int] | None:
     return site
 
 
-def plan_layer_of(module) -> int | None:
-    site = plan_site_of(module)
-    return None if site is None else site[1]
-
-
 def site_owner(model) -> dict[int, tuple[str, int]]:
     """id(module) -> (family, layer) for every module inside the model's attention sites."""
     owner: dict[int, tuple[str, int]] = {}
@@ -680,11 +631,6 @@ def set_impl(model, impl: str) -> dict:
     return old
 
 
-def _float64(model) -> bool:
-    param = next(model.parameters(), None)
-    return param is not None and param.dtype == torch.float64
-
-
 @contextlib.contextmanager
 def taken_over(model):
     """Route the model's attention through attattr for the duration of the block.
@@ -702,7 +648,8 @@ def taken_over(model):
             step()
         raise
     old = set_impl(model, IMPLEMENTATION)
-    changed = experts.eager_experts(model) if _float64(model) else []  # grouped experts take no float64
+    float64 = getattr(next(model.parameters(), None), "dtype", None) == torch.float64
+    changed = experts.eager_experts(model) if float64 else []  # grouped experts take no float64
     cfg = model.config
     old_pad = getattr(cfg, "pad_token_id", None)
     # decoder classifiers refuse batches > 1 without a pad token; -1 never occurs in

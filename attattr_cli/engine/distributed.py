@@ -41,7 +41,6 @@ class DistEnv:
     rank: int
     world_size: int
     local_rank: int
-    local_world_size: int
     master: str
 
     @property
@@ -57,7 +56,6 @@ def detect(environ: dict | None = None) -> DistEnv | None:
     try:
         rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
         local = int(env.get("LOCAL_RANK", rank))
-        local_world = int(env.get("LOCAL_WORLD_SIZE", world))
     except ValueError:
         raise DistributedError(
             f"RANK={env.get('RANK')!r}, WORLD_SIZE={env.get('WORLD_SIZE')!r}, LOCAL_RANK={env.get('LOCAL_RANK')!r}"
@@ -66,7 +64,7 @@ def detect(environ: dict | None = None) -> DistEnv | None:
     if world < 1 or not 0 <= rank < world:
         raise DistributedError(f"RANK={rank} does not fit WORLD_SIZE={world}")
     master = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
-    return DistEnv(rank, world, local, local_world, master)
+    return DistEnv(rank, world, local, master)
 
 
 def balance(tokens: dict[int, int], world_size: int) -> list[list[int]]:
@@ -199,9 +197,7 @@ class _Group:
     def together(self, step: Callable[[], object]):
         """Run ``step`` on every rank; if any rank fails, every rank raises the lowest failing
         rank's error (marked ``collective``, so only rank 0 needs to print it)."""
-        failure = None
-        value = None
-        own: BaseException | None = None
+        failure = value = own = None
         try:
             value = step()
         except AttattrError as exc:

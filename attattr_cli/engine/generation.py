@@ -3,37 +3,28 @@
 A prompt of P tokens followed by S generated (``--generate``) or given (``--continuation
 --per-step``) tokens g_0 .. g_{S-1}: the model sees x = prompt + g_0 .. g_{S-2}, and step t's
 target is F_t = out(g_t | x_0 .. x_{P-1+t}), read at position P - 1 + t (minus the foil's
-output with ``--foil``). Step t is the one-token question "why g_t here?" asked of the prefix
-that ends at its position.
+output with ``--foil``): the one-token question "why g_t here?" asked of its prefix.
 
 What is shared, and why it is exact:
 
-* **One clean forward.** Causal masking makes the forward of the whole sequence x, up to
-  position p, equal to the forward of the prefix x_0..x_p alone: no row at or before p
-  attends to a later key. So one clean forward gives every step's F_t(A), every layer's
-  input and attention, and its backward (one per step, through the same graph) every step's
-  dF_t/dO at alpha = 1.
+* **One clean forward.** Causal masking makes the forward of the whole sequence, up to
+  position p, that of the prefix x_0..x_p alone. So one clean forward gives every step's
+  F_t(A), every layer's input and attention, and its backward (one per step, through the
+  same graph) every step's dF_t/dO at alpha = 1.
 * **Batched steps.** For a target layer, the alpha-scaled pass of step t on the whole
-  sequence computes F_t exactly as the pass on its prefix would: the rows after p_t change
-  nothing before them, and dF_t/dO is exactly zero on them. So the rows of one pass hold
-  the nodes of several steps (row r: step s_r at alpha_r, its F read at p_{s_r}), each
-  row's F depends on its own row only, and one backward of sum_r w_r F_r gives every row's
-  gradient. With ``--tol`` the steps refine in lock-step
-  (:class:`~attattr_cli.engine.adaptive.Refinement`, as examples of a group do), each
-  with its own nodes, those still refining sharing one pass per level.
+  sequence computes F_t exactly as the pass on its prefix would (dF_t/dO is zero on the rows
+  after p_t). So the rows of one pass hold the nodes of several steps, each row's F depends
+  on its own row only, and one backward of sum_r w_r F_r gives every row's gradient. With
+  ``--tol`` the steps refine in lock-step (:class:`~attattr_cli.engine.adaptive.Refinement`).
 * **One forward per node.** The pass at alpha is the same forward for every step; only F
-  differs. Where the steps want the same nodes (fixed rules, --tol's first level), one
-  forward per node serves them all and each step's gradient comes from its own backward
-  through it (no weight gradients: a backward costs about a forward). On a long input, where
-  the steps refine apart, a node that several steps want is still one forward, with a
-  backward for each of them (one node per pass).
+  differs. Where the steps want the same nodes one forward per node serves them all, with a
+  backward per step through it (:meth:`StepScorer._shared`).
 * **F at alpha = 0** of every step comes from one forward of the whole sequence.
 
-Step t's map is then cropped to its prefix (p_t + 1 tokens): its G has zero rows beyond,
-and with the prefix's projections the map, head maxima, residual and convergence are
-those of the one-token run of that prefix. The example's own (top-level) maps are those of
-F = sum_t F_t, the sum of the step maps (the integral is linear in F; with ``--logprob``
-this is the summed log-probability of the whole generation).
+Step t's map is then cropped to its prefix (p_t + 1 tokens): with the prefix's projections
+its map, head maxima, residual and convergence are those of the one-token run of that
+prefix. The example's own maps are those of F = sum_t F_t, the sum of the step maps (with
+``--logprob``: the summed log-probability of the whole generation).
 """
 
 from __future__ import annotations
@@ -504,10 +495,8 @@ def own_position_only(model, slot: torch.Tensor, kept: int):
 def _summed_conv(convs: list) -> tuple:
     """The summed map's (nodes, error, cap hit, state): the most nodes of a step, the largest
     estimate, any cap hit, and the first unconverged step's state (converged when all are)."""
-    states = [c[3] for c in convs if len(c) > 3]
-    if len(states) < len(convs):  # fixed rules: judged by the assembly from the summed map
-        return (max(c[0] for c in convs), float(np.nanmax([c[1] for c in convs])) if any(
-            np.isfinite(c[1]) for c in convs) else float("nan"), any(c[2] for c in convs))
-    bad = [s for s in states if s != adaptive.CONVERGED]
-    return (max(c[0] for c in convs), float(max(c[1] for c in convs)), any(c[2] for c in convs),
-            bad[0] if bad else adaptive.CONVERGED)
+    nodes, errors, capped = max(c[0] for c in convs), [c[1] for c in convs], any(c[2] for c in convs)
+    if any(len(c) == 3 for c in convs):  # fixed rules: judged by the assembly from the summed map
+        return nodes, float(np.nanmax(errors)) if np.isfinite(errors).any() else float("nan"), capped
+    bad = [c[3] for c in convs if c[3] != adaptive.CONVERGED]
+    return nodes, float(max(errors)), capped, bad[0] if bad else adaptive.CONVERGED

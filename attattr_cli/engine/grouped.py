@@ -141,7 +141,7 @@ class _Group:
         out = []
         for e, (example, enc) in enumerate(zip(self.examples, self.encs)):
             n = self.lengths[e]
-            probs = {s: _crop_probs(p[e:e + 1], n) for s, p in record.probs.items()}
+            probs = {s: p[e:e + 1, ..., :n, :n] for s, p in record.probs.items()}  # its clean attention, cut to n
             family = sc.family_score(fam, keep, record.keep, probs, per_example[e], n)
             out.append(sc.example_score(example, enc, logits[e:e + 1], preds[e], golds[e], targets[e],
                                          float(f_full[e]), {fam.name: family}))
@@ -228,9 +228,4 @@ class _Group:
             a = reference.attention_probs(q, k, blocked[:, None, None, :], first["scale"], first["softcap"]).to(dtype)
             a = a * real[:, None, :, None]  # padded query rows: zero
         return a, v.to(dtype)
-
-
-def _crop_probs(p: torch.Tensor, n: int) -> torch.Tensor:
-    """One example's clean attention ([1, head, N, N] maps or [1, N, N] head mean) cut to n tokens."""
-    return p[..., :n, :n]
 

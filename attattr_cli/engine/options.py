@@ -250,11 +250,8 @@ class ScoreOptions:
     def fingerprint(self, num_layers: int) -> dict:
         """The options that must agree for two runs to share a store."""
         d = asdict(self)
-        d.pop("step_batch")
-        d.pop("kernel")
-        d.pop("group")
-        d.pop("memory")
-        d.pop("threads")
+        for key in ("step_batch", "kernel", "group", "memory", "threads"):  # they do not change the numbers
+            d.pop(key)
         for key, default in self._LATER.items():
             if d.get(key) == default:
                 d.pop(key)

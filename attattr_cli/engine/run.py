@@ -179,15 +179,14 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
         task = get_task(req.task) if req.task is not None else None
         labels = None if req.options.lm or task is None else list(task.labels)
         examples = list(req.inputs)
-        if loaded is None:
-            if req.model is None:
-                if req.options.lm:
-                    raise OptionError("a language model is needed: pass model")
-                model_id = str(DEFAULT_MODEL_DIR)
-            else:
-                model_id = req.model
-        else:
+        if loaded is not None:
             model_id = req.model or loaded.model_id
+        elif req.model is not None:
+            model_id = req.model
+        elif req.options.lm:
+            raise OptionError("a language model is needed: pass model")
+        else:
+            model_id = str(DEFAULT_MODEL_DIR)
     elif req.options.lm:
         if req.task is not None:
             raise OptionError("--task presets are classification tasks; with --lm give --prompt or --data")
@@ -270,9 +269,8 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
     if not shard:  # nothing to do: succeed without opening the store for writing (it may be read-only)
         have = already_done(out, prep.fingerprint, req.store_dtype)
         if have is not None and all(e.index in have for e in picked):
-            return ScoreReport(out=str(Path(out)), scored=0, skipped=len(picked), total=len(picked), created=False,
-                               kernel=scorer.backend.name, model=prep.loaded.model_id, mean_abs_residual=None,
-                               accuracy=None, notes=list(prep.notes))
+            return ScoreReport(str(Path(out)), 0, len(picked), len(picked), False, scorer.backend.name,
+                               prep.loaded.model_id, mean_abs_residual=None, accuracy=None, notes=list(prep.notes))
     with StoreWriter(out, prep.fingerprint, prep.provenance, store_dtype=req.store_dtype,
                      shard=shard, assigned=assigned) as writer:
         todo = [e for e in picked if e.index not in writer.done]
@@ -306,19 +304,9 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
                     right += int(result.gold == result.pred)
         created = writer.created
         notes = list(prep.notes) + list(writer.notes)
-    return ScoreReport(
-        out=str(Path(out)),
-        scored=len(todo),
-        skipped=len(picked) - len(todo),
-        total=len(picked),
-        created=created,
-        kernel=scorer.backend.name,
-        model=prep.loaded.model_id,
-        mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
-        accuracy=(right / golds) if golds else None,
-        notes=notes,
-        nonfinite=flagged,
-    )
+    return ScoreReport(str(Path(out)), len(todo), len(picked) - len(todo), len(picked), created, scorer.backend.name,
+                       prep.loaded.model_id, mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
+                       accuracy=(right / golds) if golds else None, notes=notes, nonfinite=flagged)
 
 
 def score_to_store(req: ScoreRequest, progress: Progress | None = None,

@@ -150,15 +150,11 @@ class Scorer(Integration, Assembly):
                 return work.gather(-1, idx).squeeze(-1).sum(-1)
             logp = torch.log_softmax(work, dim=-1).gather(-1, idx).squeeze(-1).sum(-1)
             return logp if self.options.output == "logprob" else logp.exp()
+        if self.options.output != "logit":
+            work = torch.log_softmax(work, dim=-1) if self.options.output == "logprob" else torch.softmax(work, dim=-1)
         if torch.is_tensor(target):  # one target per row (several examples in one pass)
-            if self.options.output != "logit":
-                work = torch.log_softmax(work, dim=-1) if self.options.output == "logprob" else torch.softmax(work, dim=-1)
             return work.gather(1, target.view(-1, 1).to(work.device)).squeeze(1)
-        if self.options.output == "logit":
-            return work[:, target]
-        if self.options.output == "logprob":
-            return torch.log_softmax(work, dim=-1)[:, target]
-        return torch.softmax(work, dim=-1)[:, target]
+        return work[:, target]
 
     # -- encoding --------------------------------------------------------------
     def check_length(self, n: int, index: int) -> None:

@@ -2,26 +2,21 @@
 the layer stack together.
 
 Per target layer l the nodes' rows run the layers l..L-1 (the layers below replay the clean
-forward) and one backward gives dF/dO at l. Those rows are independent of the other target
-layers' rows, so a round of the refinement (or a whole fixed rule) can put the rows of every
-layer into one batch: layer j runs the rows whose target is at or below j, the rows with a
-higher target keep the clean output of j (which is what their own pass would have seen
-there), the rows targeting j take the alpha-scaled clean A V as a leaf, and one backward of
-the sum of every row's F gives each leaf its rows' gradients (a row's F depends on its own
-leaf only). The numbers are those of one pass per layer up to float rounding (a matrix
-product of another shape sums in another order); tests/test_sweep.py holds the two paths to
-each other and the architecture matrix scores every model type through sweeps.
+forward). Those rows are independent of the other target layers' rows, so a round of the
+refinement (or a whole fixed rule) puts the rows of every layer into one batch: layer j runs
+the rows whose target is at or below j, the rows with a higher target keep the clean output
+of j (what their own pass would have seen there), the rows targeting j take the alpha-scaled
+clean A V as a leaf, and one backward of the sum of every row's F gives each leaf its rows'
+gradients. The numbers are those of one pass per layer up to float rounding;
+tests/test_sweep.py holds the two paths to each other.
 
 What it buys: a pass over a few rows of a short input is bound by reading the weights and by
-the fixed cost of a pass, not by its rows (SmolLM2-135M at 5 tokens: 7.3 ms per layer's forward and
-backward at one row, 9.9 ms at four), and per-layer passes read layer j's weights once for
-every target at or below j in every round. A sweep reads each layer once per round with all
-its rows. Inputs longer than MAX_TOKENS are scored one layer per pass: their passes are full
-already, and a sweep would keep every layer's node gradients at once.
-
-Where a model's layers do not run as a sweep needs them (a target layer's attention went
-elsewhere: attention sinks, or a layer returns something other than its hidden states), the
-scorer falls back to one pass per layer for that model (``attention.NotSweepable``).
+the fixed cost of a pass, not by its rows (SmolLM2-135M at 5 tokens: 7.3 ms per layer's
+forward and backward at one row, 9.9 ms at four); a sweep reads each layer once per round
+with all its rows. Inputs longer than MAX_TOKENS are scored one layer per pass: their passes
+are full already, and a sweep would keep every layer's node gradients at once. Where a
+model's layers do not run as a sweep needs them, the scorer falls back to one pass per layer
+for that model (``attention.NotSweepable``).
 """
 
 from __future__ import annotations

@@ -3,19 +3,12 @@
 A pass over a short input is a handful of small matrix products: splitting them over threads
 costs more in hand-offs than it saves, and on a machine other processes keep busy a thread
 that waits for a core stalls every product (a 5-token SmolLM2 prompt: 5-9 CPU s on one thread,
-77 s wall with torch's default threads on a loaded 2-core machine). A long input's products
-are large enough to share, but only cores no one else is using help. So:
+77 s wall with torch's default threads on a loaded 2-core machine). So:
 
 * fewer than MIN_TOKENS_PER_THREAD tokens in a pass (an example's tokens, times the examples a
-  group of short classifier inputs scores together; a model narrower or wider than
-  REFERENCE_WIDTH counts them in proportion to its hidden size): one thread;
-* else as many as the cores free now, and no more than the tokens allow (one per
-  MIN_TOKENS_PER_THREAD tokens). "Free now" is the machine's idle CPU time over a short
-  sample (``SAMPLE_S``, from /proc/stat), rounded, at least 1, at most this process's usable
-  cores. The last minute's load average, used before and still the fallback where /proc/stat
-  is not there, lags: right after a two-thread run on an otherwise idle 2-core machine it
-  still counted that run and chose one thread, 1.86x slower than two (1,063 tokens,
-  docs/long-context.md);
+  group scores together, in proportion to the model's width against REFERENCE_WIDTH): one thread;
+* else as many as the cores free now (:func:`free_cores`), and no more than the tokens allow
+  (one per MIN_TOKENS_PER_THREAD tokens);
 * ``--threads N`` / ``threads=N`` gives the count, 1 to the machine's CPUs (:func:`check`).
 
 The count is set for the run and torch's own is restored after it (docs/long-context.md has
@@ -88,9 +81,10 @@ def idle_cpus(sample: float = SAMPLE_S) -> float | None:
 
 
 def free_cores() -> int:
-    """Cores no other process is using now: the machine's idle CPUs over a short sample (the
-    last minute's load average subtracted from the usable cores where that cannot be read),
-    at least 1, at most the usable cores."""
+    """Cores no other process is using now: the machine's idle CPUs over a short sample
+    (``SAMPLE_S``, from /proc/stat), rounded, at least 1, at most the usable cores. Where
+    /proc/stat is not there, the last minute's load average subtracted from the usable cores
+    (it lags: right after a two-thread run on an idle 2-core machine it still counts that run)."""
     cores = usable_cores()
     idle = idle_cpus()
     if idle is None:
