@@ -10,29 +10,17 @@ top-k choice changes along the path, F jumps. The integration (engine) detects s
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 EAGER = "eager"
 
 
-def _configs(model: torch.nn.Module) -> list:
-    seen, out = set(), []
-    for module in model.modules():
-        cfg = getattr(module, "config", None)
-        if cfg is not None and id(cfg) not in seen:
-            seen.add(id(cfg))
-            if getattr(cfg, "_experts_implementation", None) not in (None, EAGER):
-                out.append(cfg)
-    return out
-
-
 def eager_experts(model: torch.nn.Module) -> list:
     """Switch a model's experts to the eager implementation; returns [(config, old)] to restore."""
-    changed = []
-    for cfg in _configs(model):
-        changed.append((cfg, cfg._experts_implementation_internal))
+    configs = {id(m.config): m.config for m in model.modules() if getattr(m, "config", None) is not None}
+    changed = [(cfg, cfg._experts_implementation_internal) for cfg in configs.values()
+               if getattr(cfg, "_experts_implementation", None) not in (None, EAGER)]
+    for cfg, _ in changed:
         cfg._experts_implementation_internal = EAGER
     return changed
 
@@ -41,13 +29,3 @@ def restore(changed: list) -> None:
     for cfg, old in changed:
         cfg._experts_implementation_internal = old
 
-
-@contextlib.contextmanager
-def float64_experts(model: torch.nn.Module):
-    """Eager experts inside the block where the model is float64 (nothing otherwise)."""
-    param = next(model.parameters(), None)
-    changed = eager_experts(model) if param is not None and param.dtype == torch.float64 else []
-    try:
-        yield
-    finally:
-        restore(changed)
