@@ -797,28 +797,15 @@ cudaError_t launch_forward(const void* q, const void* k, const void* v, const fl
   const Strides zero{0, 0, 0};
   const Strides so = with_o ? make_strides(o_str) : zero;
   const dim3 grid((n_q + kBM - 1) / kBM, H, B);
-  cudaError_t err;
-  if (with_o) {
-    auto kern = attn_fwd_kernel<T, D, true, MMA>;
-    if (smem > kDefaultSmem) {
-      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return err;
-    }
-    kern<<<grid, kThreads, smem, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), mask,
-        static_cast<T*>(o), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
-        make_strides(k_str), make_strides(v_str), so, mask_sb);
-  } else {
-    auto kern = attn_fwd_kernel<T, D, false, MMA>;
-    if (smem > kDefaultSmem) {
-      err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return err;
-    }
-    kern<<<grid, kThreads, smem, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), mask,
-        static_cast<T*>(nullptr), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
-        make_strides(k_str), make_strides(v_str), so, mask_sb);
+  auto kern = with_o ? attn_fwd_kernel<T, D, true, MMA> : attn_fwd_kernel<T, D, false, MMA>;
+  if (smem > kDefaultSmem) {
+    cudaError_t err = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (err != cudaSuccess) return err;
   }
+  kern<<<grid, kThreads, smem, stream>>>(
+      static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), mask,
+      static_cast<T*>(o), stats, H, n_q, n_k, d, scale, causal, make_strides(q_str),
+      make_strides(k_str), make_strides(v_str), so, mask_sb);
   return cudaGetLastError();
 }
 
