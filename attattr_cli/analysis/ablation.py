@@ -1,19 +1,13 @@
 """Keep the top heads, ablate the rest: the one evaluation of ``prune`` and ``circuit``.
 
-* :func:`under_masks`: values of every example under many head masks ([layer, head] of 1
-  kept and 0 ablated, gates between; or one per example), each batch of examples repeated
-  once per mask, at most ``MASK_TOKENS`` tokens per pass (classifier logits in prune.py;
-  pair metrics here).
-* :func:`per_pair_metrics`: on clean / counterfactual pairs (a circuits ``Context``: the pairs
-  grouped by token length, and the ablation), the metric of every pair under each mask, the
-  ablated heads' outputs moved to the ablation's source (zero, the mean over the pairs, or the
-  head's output on the counterfactual prompt) by one ``HeadPatch`` plan; :func:`ends` the
-  metric with every head kept, m(N), and with none, m(empty).
-* :func:`ratio`, :func:`curve_from`, :func:`curve`: the faithfulness ratio
-  (m(C) - m(empty)) / (m(N) - m(empty)) of a curve's points.
-* :func:`keep_masks`: the masks keeping the top ``int(k N)`` heads of a ranking (MIB's k).
-
-Intervals are percentile bootstraps over the examples (``stats.bootstrap_ci``).
+:func:`under_masks` runs every example under many head masks ([layer, head] of 1 kept and 0
+ablated, gates between; or one per example), several per pass: classifier logits in prune.py,
+pair metrics here (:func:`per_pair_metrics`, on a circuits ``Context``: the ablated heads'
+outputs moved to the ablation's source, zero, the mean over the pairs or the counterfactual
+run, by one ``HeadPatch`` plan). :func:`ratio`, :func:`curve_from` and :func:`curve` give the
+faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty)) of a curve's points (:func:`ends`:
+m(N) and m(empty)); :func:`keep_masks` the masks of MIB's k. Intervals are percentile
+bootstraps over the examples (``stats.bootstrap_ci``).
 """
 
 from __future__ import annotations

@@ -62,18 +62,23 @@ def _alone(tok: str) -> bool:
     return bool(_SPECIAL.match(tok)) or bool(tok) and (all(c in _PUNCT for c in tok) or set(tok) <= _BREAKS)
 
 
+def _runs(labels: list) -> list[list[int]]:
+    """Consecutive positions with the same label grouped (a position labelled None alone)."""
+    groups: list[list[int]] = []
+    for i, w in enumerate(labels):
+        if w is not None and groups and labels[i - 1] == w:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
 def word_groups(tokens: list[str], word_ids: list | None = None) -> list[list[int]]:
     """Consecutive token positions grouped into words (see the module docstring)."""
     if word_ids is not None:
         if len(word_ids) != len(tokens):
             raise OptionError(f"word_ids has {len(word_ids)} entries for {len(tokens)} tokens")
-        groups: list[list[int]] = []
-        for i, w in enumerate(word_ids):
-            if w is not None and groups and word_ids[i - 1] == w:
-                groups[-1].append(i)
-            else:
-                groups.append([i])
-        return groups
+        return _runs(word_ids)
     style = word_style(tokens)
     groups = []
     for i, tok in enumerate(tokens):
@@ -104,13 +109,7 @@ def span_groups(n: int, spans) -> list[list[int]]:
         if any(t is not None for t in taken[start:end]):
             raise OptionError(f"span ({start}, {end}) overlaps another span")
         taken[start:end] = [k] * (end - start)
-    groups: list[list[int]] = []
-    for i in range(n):
-        if taken[i] is not None and groups and taken[groups[-1][0]] == taken[i]:
-            groups[-1].append(i)
-        else:
-            groups.append([i])
-    return groups
+    return _runs(taken)
 
 
 def word_text(tokens: list[str], style: str | None = None) -> str:
@@ -241,14 +240,9 @@ def step_source(example, words: bool = True):
     p_len = n - len(steps) + 1  # the prompt's tokens
     if words:
         col_groups = word_groups(full)
-        gen_groups = word_groups(full)
         # rows: generated tokens grouped by the words they belong to (a word of the prompt's
         # last token continued by the first generated token starts its row at that token)
-        row_groups: list[list[int]] = []
-        for g in gen_groups:
-            steps_in = [i - p_len for i in g if i >= p_len]
-            if steps_in:
-                row_groups.append(steps_in)
+        row_groups = [steps_in for g in col_groups if (steps_in := [i - p_len for i in g if i >= p_len])]
     else:
         col_groups = [[j] for j in range(len(full))]
         row_groups = [[t] for t in range(len(steps))]

@@ -87,7 +87,6 @@ for _m in (TableMethod("attr", "E_x max_ij Attr_h(A) (signed), from the store's 
                        ("store", "data", "pairs"), "baseline", "none", "", "random", "tab:gray")):
     TABLES.register(_m)
 STORE_METHODS = TABLES.built_in(lambda m: "store" in m.tasks and m.kind != "baseline")
-MODEL_METHODS = TABLES.built_in(lambda m: "data" in m.tasks)
 METHODS = TABLES.built_in()
 INPUTS = {"store": "a store (attattr importance STORE ...)",
          "data": "--model and --data (no store)",

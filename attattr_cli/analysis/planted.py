@@ -52,20 +52,16 @@ def planted_recovery(store, top: int = 5, level: float = 0.95) -> dict:
     attention on the same examples (one-sided: attribution finds more)."""
     from .stats import mcnemar, proportion_ci
 
-    hits_attr = hits_attn = total = 0
     found_attr: list[bool] = []
     found_attn: list[bool] = []
     per_layer = None
     for e in store:
         ranks = planted_ranks(e.attribution, e.segment_ids, e.meta)
-        attn_ranks = planted_ranks(e.attention[e.layers], e.segment_ids, e.meta)
-        total += 1
         found_attr.append(min(ranks) <= top)
-        found_attn.append(min(attn_ranks) <= top)
-        hits_attr += int(found_attr[-1])
-        hits_attn += int(found_attn[-1])
+        found_attn.append(min(planted_ranks(e.attention[e.layers], e.segment_ids, e.meta)) <= top)
         row = np.asarray([r <= top for r in ranks], dtype=np.int64)
         per_layer = row if per_layer is None else per_layer + row
+    total, hits_attr, hits_attn = len(found_attr), sum(found_attr), sum(found_attn)
     if not total:
         raise StoreError("the store holds no examples")
     return {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 from typing import Sequence
@@ -26,38 +27,34 @@ def new_figure(width: float, height: float, **kwargs):
     return fig
 
 
-_FIGURE_CLASS = []
-
-
+@functools.cache
 def _figure_class():
     """matplotlib's Figure with what a notebook and a caller want: ``_repr_png_`` (the
     picture, shown without pyplot's inline backend) and ``save(path)`` (.png, .svg, .pdf by the
     suffix, whole or not at all). Made on first use: matplotlib loads only when a plot is drawn."""
-    if not _FIGURE_CLASS:
-        from matplotlib.figure import Figure
+    from matplotlib.figure import Figure
 
-        class PlotFigure(Figure):
-            def _repr_png_(self) -> bytes:
-                import io
+    class PlotFigure(Figure):
+        def _repr_png_(self) -> bytes:
+            import io
 
-                buf = io.BytesIO()
-                self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
-                return compact_png(buf.getvalue())
+            buf = io.BytesIO()
+            self.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+            return compact_png(buf.getvalue())
 
-            def _ipython_display_(self) -> None:
-                # shown as _repr_png_ says (the compact PNG), not by the inline backend's own
-                # printer for every Figure, which would store the full-colour picture
-                from IPython.display import display
+        def _ipython_display_(self) -> None:
+            # shown as _repr_png_ says (the compact PNG), not by the inline backend's own
+            # printer for every Figure, which would store the full-colour picture
+            from IPython.display import display
 
-                display({"image/png": self._repr_png_(), "text/plain": f"<{type(self).__name__}>"}, raw=True)
+            display({"image/png": self._repr_png_(), "text/plain": f"<{type(self).__name__}>"}, raw=True)
 
-            def save(self, path) -> Path:
-                """Write the figure to ``path`` (.png, .svg or .pdf), whole or not at all."""
-                _save(self, path)
-                return Path(path)
+        def save(self, path) -> Path:
+            """Write the figure to ``path`` (.png, .svg or .pdf), whole or not at all."""
+            _save(self, path)
+            return Path(path)
 
-        _FIGURE_CLASS.append(PlotFigure)
-    return _FIGURE_CLASS[0]
+    return PlotFigure
 
 
 def compact_png(data: bytes) -> bytes:
@@ -74,10 +71,6 @@ def compact_png(data: bytes) -> bytes:
     buf = io.BytesIO()
     im.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(buf, format="png", optimize=True)
     return buf.getvalue() if buf.tell() < len(data) else data
-
-
-def _figure(width: float, height: float, **kwargs):
-    return new_figure(width, height, **kwargs)
 
 
 def _save(fig, path: str | Path) -> None:
@@ -126,7 +119,7 @@ def importance_figure(tables: Sequence, title: str = "", columns: int = 4):
     rows = -(-n // cols)
     L, H = tables[0].values.shape if tables else (1, 1)
     panel_w, panel_h = max(2.2, 0.42 * H + 1.6), max(1.8, 0.32 * L + 1.2)
-    fig = _figure(panel_w * cols, panel_h * rows + (0.35 if title else 0), layout="constrained")
+    fig = new_figure(panel_w * cols, panel_h * rows + (0.35 if title else 0), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     for ax, t in zip(axes.flat, tables):
         im = ax.imshow(t.values, aspect="auto", cmap="viridis", interpolation="nearest")
@@ -222,7 +215,7 @@ def prune_plot(result: dict, title: str = ""):
     """The curves and/or the effectiveness analysis of a CURVES.json result, side by side, as
     a matplotlib Figure."""
     panels = [k for k in ("curves", "effectiveness") if result.get(k)]
-    fig = _figure(6.0 * max(len(panels), 1), 4.2)
+    fig = new_figure(6.0 * max(len(panels), 1), 4.2)
     axes = fig.subplots(1, max(len(panels), 1), squeeze=False)
     for ax, key in zip(axes[0], panels):
         (_curves_panel if key == "curves" else _effectiveness_panel)(ax, result[key])

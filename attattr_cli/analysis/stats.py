@@ -1,24 +1,14 @@
-"""The statistics every analysis reports its comparisons with.
+"""The statistics every analysis reports its comparisons with: bootstrap intervals
+(:func:`bootstrap_ci`, :func:`mean_ci`), Wilson intervals of rates (:func:`proportion_ci`),
+permutation tests (:func:`rank_p_value`, :func:`permutation_test`, :func:`paired_test`; a
+Monte-Carlo p-value is (1 + k) / (R + 1)), the exact McNemar test (:func:`mcnemar`), Holm's
+adjustment (:func:`holm`) and how stable a ranking is (:func:`kendall_tau_b`,
+:func:`kendall_tau_halves`, :func:`rank_intervals`). Random draws come from a seeded numpy
+Generator: the same seed gives the same numbers.
 
-* :func:`bootstrap_ci`: percentile bootstrap interval of a statistic over examples (rows),
-  with a seeded numpy Generator, so the same seed gives the same interval.
-* :func:`proportion_ci`: an interval for a rate k / n (Wilson score, via SciPy).
-* :func:`rank_p_value`: the exact permutation p-value of one observation among n
-  exchangeable controls: (1 + #controls at least as extreme) / (n + 1); its smallest value
-  is 1 / (n + 1), so a claim at level alpha needs at least 1 / alpha - 1 controls.
-* :func:`permutation_test`: two independent samples, difference of means; exact (every
-  split enumerated) when the splits are few, Monte-Carlo with the (1 + k) / (R + 1) p-value
-  otherwise.
-* :func:`paired_test`: paired sign-flip permutation test of the mean difference (exact for
-  up to ``max_exact`` nonzero pairs, Monte-Carlo beyond).
-* :func:`mcnemar`: paired accuracies (two classifiers, or one model two ways, on the same
-  examples): the exact McNemar test, a binomial test on the discordant pairs.
-* :func:`holm`: Holm's step-down adjustment of a family of p-values.
-* :func:`kendall_tau_b`, :func:`kendall_tau_halves`, :func:`rank_intervals`: how stable a
-  ranking is (tau between two halves of the examples; bootstrap rank intervals).
-
-Alternatives: ``"greater"`` (the first sample's mean is larger), ``"less"``,
-``"two-sided"``. Nothing here prints.
+A rank p-value is at least 1 / (n + 1) with n controls, so a claim at level alpha needs at
+least 1 / alpha - 1 controls. Alternatives: ``"greater"`` (the first sample's mean is
+larger), ``"less"``, ``"two-sided"``. Nothing here prints.
 """
 
 from __future__ import annotations
@@ -282,8 +272,7 @@ def rank_intervals(per_example: np.ndarray, *, resamples: int = 1000, level: flo
         r[order] = np.arange(1, len(m) + 1)
         return r
 
-    lo, hi = bootstrap_ci(x, ranks, resamples=resamples, level=level, seed=seed)
-    return lo, hi
+    return bootstrap_ci(x, ranks, resamples=resamples, level=level, seed=seed)
 
 
 def _f(v) -> float | None:

@@ -55,10 +55,7 @@ MAX_TOKENS = 16384
 GRAD_TOKENS = 2048
 
 
-def check_methods(methods: Iterable[str]) -> list[str]:
-    """Validate method names (order kept, duplicates dropped; ``all`` stays for
-    :func:`expand_methods`)."""
-    return registry.check(methods)
+check_methods = registry.check  # method names validated (``all`` stays for :func:`expand_methods`)
 
 
 def expand_methods(methods: Sequence[str], loaded=None) -> tuple[list[str], list[str]]:

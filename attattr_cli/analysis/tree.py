@@ -227,7 +227,6 @@ def _walk_reference(scores, labels, top, tau):
     fixed = [-1] * n  # -1: not in the tree; 0: in it, no child yet; 1: has had a child
     edges: list[tuple[int, int, int]] = []
     entry: dict[int, int] = {}
-    seen: set[tuple[int, int]] = set()
     height[top] = (n_layers - 1) / n_layers
     fixed[top] = 0
     first = n_layers - 2
@@ -236,28 +235,21 @@ def _walk_reference(scores, labels, top, tau):
             fixed[i] = 0
             fixed[top] = 1
             edges.append((top, i, first))
-            seen.add((top, i))
             entry[i] = labels[first]
+    # the 2021 code's cases of (fixed[i], fixed[j]), and its set of edges seen, come to this: an
+    # edge needs i in the tree and j not (every edge seen has its j in the tree already)
     for li in range(n_layers - 3, -1, -1):
         for i in range(1, n):
             for j in range(n):
-                if prop[li][i][j] < tau or fixed[i] == -1:
+                if prop[li][i][j] < tau or fixed[i] == -1 or fixed[j] != -1:
                     continue
-                if fixed[j] == 1 or (i, j) in seen:
-                    continue
-                if fixed[i] == 0 and fixed[j] == 0:
-                    continue
-                if fixed[i] == 1 and fixed[j] == 0:
-                    continue
-                if fixed[i] == 0 and fixed[j] == -1:
+                if fixed[i] == 0:
                     fixed[i] = 1
-                    fixed[j] = 0
                     height[j] = (height[i] * n_layers - 1) / n_layers
-                if fixed[i] == 1 and fixed[j] == -1:
-                    fixed[j] = 0
+                else:
                     height[j] = min(height)
+                fixed[j] = 0
                 edges.append((i, j, li))
-                seen.add((i, j))
                 entry[j] = labels[li]
     return edges, entry, height
 
@@ -397,7 +389,8 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     title = f"{title}\n{gr['mode']} mode, tau {gr['tau']:g}"
     title += ", top node chosen" if gr.get("top_chosen") else ""
     title += "" if gr.get("lam") is None else f", lambda {gr['lam']:g}"
-    bare = [layer for layer in gr["layers"] if layer not in {d["layer"] for _, _, d in g.edges(data=True)}]
+    used = {d["layer"] for _, _, d in g.edges(data=True)}
+    bare = [layer for layer in gr["layers"] if layer not in used]
     if bare:
         from ..labels import ranges
 
@@ -412,7 +405,6 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     # the ladder of layer names: top, then the walked layers from the highest down
     # layers without an edge get no row: the title names them
     walk = sorted(gr["layers"], reverse=True)
-    used = {d["layer"] for _, _, d in g.edges(data=True)}
     rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk if layer in used]
     lines.append('  node [shape=plaintext, style="", fontcolor="#777777", fontsize=11];')
     lines.append('  "rank_top" [label="top node"];')

@@ -9,12 +9,9 @@ Extraction, per example (the 2021 code, ``examples/run_adver_connection.py``):
 4. a pattern's *trigger*: the distinct tokens of (i, j) in position order, each with its
    segment and its position relative to that segment.
 
-Special tokens ([CLS], [SEP], ...) cannot be inserted into an input, and an entry on the
-diagonal (a token attending to itself) is no interaction between two tokens. By default
-the top head and its top entries are therefore taken among entries between two
-different real tokens; ``special=True`` follows the 2021 code (every entry counts, and
-an entry touching a special token keeps only its other token, which the 2021 evaluation
-inserts alone).
+By default steps 1-3 see only entries between two different real tokens (special tokens
+cannot be inserted; the diagonal is no interaction); ``special=True`` follows the 2021 code
+(:func:`example_patterns`).
 
 The 2021 code keeps each pattern of a single example; here the same trigger (same tokens
 in the same segments and order) is aggregated across examples: how often it occurs, its
@@ -150,16 +147,10 @@ def top_head(attribution: np.ndarray, layers: Sequence[int]) -> tuple[int, int, 
         raise StoreError(f"attribution must be [layers, heads, n, n] with at least one layer, got {list(a.shape)}")
     if np.isnan(a).any() or np.isposinf(a).any():
         raise StoreError("the attribution holds NaN or infinite values")
-    best: tuple[int, int] | None = None
-    best_value = -np.inf
-    for li in range(a.shape[0]):
-        n2 = a.shape[2] * a.shape[3]
-        head = int(np.argmax(a[li].reshape(-1))) // n2
-        value = float(a[li, head].max())
-        if value > best_value:
-            best_value, best = value, (li, head)
-    assert best is not None
-    li, head = best
+    flat = a.reshape(a.shape[0], -1)
+    assert flat.max() > -np.inf  # some entry between real tokens
+    li = int(np.argmax(flat.max(1)))  # the head holding a layer's largest entry holds that maximum
+    head = int(np.argmax(flat[li])) // (a.shape[2] * a.shape[3])
     return int(layers[li]) if len(layers) == a.shape[0] else li, head, a[li, head]
 
 
@@ -274,10 +265,7 @@ def aggregate(patterns: Iterable[Pattern], label_names: Sequence[str], rank_by: 
         values = np.asarray([p.value for p in group], dtype=np.float64)
         classes = Counter(name(p.target) for p in group)
         # the class it pushes towards: the most frequent; ties by the larger summed strength
-        strength_by = Counter()
-        for p in group:
-            strength_by[name(p.target)] += p.value
-        label = max(classes, key=lambda c: (classes[c], strength_by[c]))
+        label = max(classes, key=lambda c: (classes[c], sum(p.value for p in group if name(p.target) == c)))
         n_tok = len(key)
         triggers.append(Trigger(
             tokens=[t for _, t in key],
