@@ -56,13 +56,10 @@ _T5GEMMA = (("encoder", "model.encoder.layers", None),
             ("decoder", "model.decoder.layers", "self_attn"),
             ("cross", "model.decoder.layers", "cross_attn"))
 FAMILY_PATHS: dict[str, tuple[tuple[str, str, str | None], ...]] = {
-    "t5gemma": _T5GEMMA,
-    "bart": _BART, "mbart": _BART, "plbart": _BART, "mvp": _BART, "bigbird_pegasus": _BART, "t5": _T5, "mt5": _T5, "umt5": _T5,
-}
-# model_type -> dotted path of the encoder stack of an encoder-decoder model
-ENCODER_PATHS: dict[str, str] = {"bart": "model.encoder", "mbart": "model.encoder", "plbart": "model.encoder",
-                                 "mvp": "model.encoder", "bigbird_pegasus": "model.encoder", "t5": "transformer.encoder", "mt5": "transformer.encoder",
-                                 "umt5": "transformer.encoder", "t5gemma": "model.encoder"}
+    "t5gemma": _T5GEMMA, **dict.fromkeys(("bart", "mbart", "plbart", "mvp", "bigbird_pegasus"), _BART),
+    **dict.fromkeys(("t5", "mt5", "umt5"), _T5)}
+# model_type -> dotted path of the encoder stack of an encoder-decoder model (its encoder layers' parent)
+ENCODER_PATHS: dict[str, str] = {t: spec[0][1].rsplit(".", 1)[0] for t, spec in FAMILY_PATHS.items()}
 
 # the families' meaning, for messages and docs
 FAMILY_DOC = {
@@ -178,10 +175,15 @@ def _config_value(config, *names):
     return None
 
 
-def _candidates(path: str) -> tuple[str, ...]:
-    """A path under the task model and, without its first part, under the bare model
-    (``model.encoder.layers`` -> ``encoder.layers``; ``transformer.encoder.block`` -> ``encoder.block``)."""
-    return (path, path.split(".", 1)[1]) if "." in path else (path,)
+def _resolve(model: torch.nn.Module, path: str) -> tuple[str, torch.nn.Module] | None:
+    """(path, module) at ``path`` under the task model or, without its first part, under the bare
+    model (``model.encoder.layers`` -> ``encoder.layers``); None where neither is there."""
+    for candidate in (path, path.split(".", 1)[1]) if "." in path else (path,):
+        try:
+            return candidate, _get(model, candidate)
+        except AttributeError:
+            continue
+    return None
 
 
 def _family_paths(model: torch.nn.Module):
@@ -191,14 +193,10 @@ def _family_paths(model: torch.nn.Module):
         return None
     out = []
     for name, path, attn in spec:
-        for full in _candidates(path):
-            try:
-                out.append((name, full, attn, _get(model, full)))
-                break
-            except AttributeError:
-                continue
-        else:
+        found = _resolve(model, path)
+        if found is None:
             raise ModelError(f"cannot find the {name} layers ({path}) of model type '{model.config.model_type}'")
+        out.append((name, found[0], attn, found[1]))
     return out
 
 
@@ -230,14 +228,8 @@ def find_families(model: torch.nn.Module) -> list[tuple[str, str, str | None, to
 def find_encoder(model: torch.nn.Module) -> torch.nn.Module | None:
     """The encoder stack of an encoder-decoder model (None for other models)."""
     path = ENCODER_PATHS.get(getattr(model.config, "model_type", ""))
-    if path is None:
-        return None
-    for candidate in _candidates(path):
-        try:
-            return _get(model, candidate)
-        except AttributeError:
-            continue
-    return None
+    found = _resolve(model, path) if path is not None else None
+    return found[1] if found is not None else None
 
 
 def find_layers(model: torch.nn.Module) -> tuple[str, torch.nn.ModuleList]:
@@ -364,10 +356,10 @@ def _layer_heads(model_type: str, family: str, layers, attn: str | None, scored:
     """The one head count of a family's attention layers as their modules say (None: they do not
     say); ModelError where layers have different counts: a family's maps are one
     [layer, head, query, key] array, one head count for all its layers."""
-    counts = {i: _module_heads(layers[i], attn) for i in scored}
-    said = {i: h for i, h in counts.items() if h is not None}
+    said = {i: h for i in scored if (h := _module_heads(layers[i], attn)) is not None}
     if len(set(said.values())) > 1:
-        (i, a), (j, b) = next(iter(said.items())), next((k, h) for k, h in said.items() if h != next(iter(said.values())))
+        i, a = next(iter(said.items()))
+        j, b = next((k, h) for k, h in said.items() if h != a)
         raise ModelError(f"model type '{model_type}' has {family} layers with different numbers of attention heads"
                          f" (layer {i}: {a}, layer {j}: {b}); attattr keeps one head count per attention family"
                          " ([layer, head, query, key] maps), so it cannot attribute this configuration")
@@ -426,13 +418,10 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
     is_decoder = encoder is None and _causal(model)
     families = []
     for name, fpath, attn, flayers in find_families(model):
-        if name in ("decoder", "cross"):
-            fheads = _config_value(config, "decoder_attention_heads", "num_attention_heads", "num_heads")
-        elif name == "encoder":
-            fheads = _config_value(config, "encoder_attention_heads", "num_attention_heads", "num_heads")
-        else:
-            fheads = heads
-        stack = stacks["decoder" if name in ("decoder", "cross") else "encoder"]
+        side = "decoder" if name in ("decoder", "cross") else "encoder"
+        fheads = heads if name == "self" else _config_value(config, f"{side}_attention_heads", "num_attention_heads",
+                                                            "num_heads")
+        stack = stacks[side]
         if stack is not None and hasattr(stack, "num_attention_heads"):  # the stack's own config (T5Gemma)
             fheads = _config_value(stack, "num_attention_heads") or fheads
         skip = tuple((i, _layer_kind(layer)) for i, (layer, ok) in enumerate(zip(flayers, routed[name])) if not ok)
@@ -446,7 +435,7 @@ def arch_info(model: torch.nn.Module, tokenizer=None) -> ArchInfo:
             fheads = _layer_heads(model_type, name, flayers, attn,
                                   [i for i in range(len(flayers)) if i not in dict(skip)]) or fheads
         families.append(FamilyInfo(name, fpath, attn, len(flayers), int(fheads),
-                                   "decoder" if name in ("decoder", "cross") else "input",
+                                   "decoder" if side == "decoder" else "input",
                                    "decoder" if name == "decoder" else "input", skip))
     if families and families[0].name == "self":  # the modules' count where it is not the config's
         heads = families[0].num_heads
