@@ -741,6 +741,25 @@ def active(plan):
 
 
 @contextlib.contextmanager
+def patched_forwards(pairs):
+    """Each ``(module, forward)`` of ``pairs`` (read as the patches are made) the module's
+    instance ``forward`` inside; each module's own instance attribute (or none) back after,
+    even where the block or a later pair raises."""
+    restore = []
+    try:
+        for module, forward in pairs:
+            restore.append((module, module.__dict__.get("forward")))
+            module.forward = forward
+        yield
+    finally:
+        for module, had in reversed(restore):
+            if had is None:
+                del module.forward
+            else:
+                module.forward = had
+
+
+@contextlib.contextmanager
 def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int,
                    owner: torch.Tensor | None = None):
     """Skip layers below ``target``: each returns the clean forward's output of layer
@@ -760,15 +779,8 @@ def replayed_below(layers: torch.nn.ModuleList, target: int, replay, batch: int,
         return obj
 
     expanded = expand(replay) if target > 0 else None
-    patched = []
-    try:
-        for i in range(target):
-            layers[i].forward = lambda *a, _o=expanded, **k: _o
-            patched.append(layers[i])
+    with patched_forwards((layers[i], lambda *a, _o=expanded, **k: _o) for i in range(target)):
         yield
-    finally:
-        for layer in patched:
-            del layer.forward
 
 
 class NotSweepable(Exception):
@@ -815,7 +827,6 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
     for the others, whose input is still clean there. ``arg_shapes[j]``: the shapes of layer
     j's arguments in the clean forward (which of them carry the batch, :func:`_rows_of`)."""
     lowest = min(plan.host_layers)
-    patched = []
 
     def wrap(layer, j):
         original = layer.forward
@@ -855,19 +866,9 @@ def swept(layers: torch.nn.ModuleList, plan: Sweep, outputs: dict, batch: int, a
             return merged(out, clean)
         return forward
 
-    with replayed_below(layers, lowest, outputs.get(lowest - 1), batch):
-        try:
-            for j in range(lowest, len(layers)):
-                had = layers[j].__dict__.get("forward")
-                layers[j].forward = wrap(layers[j], j)
-                patched.append((layers[j], had))
-            yield
-        finally:
-            for layer, had in patched:
-                if had is None:
-                    del layer.forward
-                else:
-                    layer.forward = had
+    with replayed_below(layers, lowest, outputs.get(lowest - 1), batch), \
+            patched_forwards((layers[j], wrap(layers[j], j)) for j in range(lowest, len(layers))):
+        yield
 
 
 # sequence classifiers whose head reads only the first token's final hidden state, built of
@@ -901,15 +902,8 @@ def first_token_only(module: torch.nn.Module | None):
     def forward(hidden_states, input_tensor, *args, **kwargs):
         return original(module, hidden_states[:, :1], input_tensor[:, :1], *args, **kwargs)
 
-    module.forward = forward
-    try:
+    with patched_forwards([(module, forward)]):
         yield
-    finally:
-        del module.forward
-
-
-def _is_projection(module) -> bool:
-    return isinstance(module, torch.nn.Linear) or type(module).__name__ == "Conv1D"
 
 
 @contextlib.contextmanager
@@ -937,16 +931,9 @@ def projections_once(layer: torch.nn.Module, plan: Attribute):
 
         return forward
 
-    patched = []
-    try:
-        for module in layer.modules():
-            if _is_projection(module):
-                module.forward = wrap(module)
-                patched.append(module)
+    projections = [m for m in layer.modules() if isinstance(m, torch.nn.Linear) or type(m).__name__ == "Conv1D"]
+    with patched_forwards((module, wrap(module)) for module in projections):
         yield
-    finally:
-        for module in patched:
-            del module.forward
 
 
 def not_routed(model_type: str, family: str, layer: int) -> ModelError:

@@ -77,18 +77,9 @@ def human(n: float) -> str:
 
 def available() -> int:
     """Bytes this process may still take on this machine (MemAvailable), and what it holds now."""
-    free = held = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    held = int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    from .memory import proc_bytes
+
+    free, held = proc_bytes("/proc/meminfo", "MemAvailable"), proc_bytes("/proc/self/status", "VmRSS")
     return int((free if free is not None else 8 << 30) * FREE_FRACTION + (held or 0))
 
 
@@ -147,12 +138,10 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     copies = steps + (1 if steps > 1 else 0)  # a generation keeps every step's and the summed results
     top = 0 if scorer.options.top_k is None else layers * heads * scorer.options.top_k * 12 * copies
     all_layers = fam.num_layers
-    if keep == "maps":
-        kept = (layers * heads * n * n * 4) * copies * 2 + all_layers * heads * n * n * 4
-        stored = layers * heads * n * n * copies + all_layers * heads * n * n
-    elif keep == "sum":
-        kept = layers * n * n * 4 * copies * 2 + all_layers * n * n * 4
-        stored = layers * n * n * copies + all_layers * n * n
+    if keep in ("maps", "sum"):  # per layer [head, n, n] or [n, n], held twice while stacked; the clean attention
+        square = n * n * (heads if keep == "maps" else 1)
+        kept = layers * square * 4 * copies * 2 + all_layers * square * 4
+        stored = layers * square * copies + all_layers * square
     elif keep == "sources":  # key_sum, and read_sum where the prompt has sources (store schema 1.6)
         arrays = 2 if scorer.options.sources is not None else 1
         kept = layers * n * 4 * copies * arrays

@@ -178,7 +178,7 @@ class StepScorer:
         dev = scorer.device
         self.targets = StepTargets(torch.arange(self.count, device=dev), torch.tensor(self.tokens, device=dev),
                                    scorer.foil)
-        self.acc = torch.float64 if scorer.dtype == torch.float64 else torch.float32
+        self.acc = scorer.acc
 
     def score(self, on_layer=None):
         sc, enc, count = self.sc, self.enc, self.count
@@ -457,15 +457,8 @@ def head_per_position(model, kept: int):
         with torch.no_grad():  # what the model returns; F reads ``parts``
             return torch.cat(parts, 1)
 
-    had = head.__dict__.get("forward")
-    head.forward = forward
-    try:
+    with attention.patched_forwards([(head, forward)]):
         yield parts
-    finally:
-        if had is None:
-            del head.forward
-        else:
-            head.forward = had
 
 
 @contextlib.contextmanager

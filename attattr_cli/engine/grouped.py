@@ -1,26 +1,15 @@
 """Several short examples in one pass: the integration nodes of a group of examples share
 the forward and backward passes.
 
-For a short input a pass of a few rows (one row per integration node) leaves the matrix
-units half idle and pays the fixed cost of a pass (Python, the model's bookkeeping) for
-little work; on this project's CPU a MiniLM pass at 25 tokens costs 12.3 ms per row at 4
-rows and 9.1 ms at 64, and the built-in model's 2.0 ms at one row and 0.2 ms at 64.
-Encoder classifiers can therefore score a group of examples together:
-
-* the examples are right-padded to the longest and the padding is masked (a masked key
-  gets probability exactly 0, so no number at a real position depends on the padding);
-* the clean forward (and its backward, which gives the alpha = 1 node of every layer) runs
-  once for the group;
-* for each target layer, one pass holds the nodes of every example (fixed rules), or, with
-  ``--tol``, the next level's new nodes of every example whose integral has not yet met
-  the tolerance; rows beyond what fits memory go in further passes;
-* the maps, sums and estimates are then made per example from its own rows, cropped to
-  its length, exactly as :class:`~attattr_cli.engine.scorer.Scorer` makes them.
-
-The numbers are those of scoring one example at a time up to float rounding (matrix
-products of another shape sum in another order); tests/test_grouped.py holds the two paths
-to each other. Decoders (their pooled position and causal masks), encoder-decoder models
-and language-model targets are scored one example at a time.
+For a short input a pass of a few rows pays the fixed cost of a pass for little work (on
+this project's CPU a MiniLM pass at 25 tokens costs 12.3 ms per row at 4 rows and 9.1 ms at
+64). Encoder classifiers therefore score a group of examples together: right-padded to the
+longest, the padding masked (a masked key gets probability exactly 0); one clean forward and
+backward for the group; per target layer, passes holding the nodes of every example still
+refining; the maps, sums and estimates then made per example from its own rows, cropped to
+its length, as :class:`~attattr_cli.engine.scorer.Scorer` makes them. The numbers are those
+of one example at a time up to float rounding (tests/test_grouped.py). Decoders,
+encoder-decoder models and language-model targets are scored one example at a time.
 """
 
 from __future__ import annotations
@@ -108,7 +97,7 @@ class _Group:
         self.lengths = [len(e.input_ids) for e in encs]
         self.width = max(self.lengths)
         self.inputs = pad_rows([e.model_inputs() for e in encs], scorer.pad_id, scorer.device)
-        self.acc = torch.float64 if scorer.dtype == torch.float64 else torch.float32
+        self.acc = scorer.acc
 
     # -- the whole group ---------------------------------------------------------------
     def score(self, on_layer) -> list[ExampleScore]:

@@ -1,16 +1,14 @@
 """The integral, once for every way its passes run (docs/method.md section 1.2,
 docs/integration.md): G = sum_k w_k dF/dO(alpha_k) of ``count`` integrals at once (one layer
 of an example, the examples of a group, the steps of a generation, the layers of a sweep), by
-the fixed rule with its embedded estimate (:func:`fixed`) or to ``--tol`` (:func:`to_tol`,
-driving engine/adaptive.py's Refinement). What differs between the strategies is only how
-their rows run, ``run(owner, alphas, weights)``: it yields (rows, w_r dF/dO_r or None without
-weights, F_r) over the rows of integral ``owner[r]`` at ``alphas[r]``, in passes that fit
-memory (the rows a slice, or their indices); and which clean attention and values each
-integral's maps are made with (:class:`Maps`).
+the fixed rule with its embedded estimate (:func:`fixed`) or to ``--tol`` (:func:`to_tol`).
+The strategies differ only in how their rows run, ``run(owner, alphas, weights)``: it yields
+(rows, w_r dF/dO_r or None without weights, F_r) over the rows of integral ``owner[r]`` at
+``alphas[r]``, in passes that fit memory (the rows a slice, or their indices); and in which
+clean attention and values each integral's maps are made with (:class:`Maps`).
 
 :class:`Integration` is the Scorer's part of it (one target site per integral, the passes of
-one example), kept apart from the result assembly (engine/assembly.py) and the encoding and
-targets (engine/scorer.py); the map measures the estimates read are at the end."""
+one example); the map measures the estimates read are at the end."""
 
 from __future__ import annotations
 
@@ -45,25 +43,18 @@ class Integration:
             return self.options.step_batch
         steps = len(self.alphas) if steps is None else steps
         n = width or max(len(enc.input_ids), len(enc.decoder_input_ids or []))
-        return memory.steps_that_fit(self.step_bytes(enc, site, n), steps, n, self.device,
-                                     memory.hidden_size(self.model.config))
-
-    def step_bytes(self, enc: Encoded, site, width: int | None = None) -> int:
-        """Estimated bytes one integration step of ``site`` keeps (see ``memory.step_bytes``)."""
-        n = width or max(len(enc.input_ids), len(enc.decoder_input_ids or []))
         kept = len(enc.lm_positions) if enc.lm_positions is not None else 1
-        return memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept, self.options.lm)
+        per_step = memory.step_bytes(self.model.config, self.arch, site, n, self.dtype, self.device, kept,
+                                     self.options.lm)
+        return memory.steps_that_fit(per_step, steps, n, self.device, memory.hidden_size(self.model.config))
 
     def integrate(self, enc: Encoded, site, target, clean, grad_at_one: torch.Tensor | None = None,
                   f_full: float | None = None, floor: float = 0.0):
         """One target site's integral: (G = sum_k w_k dF/dO_k [1, ...], F with its attention at
-        0, the saved projections, (nodes, error estimate, cap hit[, state])).
-
-        ``grad_at_one`` is dF/dO at alpha = 1 from the clean forward's backward (F there:
-        ``f_full``); that node is then not recomputed. Steps run in micro-batches that fit memory; a CUDA
-        out-of-memory error halves the micro-batch and retries. ``floor``: the least scale ``--tol``
-        judges the layer against (the example's largest kept number so far; engine/adaptive.py).
-        """
+        0, the saved projections, (nodes, error estimate, cap hit[, state])). ``grad_at_one``:
+        dF/dO at alpha = 1 from the clean forward's backward (F there: ``f_full``), not
+        recomputed. ``floor``: the least scale ``--tol`` judges the layer against (the example's
+        largest kept number so far; engine/adaptive.py)."""
         box: dict = {}
 
         def run(owner, alphas, weights):

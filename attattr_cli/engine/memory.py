@@ -27,14 +27,20 @@ def free_memory(device: torch.device) -> int:
         # blocks PyTorch's caching allocator holds but does not use are free for us too
         free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free * 0.7)
+    free = proc_bytes("/proc/meminfo", "MemAvailable")
+    return 4 << 30 if free is None else free // 2
+
+
+def proc_bytes(path: str, name: str) -> int | None:
+    """The bytes of a ``name:`` line (in kB) of a /proc file; None where it cannot be read."""
     try:
-        with open("/proc/meminfo") as fh:
+        with open(path) as fh:
             for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // 2
+                if line.startswith(name + ":"):
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 4 << 30
+    return None
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:

@@ -202,7 +202,7 @@ class Scorer(Integration, Assembly):
             raise DataError(f"example {example.index} has an empty prompt")
         if not tok(example.text_a, add_special_tokens=False)["input_ids"]:  # only the tokenizer's own marks
             raise empty_text(example.index, "prompt", example.text_a)
-        if self.options.stepwise:  # a generation, step by step (engine/generation.py)
+        if self.options.stepwise:  # a generation, step by step (StepwiseScorer's; __init__ refuses it here)
             return self._encode_steps(example, prompt)
         if self.options.metric is not None:  # a clean / counterfactual pair with its own answer and foil
             return self._encode_pair(example)
@@ -221,8 +221,7 @@ class Scorer(Integration, Assembly):
             positions = [p % len(ids)]
             targets = None if self._lm_token is None else [self._lm_token]
         self.check_length(len(ids), example.index)
-        segments = [0] * len(ids)
-        return Encoded(ids, tok.convert_ids_to_tokens(ids), segments, None, False,
+        return Encoded(ids, tok.convert_ids_to_tokens(ids), [0] * len(ids), None, False,
                        lm_positions=positions, lm_targets=targets)
 
     def continuation_ids(self) -> list[int]:
@@ -231,9 +230,6 @@ class Scorer(Integration, Assembly):
         if not cont:
             raise OptionError("--continuation is empty for this tokenizer")
         return cont
-
-    def _encode_steps(self, example: Example, prompt: list[int]) -> Encoded:
-        raise TypeError("a generation is scored by engine/generation.py's StepwiseScorer (engine/run.py's scorer_for)")
 
     def _encode_pair(self, example: Example) -> Encoded:
         """A pair (data/pairs.py; its answer, foil and counterfactual in ``example.meta["pair"]``):
