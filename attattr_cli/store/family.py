@@ -72,6 +72,12 @@ def read_convergence(path, group, where: str, layers: int):
     return states.astype(np.uint8), tol
 
 
+def self_maps_info(head_max) -> dict:
+    """The ``families`` entry of an example in the 1.0 shape: the self family, its maps kept."""
+    heads = int(np.shape(head_max)[1]) if np.ndim(head_max) == 2 else 0
+    return {"keep": "maps", "heads": heads, "query": "input", "key": "input"}
+
+
 def family_arrays(fs) -> dict:
     """The datasets of one FamilyScore, by name (absent entries: None)."""
     attention = fs.attention

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import StoreError
 from .fingerprint import fingerprint_difference
-from .opening import check_schema, open_file, read_attr, utc_now
+from .opening import check_schema, check_store_path, open_file, read_attr, utc_now
 from .reader import Store
 from .schema import EXAMPLES, PARTIAL_PREFIX, PROVENANCE, SHARD_EXAMPLES, example_name
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
@@ -157,14 +157,10 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
     check = inspect_shards(shards)
     if not partial and check.problems():
         raise StoreError("cannot merge: " + "; ".join(check.problems()) + " (or merge what is there with --partial)")
-    from ..fileio import check_store_output, same_file
+    from ..fileio import same_file
 
     out = Path(out)
-    check_store_output(out)
-    if out.is_dir():
-        raise StoreError(f"{out} is a directory, not a store")
-    if not out.parent.exists():
-        raise StoreError(f"cannot create {out}: the folder {out.parent} does not exist")
+    check_store_path(out)
     if any(out.resolve() == Path(p).resolve() or same_file(out, p) for p in shards):
         raise StoreError(f"{out} is one of the shards: choose another file")
     readers = [Store(p) for p in shards]

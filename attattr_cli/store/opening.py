@@ -20,6 +20,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import StoreError
+from ..fileio import check_store_output, os_errno
 from .schema import EXAMPLES, PROVENANCE, SCHEMA_MAJOR, SCHEMA_NAME
 
 UTF8 = h5py.string_dtype("utf-8")
@@ -38,15 +39,6 @@ def read_attr(obj, name, default=None):
     if isinstance(value, np.generic):
         value = value.item()
     return value
-
-
-def os_errno(exc: BaseException) -> int | None:
-    """The operating system's errno behind an h5py error: ``exc.errno``, else the
-    ``errno = N`` HDF5 writes into its message."""
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
-    m = re.search(r"errno = (\d+)", str(exc))
-    return int(m.group(1)) if m else None
 
 
 def is_lock_error(exc: BaseException) -> bool:
@@ -159,6 +151,16 @@ def stored_below(group, limit: int) -> bool:
     except (OSError, RuntimeError, KeyError, ValueError):
         return False
     return all(end <= limit for end in ends)
+
+
+def check_store_path(path: Path) -> None:
+    """Refuse, before anything is written, a store path that is a device or a FIFO
+    (``fileio.check_store_output``), a folder, or in a folder that does not exist."""
+    check_store_output(path)
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory, not a store")
+    if not path.parent.exists():
+        raise StoreError(f"cannot create {path}: the folder {path.parent} does not exist")
 
 
 def check_schema(f: h5py.File, path: Path) -> None:

@@ -17,7 +17,7 @@ from .. import convergence
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
-from .family import ARRAYS, checked, damaged, read_convergence, read_family  # noqa: F401  (checked, damaged: re-exported)
+from .family import ARRAYS, checked, damaged, read_convergence, read_family, self_maps_info  # noqa: F401  (checked, damaged: re-exported)
 from .fingerprint import check_fingerprint
 from .steps import read_steps
 
@@ -469,8 +469,7 @@ class Store(OpenFile):
         info = read_attr(g, "families")
         if info:
             return json.loads(info)
-        heads = int(g["head_max"].shape[1]) if "head_max" in g and g["head_max"].ndim == 2 else 0
-        return {"self": {"keep": "maps", "heads": heads, "query": "input", "key": "input"}}
+        return {"self": self_maps_info(g["head_max"] if "head_max" in g else None)}
 
     def families(self) -> list[str]:
         idx = self.indices()

@@ -49,10 +49,6 @@ AXES = {
     # schema 1.6
     "read_sum": ("layer", "key"),
 }
-# the datasets of one family (at the example's top level for "self", else under families/)
-FAMILY_DATASETS = ("layers", "attribution", "attention", "head_sum", "attention_mean", "head_max",
-                   "f_baseline", "residual", "topk_index", "topk_value", "nodes", "error_estimate", "node_cap_hit",
-                   "convergence", "key_sum", "read_sum")
 
 STORE_DTYPES = ("float32", "float16")
 

@@ -46,14 +46,6 @@ def read_token_importance(store: Store, index: int) -> dict[str, np.ndarray]:
     return {m: g[GROUP][m][()] for m in g[GROUP] if not m.startswith(PARTIAL_PREFIX)}
 
 
-def token_importance_params(store: Store, index: int) -> dict[str, dict]:
-    g = _group(store.f, index)
-    if GROUP not in g:
-        return {}
-    return {m: json.loads(g[GROUP][m].attrs.get("params", "{}")) for m in g[GROUP]
-            if not m.startswith(PARTIAL_PREFIX)}
-
-
 class TokenImportanceStore(Store):
     """A store opened for reading examples and their token importance vectors, and, when
     ``writable``, adding vectors (otherwise opened read-only and ``write`` does nothing: an

@@ -7,7 +7,6 @@ Several processes can each write their own shard (same fingerprint, disjoint exa
 from __future__ import annotations
 
 import contextlib
-import errno
 import io
 import json
 import os
@@ -27,12 +26,12 @@ import numpy as np
 
 from .. import __version__
 from ..errors import AttattrError, ResourceError, StoreError, first_line
-from .family import family_arrays, write_family
+from .family import family_arrays, self_maps_info, write_family
 from .steps import write_steps
 from .fingerprint import check_fingerprint  # noqa: F401  (re-exported: store/__init__)
 from .reader import already_done  # noqa: F401  (re-exported: engine/run)
-from .opening import (UTF8, OpenFile, check_schema, open_file, open_padded, os_errno, read_attr, stored_below,
-                      utc_now)
+from .opening import (UTF8, OpenFile, check_schema, check_store_path, open_file, open_padded, read_attr,
+                      stored_below, utc_now)
 from .schema import (
     EXAMPLES,
     FAMILIES,
@@ -44,7 +43,7 @@ from .schema import (
     STORE_DTYPES,
     example_name,
 )
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..fileio import FULL, dumps as strict_dumps, no_space, os_errno  # strict JSON: no NaN or Infinity
 
 
 # what the space check adds to an example's arrays: attributes, links, chunk indexes
@@ -71,9 +70,6 @@ def file_size_room(path: Path) -> int | None:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.2f} MB"
-
-
-from ..fileio import FULL as _FULL  # noqa: E402  (the one wording of a write without room)
 
 
 class StoreWriter(OpenFile):
@@ -104,13 +100,7 @@ class StoreWriter(OpenFile):
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []
-        from ..fileio import check_store_output
-
-        check_store_output(self.path)
-        if self.path.is_dir():
-            raise StoreError(f"{self.path} is a directory, not a store")
-        if not self.path.parent.exists():
-            raise StoreError(f"cannot create {self.path}: the folder {self.path.parent} does not exist")
+        check_store_path(self.path)
         while True:
             existed = self.path.exists() and self.path.stat().st_size > 0
             if existed:
@@ -137,9 +127,8 @@ class StoreWriter(OpenFile):
         if free_bytes(folder) < _SKELETON:
             raise ResourceError(f"cannot create {self.path}: only {_mb(free_bytes(folder))} are free on its disk")
         tmp = folder / f".{self.path.name}.creating-{os.getpid()}-{secrets.token_hex(4)}"
-        self.f = open_file(tmp, "w-")
+        self.f = f = open_file(tmp, "w-")
         try:
-            f = self.f
             f.attrs["schema"] = SCHEMA_NAME
             f.attrs["schema_version"] = SCHEMA_VERSION
             f.attrs["attattr_version"] = __version__
@@ -154,7 +143,7 @@ class StoreWriter(OpenFile):
             f.flush()
         except (OSError, RuntimeError) as exc:
             self.poisoned = True
-            _remove(tmp)
+            tmp.unlink(missing_ok=True)
             raise self._failed(exc, "creating the store") from None
         try:
             try:
@@ -162,16 +151,15 @@ class StoreWriter(OpenFile):
             except FileExistsError:
                 if self.path.exists() and self.path.stat().st_size > 0:  # another writer was first
                     self.f.close()
-                    _remove(tmp)
                     return False
                 os.replace(tmp, self.path)  # a dangling symlink or an empty file: replaced
             except OSError:  # a file system without hard links
                 os.replace(tmp, self.path)
         except BaseException:
             self.close()
-            _remove(tmp)
             raise
-        _remove(tmp)
+        finally:
+            tmp.unlink(missing_ok=True)
         return True
 
     def _open_existing(self, fingerprint: dict) -> None:
@@ -201,15 +189,10 @@ class StoreWriter(OpenFile):
             if leftovers:
                 self.f.flush()
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
-            self._close_quietly()
+            with contextlib.suppress(OSError, RuntimeError, KeyError, ValueError):
+                if self.f.id.valid:
+                    self.f.close()
             self._recover(exc)
-
-    def _close_quietly(self) -> None:
-        try:
-            if self.f.id.valid:
-                self.f.close()
-        except (OSError, RuntimeError, KeyError, ValueError):
-            pass
 
     def _recover_truncated(self, reason: StoreError) -> None:
         """A store shorter than HDF5 recorded (a write that failed on a full disk): read as if
@@ -222,10 +205,11 @@ class StoreWriter(OpenFile):
     def _recover(self, reason: BaseException | str, within: int | None = None, opener=None) -> None:
         """Copy every complete example of the store into a fresh file and swap it in; with
         ``within``, only examples whose raw data lie below that byte offset."""
+        why = reason if isinstance(reason, str) else first_line(reason)
         real = self.path.resolve()
         size = real.stat().st_size
         if free_bytes(real.parent) < size + _SKELETON:
-            raise ResourceError(f"{self.path} needs repair ({_why(reason)}), which needs {_mb(size)} free"
+            raise ResourceError(f"{self.path} needs repair ({why}), which needs {_mb(size)} free"
                              f" beside it; {_mb(free_bytes(real.parent))} are free: free some space and run again")
         tmp = real.parent / f".{real.name}.recovering-{os.getpid()}-{secrets.token_hex(4)}"
         kept = lost = 0
@@ -258,13 +242,12 @@ class StoreWriter(OpenFile):
             os.chmod(tmp, stat.S_IMODE(real.stat().st_mode))
             os.replace(tmp, real)
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
-            _remove(tmp)
-            raise StoreError(f"{self.path} could not be repaired in place ({_why(reason)}) nor copied"
+            raise StoreError(f"{self.path} could not be repaired in place ({why}) nor copied"
                              f" ({first_line(exc)}); it was left as it is") from exc
         finally:
-            _remove(tmp)
+            tmp.unlink(missing_ok=True)
         self.notes.append(
-            f"{self.path} could not be repaired in place ({_why(reason)}): its {kept} complete examples"
+            f"{self.path} could not be repaired in place ({why}): its {kept} complete examples"
             f" were copied into a fresh file that replaced it" + (f" ({lost} unreadable ones were left out)" if lost else ""))
         self.f = open_file(self.path, "r+")
 
@@ -272,19 +255,19 @@ class StoreWriter(OpenFile):
         """The error for an HDF5 write that failed while ``doing`` (lack of space: the one
         ResourceError line of every command, fileio.no_space); HDF5's state in this process is
         unusable afterwards (see the class docstring)."""
-        from ..fileio import no_space
-
         self.poisoned = True
         code = os_errno(exc)
-        done = len(getattr(self, "done", ()))
-        kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept" if done else "nothing is lost"
-        if code in _FULL:
+        kept = self._kept() if getattr(self, "done", None) else "nothing is lost"
+        if code in FULL:
             return no_space(self.path, code, f"{doing} failed; {kept}", " to resume")
-        else:
-            message = f"{doing} in {self.path} failed ({first_line(exc)}); {kept}: run the same command again to resume"
-        error = StoreError(message)
+        error = StoreError(f"{doing} in {self.path} failed ({first_line(exc)}); {kept}: run the same command again"
+                           " to resume")
         error.end_process = True
         return error
+
+    def _kept(self) -> str:
+        done = len(self.done)
+        return f"the {done} complete example{'s' if done != 1 else ''} in it are kept"
 
     def check_space(self, index: int, need: int) -> None:
         """Refuse (before writing anything) an example of about ``need`` bytes that the disk
@@ -292,8 +275,7 @@ class StoreWriter(OpenFile):
         need += _OVERHEAD
         free = free_bytes(self.path.parent)
         room = file_size_room(self.path)
-        done = len(self.done)
-        kept = f"the {done} complete example{'s' if done != 1 else ''} in it are kept"
+        kept = self._kept()
         if need > free:
             raise ResourceError(f"not enough space to write example {index} to {self.path}: it needs about {_mb(need)},"
                              f" {_mb(free)} are free on the disk; {kept}: free some space and run the same command"
@@ -322,10 +304,6 @@ class StoreWriter(OpenFile):
         ds = g.create_dataset(name, **kw)
         self._held.append(ds)  # closed after the flush, so that a failed write raises there
         return ds
-
-    def _write_family(self, g, arrays: dict) -> None:
-        """One family's datasets into group ``g`` (store/family.py)."""
-        write_family(g, arrays, self._held, self.store_dtype)
 
     def _estimate(self, score) -> int:
         """An upper bound of the bytes ``score`` takes in the store: its arrays uncompressed."""
@@ -382,23 +360,19 @@ class StoreWriter(OpenFile):
             del examples[tmp]
         g = examples.create_group(tmp)
         self._held.append(g)
-        n = len(score.tokens)
         self._dataset(g, "tokens", data=np.array(score.tokens, dtype=object), dtype=UTF8)
-        self._dataset(g, "input_ids", data=score.input_ids)
-        self._dataset(g, "segment_ids", data=score.segment_ids)
-        self._dataset(g, "logits", data=score.logits)
-        self._dataset(g, "probs", data=score.probs)
+        for key in ("input_ids", "segment_ids", "logits", "probs"):
+            self._dataset(g, key, data=getattr(score, key))
         if getattr(score, "decoder_tokens", None) is not None:
             self._dataset(g, "decoder_tokens", data=np.array(score.decoder_tokens, dtype=object), dtype=UTF8)
             self._dataset(g, "decoder_input_ids", data=score.decoder_input_ids)
         families = getattr(score, "families", None) or {}
         info = {}
         if not families:  # an ExampleScore built by hand in the 1.0 shape
-            self._write_family(g, dict(
-                layers=score.layers, attribution=score.attribution, attention=score.attention,
-                head_max=score.head_max, f_baseline=score.f_baseline, residual=score.residual))
-            info["self"] = {"keep": "maps", "heads": int(np.shape(score.head_max)[1]) if np.ndim(score.head_max) == 2 else 0,
-                            "query": "input", "key": "input"}
+            write_family(g, {key: getattr(score, key) for key in ("layers", "attribution", "attention", "head_max",
+                                                                  "f_baseline", "residual")},
+                         self._held, self.store_dtype)
+            info["self"] = self_maps_info(score.head_max)
         for name, fs in families.items():
             if name == "self":
                 where = g
@@ -406,19 +380,16 @@ class StoreWriter(OpenFile):
                 parent = g.require_group(FAMILIES)
                 where = parent.create_group(name)
                 self._held += [parent, where]
-            self._write_family(where, family_arrays(fs))
+            write_family(where, family_arrays(fs), self._held, self.store_dtype)
             info[name] = {"keep": fs.keep, "heads": int(fs.heads), "query": fs.query_side, "key": fs.key_side}
         if getattr(score, "steps", None):  # schema 1.4: a generation's per-step results (store/steps.py)
             write_steps(g, score.steps, self._held, self.store_dtype)
         a = g.attrs
         a["families"] = strict_dumps(info)
         a["step_batch"] = int(getattr(score, "step_batch", 0) or 0)
-        a["index"] = score.index
-        a["gold"] = score.gold
-        a["pred"] = score.pred
-        a["target"] = score.target
-        a["f_full"] = score.f_full
-        a["n_tokens"] = n
+        for key in ("index", "gold", "pred", "target", "f_full"):
+            a[key] = getattr(score, key)
+        a["n_tokens"] = len(score.tokens)
         a["kernel"] = score.kernel
         a["truncated"] = bool(score.truncated)
         a["text_a"] = score.text_a
@@ -433,13 +404,3 @@ class StoreWriter(OpenFile):
         self.f.flush()
         examples.move(tmp, final)
         self.f.flush()
-
-def _why(reason: BaseException | str) -> str:
-    return reason if isinstance(reason, str) else first_line(reason)
-
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

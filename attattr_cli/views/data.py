@@ -109,18 +109,22 @@ def _label(labels: Sequence[str] | None, i: int) -> str:
     return str(i)
 
 
+def lm_meta(example) -> dict | None:
+    """A language model's ``meta["lm"]`` (None for a classifier)."""
+    meta = getattr(example, "meta", None) or {}
+    return meta.get("lm") if isinstance(meta, dict) else None
+
+
 def header_of(example, labels: Sequence[str] | None = None) -> dict:
     """Text, gold label, prediction, what was attributed (:func:`attributed`), residual per layer;
     ``summary`` is the header's line of prediction, target and attributed quantity."""
-    meta = getattr(example, "meta", None) or {}
-    lm = meta.get("lm") if isinstance(meta, dict) else None
+    lm = lm_meta(example)
     pred, gold = int(example.pred), int(example.gold)
     a = attributed(example, labels)
     out: dict[str, Any] = {"index": int(example.index), "text_a": example.text_a or "", "text_b": example.text_b,
                            "family": getattr(example, "family", "self")}
     out.update({k: a[k] for k in ("prediction", "target", "probability", "probability_of", "foil",
-                                  "foil_probability", "quantity", "step", "steps")})
-    out["value"] = a["value"]
+                                  "foil_probability", "quantity", "step", "steps", "value")})
     out["attributed"] = a["line"]
     out["gold"] = None if lm or gold < 0 else _label(labels, gold)
     parts = []
@@ -166,9 +170,7 @@ def _choose_layers(example, wanted, num_layers: int | None, summed=None,
         if not max_layers or len(scored) <= max_layers or summed is None:
             return scored, None
         a = np.abs(np.nan_to_num(np.asarray(summed, dtype=np.float64)))
-        meta = getattr(example, "meta", None) or {}
-        lm = meta.get("lm") if isinstance(meta, dict) else None
-        rows = [int(p) for p in (lm or {}).get("positions") or [] if 0 <= int(p) < a.shape[1]]
+        rows = [int(p) for p in (lm_meta(example) or {}).get("positions") or [] if 0 <= int(p) < a.shape[1]]
         if rows:  # a language model: the queries that predict the target carry the answer
             weight, where = a[:, rows].sum(axis=(1, 2)), "in the rows of the positions that predict the target"
         else:
@@ -278,8 +280,7 @@ def _window(example, causal: bool, summed: np.ndarray | None, topk: list[dict], 
             centres.append(actual)
         why = "the chosen query positions"
     else:
-        meta = getattr(example, "meta", None) or {}
-        lm = meta.get("lm") if isinstance(meta, dict) else None
+        lm = lm_meta(example)
         if lm and lm.get("positions"):
             centres, why = [int(p) for p in lm["positions"]], "the positions that predict the target"
         elif summed is not None:
@@ -288,11 +289,11 @@ def _window(example, causal: bool, summed: np.ndarray | None, topk: list[dict], 
             centres, why = [topk[0]["query"]], "the query of the strongest top-k entry"
         else:
             centres, why = [nq - 1], "the last position"
-    half = max(spec.window, 1) // 2
+    size = max(spec.window, 1)
     q_set: set[int] = set()
     for c in centres:
-        lo = max(0, min(c - half, nq - max(spec.window, 1)))
-        q_set.update(range(lo, min(nq, lo + max(spec.window, 1))))
+        lo = max(0, min(c - size // 2, nq - size))
+        q_set.update(range(lo, min(nq, lo + size)))
     q_idx = sorted(q_set)
     k_set = set(j for j in q_idx if j < nk)
     if summed is not None:
@@ -314,7 +315,7 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
     """The :class:`View` of one example (see the module docstring); ``labels`` name the
     classes, ``token_importance`` ({method: [n]}) holds what ``faithfulness`` stored."""
     spec = spec or ViewSpec()
-    show = [s for s in spec.show]
+    show = list(spec.show)
     for s in show:
         if s not in SHOWS:
             raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
@@ -349,11 +350,10 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
 
     maps: dict[str, np.ndarray] = {}
     if summed is not None and "attr" in show:
-        a = _per_head(attr4 if attr4 is not None else summed, rows, heads, mean=False)
-        maps["attr"] = a
+        maps["attr"] = _per_head(attr4 if attr4 is not None else summed, rows, heads, mean=False)
     if "attention" in show:
         if attention is None:
-            if list(spec.show) != list(SHOWS):
+            if show != list(SHOWS):
                 raise OptionError(f"example {example.index} keeps no attention (scored with --keep {keep}):"
                                   " use --show attr")
             notes.append("no attention is stored for this example")

@@ -26,10 +26,6 @@ MAX_WIDTH = 28.0  # inches: a figure's rows of panels wrap to stay within this
 MAX_PIXELS = 6000  # a PNG's longer side: a larger figure is drawn at a lower resolution
 
 
-def _fmt(x) -> str:
-    return "n/a" if x is None else f"{x:.3g}"
-
-
 def header_lines(view: View) -> list[str]:
     h = view.header
     first = f"example {h['index']}"

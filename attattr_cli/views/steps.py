@@ -16,6 +16,7 @@ import numpy as np
 
 from ..analysis.aggregate import step_source, word_style, word_text
 from ..labels import example_labels, visible as shown
+from .data import format_number, lm_meta
 from .figure import ATTR_CMAP, MASKED
 
 
@@ -43,7 +44,7 @@ def facts(example) -> dict:
     notebook): the prompt and generated text (words), the generated tokens, the target per step,
     the foil, how the steps came (generated, sampled, given), the largest |completeness
     residual| of a step and layer and the step-layers whose integral did not converge."""
-    lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
+    lm = lm_meta(example) or {}
     steps = list(example.steps)
     prompt_n = len(example.tokens) - len(steps) + 1
     pieces = [str(st.meta["step"]["target_token"]) for st in steps]
@@ -75,9 +76,7 @@ def step_rows(example) -> list[dict]:
     ``token`` as a reader sees it (labels.py) and ``piece`` as the tokenizer wrote it,
     the step's largest |completeness residual| over layers, whether every layer converged and
     which did not (``"L0 (why), ..."``)."""
-    lm = example.meta.get("lm", {}) if isinstance(example.meta, dict) else {}
-    foil = lm.get("foil_token")
-    foil_probs = list(lm.get("foil_probs") or [])
+    foil_probs = list((lm_meta(example) or {}).get("foil_probs") or [])
     f = facts(example)
     rows = []
     for t, st in enumerate(example.steps):
@@ -87,7 +86,7 @@ def step_rows(example) -> list[dict]:
         rows.append({"example": int(example.index), "step": t, "position": int(s["position"]),
                      "token": f["tokens"][t], "piece": str(s["target_token"]), "target_value": float(st.f_full),
                      "probability": float(s["prob"]), "foil": f["foil"],
-                     "foil_probability": float(foil_probs[t]) if foil is not None and t < len(foil_probs) else None,
+                     "foil_probability": float(foil_probs[t]) if f["foil"] is not None and t < len(foil_probs) else None,
                      "max_abs_residual": float(resid.max()) if resid.size else None, "converged": not bad,
                      "unconverged_layers": ", ".join(f"L{layer} ({why})" for layer, why in bad.items())})
     return rows
@@ -110,8 +109,6 @@ def step_view(example, words: bool = True) -> tuple[StepView, np.ndarray]:
 
 def row_label(row: str, f=None, total=None) -> str:
     """A matrix row's label: ``␣Paris (F 0.773, Σ 5.07)``: its F and what its cells add to."""
-    from .data import format_number
-
     if f is None:
         return str(row)
     return f"{row} (F {format_number(f)}" + ("" if total is None else f", Σ {format_number(total)}") + ")"
@@ -215,8 +212,7 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
     (``row_values`` the rows' F; with ``row_sums`` also what the row's cells add to).
     Without ``tips``, or above ``TIP_CELLS`` cells, still.py's compact heatmap (one path per
     colour step, no values on hover)."""
-    from .data import format_number
-    from .still import FONT, MASKED, cell_colour, cut_label, heatmap_svg, text_width
+    from .still import MASKED, cell_colour, cut_label, heatmap_svg, svg_frame
 
     m = np.asarray(matrix, np.float64)
     nr, nc = m.shape
@@ -229,36 +225,15 @@ def matrix_svg(rows, cols, matrix, caption: str, row_values=None, tips: bool = T
         return heatmap_svg(np.nan_to_num(m), "attr", top, full_rows, [str(c) for c in cols], caption, np.isnan(m),
                            cls="aa-step-matrix", cut_rows=False)
     cell = max(10, min(22, 520 // max(nc, 1)))
-    fs = min(11, cell - 1)
-    rl, cl = full_rows, [cut_label(str(c)) for c in cols]
-    left = int(max([text_width(r, fs) for r in rl] + [0])) + 6
-    head = int(max([text_width(c, fs) for c in cl] + [0])) + 6
-    ox, oy = left, 30 + head
-    width = int(max(ox + nc * cell + 2, text_width(caption, 11) + 4, 240))
-    height = oy + nr * cell + 2
-    low = "−" + format_number(top)
-    bar = int(text_width(low, 10)) + 4
-    e = html_mod.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="aa-step-matrix" data-kind="attr" '
-           f'width="{width}" height="{height}" viewBox="0 0 {width} {height}" font-family="{FONT}" style="display:block">',
-           f'<text x="0" y="11" font-size="11" fill="#333">{e(caption)}</text>',
-           f'<text x="0" y="24" font-size="10" fill="#333">{e(low)}</text>']
-    for s in range(16):
-        v = (2 * s / 15 - 1) * top
-        out.append(f'<rect x="{bar + s * 8}" y="16" width="8" height="9" fill="{cell_colour("attr", v, top)}"/>')
-    out.append(f'<text x="{bar + 132}" y="24" font-size="10" fill="#333">{e(format_number(top))}</text>')
-    out.append(f'<g font-size="{fs}" fill="#222" transform="rotate(-90)">')
-    out.extend(f'<text x="{3 - oy}" y="{ox + j * cell + cell / 2 + fs / 3:g}">{e(c)}</text>' for j, c in enumerate(cl))
-    out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
-    out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{e(r)}</text>' for i, r in enumerate(rl))
-    out.append(f'</g><g shape-rendering="crispEdges">')
+    out, ox, oy = svg_frame("attr", top, full_rows, [cut_label(str(c)) for c in cols], caption, cell, "aa-step-matrix")
+    out.append('</g><g shape-rendering="crispEdges">')
     for i in range(nr):
         for j in range(nc):
             v = float(m[i, j])
             fill = MASKED if not np.isfinite(v) else cell_colour("attr", v, top)
             tip = f"{rows[i]} ← {cols[j]}: " + (format_number(v, signed=True) if np.isfinite(v) else "not in the step's prefix")
             out.append(f'<rect x="{ox + j * cell}" y="{oy + i * cell}" width="{cell}" height="{cell}" fill="{fill}">'
-                       f"<title>{e(tip)}</title></rect>")
+                       f"<title>{html_mod.escape(tip)}</title></rect>")
     out.append("</g></svg>")
     return "".join(out)
 

@@ -47,34 +47,18 @@ def text_width(s: str, size: float) -> float:
 
 
 # -- one heatmap ---------------------------------------------------------------------------------
-def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
-                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True,
-                row_tips: Sequence[str] | None = None, col_tips: Sequence[str] | None = None) -> str:
-    """One [query, key] map as an SVG: the caption and a colour bar above, key labels on top
-    (vertical), query labels on the left (cut to ``LABEL_CHARS`` unless ``cut_rows`` is False;
-    ``row_tips``/``col_tips``, a label's hover text: the tokenizer's piece), one ``<path>`` per
-    colour step (runs of equal cells merged), drawn at view.js's cell size."""
-    nq, nk = len(rows), len(cols)
-    cell = max(9, min(22, 420 // max(nk, 1)))
+def svg_frame(kind: str, top: float, rows: Sequence[str], cols: Sequence[str], caption: str, cell: int,
+              cls: str, row_tips: Sequence[str] | None = None,
+              col_tips: Sequence[str] | None = None) -> tuple[list[str], int, int]:
+    """The parts of a map's SVG around its cells (``rows`` and ``cols`` as shown): the opening
+    tag, the caption and a colour bar above, key labels on top (vertical), query labels on the
+    left; with the cells' origin ``(ox, oy)``."""
     fs = min(11, cell - 1)
-    rows, cols = [cut_label(str(r)) if cut_rows else str(r) for r in rows], [cut_label(str(c)) for c in cols]
     left = int(max([text_width(r, fs) for r in rows] + [0])) + 6
     head = int(max([text_width(c, fs) for c in cols] + [0])) + 6
-    legend = 30
-    ox, oy = left, legend + head
-    width = int(max(ox + nk * cell + 2, text_width(caption, 11) + 4, 240))  # the caption and the colour bar fit
-    height = oy + nq * cell + 2
-    paths: dict[str, list[str]] = {}  # colour -> runs of equal cells, each a stroke through a row's middle
-    for i in range(nq):
-        j = 0
-        while j < nk:
-            colour = MASKED if masked is not None and masked[i][j] else cell_colour(kind, float(m[i][j]), top)
-            run = 1
-            while j + run < nk and (MASKED if masked is not None and masked[i][j + run]
-                                    else cell_colour(kind, float(m[i][j + run]), top)) == colour:
-                run += 1
-            paths.setdefault(colour, []).append(f"M{j} {i}.5h{run}")
-            j += run
+    ox, oy = left, 30 + head  # 30: the caption and the colour bar
+    width = int(max(ox + len(cols) * cell + 2, text_width(caption, 11) + 4, 240))  # the caption and the colour bar fit
+    height = oy + len(rows) * cell + 2
     low = ("−" + format_number(top)) if kind == "attr" else "0"
     bar = int(text_width(low, 10)) + 4
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="{cls}" data-kind="{kind}" width="{width}" '
@@ -93,6 +77,31 @@ def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols:
     out.append(f'</g><g font-size="{fs}" fill="#222" text-anchor="end">')
     out.extend(f'<text x="{ox - 4}" y="{oy + i * cell + cell / 2 + fs / 3:g}">{html.escape(r)}{_tip(row_tips, i, r)}</text>'
                for i, r in enumerate(rows))
+    return out, ox, oy
+
+
+def heatmap_svg(m: np.ndarray, kind: str, top: float, rows: Sequence[str], cols: Sequence[str],
+                caption: str, masked=None, cls: str = "aa-still-map", cut_rows: bool = True,
+                row_tips: Sequence[str] | None = None, col_tips: Sequence[str] | None = None) -> str:
+    """One [query, key] map as an SVG (:func:`svg_frame`; query labels cut to ``LABEL_CHARS``
+    unless ``cut_rows`` is False; ``row_tips``/``col_tips``, a label's hover text: the
+    tokenizer's piece), one ``<path>`` per colour step (runs of equal cells merged), drawn at
+    view.js's cell size."""
+    nq, nk = len(rows), len(cols)
+    cell = max(9, min(22, 420 // max(nk, 1)))
+    rows, cols = [cut_label(str(r)) if cut_rows else str(r) for r in rows], [cut_label(str(c)) for c in cols]
+    paths: dict[str, list[str]] = {}  # colour -> runs of equal cells, each a stroke through a row's middle
+    for i in range(nq):
+        j = 0
+        while j < nk:
+            colour = MASKED if masked is not None and masked[i][j] else cell_colour(kind, float(m[i][j]), top)
+            run = 1
+            while j + run < nk and (MASKED if masked is not None and masked[i][j + run]
+                                    else cell_colour(kind, float(m[i][j + run]), top)) == colour:
+                run += 1
+            paths.setdefault(colour, []).append(f"M{j} {i}.5h{run}")
+            j += run
+    out, ox, oy = svg_frame(kind, top, rows, cols, caption, cell, cls, row_tips, col_tips)
     out.append(f'</g><g transform="translate({ox} {oy}) scale({cell})" fill="none" stroke-width="1" '
                'shape-rendering="crispEdges">')
     out.extend(f'<path stroke="{c}" d="{"".join(p)}"/>' for c, p in paths.items())
