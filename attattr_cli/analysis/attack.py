@@ -20,19 +20,12 @@ Position rules (``position``):
 - a number in [0, 1]: every trigger token at that relative position.
 
 A *control* mirrors a trigger (same number of tokens, same segments and positions) with
-tokens drawn at random (seeded) from the tokens of the data, the trigger tokens left out.
-By default there are ``CONTROLS`` (20) controls per *layout* (trigger size and segments),
-each copying the positions of the layout's triggers in turn. They are the null
-distribution the triggers are judged against (see :func:`control_statistics`):
-
-- per trigger: its accuracy drop on the examples it attacks (gold class not its own),
-  the drops of the controls of its layout on the same examples (mean, sd, the largest),
-  its percentile among them, and the exact permutation p-value of a trigger exchangeable
-  with its controls, (1 + #controls dropping at least as much) / (n + 1);
-- per gold class: the drops of the triggers of the other classes against the drops of all
-  controls, an exact two-sample permutation test of the mean drop (every split enumerated
-  while the splits are few), Holm-adjusted over the classes, and the verdict at ``alpha``;
-  the most damaging control is named.
+tokens drawn at random (seeded) from the tokens of the data, the trigger tokens left out;
+``CONTROLS`` (20) per *layout* (trigger size and segments) by default. They are the null
+distribution the triggers are judged against, per trigger (its accuracy drop on the examples
+it attacks, the gold class not its own, among its layout's controls' drops) and per gold
+class (the other classes' triggers against all controls, Holm-adjusted): see
+:func:`control_statistics` and the document's ``tests``.
 
 Nothing here prints or exits; the data file is only read.
 """

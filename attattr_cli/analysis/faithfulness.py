@@ -96,32 +96,28 @@ def erasure_keeps(n: int, content: np.ndarray, scores: dict[str, np.ndarray], bi
     each method's bins and curve points are among them."""
     content = np.asarray(content)
     m = len(content)
-    full = np.ones(n, dtype=bool)
-    special = full.copy()
-    special[content] = False
-    keeps: list[np.ndarray] = [full]
+    keeps: list[np.ndarray] = [np.ones(n, dtype=bool)]
     slots: dict[str, dict[str, list[int]]] = {}
     for name, sc in scores.items():
         order = ranking(sc, content)
-        slot = {"comp": [], "suff": [], "del": []}
-        for q in bins:
-            k = bin_size(q, m)
-            drop = full.copy()
-            drop[order[:k]] = False
-            slot["comp"].append(len(keeps))
-            keeps.append(drop)
-            only = special.copy()
-            only[order[:k]] = True
-            slot["suff"].append(len(keeps))
-            keeps.append(only)
-        for f in fractions:
-            k = int(round(f * m))
-            drop = full.copy()
-            drop[order[:k]] = False
-            slot["del"].append(len(keeps))
-            keeps.append(drop)
-        slots[name] = slot
+        slot = slots[name] = {"comp": [], "suff": [], "del": []}
+        # comprehensiveness erases a bin's top tokens, sufficiency keeps only them (and the special tokens)
+        wanted = [(part, _keep(n, order[:k]) if part == "comp" else _keep(n, content, order[:k]))
+                  for k in (bin_size(q, m) for q in bins) for part in ("comp", "suff")]
+        wanted += [("del", _keep(n, order[:int(round(f * m))])) for f in fractions]
+        for part, keep in wanted:
+            slot[part].append(len(keeps))
+            keeps.append(keep)
     return keeps, slots
+
+
+def _keep(n: int, erased: np.ndarray, kept: np.ndarray | None = None) -> np.ndarray:
+    """A keep-mask of n tokens: False at ``erased``, then True again at ``kept``."""
+    keep = np.ones(n, dtype=bool)
+    keep[erased] = False
+    if kept is not None:
+        keep[kept] = True
+    return keep
 
 
 def erasure_metrics(predict: Callable[[list[np.ndarray]], np.ndarray], n: int, content: np.ndarray,
@@ -159,21 +155,15 @@ def mask_keeps(n: int, content: np.ndarray, scores: dict[str, np.ndarray], bound
     """The keep-masks :func:`mask_metrics` evaluates (the full input first) and where each
     order's fractions are among them."""
     content = np.asarray(content)
-    m = len(content)
-    full = np.ones(n, dtype=bool)
     orders = {name: ranking(sc, content) for name, sc in scores.items()}
     if bounds is not None:
         orders["\0hi"] = ranking(bounds, content)
         orders["\0lo"] = ranking(-np.asarray(bounds, dtype=np.float64), content)
-    keeps = [full]
+    keeps = [np.ones(n, dtype=bool)]
     slots: dict[str, list[int]] = {}
     for name, order in orders.items():
-        slots[name] = []
-        for q in fractions:
-            drop = full.copy()
-            drop[order[:bin_size(q, m)]] = False
-            slots[name].append(len(keeps))
-            keeps.append(drop)
+        slots[name] = list(range(len(keeps), len(keeps) + len(fractions)))
+        keeps += [_keep(n, order[:bin_size(q, len(content))]) for q in fractions]
     return keeps, slots
 
 

@@ -284,25 +284,36 @@ def attention_max(e, L: int, H: int) -> np.ndarray:
 def taylor(loaded, examples: Sequence[Example], label_map: Sequence[int] | None = None, batch_size: int = 32,
            normalize: bool = True, truncate: bool = False, progress: Progress | None = None) -> Table:
     """Michel et al.'s head importance: E_x |dL/d gate_h| with L the cross-entropy of the gold label."""
-    from ..engine.heads import Batches, masked
+    from ..engine.heads import Batches
 
-    model = loaded.model
-    L, H = loaded.arch.num_layers, loaded.arch.num_heads
     batches = Batches(loaded, examples, label_map, batch_size, truncate)
-    total = torch.zeros(L, H, dtype=torch.float64)
-    for k, b in enumerate(batches.batches):
-        n = b.inputs["input_ids"].shape[0]
-        gate = torch.ones(n, L, H, device=batches.device, requires_grad=True)
-        with torch.enable_grad(), masked(model, gate):
-            logits = model(**b.inputs).logits.float()
-            target = torch.where(b.gold >= 0, b.gold, logits.argmax(-1))
-            loss = torch.nn.functional.cross_entropy(logits, target, reduction="sum")
-            (g,) = torch.autograd.grad(loss, gate)
-        total += g.detach().abs().double().sum(0).cpu()
-        if progress:
-            progress(k + 1, len(batches.batches), "")
+
+    def loss(b) -> torch.Tensor:
+        logits = loaded.model(**b.inputs).logits.float()
+        target = torch.where(b.gold >= 0, b.gold, logits.argmax(-1))
+        return torch.nn.functional.cross_entropy(logits, target, reduction="sum")
+
+    total = _gate_gradients(loaded, batches.batches, batches.device, lambda b: b.inputs["input_ids"].shape[0], loss,
+                            progress)
     return _taylor_table(total, batches.n, normalize, [e.index for e in examples],
                          "E_x|sum A_h * dL/dA_h| (Michel et al. 2019), L = cross-entropy of the gold label")
+
+
+def _gate_gradients(loaded, batches, device, rows, objective, progress: Progress | None) -> torch.Tensor:
+    """Per head, |d objective(b) / d gate_h| summed over the rows of every batch b (``rows(b)``
+    of them), with a gate of 1 on every head's output of every row."""
+    from ..engine.heads import masked
+
+    L, H = loaded.arch.num_layers, loaded.arch.num_heads
+    total = torch.zeros(L, H, dtype=torch.float64)
+    for k, b in enumerate(batches):
+        gate = torch.ones(rows(b), L, H, device=device, requires_grad=True)
+        with torch.enable_grad(), masked(loaded.model, gate):
+            (g,) = torch.autograd.grad(objective(b), gate)
+        total += g.detach().abs().double().sum(0).cpu()
+        if progress:
+            progress(k + 1, len(batches), "")
+    return total
 
 
 def _taylor_table(total: torch.Tensor, n: int, normalize: bool, examples: list, description: str) -> Table:
@@ -320,21 +331,16 @@ def taylor_pairs(loaded, batches, normalize: bool = True, progress: Progress | N
     """Michel et al.'s importance for clean / counterfactual pairs of a language model
     (analysis/prune.py ``PairBatches``): I_h = E_x |d m_x / d gate_h| with m_x the pair's
     metric (the logit difference answer - foil by default) in place of the loss."""
-    from ..engine.heads import masked
     from ..models.arch import last_logits_only
 
-    model, task = loaded.model, batches.task
-    L, H = loaded.arch.num_layers, loaded.arch.num_heads
-    total = torch.zeros(L, H, dtype=torch.float64)
-    for k, b in enumerate(task.batches):
+    task = batches.task
+
+    def metric(b) -> torch.Tensor:
         extra = last_logits_only(b.clean.shape[1], task.device) if task.last_only else {}
-        gate = torch.ones(b.size, L, H, device=task.device, requires_grad=True)
-        with torch.enable_grad(), masked(model, gate):
-            logits = model(input_ids=b.clean, use_cache=False, **extra).logits[:, -1].float()
-            (g,) = torch.autograd.grad(task.metric(logits, b).sum(), gate)
-        total += g.detach().abs().double().sum(0).cpu()
-        if progress:
-            progress(k + 1, len(task.batches), "")
+        logits = loaded.model(input_ids=b.clean, use_cache=False, **extra).logits[:, -1].float()
+        return task.metric(logits, b).sum()
+
+    total = _gate_gradients(loaded, task.batches, task.device, lambda b: b.size, metric, progress)
     return _taylor_table(total, batches.n, normalize, [],
                          f"E_x|d m_x / d gate_h| (Michel et al. 2019), m the pair metric {batches.metric}")
 
