@@ -6,55 +6,45 @@ single ``Error: ...`` line on stderr and a non-zero exit status.
 
 
 class AttattrError(Exception):
-    """Base class of every error attattr reports to a user."""
+    """Base class of every error attattr reports to a user. A subclass gives its exit status
+    in its class line (``class DataError(AttattrError, exit_code=2)``) or keeps its base's."""
 
     exit_code = 1
 
+    def __init_subclass__(cls, exit_code: int | None = None, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if exit_code is not None:
+            cls.exit_code = exit_code
 
-class DataError(AttattrError):
+
+class DataError(AttattrError, exit_code=2):
     """A data file is missing, unreadable, lacks columns, or holds unknown labels."""
 
-    exit_code = 2
 
-
-class ModelError(AttattrError):
+class ModelError(AttattrError, exit_code=3):
     """A model cannot be loaded or is not supported."""
 
-    exit_code = 3
 
-
-class StoreError(AttattrError):
+class StoreError(AttattrError, exit_code=4):
     """An attribution store is missing, corrupt, from a newer schema, or incompatible."""
 
-    exit_code = 4
 
-
-class OptionError(AttattrError):
+class OptionError(AttattrError, exit_code=2):
     """Options that contradict each other or name something that does not exist."""
 
-    exit_code = 2
 
-
-class ResourceError(AttattrError):
+class ResourceError(AttattrError, exit_code=5):
     """The machine cannot do the work: memory runs out even at the smallest batch."""
 
-    exit_code = 5
 
-
-class DistributedError(AttattrError):
+class DistributedError(AttattrError, exit_code=6):
     """The processes of a torchrun launch disagree, time out, or one of them failed."""
-
-    exit_code = 6
 
 
 def first_line(exc: BaseException) -> str:
     """The first non-blank line of an exception's message (its type's name when it has none),
     for one-line error messages that wrap another library's error."""
-    text = str(exc).strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()
-    return type(exc).__name__
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
 
 
 def warn_user(message: str, category: type[Warning] = UserWarning) -> None:

@@ -21,6 +21,7 @@ format of every view. numpy only: no torch, no printing.
 
 from __future__ import annotations
 
+import itertools
 import re
 from functools import lru_cache
 from typing import Any, Sequence
@@ -31,7 +32,8 @@ SPACE, NEWLINE, TAB, EMPTY = "␣", "↵", "⇥", "∅"
 BPE_SPACE, SP_SPACE, WORDPIECE = "Ġ", "▁", "##"
 SPECIAL = re.compile(r"^(\[[A-Za-z_]+\]|<[^<>\s]+>|<\|[^|]+\|>)$")
 _SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-STYLES = ("bytes", "sentencepiece", "wordpiece", "text")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_SHOWN = {"\n": NEWLINE, "\r": "", "\t": TAB}  # other control characters: <0x07>
 
 
 @lru_cache(maxsize=1)
@@ -89,19 +91,8 @@ def visible(text: str) -> str:
     core = text.strip(" ")
     lead = len(text) - len(text.lstrip(" "))
     trail = len(text) - len(text.rstrip(" ")) if core else 0
-    out = []
-    for c in core:
-        if c == "\n":
-            out.append(NEWLINE)
-        elif c == "\r":
-            out.append("")
-        elif c == "\t":
-            out.append(TAB)
-        elif ord(c) < 32 or 0x7f <= ord(c) < 0xa0:
-            out.append(f"<0x{ord(c):02X}>")
-        else:
-            out.append(c)
-    return SPACE * lead + "".join(out) + SPACE * trail or EMPTY
+    core = _CONTROL.sub(lambda m: _SHOWN.get(m.group(), f"<0x{ord(m.group()):02X}>"), core)
+    return SPACE * lead + core + SPACE * trail or EMPTY
 
 
 def _sp_text(piece: str) -> str:
@@ -113,30 +104,22 @@ def _sp_text(piece: str) -> str:
 
 def _byte_texts(tokens: Sequence[str]) -> list[str]:
     """Each byte-level piece's text, decoded over the whole sequence (see the module docstring)."""
-    chunks: list[bytes | None] = []
-    for t in tokens:
-        t = str(t)
-        chunks.append(None if SPECIAL.match(t) else _bytes_of(t))
+    chunks = [None if SPECIAL.match(t) else _bytes_of(t) for t in map(str, tokens)]
     out = [str(t) if c is None else "" for t, c in zip(tokens, chunks)]
-    # the bytes of each run of byte pieces, with the token each byte came from
-    i = 0
-    while i < len(chunks):
-        if chunks[i] is None:
-            i += 1
+    for is_bytes, run in itertools.groupby(range(len(chunks)), key=lambda i: chunks[i] is not None):
+        if not is_bytes:
             continue
-        j, data, owner = i, bytearray(), []
-        while j < len(chunks) and chunks[j] is not None:
-            data += chunks[j]
-            owner += [j] * len(chunks[j])
-            j += 1
+        # the bytes of each run of byte pieces, with the token each byte came from
+        run = list(run)
+        owner = [j for j in run for _ in chunks[j]]
         k = 0
-        while k < len(data):
-            length = next((n for n in (1, 2, 3, 4) if k + n <= len(data) and _utf8(data[k:k + n])), 0)
-            if not length:
-                out[owner[k]] += f"<0x{data[k]:02X}>"
+        # a byte that is no UTF-8 decodes to a lone surrogate U+DC80..U+DCFF
+        for ch in b"".join(chunks[j] for j in run).decode("utf-8", "surrogateescape"):
+            if "\udc80" <= ch <= "\udcff":
+                out[owner[k]] += f"<0x{ord(ch) - 0xDC00:02X}>"
                 k += 1
                 continue
-            ch = bytes(data[k:k + length]).decode("utf-8")
+            length = len(ch.encode("utf-8"))
             holders = sorted(set(owner[k:k + length]))
             if len(holders) == 1:
                 out[holders[0]] += ch
@@ -144,16 +127,7 @@ def _byte_texts(tokens: Sequence[str]) -> list[str]:
                 for part, h in enumerate(holders, 1):
                     out[h] += f"{ch}({part}/{len(holders)})"
             k += length
-        i = j
     return out
-
-
-def _utf8(b) -> bool:
-    try:
-        bytes(b).decode("utf-8")
-        return True
-    except UnicodeDecodeError:
-        return False
 
 
 def texts(tokens: Sequence[str], style: str | None = None) -> list[str]:
@@ -214,13 +188,9 @@ def example_style(example) -> str:
 
 def example_labels(example) -> tuple[list[str], list[str]]:
     """(query labels, key labels) of an example: its tokens and key tokens as a reader sees them."""
-    style = example_style(example)
-    style = None if style == "text" else style
+    style = example_style(example)  # "text": each token as it is, made visible
     q = [str(t) for t in example.tokens]
-    k = [str(t) for t in (getattr(example, "key_tokens", None) or q)]
-    if style is None:
-        return [visible(t) for t in q], [visible(t) for t in k]
-    return token_labels(q, style), (token_labels(k, style) if k != q else token_labels(q, style))
+    return token_labels(q, style), token_labels(getattr(example, "key_tokens", None) or q, style)
 
 
 def _class(labels: Sequence[str] | None, i: int) -> str:
@@ -280,8 +250,8 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
     value = float(getattr(example, "f_full", float("nan")))
     out: dict[str, Any] = {"value": value, "foil": None, "foil_probability": None, "step": None, "steps": None}
     if lm:
-        style = example_style(example) if not meta.get("aggregate") else None
-        style = None if style == "text" else style
+        style = example_style(example)
+        style = None if style == "text" else style  # None: each label's own style
         output = lm.get("output") or "prob"
         names = [str(t) for t in lm.get("target_tokens") or []]
         target = visible(text_of(names, style)) if names else str(int(example.target))

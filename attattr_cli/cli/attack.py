@@ -6,9 +6,10 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.table import Table
 
 from . import options
-from .common import FLAGS, edge, err, out, progress_bar, renamed_options, wide_err
+from .common import FLAGS, edge, err, out, p_text, progress_bar, renamed_options, wide_err
 
 
 def _pct(x) -> str:
@@ -23,7 +24,7 @@ def attack(
     task: Optional[str] = options.task(),
     examples: Optional[str] = options.examples("Indices and ranges to attack, e.g. 0:500 (default: all)."),
     top_k: int = typer.Option(3, "--top-k", "-k", help="Use the K best triggers (of each class if the file was made with --per-class)."),
-    top_old: Optional[int] = options.hidden("--top", None),
+    top_old: Optional[int] = options.hidden("--top"),
     controls: Optional[int] = typer.Option(None, "--controls", help="Random-token controls per trigger layout (size and segments), each mirroring a trigger's positions (default: 20); the null distribution the triggers are tested against."),
     alpha: float = typer.Option(0.05, "--alpha", help="Level of the per-class verdict (Holm-adjusted over the classes)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the controls' tokens."),
@@ -74,23 +75,16 @@ def _rows(result: dict) -> list[dict]:
             x = row["triggers"][k] if k < len(row["triggers"]) else {}
             d[f"trigger_{k + 1}"] = x.get("name")
             d[f"trigger_{k + 1}_accuracy"] = x.get("accuracy")
-        d["trigger_mean"] = row["trigger_mean"]
-        d["control_mean"] = row["control_mean"]
-        d["control_sd"] = row.get("control_sd")
-        d["controls"] = row.get("control_count")
         w = row.get("worst_control") or {}
-        d["worst_control"] = " ".join(w.get("tokens", [])) or None
-        d["worst_control_accuracy"] = w.get("accuracy")
-        d["p"] = row.get("p")
-        d["p_holm"] = row.get("p_holm")
-        d["beats_controls"] = row.get("beats_controls")
+        d.update(trigger_mean=row["trigger_mean"], control_mean=row["control_mean"], control_sd=row.get("control_sd"),
+                 controls=row.get("control_count"), worst_control=" ".join(w.get("tokens", [])) or None,
+                 worst_control_accuracy=w.get("accuracy"), p=row.get("p"), p_holm=row.get("p_holm"),
+                 beats_controls=row.get("beats_controls"))
         rows.append(d)
     return rows
 
 
 def _print_table(result: dict) -> None:
-    from rich.table import Table
-
     cols = max((len(r["triggers"]) for r in result["table"]), default=0)
     t = Table(title=f"accuracy (%) per gold class with triggers of the other classes ({result['examples']} examples)")
     t.add_column("class", no_wrap=True)
@@ -112,7 +106,7 @@ def _print_table(result: dict) -> None:
         t.add_row(row["class"], str(row["n"]), _pct(row["before"]), *cells,
                   _pct(row["trigger_mean"]), f"{_pct(row['control_mean'])} (n {row['control_count']})",
                   _pct(row.get("control_sd")), f"{_pct(w['accuracy'])} {' '.join(w['tokens'])}" if w else "-",
-                  _p(row.get("p_holm")), "-" if verdict is None else ("yes" if verdict else "no"))
+                  p_text(row.get("p_holm")), "-" if verdict is None else ("yes" if verdict else "no"))
     wide_err().print(t)
     lines = []
     for r in result["triggers"]:
@@ -121,7 +115,7 @@ def _print_table(result: dict) -> None:
         stat = ""
         if r.get("drop") is not None and c.get("n"):
             stat = (f"; drop {_pct(r['drop'])} vs controls {_pct(c['drop_mean'])} ± {_pct(c['drop_sd'])} "
-                    f"(max {_pct(c['drop_max'])}, n {c['n']}), percentile {r['percentile']:.0f}, p {_p(r['p'])}")
+                    f"(max {_pct(c['drop_max'])}, n {c['n']}), percentile {r['percentile']:.0f}, p {p_text(r['p'])}")
         lines.append(f"  {r['name']:<4} {' '.join(r['tokens']):<28} {'-> ' + str(r['class']):<18} {accs}; "
                      f"flipped {r['flipped']}, truncated {r['truncated']}{stat}")
     ctrl = result["controls"]
@@ -132,7 +126,3 @@ def _print_table(result: dict) -> None:
     if result.get("tests"):
         lines.append(f"  tests: {result['tests']}")
     err.print("\n".join(lines), markup=False)
-
-
-def _p(x) -> str:
-    return "-" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")

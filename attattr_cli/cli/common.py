@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import re
 import sys
@@ -15,7 +14,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup
 
 from ..api.inputs import TASKS
-from ..errors import AttattrError, OptionError, ResourceError
+from ..errors import AttattrError, OptionError
 from ..names import cli_text, cli_words
 
 
@@ -84,9 +83,6 @@ PLAIN_EVERY = 10.0
 # --task's help in every command, from the task registry (a new preset shows up everywhere)
 TASK_HELP = "Task preset: " + ", ".join(TASKS.built_in()) + "."
 
-
-
-
 # what Ctrl-C leaves, said on interruption: a command that writes as it goes and resumes (score)
 INTERRUPTED = "what was written is kept; run the same command again to resume."
 
@@ -154,17 +150,21 @@ def renamed_options(*arguments: str):
         raise
 
 
-def skipped_line(n: int) -> str:
-    """The one stderr line of an analysis that left out store examples holding NaN or inf."""
-    return (f"skipped {n} example{'s' if n != 1 else ''} flagged 'nonfinite' in the store (NaN or inf in"
-            f" {'their' if n != 1 else 'its'} scores)")
+def store_notes(skipped: int | None, unconverged: int | None, used: int | None) -> None:
+    """The stderr lines of an analysis that left out store examples holding NaN or inf, or used
+    examples whose integral the store calls not converged."""
+    if skipped:
+        err.print(f"skipped {skipped} example{'s' if skipped != 1 else ''} flagged 'nonfinite' in the store (NaN or"
+                  f" inf in {'their' if skipped != 1 else 'its'} scores)", markup=False)
+    if unconverged:
+        err.print(f"note: {unconverged} of the {used} example{'s' if used != 1 else ''} used"
+                  f" {'have' if unconverged != 1 else 'has'} a layer whose integral the store calls not converged"
+                  " (attattr info lists them; rescore with a smaller --tol or a larger --max-nodes)", markup=False)
 
 
-def unconverged_line(n: int, used: int) -> str:
-    """The one stderr line of an analysis that used store examples whose integral is not converged."""
-    return (f"note: {n} of the {used} example{'s' if used != 1 else ''} used {'have' if n != 1 else 'has'} a layer"
-            " whose integral the store calls not converged (attattr info lists them; rescore with a smaller"
-            " --tol or a larger --max-nodes)")
+def p_text(p: float | None, none: str = "-") -> str:
+    """A p-value in a table cell: two significant digits, scientific below 0.001."""
+    return none if p is None else (f"{p:.2g}" if p >= 0.001 else f"{p:.1e}")
 
 
 def _duration(seconds: float) -> str:
@@ -258,21 +258,20 @@ def progress_bar(description: str, quiet: bool = False):
             state["bar"].stop()
 
 
-def _untagged(params: list) -> list:
-    """On/off flags take no value: show no type tag (`<bool>`) beside them in help."""
-    for p in params:
-        if getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar is None:
-            p.metavar = ""
-    return params
+class _Untagged:
+    def get_params(self, ctx):
+        """On/off flags take no value: show no type tag (`<bool>`) beside them in help."""
+        params = super().get_params(ctx)
+        for p in params:
+            if getattr(p, "is_flag", False) and not getattr(p, "count", False) and p.metavar is None:
+                p.metavar = ""
+        return params
 
 
-class Group(TyperGroup):
+class Group(_Untagged, TyperGroup):
     """The root and `demo` command groups (help: flags without type tags). At the root, a
     usage error (an unknown option or command, a value of the wrong type, a missing option)
     is one ``Error:`` line on stderr, as every other error is, with exit status 2."""
-
-    def get_params(self, ctx):
-        return _untagged(super().get_params(ctx))
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -317,11 +316,8 @@ def check_outputs(command: "Command", params: dict) -> None:
         check_output(value, [*inputs, *(v for _, v in outs[i + 1:])], flags.get(name, name))
 
 
-class Command(TyperCommand):
+class Command(_Untagged, TyperCommand):
     """Every command (help: flags without type tags; the output rule checked before it runs)."""
-
-    def get_params(self, ctx):
-        return _untagged(super().get_params(ctx))
 
     def invoke(self, ctx):
         with edge():

@@ -21,7 +21,7 @@ def train(
     seed: int = typer.Option(0, "--seed", help="Training seed."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a non-empty --out folder (only once training succeeded)."),
     threads: Optional[int] = options.threads("torch's CPU threads while training (default: 2)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
+    quiet: bool = options.quiet("No progress bar and no summary on stderr."),
 ) -> None:
     """Retrain the default model (a small BERT on the synthetic task) on CPU."""
     with edge():
@@ -47,8 +47,8 @@ def data(
     task: str = typer.Option("synthetic", "--task", help="synthetic (premise, hypothesis, label, planted pair; TSV), or a"
                              " counterfactual pair task for --model's tokenizer (JSONL of prompt, counterfactual, answer,"
                              " foil): " + ", ".join(PAIR_TASKS) + "."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="With a pair task: the model folder or hub id whose"
-                                        " tokenizer the pairs are made for (only its tokenizer is read)."),
+    model: Optional[str] = options.model("With a pair task: the model folder or hub id whose tokenizer the pairs are"
+                                         " made for (only its tokenizer is read)."),
     count: Optional[int] = typer.Option(None, "--count", help="Number of examples (default 200 synthetic, 100 pairs)."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Generator seed (default 1 synthetic, 0 pairs)."),
 ) -> None:

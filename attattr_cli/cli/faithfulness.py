@@ -6,19 +6,23 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.table import Table
 
 from ..errors import OptionError
 from . import options
-from .common import FLAGS, command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, skipped_line, unconverged_line, wide_err
+from .common import (FLAGS, command_line, edge, err, out, p_text, parse_int_list, progress_bar, renamed_options,
+                     store_notes, wide_err)
 
 # the registry of token importance methods imports NumPy only, so `attattr --help` stays quick
 from ..api.tools import FAITHFULNESS_DEFAULT as METHODS, FAITHFULNESS_METHODS as ALL_METHODS  # noqa: E402
 
 
+DASH = "–"
+
 
 def _fmt(v, se=None, lo=None, hi=None) -> str:
     if v is None:
-        return "–"
+        return DASH
     return (f"{v:+.3f}" + (f" ±{se:.3f}" if se is not None else "")
             + (f" [{lo:+.2f}, {hi:+.2f}]" if lo is not None and hi is not None else ""))
 
@@ -31,16 +35,20 @@ METHODS_HELP = ", ".join(METHODS)
 MORE_METHODS_HELP = ", ".join(m for m in ALL_METHODS if m not in METHODS)
 
 
+def _new_table(title: str, columns) -> Table:
+    """A table titled on the left: its "method" and "against" columns text, the others numbers."""
+    t = Table(title=title, title_justify="left")
+    for col in columns:
+        t.add_column(col, justify="left" if col in ("method", "against") else "right")
+    return t
+
+
 def _table(report: dict):
-    from rich.table import Table
-
-
-    t = Table(title=f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), "
-                    f"{report['examples']} examples, target {report.get('target')}"
-                    + (", over words" if (report.get("settings") or {}).get("aggregate") == "words" else ""),
-              title_justify="left")
-    for col in ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓", "deletion AUC ↓"):
-        t.add_column(col, justify="left" if col == "method" else "right")
+    t = _new_table(f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), {report['examples']} examples,"
+                   f" target {report.get('target')}"
+                   + (", over words" if (report.get("settings") or {}).get("aggregate") == "words" else ""),
+                   ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓",
+                    "deletion AUC ↓"))
     for m, r in report["methods"].items():
         t.add_row(m, _ci(r, "tau_loo"), _ci(r, "tau_loo_abs"), _ci(r, "tau_grad"),
                   _ci(r, "comprehensiveness", False), _ci(r, "sufficiency", False), _ci(r, "deletion_auc", False))
@@ -50,14 +58,10 @@ def _table(report: dict):
 
 def _mask_table(report: dict):
     """DecompX's masking protocol, one row per method."""
-    from rich.table import Table
-
     if not any(r.get("mask_aopc") is not None for r in report["methods"].values()):
         return None
-    t = Table(title="masking protocol (DecompX): the top 10, 20, …, 90 % of the tokens replaced by the mask token, "
-                    "averaged over K", title_justify="left")
-    for col in ("method", "mask AOPC ↑", "NAOPC ↑", "accuracy masked ↓", "prediction kept ↓"):
-        t.add_column(col, justify="left" if col == "method" else "right")
+    t = _new_table("masking protocol (DecompX): the top 10, 20, …, 90 % of the tokens replaced by the mask token, "
+                   "averaged over K", ("method", "mask AOPC ↑", "NAOPC ↑", "accuracy masked ↓", "prediction kept ↓"))
     for m, r in report["methods"].items():
         t.add_row(m, _ci(r, "mask_aopc", False), _ci(r, "mask_naopc", False), _ci(r, "mask_accuracy", False),
                   _ci(r, "mask_kept", False))
@@ -67,25 +71,18 @@ def _mask_table(report: dict):
 
 
 def _adversarial_table(report: dict):
-    from rich.table import Table
-
-    a = report.get("adversarial")
-    if not a:
-        return None
-    t = Table(title=f"adversarial attention (layer {a['layer']}, pooled row of every head): max JSD of attention "
-                    "within ε TVD of the output, and how far attention attribution moved", title_justify="left")
-    for col in ("ε", "JSD attention (heads) ↑", "JSD attention (tokens)", "JSD attribution (tokens)",
-                "τ attention", "τ attribution", "TVD output", "steps", "attribution moved less: p (JSD, τ)"):
-        t.add_column(col, justify="right")
+    a = report["adversarial"]
+    t = _new_table(f"adversarial attention (layer {a['layer']}, pooled row of every head): max JSD of attention "
+                   "within ε TVD of the output, and how far attention attribution moved",
+                   ("ε", "JSD attention (heads) ↑", "JSD attention (tokens)", "JSD attribution (tokens)", "τ attention",
+                    "τ attribution", "TVD output", "steps", "attribution moved less: p (JSD, τ)"))
     for eps, e in a["summary"].items():
-        def cell(k, e=e):
-            v = e[k]
-            return _fmt(v["mean"], None, v["low"], v["high"]) if v["mean"] is not None else "–"
         less = e["attribution_moved_less"]
-        t.add_row(eps, cell("jsd_attention"), cell("jsd_attention_tokens"), cell("jsd_attribution_tokens"),
-                  cell("tau_attention"), cell("tau_attribution"), cell("tvd_output"),
-                  f"{e['steps']['mean']:.0f}" if e["steps"]["mean"] is not None else "–",
-                  f"{_p(less['jsd']['p'])}, {_p(less['tau']['p'])}")
+        t.add_row(eps, *[_fmt(e[k]["mean"], None, e[k]["low"], e[k]["high"])
+                         for k in ("jsd_attention", "jsd_attention_tokens", "jsd_attribution_tokens", "tau_attention",
+                                   "tau_attribution", "tvd_output")],
+                  f"{e['steps']['mean']:.0f}" if e["steps"]["mean"] is not None else DASH,
+                  f"{p_text(less['jsd']['p'], DASH)}, {p_text(less['tau']['p'], DASH)}")
     t.caption = ("means over examples [95 % bootstrap interval]; JSD in nats (at most 0.693); τ: Kendall τ-b between the clean "
                  "and the adversarial token maps; p: paired sign-flip test, one-sided")
     return t
@@ -94,43 +91,25 @@ def _adversarial_table(report: dict):
 def _paired_table(report: dict):
     """One row per (attribution method, other method), one column per metric: the mean
     paired difference and its Holm-adjusted p."""
-    from rich.table import Table
-
-    tests = report.get("paired_tests") or []
-    if not tests:
-        return None
-    metrics = list(dict.fromkeys(r["metric"] for r in tests))
-    t = Table(title="paired tests on the same examples: attribution minus each other method, mean difference "
-                    "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all cells)",
-              title_justify="left")
-    t.add_column("method")
-    t.add_column("against")
-    better = {r["metric"]: r["better"] for r in tests}
-    for m in metrics:
-        t.add_column(f"{m} ({better[m]})", justify="right")
+    tests = report["paired_tests"]
+    better = {r["metric"]: r["better"] for r in tests}  # the metrics in their first order
+    t = _new_table("paired tests on the same examples: attribution minus each other method, mean difference "
+                   "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all cells)",
+                   ("method", "against", *(f"{m} ({b})" for m, b in better.items())))
     cells: dict = {}
     for r in tests:
         cells.setdefault((r["method"], r["baseline"]), {})[r["metric"]] = r
     for (a, b), row in cells.items():
-        t.add_row(a, b, *[(_fmt(row[m]["difference"]) + f" ({_p(row[m]['p_holm'])})") if m in row else "–"
-                          for m in metrics])
+        t.add_row(a, b, *[(_fmt(row[m]["difference"]) + f" ({p_text(row[m]['p_holm'], DASH)})") if m in row else DASH
+                          for m in better])
     return t
 
 
-def _p(x) -> str:
-    return "–" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")
-
-
 def _perm_table(report: dict):
-    from rich.table import Table
-
-    p = report.get("permutation")
-    if not p:
-        return None
-    t = Table(title=f"permutation test: attention of one layer permuted ({p['permutations']} permutations per example); "
-                    "TVD of the output distributions, median per example", title_justify="left")
-    for col in ("layer", "mean of medians", "median of medians", "examples with median < 0.05"):
-        t.add_column(col, justify="right")
+    p = report["permutation"]
+    t = _new_table(f"permutation test: attention of one layer permuted ({p['permutations']} permutations per example); "
+                   "TVD of the output distributions, median per example",
+                   ("layer", "mean of medians", "median of medians", "examples with median < 0.05"))
     for i, layer in enumerate(p["layers"]):
         t.add_row(str(layer), f"{p['median_tvd_mean'][i]:.4f}", f"{p['median_tvd_median'][i]:.4f}",
                   f"{100 * p['share_below_0.05'][i]:.1f} %")
@@ -165,7 +144,7 @@ def faithfulness(
     threads: Optional[int] = options.threads(),
     truncate: bool = options.truncate(),
     as_json: bool = options.as_json(),
-    as_csv: bool = typer.Option(False, "--csv", help="Print one CSV row per method (and per epsilon with --adversarial) on stdout instead of the report's path."),
+    as_csv: bool = options.as_csv("Print one CSV row per method (and per epsilon with --adversarial) on stdout instead of the report's path."),
     quiet: bool = options.quiet(),
 ) -> None:
     """Faithfulness of token importance: raw attention, rollout, attention x gradient, attention attribution, gradients, leave-one-out and a random baseline, side by side (Jain & Wallace 2019; ERASER); with --methods all also Integrated Gradients, ALTI, value zeroing and DecompX.
@@ -215,10 +194,7 @@ def faithfulness(
         store = res.store
         for note in report.get("left_out") or []:
             err.print(note, markup=False)
-        if report.get("skipped_nonfinite"):
-            err.print(skipped_line(report["skipped_nonfinite"]), markup=False)
-        if report.get("unconverged"):
-            err.print(unconverged_line(report["unconverged"], report["examples"]), markup=False)
+        store_notes(report.get("skipped_nonfinite"), report.get("unconverged"), report["examples"])
         ig = (report.get("completeness") or {}).get("ig")
         if ig and ig["examples"]:
             err.print(f"ig: completeness error at most {ig['max_abs_error']:.2g} on {ig['examples']} examples "
@@ -233,19 +209,11 @@ def faithfulness(
             out.file.write(res.to_csv())
         if not quiet and not (as_json or as_csv):
             tables = wide_err()
-            tables.print(_table(report))
-            masked = _mask_table(report)
-            if masked is not None:
-                tables.print(masked)
-            perm = _perm_table(report)
-            if perm is not None:
-                tables.print(perm)
-            adv = _adversarial_table(report)
-            if adv is not None:
-                tables.print(adv)
-            paired = _paired_table(report)
-            if paired is not None:
-                tables.print(paired)
+            for make, section in ((_table, None), (_mask_table, None), (_perm_table, "permutation"),
+                                  (_adversarial_table, "adversarial"), (_paired_table, "paired_tests")):
+                t = make(report) if section is None or report.get(section) else None  # a section left out: no table
+                if t is not None:
+                    tables.print(t)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s"
                       + (f"; token importance kept in {store}" if store else ""), markup=False)
         if not (as_json or as_csv):

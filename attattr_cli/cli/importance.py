@@ -5,18 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+import numpy as np
 import typer
+from rich.table import Table
+from rich.text import Text
 
 from . import options
-from .common import (skipped_line, unconverged_line, command_line, edge, err, out, parse_int_list, progress_bar,
-                     renamed_options)
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, store_notes
 
 
 def importance(
     store: Optional[Path] = typer.Argument(None, help="An attribution store (attattr score) for --methods attr / attention."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Importance file (HDF5) to write; an existing one for the same model gets the new tables added."),
     methods: Optional[str] = typer.Option(None, "--methods", help="attr, attention (from STORE), taylor, random (from --model/--data); with --data a JSONL of pairs also every head method of attattr circuit (atp, nap-ig, atp-verified, patching, ...); a comma list (default: attr,attention with a store, taylor,random without)."),
-    method_old: Optional[str] = options.hidden("--method", None),
+    method_old: Optional[str] = options.hidden("--method"),
     model: Optional[str] = options.model(),
     data: Optional[str] = options.data(),
     task: Optional[str] = options.task(),
@@ -50,10 +52,7 @@ def importance(
                          normalize=not no_normalize, truncate=truncate, family=family, device=device, out=out_path,
                          progress=bar, command=command_line(), metric=metric, threads=threads)
         tables = list(result.tables.values())
-        if result.skipped_nonfinite:
-            err.print(skipped_line(result.skipped_nonfinite), markup=False)
-        if result.unconverged:
-            err.print(unconverged_line(result.unconverged, result.used), markup=False)
+        store_notes(result.skipped_nonfinite, result.unconverged, result.used)
         first_random = min((t.seed for t in tables if t.method == "random" and t.seed is not None), default=None)
         shown = [t for t in tables if not (t.method == "random" and t.seed not in (None, first_random))]
         if not quiet and not (as_json or as_csv):
@@ -78,13 +77,8 @@ def importance(
 
 def rank_of(values):
     """Rank of every head (1 = most important)."""
-    import numpy as np
-
     v = np.asarray(values, float)
-    order = np.argsort(-v.ravel(), kind="stable")
-    r = np.empty(v.size, int)
-    r[order] = np.arange(1, v.size + 1)
-    return r.reshape(v.shape)
+    return np.argsort(np.argsort(-v.ravel(), kind="stable")).reshape(v.shape) + 1  # the stable order's inverse
 
 
 def _rank_cells(t, layer, h) -> dict:
@@ -98,8 +92,6 @@ def _rank_cells(t, layer, h) -> dict:
 
 def stability_line(t) -> str:
     """The ranking's stability in two lines: tau between halves, rank intervals of the top heads."""
-    import numpy as np
-
     st = t.stability
     lo, hi = np.asarray(st["rank_low"]), np.asarray(st["rank_high"])
     ranks = rank_of(t.values)
@@ -114,15 +106,11 @@ def stability_line(t) -> str:
 def heatmap(table):
     """A rich table: layers as rows, heads as columns; each cell its value in % of the table's
     largest |value|, coloured by its rank (red: least important, blue: most)."""
-    import numpy as np
-    from rich.table import Table as RichTable
-    from rich.text import Text
-
     v = np.asarray(table.values, float)
     L, H = v.shape
     order = v.ravel().argsort(kind="stable").argsort(kind="stable").reshape(L, H) / max(v.size - 1, 1)
     top = float(np.abs(v).max()) or 1.0
-    rt = RichTable(title=f"{table.name}: {table.description}" + (f" ({len(table.examples)} examples)" if table.examples else "")
+    rt = Table(title=f"{table.name}: {table.description}" + (f" ({len(table.examples)} examples)" if table.examples else "")
                    + f"; cells in % of {top:.3g}", show_edge=False, pad_edge=False, padding=(0, 0), collapse_padding=True)
     rt.add_column("L\\H", justify="right")
     for h in range(H):

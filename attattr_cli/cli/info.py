@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
+from . import options
 from .common import edge, out
 from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -70,7 +71,7 @@ def _not_attention(fams: dict) -> list[tuple[str, str]]:
 
 def info(
     store: Path = typer.Argument(..., help="An attattr HDF5 store."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    as_json: bool = options.as_json("Print JSON instead of a table."),
 ) -> None:
     """Print what a store holds: model, options, examples, accuracy, completeness residuals."""
     with edge():

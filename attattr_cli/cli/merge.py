@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from ..api import merge as merge_stores
+from . import options
 from .common import edge, err, out
 from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
@@ -15,8 +16,8 @@ def merge(
     shards: list[Path] = typer.Argument(..., help="Shard stores written with the same model, data and options (e.g. scores.rank*-of-4.h5)."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Store to create or extend."),
     partial: bool = typer.Option(False, "--partial", help="Merge what is there even if a torchrun shard was interrupted or a rank's shard is not given."),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary on stdout (out, added, skipped, shards, notes, problems) instead of the path."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No notes or summary on stderr (errors still)."),
+    as_json: bool = options.as_json("Print a JSON summary on stdout (out, added, skipped, shards, notes, problems) instead of the path."),
+    quiet: bool = options.quiet("No notes or summary on stderr (errors still)."),
 ) -> None:
     """Merge shard stores into one (same model, data and options required).
 

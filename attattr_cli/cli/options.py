@@ -8,71 +8,66 @@ from typing import Optional
 
 import typer
 
+from ..errors import OptionError
 from .common import TASK_HELP, out
 from ..api.inputs import strict_dumps  # strict JSON: no NaN or Infinity
 
 MODEL_HELP = "Local model folder or hub id (default: the built-in synthetic-task BERT)."
 DATA_HELP = "TSV, CSV or JSONL file (default: the built-in synthetic held-out set)."
 EXAMPLES_HELP = "Indices and ranges, e.g. 0:100 or 3,7,9 (default: all)."
+THREADS_HELP = "torch's threads for the run (default: 1 below 256 tokens, else the cores free now; engine/threads.py)."
 
 
 def model(help: str = MODEL_HELP) -> Optional[str]:
-    """``--model/-m``."""
     return typer.Option(None, "--model", "-m", help=help)
 
 
 def data(help: str = DATA_HELP) -> Optional[str]:
-    """``--data/-d``."""
     return typer.Option(None, "--data", "-d", help=help)
 
 
 def task() -> Optional[str]:
-    """``--task/-t``."""
     return typer.Option(None, "--task", "-t", help=TASK_HELP)
 
 
 def examples(help: str = EXAMPLES_HELP) -> Optional[str]:
-    """``--examples/-e``."""
     return typer.Option(None, "--examples", "-e", help=help)
 
 
 def device() -> str:
-    """``--device``."""
     return typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N.")
 
 
 def truncate() -> bool:
-    """``--truncate``."""
     return typer.Option(False, "--truncate", help="Cut inputs longer than the model's maximum instead of refusing them.")
 
 
-THREADS_HELP = "torch's threads for the run (default: 1 below 256 tokens, else the cores free now; engine/threads.py)."
-
-
 def threads(help: str = THREADS_HELP) -> Optional[int]:
-    """``--threads``: torch's thread count for a command that runs a model (None: chosen for
-    the work, engine/threads.py)."""
     return typer.Option(None, "--threads", help=help)
 
 
-def quiet() -> bool:
-    """``-q/--quiet``: no progress bar, no tables or summary on stderr."""
-    return typer.Option(False, "--quiet", "-q", help="No progress bar and no tables or summary on stderr.")
+def quiet(help: str = "No progress bar and no tables or summary on stderr.") -> bool:
+    return typer.Option(False, "--quiet", "-q", help=help)
 
 
-def as_json() -> bool:
-    """``--json``: the table on stdout as JSON instead of the output's path."""
-    return typer.Option(False, "--json", help="Print the table on stdout as JSON (instead of the output's path).")
+def as_json(help: str = "Print the table on stdout as JSON (instead of the output's path).") -> bool:
+    return typer.Option(False, "--json", help=help)
 
 
-def as_csv() -> bool:
-    """``--csv``: the table on stdout as CSV instead of the output's path."""
-    return typer.Option(False, "--csv", help="Print the table on stdout as CSV (instead of the output's path).")
+def as_csv(help: str = "Print the table on stdout as CSV (instead of the output's path).") -> bool:
+    return typer.Option(False, "--csv", help=help)
 
 
-def hidden(name: str, kind=None, *short: str):
+def hidden(name: str):
     """An old spelling kept as a hidden alias."""
-    return typer.Option(kind, name, *short, hidden=True)
+    return typer.Option(None, name, hidden=True)
+
+
+def once(value, alias, name: str, alias_name: str):
+    """An option given under its name or its old spelling (not both)."""
+    if value is not None and alias is not None and value != alias:
+        raise OptionError(f"give {name} once ({alias_name} is its old spelling)")
+    return value if value is not None else alias
 
 
 def pick(new, old, default=None):

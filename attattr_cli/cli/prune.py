@@ -6,9 +6,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.table import Table
 
 from . import options
-from .common import FLAGS, command_line, edge, err, out, parse_int_list, progress_bar, renamed_options, skipped_line, unconverged_line, wide_err
+from .common import (FLAGS, command_line, edge, err, out, p_text, parse_int_list, progress_bar, renamed_options,
+                     store_notes, wide_err)
 
 
 def prune(
@@ -22,7 +24,7 @@ def prune(
     methods: Optional[str] = typer.Option(None, "--methods", help="Only these methods of the importance file (comma list; default: all)."),
     batch_size: int = typer.Option(64, "--batch-size", help="Examples per forward pass."),
     keep_heads: Optional[float] = typer.Option(None, "--keep-heads", help="With --save-model: the fraction of heads to keep (the most important by --keep-method)."),
-    keep_old: Optional[float] = options.hidden("--keep", None),
+    keep_old: Optional[float] = options.hidden("--keep"),
     save_model: Optional[Path] = typer.Option(None, "--save-model", help="Write a really pruned model folder (BERT-family encoders)."),
     keep_method: Optional[str] = typer.Option(None, "--keep-method", help="Table that ranks heads for --keep-heads (default: attr, else the first in the file)."),
     effectiveness: Optional[Path] = typer.Option(None, "--effectiveness", help="A store of the model on --data: run the paper's per-example effectiveness analysis on its examples."),
@@ -53,10 +55,8 @@ def prune(
                       batch_size=batch_size, keep_heads=keep, save_model=save_model, keep_method=keep_method,
                       effectiveness=effectiveness, ks=parse_int_list(ks, "--ks"), device=device, truncate=truncate,
                       out=out_path, progress=bar, command=command_line(), metric=metric, threads=threads, split=split)
-        if res.effectiveness is not None and res.effectiveness.get("skipped_nonfinite"):
-            err.print(skipped_line(res.effectiveness["skipped_nonfinite"]), markup=False)
-        if res.effectiveness is not None and res.effectiveness.get("unconverged"):
-            err.print(unconverged_line(res.effectiveness["unconverged"], res.effectiveness["used"]), markup=False)
+        e = res.effectiveness or {}
+        store_notes(e.get("skipped_nonfinite"), e.get("unconverged"), e.get("used"))
         if not quiet and not (as_json or as_csv):
             if res.curves is not None:
                 _report_curves(res.curves)
@@ -79,17 +79,14 @@ def _rows(res) -> list[dict]:
     c = res.curves
     if c is not None:
         for name, per in c["methods"].items():
+            # column: key in per; a language-model pair task: the metric's own band, and the faithfulness
+            columns = ({"accuracy": "accuracy", "accuracy_low": "accuracy_low", "accuracy_high": "accuracy_high"}
+                       if "accuracy" in per else
+                       {"low": f"{c['metric']}_low", "high": f"{c['metric']}_high", "faithfulness": "faithfulness"})
             for i, r in enumerate(c["rates"]):
                 row = {"analysis": "curves", "method": name, "rate": r, "metric": c["metric"],
                        "value": per[c["metric"]][i]}
-                if "accuracy" in per:
-                    row.update({"accuracy": per["accuracy"][i],
-                                "accuracy_low": (per.get("accuracy_low") or [None] * len(c["rates"]))[i],
-                                "accuracy_high": (per.get("accuracy_high") or [None] * len(c["rates"]))[i]})
-                else:  # a language-model pair task: the metric's own band, and the faithfulness
-                    row.update({"low": (per.get(f"{c['metric']}_low") or [None] * len(c["rates"]))[i],
-                                "high": (per.get(f"{c['metric']}_high") or [None] * len(c["rates"]))[i],
-                                "faithfulness": (per.get("faithfulness") or [None] * len(c["rates"]))[i]})
+                row.update({col: (per.get(key) or [None] * len(c["rates"]))[i] for col, key in columns.items()})
                 for other, t in (c["methods"].get("attr", {}).get("tests") or {}).items():
                     if name == "attr":
                         row[f"p_attr_vs_{other}"] = t["p"][i]
@@ -115,8 +112,6 @@ def _report_saved(info: dict) -> None:
 
 
 def _report_curves(c: dict) -> None:
-    from rich.table import Table
-
     metric = c["metric"]
     t = Table(title=f"{metric} with the least important heads masked ({c['n_examples']} examples; "
                     f"unpruned {c['baseline'][metric]:.4f})", show_edge=False)
@@ -142,7 +137,7 @@ def _report_curves(c: dict) -> None:
         t.add_row(f"{r:.0%}", *[cell(c["methods"][n], i) for n in c["methods"]],
                   *[f"{c['methods'][n][f'{band}_seed_min'][i]:.3f}..{c['methods'][n][f'{band}_seed_max'][i]:.3f}"
                     for n in seeded],
-                  *[_p(tests[n]["p_holm"][i]) for n in tests])
+                  *[p_text(tests[n]["p_holm"][i]) for n in tests])
     wide_err().print(t)
     notes = [f"[low, high]: {level:.0%} bootstrap interval of the {band} over the examples"]
     if "zeroed" in c:
@@ -157,13 +152,7 @@ def _report_curves(c: dict) -> None:
     err.print("\n".join(notes), markup=False)
 
 
-def _p(x) -> str:
-    return "-" if x is None else (f"{x:.2g}" if x >= 0.001 else f"{x:.1e}")
-
-
 def _report_effectiveness(e: dict) -> None:
-    from rich.table import Table
-
     t = Table(title=f"effectiveness: accuracy (mean over layers) with k heads per layer pruned per example "
                     f"({e['n_examples']} examples; unpruned {e['baseline_accuracy']:.4f})", show_edge=False)
     t.add_column("order")
@@ -176,7 +165,7 @@ def _report_effectiveness(e: dict) -> None:
         test = entry.get("test_vs_attention")
         if test:
             t.add_row(f"  p: attr {'>' if test['alternative'] == 'greater' else '<'} attention (Holm)",
-                      *[_p(x) for x in test["p_holm"]])
+                      *[p_text(x) for x in test["p_holm"]])
     wide_err().print(t)
     err.print(f"[low, high]: {e.get('level', 0.95):.0%} bootstrap interval over the examples; p: {e.get('tests', '')}",
               markup=False)

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from . import options
 from .common import edge, err, out, progress_bar, renamed_options
 
 
@@ -15,7 +16,7 @@ def report(
     out_path: str = typer.Option(..., "--out", "-o", help="report.html (one self-contained file) or DIR/ (a folder: index.html and one script per example; for large stores)."),
     importance: Optional[Path] = typer.Option(None, "--importance", help="An importance file (from `attattr importance`): its head importance heatmaps go on the page."),
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default), decoder or cross."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary on stderr."),
+    quiet: bool = options.quiet("No progress bar and no summary on stderr."),
 ) -> None:
     """Write a report of a whole store: provenance, a sortable and filterable table of the
     examples (text, gold, prediction, probability, residual, flags; for generations the prompt,

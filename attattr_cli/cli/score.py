@@ -31,7 +31,7 @@ def score(
     logit: bool = typer.Option(False, "--logit/--prob", help="Attribute the target's logit instead of its probability."),
     layers: Optional[str] = typer.Option(None, "--layers", help="Layers to score, e.g. 0,3,6:12 (default: all)."),
     step_batch: Optional[int] = typer.Option(None, "--steps-per-pass", help="Integration steps per forward/backward pass (default: fit to memory); any value gives the same result."),
-    step_batch_old: Optional[int] = options.hidden("--step-batch", None),
+    step_batch_old: Optional[int] = options.hidden("--step-batch"),
     group: Optional[int] = typer.Option(None, "--group", help="Short examples (up to 128 tokens) of an encoder classifier scored together, their integration nodes sharing passes (default 32, up to 64 for models narrower than hidden size 384; 1: one at a time). Numbers are the same up to float rounding."),
     device: str = options.device(),
     dtype: str = typer.Option("float32", "--dtype", help="Compute dtype: float32, float64, bfloat16, float16."),
@@ -102,7 +102,7 @@ def score(
                 compute=Compute(device=device, dtype=dtype, kernel=kernel, store_dtype=store_dtype, truncate=truncate,
                                 steps_per_pass=options.pick(step_batch, step_batch_old), group=group, memory=memory,
                                 threads=threads, keep_shards=keep_shards, dist_timeout=dist_timeout),
-                hooks=Hooks(warn=_warn if _distributed_rank() is None else _rank_warn,
+                hooks=Hooks(warn=_warn,
                             notify=None if quiet else (lambda line: err.print(line, markup=False))))
         if hasattr(report, "world_size"):  # under torchrun: this process's share; rank 0 reports the merge
             _report_distributed(report, quiet)
@@ -134,29 +134,22 @@ def _count(n: int, noun: str) -> str:
 
 
 def _warn(message: str) -> None:
-    err.print(f"Warning: {message}", markup=False)
-
-
-def _distributed_rank():
-    """This process's torchrun rank (None outside torchrun): its warnings say which rank."""
+    """A warning on stderr; under torchrun it says which rank's."""
     import os
 
-    return int(os.environ["RANK"]) if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and "RANK" in os.environ else None
-
-
-def _rank_warn(message: str) -> None:
-    err.print(f"Warning: rank {_distributed_rank()}: {message}", markup=False)
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1") and "RANK" in os.environ:
+        message = f"rank {int(os.environ['RANK'])}: {message}"
+    err.print(f"Warning: {message}", markup=False)
 
 
 def _report_distributed(report, quiet: bool) -> None:
     """One torchrun process's end: rank 0 says what every rank scored and what the merge did."""
     if report.rank != 0:
         return
-    env = report
     loads = ", ".join(str(t) for t in report.tokens_per_rank)
     merged = report.merged or {"added": 0, "skipped": 0}
     err.print(
-        f"scored {_count(report.scored, 'example')} on {env.world_size} processes ({report.skipped} already in the shards,"
+        f"scored {_count(report.scored, 'example')} on {report.world_size} processes ({report.skipped} already in the shards,"
         f" {report.already} already in {report.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
         f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {report.out}"
         + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),
@@ -164,11 +157,8 @@ def _report_distributed(report, quiet: bool) -> None:
     )
     if report.shards_elsewhere:
         n = len(report.shards_elsewhere)
-        names = " ".join(report.shard_names)
-        err.print(
-            f"{n} shard{'s are' if n != 1 else ' is'} not on this machine ({' '.join(report.shards_elsewhere)}:"
-            f" other machines wrote {'them' if n != 1 else 'it'} to their own disks): copy {'them' if n != 1 else 'it'}"
-            f" here and run: attattr merge {names} --out {report.out}",
-            markup=False,
-        )
+        them = "them" if n != 1 else "it"
+        err.print(f"{n} shard{'s are' if n != 1 else ' is'} not on this machine ({' '.join(report.shards_elsewhere)}:"
+                  f" other machines wrote {them} to their own disks): copy {them} here and run: attattr merge"
+                  f" {' '.join(report.shard_names)} --out {report.out}", markup=False)
     out.print(report.out, markup=False)

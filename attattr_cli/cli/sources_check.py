@@ -49,7 +49,7 @@ def sources_check(
     threads: Optional[int] = options.threads(),
     device: str = options.device(),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the drops (.png, .svg or .pdf)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the check as JSON on stdout (sources with every method's score, one row per method and k, tau) instead of the table."),
+    as_json: bool = options.as_json("Print the check as JSON on stdout (sources with every method's score, one row per method and k, tau) instead of the table."),
     quiet: bool = options.quiet(),
 ) -> None:
     """Check a long context's source scores by removing them: each method (attattr, raw attention, input x gradient, leave-one-out) ranks the prompt's sources for the answer's joint log-probability, its top-k sources are removed together, and the drop of log p(answer) is reported beside leave-one-out's, with Kendall's tau-b against leave-one-out.

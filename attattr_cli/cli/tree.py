@@ -10,6 +10,7 @@ import typer
 
 from ..api.results import TREE_TAU, open_store, tree as build_tree
 from ..errors import OptionError
+from . import options
 from .common import edge, err, parse_int_list, renamed_options
 
 FORMATS = ("dot", "json", "png", "svg")
@@ -29,13 +30,6 @@ def _format(fmt: Optional[str], out_path: Optional[str]) -> str:
     return EXTENSIONS[ext]
 
 
-def _one(value, alias, name: str, alias_name: str):
-    """An option given under its name or its old spelling (not both)."""
-    if value is not None and alias is not None and value != alias:
-        raise OptionError(f"give {name} once ({alias_name} is its old spelling)")
-    return value if value is not None else alias
-
-
 def tree(
     store: Path = typer.Argument(..., help="An attattr HDF5 store (from `attattr score` or `attattr import-json`)."),
     example: Optional[int] = typer.Option(None, "--example", "-n", help="Index of the example in the store (required)."),
@@ -49,7 +43,7 @@ def tree(
     family: Optional[str] = typer.Option(None, "--family", help="Attention family of an encoder-decoder store: encoder (default) or decoder; cross has no tree."),
     aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: word nodes (subword tokens merged, their maps summed over merged queries and keys)."),
     step: Optional[int] = typer.Option(None, "--step", help="A generation scored step by step: the tree of this step (its prefix; default: the summed maps)."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+    quiet: bool = options.quiet("No summary line on stderr."),
     example_e: Optional[int] = typer.Option(None, "-e", hidden=True, help="Old spelling of --example."),
     top: Optional[int] = typer.Option(None, "--top", hidden=True, help="Old spelling of --root."),
 ) -> None:
@@ -60,10 +54,10 @@ def tree(
     token it takes information from (key); arrows show the flow up to the top node.
     """
     with edge():
-        example = _one(example, example_e, "--example", "-e")
+        example = options.once(example, example_e, "--example", "-e")
         if example is None:
             raise OptionError("give the example to draw: --example N (-n N)")
-        root = _one(root, top, "--root", "--top")
+        root = options.once(root, top, "--root", "--top")
         fmt = _format(fmt, out_path)
         to_stdout = out_path in (None, "-")
         if to_stdout and fmt in ("png", "svg") and sys.stdout.isatty():

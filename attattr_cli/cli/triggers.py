@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from . import options
-from .common import FLAGS, command_line, edge, err, out, progress_bar, renamed_options, skipped_line, unconverged_line
+from .common import FLAGS, command_line, edge, err, out, progress_bar, renamed_options, store_notes
 
 RANKINGS_HELP = "count (ties: total strength), total (count x mean), or mean strength"
 
@@ -17,7 +17,7 @@ def triggers(
     store: Optional[Path] = typer.Argument(None, help="An attattr store to read (default: score on the fly, see --model/--data)."),
     out_path: Path = typer.Option(..., "--out", "-o", help="Triggers file: JSON, or CSV when it ends in .csv."),
     top_k: Optional[int] = typer.Option(None, "--top-k", "-k", help="Keep the K best triggers (of each class with --per-class); default all."),
-    top_old: Optional[int] = options.hidden("--top", None),
+    top_old: Optional[int] = options.hidden("--top"),
     per_class: bool = typer.Option(False, "--per-class", help="Rank within each class the triggers push towards."),
     rank_by: str = typer.Option("count", "--rank", help="Rank by " + RANKINGS_HELP + "."),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="Also write the triggers as CSV here."),
@@ -56,12 +56,8 @@ def triggers(
         if csv_path is not None:
             res.save_csv(csv_path)
         doc, chosen = res.document, res.triggers
-        skipped = (doc.get("source") or {}).get("skipped_nonfinite")
-        if skipped:
-            err.print(skipped_line(skipped), markup=False)
-        unconverged = (doc.get("source") or {}).get("unconverged")
-        if unconverged:
-            err.print(unconverged_line(unconverged, (doc.get("source") or {}).get("used", 0)), markup=False)
+        source = doc.get("source") or {}
+        store_notes(source.get("skipped_nonfinite"), source.get("unconverged"), source.get("used", 0))
         if not quiet:
             err.print(
                 f"{doc['examples']} examples, {len(res.patterns)} patterns, {res.distinct} distinct triggers; "

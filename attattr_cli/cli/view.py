@@ -9,6 +9,7 @@ from typing import Optional
 import typer
 
 from ..errors import OptionError
+from . import options
 from .common import edge, err, parse_int_list, renamed_options
 
 
@@ -35,7 +36,7 @@ def view(
     aggregate: Optional[str] = typer.Option(None, "--aggregate", help="words: merge subword tokens into words (maps summed over merged queries and keys); tokens: as scored. A generation's step x source view shows words unless --aggregate tokens."),
     steps: bool = typer.Option(True, "--steps/--whole", help="A generation scored step by step: the step x source matrix (default), or --whole for its summed maps as for any example."),
     per_layer: bool = typer.Option(False, "--per-layer", help="Step x source view: one more panel per layer."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No summary line on stderr."),
+    quiet: bool = options.quiet("No summary line on stderr."),
 ) -> None:
     """Draw one stored example: attribution and attention heatmaps per layer, the text coloured
     by token importance, the top interactions, the prediction and the completeness residual.
