@@ -192,7 +192,6 @@ class Assembly:
         )
 
 
-
 def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k entries of largest |value| per head: ([head, k, 2] (query, key), [head, k])."""
     heads, n_q, n_k = maps.shape
@@ -202,8 +201,6 @@ def _top_k(maps: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     vals = flat.gather(1, idx)
     pos = torch.stack([idx // n_k, idx % n_k], dim=-1)
     return pos.to(torch.int32).cpu().numpy(), vals.float().cpu().numpy()
-
-
 
 
 def nonfinite_parts(logits: np.ndarray, probs: np.ndarray, f_full: float, families: dict) -> list[str]:

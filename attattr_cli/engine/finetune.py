@@ -194,20 +194,17 @@ def finetune(
         trained = train_classifier(model, rows, [e.label for e in train], pad_id=tokenizer.pad_token_id or 0,
                                    epochs=opt.epochs, batch_size=opt.batch_size, lr=opt.lr,
                                    weight_decay=opt.weight_decay, warmup=opt.warmup, seed=opt.seed, on_step=on_step)
-        total, loss_val, train_seconds = trained.steps, trained.final_loss, trained.seconds
         model.eval()
-        acc = None
-        n_eval = 0
+        acc, n_eval = None, 0
         if eval_examples:
             acc, _ = evaluate(model, tokenizer, eval_examples, opt.max_length, opt.eval_batch_size, progress)
             n_eval = sum(1 for e in eval_examples if e.label is not None)
         for p in model.parameters():
             p.requires_grad_(True)
-        n_params = sum(p.numel() for p in model.parameters())
-        n_train = trained.n_trainable
         report = FinetuneReport(
-            out=str(out), train_examples=n, steps=total, train_seconds=train_seconds, final_loss=loss_val,
-            eval_examples=n_eval, eval_accuracy=acc, n_params=n_params, n_trainable=n_train,
+            out=str(out), train_examples=n, steps=trained.steps, train_seconds=trained.seconds,
+            final_loss=trained.final_loss, eval_examples=n_eval, eval_accuracy=acc,
+            n_params=sum(p.numel() for p in model.parameters()), n_trainable=trained.n_trainable,
             label_names=[str(x) for x in label_names], options=asdict(opt),
         )
         extra = {"base_model": str(model_id), **asdict(report), **(provenance or {})}

@@ -25,10 +25,8 @@ MAX_NODES = 129  # default node cap of the error-controlled integration (Clensha
 DEFAULT_TOL = 1e-1
 PAPER_STEPS, PAPER_RULE = 20, "right"  # the paper's setting: a fixed rule's defaults
 # ... except with --sources (a long context ranked per passage): given none of them, the right rule with
-# two nodes (alpha = 1/2 and 1; one pass per layer beyond the clean forward), chosen against
-# leave-one-out on bench/bench_sources_heldout.py's tuning contexts over 1- and 2-node rules and
-# checked on three others (docs/long-context.md "The default for --sources"); --tol for the
-# error-controlled run
+# two nodes (alpha = 1/2 and 1), chosen on bench/bench_sources_heldout.py (docs/long-context.md "The
+# default for --sources"); --tol for the error-controlled run
 SOURCES_STEPS, SOURCES_RULE = 2, "right"
 # the quadrature rules engine/integrate.py implements (named here, where `attattr --help` reads them without torch)
 RULES = {
