@@ -520,9 +520,9 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                         row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]),
                                                               np.abs(scores["loo"][content]))
                         row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
-                    er = erasure_metrics(lambda keeps: runner.target_probability(ex, u.keeps(keeps)), u.n, content,
-                                         {m: scores[m] for m in options.methods}, options.bins, options.fractions)
-                    row["erasure"] = er
+                    row["erasure"] = erasure_metrics(lambda keeps: runner.target_probability(ex, u.keeps(keeps)), u.n,
+                                                     content, {m: scores[m] for m in options.methods}, options.bins,
+                                                     options.fractions)
                     if masking:
                         label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
                         row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0

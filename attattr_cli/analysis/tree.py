@@ -337,8 +337,7 @@ def tree_from_json(data: dict) -> nx.DiGraph:
     if "example" in data:
         g.graph["example"] = data["example"]
     for node in data["nodes"]:
-        attrs = {k: v for k, v in node.items() if k != "position"}
-        g.add_node(node["position"], position=node["position"], **attrs)
+        g.add_node(node["position"], **node)
     for k, e in enumerate(data["edges"]):
         g.add_edge(e["source"], e["target"], layer=e["layer"], score=e["score"], raw=e["raw"], order=k)
     return g
