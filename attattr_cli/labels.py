@@ -273,16 +273,14 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
             each = _quantity(output, "token") + ("" if foil is None else " − " + _quantity(output, out["foil"]))
             out["quantity"] = f"Σ over the {n} steps of {each} (given the tokens before it)"
             out["steps"] = n
-            out["target"] = visible(text_of(names, style)) if names else target
             out["probability"], out["probability_of"], out["target_probability"] = None, None, None
         else:
-            if output == "logit" and n_pos > 1:
-                q = "Σ logit(" + ", ".join(token_label(t, style) for t in names) + ")"
-            else:
-                q = _quantity(output, target)
+            summed = output == "logit" and n_pos > 1  # the logits of several positions, summed
+            q = ("Σ logit(" + ", ".join(token_label(t, style) for t in names) + ")" if summed
+                 else _quantity(output, target))
             if foil is not None:
                 f = out["foil"] + ("" if n_pos == 1 else f" at each of the {n_pos} positions")
-                q += " − " + ("Σ logit(" + f + ")" if output == "logit" and n_pos > 1 else _quantity(output, f))
+                q += " − " + ("Σ logit(" + f + ")" if summed else _quantity(output, f))
             out["quantity"] = q
             if step is not None:
                 out["step"] = int(step.get("step", 0))

@@ -88,15 +88,9 @@ def _print_table(result: dict) -> None:
     cols = max((len(r["triggers"]) for r in result["table"]), default=0)
     t = Table(title=f"accuracy (%) per gold class with triggers of the other classes ({result['examples']} examples)")
     t.add_column("class", no_wrap=True)
-    t.add_column("n", justify="right")
-    t.add_column("before", justify="right")
-    for k in range(cols):
-        t.add_column(f"trigger {k + 1}", justify="right")
-    t.add_column("mean", justify="right")
-    t.add_column("control", justify="right")
-    t.add_column("control sd", justify="right")
-    t.add_column("worst control", justify="right")
-    t.add_column("p (Holm)", justify="right")
+    for col in ("n", "before", *(f"trigger {k + 1}" for k in range(cols)), "mean", "control", "control sd",
+                "worst control", "p (Holm)"):
+        t.add_column(col, justify="right")
     t.add_column(f"beats controls (α {result.get('alpha', 0.05):g})", justify="center")
     for row in result["table"]:
         cells = [f"{_pct(x['accuracy'])} {x['name']}" for x in row["triggers"]]

@@ -162,6 +162,14 @@ def store_notes(skipped: int | None, unconverged: int | None, used: int | None) 
                   " (attattr info lists them; rescore with a smaller --tol or a larger --max-nodes)", markup=False)
 
 
+def read_prompt_file(path) -> str:
+    """The whole text of ``--prompt-file`` (UTF-8)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise OptionError(f"--prompt-file {path}: cannot read it ({exc.__class__.__name__})") from None
+
+
 def p_text(p: float | None, none: str = "-") -> str:
     """A p-value in a table cell: two significant digits, scientific below 0.001."""
     return none if p is None else (f"{p:.2g}" if p >= 0.001 else f"{p:.1e}")

@@ -38,9 +38,6 @@ def train(
         out.print(str(out_dir), markup=False)
 
 
-TASKS = ("synthetic",) + PAIR_TASKS
-
-
 @app.command("data", cls=Command)
 def data(
     out_file: Path = typer.Option(..., "--out", "-o", help="File to write: TSV (synthetic) or JSONL (pair tasks)."),

@@ -44,8 +44,8 @@ def _new_table(title: str, columns) -> Table:
 
 
 def _table(report: dict):
-    t = _new_table(f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}), {report['examples']} examples,"
-                   f" target {report.get('target')}"
+    t = _new_table(f"faithfulness: {report.get('model')} ({report.get('task') or 'data'}),"
+                   f" {report['examples']} examples, target {report.get('target')}"
                    + (", over words" if (report.get("settings") or {}).get("aggregate") == "words" else ""),
                    ("method", "τ with LOO", "τ |·| with |LOO|", "τ with grad", "AOPC comp ↑", "AOPC suff ↓",
                     "deletion AUC ↓"))
@@ -94,7 +94,8 @@ def _paired_table(report: dict):
     tests = report["paired_tests"]
     better = {r["metric"]: r["better"] for r in tests}  # the metrics in their first order
     t = _new_table("paired tests on the same examples: attribution minus each other method, mean difference "
-                   "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all cells)",
+                   "(Holm-adjusted p; sign-flip permutation, one-sided towards the better direction, Holm over all"
+                   " cells)",
                    ("method", "against", *(f"{m} ({b})" for m, b in better.items())))
     cells: dict = {}
     for r in tests:

@@ -37,7 +37,7 @@ def import_json(
         if report.already and not quiet:
             err.print(f"example {report.index} is already in {report.out}; nothing written", markup=False)
         elif not quiet:
-            err.print(f"imported example {report.index} ({report.n_tokens} tokens, {report.layers} layers x {report.heads}"
-                      f" heads; labels {', '.join(report.labels)}, {report.label_mapping}) into"
+            err.print(f"imported example {report.index} ({report.n_tokens} tokens, {report.layers} layers x"
+                      f" {report.heads} heads; labels {', '.join(report.labels)}, {report.label_mapping}) into"
                       f" {'a new store' if report.created else 'the store'} {report.out}", markup=False)
         out.print(report.out, markup=False)

@@ -116,15 +116,10 @@ def _report_curves(c: dict) -> None:
     t = Table(title=f"{metric} with the least important heads masked ({c['n_examples']} examples; "
                     f"unpruned {c['baseline'][metric]:.4f})", show_edge=False)
     level = c.get("level", 0.95)
-    t.add_column("pruned", justify="right")
-    for name in c["methods"]:
-        t.add_column(name, justify="right")
     seeded = [n for n, m in c["methods"].items() if m.get("seeds")]
-    for name in seeded:
-        t.add_column(f"{name} orders", justify="right")
     tests = (c["methods"].get("attr") or {}).get("tests") or {}
-    for name in tests:
-        t.add_column(f"p vs {name}", justify="right")
+    for col in ("pruned", *c["methods"], *(f"{n} orders" for n in seeded), *(f"p vs {n}" for n in tests)):
+        t.add_column(col, justify="right")
 
     band = "accuracy" if "accuracy" in c["baseline"] else metric  # a pair task's curves carry their metric's band
 

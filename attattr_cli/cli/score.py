@@ -11,7 +11,7 @@ import typer
 from ..api.scoring import DEFAULT_TOL, MAX_NODES, RULES, SOURCES_RULE, SOURCES_STEPS
 from ..errors import OptionError
 from . import options
-from .common import command_line, edge, err, out, parse_int_list, progress_bar
+from .common import command_line, edge, err, out, parse_int_list, progress_bar, read_prompt_file
 
 
 RULES_HELP = "; ".join(f"{k}: {v}" for k, v in RULES.items())
@@ -83,10 +83,7 @@ def score(
         if prompt_file is not None:
             if prompt:
                 raise OptionError("give --prompt or --prompt-file, not both")
-            try:
-                prompt = [prompt_file.read_text(encoding="utf-8")]
-            except (OSError, UnicodeDecodeError) as exc:
-                raise OptionError(f"--prompt-file {prompt_file}: cannot read it ({exc.__class__.__name__})") from None
+            prompt = [read_prompt_file(prompt_file)]
         t0 = time.perf_counter()
         with progress_bar("score", quiet) as bar, cli_words():
             report = run(
@@ -149,8 +146,8 @@ def _report_distributed(report, quiet: bool) -> None:
     loads = ", ".join(str(t) for t in report.tokens_per_rank)
     merged = report.merged or {"added": 0, "skipped": 0}
     err.print(
-        f"scored {_count(report.scored, 'example')} on {report.world_size} processes ({report.skipped} already in the shards,"
-        f" {report.already} already in {report.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
+        f"scored {_count(report.scored, 'example')} on {report.world_size} processes ({report.skipped} already in the"
+        f" shards, {report.already} already in {report.out}) in {report.seconds:.1f} s with kernel '{report.own.kernel}';"
         f" tokens per process {loads} (imbalance {report.imbalance:.4f}); merged {merged['added']} into {report.out}"
         + ("; shards deleted" if report.shards_deleted else "; shards kept" if report.complete else ""),
         markup=False,

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import OptionError
 from . import options
-from .common import edge, err, out, parse_int_list, progress_bar, renamed_options
+from .common import edge, err, out, parse_int_list, progress_bar, read_prompt_file, renamed_options
 
 METHODS_HELP = "attattr, attention, input_x_gradient, loo"
 
@@ -62,10 +62,7 @@ def sources_check(
         if (prompt is None) == (prompt_file is None):
             raise OptionError("give the prompt: --prompt or --prompt-file (one of them)")
         if prompt_file is not None:
-            try:
-                prompt = prompt_file.read_text(encoding="utf-8")
-            except (OSError, UnicodeDecodeError) as exc:
-                raise OptionError(f"--prompt-file {prompt_file}: cannot read it ({exc.__class__.__name__})") from None
+            prompt = read_prompt_file(prompt_file)
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise OptionError(f"cannot tell the format of {plot}: use one of .png, .svg, .pdf")
         k_list = parse_int_list(ks, "--ks")
