@@ -4,23 +4,22 @@ command and API function that writes (docs/api.md, "Outputs"):
 
 - an output that is the same file as one of the inputs (by inode: through symbolic and hard
   links) is refused before any work (``check_output``);
-- a regular file, a new path or a link is written under a temporary name beside it and
-  renamed over it (below); a character device, a FIFO or a socket (``/dev/null``, a named
-  pipe, ``/dev/stdout``) is written in place, streamed, never replaced (``is_stream``); an
-  HDF5 store that is resumed where it lies (``score --out``, ``merge --out``) cannot be
-  streamed and such a path is refused (``check_store_output``); a result file written whole
-  after a long computation (``circuit --out``) is checked before it starts: a file, not a
-  device or a folder, and writable (``check_file_output``), one process its one writer
-  (``one_writer``);
+- a regular file, a new path or a link is written under a private temporary name in its
+  own folder and renamed over it (below); a character device, a FIFO or a socket
+  (``/dev/null``, a named pipe, ``/dev/stdout``) is written in place, streamed, never
+  replaced (``is_stream``); an HDF5 store that is resumed where it lies (``score --out``,
+  ``merge --out``) cannot be streamed and such a path is refused (``check_store_output``);
+  a result file written whole after a long computation (``circuit --out``) is checked
+  before it starts: a file, not a device or a folder, and writable (``check_file_output``),
+  one process its one writer (``one_writer``);
 - a write that fails for lack of space (a full disk, a quota, ``ulimit -f``) is one
   ``ResourceError`` line, exit status 5, the old output left whole (``write_failed``).
 
-Every output is built under a private temporary name in the output's own folder and
-renamed over the output at the end. A symbolic link at the output's name is replaced by
-the new file or folder (the rename replaces the link itself): a link is never written
-through and a dangling one never followed. The finished output gets the usual mode under
-the user's umask (files 0666 & ~umask, folders 0777 & ~umask, as ``open`` and ``mkdir``
-would give), while the temporary one keeps its private mode until the rename."""
+A symbolic link at the output's name is replaced by the new file or folder (the rename
+replaces the link itself): a link is never written through and a dangling one never
+followed. The finished output gets the usual mode under the user's umask (files 0666 &
+~umask, folders 0777 & ~umask, as ``open`` and ``mkdir`` would give), while the temporary
+one keeps its private mode until the rename."""
 
 from __future__ import annotations
 
@@ -28,7 +27,9 @@ import contextlib
 import errno
 import io
 import json
+import math
 import os
+import re
 import shutil
 import stat
 import sys
@@ -36,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import AttattrError, OptionError, ResourceError
+from .errors import AttattrError, OptionError, ResourceError, first_line
 
 # the errors of a write that had no room, and how each is said
 FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used up",
@@ -46,8 +47,6 @@ FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is used 
 def os_errno(exc: BaseException) -> int | None:
     """The operating system's errno behind a failed write: ``exc.errno``, else the
     ``errno = N`` HDF5 writes into its messages (h5py raises RuntimeError with it)."""
-    import re
-
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     # HDF5's message; safetensors' (Rust's io error, in either of its wordings)
@@ -69,8 +68,6 @@ def write_failed(exc: BaseException, path) -> AttattrError:
     """The one-line error for a write of ``path`` that raised ``exc`` (an OSError, or the
     RuntimeError h5py raises for a failed HDF5 write): lack of space as :func:`no_space`,
     anything else as ``cannot write PATH: why`` (exit status 2)."""
-    from .errors import first_line
-
     code = os_errno(exc)
     if code in FULL:
         return no_space(path, code)
@@ -115,7 +112,7 @@ def check_output(out, inputs=(), name: str = "--out") -> None:
     """Refuse (before any work) an output ``out`` that is the same file as one of ``inputs``
     (paths, lists of paths; None and non-paths ignored): writing it would destroy the input.
     A device or a FIFO (``/dev/null``) is never an input that a write destroys."""
-    if out is None or not isinstance(out, (str, os.PathLike)) or str(out) in ("", "-") or is_stream(out):
+    if not _a_file_path(out):
         return
     for given in _paths(inputs):
         if same_file(out, given):
@@ -260,12 +257,6 @@ def open_stream(path):
     return open(path, "wb")
 
 
-def _stream_copy(src: Path, path) -> None:
-    """Write the bytes of ``src`` into ``path`` in place (a device, a FIFO, /dev/stdout)."""
-    with open(src, "rb") as fh, open_stream(path) as target:
-        shutil.copyfileobj(fh, target)
-
-
 def umask() -> int:
     """The process's umask, read without changing it where the system allows."""
     try:
@@ -332,7 +323,8 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
                 raise caught[0] if caught else RuntimeError(held.getvalue())
             sys.stderr.write(held.getvalue())
             if stream:
-                _stream_copy(Path(tmp), path)
+                with open(tmp, "rb") as fh, open_stream(path) as target:
+                    shutil.copyfileobj(fh, target)
             else:
                 os.chmod(tmp, file_mode())
                 os.replace(tmp, path)
@@ -363,10 +355,7 @@ def writing(path):
     except AttattrError:
         raise
     except Exception as exc:
-        code = os_errno(exc)
-        if code in FULL:
-            raise no_space(path, code) from None
-        if isinstance(exc, OSError):
+        if isinstance(exc, OSError) or os_errno(exc) in FULL:
             raise write_failed(exc, path) from None
         raise
 
@@ -400,8 +389,6 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
 def strict_json(obj):
     """``obj`` with NaN and infinities as None (numpy scalars and arrays as Python's), so that
     it is strict JSON: what JSON.parse and other readers accept."""
-    import math
-
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from ..errors import StoreError
-from .opening import open_file
+from .opening import copy_root, open_file
 from .schema import EXAMPLES, example_name
 
 
@@ -21,12 +21,7 @@ def copy_examples(source: str | os.PathLike, out: str | os.PathLike, indices: li
         raise StoreError(f"{out} is the store these examples come from: give another file name")
     with open_file(source, "r", locking=False) as src, replaced(out, suffix=".h5") as tmp:
         with open_file(tmp, "w") as dst:
-            dst.attrs.update(dict(src.attrs))
-            for name in src:
-                if name != EXAMPLES:
-                    src.copy(src[name], dst, name=name)
-            examples = dst.create_group(EXAMPLES)
-            examples.attrs.update(dict(src[EXAMPLES].attrs))
+            examples = copy_root(src, dst)
             for i in indices:
                 name = example_name(int(i))
                 if name not in src[EXAMPLES]:

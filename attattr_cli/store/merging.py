@@ -120,10 +120,8 @@ def inspect_shards(shards: list[str | os.PathLike]) -> ShardCheck:
     for p in paths:
         with Store(p) as r:
             fp = r.fingerprint
-            if base_fp is None:
-                base_fp = fp
-            else:
-                _check_mergeable(paths[0], p, base_fp, fp)
+            base_fp = fp if base_fp is None else base_fp
+            _check_mergeable(paths[0], p, base_fp, fp)
             have = r.indices()
             indices[str(p)] = have
             for i in have:
@@ -179,8 +177,7 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
         else:
             tmp_path = out.with_name(f".{out.name}.merging-{os.getpid()}")
             target = open_file(tmp_path, "w")
-            for k, v in base.f.attrs.items():
-                target.attrs[k] = v
+            target.attrs.update(dict(base.f.attrs))
             target.attrs["shard"] = ""
             target.attrs["created"] = utc_now()
             target.create_group(EXAMPLES)

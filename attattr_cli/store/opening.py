@@ -153,6 +153,18 @@ def stored_below(group, limit: int) -> bool:
     return all(end <= limit for end in ends)
 
 
+def copy_root(src: h5py.File, dst: h5py.File) -> h5py.Group:
+    """Into the new file ``dst``: the root attributes of ``src`` and every root item but its
+    examples, which are left to the caller: their (empty) group is returned."""
+    dst.attrs.update(dict(src.attrs))
+    for name in src:
+        if name != EXAMPLES:
+            src.copy(src[name], dst, name=name)
+    examples = dst.create_group(EXAMPLES)
+    examples.attrs.update(dict(src[EXAMPLES].attrs))
+    return examples
+
+
 def check_store_path(path: Path) -> None:
     """Refuse, before anything is written, a store path that is a device or a FIFO
     (``fileio.check_store_output``), a folder, or in a folder that does not exist."""

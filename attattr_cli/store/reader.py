@@ -186,11 +186,9 @@ class StoredExample:
         elif self.topk_index is not None:
             rows = []
             idx, val = np.asarray(self.topk_index), np.asarray(self.topk_value)
-            for li in range(idx.shape[0]):
-                for h in range(idx.shape[1]):
-                    for j in range(idx.shape[2]):
-                        q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
-                        rows.append(Interaction(layers[li], h, q, kk, queries[q], keys[kk], float(val[li, h, j])))
+            for li, h, j in np.ndindex(idx.shape[:3]):
+                q, kk = int(idx[li, h, j, 0]), int(idx[li, h, j, 1])
+                rows.append(Interaction(layers[li], h, q, kk, queries[q], keys[kk], float(val[li, h, j])))
             return sorted(rows, key=lambda r: -r.value)[:k]
         else:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep={self.keep!r} and no top_k)")
@@ -213,7 +211,6 @@ class StoredExample:
         if s is None:
             raise StoreError(f"example {self.index} keeps no attribution maps (scored with keep='none')")
         return np.asarray(s, np.float64).sum(axis=(0, 1))
-
 
     def summed(self) -> np.ndarray | None:
         """[layer, query, key]: the head sum, from the maps or as stored."""
@@ -242,12 +239,8 @@ def _strings(ds) -> list[str]:
     return [t.decode() if isinstance(t, bytes) else t for t in ds[()]]
 
 
-# a reader retries this many times when a read fails while a writer changes the file
-_RETRIES = 6
-
-
-# a failed read waits this long for a writer to change the file before it is an error
-_SETTLE = 0.25
+_RETRIES = 6  # a reader retries this many times when a read fails while a writer changes the file
+_SETTLE = 0.25  # a failed read waits this long for a writer to change the file before it is an error
 
 
 def _file_state(path: Path) -> tuple[int, int] | None:
@@ -606,8 +599,7 @@ class Store(OpenFile):
                     for layer, why in convergence.unconverged_layers(e.layers, e.convergence).items())
                 if e.convergence_tol is not None:
                     d["convergence_tol"] = e.convergence_tol
-                g = self._group(i)
-                fg = g if name == "self" else g[FAMILIES][name]
+                fg = self._family_group(i, name)
                 if "topk_value" in fg:
                     d["top_k"] = int(fg["topk_value"].shape[-1])
         for d in out.values():
@@ -663,4 +655,4 @@ def generation_summary(examples) -> dict | None:
             "step_abs_residual_max": float(max(resid)) if resid else None,
             "step_abs_residual_mean": float(np.mean(resid)) if resid else None,
             "step_convergence": convergence.counts(states), "step_layers_unconverged": len(unconverged),
-            "step_unconverged_at": unconverged[:100]}
+            "step_unconverged_at": unconverged[:UNCONVERGED_LISTED]}

@@ -13,9 +13,12 @@ overwritten.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
+import shutil
+import stat
 import sys
 from pathlib import Path
 
@@ -23,24 +26,17 @@ import h5py
 import numpy as np
 
 from ..errors import StoreError, first_line
-from .schema import EXAMPLES, PARTIAL_PREFIX, example_name
-from .opening import open_file, utc_now
+from ..fileio import FULL, dumps as strict_dumps, no_space, os_errno  # strict JSON: no NaN or Infinity
+from .schema import EXAMPLES, PARTIAL_PREFIX
+from .opening import copy_root, open_file, utc_now
 from .reader import Store
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
 
 GROUP = "token_importance"
 
 
-def _group(f: h5py.File, index: int):
-    name = example_name(index)
-    if name not in f[EXAMPLES]:
-        raise StoreError(f"example {index} is not in the store")
-    return f[EXAMPLES][name]
-
-
 def read_token_importance(store: Store, index: int) -> dict[str, np.ndarray]:
     """{method: [n] float32} stored for one example (empty when none)."""
-    g = _group(store.f, index)
+    g = store._group(index)
     if GROUP not in g:
         return {}
     return {m: g[GROUP][m][()] for m in g[GROUP] if not m.startswith(PARTIAL_PREFIX)}
@@ -71,32 +67,19 @@ class TokenImportanceStore(Store):
         """Copy the store into a fresh file that replaces it: every complete example whole,
         its token importance vectors but the partial or unreadable ones (left by a write that
         failed; they are computed again). HDF5 cannot always delete them in place."""
-        import shutil
-        import stat as st
-
         real = Path(self.path).resolve()
-        free = shutil.disk_usage(real.parent).free
-        if free < real.stat().st_size + (1 << 16):
-            from ..fileio import no_space
-            import errno
-
+        if shutil.disk_usage(real.parent).free < real.stat().st_size + (1 << 16):
             raise no_space(self.path, errno.ENOSPC, "it needs repair beside it and nothing was changed")
         tmp = real.parent / f".{real.name}.rebuilding-{os.getpid()}"
         dropped = 0
         try:
             with h5py.File(tmp, "w") as dst:
-                for key, value in src.attrs.items():
-                    dst.attrs[key] = value
-                for name in src:
-                    if name != EXAMPLES:
-                        src.copy(src[name], dst, name)
-                dest = dst.create_group(EXAMPLES)
+                dest = copy_root(src, dst)
                 for name in src[EXAMPLES]:
                     if name.startswith(PARTIAL_PREFIX):
                         continue
                     g, d = src[EXAMPLES][name], dest.create_group(name)
-                    for key, value in g.attrs.items():
-                        d.attrs[key] = value
+                    d.attrs.update(dict(g.attrs))
                     for child in g:
                         if child != GROUP:
                             src.copy(g[child], d, child)
@@ -111,13 +94,12 @@ class TokenImportanceStore(Store):
                                 dropped += 1
                                 if m in vectors:
                                     del vectors[m]
-            os.chmod(tmp, st.S_IMODE(real.stat().st_mode))
+            os.chmod(tmp, stat.S_IMODE(real.stat().st_mode))
             if self.__dict__.get("f") is not None and self.f.id.valid:
                 self.f.close()
             os.replace(tmp, real)
         finally:
-            if tmp.exists():
-                tmp.unlink()
+            tmp.unlink(missing_ok=True)
         self.notes.append(f"{self.path} could not be repaired in place (a write that failed left it so): copied into"
                           f" a fresh file that replaced it ({dropped} unfinished token importance vector"
                           f"{'s' if dropped != 1 else ''} left out, computed again)")
@@ -126,7 +108,7 @@ class TokenImportanceStore(Store):
         """The stored vector when it was made with ``params``; None when absent.
 
         Raises StoreError when it is there with other params."""
-        g = _group(self.f, index)
+        g = self._group(index)
         if GROUP not in g or method not in g[GROUP]:
             return None
         ds = g[GROUP][method]
@@ -143,7 +125,7 @@ class TokenImportanceStore(Store):
     def write(self, index: int, method: str, values: np.ndarray, params: dict, description: str = "") -> None:
         if not self.writable:
             return
-        g = _group(self.f, index)
+        g = self._group(index)
         n = int(g.attrs.get("n_tokens", len(g["tokens"])))
         values = np.asarray(values, dtype=np.float32)
         if values.shape != (n,):
@@ -170,10 +152,8 @@ class TokenImportanceStore(Store):
             ds = ti.create_dataset(tmp, data=values)
             held.append(ds)
             ds.dims[0].label = "token"
-            ds.attrs["method"] = method
-            ds.attrs["description"] = description
-            ds.attrs["params"] = strict_dumps(params, sort_keys=True)
-            ds.attrs["written"] = utc_now()
+            ds.attrs.update(method=method, description=description, params=strict_dumps(params, sort_keys=True),
+                            written=utc_now())
             self.f.flush()
             ti.move(tmp, method)
             self.f.flush()
@@ -184,8 +164,6 @@ class TokenImportanceStore(Store):
             failed = True
             with contextlib.redirect_stderr(io.StringIO()):
                 held.clear()
-            from ..fileio import FULL, no_space, os_errno
-
             code = os_errno(exc)
             if code in FULL:
                 error = no_space(self.path, code, f"writing token importance of example {index} failed; what was"

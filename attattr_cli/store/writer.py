@@ -30,8 +30,8 @@ from .family import family_arrays, self_maps_info, write_family
 from .steps import write_steps
 from .fingerprint import check_fingerprint  # noqa: F401  (re-exported: store/__init__)
 from .reader import already_done  # noqa: F401  (re-exported: engine/run)
-from .opening import (UTF8, OpenFile, check_schema, check_store_path, open_file, open_padded, read_attr,
-                      stored_below, utc_now)
+from .opening import (UTF8, OpenFile, check_schema, check_store_path, copy_root, open_file, open_padded,
+                      read_attr, stored_below, utc_now)
 from .schema import (
     EXAMPLES,
     FAMILIES,
@@ -216,12 +216,7 @@ class StoreWriter(OpenFile):
         try:
             src = opener() if opener else open_file(self.path, "r")
             with src, open_file(tmp, "w-") as dst:
-                for key, value in src.attrs.items():
-                    dst.attrs[key] = value
-                src.copy(src[PROVENANCE], dst, PROVENANCE)
-                if SHARD_EXAMPLES in src:
-                    src.copy(src[SHARD_EXAMPLES], dst, SHARD_EXAMPLES)
-                dest = dst.create_group(EXAMPLES)
+                dest = copy_root(src, dst)
                 for name in list(src[EXAMPLES]):
                     if name.startswith(PARTIAL_PREFIX):
                         continue

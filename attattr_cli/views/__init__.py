@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import OptionError
+from ..fileio import write_atomic
 from .data import COLSUM, SHOWS, View, ViewSpec, build_view
 from .still import highlight_html
 
@@ -28,8 +29,7 @@ FORMATS = ("png", "svg", "pdf", "html")
 
 __all__ = ["FORMATS", "SHOWS", "View", "ViewSpec", "Loaded", "build_view", "example_html", "from_store",
            "highlight_html", "prediction_line", "render_bytes", "save", "show", "spec_of", "tree_dot", "tree_svg",
-           "view_figure_of",
-           "COLSUM"]
+           "view_figure_of", "COLSUM"]
 
 
 @dataclass
@@ -180,8 +180,7 @@ def format_of(path: str | Path | None, fmt: str | None = None) -> str:
     if path in (None, "-"):
         raise OptionError("writing to stdout needs --format svg or --format html")
     ext = Path(path).suffix.lower().lstrip(".")
-    if ext == "htm":
-        ext = "html"
+    ext = "html" if ext == "htm" else ext
     if ext not in FORMATS:
         raise OptionError(f"cannot tell the format from '{path}': use a .png, .svg, .pdf or .html name, or --format")
     return ext
@@ -209,8 +208,6 @@ def save(example, path: str | Path, labels: Sequence[str] | None = None, spec: V
          fmt: str | None = None, **options) -> View:
     """Write the view of one example to ``path``: PNG, SVG, PDF or HTML by ``fmt`` or the
     suffix; written whole or not at all. Returns the :class:`View` that was drawn."""
-    from ..fileio import write_atomic
-
     fmt = format_of(path, fmt)
     spec = spec or spec_of(**options)
     data, view = render_bytes(example, fmt, labels, spec, token_importance, tree, num_layers,

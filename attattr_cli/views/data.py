@@ -18,9 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .. import convergence
-from ..labels import attributed, attributed_line, format_number, ranges  # noqa: F401  (one wording, one number format)
-
 from ..errors import OptionError
+from ..labels import attributed, format_number, ranges  # noqa: F401  (format_number: one number format, re-exported)
 
 SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map

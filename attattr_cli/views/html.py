@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import html
-import json
 import re
 import uuid
 from dataclasses import replace
@@ -16,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .data import View, ViewSpec, build_view
-from .data import pack
+from ..fileio import dumps as strict_dumps
+from .data import View, ViewSpec, build_view, pack
 from .still import view_still
 
 MAX_HTML_VALUES = 2_000_000  # above this many map values a page keeps the head sums only
@@ -32,9 +31,7 @@ def static(name: str) -> str:
 def script_json(obj) -> str:
     """JSON that is safe inside a <script> element ("<" only occurs inside JSON strings) and
     that JSON.parse reads: NaN and infinities (an example flagged non-finite) become null."""
-    from ..fileio import strict_json
-
-    return json.dumps(strict_json(obj), separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+    return strict_dumps(obj, separators=(",", ":")).replace("<", "\\u003c")
 
 
 def view_data(example, labels: Sequence[str] | None = None, spec: ViewSpec | None = None,

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import OptionError
 from .data import ViewSpec
 from .html import script_json, static, view_data
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..fileio import dumps as strict_dumps, is_stream, swap_dir_in, temp_dir_for, write_atomic, write_failed
 from .still import report_still
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
@@ -135,8 +135,6 @@ def page(data: dict, title: str, examples: str = "") -> str:
 
 
 def is_folder_target(out: str | Path) -> bool:
-    from ..fileio import is_stream
-
     s = str(out)
     if is_stream(s):  # /dev/stdout, a FIFO: the single file, streamed
         return False
@@ -147,7 +145,6 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                  spec: ViewSpec | None = None, progress: Callable[[int, int, str], None] | None = None) -> ReportResult:
     """Write the report of an open ``Store`` to ``out`` (a .html file, or a folder when ``out``
     ends with a slash, is a folder or has no suffix); written whole or not at all."""
-    from ..fileio import is_stream, swap_dir_in, temp_dir_for, write_atomic, write_failed
     from . import from_store
 
     folder = is_folder_target(out)
