@@ -29,15 +29,9 @@ import torch
 
 from attattr_cli.errors import OptionError
 from attattr_cli.ops import kernel, reference
+from attattr_cli.ops.reference import with_causal
 
-__all__ = [
-    "BACKEND_KINDS",
-    "ENV_VAR",
-    "Backend",
-    "CudaBackend",
-    "TorchBackend",
-    "select_backend",
-]
+__all__ = ["BACKEND_KINDS", "ENV_VAR", "Backend", "CudaBackend", "TorchBackend", "select_backend"]
 
 BACKEND_KINDS = ("auto", "cuda", "torch")
 ENV_VAR = "ATTATTR_KERNEL"
@@ -45,19 +39,12 @@ ENV_VAR = "ATTATTR_KERNEL"
 _warned: set[str] = set()
 
 
-def reference_mask(mask: torch.Tensor | None) -> torch.Tensor | None:
-    """A backend mask in the reference's convention (broadcastable to [B, H, n_q, n_k])."""
+def reference_mask(mask: torch.Tensor | None, q=None, k=None, causal: bool = False) -> torch.Tensor | None:
+    """A backend mask in the reference's convention (broadcastable to [B, H, n_q, n_k]), with
+    ``causal`` the causal mask of ``q`` and ``k`` added."""
     if mask is not None and mask.dim() == 2:  # key padding [batch, key_pos]
-        return mask[:, None, None, :]
-    return mask
-
-
-def with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
-    work = torch.float64 if q.dtype == torch.float64 else torch.float32
-    causal_mask = torch.zeros(n_q, n_k, dtype=work, device=q.device).masked_fill(~allowed, float("-inf"))
-    return causal_mask if mask is None else mask + causal_mask
+        mask = mask[:, None, None, :]
+    return with_causal(mask, q, k) if causal else mask
 
 
 class Backend:
@@ -107,16 +94,11 @@ class TorchBackend(Backend):
         return reference.attention_forward(q, k, v, reference_mask(mask), scale, causal)
 
     def attribution_from_grad(self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False):
-        full_mask = reference_mask(mask)
-        if causal:
-            full_mask = with_causal(full_mask, q, k)
-        return reference.attribution_from_grad(q, k, v, g, full_mask, scale, softcap, want_maps)
+        mask = reference_mask(mask, q, k, causal)
+        return reference.attribution_from_grad(q, k, v, g, mask, scale, softcap, want_maps)
 
     def attribution_key_sums(self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None):
-        full_mask = reference_mask(mask)
-        if causal:
-            full_mask = with_causal(full_mask, q, k)
-        return reference.attribution_key_sums(q, k, v, g, full_mask, scale, softcap, read_from)
+        return reference.attribution_key_sums(q, k, v, g, reference_mask(mask, q, k, causal), scale, softcap, read_from)
 
 
 class CudaBackend(Backend):
@@ -142,21 +124,13 @@ class CudaBackend(Backend):
 
     def attribution_from_grad(self, q, k, v, g, mask=None, scale=None, softcap=None, want_maps=True, causal=False):
         if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
-            return kernel.attribution_from_grad(
-                q, k, v, g, mask, scale, softcap, want_maps, causal=causal
-            )
-        return self._fallback.attribution_from_grad(
-            q, k, v, g, mask, scale, softcap, want_maps, causal
-        )
+            return kernel.attribution_from_grad(q, k, v, g, mask, scale, softcap, want_maps, causal=causal)
+        return self._fallback.attribution_from_grad(q, k, v, g, mask, scale, softcap, want_maps, causal)
 
     def attribution_key_sums(self, q, k, v, g, mask=None, scale=None, softcap=None, causal=False, read_from=None):
         if self._use_kernel(q, k, mask, softcap, (q, k, v, g)):
-            return kernel.attribution_key_sums(
-                q, k, v, g, mask, scale, softcap, causal=causal, read_from=read_from
-            )
-        return self._fallback.attribution_key_sums(
-            q, k, v, g, mask, scale, softcap, causal, read_from
-        )
+            return kernel.attribution_key_sums(q, k, v, g, mask, scale, softcap, causal=causal, read_from=read_from)
+        return self._fallback.attribution_key_sums(q, k, v, g, mask, scale, softcap, causal, read_from)
 
 
 _TORCH = TorchBackend()
@@ -166,10 +140,8 @@ _CUDA = CudaBackend()
 def _env_kind() -> str:
     value = os.environ.get(ENV_VAR, "").strip().lower()
     if value and value not in BACKEND_KINDS:
-        raise OptionError(
-            f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a kernel backend; choose one of: "
-            + ", ".join(BACKEND_KINDS)
-        )
+        raise OptionError(f"{ENV_VAR}={os.environ[ENV_VAR]!r} is not a kernel backend; choose one of: "
+                          + ", ".join(BACKEND_KINDS))
     return value or "auto"
 
 
@@ -193,9 +165,7 @@ def select_backend(kind: str = "auto", device: torch.device | str | None = None)
     """
     chosen = (kind or "auto").strip().lower() if isinstance(kind, str) else kind
     if chosen not in BACKEND_KINDS:
-        raise OptionError(
-            f"unknown kernel backend {kind!r}; choose one of: " + ", ".join(BACKEND_KINDS)
-        )
+        raise OptionError(f"unknown kernel backend {kind!r}; choose one of: " + ", ".join(BACKEND_KINDS))
     dev = _device(device)
     if chosen == "torch":
         return _TORCH
@@ -207,16 +177,11 @@ def select_backend(kind: str = "auto", device: torch.device | str | None = None)
             chosen = "cuda"
     if chosen == "cuda":
         if not kernel.available():
-            raise OptionError(
-                "the cuda kernel backend is unavailable: "
-                f"{kernel.unavailable_reason(hint=False)}; use the torch backend instead "
-                "(--kernel torch)"
-            )
+            raise OptionError(f"the cuda kernel backend is unavailable: {kernel.unavailable_reason(hint=False)};"
+                              " use the torch backend instead (--kernel torch)")
         if dev.type != "cuda":
-            raise OptionError(
-                f"the cuda kernel backend needs a CUDA device, got {dev}; "
-                "use the torch backend instead (--kernel torch)"
-            )
+            raise OptionError(f"the cuda kernel backend needs a CUDA device, got {dev}; use the torch backend instead"
+                              " (--kernel torch)")
         return _CUDA
     # auto
     if dev.type != "cuda":
@@ -226,9 +191,6 @@ def select_backend(kind: str = "auto", device: torch.device | str | None = None)
     reason = kernel.unavailable_reason()
     if reason not in _warned:
         _warned.add(reason)
-        warnings.warn(
-            f"attattr: the CUDA kernels are unavailable ({reason}); using the torch backend",
-            RuntimeWarning,
-            stacklevel=2,
-        )
+        warnings.warn(f"attattr: the CUDA kernels are unavailable ({reason}); using the torch backend", RuntimeWarning,
+                      stacklevel=2)
     return _TORCH

@@ -45,30 +45,10 @@ import torch
 
 from attattr_cli.errors import OptionError, first_line
 
-__all__ = [
-    "KernelUnavailable",
-    "KernelUnsupported",
-    "MAX_HEAD_DIM",
-    "SUPPORTED_DTYPES",
-    "attention_forward",
-    "attention_forward_with_lse",
-    "attention_forward_with_stats",
-    "attribution_from_grad",
-    "available",
-    "build",
-    "Toolkit",
-    "attribution_grid",
-    "cache_dir",
-    "find_toolkit",
-    "key_padding_mask",
-    "normalize_arch_list",
-    "lse_from_stats",
-    "source_dir",
-    "sources",
-    "supports",
-    "unavailable_reason",
-    "unsupported_reason",
-]
+__all__ = ["KernelUnavailable", "KernelUnsupported", "MAX_HEAD_DIM", "SUPPORTED_DTYPES", "attention_forward",
+           "attention_forward_with_lse", "attention_forward_with_stats", "attribution_from_grad", "available", "build",
+           "Toolkit", "attribution_grid", "cache_dir", "find_toolkit", "key_padding_mask", "normalize_arch_list",
+           "lse_from_stats", "source_dir", "sources", "supports", "unavailable_reason", "unsupported_reason"]
 
 log = logging.getLogger(__name__)
 
@@ -120,10 +100,8 @@ def normalize_arch_list(arch_list: str) -> str:
     parts = [part for part in re.split(r"[\s,;]+", arch_list.strip()) if part]
     bad = [part for part in parts if not re.fullmatch(r"\d+\.\d+a?(\+PTX)?", part)]
     if not parts or bad:
-        raise OptionError(
-            f"not a CUDA architecture list: {arch_list!r}; give compute capabilities such as "
-            '"8.0 9.0" (sm_80 and sm_90), optionally with +PTX'
-        )
+        raise OptionError(f"not a CUDA architecture list: {arch_list!r}; give compute capabilities such as"
+                          ' "8.0 9.0" (sm_80 and sm_90), optionally with +PTX')
     return ";".join(parts)
 
 
@@ -279,29 +257,20 @@ def attribution_grid(batch: int, heads: int, n_q: int, n_k: int, sms: int) -> di
     groups = min(max(-(-target // base), 1), heads, max(65535 // batch, 1))
     per_group = -(-heads // groups)
     groups = -(-heads // per_group)
-    return {
-        "heads_per_group": per_group,
-        "groups": groups,
-        "blocks": base * groups,
-        "workspace_floats": batch * groups * n_q * n_k if groups > 1 else 0,
-    }
+    return {"heads_per_group": per_group, "groups": groups, "blocks": base * groups,
+            "workspace_floats": batch * groups * n_q * n_k if groups > 1 else 0}
 
 
 # ------------------------------------------------------------------ loading
 def _environment_problem(need_device: bool = True) -> str:
     """Why the kernels cannot be built or run here, with the fix; '' if nothing is wrong."""
     if torch.version.cuda is None:
-        return (
-            f"PyTorch {torch.__version__} is a CPU-only build (no CUDA); install a CUDA build of "
-            "PyTorch to use the kernels"
-        )
+        return (f"PyTorch {torch.__version__} is a CPU-only build (no CUDA); install a CUDA build of PyTorch to use"
+                " the kernels")
     missing = [str(p) for p in sources() if not p.is_file()]
     if missing:
-        return (
-            f"kernel sources not found ({', '.join(missing)}); they ship inside the attattr "
-            "package (attattr_cli/kernels): reinstall attattr or set ATTATTR_KERNEL_DIR to a "
-            "folder holding them"
-        )
+        return (f"kernel sources not found ({', '.join(missing)}); they ship inside the attattr package"
+                " (attattr_cli/kernels): reinstall attattr or set ATTATTR_KERNEL_DIR to a folder holding them")
     if not need_device:
         return ""
     if not torch.cuda.is_available():
@@ -329,24 +298,17 @@ def _compile(verbose: bool = False) -> Path:
         return library
     toolkit = find_toolkit()
     if toolkit is None:
-        raise KernelUnavailable(
-            "no CUDA toolkit found (nvcc): set CUDA_HOME to the toolkit folder, e.g. /usr/local/cuda"
-        )
+        raise KernelUnavailable("no CUDA toolkit found (nvcc): set CUDA_HOME to the toolkit folder, e.g."
+                                " /usr/local/cuda")
     _use_toolkit(toolkit)  # before cpp_extension's import-time guess, and after it
     log.info("attattr: using the %s", toolkit.describe())
     from torch.utils import cpp_extension
 
     build_dir.mkdir(parents=True, exist_ok=True)
     log.info("attattr: building the CUDA kernels into %s (first use; takes a minute or two)", build_dir)
-    cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(p) for p in sources()],
-        extra_cflags=CXX_CFLAGS,
-        extra_cuda_cflags=CUDA_CFLAGS,
-        build_directory=str(build_dir),
-        is_python_module=False,
-        verbose=verbose,
-    )
+    cpp_extension.load(name=EXTENSION_NAME, sources=[str(p) for p in sources()], extra_cflags=CXX_CFLAGS,
+                       extra_cuda_cflags=CUDA_CFLAGS, build_directory=str(build_dir), is_python_module=False,
+                       verbose=verbose)
     return library
 
 
@@ -437,10 +399,8 @@ def _require_loaded() -> None:
     if _state["loaded"]:  # fast path, also traceable by torch.compile
         return
     if not available():
-        raise KernelUnavailable(
-            f"attattr CUDA kernels unavailable: {unavailable_reason(hint=False)}; "
-            "use the torch backend (ATTATTR_KERNEL=torch)"
-        )
+        raise KernelUnavailable(f"attattr CUDA kernels unavailable: {unavailable_reason(hint=False)}; use the torch"
+                                " backend (ATTATTR_KERNEL=torch)")
 
 
 # ------------------------------------------------------------- fake (meta) impls
@@ -489,11 +449,9 @@ def key_padding_mask(mask: torch.Tensor | None, batch: int, n_k: int) -> torch.T
     if mask.dim() == 4 and shape[1] == 1 and shape[2] == 1:
         mask = mask[:, 0, 0, :]
     if mask.dim() != 2 or mask.shape[0] not in (1, batch) or mask.shape[1] != n_k:
-        raise KernelUnsupported(
-            f"the CUDA kernel takes a key-padding mask [batch, key_pos] = [{batch}, {n_k}] "
-            f"(or [batch, 1, 1, key_pos]); got a mask of shape {list(shape)}; "
-            "a general mask needs the torch backend"
-        )
+        raise KernelUnsupported(f"the CUDA kernel takes a key-padding mask [batch, key_pos] = [{batch}, {n_k}] (or"
+                                f" [batch, 1, 1, key_pos]); got a mask of shape {list(shape)}; a general mask needs"
+                                " the torch backend")
     if not mask.is_floating_point():
         raise KernelUnsupported(f"the mask must be an additive float mask, got dtype {mask.dtype}")
     return mask
@@ -561,9 +519,8 @@ def attention_forward_with_stats(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     the row sum l of ``exp(s - m)`` ((-inf, 0) for a row with no allowed key, whose O
     row is 0).  Pass ``stats`` to :func:`attribution_from_grad` to skip recomputing them.
     """
-    kp = _check(q, k, mask)
-    o, stats = _ops().attn_forward(q, k, v, kp, _scale(q, scale), bool(causal), _stream(q))
-    return o, stats
+    kp = _check(q, k, mask)  # before the op is looked up: an unsupported input is refused where no op is loaded
+    return _ops().attn_forward(q, k, v, kp, _scale(q, scale), bool(causal), _stream(q))
 
 
 def lse_from_stats(stats: torch.Tensor) -> torch.Tensor:
@@ -615,9 +572,7 @@ def attribution_key_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
     kp = _check(q, k, mask, softcap)
     n_q = q.shape[2]
     start = n_q if read_from is None else max(0, min(int(read_from), n_q))
-    key_sums, head_max = _ops().attr_key_sums(
-        q, k, v, g, kp, stats, _scale(q, scale), bool(causal), start, _stream(q)
-    )
+    key_sums, head_max = _ops().attr_key_sums(q, k, v, g, kp, stats, _scale(q, scale), bool(causal), start, _stream(q))
     result = {"key_sum": key_sums[:, 0], "total": key_sums[:, 0].sum(-1, dtype=torch.float64),
               "head_max": head_max}
     if read_from is not None:
@@ -644,9 +599,8 @@ def attribution_from_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
     """
     q, k, v, g = _common_dtype(q, k, v, g)
     kp = _check(q, k, mask, softcap)
-    maps, head_sum, head_max = _ops().attr_from_grad(
-        q, k, v, g, kp, stats, _scale(q, scale), bool(causal), bool(want_maps), _stream(q)
-    )
+    maps, head_sum, head_max = _ops().attr_from_grad(q, k, v, g, kp, stats, _scale(q, scale), bool(causal),
+                                                     bool(want_maps), _stream(q))
     result = {"head_sum": head_sum, "head_max": head_max}
     if want_maps:
         result["maps"] = maps

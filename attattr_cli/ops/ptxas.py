@@ -16,16 +16,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "ARCHS",
-    "KernelUsage",
-    "SM_LIMITS",
-    "blocks_per_sm",
-    "compile_report",
-    "dynamic_smem",
-    "parse",
-    "summary_rows",
-]
+__all__ = ["ARCHS", "KernelUsage", "SM_LIMITS", "blocks_per_sm", "compile_report", "dynamic_smem", "parse",
+           "summary_rows"]
 
 ARCHS = ("80", "90")
 THREADS = 256
@@ -100,16 +92,8 @@ def parse(log: str) -> list[KernelUsage]:
         match = re.search(r"Used (\d+) registers", line)
         if match:
             smem = re.search(r"(\d+) bytes smem", line)
-            rows.append(
-                KernelUsage(
-                    registers=int(match.group(1)),
-                    static_smem=int(smem.group(1)) if smem else 0,
-                    spill_stores=current.get("spill_stores", 0),
-                    spill_loads=current.get("spill_loads", 0),
-                    stack=current.get("stack", 0),
-                    **{key: current[key] for key in ("kernel", "dtype", "head_dim", "arch")},
-                )
-            )
+            rows.append(KernelUsage(registers=int(match.group(1)), static_smem=int(smem.group(1)) if smem else 0,
+                                    **{"spill_stores": 0, "spill_loads": 0, "stack": 0, **current}))
             current = None
     return rows
 
@@ -148,17 +132,7 @@ def summary_rows(usages: list[KernelUsage]) -> list[dict]:
         registers = max(m.registers for m in members)
         smem = dynamic_smem(kernel, head_dim) + max(m.static_smem for m in members)
         by_regs, by_smem = blocks_per_sm(registers, smem, arch)
-        rows.append(
-            {
-                "kernel": kernel,
-                "head_dim": head_dim,
-                "arch": f"sm_{arch}",
-                "registers": registers,
-                "spill_bytes": max(m.spills for m in members),
-                "stack": max(m.stack for m in members),
-                "smem": smem,
-                "blocks_by_regs": by_regs,
-                "blocks_by_smem": by_smem,
-            }
-        )
+        rows.append({"kernel": kernel, "head_dim": head_dim, "arch": f"sm_{arch}", "registers": registers,
+                     "spill_bytes": max(m.spills for m in members), "stack": max(m.stack for m in members),
+                     "smem": smem, "blocks_by_regs": by_regs, "blocks_by_smem": by_smem})
     return rows

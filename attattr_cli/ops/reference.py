@@ -16,6 +16,16 @@ from __future__ import annotations
 import torch
 
 
+def with_causal(mask: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """``mask`` plus the causal mask (-inf where key j comes after query i: ``j > i + key_pos -
+    query_pos``), float32 (float64 for float64 q)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32
+    causal_mask = torch.zeros(n_q, n_k, dtype=work, device=q.device).masked_fill(~allowed, float("-inf"))
+    return causal_mask if mask is None else mask + causal_mask
+
+
 def attention_probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, scale: float | None = None,
                     softcap: float | None = None) -> torch.Tensor:
     """Attention probabilities ``[batch, head, query_pos, key_pos]`` in the inputs' dtype.
@@ -74,14 +84,7 @@ def attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: t
     ``causal`` masks key j for query i unless ``j <= i + key_pos - query_pos`` (the lower
     triangle when the lengths agree); a row with no allowed key gives NaN.
     """
-    if causal:
-        n_q, n_k = q.shape[-2], k.shape[-2]
-        allowed = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril(n_k - n_q)
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        causal_mask = torch.zeros(n_q, n_k, dtype=work, device=q.device)
-        causal_mask = causal_mask.masked_fill(~allowed, float("-inf"))
-        mask = causal_mask if mask is None else mask + causal_mask
-    probs = attention_probs(q, k, mask, scale)
+    probs = attention_probs(q, k, with_causal(mask, q, k) if causal else mask, scale)
     return torch.matmul(probs, v)
 
 
