@@ -1,29 +1,22 @@
 """The arguments of the public API, declared once per function and checked before any work.
 
-Every public function (and every public method of a result that takes arguments) carries one
-``@checked(...)`` line naming the kind of each argument whose kind its annotation does not
-already say (``int``, ``float``, ``bool``, ``str``, each optionally ``| None``)::
+Every public function (and public method taking arguments) carries one ``@checked(...)`` line
+naming the kind of each argument its annotation (``int``, ``float``, ``bool``, ``str``, each
+optionally ``| None``) does not already say::
 
     @checked(store=File(), example=Int(), out=Out(), layers=Ints(), show=Names())
     def view(store, example: int, out=None, *, fmt: str | None = None, ...): ...
 
-When the function is called, every argument given is checked against its kind (type, range,
-path-ness) before the body runs, so that nothing is read, loaded or written for a call that
-is refused: one :class:`~attattr_cli.errors.OptionError` (a :class:`ModelError` for a model
-of the wrong type) naming the argument in the API's words, ``example must be a whole
-number, got 1.7``; the CLI shows the same message with the flag (``--example``, through
-:mod:`attattr_cli.names`). The body runs inside :func:`attattr_cli.names.api_names`: what it
-raises names the API's arguments too, also where a validator shared with the CLI wrote flags.
-
-Nothing is coerced: ``True`` is not an index, ``1.7`` is not an index, ``"0.1"`` is not a
-number, ``"0"`` is not a list of layers. ``None`` is accepted where
-the signature's default is ``None`` (or the annotation says ``| None``): there it means "the
-default". A few kinds normalise a documented shorthand: one layer index for a list of them
-(``layers=3`` is ``layers=[3]``).
-
-The declarations are data: :func:`declaration` lists every argument of a function with its
-kind, which tests/test_arguments.py enumerates (it generates wrong values for every argument
-of every function in ``attattr_cli.api.__all__``)."""
+Each argument given is checked against its kind before the body runs, so that nothing is read,
+loaded or written for a refused call: one :class:`~attattr_cli.errors.OptionError` (a
+:class:`ModelError` for a model of the wrong type) in the API's words, ``example must be a
+whole number, got 1.7``, which the CLI shows with the flag (``--example``, through
+:mod:`attattr_cli.names`); the body runs inside :func:`attattr_cli.names.api_names`, so what
+it raises names the API's arguments too. Nothing is coerced (``True``, ``1.7`` and ``"0"`` are
+no index); ``None`` is taken where the default is ``None`` or the annotation says ``| None``;
+a few kinds normalise a documented shorthand (``layers=3`` is ``layers=[3]``). The
+declarations are data: :func:`declaration` lists them, and tests/test_arguments.py generates
+wrong values for every argument of every function in ``attattr_cli.api.__all__``."""
 
 from __future__ import annotations
 
@@ -54,14 +47,20 @@ class Refused(Exception):
 
 class Kind:
     """What an argument takes. ``check`` returns the value (or its normal form, for a
-    documented shorthand) or raises :class:`Refused`; ``what`` says it in words; ``sample`` is
-    a value it takes (the tests fill required arguments with it)."""
+    documented shorthand) or raises :class:`Refused`; by default it takes what ``ok`` says
+    yes to, as it is. ``what`` says it in words; ``sample`` is a value it takes (the tests fill
+    required arguments with it)."""
 
     what = "a value"
     error = OptionError
     sample: typing.Any = None
 
+    def ok(self, value) -> bool:
+        return True
+
     def check(self, value):
+        if not self.ok(value):
+            self.refuse()
         return value
 
     def accepts(self, value) -> bool:
@@ -188,10 +187,8 @@ class Tolerance(Number):
 class Bool(Kind):
     what, sample = "True or False", True
 
-    def check(self, value):
-        if not _is_bool(value):
-            self.refuse()
-        return value
+    def ok(self, value) -> bool:
+        return _is_bool(value)
 
 
 class Str(Kind):
@@ -205,10 +202,8 @@ class Str(Kind):
         if self.choices:
             self.sample = self.choices[0]
 
-    def check(self, value):
-        if not isinstance(value, str) or (self.choices is not None and value not in self.choices):
-            self.refuse()
-        return value
+    def ok(self, value) -> bool:
+        return isinstance(value, str) and (self.choices is None or value in self.choices)
 
 
 def is_path(value) -> bool:
@@ -221,10 +216,8 @@ class File(Kind):
 
     what, sample = "a file path", "input.h5"
 
-    def check(self, value):
-        if not is_path(value) or isinstance(os.fspath(value), bytes):
-            self.refuse()
-        return value
+    def ok(self, value) -> bool:
+        return is_path(value) and not isinstance(os.fspath(value), bytes)
 
 
 # the suffixes of an attribution store's name
@@ -307,18 +300,35 @@ class Numbers(Kind):
         return [self.item.check(x) for x in items]
 
 
-class Names(Kind):
+class Texts(Kind):
+    """A list of texts (a command line); the base of the kinds that take a list of items."""
+
+    what, sample, empty = "a list of texts", ["attattr"], True
+
+    def item(self, value) -> bool:
+        return isinstance(value, str)
+
+    def ok(self, value) -> bool:
+        items = _items(value)
+        return items is not None and bool(items or self.empty) and all(self.item(x) for x in items)
+
+
+class Names(Texts):
     """Names: a text (one name, or several separated by commas) or a list of texts."""
 
     what, sample = "a name, a comma-separated text of names or a list of names", "x"
 
-    def check(self, value):
-        if isinstance(value, str):
-            return value
-        items = _items(value)
-        if items is None or not all(isinstance(x, str) for x in items):
-            self.refuse()
-        return value
+    def ok(self, value) -> bool:
+        return isinstance(value, str) or super().ok(value)
+
+
+class Files(Texts):
+    """Paths: a list (or tuple) of file paths; a single path is refused (it is not a list)."""
+
+    what, sample, empty = "a list of file paths", ["input.h5"], False
+
+    def item(self, value) -> bool:
+        return File().accepts(value)
 
 
 class Examples(Kind):
@@ -351,16 +361,9 @@ class Instance(Kind):
         first = types[0]
         self.sample = first if isinstance(first, str) else first.__new__(first)  # an instance, its fields unset
 
-    def check(self, value):
-        for t in self.types:
-            if isinstance(t, str):
-                module, name = t.split(":")
-                t = loaded_type(module, name)
-                if t is None:
-                    continue
-            if isinstance(value, t):
-                return value
-        self.refuse()
+    def ok(self, value) -> bool:
+        types = [loaded_type(*t.split(":")) if isinstance(t, str) else t for t in self.types]
+        return any(t is not None and isinstance(value, t) for t in types)
 
 
 class OneOf(Kind):
@@ -380,44 +383,23 @@ class OneOf(Kind):
         self.refuse()
 
 
-class Source(Kind):
-    """What an analysis reads: a store's path, an open store, or the results of score()."""
+class Source(OneOf):
+    """What an analysis reads: a store's path, an open store, or the results of score() (a list)."""
 
-    what, sample = "a store path, an open store or the results of score()", "input.h5"
-
-    def check(self, value):
-        if File().accepts(value) or isinstance(value, list):  # Results is a list
-            return value
-        for module, name in (("attattr_cli.api.results", "StoreView"), ("attattr_cli.store.reader", "Store")):
-            t = loaded_type(module, name)
-            if t is not None and isinstance(value, t):
-                return value
-        self.refuse()
+    def __init__(self):
+        super().__init__(File(), Instance(list, "attattr_cli.api.results:StoreView", "attattr_cli.store.reader:Store",
+                                          what="an open store"),
+                         what="a store path, an open store or the results of score()")
 
 
-class Files(Kind):
-    """Paths: a list (or tuple) of file paths; a single path is refused (it is not a list)."""
-
-    what, sample = "a list of file paths", ["input.h5"]
-
-    def check(self, value):
-        items = _items(value)
-        if items is None or not items or not all(File().accepts(x) for x in items):
-            self.refuse()
-        return value
-
-
-class Inputs(Kind):
+class Inputs(Instance):
     """Inputs to score: a text, a (text, text) pair, an Example, or a list of them (each item
     is checked by the function itself, which names the one that is wrong)."""
 
-    what, sample = "a text, a (text, text) pair, an Example or a list of them", ["a text"]
-
-    def check(self, value):
-        example = loaded_type("attattr_cli.data.types", "Example")
-        if isinstance(value, (str, list, tuple)) or (example is not None and isinstance(value, example)):
-            return value
-        self.refuse()
+    def __init__(self):
+        super().__init__(str, list, tuple, "attattr_cli.data.types:Example",
+                         what="a text, a (text, text) pair, an Example or a list of them")
+        self.sample = ["a text"]
 
 
 class Array(Kind):
@@ -445,61 +427,32 @@ class Array(Kind):
 class Progress(Kind):
     what, sample = "True, False or a callable f(done, total, label)", False
 
-    def check(self, value):
-        if value is None or isinstance(value, bool) or callable(value):  # None: as False
-            return value
-        self.refuse()
+    def ok(self, value) -> bool:
+        return value is None or isinstance(value, bool) or callable(value)  # None: as False
 
 
 class Callback(Kind):
     what, sample = "a callable", print
 
-    def check(self, value):
-        if callable(value):
-            return value
-        self.refuse()
-
-
-class Texts(Kind):
-    """A list of texts (a command line)."""
-
-    what, sample = "a list of texts", ["attattr"]
-
-    def check(self, value):
-        items = _items(value)
-        if items is None or not all(isinstance(x, str) for x in items):
-            self.refuse()
-        return value
+    def ok(self, value) -> bool:
+        return callable(value)
 
 
 _FROM_ANNOTATION = {int: Int, float: Number, bool: Bool, str: Str}
 
 
 def _from_annotation(annotation, module_globals) -> tuple[Kind | None, bool]:
-    """(a kind, whether None is taken) from a plain annotation: ``int``, ``float``, ``bool``,
-    ``str``, each optionally ``| None``; (None, False) for anything else."""
-    if annotation is inspect.Parameter.empty:
-        return None, False
+    """(a kind, whether None is taken) from an annotation: the kind of a plain ``int``,
+    ``float``, ``bool`` or ``str``, each optionally ``| None``; None for anything else."""
     if isinstance(annotation, str):
         try:
             annotation = eval(annotation, dict(module_globals))  # noqa: S307 (the function's own annotation)
         except Exception:
             return None, False
     args = typing.get_args(annotation)
-    none_ok = type(None) in args
     plain = [a for a in args if a is not type(None)] if args else [annotation]
-    if len(plain) == 1 and plain[0] in _FROM_ANNOTATION:
-        return _FROM_ANNOTATION[plain[0]](), none_ok
-    return None, False
-
-
-def _annotation_takes_none(annotation, module_globals) -> bool:
-    if isinstance(annotation, str):
-        try:
-            annotation = eval(annotation, dict(module_globals))  # noqa: S307
-        except Exception:
-            return False
-    return type(None) in typing.get_args(annotation)
+    kind = _FROM_ANNOTATION[plain[0]]() if len(plain) == 1 and plain[0] in _FROM_ANNOTATION else None
+    return kind, type(None) in args
 
 
 def declaration(fn) -> dict[str, tuple[Kind | None, bool]]:
@@ -512,14 +465,17 @@ def declaration(fn) -> dict[str, tuple[Kind | None, bool]]:
         if (i == 0 and name == "self") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
             continue
         kind, none_ok = _from_annotation(p.annotation, fn.__globals__)
-        if name in kinds:
-            kind, none_ok = kinds[name], none_ok or _annotation_takes_none(p.annotation, fn.__globals__)
-        out[name] = (kind, none_ok or p.default is None)
+        out[name] = (kinds.get(name, kind), none_ok or p.default is None)
     return out
 
 
-def _message(why: str, name: str, value, note: str) -> str:
-    return f"{name} must be {why}, got {_repr.repr(value)}" + (f" {note}" if note else "")
+def check_value(kind: Kind, name: str, value):
+    """``value`` checked as argument ``name``: its normal form, or the error that names it."""
+    try:
+        return kind.check(value)
+    except Refused as why:
+        text = f"must be {why.why}, got {_repr.repr(value)}" + (f" {why.note}" if why.note else "")
+        raise refused(kind.error, name, "{name} " + text.replace("{", "{{").replace("}", "}}")) from None
 
 
 def refused(error, name: str, text: str):
@@ -550,14 +506,8 @@ def checked(**kinds: Kind):
                 raise OptionError(f"{fn.__name__}(): {exc}") from None
             for name, value in list(bound.arguments.items()):
                 kind, none_ok = known.get(name, (None, True))
-                if kind is None or (value is None and none_ok):
-                    continue
-                try:
-                    bound.arguments[name] = kind.check(value)
-                except Refused as why:
-                    template = _message(why.why, "{name}", value, why.note).replace("{", "{{").replace("}", "}}")
-                    template = template.replace("{{name}}", "{name}", 1)
-                    raise refused(kind.error, name, template) from None
+                if kind is not None and not (value is None and none_ok):
+                    bound.arguments[name] = check_value(kind, name, value)
             with api_names():  # every message in the API's words (see attattr_cli.names)
                 return fn(*bound.args, **bound.kwargs)
 

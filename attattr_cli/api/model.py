@@ -7,7 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ModelError, OptionError
 from .checks import File, Kind, Out, Str, checked, is_path, loaded_type
@@ -68,7 +68,6 @@ class Model:
                 + (f", labels {self.label_names}" if self.label_names else "") + ")")
 
 
-
 class ModelArg(Kind):
     """What :func:`as_model` accepts: a :class:`Model`, a loaded model, a folder, a GGUF file or hub
     id, or a (model, tokenizer) pair."""
@@ -76,13 +75,10 @@ class ModelArg(Kind):
     what, sample, error = ("a Model from load_model, a folder, a GGUF file, a hub id or a (model, tokenizer) pair",
                            "model", ModelError)
 
-    def check(self, value):
+    def ok(self, value) -> bool:
         loaded = loaded_type("attattr_cli.models.loading", "LoadedModel")
-        if isinstance(value, Model) or (loaded is not None and isinstance(value, loaded)) or is_path(value):
-            return value
-        if isinstance(value, (tuple, list)) and len(value) == 2:
-            return value
-        self.refuse()
+        return (isinstance(value, Model) or (loaded is not None and isinstance(value, loaded)) or is_path(value)
+                or (isinstance(value, (tuple, list)) and len(value) == 2))
 
 
 @checked(source=ModelArg())
@@ -218,9 +214,6 @@ def using(model, *, device: str = "auto", dtype: str = "float32", lm: bool = Fal
 
         restore(changed)
         _restore(module, state)
-
-
-Progress = Callable[[int, int, str], None]
 
 
 def in_notebook() -> bool:
