@@ -26,13 +26,10 @@ from typing import Any
 
 from attattr_cli.errors import DataError
 
-FORMATS = {
-    ".tsv": "tsv",
-    ".csv": "csv",
-    ".jsonl": "jsonl",
-    ".ndjson": "jsonl",
-    ".json": "json",
-}
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json"}
+# how a message names a JSON value that is not an object (bool before int: True is an int too)
+_JSON_KINDS = ((list, "an array"), (str, "a string"), (bool, "a boolean"), ((int, float), "a number"),
+               (type(None), "null"))
 
 
 @dataclass
@@ -145,23 +142,10 @@ def json_problem(exc: Exception) -> str:
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
-def _json_kind(value: Any) -> str:
-    if isinstance(value, list):
-        return "an array"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if value is None:
-        return "null"
-    return type(value).__name__
-
-
 def _add_json_row(table: Table, obj: Any, line: int | None, where: str) -> None:
     if not isinstance(obj, dict):
-        raise DataError(f"{where}: expected a JSON object, got {_json_kind(obj)}")
+        kind = next((name for types, name in _JSON_KINDS if isinstance(obj, types)), type(obj).__name__)
+        raise DataError(f"{where}: expected a JSON object, got {kind}")
     for key in obj:
         if key not in table.columns:
             table.columns.append(key)

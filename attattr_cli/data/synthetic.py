@@ -145,18 +145,8 @@ def generate(
         assert label_of(i, k) == label
         premise, pi = _segment(rng, PREMISE_WORDS[i], premise_distractors)
         hypothesis, hj = _segment(rng, HYPOTHESIS_WORDS[k], hypothesis_distractors)
-        examples.append(
-            Example(
-                index=start_index + n,
-                text_a=" ".join(premise),
-                text_b=" ".join(hypothesis),
-                label=label,
-                meta={
-                    "pair": [PREMISE_WORDS[i], HYPOTHESIS_WORDS[k]],
-                    "pair_word_index": [pi, hj],
-                },
-            )
-        )
+        examples.append(Example(start_index + n, " ".join(premise), " ".join(hypothesis), label,
+                                {"pair": [PREMISE_WORDS[i], HYPOTHESIS_WORDS[k]], "pair_word_index": [pi, hj]}))
     return examples
 
 
@@ -168,12 +158,8 @@ def heldout(count: int = HELDOUT_SIZE) -> list[Example]:
 def train_set(count: int) -> list[Example]:
     """The default model's training set: seed :data:`TRAIN_SEED`, segment lengths
     :data:`TRAIN_PREMISE_DISTRACTORS` / :data:`TRAIN_HYPOTHESIS_DISTRACTORS`."""
-    return generate(
-        count,
-        TRAIN_SEED,
-        premise_distractors=TRAIN_PREMISE_DISTRACTORS,
-        hypothesis_distractors=TRAIN_HYPOTHESIS_DISTRACTORS,
-    )
+    return generate(count, TRAIN_SEED, premise_distractors=TRAIN_PREMISE_DISTRACTORS,
+                    hypothesis_distractors=TRAIN_HYPOTHESIS_DISTRACTORS)
 
 
 def write(path: str | Path, examples: list[Example]) -> None:
@@ -188,15 +174,9 @@ def write(path: str | Path, examples: list[Example]) -> None:
             w = csv.writer(fh, delimiter="\t", lineterminator="\n", quoting=csv.QUOTE_NONE, quotechar=None)
             w.writerow(TSV_COLUMNS)
             for ex in examples:
-                w.writerow(
-                    [
-                        ex.text_a,
-                        ex.text_b if ex.text_b is not None else "",
-                        LABELS[ex.label] if ex.label is not None else "",
-                        strict_dumps(ex.meta.get("pair")),
-                        strict_dumps(ex.meta.get("pair_word_index")),
-                    ]
-                )
+                w.writerow([ex.text_a, ex.text_b if ex.text_b is not None else "",
+                            LABELS[ex.label] if ex.label is not None else "", strict_dumps(ex.meta.get("pair")),
+                            strict_dumps(ex.meta.get("pair_word_index"))])
     except OSError as e:
         raise DataError(f"cannot write {path}: {e}") from e
     except OptionError as e:  # the output rule's one line (fileio.write_failed), as a data error here

@@ -204,10 +204,7 @@ class _LabelSpace:
 
     def _unknown(self, value: Any, where: str) -> DataError:
         names = self.source
-        if names:
-            valid = f"{', '.join(names)} (or 0..{len(names) - 1})"
-        else:
-            valid = "none known"
+        valid = f"{', '.join(names)} (or 0..{len(names) - 1})" if names else "none known"
         return DataError(f"{where}: unknown label '{shown(value)}'; valid labels: {valid}")
 
     def parse(self, value: Any, where: str) -> int | None:
@@ -354,11 +351,7 @@ def _convert(table: Table, task: Task, space: _LabelSpace) -> list[Example]:
 
 
 def _hub_columns(task: Task) -> str:
-    cols = [task.text_a_columns[0]]
-    if task.is_pair:
-        cols.append(task.text_b_columns[0])
-    cols.append(task.label_columns[0])
-    return ", ".join(cols)
+    return ", ".join([task.text_a_columns[0], *task.text_b_columns[:1], task.label_columns[0]])
 
 
 def _hub_table(task: Task) -> Table:

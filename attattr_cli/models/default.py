@@ -29,14 +29,8 @@ MAX_LENGTH = 64
 TRAIN_THREADS = 2  # torch threads while training the default model (threads= gives another count)
 
 #: The architecture of the default model.
-MODEL_SHAPE = dict(
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    hidden_size=64,
-    intermediate_size=128,
-    max_position_embeddings=MAX_LENGTH,
-    type_vocab_size=2,
-)
+MODEL_SHAPE = dict(num_hidden_layers=3, num_attention_heads=4, hidden_size=64, intermediate_size=128,
+                   max_position_embeddings=MAX_LENGTH, type_vocab_size=2)
 
 ProgressFn = Callable[[int, int, dict], None]
 
@@ -57,9 +51,8 @@ def build_tokenizer(vocab_file: str | Path):
     return BertTokenizerFast(vocab=vocab, do_lower_case=True, model_max_length=MAX_LENGTH)
 
 
-def build_config(
-    vocab_size: int, dropout: float = 0.0, attention_dropout: float | None = None, init_range: float = 0.1
-):
+def build_config(vocab_size: int, dropout: float = 0.0, attention_dropout: float | None = None,
+                 init_range: float = 0.1):
     """The tiny BERT of :data:`MODEL_SHAPE` with the task's three labels.
 
     ``initializer_range`` is 0.1 instead of BERT's 0.02: the task gives no signal
@@ -68,16 +61,10 @@ def build_config(
     """
     from transformers import BertConfig
 
-    return BertConfig(
-        vocab_size=vocab_size,
-        initializer_range=init_range,
-        hidden_dropout_prob=dropout,
-        attention_probs_dropout_prob=dropout if attention_dropout is None else attention_dropout,
-        id2label=dict(enumerate(synthetic.LABELS)),
-        label2id={name: i for i, name in enumerate(synthetic.LABELS)},
-        pad_token_id=0,
-        **MODEL_SHAPE,
-    )
+    return BertConfig(vocab_size=vocab_size, initializer_range=init_range, hidden_dropout_prob=dropout,
+                      attention_probs_dropout_prob=dropout if attention_dropout is None else attention_dropout,
+                      id2label=dict(enumerate(synthetic.LABELS)),
+                      label2id={name: i for i, name in enumerate(synthetic.LABELS)}, pad_token_id=0, **MODEL_SHAPE)
 
 
 def _encode(tokenizer, examples) -> list[dict]:
@@ -153,9 +140,8 @@ def train_default_model(
 
         vocab_file = build_vocab_file(out_dir / "vocab.txt")
         tokenizer = build_tokenizer(vocab_file)
-        config = build_config(
-            len(tokenizer.get_vocab()), dropout=dropout, attention_dropout=attention_dropout, init_range=init_range
-        )
+        config = build_config(len(tokenizer.get_vocab()), dropout=dropout, attention_dropout=attention_dropout,
+                              init_range=init_range)
         model = BertForSequenceClassification(config)
         model.train()
 
@@ -190,13 +176,6 @@ def train_default_model(
     finally:
         torch.set_num_threads(old_threads)
 
-    return {
-        "heldout_accuracy": acc,
-        "train_seconds": train_seconds,
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "train_size": train_size,
-        "epochs": epochs,
-        "steps": total,
-        "seed": seed,
-        "final_loss": loss_val,
-    }
+    return {"heldout_accuracy": acc, "train_seconds": train_seconds,
+            "n_params": sum(p.numel() for p in model.parameters()), "train_size": train_size, "epochs": epochs,
+            "steps": total, "seed": seed, "final_loss": loss_val}

@@ -17,12 +17,7 @@ from ..errors import ModelError, OptionError, first_line
 from ..hub import hub_reachable
 from .arch import ArchInfo, arch_info
 
-DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+DTYPES = {name: getattr(torch, name) for name in ("float32", "float64", "bfloat16", "float16")}
 
 
 @dataclass
@@ -180,11 +175,6 @@ def _config(model_id: str):
         return None
 
 
-def _is_encoder_decoder(model_id: str) -> bool:
-    """Whether the model's config (a local folder, or a hub id in the cache) is an encoder-decoder."""
-    return bool(getattr(_config(model_id), "is_encoder_decoder", False))
-
-
 # the endings of the class names of models whose head predicts tokens, not classes
 _LM_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 
@@ -255,7 +245,7 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
     auto = AutoModelForCausalLM if lm else AutoModelForSequenceClassification
     if not lm:
         refuse_lm_as_classifier(model_id)
-    if lm and _is_encoder_decoder(model_id):  # T5, BART for generation: targets on the decoder side
+    if lm and getattr(_config(model_id), "is_encoder_decoder", False):  # T5, BART: targets on the decoder side
         from transformers import AutoModelForSeq2SeqLM as auto
     from transformers.utils import logging as hf_logging
 
