@@ -1,13 +1,9 @@
 """attattr: self-attention attribution (Hao et al., AAAI 2021) for transformers models.
 
-The library is the product: ``import attattr_cli as aa`` gives ``aa.load_model``,
-``aa.score``, ``aa.open_store``, ``aa.tree``, ``aa.importance``, ``aa.prune``, ``aa.predict``,
-``aa.triggers``, ``aa.attack``, ``aa.circuit``, ``aa.make_pairs``, ``aa.faithfulness``, ``aa.finetune``, ``aa.merge``,
-``aa.import_2021``, ``aa.source_removal``, ``aa.view``, ``aa.report``, ``aa.info``, ``aa.train_default`` and
-``aa.synthetic_data``, with the option groups ``aa.Integration``, ``aa.Target``, ``aa.Compute``,
-``aa.Hooks`` and ``aa.Adversarial``, and ``aa.methods()`` (every registered method, plugins' too;
-docs/extending.md) (see docs/api.md). They are imported lazily, so ``import attattr_cli``
-stays cheap (no torch until a function is used). The command-line interface lives in
+The library is the product: ``import attattr_cli as aa`` gives every function, result and
+option group of the API (``aa.load_model``, ``aa.score``, ``aa.open_store``, ...: the names of
+``attattr_cli.exports``; docs/api.md), imported lazily, so that ``import attattr_cli`` stays
+cheap (no torch until a function is used). The command-line interface lives in
 ``attattr_cli.cli`` and calls these functions. What they raise is importable from here too:
 ``aa.AttattrError`` and its kinds ``aa.DataError``, ``aa.OptionError``, ``aa.ModelError``,
 ``aa.StoreError``, ``aa.ResourceError``, ``aa.DistributedError`` (``except aa.AttattrError``
@@ -27,13 +23,12 @@ __version__ = "0.1.0"
 # no widgets), so in a notebook that line is noise about nothing attattr shows
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-__all__ = [*API, "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError",
-           "ResourceError", "StoreError"]
 ERRORS = ("AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError", "StoreError")
+__all__ = [*API, "__version__", *ERRORS]
 
 
 def __getattr__(name: str):
-    if name in __all__ and name != "__version__" and name not in ERRORS:
+    if name in API:
         from . import api
 
         value = getattr(api, name)

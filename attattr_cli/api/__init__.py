@@ -5,14 +5,8 @@
 >>> res = aa.score(model, [("a premise", "a hypothesis")], integration=aa.Integration(steps=20))
 >>> res[0].top(5)
 
-Layered above analysis/, engine/ and store/; every command of the CLI calls into it.
-model.py: load_model, Model, convert (a GGUF file as a model folder), the context that leaves a caller's model as it was, progress;
-results.py: Attribution, Results, StoreView, Tree; inputs.py: inputs, model and data
-resolution; scoring.py: score; groups.py: the option groups score and faithfulness take
-(Integration, Target, Compute, Hooks, Adversarial); methods.py: methods (every registered method); heads.py: importance, predict, prune; triggers.py: triggers,
-attack; tools.py: faithfulness, finetune, merge, import_2021; views.py: view, report, info;
-demo.py: train_default, synthetic_data; checks.py: the kinds of their arguments, declared once
-per function (``@checked``) and checked before any work.
+Layered above analysis/, engine/ and store/; every command of the CLI calls into it. Each
+function's arguments are declared once (checks.py ``@checked``) and checked before any work.
 """
 
 from .circuits import Circuit, circuit

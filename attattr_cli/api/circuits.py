@@ -7,14 +7,13 @@ import contextlib
 import functools
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from ..errors import OptionError
-from ..fileio import dumps as strict_dumps
 from .checks import File, Instance, Int, Names, OneOf, Out, Progress, Seed, Str, Threads, checked
 from .model import ModelArg, progress_for, using
+from .tables import Table, saved
 
 SUMMARY_COLUMNS = ["method", "cpr", "cpr_low", "cpr_high", "cmd", "cmd_low", "cmd_high", "spearman_patching",
                    "top10_shared", "cpu_s_per_pair", "completeness"]
@@ -22,7 +21,7 @@ CURVE_COLUMNS = ["method", "ranking", "k", "heads_kept", "f"]
 
 
 @dataclass
-class Circuit:
+class Circuit(Table):
     """Head rankings and their faithfulness curves.
 
     ``methods`` maps a method name to its result: ``scores`` [layer, head] (mean over pairs,
@@ -83,12 +82,10 @@ class Circuit:
                     for ranking, curve in (("signed", r.curve), ("absolute", r.curve_abs))
                     for k, f in zip(self.percentages, curve)]
             return data_frame(rows, CURVE_COLUMNS)
-        if what == "scores":
-            rows = [{"method": name, "layer": l, "head": h, "node": "mlp" if h == self.heads else "head",
-                     "score": float(r.scores[l, h])}
-                    for name, r in self.methods.items() for l in range(self.layers) for h in range(self.width)]
-            return data_frame(rows, ["method", "layer", "head", "node", "score"])
-        raise OptionError(f"to_pandas takes 'summary', 'curves' or 'scores', got {what!r}")
+        rows = [{"method": name, "layer": l, "head": h, "node": "mlp" if h == self.heads else "head",
+                 "score": float(r.scores[l, h])}
+                for name, r in self.methods.items() for l in range(self.layers) for h in range(self.width)]
+        return data_frame(rows, ["method", "layer", "head", "node", "score"])  # "scores" (@checked refuses the rest)
 
     @checked()
     def ranking(self, method: str | None = None) -> list[tuple[int, int]]:
@@ -112,10 +109,7 @@ class Circuit:
         from ..analysis.circuits.plots import curves_figure
 
         self._not_onto_data(path)
-        fig = curves_figure(self, absolute=absolute)
-        if path is not None:
-            fig.save(path)
-        return fig
+        return saved(curves_figure(self, absolute=absolute), path)
 
     @checked(path=Out())
     def heatmap(self, method: str | None = None, path=None):
@@ -123,10 +117,7 @@ class Circuit:
         from ..analysis.circuits.plots import heatmap_figure
 
         self._not_onto_data(path)
-        fig = heatmap_figure(self, self._method(method).name)
-        if path is not None:
-            fig.save(path)
-        return fig
+        return saved(heatmap_figure(self, self._method(method).name), path)
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -180,10 +171,6 @@ class Circuit:
                         for name, r in self.methods.items()},
             "recommended": self.recommended,
         }
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.to_dict(), indent=2)
 
     @checked(path=Out())
     def save(self, path) -> str:

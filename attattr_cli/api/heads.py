@@ -10,10 +10,11 @@ import numpy as np
 from ..errors import OptionError
 from .checks import (Array, Examples, File, Inputs, Instance, Int, Ints, Names, Number, Numbers, OneOf, Out, Progress,
                      Source, Str, Texts, Threads, checked)
-from .inputs import check_methods_given, check_outputs, command_of, open_source, selection, write_json_file, model_and_data
+from .inputs import check_methods_given, check_outputs, command_of, open_source, pairs_given, selection, model_and_data
 from .model import ModelArg, progress_for, using
+from .tables import Table, saved
 from ..engine.threads import on_threads
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from ..fileio import write_json
 
 
 # ----------------------------------------------------------------------------- importance
@@ -30,10 +31,14 @@ def _stability_dict(st):
 
 
 @dataclass
-class Importance:
+class Importance(Table):
     """Head importance tables: ``tables`` maps a name (attr, attention, taylor, random-0, ...) to
     a table whose ``values`` is a numpy [layer, head] array; ``identity`` the model they belong
-    to; ``path`` the importance file when one was written."""
+    to; ``path`` the importance file when one was written. ``to_pandas()``: one row per table,
+    layer and head (``rank`` 1 the most important in its table; for store tables
+    ``rank_low``/``rank_high``, the 95 % bootstrap rank interval)."""
+
+    COLUMNS = IMPORTANCE_COLUMNS
 
     identity: Any
     tables: dict
@@ -65,18 +70,8 @@ class Importance:
         also written to ``path`` (.png, .svg, .pdf) when given."""
         from ..analysis.plots import importance_figure
 
-        fig = importance_figure(list(self.tables.values()), title=self.identity.model if title is None else title)
-        if path is not None:
-            fig.save(path)
-        return fig
-
-    def to_pandas(self):
-        """A pandas DataFrame, one row per table, layer and head: ``table``, ``method``,
-        ``seed``, ``layer``, ``head``, ``value``, ``rank`` (1: the most important in its table)
-        and, for store tables, ``rank_low``/``rank_high`` (95 % bootstrap rank interval)."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self._rows(), IMPORTANCE_COLUMNS)
+        return saved(importance_figure(list(self.tables.values()),
+                                       title=self.identity.model if title is None else title), path)
 
     def _rows(self) -> list[dict]:
         rows = []
@@ -123,10 +118,6 @@ class Importance:
                                "seed": t.seed, "source": t.source, "description": t.description,
                                "stability": _stability_dict(getattr(t, "stability", None))}
                            for k, t in self.tables.items()}}
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.to_dict(), indent=2)
 
 
 @checked(source=Source(), model=ModelArg(), data=File(), task=Str(), examples=Examples(), inputs=Inputs(), methods=Names(),
@@ -175,12 +166,11 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     else:
         if family is not None:
             raise OptionError("family goes with a store; with a model, Taylor importance covers the heads attattr masks")
-        on_pairs = _pairs_given(data, inputs) or metric is not None
+        on_pairs = pairs_given(data, inputs) or metric is not None
         wanted = imp.parse_methods(methods or "taylor,random", "pairs" if on_pairs else "data")
         if on_pairs:  # clean / counterfactual pairs of a language model
-            tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
-                                   progress, metric)
-            ident = tables.pop()
+            ident, tables = _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device,
+                                          progress, metric)
         else:
             m, _task, picked, label_map, _rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
             with using(m) as m:
@@ -205,10 +195,12 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
 
 
 @dataclass
-class Predictions:
+class Predictions(Table):
     """Class predictions: ``logits`` and ``probabilities`` [example, class] (numpy),
     ``predictions`` (class names), ``gold`` (model class indices, -1 unknown), ``accuracy``
     (over examples with a gold label, None without)."""
+
+    COLUMNS = PREDICTION_COLUMNS
 
     logits: np.ndarray
     probabilities: np.ndarray
@@ -244,12 +236,6 @@ class Predictions:
         from ..views.notebook import data_frame
 
         return data_frame(self._rows(), PREDICTION_COLUMNS + [f"p_{n}" for n in self.label_names])
-
-    def _repr_html_(self) -> str:
-        from ..views.notebook import table_html
-
-        rows = [[r[c] for c in PREDICTION_COLUMNS] for r in self._rows()]
-        return table_html(rows, PREDICTION_COLUMNS, title=repr(self))
 
     def __repr__(self) -> str:
         acc = self.accuracy
@@ -289,11 +275,14 @@ def predict(model=None, inputs=None, *, data=None, task=None, examples=None, mas
 
 
 @dataclass
-class PruneResult:
+class PruneResult(Table):
     """What pruning measured: ``curves`` (per method the metric at each rate, against the
     unpruned ``baseline``), ``effectiveness`` (the per-example analysis), ``pruned_model``
     (a saved model with heads removed), each None when not asked for; ``info`` the rest
-    of the CURVES.json document."""
+    of the CURVES.json document. ``to_pandas()``: one row per point of a curve (``method``
+    ``unpruned`` the baseline; ``k`` heads per layer, effectiveness; bootstrap ``low``/``high``)."""
+
+    COLUMNS = CURVE_COLUMNS
 
     curves: dict | None = None
     effectiveness: dict | None = None
@@ -308,10 +297,6 @@ class PruneResult:
                 d[k] = getattr(self, k)
         return d
 
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.to_dict(), indent=2)
-
     @checked(path=Out())
     def plot(self, path=None):
         """The curves and/or the effectiveness analysis side by side: a matplotlib ``Figure``,
@@ -319,11 +304,8 @@ class PruneResult:
         from ..analysis.plots import prune_plot
 
         d = self.to_dict()
-        fig = prune_plot(d, title=f"{d.get('model')} on "
-                                  f"{d['task'] if d.get('task') not in (None, 'generic') else 'data'}")
-        if path is not None:
-            fig.save(path)
-        return fig
+        return saved(prune_plot(d, title=f"{d.get('model')} on "
+                                         f"{d['task'] if d.get('task') not in (None, 'generic') else 'data'}"), path)
 
     def _rows(self) -> list[dict]:
         rows = []
@@ -348,15 +330,6 @@ class PruneResult:
                                  "k": int(k), "metric": "accuracy", "value": entry["accuracy"][j],
                                  "low": None if not lo else lo[j], "high": None if not hi else hi[j]})
         return rows
-
-    def to_pandas(self):
-        """A pandas DataFrame, one row per point of a curve: ``analysis`` (curves or
-        effectiveness), ``method`` (a table, ``unpruned`` for the baseline, or an
-        effectiveness order), ``rate`` (fraction of heads pruned), ``heads_masked``, ``k``
-        (heads per layer, effectiveness), ``metric``, ``value`` and its bootstrap ``low``/``high``."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self._rows(), CURVE_COLUMNS)
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -439,7 +412,7 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         imp_file = imp.read(importance)
     if isinstance(methods, str):
         methods = [x.strip() for x in methods.split(",") if x.strip()]
-    if _pairs_given(data, inputs) or metric is not None:
+    if pairs_given(data, inputs) or metric is not None:
         return _prune_pairs(model, imp_file, data, task, examples, inputs, rate_list, methods, batch_size, keep_heads,
                             effectiveness, device, out, progress, command, metric, split)
     m, task_obj, picked, label_map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device)
@@ -448,11 +421,9 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         if imp_file is not None:
             imp.check_model(imp_file, loaded)
         task_name = task_obj.name if task_obj else None
-        ident = imp.identity_of(loaded)
         res = PruneResult(info={
-            "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
-            "task": task_name or "generic", "data": data or ("memory" if inputs is not None else "builtin"),
-            "examples": selection(examples) or "all",
+            **_identity(imp.identity_of(loaded)), "task": task_name or "generic",
+            "data": data or ("memory" if inputs is not None else "builtin"), "examples": selection(examples) or "all",
             "importance": (imp_file.path if imp_file is not None else None), "command": command_of(command),
         })
         batches = Batches(loaded, picked, label_map, batch_size, truncate)
@@ -466,17 +437,8 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         if save_model is not None:
             res.pruned_model = pr.save_and_compare(loaded, imp_file, keep_heads, keep_method, save_model, batches)
     if out is not None:
-        write_json_file(out, res.to_dict())
+        write_json(out, res.to_dict(), make_parents=True)
     return res
-
-
-def _pairs_given(data, inputs) -> bool:
-    from pathlib import Path
-
-    from ..data.pairs import Pair, is_pairs_file
-
-    return (isinstance(data, (str, Path)) and is_pairs_file(data)) or (
-        isinstance(inputs, (list, tuple)) and bool(inputs) and all(isinstance(x, Pair) for x in inputs))
 
 
 def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, batch_size, keep_heads, effectiveness,
@@ -485,30 +447,14 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
     mean pair metric with the pruned heads zeroed (analysis/prune.py ``pair_curves``)."""
     from ..analysis import importance as imp
     from ..analysis import prune as pr
-    from ..data import parse_examples
-    from ..data.pairs import as_examples, read_pairs
-    from ..engine.options import METRICS
-    from .inputs import to_examples
     from .model import as_model
 
-    metric = "logit-diff" if metric is None else metric
-    if metric not in METRICS:
-        raise OptionError(f"unknown metric '{metric}'; available: {', '.join(METRICS)}")
-    if not _pairs_given(data, inputs):
-        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
-                          " foil; or Pair inputs)")
-    if task is not None:
-        raise OptionError("task presets are classification tasks; pairs are their own task")
     if effectiveness is not None or keep_heads is not None:
         raise OptionError("effectiveness and keep_heads/save_model go with classifiers; pairs get the curves")
     if imp_file is None:
         raise OptionError("pairs need importance (the curves)")
-    if model is None:
-        raise OptionError("pairs need a model: the causal language model the importance file ranks")
-    if data is not None and inputs is not None:
-        raise OptionError("give inputs or data, not both")
-    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
-    picked = [rows[i] for i in parse_examples(examples, len(rows))]
+    metric, picked = _pair_rows(data, inputs, examples, task, model, metric,
+                                "the causal language model the importance file ranks")
     seen = sorted({int(i) for t in imp_file.tables.values() for i in t.examples})
     if split == "held-out":  # MIB's protocol: the curves never on pairs a ranking was made from
         picked = [r for r in picked if r.index not in set(seen)]
@@ -520,11 +466,10 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
         if not getattr(loaded, "lm", False):
             raise OptionError("pairs are scored by a causal language model: load it with lm=True")
         imp.check_model(imp_file, loaded)
-        ident = imp.identity_of(loaded)
         res = PruneResult(info={
-            "model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type,
-            "task": "pairs", "data": data or "memory", "examples": selection(examples) or "all",
-            "importance": imp_file.path, "command": command_of(command), "metric": metric,
+            **_identity(imp.identity_of(loaded)), "task": "pairs", "data": data or "memory",
+            "examples": selection(examples) or "all", "importance": imp_file.path, "command": command_of(command),
+            "metric": metric,
             "split": {"kind": split, "same_pairs": split == "none", "eval": [int(r.index) for r in picked],
                       "ranked_on": seen},
         })
@@ -532,31 +477,22 @@ def _prune_pairs(model, imp_file, data, task, examples, inputs, rates, methods, 
         with progress_for(progress, "prune") as bar:
             res.curves = pr.pair_curves(loaded, batches, imp_file, rates, methods, bar)
     if out is not None:
-        write_json_file(out, res.to_dict())
+        write_json(out, res.to_dict(), make_parents=True)
     return res
 
 
-def _pair_rows(data, inputs, examples):
-    """The picked examples of clean / counterfactual pairs (a pairs JSONL or Pair inputs)."""
+def _identity(ident) -> dict:
+    return {"model": ident.model, "weights_sha256": ident.weights_sha256, "model_type": ident.model_type}
+
+
+def _pair_rows(data, inputs, examples, task, model, metric, model_needed: str):
+    """(the metric, default logit-diff; the picked examples) of clean / counterfactual pairs (a
+    pairs JSONL or Pair inputs), refused before any work: an unknown metric, a task preset, no
+    model (``model_needed`` says which), both data and inputs, no pairs."""
     from ..data import parse_examples
     from ..data.pairs import as_examples, read_pairs
-    from .inputs import to_examples
-
-    if data is not None and inputs is not None:
-        raise OptionError("give inputs or data, not both")
-    if not _pairs_given(data, inputs):
-        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
-                          " foil; or Pair inputs)")
-    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
-    return [rows[i] for i in parse_examples(selection(examples), len(rows))]
-
-
-def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device, progress, metric):
-    """The model tables of :func:`importance` on pairs: [taylor (when wanted), identity]."""
-    from ..analysis import importance as imp
-    from ..analysis import prune as pr
     from ..engine.options import METRICS
-    from .model import as_model
+    from .inputs import to_examples
 
     metric = "logit-diff" if metric is None else metric
     if metric not in METRICS:
@@ -564,8 +500,23 @@ def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, norma
     if task is not None:
         raise OptionError("task presets are classification tasks; pairs are their own task")
     if model is None:
-        raise OptionError("pairs need a model: a causal language model")
-    picked = _pair_rows(data, inputs, examples)
+        raise OptionError(f"pairs need a model: {model_needed}")
+    if data is not None and inputs is not None:
+        raise OptionError("give inputs or data, not both")
+    if not pairs_given(data, inputs):
+        raise OptionError("metric goes with clean / counterfactual pairs (a JSONL of prompt, counterfactual, answer,"
+                          " foil; or Pair inputs)")
+    rows = as_examples(read_pairs(data)) if data is not None else to_examples(inputs)
+    return metric, [rows[i] for i in parse_examples(selection(examples), len(rows))]
+
+
+def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, normalize, device, progress, metric):
+    """(the model's identity, the tables of :func:`importance` on pairs: taylor when wanted, the head methods)."""
+    from ..analysis import importance as imp
+    from ..analysis import prune as pr
+    from .model import as_model
+
+    metric, picked = _pair_rows(data, inputs, examples, task, model, metric, "a causal language model")
     tables = []
     heads = [n for n in wanted if n in imp.pair_methods()]  # attattr circuit's head methods
     with using(as_model(model, device=device, lm=True)) as m:
@@ -582,4 +533,4 @@ def _taylor_pairs(model, data, task, examples, inputs, wanted, batch_size, norma
             with progress_for(progress, "importance") as bar:
                 tables.extend(imp.circuit_tables(m.loaded, [pair_of_example(e) for e in picked], heads, metric,
                                                  source=str(data or "memory"), progress=bar))
-    return tables + [ident]
+    return ident, tables

@@ -13,13 +13,11 @@ from ..errors import OptionError, StoreError
 # the output rule and strict JSON, for the commands too (they import the api, nothing below it)
 from ..fileio import FULL, check_output, is_stream, no_space, os_errno  # noqa: F401,E402
 from ..fileio import dumps as strict_dumps  # noqa: F401,E402
+from ..store import Store
 from .model import as_model
 from .results import Attribution, Results, StoreView
 
 API_COMMAND = ["python", "attattr_cli.api"]
-
-
-# ----------------------------------------------------------------------------- inputs
 
 
 def to_examples(inputs) -> list:
@@ -62,6 +60,14 @@ def to_examples(inputs) -> list:
     if len({e.index for e in out}) != len(out):
         raise OptionError("inputs have repeated indices")
     return out
+
+
+def pairs_given(data, inputs) -> bool:
+    """Whether the inputs are clean / counterfactual pairs: a pairs JSONL ``data`` or ``Pair`` inputs."""
+    from ..data.pairs import Pair, is_pairs_file
+
+    return (isinstance(data, (str, Path)) and is_pairs_file(data)) or (
+        isinstance(inputs, (list, tuple)) and bool(inputs) and all(isinstance(x, Pair) for x in inputs))
 
 
 def model_arg(model) -> tuple[str | None, list[str] | None]:
@@ -138,11 +144,6 @@ def selection(examples) -> str | None:
     return ",".join(str(i) for i in items)
 
 
-def check_min(name: str, value, least: int = 1) -> None:
-    if value is not None and value < least:
-        raise OptionError(f"{name} must be at least {least}, got {value}")
-
-
 def check_methods_given(methods, name: str = "methods") -> None:
     """Refuse, before any work, ``methods`` given but naming none ("" or " , "): an empty
     list is not the default."""
@@ -156,22 +157,12 @@ def check_methods_given(methods, name: str = "methods") -> None:
 def check_outputs(outputs: dict, inputs) -> None:
     """The output rule before any work (fileio.check_output): no output (``{argument: path}``)
     is the same file as one of ``inputs`` (paths; other values ignored)."""
-    from ..fileio import check_output
-
     for name, out in outputs.items():
         check_output(out, [i for i in inputs if isinstance(i, (str, os.PathLike, list, tuple))], name)
 
 
-def write_json_file(path, doc: dict) -> None:
-    from ..fileio import write_json
-
-    write_json(Path(path), doc, make_parents=True)
-
-
 def open_source(source):
     """(a Store-like reader, its closer) for a path, a StoreView, a Store or a Results list."""
-    from ..store import Store
-
     if isinstance(source, StoreView):
         return source.store, (lambda: None)
     if isinstance(source, Store):
@@ -210,10 +201,7 @@ class _InMemory:
 
         return [i for i in self.indices() if bad(self.results[i])]
 
-    def finite(self, indices) -> tuple[list[int], int]:
-        bad = set(self.flagged())
-        kept = [i for i in indices if i not in bad]
-        return kept, len(indices) - len(kept)
+    finite = Store.finite
 
     def unconverged(self, indices) -> list[int]:
         """Results with a layer whose integral is not converged (as a store says it)."""

@@ -8,15 +8,17 @@ from dataclasses import dataclass
 
 from ..errors import OptionError
 from .checks import Str, checked
+from .tables import Table
 
 COLUMNS = ("command", "family", "units", "method", "kind", "cost", "reference", "description")
 
 
 @dataclass
-class Methods:
-    """The registered methods, one row each (:data:`COLUMNS`); ``plugins`` the entry points
-    loaded and ``failed`` those that did not load."""
+class Methods(Table):
+    """The registered methods, one row each (:data:`COLUMNS`; ``to_pandas()`` one row per
+    method); ``plugins`` the entry points loaded and ``failed`` those that did not load."""
 
+    COLUMNS, LIMIT = list(COLUMNS), 200
     rows: list[dict]
     plugins: list[str]
     failed: list[str]
@@ -26,26 +28,12 @@ class Methods:
         """The methods' names (of ``command``'s only, when given), in listing order."""
         return [r["method"] for r in self.rows if command is None or r["command"] == command]
 
-    def to_pandas(self):
-        """A pandas DataFrame, one row per method."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self.rows, COLUMNS)
+    def _rows(self) -> list[dict]:
+        return self.rows
 
     def to_dict(self) -> dict:
         """JSON-able: the rows, the plugins loaded and those that failed."""
         return {"methods": self.rows, "plugins": self.plugins, "failed": self.failed}
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        from ..fileio import dumps
-
-        return dumps(self.to_dict(), indent=2)
-
-    def _repr_html_(self) -> str:
-        from ..views.notebook import table_html
-
-        return table_html([[r[c] for c in COLUMNS] for r in self.rows], COLUMNS, title=repr(self), limit=200)
 
     def __repr__(self) -> str:
         counts = {}

@@ -8,12 +8,13 @@ from typing import Iterator
 
 import numpy as np
 
-from ..analysis.tree import DEFAULT_TAU as TREE_TAU, MODES as TREE_MODES  # noqa: F401  (the CLI's defaults)
+from ..analysis.tree import DEFAULT_TAU as TREE_TAU  # noqa: F401  (the CLI's default)
 from ..errors import OptionError, StoreError
 from ..store import Store, StoredExample
 from .checks import STORE_SUFFIXES, Array, File, Instance, Int, Ints, OneOf, Out, Str, checked
 from ..store.reader import Interaction  # noqa: F401  (re-exported: part of the API)
 from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from .tables import saved
 
 
 @dataclass
@@ -32,12 +33,9 @@ class Attribution(StoredExample):
     :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
     be trusted (docs/integration.md).
 
-    In a notebook it shows its interactive view; ``show()``, ``figure()``, ``highlight()``,
-    ``to_pandas()`` and ``save(path)`` (``.h5``: the example as scored, copied from the store
-    it was read from; else a picture or page of the view) are described at each method.
-    A generation scored step by step (``steps``: one Attribution per generated token, of its
-    prefix) shows its generated text and step x source matrix instead; ``plot()`` draws that
-    matrix and ``to_pandas()`` gives one row per step.
+    In a notebook it shows its interactive view; a generation scored step by step (``steps``:
+    one Attribution per generated token, of its prefix) its generated text and step x source
+    matrix instead (each method says what it does for one).
     """
 
     @classmethod
@@ -57,7 +55,7 @@ class Attribution(StoredExample):
             from ..views.steps import step_still
 
             return step_still(self) + (self._sources_html() if self._has_sources() else "")
-        if self.attribution is None and self.head_sum is None and self._has_sources():  # keep sources
+        if self._sources_only():
             return self._sources_html()
         from ..views import example_html
 
@@ -65,6 +63,10 @@ class Attribution(StoredExample):
 
     def _has_sources(self) -> bool:
         return isinstance(self.meta, dict) and bool((self.meta.get("sources") or {}).get("spans"))
+
+    def _sources_only(self) -> bool:
+        """Kept with ``keep="sources"``: no maps, no head sums, the passages' scores."""
+        return self.attribution is None and self.head_sum is None and self._has_sources()
 
     def _sources_html(self) -> str:
         from ..views.sources import sources_html
@@ -81,10 +83,7 @@ class Attribution(StoredExample):
         from ..views.sources import sources_figure
 
         spans_of(self)  # one line where it has none
-        fig = sources_figure(self, top)
-        if path is not None:
-            fig.save(path)
-        return fig
+        return saved(sources_figure(self, top), path)
 
     @checked(path=Out())
     def plot(self, path=None, words: bool = True, per_layer: bool = False):
@@ -97,14 +96,10 @@ class Attribution(StoredExample):
             from ..views.steps import step_figure, step_view
 
             view, by_layer = step_view(self, words)
-            fig = step_figure(view, by_layer if per_layer else None)
-        elif self.attribution is None and self.head_sum is None and self._has_sources():  # keep sources
+            return saved(step_figure(view, by_layer if per_layer else None), path)
+        if self._sources_only():
             return self.plot_sources(path)
-        else:
-            fig = self.figure()
-        if path is not None:
-            fig.save(path)
-        return fig
+        return saved(self.figure(), path)
 
     def show(self, **options) -> None:
         """Display the interactive view in a notebook (once; returns None); ``options``: layers,
@@ -191,14 +186,13 @@ class Attribution(StoredExample):
         (token positions, end exclusive), ``text``, ``score`` (its keys' attribution summed over
         layers, heads and queries; for a generation over the steps too) and for a generation one
         ``step_t`` column per step (docs/long-context.md)."""
-        from ..views.notebook import data_frame
-
         table = table or ("steps" if self.steps else "heads")
         if table == "sources":
             from ..analysis.sources import SOURCE_COLUMNS, source_rows, step_columns
+            from ..views.notebook import data_frame
 
             return data_frame(source_rows(self), SOURCE_COLUMNS + step_columns(self))
-        return data_frame(*_table([self], table, aggregate))
+        return _frame([self], table, aggregate)
 
     def __repr__(self) -> str:
         if self.steps:
@@ -240,13 +234,15 @@ def _columns(table: str) -> list[str]:
             "sources": ["example"] + SOURCE_COLUMNS}[table]
 
 
-def _table(examples, table: str, aggregate=None) -> tuple[list[dict], list[str]]:
-    """(rows, columns) of ``table`` over ``examples``; the steps table names a foil only when
-    one was used."""
+def _frame(examples, table: str, aggregate=None):
+    """The DataFrame of ``table`` over ``examples``; the steps table names a foil only when one
+    was used."""
+    from ..views.notebook import data_frame
+
     rows, columns = _rows_of(examples, table, aggregate), _columns(table)
     if table == "steps" and all(r["foil"] is None for r in rows):
         columns = [c for c in columns if c not in ("foil", "foil_probability")]
-    return rows, columns
+    return data_frame(rows, columns)
 
 
 def head_rows(e) -> list[dict]:
@@ -391,14 +387,11 @@ class Results(list):
 
     @checked()
     def to_pandas(self, table: str | None = None, aggregate: str | None = None):
-        """A pandas DataFrame over every example: ``table="heads"`` one row per example, scored
-        layer and head; ``"tokens"`` one row per example and token (per example and word with
-        ``aggregate="words"``); ``"steps"`` (the default when every example is a generation)
-        one row per example and generated token (columns in docs/api.md)."""
-        from ..views.notebook import data_frame
-
+        """A pandas DataFrame over every example: ``table`` and ``aggregate`` as
+        :meth:`Attribution.to_pandas` takes them, the rows of each example in turn (``"steps"`` the
+        default when every example is a generation; columns in docs/api.md)."""
         table = table or ("steps" if self and all(e.steps for e in self) else "heads")
-        return data_frame(*_table(self, table, aggregate))
+        return _frame(self, table, aggregate)
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -531,16 +524,12 @@ class StoreView:
     @checked(examples=Ints())
     def to_pandas(self, table: str | None = None, examples=None, aggregate: str | None = None):
         """A pandas DataFrame over the store's examples (``examples``: a list of indices, default
-        all): ``table="heads"`` one row per example, scored layer and head; ``"tokens"`` one
-        row per example and token (per example and word with ``aggregate="words"``, a word's
-        importance the sum of its tokens'); ``"steps"`` (the default for a store of
-        generations) one row per example and generated token (columns in docs/api.md)."""
-        from ..views.notebook import data_frame
-
+        all): ``table`` and ``aggregate`` as :meth:`Attribution.to_pandas` takes them, the rows of
+        each example in turn (``"steps"`` the default for a store of generations)."""
         chosen = self.indices if examples is None else [int(i) for i in examples]
         if table is None:  # a store's examples are scored alike: the first tells
             table = "steps" if chosen and self._store.get(chosen[0], arrays=False).steps else "heads"
-        return data_frame(*_table((self.get(i) for i in chosen), table, aggregate))
+        return _frame((self.get(i) for i in chosen), table, aggregate)
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -593,9 +582,7 @@ class Tree:
 
     def to_json(self) -> str:
         """The tree as JSON text (nodes, edges, settings)."""
-        from ..analysis.tree import tree_to_json
-
-        return strict_dumps(tree_to_json(self.graph), indent=2)
+        return strict_dumps(self.to_dict(), indent=2)
 
     def to_dict(self) -> dict:
         """The tree as a JSON-able dict."""

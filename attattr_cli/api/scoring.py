@@ -9,12 +9,9 @@ from ..engine.options import DEFAULT_TOL, MAX_NODES, RULES, SOURCES_RULE, SOURCE
 from ..errors import OptionError
 from .checks import OneOf, Examples, File, Inputs, Ints, Names, Out, Progress, Str, Texts, checked
 from .groups import Compute, Group, Hooks, Integration, Target, legacy_table, regroup
-from .inputs import command_of, default_task, model_arg, selection, to_examples
+from .inputs import command_of, default_task, model_arg, pairs_given, selection, to_examples
 from .model import Model, ModelArg, as_model, progress_for, using
 from .results import TemporaryStore, read_all
-
-
-# ----------------------------------------------------------------------------- score
 
 
 SCORE_GROUPS = {"target": Target, "integration": Integration, "compute": Compute, "hooks": Hooks}
@@ -36,40 +33,24 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, promp
     ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
     CSV or JSONL file) and/or ``task`` (a preset such as ``sst2``), with ``examples`` ("0:100",
     or a list of indices); with none of them the built-in synthetic held-out set. Without
-    ``out`` returns :class:`Results` (one :class:`Attribution` per example, in order); with
-    ``out`` writes (or resumes) the HDF5 store and returns the run's ``ScoreReport``
-    (``.out``, ``.scored``, ``.skipped``, ``.mean_abs_residual``, ``.accuracy``).
+    ``out`` returns :class:`Results` (one :class:`Attribution` per example, in order: exactly
+    what a store written with the same options would hold); with ``out`` writes (or resumes)
+    the HDF5 store and returns the run's ``ScoreReport`` (``.out``, ``.scored``, ``.skipped``,
+    ``.mean_abs_residual``, ``.accuracy``).
 
     What is kept: ``layers`` (default all), ``family`` (attention families, e.g. encoder,cross),
     ``keep`` (auto, maps, sum, sources or none), ``top_k`` (also each head's k strongest
-    entries). The rest comes in groups (api/groups.py): ``target`` (:class:`Target`: the class,
-    ``output`` prob/logit/logprob, ``foil``, a language model's ``target_token``,
-    ``continuation``, ``position``, pairs' ``metric``, a generation's ``generate``,
-    ``per_step``, ``sample``; a text is the class alone, ``target="gold"``), ``integration``
-    (:class:`Integration`: ``tol``, ``max_nodes``, or a fixed ``rule`` and ``steps``),
-    ``compute`` (:class:`Compute`: ``device``, ``dtype``, ``kernel``, ``store_dtype``,
-    ``truncate``, ``steps_per_pass``, ``group``, ``memory``, ``threads``, ``keep_shards``,
-    ``dist_timeout``) and ``hooks`` (:class:`Hooks`: ``warn``, ``notify``). Their fields as flat
-    keywords (``steps=20``, the old spelling) still work for one release, with a FutureWarning.
+    entries). The rest comes in the groups of api/groups.py, whose docstrings say each field:
+    ``target`` (:class:`Target`; a text is the class alone, ``target="gold"``), ``integration``
+    (:class:`Integration`; docs/integration.md: by default error-controlled to tol 0.1, each
+    result's ``convergence`` saying per layer whether it converged), ``compute``
+    (:class:`Compute`) and ``hooks`` (:class:`Hooks`). Their fields as flat keywords
+    (``steps=20``, the old spelling) still work for one release, with a FutureWarning.
 
-    Integration: ``tol`` (the default, 0.1, when neither ``steps`` nor ``rule`` is given, but
-    for ``sources``) is error-controlled (adaptive subdivision of the path per example and layer
-    until the map's estimated error is below tol x max |Attr| of the layer and the completeness
-    residual agrees, at most ``max_nodes`` nodes; each result's ``convergence`` says per layer
-    whether it did); ``rule`` and/or ``steps`` choose a fixed rule instead (``rule="right",
-    steps=20`` is the paper's, ``"left"`` the 2021 code's); see docs/integration.md.
-    ``steps_per_pass`` bounds the steps run at once and ``group`` the short examples scored
-    together (default 32 for encoder classifiers, up to 64 for narrow ones; 1: one at a time);
-    the numbers do not depend on either (up to float rounding). Results in memory hold exactly
-    what a store written with the same options would (float32 arrays, or float16 with
-    ``store_dtype``). A causal language model (``load_model(..., lm=True)``, or ``lm=True``)
-    attributes the next token (``target_token``) or a ``continuation``; its ``prompts``
-    (texts) may be given instead of ``data`` (with ``out``) or of ``inputs``. ``foil``
-    attributes the difference out(target) - out(foil) of a token (LM) or a class (classifier);
-    ``generate=N`` generates N tokens (greedy; ``sample=True`` samples with ``seed``) and
-    attributes each generated token given everything before it, and ``continuation=...,
-    per_step=True`` does the same for given text (per-step results: ``result.steps``;
-    docs/method.md section 1.5).
+    A causal language model (``load_model(..., lm=True)``, or ``lm=True``) attributes the next
+    token, a ``target_token`` or a ``continuation``; its ``prompts`` (texts) may be given
+    instead of ``data`` (with ``out``) or of ``inputs``. ``generate=N`` with ``sample=True``
+    samples with ``seed``; per-step results are ``result.steps`` (docs/method.md section 1.5).
 
     With ``out`` and a model given by path or hub id (or none: the built-in default), the data
     is read and the examples chosen before the model loads (a bad file costs no load), and
@@ -78,57 +59,37 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, promp
     report is then the run's ``DistributedReport``. `attattr score` is this call.
 
     Clean / counterfactual pairs (a JSONL ``data`` of prompt, counterfactual, answer, foil, or
-    ``Pair`` inputs; data/pairs.py) are scored each with its own answer and foil, F = ``metric``:
-    ``"logit-diff"`` (the default for pairs; mean logit of the answer set - that of the foil set),
-    ``"logprob-diff"`` or ``"prob"`` (engine/metrics.py); the tokens are kept with each example,
-    so that the pairs share one store (merge, resume, save).
+    ``Pair`` inputs; data/pairs.py) are scored each with its own answer and foil, F = ``metric``
+    (``"logit-diff"`` by default for pairs; engine/metrics.py); the tokens are kept with each
+    example, so that the pairs share one store (merge, resume, save).
 
     Long contexts (docs/long-context.md): ``sources`` ("sentences", "paragraphs" or a JSONL file
     of passages, ``FILE`` or ``FILE:FIELD``) groups an LM prompt's keys into sources, and
     ``keep="sources"`` (the default with ``sources``) keeps per layer only each key's
-    attribution summed over heads and queries (kilobytes), the maps reduced layer by layer;
-    ``example.to_pandas("sources")`` is one row per source. With ``sources`` and none of
-    ``steps``, ``rule``, ``tol`` the integral is the right rule with two nodes (alpha = 1/2 and
-    1): on the measured contexts its top source was leave-one-out's (docs/long-context.md, "The
-    default for --sources"); ``tol=0.1`` gives the error-controlled run. ``memory`` (bytes, or "4GB") bounds
-    the run's estimated peak (default: most of the free memory): a run over it is refused
-    (ResourceError naming the ``keep`` that fits), and ``notify(line)`` hears the estimate before
-    a long run. ``threads``: torch's thread count for the run (default: one for short inputs,
-    the free cores for long ones; at most the machine's CPUs)."""
+    attribution summed over heads and queries (kilobytes); ``example.to_pandas("sources")`` is
+    one row per source. With ``sources`` and none of ``steps``, ``rule``, ``tol`` the integral
+    is the right rule with two nodes (alpha = 1/2 and 1; ``tol=0.1`` gives the error-controlled
+    run). A run whose estimated peak exceeds ``memory`` (default: most of the free memory) is
+    refused (ResourceError naming the ``keep`` that fits)."""
     g = regroup("score", {"target": target, "integration": integration, "compute": compute, "hooks": hooks},
                 legacy, SCORE_LEGACY, SCORE_GROUPS, shorthand={"target": lambda text: Target(target=text)})
     t, i, c, h = g["target"], g["integration"], g["compute"], g["hooks"]
-    return _score(model, inputs, data=data, task=task, examples=examples, out=out, steps=i.steps, rule=i.rule,
-                  tol=i.tol, max_nodes=i.max_nodes, target=t.target, output=t.output, layers=layers,
-                  steps_per_pass=c.steps_per_pass, group=c.group, family=family, keep=keep, top_k=top_k,
-                  dtype=c.dtype, kernel=c.kernel, device=c.device, store_dtype=c.store_dtype, truncate=c.truncate,
-                  seed=seed, lm=lm, target_token=t.target_token, continuation=t.continuation, position=t.position,
-                  prompts=prompts, keep_shards=c.keep_shards, dist_timeout=c.dist_timeout, progress=progress,
-                  command=command, warn=h.warn, foil=t.foil, generate=t.generate, per_step=t.per_step,
-                  sample=t.sample, metric=t.metric, sources=sources, memory=c.memory, threads=c.threads,
-                  notify=h.notify)
-
-
-def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_nodes, target, output, layers,
-           steps_per_pass, group, family, keep, top_k, dtype, kernel, device, store_dtype, truncate, seed, lm,
-           target_token, continuation, position, prompts, keep_shards, dist_timeout, progress, command, warn, foil,
-           generate, per_step, sample, metric, sources, memory, threads, notify):
-    """score's run, its options checked and flat (as the engine's ScoreOptions and ScoreRequest take them)."""
     from ..engine.budget import parse_size
-    from ..engine.options import ScoreOptions, integration, precheck
+    from ..engine.options import ScoreOptions, integration as resolve_integration, precheck
 
     if isinstance(family, str):
         family = [f.strip() for f in family.split(",") if f.strip()]
-    metric = _pair_metric(metric, data, inputs)
+    metric = _pair_metric(t.metric, data, inputs)
 
     def options_for(is_lm):
-        return ScoreOptions(**integration(steps, rule, tol, sources), max_nodes=max_nodes, group=group, target=target,
-                            output=output, layers=layers, dtype=dtype, truncate=truncate,
-                            step_batch=steps_per_pass, kernel=kernel, family=family, keep=keep, top_k=top_k,
-                            lm=is_lm, target_token=target_token, continuation=continuation, position=position,
-                            foil=foil, generate=generate, per_step=per_step, sample_seed=seed if sample else None,
-                            metric=metric, sources=None if sources is None else str(sources),
-                            memory=parse_size(memory), threads=threads)
+        return ScoreOptions(**resolve_integration(i.steps, i.rule, i.tol, sources), max_nodes=i.max_nodes,
+                            group=c.group, target=t.target, output=t.output, layers=layers, dtype=c.dtype,
+                            truncate=c.truncate, step_batch=c.steps_per_pass, kernel=c.kernel, family=family,
+                            keep=keep, top_k=top_k, lm=is_lm, target_token=t.target_token,
+                            continuation=t.continuation, position=t.position, foil=t.foil, generate=t.generate,
+                            per_step=t.per_step, sample_seed=seed if t.sample else None, metric=metric,
+                            sources=None if sources is None else str(sources), memory=parse_size(c.memory),
+                            threads=c.threads)
 
     # the options, the selection, the output and the data file are checked before anything loads
     if out is not None:
@@ -142,9 +103,9 @@ def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_no
     if out is not None and inputs is None and (model is None or isinstance(model, (str, Path))):
         return _score_store(ScoreRequest(
             out=str(out), model=None if model is None else str(model), data=None if data is None else str(data),
-            task=task, examples=selection(examples), options=options_for(bool(lm)), device=device,
-            store_dtype=store_dtype, seed=seed, command=command_of(command), prompts=list(prompts) if prompts else None),
-            progress, warn, keep_shards, dist_timeout, notify)
+            task=task, examples=selection(examples), options=options_for(bool(lm)), device=c.device, seed=seed,
+            store_dtype=c.store_dtype, command=command_of(command), prompts=list(prompts) if prompts else None),
+            progress, h.warn, c.keep_shards, c.dist_timeout, h.notify)
     if prompts:  # results in memory: the prompts are the inputs
         if inputs is not None:
             raise OptionError("give prompts or inputs, not both")
@@ -156,13 +117,13 @@ def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_no
     exs = to_examples(inputs) if inputs is not None else None
     model_id, names = model_arg(model)
     if not is_lm:
-        if target_token is not None or continuation is not None or position is not None or generate is not None \
-                or per_step:
+        if t.target_token is not None or t.continuation is not None or t.position is not None \
+                or t.generate is not None or t.per_step:
             raise OptionError("target_token, continuation, position, generate and per_step go with a causal language model"
                               " (load_model(..., lm=True))")
         task = default_task(model_id, data, task, exs)
-    elif target not in ("predicted",):
-        raise OptionError(f"target '{target}' names a class; a language model's target is the predicted next token,"
+    elif t.target not in ("predicted",):
+        raise OptionError(f"target '{t.target}' names a class; a language model's target is the predicted next token,"
                           " target_token or continuation")
     options = options_for(is_lm)
     tmp = None
@@ -171,11 +132,11 @@ def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_no
         tmp = TemporaryStore("attattr-score-")
         path = tmp.path
     try:
-        with using(model, device=device, dtype=dtype, lm=is_lm) as m, progress_for(progress, "score") as bar:
+        with using(model, device=c.device, dtype=c.dtype, lm=is_lm) as m, progress_for(progress, "score") as bar:
             req = ScoreRequest(out=str(path), model=model_id, data=data, task=task, examples=selection(examples),
-                               options=options, device=device, store_dtype=store_dtype, seed=seed,
+                               options=options, device=c.device, store_dtype=c.store_dtype, seed=seed,
                                command=command_of(command), inputs=exs, label_names=names)
-            report = score_to_store(req, progress=bar, loaded=m.loaded, warn=warn, notify=notify)
+            report = score_to_store(req, progress=bar, loaded=m.loaded, warn=h.warn, notify=h.notify)
             if out is not None:
                 return report
             res = read_all(path, m.label_names)
@@ -190,10 +151,7 @@ def _score(model, inputs, *, data, task, examples, out, steps, rule, tol, max_no
 
 def _pair_metric(metric, data, inputs):
     """The metric of a run: as given, or ``logit-diff`` for pairs (a pairs JSONL or Pair inputs)."""
-    from ..data.pairs import Pair, is_pairs_file
-
-    pairs = (data is not None and isinstance(data, (str, Path)) and is_pairs_file(data)) or (
-        isinstance(inputs, (list, tuple)) and bool(inputs) and all(isinstance(x, Pair) for x in inputs))
+    pairs = pairs_given(data, inputs)
     if metric is None:
         return "logit-diff" if pairs else None
     if not pairs:

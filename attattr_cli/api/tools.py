@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
@@ -11,26 +10,29 @@ from ..errors import OptionError
 from .checks import Bool, OneOf, Tolerance, Examples, File, Files, Int, Ints, Names, Number, Out, Progress, Str, Texts, Threads, checked
 from .groups import Adversarial, Compute, Group, Integration, Target, legacy_table, regroup
 from ..engine.threads import on_threads
-from .inputs import command_of, default_task, model_arg, selection
+from ..fileio import write_atomic
+from .inputs import check_methods_given, check_outputs, command_of, default_task, model_arg, selection
 from .model import Model, ModelArg, as_model, progress_for, using
+from .results import TemporaryStore
 from .scoring import TARGET, score
+from .tables import Table, saved
+
+# the registry's names (it imports NumPy only): the CLI's --methods help reads them
+from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFULNESS_METHODS  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- faithfulness
 
 
-# the registry's names (it imports NumPy only): the CLI's --methods help reads them
-from ..analysis.methods import DEFAULT as FAITHFULNESS_DEFAULT, NAMES as FAITHFULNESS_METHODS  # noqa: E402,F401
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
-
-
 @dataclass
-class FaithfulnessResult:
+class FaithfulnessResult(Table):
     """The faithfulness report: ``report`` (per method: Kendall tau with leave-one-out and with
     gradients, AOPC comprehensiveness and sufficiency, deletion AUC; per example; the
     permutation test), ``rows`` one flat row per method, ``store`` where token importance is kept
-    (None when it was kept nowhere: the store read is never changed unless asked)."""
+    (None when it was kept nowhere: the store read is never changed unless asked).
+    ``to_pandas()``: one row per method, the columns of :attr:`rows` (what ``--csv`` prints)."""
 
+    JSON = {"indent": 1}
     report: dict
     store: str
 
@@ -45,6 +47,9 @@ class FaithfulnessResult:
         from ..analysis.faithfulness import report_rows
 
         return report_rows(self.report)
+
+    def _rows(self) -> list[dict]:
+        return self.rows
 
     def to_dict(self) -> dict:
         """The JSON report."""
@@ -74,17 +79,7 @@ class FaithfulnessResult:
         written to ``path`` (.png, .svg, .pdf; whole or not at all) when given."""
         from ..analysis.faithfulness import report_figure
 
-        fig = report_figure(self.report)
-        if path is not None:
-            fig.save(path)
-        return fig
-
-    def to_pandas(self):
-        """A pandas DataFrame, one row per method: the columns of :attr:`rows` (what ``--csv``
-        prints for the methods; docs/api.md)."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self.rows)
+        return saved(report_figure(self.report), path)
 
     def _repr_html_(self) -> str:
         from ..views.notebook import table_html
@@ -100,10 +95,6 @@ class FaithfulnessResult:
                 + ", ".join(list(ms)[:8]) + (" …" if len(ms) > 8 else "")
                 + (f"; highest AOPC comprehensiveness: {best}" if best else "")
                 + (f"; store {self.store!r}" if self.store else "") + ")")
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.report, indent=1, allow_nan=False)
 
 
 FAITHFULNESS_GROUPS = {"target": Target, "integration": Integration, "compute": Compute, "adversarial": Adversarial}
@@ -128,22 +119,22 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
     with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
     or a temporary file) as :func:`score` scores with ``target``, ``integration`` and ``compute``
-    (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol`` is given). The store read is left as it is
-    (it may be read-only): token importance already
-    in it is read, the rest computed; ``importance_store`` (a path) keeps the vectors computed
-    for the next run: a copy of ``store`` made there on first use, or ``store`` itself when it
-    names it. Scoring first, they are kept in ``score_store``. ``methods``: names from the registry
-    (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the
-    model. ``adversarial=True`` (or an :class:`Adversarial`): also run the adversarial-attention
+    (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol`` is given). The store read is left as it
+    is (it may be read-only): token importance already in it is read, the rest computed;
+    ``importance_store`` (a path) keeps the vectors computed for the next run: a copy of
+    ``store`` made there on first use, or ``store`` itself when it names it. Scoring first, they
+    are kept in ``score_store``. ``methods``: names from the registry
+    (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the model.
+    ``adversarial=True`` (or an :class:`Adversarial`): also run the adversarial-attention
     experiment at ``epsilons`` (default 0.01, 0.05) on its ``layer`` (default the last).
-    ``aggregate="words"``: the agreement,
-    erasure and masking metrics rank and erase whole words, a word's score the sum of its
-    tokens' (docs/faithfulness.md, "Words"). ``target``: its ``target`` (the class; a text is
-    that alone) and ``output``; ``compute``: its ``device``, ``truncate`` and ``threads`` (the
-    rest of it, with a store, is refused: it goes with scoring). ``out``: write the JSON report.
-    The old flat keywords (``steps=``, ``rule=``, ``tol=``, ``output=``, ``device=``, ``truncate=``,
-    ``threads=``, ``epsilons=``, ``adversarial_layer=``) still work for one release, with a
-    FutureWarning. Returns :class:`FaithfulnessResult`."""
+    ``aggregate="words"``: the agreement, erasure and masking metrics rank and erase whole
+    words, a word's score the sum of its tokens' (docs/faithfulness.md, "Words"). ``target``:
+    its ``target`` (the class; a text is that alone) and ``output``; ``compute``: its
+    ``device``, ``truncate`` and ``threads`` (the rest of it, with a store, is refused: it goes
+    with scoring). ``out``: write the JSON report. The old flat keywords (``steps=``, ``rule=``,
+    ``tol=``, ``output=``, ``device=``, ``truncate=``, ``threads=``, ``epsilons=``,
+    ``adversarial_layer=``) still work for one release, with a FutureWarning. Returns
+    :class:`FaithfulnessResult`."""
     g = regroup("faithfulness", {"target": target, "integration": integration, "compute": compute,
                                  "adversarial": adversarial}, legacy, FAITHFULNESS_LEGACY, FAITHFULNESS_GROUPS,
                 shorthand={"target": lambda text: Target(target=text)})
@@ -181,8 +172,6 @@ def _faithfulness(store, *, model, data, task, examples, methods, score_store, i
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 
-    from .inputs import check_methods_given
-
     check_methods_given(methods)
     if integration.tol is not None or integration.steps is not None or integration.rule is not None:  # before anything loads
         from ..engine.options import api_names
@@ -200,27 +189,20 @@ def _faithfulness(store, *, model, data, task, examples, methods, score_store, i
     words_asked(aggregate)
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
-    from .inputs import check_outputs
-
     check_outputs({"out": out}, [store, model, data, score_store, importance_store])
     if importance_store is not None and store is None:
         raise OptionError("importance_store goes with a store; scoring first, token importance is kept in score_store")
-    if store is None and out is not None:
-        kept_in = Path(score_store) if score_store is not None else Path(out).with_suffix(".h5")
-        if kept_in.resolve() == Path(out).resolve():
-            raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
+    scored_into = Path(score_store) if score_store is not None else out and Path(out).with_suffix(".h5")
+    if store is None and out is not None and scored_into.resolve() == Path(out).resolve():
+        raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
     tmp = None
     keep_in = None  # a store this call scored into, or the importance_store asked for
     try:
         loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
         if store is None:
-            if score_store is not None:
-                store = Path(score_store)
-            elif out is not None:
-                store = Path(out).with_suffix(".h5")
-            else:
-                tmp = tempfile.TemporaryDirectory(prefix="attattr-faithfulness-")
-                store = Path(tmp.name) / "scores.h5"
+            if scored_into is None:
+                tmp = TemporaryStore("attattr-faithfulness-")
+            store = scored_into or tmp.path
             need_attr = any(m in ATTRIBUTION_METHODS or m == "all" for m in chosen)
             m = loaded_model or as_model(model, device=device)
             score(m, data=data, task=task, examples=examples, out=store, target=target, integration=integration,
@@ -259,11 +241,9 @@ def _faithfulness(store, *, model, data, task, examples, methods, score_store, i
         res = FaithfulnessResult(report, None if tmp is not None or keep_in is None else str(keep_in))
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            tmp.remove()
     res.report["seconds"] = round(time.perf_counter() - started, 2)
     if out is not None:
-        from ..fileio import write_atomic
-
         write_atomic(Path(out), (res.to_json() + "\n").encode())
     return res
 
@@ -324,8 +304,6 @@ def finetune(model=None, *, out, data=None, task=None, examples=None, eval_data=
         model = model.path
     if model is not None and not isinstance(model, (str, Path)):
         raise OptionError("finetune starts from a saved model: give its folder or hub id")
-    from .inputs import check_outputs
-
     check_outputs({"out": out}, [model, data, eval_data])
     check_out(out, overwrite)
     if model is None and data is None and task is None:
@@ -368,14 +346,11 @@ def merge(shards: Sequence, out, *, partial: bool = True) -> dict:
     without ``partial`` they are a StoreError)."""
     from ..store import inspect_shards
     from ..store import merge as merge_stores
-
-    from .inputs import check_outputs
+    from ..views.notebook import Summary
 
     check_outputs({"out": out}, list(shards))
     check = inspect_shards([str(s) for s in shards])
     notes, problems = check.notes(), check.problems() if partial else []
-    from ..views.notebook import Summary
-
     result = merge_stores([str(s) for s in shards], str(out), partial=partial)
     return Summary(dict(result, notes=notes, problems=problems), "merge")
 
@@ -386,13 +361,10 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
     """Import one example of the 2021 code's output (its attribution matrices and tokens
     file) into the store ``out``; returns the import report."""
     from ..analysis.legacy import import_2021 as run_import
-    from .inputs import check_outputs
-
     from ..fileio import check_store_output
 
     check_outputs({"out": out}, [attr_path, tokens_path, attention_path])
     check_store_output(out, "out")
-
     return run_import(attr_path, tokens_path, out, model=model, example=example, labels=labels,
                       attention_path=attention_path, command=command_of(command), store_dtype=store_dtype)
 
@@ -400,7 +372,7 @@ def import_2021(attr_path, tokens_path, out, *, model: str | None = None, exampl
 # ----------------------------------------------------------------------------- source removal (LMs)
 
 
-@checked(model=ModelArg(), prompt=Str(), continuation=Str(), sources=Str(), ks=Ints(), methods=Names(),
+@checked(model=ModelArg(), prompt=Str(), continuation=Str(), sources=Str(), ks=Ints(min=1), methods=Names(),
          tol=Tolerance(), progress=Progress(), threads=Threads(),
          memory=OneOf(Number(above=0), Str(), what="a size: bytes, or a string such as 4GB"))
 @on_threads
@@ -421,8 +393,9 @@ def source_removal(model, prompt: str, continuation: str, *, sources: str = "par
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise OptionError(f"unknown source-removal method '{unknown[0]}'; available: {', '.join(METHODS)}")
-    if not ks or any(int(k) < 1 for k in ks):
-        raise OptionError(f"ks must be whole numbers of at least 1, got {ks!r}")
+    ks = tuple(ks)
+    if not ks:
+        raise OptionError("ks must be whole numbers of at least 1, got []")
     m = as_model(model, device=device, lm=True)
     res = score(m, prompts=[prompt], sources=sources, keep="sources", lm=True, progress=progress,
                 target=Target(continuation=continuation, output="logprob"),
@@ -431,11 +404,11 @@ def source_removal(model, prompt: str, continuation: str, *, sources: str = "par
         if "attattr" in methods else None
     with using(m, device=device, lm=True) as used:
         if res is not None:
-            return check_example(used.loaded.model, used.loaded.tokenizer, res[0], tuple(int(k) for k in ks), methods)
+            return check_example(used.loaded.model, used.loaded.tokenizer, res[0], ks, methods)
         from ..data.sources import prompt_spans
 
         tok = used.loaded.tokenizer
         spans = prompt_spans(tok, prompt, sources)
         answer = list(tok(continuation, add_special_tokens=False)["input_ids"])
         return removal_check(used.loaded.model, list(tok(prompt, add_special_tokens=True)["input_ids"]), answer, spans, None,
-                             tuple(int(k) for k in ks), methods)
+                             ks, methods)

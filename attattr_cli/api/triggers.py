@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OptionError
 from .checks import Tolerance, Examples, File, Inputs, Instance, Int, Number, OneOf, Out, Progress, Source, Str, Texts, Threads, checked
 from ..engine.threads import on_threads
-from .inputs import command_of, open_source, model_and_data
+from ..fileio import dumps as strict_dumps, write_atomic  # strict JSON: no NaN or Infinity
+from .inputs import check_outputs, command_of, open_source, model_and_data
 from .model import ModelArg, progress_for, using
+from .results import TemporaryStore
 from .scoring import score
-from ..fileio import dumps as strict_dumps  # strict JSON: no NaN or Infinity
+from .tables import Table
 
 
 # ----------------------------------------------------------------------------- triggers
@@ -24,11 +25,14 @@ ATTACK_COLUMNS = ["class", "n", "before", "trigger_mean", "trigger_drop", "contr
 
 
 @dataclass
-class TriggersResult:
+class TriggersResult(Table):
     """Adversarial triggers: ``triggers`` (ranked ``Trigger`` objects: tokens, segments,
     relative positions, count, strength, the class they push towards), ``patterns`` (the
-    per-example top entries they come from), ``document`` (the triggers JSON)."""
+    per-example top entries they come from), ``document`` (the triggers JSON).
+    ``to_pandas()``: one row per trigger, ranked (``tokens`` space-separated, ``relative`` the
+    positions in their segment, 0..1)."""
 
+    COLUMNS, JSON = TRIGGER_COLUMNS, {"indent": 2, "ensure_ascii": False}
     triggers: list
     patterns: list
     document: dict
@@ -37,10 +41,6 @@ class TriggersResult:
     def to_dict(self) -> dict:
         """The triggers JSON document (what ``attattr triggers`` writes)."""
         return self.document
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
     def to_csv(self) -> str:
         """One CSV row per trigger."""
@@ -51,8 +51,6 @@ class TriggersResult:
     @checked(path=Out())
     def save_csv(self, path) -> None:
         """:meth:`to_csv` written to ``path`` (whole or not at all)."""
-        from ..fileio import write_atomic
-
         write_atomic(Path(path), self.to_csv())
 
     def _rows(self) -> list[dict]:
@@ -64,21 +62,6 @@ class TriggersResult:
                          "relative": list(d["relative"]), "count": d["count"],
                          "mean_strength": d["mean_strength"], "total_strength": d["total_strength"]})
         return rows
-
-    def to_pandas(self):
-        """A pandas DataFrame, one row per trigger (ranked): ``rank``, ``class`` (the class it
-        pushes towards), ``class_rank``, ``tokens`` (space-separated), ``segments``,
-        ``relative`` (positions in their segment, 0..1), ``count``, ``mean_strength``,
-        ``total_strength``."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self._rows(), TRIGGER_COLUMNS)
-
-    def _repr_html_(self) -> str:
-        from ..views.notebook import table_html
-
-        return table_html([[r[c] for c in TRIGGER_COLUMNS] for r in self._rows()], TRIGGER_COLUMNS,
-                          title=repr(self))
 
     def __repr__(self) -> str:
         top = "; ".join(f"{' '.join(t.tokens)!r} -> {t.label} ({t.count}x)" for t in self.triggers[:3])
@@ -103,11 +86,9 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     ``aggregate="words"``: triggers are words, each example's maps merged into words before
     its top entries are taken (analysis/aggregate.py; such triggers are for reading, attack
     inserts tokens). Returns :class:`TriggersResult`."""
+    from ..analysis.aggregate import words_asked
     from ..analysis.triggers import (RANKINGS, aggregate as rank_triggers, patterns_from_store, select, select_by_length,
                                      triggers_csv, triggers_document)
-    from ..fileio import write_atomic
-
-    from ..analysis.aggregate import words_asked
 
     if rank_by not in RANKINGS:
         raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
@@ -116,8 +97,6 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
                            or inputs is not None or store is not None or limit is not None):
         raise OptionError("give either a store or model/data/task/examples to score on the fly, not both")
-    from .inputs import check_outputs
-
     check_outputs({"out": out}, [source, model, data, store])
     if tol is not None:  # before anything loads
         from ..engine.options import api_names, integration
@@ -134,10 +113,8 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
             chosen = select_by_length(m.tokenizer, rows, [positions[id(e)] for e in picked], min_tokens, limit)
             wanted = [rows[i].index for i in chosen]
             if store is None:
-                tmp = tempfile.TemporaryDirectory(prefix="attattr-triggers-")
-                path = Path(tmp.name) / "scores.h5"
-            else:
-                path = Path(store)
+                tmp = TemporaryStore("attattr-triggers-")
+            path = tmp.path if tmp is not None else Path(store)
             score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
                   steps=steps, tol=tol, device=device, progress=progress, command=command)
             source = path
@@ -164,7 +141,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
                                 source=src, patterns=patterns)
     finally:
         if tmp is not None:
-            tmp.cleanup()
+            tmp.remove()
     res = TriggersResult(chosen_t, patterns, doc, len(ranked))
     if out is not None:
         p = Path(out)
@@ -176,12 +153,14 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
 
 
 @dataclass
-class AttackResult:
+class AttackResult(Table):
     """The attack's outcome: ``document`` (the ``attattr attack`` JSON: per gold class the
     accuracy before and under each trigger and control, flips), with shortcuts ``table`` (the
     paper's Table 2 rows), ``before`` (overall accuracy before), ``rows`` (one per trigger
-    and control), ``texts`` (the attacked examples, when ``keep_texts``)."""
+    and control), ``texts`` (the attacked examples, when ``keep_texts``). ``to_pandas()``: the
+    paper's Table 2, one row per gold class (``worst_control`` its tokens)."""
 
+    COLUMNS, JSON = ATTACK_COLUMNS, {"indent": 2, "ensure_ascii": False}
     document: dict
     texts: list | None = None
 
@@ -208,21 +187,6 @@ class AttackResult:
                          "worst_control": " ".join(worst.get("tokens", [])) or None})
         return rows
 
-    def to_pandas(self):
-        """A pandas DataFrame of the paper's Table 2, one row per gold class: ``class``, ``n``,
-        ``before`` (accuracy), ``trigger_mean`` (accuracy under the triggers, their mean),
-        ``trigger_drop``, ``control_mean``, ``control_drop``, ``control_sd``, ``worst_control``
-        (its tokens), ``p``, ``p_holm`` and ``beats_controls``."""
-        from ..views.notebook import data_frame
-
-        return data_frame(self._rows(), ATTACK_COLUMNS)
-
-    def _repr_html_(self) -> str:
-        from ..views.notebook import table_html
-
-        return table_html([[r[c] for c in ATTACK_COLUMNS] for r in self._rows()], ATTACK_COLUMNS,
-                          title=repr(self))
-
     def __repr__(self) -> str:
         t = self.document.get("triggers", [])
         return (f"AttackResult({len(t)} triggers, {len(self.document.get('controls', []))} controls, "
@@ -232,10 +196,6 @@ class AttackResult:
     def to_dict(self) -> dict:
         """The JSON document."""
         return self.document
-
-    def to_json(self) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return strict_dumps(self.document, indent=2, ensure_ascii=False)
 
 
 def _insertions(triggers, top_k):
@@ -275,8 +235,6 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     if triggers is None:
         raise OptionError("triggers is required: a TriggersResult, a triggers file or its dict")
     keep_texts = keep_texts or save_texts is not None
-    from .inputs import check_outputs
-
     check_outputs({"out": out, "save_texts": save_texts}, [triggers, model, data])
     chosen, path = _insertions(triggers, top_k)
     m, task_obj, picked, _map, _rows, labels = model_and_data(model, data, task, examples, inputs, device=device)
@@ -288,8 +246,6 @@ def attack(model=None, triggers=None, *, data=None, task=None, examples=None, in
     doc["triggers_file"] = path
     texts = doc.pop("texts", None)
     res = AttackResult(doc, texts)
-    from ..fileio import write_atomic
-
     if save_texts is not None:
         write_atomic(Path(save_texts), "".join(strict_dumps(t, ensure_ascii=False) + "\n" for t in texts or []))
     if out is not None:

@@ -77,16 +77,6 @@ def _shows(show) -> list[str]:
     return out or list(SHOWS)
 
 
-def _check_out(out) -> None:
-    """Refuse an output whose folder is missing or that is a folder, before any work."""
-    p = Path(out)
-    if p.is_dir():
-        raise OptionError(f"out {out} is a folder: give a file name such as view.html")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.exists():
-        raise OptionError(f"out {out}: the folder {parent} does not exist")
-
-
 @checked(store=File(), example=Int(), out=Out(), layers=OneOf(Ints(), Str(choices=("all",))), heads=OneOf(Str(), Int()), show=Names(),
          queries=Ints())
 def view(store, example: int, out=None, *, fmt: str | None = None, layers: Sequence[int] | None = None,
@@ -118,8 +108,7 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     if out is not None:
         from ..fileio import check_output
 
-        _check_out(out)
-        check_output(out, [store, importance], "out")
+        check_output(out, [store, importance], "out")  # a folder or a missing folder: refused by Out()
     spec = spec_of(layers=None if layers is None else layers if isinstance(layers, str) else list(layers), heads=heads, show=_shows(show),
                    queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
