@@ -146,11 +146,9 @@ def check_writable(path, name: str = "--out") -> None:
     folder = target.parent if str(target.parent) else Path(".")
 
     def why(where) -> str:
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             if os.statvfs(where).f_flag & os.ST_RDONLY:
                 return "on a read-only file system"
-        except (OSError, AttributeError):
-            pass
         return "permission denied"
 
     if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
@@ -230,10 +228,8 @@ def one_writer(path, name: str = "--out"):
         yield
     finally:
         del _WRITING[key]
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(lock)
-        except OSError:
-            pass
         os.close(fd)
 
 
@@ -242,30 +238,23 @@ def open_stream(path):
     process's own stdout or stderr (``/dev/stdout`` with stdout redirected to a file), the
     output goes on after what was printed there, through that descriptor, instead of a new
     one that would truncate the file and write over it."""
-    try:
+    with contextlib.suppress(OSError):
         st = os.stat(path)
         for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
             other = os.fstat(fd)
             if (st.st_dev, st.st_ino) == (other.st_dev, other.st_ino):
-                try:
+                with contextlib.suppress(AttributeError, ValueError, OSError):
                     stream.flush()
-                except (AttributeError, ValueError, OSError):
-                    pass
                 return open(os.dup(fd), "wb")
-    except OSError:
-        pass
     return open(path, "wb")
 
 
 def umask() -> int:
     """The process's umask, read without changing it where the system allows."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     mask = os.umask(0o022)  # elsewhere the only way to read it is to set it
     os.umask(mask)
     return mask

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -339,10 +340,8 @@ class Store(OpenFile):
         check_schema(self.f, self.path)
 
     def _reopen(self) -> None:
-        try:
+        with contextlib.suppress(OSError, RuntimeError):
             self.f.close()
-        except (OSError, RuntimeError):
-            pass
         self.f = self._open()
 
     @property
@@ -369,10 +368,8 @@ class Store(OpenFile):
         for key in prov.attrs:
             value = read_attr(prov, key)
             if isinstance(value, str) and value[:1] in "[{":
-                try:
+                with contextlib.suppress(json.JSONDecodeError):
                     value = json.loads(value)
-                except json.JSONDecodeError:
-                    pass
             out[key] = value
         return out
 

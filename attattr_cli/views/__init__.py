@@ -16,7 +16,7 @@ import neither torch nor (until a figure is drawn) matplotlib.
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -116,8 +116,6 @@ def tree_svg(example, num_layers: int | None = None, title: str | None = None,
 def _view_and_data(example, labels, spec, token_importance, tree: bool, num_layers, fmt: str):
     spec = spec or ViewSpec()
     if fmt == "html" and spec.max_layers is not None:  # the page switches layers: every one is in it
-        from dataclasses import replace
-
         spec = replace(spec, max_layers=None)
     if num_layers is not None and spec.num_layers is None:
         spec.num_layers = num_layers

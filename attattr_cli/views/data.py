@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import convergence
 from ..errors import OptionError
-from ..labels import attributed, format_number, ranges  # noqa: F401  (format_number: one number format, re-exported)
+from ..labels import _class as class_name, attributed, format_number, ranges  # noqa: F401  (format_number: re-exported)
 
 SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
@@ -102,12 +102,6 @@ class View:
         }
 
 
-def _label(labels: Sequence[str] | None, i: int) -> str:
-    if labels and 0 <= i < len(labels):
-        return str(labels[i])
-    return str(i)
-
-
 def lm_meta(example) -> dict | None:
     """A language model's ``meta["lm"]`` (None for a classifier)."""
     meta = getattr(example, "meta", None) or {}
@@ -125,7 +119,7 @@ def header_of(example, labels: Sequence[str] | None = None) -> dict:
     out.update({k: a[k] for k in ("prediction", "target", "probability", "probability_of", "foil",
                                   "foil_probability", "quantity", "step", "steps", "value")})
     out["attributed"] = a["line"]
-    out["gold"] = None if lm or gold < 0 else _label(labels, gold)
+    out["gold"] = None if lm or gold < 0 else class_name(labels, gold)
     parts = []
     if out["step"] is not None:
         parts.append(f"step {out['step']}" + (f" of {out['steps']}" if out["steps"] else "")
