@@ -23,8 +23,8 @@ __version__ = "0.1.0"
 # no widgets), so in a notebook that line is noise about nothing attattr shows
 warnings.filterwarnings("ignore", message="IProgress not found", module="tqdm")
 
-ERRORS = ("AttattrError", "DataError", "DistributedError", "ModelError", "OptionError", "ResourceError", "StoreError")
-__all__ = [*API, "__version__", *ERRORS]
+__all__ = [*API, "__version__", "AttattrError", "DataError", "DistributedError", "ModelError", "OptionError",
+           "ResourceError", "StoreError"]
 
 
 def __getattr__(name: str):
