@@ -1,34 +1,19 @@
 """``attr-tiers``: a ranking built for both of MIB's questions at once, the circuit's curve (CMD)
-and agreement with one-head-at-a-time patching (Spearman).
+and agreement with one-head-at-a-time patching (Spearman); docs/circuits.md has the derivation.
 
-MIB's curve only asks which heads are in the top ``int(k N)`` for each k, and with trapezoids
-on a linear k scale its area is set by the sets at 10, 20 and 50 %: reordering heads inside
-one of the tiers [0, 10 %), [10, 20 %), [20, 50 %), [50, 100 %] changes the curve only below
-10 % and not CMD's larger terms. A Spearman correlation over all N heads is set by the order of
-the many heads, hardly by the top few. So:
+* **which tier** ([0, 10 %), [10, 20 %), [20, 50 %), [50, 100 %]: the sets CMD's largest
+  trapezoids read) a head is in comes from ``attr-gates``;
+* **the order inside a tier** comes from verified AtP (:func:`verified_estimates`: AtP with
+  the exact patching effect of its ``VERIFIED`` heads of largest |AtP|, every head of the first
+  ``EXACT_LAYERS`` layers and up to ``DISAGREE`` heads whose gate integral and AtP disagree in
+  sign);
+* **the first tier** is the better of two candidates on the method's own pairs at ``CHECKED``
+  (``Context.choose``): the heads of largest *signed* gate integral by verified AtP, or those of
+  largest |gate integral| in the order that keeps the running sum of their shares nearest
+  m(N) - m(empty).
 
-* **which tier** a head is in comes from ``attr-gates`` (integrated gradients along the head
-  gates from all ablated to all kept: the state the curve's circuits live in);
-* **the order inside a tier** comes from the gradient at the clean run (AtP, the same batch of
-  passes with one node more, at alpha = 1) with the ``VERIFIED`` heads of largest |AtP|
-  replaced by their exact patching effect (one pass per head: AtP*'s verification step, Kramar
-  et al. 2024), and so is every head of the first ``EXACT_LAYERS`` layers: a change there goes
-  through every layer above, and there the gradient at the clean run is furthest from
-  patching (on SmolLM2 it gets the sign of large layer-0 effects wrong: patching any of them
-  hurts the behaviour, a second-order effect), and so are up to ``DISAGREE`` heads whose gate
-  integral and AtP have opposite signs (largest |gate integral| first): two estimates of one
-  head pointing opposite ways mark where AtP's linearisation has failed;
-* **the first tier** (the curve reads it at 1, 2, 5, 13 and 27 heads of 270: k = 0.5 to 10 %)
-  is the better of two candidates as the curve itself measures them at ``CHECKED`` on the
-  method's own pairs (``Context.choose``): the heads of largest *signed* gate
-  integral ordered by verified AtP, largest first (the heads that carry the behaviour first,
-  those that work against it last), or the heads of largest |gate integral| in the order
-  that keeps the running sum of their gate shares nearest the total m(N) - m(empty) (greedy).
-  Where a task's heads add up (capitals) the greedy order keeps f near 1; where the heads
-  working against the behaviour act only with others (IOI's), the signed tier does.
-
-The score is a signed rank (N for the first head, 1 for the last; the sign is that of the
-verified AtP value), the same for every pair: the ranking is built from the means over pairs.
+The score is a signed rank (N for the first head, 1 for the last, signed as verified AtP), the
+same for every pair.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""``atp-verified``: AtP with its least trustworthy heads replaced by their exact patching
-effect, and the circuit's membership chosen on the method's own pairs.
+"""``atp-verified`` (the recommended method; docs/circuits.md, "Which method to use"): AtP with
+its least trustworthy heads replaced by their exact patching effect.
 
-Two measures judge a head ranking, and they read different orders of one score vector s:
-Spearman with exact patching (and MIB's CPR) the *signed* order of s, and CMD the order of |s|.
-Fixing the signed order fixes the positive heads' order and the negative heads' order; what is
-left free is how the two chains interleave by magnitude. So:
-
-* **the signed order** is verified AtP (tiers.verified_estimates): the gradient at the clean
-  run (AtP; Kramar et al. 2024) with the exact effect of the ``--verify`` heads of largest
-  |AtP| (AtP*'s verification), every head of the first layer (where AtP gets the sign of
-  second-order effects wrong) and up to 10 heads whose gate integral and AtP disagree in sign.
-  Replacing those heads by their exact values, and nothing else, is what held rank agreement on
-  tasks no rule was tuned on;
-* **the interleaving** (which heads CMD's circuit keeps first) is one of ``SCALES``: every
-  negative score multiplied by c, from c = 1 (plain |verified AtP|) down to c = 0.001 (every
-  head that helps the behaviour before any that works against it). The one chosen is the
-  curve's nearest to 1 at ``CHECKED`` on the pairs the method is given (with a split: never the
-  pairs it is judged on). The signed order, and so Spearman and CPR, is the same for every c.
-
-The score is the mean over the method's pairs (the same for every pair), in units of the
-metric for the heads that help the behaviour.
+Spearman and CPR read the *signed* order of the scores, CMD the order of |score|. The signed
+order is verified AtP (tiers.verified_estimates); what it leaves free, how the heads working
+against the behaviour interleave by magnitude with the others, is chosen among ``SCALES`` (the
+negative scores multiplied by c) by the curve at ``CHECKED`` on the method's own pairs
+(``Context.choose``). The score is the mean over those pairs, the same for every pair.
 """
 
 from __future__ import annotations
