@@ -41,16 +41,6 @@ def read_attr(obj, name, default=None):
     return value
 
 
-def is_lock_error(exc: BaseException) -> bool:
-    """True when h5py failed because another process holds the file's lock (HDF5's
-    "unable to lock file" with EAGAIN/EWOULDBLOCK), and only then: other messages that
-    happen to contain "lock" (a truncated file's "sblock->base_addr") are not it."""
-    if isinstance(exc, BlockingIOError):
-        return True
-    return (isinstance(exc, OSError) and "unable to lock file" in str(exc)
-            and os_errno(exc) in (errno.EAGAIN, errno.EWOULDBLOCK))
-
-
 def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
     """h5py.File(path, mode), with its failures (locked, missing, read-only, not HDF5) as
     one-line StoreErrors. ``locking=False`` opens without HDF5's file lock (live readers,
@@ -64,11 +54,14 @@ def open_file(path: Path, mode: str, locking: bool | None = None) -> h5py.File:
                 return h5py.File(path, mode)
             raise
     except OSError as exc:
-        if is_lock_error(exc):
+        code = os_errno(exc)
+        # another process holds the file's lock (HDF5's "unable to lock file" with EAGAIN), and only then:
+        # other messages that happen to contain "lock" (a truncated file's "sblock->base_addr") are not it
+        if isinstance(exc, BlockingIOError) or ("unable to lock file" in str(exc)
+                                                and code in (errno.EAGAIN, errno.EWOULDBLOCK)):
             raise StoreError(f"{path} is open for writing in another process") from exc
         if mode == "r" and not path.exists():
             raise StoreError(f"no such store: {path}") from exc
-        code = os_errno(exc)
         if mode != "r" and code in (errno.EROFS, errno.EACCES, errno.EPERM):
             why = "it is on a read-only file system" if code == errno.EROFS else "permission denied"
             raise StoreError(f"cannot write to {path}: {why}") from exc

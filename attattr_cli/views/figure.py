@@ -9,6 +9,7 @@ matplotlib is imported here only (never at package import).
 
 from __future__ import annotations
 
+import io
 import textwrap
 
 import numpy as np
@@ -91,8 +92,6 @@ def view_figure(view: View, tree_png: bytes | None = None):
     table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
     tree_img, tree_h, tree_w = None, 0.0, 0.0
     if tree_png:
-        import io
-
         import matplotlib.image as mpimg
 
         tree_img = mpimg.imread(io.BytesIO(tree_png), format="png")
@@ -197,8 +196,6 @@ def _draw_strip(fig, view: View, title: list[str], layout, width: float, height:
 
 
 def figure_bytes(view: View, fmt: str, dpi: int = 150, tree_png: bytes | None = None) -> bytes:
-    import io
-
     if fmt not in FIGURE_FORMATS:
         raise OptionError(f"cannot draw '{fmt}'; available: {', '.join(FIGURE_FORMATS)} (and html)")
     import matplotlib

@@ -1,6 +1,6 @@
 """The package's own HTML: an interactive view of one example (a standalone page or a
-notebook fragment) and the notebook's green-token display. The CSS and JavaScript are
-package data (``views/static``) inlined into every page: nothing is fetched from the network."""
+notebook fragment). The CSS and JavaScript are package data (``views/static``) inlined into
+every page: nothing is fetched from the network."""
 
 from __future__ import annotations
 
@@ -78,9 +78,7 @@ def tree_html(svg: str | None, uid: str) -> str:
     script), its SVG ids prefixed with ``uid`` so two displays never share an element id."""
     if not svg:
         return ""
-    svg = re.sub(r'\bid="([^"]*)"', lambda m: f'id="{uid}-{m.group(1)}"', svg)
-    svg = re.sub(r'url\(#([^)]*)\)', lambda m: f"url(#{uid}-{m.group(1)})", svg)
-    svg = re.sub(r'href="#([^"]*)"', lambda m: f'href="#{uid}-{m.group(1)}"', svg)
+    svg = re.sub(r'(\bid="|url\(#|href="#)', lambda m: f"{m.group(1)}{uid}-", svg)
     return (f'<div class="aa-view aa-tree-box" style="font:13px/1.4 system-ui,sans-serif;max-width:100%;overflow:auto">'
             f'<div style="margin:2px 0">attribution tree</div><div class="aa-tree">{svg}</div></div>')
 

@@ -98,9 +98,9 @@ def sources_html(example, picture: bool = True) -> str:
     passages said apart, and the bar picture (inline PNG)."""
     rows = source_table(example)
     o = outside(example)
+    cols = ["passage", "text", "start", "end", "score", "rank"]
     parts = ['<div class="aa-sources">',
-             table_html([[r[c] for c in ("passage", "text", "start", "end", "score", "rank")] for r in rows],
-                        ["passage", "text", "start", "end", "score", "rank"], title=_title(example), limit=60),
+             table_html([[r[c] for c in cols] for r in rows], cols, title=_title(example), limit=60),
              f'<div style="font-size:smaller">keys outside the passages (template, question, answer; not ranked):'
              f" {o['outside']:.4g}, of it key 0 {o['key0']:.4g}; the passages {o['passages']:.4g}</div>"]
     if picture:

@@ -138,8 +138,7 @@ def step_figure(view: StepView, by_layer: np.ndarray | None = None):
             ax = fig.add_axes([0.18, 0.22, 0.7, top - 0.3])
         else:
             ax = fig.add_subplot(grid_rows, cols, 1 if k == 0 else cols + k)
-        big = float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 1.0
-        big = big or 1.0
+        big = (float(np.nanmax(np.abs(m))) if np.isfinite(m).any() else 0.0) or 1.0
         im = ax.imshow(np.ma.masked_invalid(m), cmap=cmap, norm=TwoSlopeNorm(0.0, -big, big), aspect="auto")
         ax.set_xticks(range(nc))
         ax.set_xticklabels(view.columns, rotation=60, ha="right", fontsize=8)
