@@ -60,9 +60,8 @@ def read_convergence(path, group, where: str, layers: int):
     tol = None
     if "tol" in ds.attrs:
         tol = ds.attrs["tol"]
-        if isinstance(tol, np.ndarray) and tol.size == 1:
-            tol = tol.reshape(())
-        tol = tol.item() if isinstance(tol, np.generic) or (isinstance(tol, np.ndarray) and tol.ndim == 0) else tol
+        if isinstance(tol, (np.ndarray, np.generic)) and tol.size == 1:
+            tol = tol.item()
         if isinstance(tol, bytes):
             tol = tol.decode("utf-8", "replace")
         if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, (int, float, np.integer, np.floating)) \

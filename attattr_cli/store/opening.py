@@ -8,11 +8,13 @@ it opens the store, so an interrupted run never leaves a half-written example th
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
-import os
 import errno
 import io
+import os
 import re
+import sys
 from pathlib import Path
 
 import h5py
@@ -185,6 +187,30 @@ def check_schema(f: h5py.File, path: Path) -> None:
         )
     if EXAMPLES not in f or PROVENANCE not in f:
         raise StoreError(f"{path} is damaged: it lacks the '{EXAMPLES}' or '{PROVENANCE}' group")
+
+
+@contextlib.contextmanager
+def hdf5_writing(held: list):
+    """Around an HDF5 write whose h5py objects are kept in ``held`` (let go when the block ends,
+    after the writer's flush, so that a failed write raises there): yields the list of the
+    failures h5py reports only as it frees an object. After a failed write (OSError,
+    RuntimeError) the collector stays installed: the objects left (here and in the traceback's
+    frames) fail again as they are freed, and HDF5's state in this process cannot be trusted."""
+    caught: list[BaseException] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
+    failed = False
+    try:
+        yield caught
+    except (OSError, RuntimeError):
+        failed = True
+        with contextlib.redirect_stderr(io.StringIO()):  # h5py prints those failures itself
+            held.clear()
+        raise
+    finally:
+        held.clear()
+        if not failed:
+            sys.unraisablehook = hook
 
 
 class OpenFile:

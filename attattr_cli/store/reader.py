@@ -409,19 +409,17 @@ class Store(OpenFile):
         kept = [i for i in indices if i not in bad]
         return kept, len(indices) - len(kept)
 
+    @functools.cached_property
     def _label_names(self) -> list:
         """The class names of the store's provenance (read once)."""
-        if getattr(self, "_labels", None) is None:
-            self._labels = list(self.provenance.get("label_names") or [])
-        return list(self._labels)
+        return list(self.provenance.get("label_names") or [])
 
+    @functools.cached_property
     def _output(self) -> str | None:
         """The store's ``output`` option (prob, logprob or logit; read once)."""
-        if not hasattr(self, "_out"):
-            opts = self.provenance.get("options")
-            out = opts.get("output") if isinstance(opts, dict) else None
-            self._out = out if isinstance(out, str) else None
-        return self._out
+        opts = self.provenance.get("options")
+        out = opts.get("output") if isinstance(opts, dict) else None
+        return out if isinstance(out, str) else None
 
     def unconverged(self, indices) -> list[int]:
         """Those of ``indices`` with a layer (of any family) whose integral the store calls not
@@ -520,8 +518,8 @@ class Store(OpenFile):
             key_tokens=key_tokens,
             decoder_tokens=decoder_tokens,
             **fam,
-            label_names=self._label_names(),
-            output=self._output(),
+            label_names=list(self._label_names),
+            output=self._output,
             nonfinite=[p for p in str(read_attr(g, "nonfinite", "") or "").split(",") if p],
         )
         if family == "self":

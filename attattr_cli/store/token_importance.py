@@ -12,14 +12,11 @@ overwritten.
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import io
 import json
 import os
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 import h5py
@@ -28,7 +25,7 @@ import numpy as np
 from ..errors import StoreError, first_line
 from ..fileio import FULL, dumps as strict_dumps, no_space, os_errno  # strict JSON: no NaN or Infinity
 from .schema import EXAMPLES, PARTIAL_PREFIX
-from .opening import copy_root, open_file, utc_now
+from .opening import copy_root, hdf5_writing, open_file, utc_now
 from .reader import Store
 
 GROUP = "token_importance"
@@ -131,39 +128,32 @@ class TokenImportanceStore(Store):
         if values.shape != (n,):
             raise StoreError(f"token importance '{method}' of example {index} has shape {values.shape}, expected ({n},)")
         held = []
-        caught: list[BaseException] = []
-        hook = sys.unraisablehook
-        sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
-        failed = False
         try:
-            ti = g.require_group(GROUP)
-            held.append(ti)
-            if method in ti:
-                return
-            tmp = PARTIAL_PREFIX + method
-            if tmp in ti:
-                try:
-                    del ti[tmp]
-                except (KeyError, OSError, RuntimeError):  # left by a write that failed: HDF5 cannot delete it
-                    held.clear()
-                    self._rebuild(self.f)
-                    self.f = open_file(self.path, "r+")
-                    return self.write(index, method, values, params, description)
-            ds = ti.create_dataset(tmp, data=values)
-            held.append(ds)
-            ds.dims[0].label = "token"
-            ds.attrs.update(method=method, description=description, params=strict_dumps(params, sort_keys=True),
-                            written=utc_now())
-            self.f.flush()
-            ti.move(tmp, method)
-            self.f.flush()
-            if caught:
-                raise caught[0]
-        except (OSError, RuntimeError) as exc:
-            # as StoreWriter.write: HDF5 cannot be trusted in this process after a failed write
-            failed = True
-            with contextlib.redirect_stderr(io.StringIO()):
-                held.clear()
+            with hdf5_writing(held) as caught:
+                ti = g.require_group(GROUP)
+                held.append(ti)
+                if method in ti:
+                    return
+                tmp = PARTIAL_PREFIX + method
+                if tmp in ti:
+                    try:
+                        del ti[tmp]
+                    except (KeyError, OSError, RuntimeError):  # left by a write that failed: HDF5 cannot delete it
+                        held.clear()
+                        self._rebuild(self.f)
+                        self.f = open_file(self.path, "r+")
+                        return self.write(index, method, values, params, description)
+                ds = ti.create_dataset(tmp, data=values)
+                held.append(ds)
+                ds.dims[0].label = "token"
+                ds.attrs.update(method=method, description=description, params=strict_dumps(params, sort_keys=True),
+                                written=utc_now())
+                self.f.flush()
+                ti.move(tmp, method)
+                self.f.flush()
+                if caught:
+                    raise caught[0]
+        except (OSError, RuntimeError) as exc:  # as StoreWriter.write: HDF5 cannot be trusted in this process now
             code = os_errno(exc)
             if code in FULL:
                 error = no_space(self.path, code, f"writing token importance of example {index} failed; what was"
@@ -175,10 +165,6 @@ class TokenImportanceStore(Store):
             error.end_process = True
             self.poisoned = True
             raise error from None
-        finally:
-            held.clear()
-            if not failed:
-                sys.unraisablehook = hook
 
     def close(self) -> None:
         if getattr(self, "poisoned", False):

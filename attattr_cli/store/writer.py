@@ -7,13 +7,11 @@ Several processes can each write their own shard (same fingerprint, disjoint exa
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import secrets
 import shutil
 import stat
-import sys
 from pathlib import Path
 
 try:
@@ -30,8 +28,8 @@ from .family import family_arrays, self_maps_info, write_family
 from .steps import write_steps
 from .fingerprint import check_fingerprint  # noqa: F401  (re-exported: store/__init__)
 from .reader import already_done  # noqa: F401  (re-exported: engine/run)
-from .opening import (UTF8, OpenFile, check_schema, check_store_path, copy_root, open_file, open_padded,
-                      read_attr, stored_below, utc_now)
+from .opening import (UTF8, OpenFile, check_schema, check_store_path, copy_root, hdf5_writing, open_file,
+                      open_padded, read_attr, stored_below, utc_now)
 from .schema import (
     EXAMPLES,
     FAMILIES,
@@ -330,23 +328,13 @@ class StoreWriter(OpenFile):
         if final in examples:
             return
         self.check_space(score.index, self._estimate(score))
-        caught: list[BaseException] = []
-        hook = sys.unraisablehook
-        sys.unraisablehook = lambda unraisable: caught.append(unraisable.exc_value)
         try:
-            self._write(examples, final, score)
-            if caught:
-                raise caught[0]
+            with hdf5_writing(self._held) as caught:
+                self._write(examples, final, score)
+                if caught:
+                    raise caught[0]
         except (OSError, RuntimeError) as exc:
-            # the h5py objects left (here and in the traceback's frames) fail again as they are
-            # freed; the collector stays installed so that they do not print tracebacks
-            with contextlib.redirect_stderr(io.StringIO()):  # h5py prints those failures itself
-                self._held.clear()
             raise self._failed(exc, f"writing example {score.index}") from None
-        finally:
-            self._held.clear()
-            if not self.poisoned:
-                sys.unraisablehook = hook
         self.done.add(score.index)
 
     def _write(self, examples, final: str, score) -> None:

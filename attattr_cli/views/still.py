@@ -126,13 +126,12 @@ def header_html(data: dict) -> str:
     e = html.escape
     title = f"example {h['index']}" + (f" · family {data['family']}" if data.get("family") not in (None, "self") else "")
     text = h["text_a"] + (f"  ‖  {h['text_b']}" if h.get("text_b") is not None else "")
-    parts = [h["summary"]]
     flags = "".join(f'<span style="color:#b30000;font-weight:600">  {w}</span>'
                     for w, on in (("wrong", h.get("correct") is False), ("truncated", h.get("truncated"))) if on)
     resid = ", ".join(f"L{l} {format_number(v, signed=True)}" for l, v in (h.get("residual") or {}).items())
     bad = ", ".join(f"L{l} ({why})" for l, why in (h.get("unconverged") or {}).items())
     out = [f'<div style="font-size:15px;font-weight:600;margin:4px 0 6px">{e(title)}</div>',
-           _div(f"<b>text:</b> {e(text)}"), _div(e(" · ".join(parts)) + flags),
+           _div(f"<b>text:</b> {e(text)}"), _div(e(h["summary"]) + flags),
            _div(e(f"completeness residual per layer: {resid}")
                 + (f'<span style="color:#b30000;font-weight:600">  not converged: {e(bad)}</span>' if bad else ""))]
     if data.get("notes"):
