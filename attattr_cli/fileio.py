@@ -143,7 +143,7 @@ def check_writable(path, name: str = "--out") -> None:
     if not _a_file_path(path):
         return
     target = Path(path)
-    folder = target.parent if str(target.parent) else Path(".")
+    folder = target.parent
 
     def why(where) -> str:
         with contextlib.suppress(OSError, AttributeError):
@@ -260,16 +260,6 @@ def umask() -> int:
     return mask
 
 
-def file_mode() -> int:
-    """The mode a new file gets from ``open``: 0666 under the umask."""
-    return 0o666 & ~umask()
-
-
-def folder_mode() -> int:
-    """The mode a new folder gets from ``mkdir``: 0777 under the umask."""
-    return 0o777 & ~umask()
-
-
 @contextlib.contextmanager
 def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool = True):
     """Yield a fresh temporary path beside ``path`` to write the result to; when the block
@@ -315,7 +305,7 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
                 with open(tmp, "rb") as fh, open_stream(path) as target:
                     shutil.copyfileobj(fh, target)
             else:
-                os.chmod(tmp, file_mode())
+                os.chmod(tmp, 0o666 & ~umask())  # what ``open`` gives a new file
                 os.replace(tmp, path)
         finally:
             if os.path.exists(tmp):
@@ -361,7 +351,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, make_parents: bool 
         except OSError as exc:
             raise write_failed(exc, path) from None
         return
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     if make_parents:
         folder.mkdir(parents=True, exist_ok=True)
     if not folder.exists():
@@ -420,7 +410,7 @@ def swap_dir_in(tmp: Path, out: str | os.PathLike) -> None:
     ``out`` is moved aside first and removed only after the new one is in place (a symbolic
     link there, dangling or not, is replaced: its target is left as it is)."""
     out = Path(out)
-    files, folders = file_mode(), folder_mode()
+    files, folders = 0o666 & ~umask(), 0o777 & ~umask()  # what ``open`` and ``mkdir`` give
     for where, _subdirs, names in os.walk(tmp):
         # some writers (safetensors) leave private files: the whole folder gets the usual modes
         os.chmod(where, folders)

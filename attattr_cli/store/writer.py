@@ -93,8 +93,7 @@ class StoreWriter(OpenFile):
             raise StoreError(f"unknown store dtype '{store_dtype}'; available: {', '.join(STORE_DTYPES)}")
         self.path = Path(path)
         self.store_dtype = np.float16 if store_dtype == "float16" else np.float32
-        fingerprint = dict(fingerprint, store_dtype=store_dtype)
-        self.fingerprint = fingerprint
+        self.fingerprint = fingerprint = dict(fingerprint, store_dtype=store_dtype)
         self.poisoned = False
         self.notes: list[str] = []
         self._held: list = []

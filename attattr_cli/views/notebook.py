@@ -35,9 +35,6 @@ class Html(str):
     def __repr__(self) -> str:
         return f"<{self.summary}: {len(self):,} characters of HTML>"
 
-    def __str__(self) -> str:
-        return str.__str__(self)
-
 
 def _cell(v) -> str:
     if v is None:
@@ -103,7 +100,7 @@ class Summary(dict):
         return f"{self.title}({body}" + (f", +{more} more keys" if more > 0 else "") + ")"
 
     def _repr_html_(self) -> str:
-        rows = [(k, v) for k, v in self._scalars()]
+        rows = self._scalars()
         rows += [(k, f"({type(v).__name__}, {len(v)} entries)") for k, v in self.items()
                  if isinstance(v, (dict, list, tuple))]
         return table_html(rows, ["key", "value"], title=self.title, limit=40)

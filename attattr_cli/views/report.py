@@ -149,7 +149,7 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
 
     folder = is_folder_target(out)
     out = Path(out)
-    parent = out.parent if str(out.parent) else Path(".")
+    parent = out.parent
     if not parent.exists():
         raise OptionError(f"-o {out}: the folder {parent} does not exist")
     if not folder and out.suffix.lower() not in (".html", ".htm") and not is_stream(out):
