@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..analysis.aggregate import step_source, word_style, word_text
+from ..errors import OptionError
 from ..labels import example_labels, visible as shown
 from .data import format_number, lm_meta
 from .figure import ATTR_CMAP, MASKED
+from .still import FONT
 
 
 @dataclass
@@ -57,8 +59,7 @@ def facts(example) -> dict:
     resid = [float(np.abs(np.asarray(st.residual, np.float64)).max()) for st in steps if np.size(st.residual)]
     style = word_style(full)  # words without markers (a word-level tokenizer) are spaced, as they are read
     return {"prompt": word_text(full[:prompt_n], style), "generated": shown(word_text(pieces, style)), "tokens": tokens,
-            "pieces": pieces,
-            "steps": len(steps), "foil": foil_text,
+            "pieces": pieces, "steps": len(steps), "foil": foil_text,
             "target": f"{what}(token)" + (f" - {what}({foil_text})" if foil is not None else ""),
             "how": ("generated" if lm.get("generated") else "given") + (", sampled" if lm.get("sampled") else ""),
             "max_residual": max(resid) if resid else None,
@@ -268,9 +269,6 @@ def step_still(example, words: bool = True, per_layer: bool = True, details: boo
     target value F, probability, foil, largest |residual|, convergence; with ``details`` each
     step's strongest interactions behind a click). The notebook's display and the report's
     view of a generation."""
-    from ..errors import OptionError
-    from .still import FONT
-
     e = html_mod.escape
     f = facts(example)
     try:

@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..errors import OptionError
 from .colours import cell_colour, token_colour
 from .data import format_number, unpack
 
@@ -252,8 +253,6 @@ def highlight_html(tokens: Sequence[str], scores: Sequence[float], scale: float 
     values = np.asarray(list(scores), dtype=np.float64)
     tokens = [str(t) for t in tokens]
     if len(tokens) != len(values):
-        from ..errors import OptionError
-
         raise OptionError(f"highlight_html: {len(tokens)} tokens but {len(values)} scores")
     top = float(scale) if scale is not None else (float(np.max(np.abs(values))) if values.size else 0.0)
     spans = [
