@@ -1,33 +1,21 @@
-"""Error-controlled integration of the attribution path integral (docs/integration.md, "--tol T").
+"""Error-controlled integration of the attribution path integral (``--tol``): adaptive subdivision
+of the path with an error estimate and a completeness residual per interval.
 
-The attribution map of a layer is linear in G = sum_k w_k dF/dO(alpha_k) (Attr = A * (G V^T)),
-and two facts come free with every node: F(alpha_k) from the pass's forward, and the
-derivative of F along the path, dF/dalpha(alpha_k) = sum Attr(dF/dO(alpha_k)). So on every
-interval [a, b] of the path both the map's integral and a scalar whose exact integral is
-known, F(b) - F(a), are computed from the same nodes: the completeness residual of the interval.
+The path [0, 1] is parametrised by the Clenshaw-Curtis variable t, alpha = (1 - cos(pi t)) / 2.
+It starts from the three nodes alpha = 0, 1/2, 1 (:func:`start_factor`); then every interval (a
+leaf) carries five nodes t = a, a + h/4, ..., b and two rules on them (:func:`_leaf_rule`), and a
+split reuses three of a leaf's nodes in each half. Per leaf:
 
-The driver refines by adaptive subdivision of [0, 1] in the Clenshaw-Curtis variable t
-(alpha = (1 - cos(pi t)) / 2: nodes near both ends of the path, where saturating classifiers
-move). It starts from three nodes, alpha = 0, 1/2 and the free alpha = 1 (Simpson's rule over
-the midpoint rule, :func:`start_factor`); where that does not converge, every interval (a
-leaf) carries five nodes at t = a, a + h/4, ..., b and two rules on them (:func:`_leaf_rule`),
-and a split reuses three of a leaf's nodes in each half (four new nodes). Per leaf:
+* e = max |Attr(upper - lower)|, the map's error estimate (the lower rule's error);
+* rho = upper(dF/dalpha) - (F(b) - F(a)), its completeness residual (dF/dalpha = sum Attr).
 
-* e = max |Attr(upper - lower)|, the map's error estimate (the lower rule's error: an
-  overestimate of the upper one's, which is what is returned);
-* rho = upper(dF/dalpha) - (F(b) - F(a)), the completeness residual of the leaf.
-
-An example-layer is converged when the leaves' estimate, summed entry by entry
-(:meth:`Refinement._spread`), is <= tol * max |Attr| **and** |sum_I rho_I| <= tol * max(|F(1) -
-F(0)|, max |Attr|) (plus a floating-point floor). Until then the leaves holding the most of an
-indicator over its budget are split (:meth:`Refinement._to_split`). Where the leaves are all
-equal, their nodes are one Clenshaw-Curtis rule on the whole path, which may end the
-refinement as nested global levels would. A leaf down to a t-width of 2^-JUMP_DEPTH whose F
-changes faster than its nodes' derivatives explain holds a jump of F (mixture-of-experts
-routing switching along the path): it is split no further, and the layer flagged non-smooth.
-
-The driver knows nothing of models: :class:`Refinement` refines several integrals in
-lock-step, driven from outside; :func:`integrate` drives one integral from two callables.
+An example-layer is converged when the leaves' estimates summed entry by entry
+(:meth:`Refinement._spread`) are <= tol * max |Attr| **and** |sum_I rho_I| <= tol * max(|F(1) -
+F(0)|, max |Attr|) plus a floating-point floor. A leaf of t-width 2^-JUMP_DEPTH whose F still
+jumps is split no further and the layer flagged non-smooth. :class:`Refinement` refines several
+integrals in lock-step, driven from outside; :func:`integrate` drives one from two callables.
+docs/integration.md, "`--tol T`: error-controlled integration", explains the rules, the start's
+factor, the splitting and the figures.
 """
 
 from __future__ import annotations
@@ -84,19 +72,15 @@ def alpha_of(t: float) -> float:
 
 def coarse_start() -> bool:
     """Whether integrals start from the three-node pair (two evaluated nodes) rather than the
-    five-node rule (four): always, every node being rows of a shared pass. A function, so
-    that benches can compare the five-node start."""
+    five-node rule (four): always. A function, so that benches can compare the five-node start."""
     return True
 
 
 def start_factor(simpson_residual: float, midpoint_residual: float, noise: float) -> float:
-    """The factor on the three-node start's estimate max |Attr(Simpson - midpoint)|, the midpoint
-    rule's error: the two rules' completeness residuals are their exact errors on the scalar
-    dF/dalpha = sum Attr, and their ratio q says how much of the midpoint rule's error Simpson's
-    keeps there. A map's entries do not all share the scalar's ratio, so the factor is
-    START_RATIO x q, never below START_FLOOR nor above 1 (1 where the midpoint residual is at the
-    floating-point ``noise``, and q says nothing). Validated against the true error on held-out
-    sentences and examples (bench/bench_start_rule.py, docs/integration.md)."""
+    """The factor on the three-node start's estimate max |Attr(Simpson - midpoint)|: START_RATIO x q,
+    q = |simpson_residual| / |midpoint_residual| (the rules' exact errors on dF/dalpha), clipped to
+    [START_FLOOR, 1]; 1 where the midpoint residual is at the floating-point ``noise``
+    (docs/integration.md, "How the start reads Simpson's error")."""
     if not abs(midpoint_residual) > noise:
         return 1.0
     return min(1.0, max(START_RATIO * abs(simpson_residual) / abs(midpoint_residual), START_FLOOR))
@@ -142,8 +126,7 @@ def _leaf_rule(ta: float, tb: float, coarse: bool = False) -> tuple[tuple[float,
     jac = np.array([math.pi / 2 * math.sin(math.pi * t) for t in keys])  # dalpha/dt
     upper = h * np.array([7, 32, 12, 32, 7]) / 90 * jac  # Boole in t
     # Simpson's rule in t on three of the nodes: upper - lower is the error of the lower rule,
-    # an overestimate of the upper one's (not divided by 15 as adaptive Simpson does: on a small
-    # Gemma-3 configuration that called maps off by 35 % of max |Attr| converged at --tol 0.1)
+    # an overestimate of the upper one's (not divided by 15 as adaptive Simpson does: docs/integration.md)
     lower = h * np.array([1, 0, 4, 0, 1]) / 6 * jac
     return keys, upper, lower
 
@@ -444,12 +427,9 @@ class Refinement:
     def _to_split(self, row: _Row, big: float, scale: float, over_e: bool, over_r: bool) -> list[_Leaf]:
         """The leaves to split, largest first: for each indicator over its budget (tol x max |Attr|
         for sum e, tol x the residual scale for the residual), the fewest leaves holding the
-        most of it, until what the others hold is at most REST x the budget. Leaves are
-        chosen by what they hold, not by what they hold per width: a width share asks a narrow
-        leaf near a feature for a tiny error however small the rest is, and spent SmolLM2's
-        layer 0 to the node cap on leaves of width 2^-9 while the wide one holding a quarter
-        of the error was never split (docs/integration.md). A narrow leaf whose residual F
-        jumps across is marked a jump instead (split no further)."""
+        most of it, until what the others hold is at most REST x the budget (by what a leaf holds,
+        not per width: docs/integration.md). A narrow leaf whose F jumps across is marked a jump
+        instead (split no further)."""
         tol, chosen = self.tol, {}
         leaves = [leaf for leaf in row.leaves if not leaf.jump]
         for over, size, budget in ((over_e, lambda leaf: leaf.e, tol * big),
@@ -479,10 +459,8 @@ class Refinement:
     def _spread(self, i: int, held: float) -> float:
         """The leaves' estimates of integral ``i`` summed entry by entry: max over the map's
         entries of sum_I |Attr(upper_I - lower_I)| (``spread``), never above ``held`` = sum_I
-        max |Attr(upper_I - lower_I)|, which adds each leaf's worst entry wherever it is. Both
-        bound the error of the leaves' rule where each leaf's lower rule errs more than its
-        upper one, entry by entry; the first does not add the errors of different entries
-        (docs/integration.md). ``held`` where there is no ``spread`` or a single leaf."""
+        max |Attr(upper_I - lower_I)| (docs/integration.md). ``held`` where there is no ``spread``
+        or a single leaf."""
         leaves = self.rows[i].leaves
         if self.spread is None or len(leaves) < 2 or held == 0:
             return held

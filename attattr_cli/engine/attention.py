@@ -1,18 +1,13 @@
 """attattr's attention function, registered with transformers' attention interface.
 
 While a model runs inside :func:`taken_over`, every self-attention call of every layer comes
-here and does what the active plan (:func:`active`) asks: :class:`Record` (the clean forward:
-keep each layer's probabilities), :class:`Attribute` (one target layer's integration pass: the
-layers below replayed, the target's output ``alpha_k * (A V)`` a leaf whose gradient is
-dF/dO_k), :class:`Sweep` (several target layers in one pass), :class:`Permute`
-(counterfactual attention), :class:`HeadPatch` (heads as nodes: gated, patched, masked) and
-:class:`PatternPath`. Outside a plan (or for layers a plan does not touch) it is plain attention.
-
-Every attention call is told apart by its *site* ``(family, layer)``: ``("self", i)`` for
-encoder-only and decoder-only models; ``("encoder", i)``, ``("decoder", i)`` and
-``("cross", i)`` for encoder-decoder models (see :mod:`attattr_cli.engine.sites`).
-Grouped-query attention (fewer key/value heads) is handled by repeating K and V per query
-head; rotary positions are applied by the model before its attention function is called.
+here and does what the active plan (:func:`active`) asks: :class:`Record` (the clean forward),
+:class:`Attribute` (one target layer's integration pass), :class:`Sweep` (several target layers
+in one pass), :class:`Permute` (counterfactual attention), :class:`HeadPatch` (heads as nodes:
+gated, patched, masked) and :class:`PatternPath`. Outside a plan (or for layers a plan does not
+touch) it is plain attention. Each call is told apart by its *site* ``(family, layer)``
+(:mod:`attattr_cli.engine.sites`). Grouped-query attention is handled by repeating K and V per
+query head; rotary positions are applied by the model before its attention function is called.
 """
 
 from __future__ import annotations
@@ -117,10 +112,8 @@ class Attribute:
 class Sweep:
     """One pass for several target layers of one attention family (engine/sweep.py): row r of
     the batch is the integral of target layer ``row_layer[r]`` at ``alphas[r]``, rows ordered
-    by layer. Inside :func:`swept`, layer j runs only the rows whose target is at or below j
-    (``rows_now``, set by the layer); the others keep the clean forward's output. The rows
-    targeting j get the alpha-scaled clean A V as a leaf (``leaves[j]``, its projections in
-    ``saved[j]``); the rows of lower targets run layer j as usual."""
+    by layer. Inside :func:`swept`, ``rows_now`` are the rows layer j runs and ``leaves[j]`` the
+    leaf of the rows targeting j (its projections in ``saved[j]``), as engine/sweep.py says."""
 
     family: str
     row_layer: torch.Tensor  # [rows] long, ascending

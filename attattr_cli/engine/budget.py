@@ -1,30 +1,15 @@
 """What a run will need: an estimate of its peak memory and of its store size per ``--keep``
 mode, said before a long run, and the refusal of a run that would exceed ``--memory``.
 
-Peak memory of one example (bytes; el = the compute dtype's size, n tokens, L scored layers,
-H heads, S steps of a generation, 1 otherwise):
-
-* the process itself (Python, torch, transformers: RUNTIME) and the model's weights;
-* the larger of the clean forward kept for its backward (every layer:
-  ``memory.step_bytes`` at layer 0; it counts the eager attention's probabilities, 3 H n² per
-  layer, on CPU, which a causal LM's fused attention does not keep) and one integration pass
-  of as many rows as run at once;
-* one layer's maps as they are made (A, G Vᵀ and their product, and A kept for the error
-  estimates: 4 H n² floats), the only n² arrays of ``--keep sum`` or ``sources`` beside the
-  kept head sums: maps are reduced layer by layer as each layer's integral is done;
-* with ``--tol``, the refinement's arrays for the layer being integrated, for each of the S
-  integrals refined in lock-step, counted at the node cap N (``--max-nodes``), a bound: every
-  node's dF/dO (H n head-dim in the accumulation dtype) and, for each of at most N / 4 leaves,
-  its rule's G and its estimate's in float64 and the estimate's copy in the compute dtype
-  that the error estimate stacks;
-* what is kept, for the example and each step of a generation: ``maps`` L H n² (held twice
-  while they are stacked for the store) and the clean attention (L H n²); ``sum`` L n² and the
-  mean attention; ``sources`` 2 L n (the key sums of every query row and of the rows that read
-  the passages: kilobytes); ``--top-k K`` L H K entries.
-
-The store keeps what is kept (uncompressed; gzip takes a little off maps). The estimate is
-checked against the bench's measured peak RSS (bench/bench_long_context.py): the table in
-docs/long-context.md, "Peak memory".
+Peak memory of one example, in bytes (n tokens, L scored layers, H heads, S steps of a generation,
+1 otherwise): RUNTIME (Python, torch, transformers) and the weights; the larger of the clean
+forward kept for its backward and one integration pass of as many rows as run at once
+(``memory.step_bytes``); one layer's maps as they are made (4 H n² floats: maps are reduced layer
+by layer); with ``--tol`` the refinement's arrays counted at the node cap (a bound); and what is
+kept, for the example and each step: ``maps`` L H n² (held twice while stacked) and the clean
+attention, ``sum`` L n² and the mean attention, ``sources`` 2 L n, ``--top-k K`` L H K entries.
+The store holds what is kept, uncompressed (gzip takes a little off maps). docs/long-context.md,
+"Peak memory", compares the estimate with the bench's measured peak RSS.
 """
 
 from __future__ import annotations
@@ -120,7 +105,7 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     per_row = memory.step_bytes(cfg, arch, site0, n, scorer.dtype, scorer.device, kept_positions, scorer.options.lm)
     if scorer.device.type != "cuda" and scorer.options.lm and not arch.is_encoder_decoder:
         # a causal LM's layers run PyTorch's fused attention on CPU too (is_causal, no mask): no
-        # n x n probabilities kept for the backward (step_bytes counts them on CPU)
+        # n x n probabilities (3 H n² per layer) kept for the backward (step_bytes counts them on CPU)
         clean -= el * fam.num_layers * 3 * heads * n * n
         per_row -= el * (fam.num_layers - site0[1]) * 3 * heads * n * n
     # rows per pass as the integration picks them (engine/layer_integral.py): --tol's levels and a
@@ -130,7 +115,10 @@ def estimate(scorer, enc, index: int = 0, keep: str | None = None, store_dtype: 
     work = max(clean, rows * per_row)
     transient = 4 * heads * n * n * 4
     refine = 0
-    if scorer.options.tol is not None:  # the refinement's arrays: at most the node cap's (module docstring)
+    if scorer.options.tol is not None:
+        # per integral at the node cap N: every node's dF/dO (H n dim in the accumulation dtype) and,
+        # for at most N / 4 leaves, its rule's G and its estimate's in float64 and the estimate's copy in
+        # the compute dtype that the error estimate stacks
         dim = int(getattr(cfg, "head_dim", None) or memory.hidden_size(cfg) // max(heads, 1))
         acc = 8 if scorer.dtype == torch.float64 else 4
         cap = scorer.options.max_nodes

@@ -1,17 +1,12 @@
 """Scoring across processes, GPUs and machines, launched by torchrun. No printing here.
 
-torchrun starts one process per GPU (or per CPU slot) on each machine and sets RANK,
-WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/MASTER_PORT. Every process loads the model and
-the data, and computes the same split of the examples: balanced by token count (greedy,
-longest first, onto the least-loaded rank; ties by index and rank), a pure function of the
-chosen examples, the examples already in --out, and the number of processes. Each rank
-writes its share into its own shard ``OUT.rank{k}-of-{n}.h5`` next to --out (so a
-restarted rank resumes its shard), then rank 0 merges the shards it can see into --out,
-checks that every requested example is there, and deletes the shards.
-
-The processes exchange only a few bytes (their status, the examples already in --out, the
-fingerprint), so they talk over gloo, which runs on every machine and lets several
-processes share one GPU; the scoring itself runs on ``cuda:LOCAL_RANK`` (or the CPU).
+Every process loads the model and the data and computes the same split of the examples (by token
+count, :func:`balance`: a pure function of the chosen examples, those already in --out, and the
+number of processes); rank k writes its share into the shard ``OUT.rank{k}-of-{n}.h5`` next to
+--out (so a restarted rank resumes it), then rank 0 merges the shards it can see into --out,
+checks that every requested example is there, and deletes the shards. The processes talk over
+gloo (a few bytes: status, the examples already in --out, the fingerprint); the scoring runs on
+``cuda:LOCAL_RANK`` or the CPU. docs/distributed.md, "What happens".
 """
 
 from __future__ import annotations

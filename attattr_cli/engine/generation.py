@@ -1,30 +1,13 @@
-"""A generation attributed step by step (docs/method.md section 1.5).
+"""A generation attributed step by step (``--generate``, ``--continuation --per-step``).
 
-A prompt of P tokens followed by S generated (``--generate``) or given (``--continuation
---per-step``) tokens g_0 .. g_{S-1}: the model sees x = prompt + g_0 .. g_{S-2}, and step t's
-target is F_t = out(g_t | x_0 .. x_{P-1+t}), read at position P - 1 + t (minus the foil's
-output with ``--foil``): the one-token question "why g_t here?" asked of its prefix.
-
-What is shared, and why it is exact:
-
-* **One clean forward.** Causal masking makes the forward of the whole sequence, up to
-  position p, that of the prefix x_0..x_p alone. So one clean forward gives every step's
-  F_t(A), every layer's input and attention, and its backward (one per step, through the
-  same graph) every step's dF_t/dO at alpha = 1.
-* **Batched steps.** For a target layer, the alpha-scaled pass of step t on the whole
-  sequence computes F_t exactly as the pass on its prefix would (dF_t/dO is zero on the rows
-  after p_t). So the rows of one pass hold the nodes of several steps, each row's F depends
-  on its own row only, and one backward of sum_r w_r F_r gives every row's gradient. With
-  ``--tol`` the steps refine in lock-step (:class:`~attattr_cli.engine.adaptive.Refinement`).
-* **One forward per node.** The pass at alpha is the same forward for every step; only F
-  differs. Where the steps want the same nodes one forward per node serves them all, with a
-  backward per step through it (:meth:`StepScorer._shared`).
-* **F at alpha = 0** of every step comes from one forward of the whole sequence.
-
-Step t's map is then cropped to its prefix (p_t + 1 tokens): with the prefix's projections
-its map, head maxima, residual and convergence are those of the one-token run of that
-prefix. The example's own maps are those of F = sum_t F_t, the sum of the step maps (with
-``--logprob``: the summed log-probability of the whole generation).
+A prompt of P tokens followed by S tokens g_0 .. g_{S-1}: the model sees x = prompt + g_0 ..
+g_{S-2}, and step t's target is F_t = out(g_t | x_0 .. x_{p_t}), read at position p_t = P - 1 + t
+(minus the foil's output with ``--foil``). One clean forward of x serves every step (causal
+masking makes its prefix the prefix's own forward), and so does F at alpha = 0; a pass's rows
+hold nodes of several steps (each row's F reads its own row only; one backward of sum_r w_r F_r),
+or, where the steps want the same nodes, one forward per node serves them all with a backward per
+step (:meth:`StepScorer._shared`). Step t's map is cropped to its p_t + 1 tokens; the example's
+own maps are those of F = sum_t F_t. Why this is exact: docs/method.md, section 1.5.
 """
 
 from __future__ import annotations
@@ -373,10 +356,8 @@ class StepScorer:
         return self._rows(site, clean, owner, alphas, weights, box)
 
     def _shared(self, site, clean, owner, alphas, weights, box: dict, one_node: bool = False):
-        """One forward per node for every step, then one backward per step through it: the
-        forward at alpha is the same for every step (the whole sequence, the same alpha), only
-        F differs. Without weight gradients a backward costs about what the forward does, so S
-        steps cost about 1 + S passes' halves instead of 2S. ``one_node``: one node per forward,
+        """One forward per node for every step (the same forward; only F differs: docs/method.md
+        1.5), then one backward per step through it. ``one_node``: one node per forward,
         and a backward only for the steps that want it (U forwards and R backwards for R rows at
         U nodes, where rows would cost R of each; a backward through a pass of several nodes
         costs all of them, wanted or not)."""

@@ -1,15 +1,12 @@
 """Several short examples in one pass: the integration nodes of a group of examples share
-the forward and backward passes.
+the forward and backward passes (encoder classifiers; docs/method.md 1.4, fact 7).
 
-For a short input a pass of a few rows pays the fixed cost of a pass for little work (on
-this project's CPU a MiniLM pass at 25 tokens costs 12.3 ms per row at 4 rows and 9.1 ms at
-64). Encoder classifiers therefore score a group of examples together: right-padded to the
-longest, the padding masked (a masked key gets probability exactly 0); one clean forward and
-backward for the group; per target layer, passes holding the nodes of every example still
-refining; the maps, sums and estimates then made per example from its own rows, cropped to
-its length, as :class:`~attattr_cli.engine.scorer.Scorer` makes them. The numbers are those
-of one example at a time up to float rounding (tests/test_grouped.py). Decoders,
-encoder-decoder models and language-model targets are scored one example at a time.
+The group is right-padded to the longest example, the padding masked (a masked key gets
+probability exactly 0); one clean forward and backward serve the group; per target layer, passes
+hold the nodes of every example still refining; the maps, sums and estimates are then made per
+example from its own rows, cropped to its length, as :class:`~attattr_cli.engine.scorer.Scorer`
+makes them: the numbers of one example at a time up to float rounding (tests/test_grouped.py).
+Decoders, encoder-decoder models and language-model targets are scored one example at a time.
 """
 
 from __future__ import annotations

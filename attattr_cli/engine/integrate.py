@@ -62,21 +62,11 @@ def clenshaw_curtis(intervals: int) -> tuple[np.ndarray, np.ndarray]:
 
 def embedded(rule: str, steps: int) -> tuple[np.ndarray, float] | None:
     """A lower-order rule on the nodes of ``nodes(rule, steps)`` (weights over the same nodes,
-    0 where it does not use one) and the divisor d: |Q - Q_low| / d estimates the error of Q.
-
-    * right, left: the same rule on every p-th node (p the smallest prime factor of m), i.e.
-      m/p nodes; both are first order, so the error of Q is about |Q - Q_low| / (p - 1);
-    * midpoint: the midpoint rule on every p-th node (p the smallest odd prime factor of m;
-      second order, d = p^2 - 1), or, for m a power of two, a first-order sum on every other
-      node (d = 1: an overestimate);
-    * gauss: the interpolatory rule on its nodes but the middle one (two for even m), which
-      stays symmetric like the rule, so that it sees the symmetric part of the integrand, the
-      only part a symmetric rule gets wrong (degree m - 2 or m - 3 against 2m - 1: an
-      overestimate, d = 1);
-    * clenshaw-curtis: the level with half the intervals when m - 1 is even (it is nested),
-      else as for gauss (d = 1: an overestimate).
-
-    None when there is no lower-order rule (m = 1; gauss and clenshaw-curtis with m = 2).
+    0 where it does not use one) and the divisor d: |Q - Q_low| / d estimates the error of Q
+    (the rules and divisors per rule: docs/integration.md, "Fixed rules"). The gauss rule drops
+    the middle node(s) to stay symmetric: it then sees the symmetric part of the integrand, the
+    only part a symmetric rule gets wrong. None when there is no lower-order rule (m = 1; gauss
+    and clenshaw-curtis with m = 2).
     """
     alphas, weights = (t.numpy() for t in nodes(rule, steps))
     m = steps

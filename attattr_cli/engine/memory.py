@@ -11,11 +11,9 @@ import torch
 
 from ..errors import ResourceError, first_line
 
-# on CPU a pass of more rows than this is no faster per row (measured: n = 512, 4 or 19
-# steps per pass take the same CPU time), so the automatic micro-batch stops there: tokens
-# per pass for a hidden size of CPU_REFERENCE_HIDDEN (MiniLM); a model of hidden size h gets
-# CPU_TOKENS_PER_PASS * CPU_REFERENCE_HIDDEN / h (a narrow model's rows are cheap: the
-# built-in default's 64-wide passes run 8 % faster with 5x the tokens)
+# on CPU a pass of more rows than this is no faster per row, so the automatic micro-batch stops
+# there: tokens per pass at hidden size CPU_REFERENCE_HIDDEN (MiniLM); a model of hidden size h
+# gets CPU_TOKENS_PER_PASS * CPU_REFERENCE_HIDDEN / h (measured: docs/models.md, docs/integration.md)
 CPU_TOKENS_PER_PASS = 2048
 CPU_REFERENCE_HIDDEN = 384
 

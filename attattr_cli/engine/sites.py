@@ -2,19 +2,12 @@
 for one target site is set up.
 
 A *site* is ``(family, layer)``. Encoder-only and decoder-only models have the one family
-``self``. Encoder-decoder models (BART) have three:
-
-* ``encoder``: encoder self-attention, ``[head, query=input token, key=input token]``;
-* ``decoder``: the decoder's causal self-attention, ``[head, decoder token, decoder token]``;
-* ``cross``: cross-attention, ``[head, query=decoder token, key=input token]``.
-
-For a target site the integration pass must give every step the same input to the target
-layer and recompute only what depends on alpha:
-
-* layers of the target's layer list below the target are replayed from the clean forward;
-* for ``decoder`` and ``cross`` targets the encoder does not depend on alpha at all, so
-  its clean output is handed to the model (``encoder_outputs``) and the encoder never runs;
-* for ``encoder`` targets the whole decoder runs as usual above.
+``self``; encoder-decoder models (BART) have ``encoder`` ([head, input token, input token]),
+``decoder`` ([head, decoder token, decoder token], causal) and ``cross`` ([head, decoder token,
+input token]). A target site's pass replays the layers below it from the clean forward; for
+``decoder`` and ``cross`` targets the encoder's clean output is handed to the model
+(``encoder_outputs``) and the encoder never runs. docs/models.md, "Families" and "How one target
+site is integrated".
 """
 
 from __future__ import annotations

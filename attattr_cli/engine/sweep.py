@@ -1,22 +1,12 @@
 """One sweep per round: the integration passes of every target layer of an example go through
-the layer stack together.
+the layer stack together (docs/method.md 1.4, fact 8; figures in docs/benchmarks.md, "Sweeps").
 
-Per target layer l the nodes' rows run the layers l..L-1 (the layers below replay the clean
-forward). Those rows are independent of the other target layers' rows, so a round of the
-refinement (or a whole fixed rule) puts the rows of every layer into one batch: layer j runs
-the rows whose target is at or below j, the rows with a higher target keep the clean output
-of j (what their own pass would have seen there), the rows targeting j take the alpha-scaled
-clean A V as a leaf, and one backward of the sum of every row's F gives each leaf its rows'
-gradients. The numbers are those of one pass per layer up to float rounding;
-tests/test_sweep.py holds the two paths to each other.
-
-What it buys: a pass over a few rows of a short input is bound by reading the weights and by
-the fixed cost of a pass, not by its rows (SmolLM2-135M at 5 tokens: 7.3 ms per layer's
-forward and backward at one row, 9.9 ms at four); a sweep reads each layer once per round
-with all its rows. Inputs longer than MAX_TOKENS are scored one layer per pass: their passes
-are full already, and a sweep would keep every layer's node gradients at once. Where a
-model's layers do not run as a sweep needs them, the scorer falls back to one pass per layer
-for that model (``attention.NotSweepable``).
+In one batch, layer j runs the rows whose target is at or below j; rows with a higher target keep
+the clean output of j (what their own pass would have seen there); rows targeting j take the
+alpha-scaled clean A V as a leaf; one backward of the sum of every row's F gives each leaf its
+rows' gradients: the numbers of one pass per layer up to float rounding (tests/test_sweep.py).
+Inputs longer than MAX_TOKENS, and models whose layers do not run as a sweep needs them
+(``attention.NotSweepable``), are scored one layer per pass.
 """
 
 from __future__ import annotations
@@ -29,10 +19,8 @@ from .layer_integral import Maps, fixed, one_target, to_tol
 from .rows import to_device
 
 MAX_TOKENS = 256  # longer inputs: one pass per target layer (full passes, node gradients of one layer kept)
-# on a CUDA device a pass of 19 rows is not full even at 1,024 tokens: BERT-base, bf16, m = 20,
-# 12 target layers on an H100, seconds per example one pass per layer / sweeps: 0.42 / 0.27 at
-# 512 tokens, 0.48 / 0.34 at 1,024, 0.78 / 0.77 at 2,048 (rows per sweep chunked to fit memory):
-# no gain at 2,048, where the per-layer passes are what bench_long_decoder.py --gpu measured
+# on a CUDA device a pass of 19 rows is not full even at 1,024 tokens; sweeps gain nothing at
+# 2,048 (H100 figures: docs/benchmarks.md, "GPU, kernels and the rest")
 CUDA_MAX_TOKENS = 1024
 
 

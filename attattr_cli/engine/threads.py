@@ -1,18 +1,14 @@
 """How many threads torch runs a scoring run on: chosen for the work unless given.
 
-A pass over a short input is a handful of small matrix products: splitting them over threads
-costs more in hand-offs than it saves, and on a machine other processes keep busy a thread
-that waits for a core stalls every product (a 5-token SmolLM2 prompt: 5-9 CPU s on one thread,
-77 s wall with torch's default threads on a loaded 2-core machine). So:
-
 * fewer than MIN_TOKENS_PER_THREAD tokens in a pass (an example's tokens, times the examples a
-  group scores together, in proportion to the model's width against REFERENCE_WIDTH): one thread;
+  group scores together, in proportion to the model's width against REFERENCE_WIDTH): one thread
+  (small products split over threads cost more in hand-offs, and stall on a busy machine);
 * else as many as the cores free now (:func:`free_cores`), and no more than the tokens allow
   (one per MIN_TOKENS_PER_THREAD tokens);
 * ``--threads N`` / ``threads=N`` gives the count, 1 to the machine's CPUs (:func:`check`).
 
-The count is set for the run and torch's own is restored after it (docs/long-context.md has
-the figures measured on this machine).
+The count is set for the run and torch's own is restored after it (docs/long-context.md,
+"Threads", has the figures).
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ import time
 
 MIN_TOKENS_PER_THREAD = 256
 # the hidden width the token counts are measured at (SmolLM2-135M's): a pass of a narrower model
-# counts its tokens in proportion (the built-in default, width 64: 16 short examples grouped in
-# a pass ran slower on two threads than on one)
+# counts its tokens in proportion (docs/long-context.md, "Threads")
 REFERENCE_WIDTH = 576
 SAMPLE_S = 0.25  # how long the machine's idle time is sampled (paid only by inputs that may use threads)
 

@@ -1,23 +1,16 @@
 """Attention / attribution ops and the backend selector.
 
-Two backends compute the same things:
-
-* ``torch``: :mod:`attattr_cli.ops.reference`, pure PyTorch, any device and dtype, any
-  additive mask, softcap;
-* ``cuda``: the fused kernels of :mod:`attattr_cli.ops.kernel` (no stored n x n attention
-  probabilities), for CUDA tensors in float32 / float16 / bfloat16 with no mask, a
-  key-padding mask and/or ``causal``.  Inputs it does not support (softcap, a general
-  ``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors, inputs that require grad
-  while grad mode is on) are routed to the reference, so a caller can always use the
-  backend it was given; ``backend.supports(q, mask, softcap)`` says which path runs.
+Two backends compute the same things: ``torch`` (:mod:`attattr_cli.ops.reference`, pure
+PyTorch, any device, dtype, additive mask, softcap) and ``cuda`` (the fused kernels of
+:mod:`attattr_cli.ops.kernel`, no stored n x n probabilities). Inputs the kernels do not support
+(softcap, a general ``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors, inputs that
+require grad while grad mode is on) are routed to the reference, so a caller can always use the
+backend it was given; ``backend.supports(q, mask, softcap)`` says which path runs.
 
 Masks given to a backend: ``None``; a 2-D ``[batch, key_pos]`` additive key-padding mask
 (0 or a large negative such as ``torch.finfo(torch.float32).min``); or any additive mask
 broadcastable to ``[batch, head, query_pos, key_pos]`` with 4 dimensions (a
-``[batch, 1, 1, key_pos]`` one counts as key padding).
-
-``select_backend("auto")`` picks ``cuda`` when the device is CUDA, the kernels are
-available and the environment variable ``ATTATTR_KERNEL`` is not ``torch``.
+``[batch, 1, 1, key_pos]`` one counts as key padding). :func:`select_backend` picks one.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
-"""Launch accounting and CUDA-graph replay of integration passes (issue 53, "no launch storm").
+"""Launch accounting and CUDA-graph replay of integration passes (docs/benchmarks.md, "GPU,
+kernels and the rest": a short input's pass is thousands of small kernels, each a launch).
 
-A scored example runs one forward + backward through the model per micro-batch of
-integration steps and per target layer: thousands of small CUDA kernels at short lengths,
-each paying a launch (a few microseconds of CPU) that the GPU may finish sooner than the CPU
-issues the next.  Two tools:
-
-* :class:`OpCounter`: a ``TorchDispatchMode`` that counts the aten ops a block of code
-  runs, on any device (the CPU too), sorted into those that launch a kernel on a GPU and
-  those that do not (views, metadata, empty allocations), and by named region
-  (:meth:`OpCounter.region`).  Every aten op that computes is at least one kernel on a CUDA
-  device, so the count is a lower bound of the launches, measured without a GPU
-  (``bench/bench_kernel.py --count-ops``).
-* :class:`CapturedPass`: runs a function of fixed-shape tensors (one integration pass)
-  eagerly the first time, captures it into a ``torch.cuda.CUDAGraph`` and afterwards only
-  copies the new inputs into the captured (static) ones and replays the graph: one launch
-  for the whole pass.  On by ``ATTATTR_CUDA_GRAPHS=1`` (or ``enabled=True``); on the CPU,
-  with CUDA off, while another capture runs, or when capture fails (a host synchronisation
-  inside, an op that cannot be captured), it falls back to calling the function eagerly
-  and says why (:attr:`CapturedPass.fallback_reasons`), so results never depend on it.
-
-What a replay reuses: the captured function's Python side effects happen at capture time
-only; tensors it created (e.g. saved projections returned as ``aux``) live in the graph's
-memory pool and are rewritten by every replay with the values of that replay.
+* :class:`OpCounter`: counts the aten ops a block runs, on any device (the CPU too), into those
+  that launch a kernel on a GPU and those that do not, and by named region: a lower bound of the
+  launches, measured without a GPU (``bench/bench_kernel.py --count-ops``).
+* :class:`CapturedPass`: captures a function of fixed-shape tensors (one integration pass) into a
+  ``torch.cuda.CUDAGraph`` once, then copies new inputs in and replays it: one launch per pass.
+  On by ``ATTATTR_CUDA_GRAPHS=1``; otherwise, or where capture is impossible, it calls the
+  function eagerly and says why, so results never depend on it. The function's Python side
+  effects happen at capture only; tensors it created (``aux``) live in the graph's memory pool
+  and are rewritten by every replay.
 """
 
 from __future__ import annotations

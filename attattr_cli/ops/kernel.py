@@ -1,33 +1,15 @@
 """Guarded loader and wrappers of the fused CUDA attention / attribution kernels.
 
-The kernels (``attattr_cli/kernels/attattr_attn.cu``, binding
-``attattr_cli/kernels/attattr_ops.cpp``, shipped as package data) are built with
-``torch.utils.cpp_extension.load`` on first use and cached under
-``~/.cache/attattr/kernels/<torch version>-<cuda version>-<hash>/<arch>`` (the hash covers
-the sources and the compiler flags; ``<arch>`` is the architecture list).  Nothing here
-raises at import time: ask :func:`available` and :func:`unavailable_reason`, or call
-:func:`build` at setup time (``build(arch_list="8.0 9.0")`` works without a GPU).
-
-The CUDA toolkit is found by :func:`find_toolkit`: ``CUDA_HOME``, ``CUDA_PATH``, then
-``nvcc`` on ``PATH`` resolved through symbolic links and wrapper scripts (a
-``/usr/local/bin/nvcc`` that only ``exec``-s the real one would otherwise make PyTorch
-guess ``/usr/local`` and fail to link ``-lcudart``), then ``/usr/local/cuda``.
-
-The wrappers mirror :mod:`attattr_cli.ops.reference`:
-
-* :func:`attribution_from_grad` has the signature and return dict of
-  ``reference.attribution_from_grad`` plus ``causal`` (and ``stats`` to reuse the softmax
-  statistics of :func:`attention_forward_with_stats`);
-* :func:`attention_forward` returns ``O = softmax(q k^T * scale + mask) v``.
-
-Supported: CUDA tensors of one dtype among float32, float16, bfloat16 (float16 / bfloat16
-tile products on tensor cores; ``ATTATTR_TENSOR_CORES=0`` keeps them on the fp32 CUDA-core
-path), or bfloat16 q, k, v with a float32 ``g``; head dims 1..128;
-``mask`` None or an additive key-padding mask ``[batch, key_pos]`` (also accepted as
-``[batch, 1, 1, key_pos]``), finite large negatives (``finfo.min``) for padding; ``causal``
-(key j allowed for query i iff ``j <= i + n_k - n_q``).  Anything else (softcap, a general
-``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors) raises
-:class:`KernelUnsupported`, which :mod:`attattr_cli.ops` routes to the reference.
+The kernels (``attattr_cli/kernels/attattr_attn.cu``, binding ``attattr_ops.cpp``) are built
+with ``torch.utils.cpp_extension.load`` on first use and cached under :func:`cache_dir`, with the
+toolkit :func:`find_toolkit` finds. Nothing here raises at import time: ask :func:`available`
+and :func:`unavailable_reason`, or call :func:`build` at setup time (``build(arch_list="8.0
+9.0")`` works without a GPU). The wrappers mirror :mod:`attattr_cli.ops.reference`
+(:func:`attribution_from_grad` adds ``causal`` and ``stats``; :func:`attention_forward` returns
+``O = softmax(q k^T * scale + mask) v``). Inputs the kernels do not handle (softcap, a general
+``[batch, 1, query_pos, key_pos]`` mask, float64, CPU tensors) raise :class:`KernelUnsupported`,
+which :mod:`attattr_cli.ops` routes to the reference. kernels/README.md, "What the kernels do"
+(supported dtypes, head dims, masks, ``causal``) and "Build" (cache, toolkit).
 """
 
 from __future__ import annotations
@@ -560,13 +542,8 @@ def attribution_key_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: t
                          mask: torch.Tensor | None = None, scale: float | None = None,
                          softcap: float | None = None, causal: bool = False, read_from: int | None = None,
                          stats: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """The sources' quantity without any ``n_q x n_k`` array: the same dict as
-    ``reference.attribution_key_sums``: ``key_sum`` [B, n_k] (the attribution summed over
-    heads and query rows), ``read_sum`` [B, n_k] (over the rows ``i >= read_from``; only
-    when ``read_from`` is given), ``total`` [B] and ``head_max`` [B, H], float32.
-
-    One fused pass (the kernel's per-key-sum epilogue: per tile column sums, then a
-    deterministic second pass over the tiles); memory O(n) beyond the inputs and a
+    """``reference.attribution_key_sums`` (``key_sum``, ``read_sum``, ``total``, ``head_max``; float32)
+    without any ``n_q x n_k`` array: one fused pass, memory O(n) beyond the inputs and a
     ``B x groups x ceil(n_q / 64) x 2 x n_k`` float scratch."""
     q, k, v, g = _common_dtype(q, k, v, g)
     kp = _check(q, k, mask, softcap)
@@ -588,14 +565,8 @@ def attribution_from_grad(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: 
 
     ``head_sum`` [B, n_q, n_k], ``head_max`` [B, H] and (if ``want_maps``) ``maps``
     [B, H, n_q, n_k], all float32.  ``stats`` from :func:`attention_forward_with_stats`
-    on the same q, k, mask, scale and causal skips the statistics pass.
-
-    The kernel accumulates in float32 whatever the input dtype (float16 / bfloat16 tile
-    products on tensor cores).  bfloat16 q, k, v with a float32 ``g`` (the engine
-    accumulates the integral in float32 while a bfloat16 model gives bfloat16 q, k, v) go
-    to the kernel as they are: on tensor cores it splits ``g`` into three bfloat16 parts
-    (exactly), else the binding upcasts q, k, v.  Other mixes: q, k, v are upcast to
-    ``g``'s dtype rather than ``g`` rounded down, so the integral keeps its precision.
+    on the same q, k, mask, scale and causal skips the statistics pass. Accumulates in float32;
+    mixed dtypes as :func:`_common_dtype` takes them (kernels/README.md, "What the kernels do").
     """
     q, k, v, g = _common_dtype(q, k, v, g)
     kp = _check(q, k, mask, softcap)
