@@ -1,43 +1,13 @@
-"""Is it an explanation? Faithfulness tests of token importance (docs/method.md section 5).
+"""Is it an explanation? Faithfulness tests of token importance: agreement with leave-one-out
+(Kendall tau-b), ERASER erasure (comprehensiveness, sufficiency, AOPC over the bins),
+deletion curves, DecompX's masking protocol with normalised AOPC, and Jain & Wallace's
+attention permutation test (median TVD per layer). Definitions, bins and conventions:
+docs/faithfulness.md, "The metrics" and "Words"; docs/method.md section 5.
 
-* Agreement (Jain & Wallace 2019): Kendall tau-b over each example's content tokens
-  between a method's scores and leave-one-out (signed: the drop of the target
-  probability), between the magnitudes |score| and |LOO| (for two classes |LOO| is
-  Jain & Wallace's LOO, the TVD of the outputs), and between the scores and gradient norms.
-* Erasure (ERASER, DeYoung et al. 2020): with the top-k tokens of a method (k from the
-  bins 1, 5, 10, 20, 50 % of the content tokens, k = max(1, ceil(q n))),
-  comprehensiveness_q = p(x)_t - p(x without the top k)_t and
-  sufficiency_q = p(x)_t - p(only the top k)_t (special tokens always kept); the AOPC
-  versions are their means over the bins (as the ERASER code's ``_instances_aopc``).
-  t is the class the store attributed (the predicted class by default).
-* Deletion curves: p(x without the top round(f n) tokens)_t for f = 0, 0.1, ..., 1, and
-  their area (trapezoid over f); lower means the ranking found what the model uses.
-* Masking (as DecompX, Modarressi et al. 2023, reports it): the top K % of the content
-  tokens (k = max(1, ceil(K m)), K = 10, 20, ..., 90) replaced by the mask token;
-  AOPC = mean over K of p(x)_t - p(x masked)_t, and the accuracy after masking (the share
-  of K where the masked input's predicted class is the gold label, the store's target when
-  the data has none) and the share of K where it is still the explained class t ("kept",
-  which does not mix in whether the model was right). Normalised AOPC (after NAOPC, Edin et al. 2024): per example
-  (AOPC - lo) / (hi - lo), with hi and lo the largest and smallest AOPC among the orders at
-  hand (every method's, the leave-one-out order and its reverse) - a cheap stand-in for
-  NAOPC's search for the best and worst orders, so it depends on the methods run;
-  undefined (left out) where hi - lo < 1e-6.
-* Permutation (Jain & Wallace 2019): in one layer, every head's and every query row's
-  attention weights are moved to randomly permuted keys (among the keys the row may see)
-  through attattr's attention function; the total variation distance between the output
-  distributions, TVD = 0.5 sum_c |p_c - p'_c|, is taken per permutation, and the median
-  over permutations is the example's value for that layer.
-
-With ``aggregate="words"`` the agreement, erasure and masking metrics rank and erase words
-instead of tokens (:class:`Units`): a word's score is the sum of its tokens' scores, and
-erasing a word erases all its tokens; the bins and fractions count content words.
-
-* Context attribution (language models): the top-k sources of each method (attattr,
-  attention, input x gradient, leave-one-source-out) removed from the prompt, and the drop
-  of the answer's joint log-probability, for k = 1, 3, 5, with the rank agreement with
-  leave-one-source-out (:mod:`attattr_cli.analysis.context_check`, ``aa.source_removal``).
-
-Pure functions first; :func:`evaluate_store` runs them over a store.
+Conventions the code relies on: only content tokens (segment id >= 0) are ranked and erased,
+ties break by position; a bin of fraction q of m units holds k = max(1, ceil(q m)); t is the
+store's target class; TVD = 0.5 sum_c |p_c - p'_c|. With ``aggregate="words"`` the units are
+words (:class:`Units`). Pure functions first; :func:`evaluate_store` runs them over a store.
 """
 
 from __future__ import annotations
@@ -301,10 +271,8 @@ class FaithfulnessOptions:
 @dataclass
 class Units:
     """What the metrics rank and erase in one example: its tokens, or with ``aggregate
-    "words"`` its words (analysis/aggregate.py's word groups of the stored tokens). Over words a
-    method's score of a word is the sum of its tokens' scores (leave-one-out and gradient norms
-    too: the sums of the tokens', not a word removed at once), a word is content when all its
-    tokens are, and erasing (removing or masking) a word erases every one of its tokens."""
+    "words"`` its words (a word's score is the sum of its tokens'; a word is content when all
+    its tokens are; erasing a word erases all its tokens: docs/faithfulness.md, "Words")."""
 
     n: int
     content: np.ndarray

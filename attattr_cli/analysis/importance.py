@@ -1,35 +1,8 @@
-"""Head importance tables (docs/method.md section 2.1) and the importance file IMP.h5.
-
-Methods, each a ``[layer, head]`` table (larger = more important):
-
-* ``attr``      (from a store) I_h = E_x[ max_{i,j} Attr_h(A)(i, j) ], the signed max of
-                the paper, read from the store's ``head_max`` (computed in float32 or
-                float64 from the full maps, whatever ``--store-dtype`` was).
-* ``attention`` (from a store) I_h = E_x[ max_{i,j} A_h(i, j) ], the paper's attention
-                score baseline. (The mean of A_h over (i, j) is 1/n for every head,
-                since each row sums to one, so it cannot rank heads.) For a language
-                model the rows i are the positions whose next token is attributed.
-* ``taylor``    (model + data) Michel et al. 2019: I_h = E_x | sum_{i,j} A_h ⊙ dL/dA_h |
-                = E_x | <dL/dO_h, O_h> |, the gradient of the loss L (cross-entropy with
-                the gold label; the predicted label where there is none) with respect
-                to a gate on head h's output, then normalised per layer to unit L2 norm.
-* ``random``    a seeded uniform table; ``--seeds 0,1,2,3,4`` (the default) stores
-                ``random-0``, ... whose curves ``prune`` averages.
-
-The store methods also say how stable their ranking is (:func:`stability`): per head a
-bootstrap interval (over the examples) of its rank, and Kendall's tau between the
-tables of two random halves of the examples; a tau near 1 and narrow intervals mean the
-examples were enough. They are kept as attributes of the table's dataset (``tau_halves``,
-``rank_low``, ``rank_high``, ``rank_level``). Taylor importance is computed per batch, so
-it has no per-example values to resample and carries none.
-
-IMP.h5 layout (schema ``attattr.importance`` 1.0)::
-
-    /                 attrs: schema, schema_version, attattr_version, created,
-                      weights_sha256, model, model_type, num_layers, num_heads
-    /methods/<name>   float64 [layer, head]; attrs: method, seed, source, n_examples,
-                      description, created
-    /examples/<name>  int64 [n]: the data rows (store indices) the table was averaged over
+"""Head importance tables and the importance file IMP.h5: ``attr`` and ``attention``
+(from a store), ``taylor`` (model + data) and seeded ``random`` tables, each float64
+``[layer, head]``, larger = more important. Definitions: docs/method.md section 2.1;
+the methods table, the stability attributes and the IMP.h5 layout (schema
+``attattr.importance`` 1.0): docs/pruning.md, "Importance tables" and "IMP.h5".
 
 No printing here; the CLI draws the heatmap.
 """
@@ -240,34 +213,42 @@ def from_store(store, methods: Sequence[str], examples: Sequence[int] | None = N
         raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite'):"
                          " nothing to average")
     unconverged = len(store.unconverged(idx))
-    L, H = ident.num_layers, ident.num_heads
-    sums = {m: np.zeros((L, H), np.float64) for m in methods}
-    each: dict[str, list[np.ndarray]] = {m: [] for m in methods}
-    for k, i in enumerate(idx):
-        e = store.get(i, arrays="attention" in methods, family=family)
-        if "attr" in methods:
-            if list(e.layers) != list(range(L)):
-                raise StoreError(
-                    f"{store.path} scored layers {e.layers}; attribution importance needs every layer (score them all)")
-            each["attr"].append(np.asarray(e.head_max, np.float64))
-            sums["attr"] += each["attr"][-1]
-        if "attention" in methods:
-            if e.attention is None or np.ndim(e.attention) != 4:
-                raise StoreError(
-                    f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
-                    " the attention method needs them: score with keep maps, or use the attr method")
-            each["attention"].append(attention_max(e, L, H))
-            sums["attention"] += each["attention"][-1]
-        if progress:
-            progress(k + 1, len(idx), f"example {i}")
+    each = head_values(store, idx, methods, ident.num_layers, ident.num_heads, family,
+                       {"attr": "attribution importance", "attention": "the attention method"},
+                       " (or use the attr method)", progress)
     desc = {
         "attr": "E_x[max_ij Attr_h(A)] (signed max), from the store's head_max",
         "attention": "E_x[max_ij A_h]: the attention-score baseline",
     }
-    tables = [Table(m, m, sums[m] / len(idx), list(idx), None, str(store.path), desc[m],
+    tables = [Table(m, m, each[m].sum(0) / len(idx), list(idx), None, str(store.path), desc[m],
                     skipped_nonfinite=skipped, unconverged=unconverged if m == "attr" else 0,
-                    stability=stability(np.stack(each[m]))) for m in methods]
+                    stability=stability(each[m])) for m in methods]
     return ident, tables
+
+
+def head_values(store, idx: Sequence[int], methods: Sequence[str], L: int, H: int, family: str,
+                needs: dict[str, str], hint: str = "", progress: Progress | None = None) -> dict[str, np.ndarray]:
+    """Per example float64 [len(idx), layer, head] of each of ``methods``: ``attr`` the stored
+    head_max, ``attention`` :func:`attention_max`. Raises StoreError where an example lacks a
+    layer (attr) or the per-head maps (attention); ``needs[method]`` names who needs them in
+    the message, ``hint`` ends the one about maps."""
+    each = {m: np.zeros((len(idx), L, H), np.float64) for m in methods}
+    for k, i in enumerate(idx):
+        e = store.get(i, arrays="attention" in methods, family=family)
+        if "attr" in methods:
+            if list(e.layers) != list(range(L)):
+                raise StoreError(f"{store.path} scored layers {e.layers}; {needs['attr']} needs every layer"
+                                 " (score them all)")
+            each["attr"][k] = e.head_max
+        if "attention" in methods:
+            if e.attention is None or np.ndim(e.attention) != 4:
+                raise StoreError(
+                    f"{store.path} keeps no per-head attention maps (scored with keep sum or none);"
+                    f" {needs['attention']} needs them: score with keep maps{hint}")
+            each["attention"][k] = attention_max(e, L, H)
+        if progress:
+            progress(k + 1, len(idx), f"example {i}")
+    return each
 
 
 def attention_max(e, L: int, H: int) -> np.ndarray:

@@ -1,22 +1,9 @@
-"""Pruning curves, the effectiveness analysis, and really pruned models (docs/method.md section 2.2).
-
-* :func:`curves`: for every table of an importance file, one global ranking of all
-  L x H heads; at each rate the least important ``round(rate * L * H)`` heads are masked
-  at once (no re-estimation, no fine-tuning) and the model is evaluated on the same
-  examples, against one unpruned baseline. Random tables (``random-0``, ``random-1``,
-  ...) are evaluated one by one and averaged into ``random``. Every curve carries a
-  bootstrap band over the examples (``accuracy_low``/``accuracy_high``; for ``random``
-  the seeds are resampled with the examples, and the seeds' own range is kept), and at each rate
-  ``tests`` say whether attribution keeps more examples right than each other method on
-  the same examples (exact McNemar; a paired sign-flip test against the seeds' mean for
-  random), Holm-adjusted over the rates.
-* :func:`effectiveness`: the paper's per-example analysis: for each example and each
-  layer separately, mask the k heads of that layer with the smallest (or largest)
-  attribution of *that example* against the smallest (or largest) attention,
-  k = 2, 4, ..., H; accuracy averaged over the layers.
-* :func:`kept_heads`, :func:`prune_copy`, :func:`save_pruned`: slice the heads out of a
-  BERT-family model (Q/K/V rows, output-projection columns) and save a folder that
-  plain transformers loads (see assets/modeling_attattr_pruned.py and docs/pruning.md).
+"""Pruning curves (:func:`curves`, :func:`pair_curves`: the least important ``round(rate * L * H)``
+heads of one global ranking masked at once, with bootstrap bands and paired tests), the
+paper's per-example effectiveness analysis (:func:`effectiveness`), and really pruned
+BERT-family models (:func:`kept_heads`, :func:`prune_copy`, :func:`save_pruned`; see
+assets/modeling_attattr_pruned.py). docs/method.md section 2.2; docs/pruning.md, "Pruning
+curves", "The effectiveness analysis" and "Really pruned models".
 
 No printing here.
 """
@@ -148,22 +135,43 @@ def _tables(imp: ImportanceFile, methods: Sequence[str] | None) -> list:
     return tables
 
 
-def _groups(tables) -> dict[str, list[str]]:
-    """The tables' names by method, in their order (random-0, random-1, ... under random)."""
-    out: dict[str, list[str]] = {}
-    for t in tables:
-        out.setdefault(t.method, []).append(t.name)
-    return out
-
-
-def _distinct(tables, rates) -> dict[bytes, torch.Tensor]:
-    """Every distinct mask of every table at every rate (each runs once), by its bytes."""
-    distinct: dict[bytes, torch.Tensor] = {}
+def _distinct(tables, rates, first: Sequence[torch.Tensor] = ()) -> dict[bytes, torch.Tensor]:
+    """``first``, then every distinct mask of every table at every rate (each runs once), by its bytes."""
+    distinct = {m.numpy().tobytes(): m for m in first}
     for t in tables:
         for r in rates:
             m = mask_at(t.values, r)
             distinct.setdefault(m.numpy().tobytes(), m)
     return distinct
+
+
+def _grouped_curves(tables, rates, cache: dict, entry: Callable, merge: Callable) -> tuple[dict, dict, dict]:
+    """Each table's curve over ``rates`` from ``cache`` (the result of each distinct mask):
+    ``entry(rows)`` gives the table's per-example array [examples, rates] and its curve's fields;
+    the tables of one method (random-0, random-1, ...) are averaged into one curve whose fields
+    ``merge(names, per_table, each)`` gives. Returns per_table, each (the arrays by table) and
+    the curves by method."""
+    per_table: dict[str, dict] = {}
+    each: dict[str, np.ndarray] = {}
+    for t in tables:
+        each[t.name], fields = entry([cache[mask_at(t.values, r).numpy().tobytes()] for r in rates])
+        per_table[t.name] = {"method": t.method, **fields,
+                             "heads_masked": [int(round(r * t.values.size)) for r in rates]}
+    groups: dict[str, list[str]] = {}
+    for t in tables:
+        groups.setdefault(t.method, []).append(t.name)
+    methods = {method: per_table[method] if group == [method] else {
+        "method": method, **merge(group, per_table, each), "heads_masked": per_table[group[0]]["heads_masked"],
+        "tables": {n: per_table[n] for n in group}} for method, group in groups.items()}
+    return per_table, each, methods
+
+
+def _document(metric: str, rates, n: int, shape, baseline: dict, methods: dict, level: float, tests: str,
+              **extra) -> dict:
+    """The curves' document (CURVES.json's ``curves``); ``extra`` goes after the baseline."""
+    return {"metric": metric, "rates": list(rates), "n_examples": n, "num_layers": int(shape[0]),
+            "num_heads": int(shape[1]), "baseline": baseline, **extra, "methods": methods, "level": level,
+            "tests": tests}
 
 
 def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_name: str | None = None,
@@ -178,49 +186,31 @@ def curves(loaded, batches, imp: ImportanceFile, rates: Sequence[float], task_na
     known = gold >= 0
     metric = metric_name(task_name)
     tables = _tables(imp, methods)
-    # every distinct mask of every table, several per pass; the baseline is rate 0's mask, every head kept
+    # the baseline is rate 0's mask, every head kept
     ones = torch.ones(tables[0].values.shape)
-    distinct = {ones.numpy().tobytes(): ones} | _distinct(tables, rates)
+    distinct = _distinct(tables, rates, [ones])
     cache = {key: scores(logits, gold, task_name) | {"_correct": (logits.argmax(-1)[known] == gold[known]).numpy()}
              for key, logits in zip(distinct, logits_under_masks(loaded, batches, list(distinct.values()), max_tokens,
                                                                  counting(progress, len(distinct), "masks")))}
     baseline = {k: v for k, v in cache[ones.numpy().tobytes()].items() if not k.startswith("_")}
-    per_table: dict[str, dict] = {}
-    correct: dict[str, np.ndarray] = {}
-    for t in tables:
-        rows = [cache[mask_at(t.values, r).numpy().tobytes()] for r in rates]
-        per_table[t.name] = {
-            "method": t.method,
-            "accuracy": [x["accuracy"] for x in rows],
-            metric: [x[metric] for x in rows],
-            "heads_masked": [int(round(r * t.values.size)) for r in rates],
-        }
-        correct[t.name] = np.stack([x["_correct"] for x in rows], axis=1)  # [examples, rates]
-    result_methods: dict[str, dict] = {}
-    for method, group in _groups(tables).items():
-        result_methods[method] = per_table[method] if group == [method] else {
-            "method": method,
-            "accuracy": np.mean([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
-            metric: np.mean([per_table[n][metric] for n in group], axis=0).tolist(),
-            "accuracy_std": np.std([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
-            "heads_masked": per_table[group[0]]["heads_masked"],
-            "tables": {n: per_table[n] for n in group},
-        }
+
+    def entry(rows):
+        curve = {"accuracy": [x["accuracy"] for x in rows], metric: [x[metric] for x in rows]}
+        return np.stack([x["_correct"] for x in rows], axis=1), curve  # [examples, rates]
+
+    def merge(group, per_table, _each):
+        return {"accuracy": np.mean([per_table[n]["accuracy"] for n in group], axis=0).tolist(),
+                metric: np.mean([per_table[n][metric] for n in group], axis=0).tolist(),
+                "accuracy_std": np.std([per_table[n]["accuracy"] for n in group], axis=0).tolist()}
+
+    per_table, correct, result_methods = _grouped_curves(tables, rates, cache, entry, merge)
     curve_statistics(result_methods, per_table, correct, level, seed)
-    return {
-        "metric": metric,
-        "rates": list(rates),
-        "n_examples": batches.n,
-        "num_layers": int(imp.identity.num_layers),
-        "num_heads": int(imp.identity.num_heads),
-        "baseline": baseline,
-        "methods": result_methods,
-        "level": level,
-        "tests": ("per rate: attr against each method on the same examples, one-sided (attr keeps more right): "
-                  "exact McNemar; against random a paired sign-flip test on the mean over the seeds "
-                  f"({stats.RESAMPLES:,} random sign patterns, so p >= 1/{stats.RESAMPLES + 1:,} before Holm); "
-                  "p_holm: Holm over the rates of one comparison. Bands: percentile bootstrap over examples"),
-    }
+    shape = imp.identity.num_layers, imp.identity.num_heads
+    return _document(metric, rates, batches.n, shape, baseline, result_methods, level,
+                     "per rate: attr against each method on the same examples, one-sided (attr keeps more right): "
+                     "exact McNemar; against random a paired sign-flip test on the mean over the seeds "
+                     f"({stats.RESAMPLES:,} random sign patterns, so p >= 1/{stats.RESAMPLES + 1:,} before Holm); "
+                     "p_holm: Holm over the rates of one comparison. Bands: percentile bootstrap over examples")
 
 
 def curve_statistics(result_methods: dict, per_table: dict, correct: dict, level: float = 0.95, seed: int = 0
@@ -313,55 +303,39 @@ def pair_curves(loaded, batches: PairBatches, imp: ImportanceFile, rates: Sequen
     tables = _tables(imp, methods)
     L, H = tables[0].values.shape
     every_none = torch.ones(L, H), torch.zeros(L, H)  # every head kept, none: rates 0 and 1 are these masks
-    distinct = {m.numpy().tobytes(): m for m in every_none} | _distinct(tables, rates)
+    distinct = _distinct(tables, rates, every_none)
     ctx = Context(batches.task, batches.ablation, progress=progress)
     cache = dict(zip(distinct, per_pair_metrics(ctx, torch.stack(list(distinct.values())), max_tokens)))
     full, none_kept = (float(cache[m.numpy().tobytes()].mean()) for m in every_none)
 
-    def faithful(values: Sequence[float]) -> list[float | None]:
-        return [_num(f + 0.0) for f in ratio(values, full, none_kept)]
+    def curve(per_example: np.ndarray) -> dict:
+        values = per_example.mean(0).tolist()
+        return {metric: values, "faithfulness": [_num(f + 0.0) for f in ratio(values, full, none_kept)]}
 
-    per_table: dict[str, dict] = {}
-    each: dict[str, np.ndarray] = {}
-    for t in tables:
-        rows = [cache[mask_at(t.values, r).numpy().tobytes()] for r in rates]
-        each[t.name] = np.stack(rows, axis=1)  # [examples, rates]
-        values = each[t.name].mean(0).tolist()
-        per_table[t.name] = {"method": t.method, metric: values, "faithfulness": faithful(values),
-                             "heads_masked": [int(round(r * t.values.size)) for r in rates]}
-    result: dict[str, dict] = {}
-    per_method: dict[str, np.ndarray] = {}
-    for method, group in _groups(tables).items():
-        per_method[method] = np.mean([each[n] for n in group], axis=0)
-        if group == [method]:
-            result[method] = per_table[method]
-        else:
-            values = per_method[method].mean(0).tolist()
-            seeds = np.asarray([per_table[n][metric] for n in group])
-            result[method] = {"method": method, metric: values, "faithfulness": faithful(values),
-                              "heads_masked": per_table[group[0]]["heads_masked"], "seeds": len(group),
-                              f"{metric}_seed_min": seeds.min(0).tolist(), f"{metric}_seed_max": seeds.max(0).tolist(),
-                              "tables": {n: per_table[n] for n in group}}
+    def entry(rows):
+        per_example = np.stack(rows, axis=1)  # [examples, rates]
+        return per_example, curve(per_example)
+
+    def merge(group, per_table, each):
+        seeds = np.asarray([per_table[n][metric] for n in group])
+        return curve(np.mean([each[n] for n in group], axis=0)) | {
+            "seeds": len(group), f"{metric}_seed_min": seeds.min(0).tolist(),
+            f"{metric}_seed_max": seeds.max(0).tolist()}
+
+    _, each, result = _grouped_curves(tables, rates, cache, entry, merge)
+    per_method = {}
+    for method, entry_ in result.items():
+        per_method[method] = np.mean([each[n] for n in entry_.get("tables", [method])], axis=0)
         lo, hi = stats.bootstrap_ci(per_method[method], level=level, seed=seed)
-        result[method][f"{metric}_low"] = [_num(x) for x in lo]
-        result[method][f"{metric}_high"] = [_num(x) for x in hi]
+        entry_[f"{metric}_low"] = [_num(x) for x in lo]
+        entry_[f"{metric}_high"] = [_num(x) for x in hi]
     if "attr" in per_method:
         result["attr"]["tests"] = _attr_tests(per_method, seed=seed)
-    return {
-        "metric": metric,
-        "rates": list(rates),
-        "n_examples": batches.n,
-        "num_layers": int(L),
-        "num_heads": int(H),
-        "baseline": {metric: full},
-        "zeroed": {metric: none_kept},
-        "methods": result,
-        "level": level,
-        "tests": ("per rate: attr against each method on the same pairs, one-sided (attr keeps the metric higher):"
-                  " paired sign-flip test; p_holm: Holm over the rates of one comparison. Bands: percentile"
-                  " bootstrap over the pairs. faithfulness: (m(pruned) - m(every head zeroed)) / (m(unpruned) -"
-                  " m(every head zeroed))"),
-    }
+    return _document(metric, rates, batches.n, (L, H), {metric: full}, result, level,
+                     "per rate: attr against each method on the same pairs, one-sided (attr keeps the metric higher):"
+                     " paired sign-flip test; p_holm: Holm over the rates of one comparison. Bands: percentile"
+                     " bootstrap over the pairs. faithfulness: (m(pruned) - m(every head zeroed)) / (m(unpruned) -"
+                     " m(every head zeroed))", zeroed={metric: none_kept})
 
 
 # ----------------------------------------------------------------------------- effectiveness
@@ -546,7 +520,7 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
     from ..engine.run import data_digest
     from ..errors import StoreError
     from ..store import Store
-    from .importance import store_family
+    from .importance import head_values, store_family
 
     with Store(store_path) as st:
         fp = st.fingerprint
@@ -563,25 +537,16 @@ def effectiveness_from_store(loaded, store_path, all_examples, picked, label_map
             raise StoreError(f"every selected example in {store_path} holds NaN or inf (flagged 'nonfinite')")
         st_unconverged = st.unconverged(idx)
         L, H = loaded.arch.num_layers, loaded.arch.num_heads
-        attr = np.zeros((len(idx), L, H))
-        attn = np.zeros((len(idx), L, H))
-        family = store_family(st)  # self or encoder: the heads attattr can mask
-        for n, i in enumerate(idx):
-            e = st.get(i, family=family)
-            if list(e.layers) != list(range(L)):
-                raise StoreError(f"{store_path} scored layers {e.layers}; the effectiveness analysis needs every layer")
-            if e.attention is None or np.ndim(e.attention) != 4:
-                raise StoreError(f"{store_path} keeps no per-head attention maps (scored with keep sum or none);"
-                                 " the effectiveness analysis needs them: score with keep maps")
-            attr[n] = e.head_max
-            attn[n] = np.asarray(e.attention, np.float64).reshape(L, H, -1).max(-1)
+        # self or encoder: the heads attattr can mask
+        values = head_values(st, idx, ("attr", "attention"), L, H, store_family(st),
+                             dict.fromkeys(("attr", "attention"), "the effectiveness analysis"))
     by_index = {e.index: e for e in all_examples}
     chosen = [by_index[i] for i in idx]
     k_list = list(ks) if ks else (list(range(2, H + 1, 2)) or [H])
     if k_list[-1] != H and not ks:
         k_list.append(H)
     batches = Batches(loaded, chosen, label_map, batch_size, truncate)
-    return effectiveness(loaded, batches, attr, attn, k_list, task_name, progress) | {
+    return effectiveness(loaded, batches, values["attr"], values["attention"], k_list, task_name, progress) | {
         "store": str(store_path), "skipped_nonfinite": skipped, "unconverged": len(st_unconverged), "used": len(idx)}
 
 
