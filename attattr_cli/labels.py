@@ -1,22 +1,13 @@
 """Readable labels for tokens: the one place every view and table turns a tokenizer's pieces
-into the text a reader sees (docs/views.md, "Token labels").
+(``Ġcapital``, ``▁the``, ``<0x0A>``, ``##ing``) into the text a reader sees (docs/views.md, "Token
+labels", has the rules with examples).
 
-A store keeps each token as the tokenizer's piece (``Ġcapital``, ``Ċ``, ``ÑĤ`` for the
-Cyrillic ``т`` in byte-level BPE; ``▁the`` and ``<0x0A>`` in SentencePiece; ``##ing`` in
-WordPiece). A label is the piece decoded to its text, with what cannot be seen made visible:
-
-- a space at either end of a token: ``␣`` (``Ġcapital`` -> ``␣capital``); spaces inside stay spaces
-- a line break ``↵``, a tab ``⇥``, another control character ``<0x07>``; an empty token ``∅``
-- byte-level BPE decoded as UTF-8 over the whole sequence, so a character split across
-  tokens (a Cyrillic, Hebrew or CJK letter, an emoji) is named in each of them with its
-  part: ``Ф(1/2)`` then ``Ф(2/2)``; bytes that are no UTF-8 at all: ``<0xD0>``
-- SentencePiece's ``▁`` is a space, its byte pieces (``<0x0A>``) their bytes; WordPiece's
-  ``##`` (a word continued) and special tokens (``[CLS]``, ``<s>``, ``<|im_start|>``) stay
-
-The raw piece stays where a reader may need it: a ``piece`` column in tables, the hover
-text of the HTML views. :func:`attributed` names what an example's attribution explains
-(the quantity F, its value, target, foil, prediction), :func:`format_number` the number
-format of every view. numpy only: no torch, no printing.
+A label is the piece decoded to its text, byte-level BPE as UTF-8 over the whole sequence (a
+character split across tokens is named in each with its part, ``Ф(1/2)``), with what cannot be seen
+made visible: ``␣`` a space at either end (inside, a space stays), ``↵``, ``⇥``, ``<0x07>``, ``∅``.
+:func:`attributed` names what an example's attribution explains (the quantity F, its value, target,
+foil, prediction), :func:`format_number` the number format of every view. numpy only: no torch, no
+printing.
 """
 
 from __future__ import annotations

@@ -7,16 +7,12 @@ optionally ``| None``) does not already say::
     @checked(store=File(), example=Int(), out=Out(), layers=Ints(), show=Names())
     def view(store, example: int, out=None, *, fmt: str | None = None, ...): ...
 
-Each argument given is checked against its kind before the body runs, so that nothing is read,
-loaded or written for a refused call: one :class:`~attattr_cli.errors.OptionError` (a
-:class:`ModelError` for a model of the wrong type) in the API's words, ``example must be a
-whole number, got 1.7``, which the CLI shows with the flag (``--example``, through
-:mod:`attattr_cli.names`); the body runs inside :func:`attattr_cli.names.api_names`, so what
-it raises names the API's arguments too. Nothing is coerced (``True``, ``1.7`` and ``"0"`` are
-no index); ``None`` is taken where the default is ``None`` or the annotation says ``| None``;
-a few kinds normalise a documented shorthand (``layers=3`` is ``layers=[3]``). The
-declarations are data: :func:`declaration` lists them, and tests/test_arguments.py generates
-wrong values for every argument of every function in ``attattr_cli.api.__all__``."""
+A refused argument is one :class:`~attattr_cli.errors.OptionError` (:class:`ModelError` for a
+model of the wrong type) in the API's words, before anything is read, loaded or written; the CLI
+shows it with the flag (:mod:`attattr_cli.names`), and the body runs inside
+:func:`attattr_cli.names.api_names`, so what it raises names the API's arguments too. What is
+taken and what is refused: docs/api.md, "Arguments are checked". :func:`declaration` lists the
+declarations, from which tests/test_arguments.py generates wrong values."""
 
 from __future__ import annotations
 

@@ -210,10 +210,8 @@ BOOTSTRAP_MAX = 100_000  # resamples: more only costs time (the interval's ends 
 
 
 def _outputs_held(fn):
-    """Around ``circuit``: its outputs checked before any work (``out`` a file, not a device or
-    a folder, and neither output the pairs file, the model or the other one; both writable),
-    then held by this run alone until written (fileio.one_writer): a second run onto one of
-    them is refused at once instead of computing and replacing the first one's file."""
+    """Around ``circuit``: its outputs checked before any work, then held by this run alone until
+    written (fileio.one_writer; docs/api.md, "Circuits")."""
 
     @functools.wraps(fn)
     def call(model, pairs, *args, out=None, json=None, plot=None, **kw):
@@ -267,19 +265,15 @@ def circuit(model, pairs, *, methods=None, ablation: str = "patching", metric: s
     logprob-diff or prob. Returns :class:`Circuit`; ``out`` also writes it as HDF5, ``json``
     as JSON, ``plot`` draws its curves (.png, .svg, .pdf); all three checked before any work.
 
-    ``split`` (MIB's protocol): ``"half"`` (default) gives a seeded half of the pairs to the
-    methods and measures the curve on the other half; a fraction in (0, 1) sets the methods'
-    share; ``"none"`` uses every pair for both (the same-pairs figures, labelled so). The
-    split, by ``seed``, is recorded in the result. ``verify``: how many heads of largest |AtP|
-    the verifying methods (``atp-verified``, ``attr-tiers``) patch exactly (default 15).
+    ``split`` (MIB's protocol, recorded in the result): ``"half"`` (default) gives a half of the
+    pairs, drawn by ``seed``, to the methods and measures the curve on the other; a fraction in
+    (0, 1) sets the methods' share; ``"none"`` uses every pair for both. ``verify``: how many
+    heads of largest |AtP| the verifying methods patch exactly (default 15). ``nodes="heads+mlp"``
+    ranks each layer's MLP too. ``threads``: torch's CPU threads (default: as ``score`` chooses them).
 
-    ``threads``: torch's CPU threads for the run, 1 to the machine's CPUs (default: chosen as
-    ``score`` chooses them). Before the model loads, every argument is checked (``seed`` 0 to
-    2**32 - 1, ``bootstrap`` 10 to 100,000), the pairs are read (a regular file of bounded
-    size; a counterfactual that is its prompt is refused) and the outputs are checked (not
-    the pairs file, a device or a folder; writable) and held by this run alone; a run whose
-    counterfactuals do not change the metric (m(N) = m(empty) within noise) is refused once
-    the two ends are measured. Nothing is written before the end."""
+    Raises OptionError, before the model loads, for a bad argument, pairs file or output (each
+    output held by this run alone until written at the end; docs/api.md, "Circuits"), and once
+    the two ends are measured for counterfactuals that do not change the metric."""
     from ..analysis import circuits as reg
     from ..analysis.circuits.split import split_pairs
     from ..analysis.circuits.evaluate import PERCENTAGES

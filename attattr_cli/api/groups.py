@@ -1,19 +1,10 @@
 """The option groups of ``score`` and ``faithfulness``: what belongs together, given together.
 
-``aa.Integration`` (how the path integral is computed), ``aa.Target`` (what is attributed),
-``aa.Compute`` (where and how the run computes and stores) and ``aa.Hooks`` (what the run
-calls back) for :func:`~attattr_cli.api.scoring.score`; ``faithfulness`` takes the first three
-and ``aa.Adversarial``. Each is a small frozen dataclass whose fields are the old keywords
-(and the CLI's flags): ``aa.score(model, texts, integration=aa.Integration(steps=20,
-rule="right"), target=aa.Target(output="logprob"))``. A field of the wrong type or range is
-refused when the group is made, with the message the old keyword gave (``steps must be a whole
-number, got 2.0``).
-
-The old flat keywords (``score(..., steps=20, output="logit")``) still work for one release,
-with the same result: :func:`regroup` puts them into their groups and says the new spelling
-in one ``FutureWarning`` per call (none for the library's own calls). A keyword that names no
-option is refused as before (``score(): got an unexpected keyword argument 'x'``), and one
-given both flat and in its group is refused too. Imports neither torch nor transformers."""
+``aa.Integration``, ``aa.Target``, ``aa.Compute`` and ``aa.Hooks`` for :func:`~attattr_cli.api.scoring.score`;
+``faithfulness`` takes the first three and ``aa.Adversarial``. Each is a small frozen dataclass whose
+fields are the old flat keywords (and the CLI's flags), checked when it is made; :func:`regroup` puts
+the old keywords, kept for one release, into their groups (docs/api.md, "Scoring"). Imports neither
+torch nor transformers."""
 
 from __future__ import annotations
 
@@ -89,9 +80,9 @@ class Compute:
     (up to float rounding): ``steps_per_pass`` (integration steps per forward/backward;
     default: fit to memory), ``group`` (short examples of an encoder classifier scored
     together; default 32, up to 64 for narrow models; 1: one at a time), ``memory`` (the peak
-    the run may use: bytes, or "4GB"), ``threads`` (torch's; default one for short inputs, the
-    free cores for long ones), and under torchrun ``keep_shards`` and ``dist_timeout`` (seconds
-    a process waits for the others)."""
+    the run may use: bytes, or "4GB"; default: most of the free memory), ``threads`` (torch's;
+    default one for short inputs, the free cores for long ones), and under torchrun
+    ``keep_shards`` and ``dist_timeout`` (seconds a process waits for the others)."""
 
     device: str = "auto"
     dtype: str = "float32"

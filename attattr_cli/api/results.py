@@ -19,23 +19,16 @@ from .tables import saved
 
 @dataclass
 class Attribution(StoredExample):
-    """The attribution of one example, as :func:`score` returns it and ``store[i]`` reads it:
-    a :class:`~attattr_cli.store.StoredExample` (the same fields and names as ``Store.get``
-    gives) that can also show itself.
+    """The attribution of one example, as :func:`score` returns it and ``store[i]`` reads it: a
+    :class:`~attattr_cli.store.StoredExample` (the same fields and names as ``Store.get`` gives)
+    that can also show itself (docs/api.md, "Attribution", lists every field).
 
     Arrays are numpy: ``attribution`` [layer, head, query, key] (the scored ``layers``),
     ``attention`` [all layers, head, query, key], ``residual`` [layer] (sum of the attribution
-    minus F(A) - F(0): the completeness check), ``head_max`` [layer, head], ``logits`` and
-    ``probs`` [classes]. ``gold``, ``pred`` and ``target`` are class indices (-1: unknown);
-    ``prediction``, ``gold_label`` and ``target_label`` their names. With ``keep="sum"`` the
-    maps are ``None`` and ``head_sum`` [layer, query, key] holds their sum over heads.
-    Per scored layer, ``nodes``, ``error_estimate`` and ``convergence`` (a state code,
-    :attr:`converged` and :attr:`unconverged_layers` read it) say how far the integral can
-    be trusted (docs/integration.md).
-
-    In a notebook it shows its interactive view; a generation scored step by step (``steps``:
-    one Attribution per generated token, of its prefix) its generated text and step x source
-    matrix instead (each method says what it does for one).
+    minus F(A) - F(0)), ``head_max`` [layer, head], ``logits`` and ``probs`` [classes]; with
+    ``keep="sum"`` the maps are ``None`` and ``head_sum`` [layer, query, key] holds their sum over
+    heads. ``gold``, ``pred`` and ``target`` are class indices (-1: unknown). A generation scored
+    step by step holds one Attribution per generated token, of its prefix, in ``steps``.
     """
 
     @classmethod

@@ -28,49 +28,31 @@ def score(model=None, inputs=None, *, data=None, task=None, examples=None, promp
           out=None, layers=None, family=None, keep: str = "auto", top_k: int | None = None, sources: str | None = None,
           target=None, integration=None, compute=None, hooks=None, seed: int = 0, progress=False, command=None,
           **legacy):
-    """Attention attribution of every layer and head.
+    """Attention attribution of every layer and head (docs/api.md, "Scoring", says every option).
 
-    ``inputs``: texts, (premise, hypothesis) pairs or ``Example`` objects; or ``data`` (a TSV,
-    CSV or JSONL file) and/or ``task`` (a preset such as ``sst2``), with ``examples`` ("0:100",
-    or a list of indices); with none of them the built-in synthetic held-out set. Without
-    ``out`` returns :class:`Results` (one :class:`Attribution` per example, in order: exactly
-    what a store written with the same options would hold); with ``out`` writes (or resumes)
-    the HDF5 store and returns the run's ``ScoreReport`` (``.out``, ``.scored``, ``.skipped``,
-    ``.mean_abs_residual``, ``.accuracy``).
+    ``inputs``: texts, (premise, hypothesis) pairs, ``Example`` or clean / counterfactual ``Pair``
+    objects; or ``data`` (a TSV, CSV or JSONL file, or a JSONL of pairs) and/or ``task`` (a preset
+    such as ``sst2``), with ``examples`` ("0:100", or a list of indices); with none of them the
+    built-in synthetic held-out set. ``prompts`` (texts for a causal LM, ``lm=True``) may stand for
+    ``inputs``, or with ``out`` for ``data``.
 
-    What is kept: ``layers`` (default all), ``family`` (attention families, e.g. encoder,cross),
-    ``keep`` (auto, maps, sum, sources or none), ``top_k`` (also each head's k strongest
-    entries). The rest comes in the groups of api/groups.py, whose docstrings say each field:
-    ``target`` (:class:`Target`; a text is the class alone, ``target="gold"``), ``integration``
-    (:class:`Integration`; docs/integration.md: by default error-controlled to tol 0.1, each
-    result's ``convergence`` saying per layer whether it converged), ``compute``
-    (:class:`Compute`) and ``hooks`` (:class:`Hooks`). Their fields as flat keywords
-    (``steps=20``, the old spelling) still work for one release, with a FutureWarning.
+    Without ``out`` returns :class:`Results` (one :class:`Attribution` per example, in order: what a
+    store written with the same options would hold). With ``out`` writes (or resumes) the HDF5 store
+    and returns the run's ``ScoreReport`` (``.out``, ``.scored``, ``.skipped``, ``.mean_abs_residual``,
+    ``.accuracy``); under torchrun every process scores its share into a shard that rank 0 merges, and
+    the report is the run's ``DistReport``. `attattr score` is this call.
 
-    A causal language model (``load_model(..., lm=True)``, or ``lm=True``) attributes the next
-    token, a ``target_token`` or a ``continuation``; its ``prompts`` (texts) may be given
-    instead of ``data`` (with ``out``) or of ``inputs``. ``generate=N`` with ``sample=True``
-    samples with ``seed``; per-step results are ``result.steps`` (docs/method.md section 1.5).
+    Kept: ``layers`` (default all), ``family`` (attention families, e.g. encoder,cross), ``keep``
+    (auto, maps, sum, sources or none), ``top_k`` (also each head's k strongest entries), ``sources``
+    (an LM prompt's keys grouped into "sentences", "paragraphs" or the passages of a JSONL
+    ``FILE[:FIELD]``; docs/long-context.md). The other options are the fields of ``target``
+    (:class:`Target`; a text is the class alone), ``integration`` (:class:`Integration`), ``compute``
+    (:class:`Compute`) and ``hooks`` (:class:`Hooks`); ``seed`` seeds ``Target.sample``. Those fields as
+    flat keywords (``steps=20``) still work for one release, with a FutureWarning.
 
-    With ``out`` and a model given by path or hub id (or none: the built-in default), the data
-    is read and the examples chosen before the model loads (a bad file costs no load), and
-    under torchrun (``torchrun --nproc-per-node N``) every process scores its share into its
-    own shard beside ``out`` and rank 0 merges them (``keep_shards``, ``dist_timeout``); the
-    report is then the run's ``DistributedReport``. `attattr score` is this call.
-
-    Clean / counterfactual pairs (a JSONL ``data`` of prompt, counterfactual, answer, foil, or
-    ``Pair`` inputs; data/pairs.py) are scored each with its own answer and foil, F = ``metric``
-    (``"logit-diff"`` by default for pairs; engine/metrics.py); the tokens are kept with each
-    example, so that the pairs share one store (merge, resume, save).
-
-    Long contexts (docs/long-context.md): ``sources`` ("sentences", "paragraphs" or a JSONL file
-    of passages, ``FILE`` or ``FILE:FIELD``) groups an LM prompt's keys into sources, and
-    ``keep="sources"`` (the default with ``sources``) keeps per layer only each key's
-    attribution summed over heads and queries (kilobytes); ``example.to_pandas("sources")`` is
-    one row per source. With ``sources`` and none of ``steps``, ``rule``, ``tol`` the integral
-    is the right rule with two nodes (alpha = 1/2 and 1; ``tol=0.1`` gives the error-controlled
-    run). A run whose estimated peak exceeds ``memory`` (default: most of the free memory) is
-    refused (ResourceError naming the ``keep`` that fits)."""
+    Raises OptionError for a bad or contradictory option (with a model given by path, before it
+    loads), DataError for bad data, ResourceError for a run whose estimated peak exceeds
+    ``Compute.memory`` (naming the ``keep`` that fits)."""
     g = regroup("score", {"target": target, "integration": integration, "compute": compute, "hooks": hooks},
                 legacy, SCORE_LEGACY, SCORE_GROUPS, shorthand={"target": lambda text: Target(target=text)})
     t, i, c, h = g["target"], g["integration"], g["compute"], g["hooks"]

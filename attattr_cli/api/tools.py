@@ -115,26 +115,16 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
                  importance_store=None, erase: str = "remove", permutations: int = 20, perm_layers=None, seed: int = 0,
                  aggregate: str | None = None, adversarial=False, target=None, integration=None, compute=None, out=None,
                  progress=False, command=None, **legacy) -> FaithfulnessResult:
-    """Faithfulness of token importance (attention, rollout, attention x gradient, attention
-    attribution, gradients, leave-one-out, random) over the examples of ``store`` (a path); or,
-    with no store, after scoring model and data into ``score_store`` (default: ``out`` with .h5,
-    or a temporary file) as :func:`score` scores with ``target``, ``integration`` and ``compute``
-    (``tol`` 0.1 unless ``steps``, ``rule`` or ``tol`` is given). The store read is left as it
-    is (it may be read-only): token importance already in it is read, the rest computed;
-    ``importance_store`` (a path) keeps the vectors computed for the next run: a copy of
-    ``store`` made there on first use, or ``store`` itself when it names it. Scoring first, they
-    are kept in ``score_store``. ``methods``: names from the registry
-    (``attattr_cli.analysis.methods``), or ``"all"`` for every method available for the model.
-    ``adversarial=True`` (or an :class:`Adversarial`): also run the adversarial-attention
-    experiment at ``epsilons`` (default 0.01, 0.05) on its ``layer`` (default the last).
-    ``aggregate="words"``: the agreement, erasure and masking metrics rank and erase whole
-    words, a word's score the sum of its tokens' (docs/faithfulness.md, "Words"). ``target``:
-    its ``target`` (the class; a text is that alone) and ``output``; ``compute``: its
-    ``device``, ``truncate`` and ``threads`` (the rest of it, with a store, is refused: it goes
-    with scoring). ``out``: write the JSON report. The old flat keywords (``steps=``, ``rule=``,
-    ``tol=``, ``output=``, ``device=``, ``truncate=``, ``threads=``, ``epsilons=``,
-    ``adversarial_layer=``) still work for one release, with a FutureWarning. Returns
-    :class:`FaithfulnessResult`."""
+    """Faithfulness of token importance methods, side by side (docs/api.md, "Faithfulness and
+    fine-tuning"), over the examples of ``store`` (a path, only read); or, with no store, after
+    scoring model and data into ``score_store`` (default: ``out`` with .h5, or a temporary file) as
+    :func:`score` scores with ``target`` (its ``target`` and ``output``), ``integration`` and
+    ``compute``. ``importance_store`` (a path) keeps the token importance computed for the next run.
+    ``methods``: names from ``attattr_cli.analysis.methods``, or ``"all"``. ``adversarial=True`` (or an
+    :class:`Adversarial`) adds the adversarial-attention experiment; ``aggregate="words"`` ranks and
+    erases whole words. ``out``: write the JSON report. The old flat keywords still work for one
+    release, with a FutureWarning. Returns :class:`FaithfulnessResult`; a ``compute`` field other
+    than ``device``, ``truncate`` and ``threads`` with a store is an OptionError."""
     g = regroup("faithfulness", {"target": target, "integration": integration, "compute": compute,
                                  "adversarial": adversarial}, legacy, FAITHFULNESS_LEGACY, FAITHFULNESS_GROUPS,
                 shorthand={"target": lambda text: Target(target=text)})

@@ -1,23 +1,12 @@
-"""Counterfactual prompt pairs: the data of a circuit task (docs/circuits.md).
+"""Counterfactual prompt pairs: the data of a circuit task (docs/circuits.md, "The data").
 
-A pair is a clean prompt, a counterfactual prompt of the same token length, the right
-answer and the wrong one (the foil) of the clean prompt, each a continuation token or a
-set of them. The metric of a pair is the logit difference answer - foil (set: the mean
-logit of the set), taken on the clean and on the counterfactual run alike.
-
-JSONL, one object per line::
-
-    {"prompt": "When Mary and John went to the store, John gave a drink to",
-     "counterfactual": "When Anna and Paul went to the store, Mark gave a drink to",
-     "answer": " Mary", "foil": " John"}
-
-``answer`` and ``foil`` are strings or lists of strings (each must be one token for the
-model's tokenizer); other fields are kept as ``meta``.
-
-Tasks (``PAIR_TASKS``, one registered :class:`PairTask` per module of data/pair_tasks/) write
-such pairs for any tokenizer: ``ioi``, ``greater-than``, ``capitals``, ``copying``, ``pronoun``,
-``agreement``, ``mcq``. Each checks, for the tokenizer it is given, that every answer and foil
-is one token and that the clean and the counterfactual prompt have the same token length.
+A pair is a clean prompt, a counterfactual prompt of the same token length, and the right answer
+and the wrong one (the foil) of the clean prompt, each one continuation token or a set of them; its
+metric is the logit difference answer - foil (a set's logit: the mean over the set) on either
+prompt. A JSONL file holds one object per line with ``prompt``, ``counterfactual``, ``answer`` and
+``foil`` (a string or a list of strings); other fields are kept as ``meta``. ``PAIR_TASKS`` holds the
+registered :class:`PairTask` generators, one per module of data/pair_tasks/, each checking its pairs
+against the tokenizer it is given.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Readers for tabular example files: GLUE-style TSV, CSV and JSON lines.
-
-The format is chosen by the file's extension (case-insensitive):
-
-    .tsv            tab-separated, header row, no quoting (``csv.QUOTE_NONE``): GLUE
-                    TSVs hold stray ``"`` characters that are part of the text
-    .csv            comma-separated, header row, standard ``"`` quoting
-    .jsonl .ndjson  one JSON object per line
-    .json           JSON lines as well; a file whose first character is ``[`` is read
-                    as one JSON array of objects
-
-Every file is decoded as UTF-8 (a leading byte-order mark is dropped, as GLUE's
-MRPC files carry one). Blank lines are skipped and are not rows. Every problem is
-reported as a :class:`~attattr_cli.errors.DataError` of one line that names the
-file and, where there is one, the line.
+"""Readers for tabular example files (docs/cli.md, "Data files and labels"), chosen by the file's
+extension (case-insensitive): ``.tsv`` tab-separated with a header row and no quoting
+(``csv.QUOTE_NONE``: GLUE TSVs hold stray ``"`` characters that are part of the text), ``.csv``
+comma-separated with standard ``"`` quoting, ``.jsonl``, ``.ndjson`` and ``.json`` one JSON object
+per line (a ``.json`` whose first character is ``[``: one JSON array of objects). UTF-8, a leading
+byte-order mark dropped; blank lines are no rows. Every problem is a one-line
+:class:`~attattr_cli.errors.DataError` naming the file and, where there is one, the line.
 """
 
 from __future__ import annotations

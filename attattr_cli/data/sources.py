@@ -1,26 +1,11 @@
-"""Sources: which tokens of a long prompt are its passages (docs/long-context.md).
+"""Sources: which tokens of a long prompt are its passages (docs/long-context.md, "Sources").
 
 A source is a span of consecutive token positions (start, end), end exclusive, as the spans of
-analysis/aggregate.py. Sources are **passages only**: found in the prompt's text and mapped to
-tokens by the tokenizer's character offsets.
-
-* **The template is not a source.** Where the prompt begins with the model's chat template
-  around one user message (the template rendered around a marker: its head, the default
-  system message among it, and its tail, the generation prompt), the content is what lies
-  between the two; otherwise, where the prompt holds the tokenizer's special tokens
-  (``<|im_start|>`` ...), the content is the longest stretch of text between them, less a role
-  line (``user``) right after one; otherwise the whole prompt.
-* **The question is not a source.** ``paragraphs``: the content split on blank lines (a line
-  holding only white space ends a paragraph), the last paragraph, the question block after the
-  last blank line, left out. ``sentences``: the sentences (split after ``.``, ``!`` or ``?``
-  with any closing quotes or brackets, followed by white space, and on blank lines) of every
-  paragraph but the last; where the content is a single paragraph, every sentence but its last.
-* **A JSONL file** (``FILE``, or ``FILE:FIELD`` for another field than ``text``): one passage a
-  line, each found in the prompt in order, after the one before; only the passages are sources.
-
-A token belongs to the source its first character lies in; tokens in no source (the template,
-the question, special tokens, the answer) are not listed. Torch-free: the scorer and the
-source-removal check ask :func:`prompt_spans`.
+analysis/aggregate.py: a passage only, found in the prompt's text (``paragraphs``, ``sentences``, or
+the passages of a JSONL ``FILE[:FIELD]``) and mapped to tokens by the tokenizer's character offsets.
+The chat template around the user's message and the question (the last paragraph) are never
+sources. A token belongs to the source its first character lies in; tokens in no source are not
+listed. Torch-free: the scorer and the source-removal check ask :func:`prompt_spans`.
 """
 
 from __future__ import annotations

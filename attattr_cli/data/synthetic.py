@@ -1,30 +1,12 @@
-"""The built-in synthetic pair-classification task (MNLI-like).
+"""The built-in synthetic pair-classification task (MNLI-like; docs/cli.md, "attattr demo data").
 
-Each example is a premise / hypothesis pair made of pseudo-word "distractors"
-with one planted key word in each segment: a premise word ``P[i]`` and a
-hypothesis word ``Q[k]``.  The label is decided by the *pair* alone:
-
-* ``entailment``    when ``k == i``          (the hypothesis word is the partner),
-* ``contradiction`` when ``k == SIGMA[i]``   (the "opposite" partner; SIGMA has
-                                              no fixed points),
-* ``neutral``       otherwise.
-
-The labels are balanced and, for a neutral example, the hypothesis word is drawn
-uniformly from the four remaining words, so every premise word and every
-hypothesis word occurs equally often with each label: neither word alone says
-anything about the label and a model has to relate the two segments.  The
-positions of the key words are random and recorded in ``Example.meta``::
-
-    {"pair": [premise_word, hypothesis_word],
-     "pair_word_index": [i_in_premise, j_in_hypothesis]}
-
-(word indices within each whitespace-split segment), which is the ground truth
-an attribution method should recover.
-
-Everything is deterministic given the seed (``random.Random``); the training set
-(:func:`train_set`) uses :data:`TRAIN_SEED` and also shorter segments, and the
-default data set, :func:`heldout`, uses :data:`HELDOUT_SEED` and the standard
-lengths (premise 5-12 distractors, hypothesis 3-8, plus the key word).
+Each example is a premise / hypothesis pair of pseudo-word distractors with one planted key word in
+each segment, premise word ``P[i]`` and hypothesis word ``Q[k]``; the pair alone decides the label:
+``entailment`` when ``k == i``, ``contradiction`` when ``k == SIGMA[i]`` (SIGMA has no fixed points),
+``neutral`` otherwise. ``Example.meta`` holds the ground truth an attribution method should recover,
+``{"pair": [premise_word, hypothesis_word], "pair_word_index": [i_in_premise, j_in_hypothesis]}``
+(word indices within each whitespace-split segment). Deterministic given the seed: :func:`heldout`
+(the default data) and :func:`train_set`.
 """
 
 from __future__ import annotations
@@ -61,9 +43,7 @@ DISTRACTORS: tuple[str, ...] = (
 
 PREMISE_DISTRACTORS = (5, 12)  # inclusive range of distractor words in a premise
 HYPOTHESIS_DISTRACTORS = (3, 8)  # inclusive range of distractor words in a hypothesis
-#: The training set also holds shorter segments (down to the bare key words):
-#: they give a from-scratch model a gradient signal early and cut its initial
-#: loss plateau from ~900 to ~400 steps; the model is evaluated on the standard lengths.
+#: The training set also holds shorter segments, down to the bare key words (docs/cli.md says why).
 TRAIN_PREMISE_DISTRACTORS = (0, 12)
 TRAIN_HYPOTHESIS_DISTRACTORS = (0, 8)
 

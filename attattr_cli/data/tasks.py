@@ -1,23 +1,11 @@
-"""Task presets and the loading of examples for a task.
+"""Task presets and the loading of examples for a task (docs/cli.md, "Data files and labels").
 
-A :class:`Task` says which columns of a data file hold the text (one segment, or
-a pair) and the gold label, and what the labels are called. ``TASKS`` holds the
-presets; :data:`GENERIC` is the fallback used when a data file is given without
-a task (its columns are guessed from common names).
-
-Labels in a file may be integer indices into the task's label names, or the
-names themselves (case-insensitive; ``_``, ``-`` and spaces are ignored, so
-``not_entailment``, ``not-entailment`` and ``NOT ENTAILMENT`` are one label).
-An empty label cell, ``-1`` or ``-`` (GLUE test sets, SNLI pairs without
-annotator consensus) gives ``label=None``: the example is kept, its gold label
-unknown. A file without a label column loads with every label ``None``.
-
-When the caller passes ``label_names`` (the model's ``id2label`` names), gold
-labels are returned as indices into *those* names, so that they line up with the
-model's outputs; e.g. ``roberta-large-mnli`` orders its labels contradiction,
-neutral, entailment while GLUE files number them entailment, neutral,
-contradiction. Names of the transformers default form ``LABEL_0``, ``LABEL_1``,
-... carry no meaning and are taken to follow the task's order.
+A :class:`Task` says which columns of a data file hold the text (one segment, or a pair) and the
+gold label, and what the labels are called. ``TASKS`` holds the presets; :data:`GENERIC` is the
+fallback for a data file given without a task. A label cell is an index into the task's label
+names or a name (case-insensitive; ``_``, ``-`` and spaces ignored); an empty cell, ``-1`` or ``-``
+gives ``label=None`` (gold unknown). Given the model's ``label_names``, gold labels index *those*
+names, so that they line up with the model's outputs.
 """
 
 from __future__ import annotations
@@ -408,7 +396,7 @@ def load_examples(
                  hub dev split for the GLUE/SNLI presets, which needs ``datasets``)
     task:        a preset from :func:`get_task`, or None for :data:`GENERIC`
     label_names: the model's label names, if known; the gold labels returned then
-                 index these names (see the module docstring)
+                 index these names (docs/cli.md, "Data files and labels")
 
     Returns the examples (``index`` = 0-based data row) and the label names their
     ``label`` indexes. Raises DataError for data problems, OptionError when there

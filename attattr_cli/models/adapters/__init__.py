@@ -1,16 +1,11 @@
 """Attention that does not go through transformers' attention interface, taken over where each
-architecture computes it.
+architecture computes it (docs/models.md, "Attention outside the interface: adapters").
 
-Most transformers 5 models call their attention through the attention interface, which
-attattr's attention function (:mod:`attattr_cli.engine.attention`) takes over. Some compute
-the probabilities in their own code (DeBERTa's disentangled attention, ALiBi in BLOOM and
-Falcon, MPNet's relative bias, XLNet's relative attention, BigBird's full attention). For those
-an :class:`Adapter` replaces the attention module's ``forward`` while a model is taken over:
-it computes what the model computes (queries, keys, values, the additive score bias of
-relative positions, the mask) and hands them to the same attention function as the interface
-path, with the bias as ``position_bias``. The contract is the interface path's: the attention
-is ``softmax(scale * q k^T + bias + mask)``, its output ``A V``; a target layer's A is scaled
-by alpha and the gradient taken with respect to its output, never an m x heads x n x n tensor.
+While a model is taken over, an :class:`Adapter` replaces the attention module's ``forward``: it
+computes what the model computes (queries, keys, values, the additive score bias of relative
+positions, the mask) and hands them to the interface path's attention function
+(:mod:`attattr_cli.engine.attention`), the bias as ``position_bias``. The contract is the interface
+path's: the attention is ``softmax(scale * q k^T + bias + mask)``, its output ``A V``.
 
 An architecture is one registered entry, in one file of this package (imported below):
 ``@register`` on an Adapter subclass, or :func:`refuse` for a model type (or a configuration of
