@@ -131,13 +131,8 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     (E_x max Attr_h) and ``attention``; from a model and data: ``taylor`` (Michel et al.,
     unit L2 norm per layer unless ``normalize=False``) and ``random`` (one table per seed).
     ``methods`` a list or comma string (default attr,attention with a store, taylor,random
-    without). ``out``: also write (or add to) an importance file. Returns :class:`Importance`.
-    With clean / counterfactual pairs (``data`` a JSONL of pairs, or ``Pair`` inputs) and a causal
-    language model, ``taylor`` takes the gradient of each pair's ``metric`` (logit-diff by
-    default) instead of a loss; a store of pairs gives attr and attention as any store does. On
-    pairs, every head method of :func:`circuit` (``atp``, ``nap-ig``, ``atp-verified``,
-    ``patching``, ...) is one more table (its mean score over the pairs), so that :func:`prune`
-    judges it as it judges the others."""
+    without; on pairs also every head method of :func:`circuit`: docs/api.md, "importance").
+    ``out``: also write (or add to) an importance file. Returns :class:`Importance`."""
     from ..analysis import importance as imp
 
     check_methods_given(methods)
@@ -380,16 +375,9 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
     ``rates`` "start:stop:step", a comma string or a list. ``effectiveness``: a store of the
     model on the data: the paper's per-example analysis (``ks`` heads per layer). ``keep_heads``
     with ``save_model``: save a model with only that fraction of heads. ``out``: write the
-    JSON document. Returns :class:`PruneResult`.
-
-    Clean / counterfactual pairs of a causal language model (``data`` a JSONL of pairs, or
-    ``Pair`` inputs; data/pairs.py): the curves are the mean ``metric`` of the pairs
-    (``"logit-diff"``, the default, ``"logprob-diff"`` or ``"prob"``; engine/metrics.py) with the
-    pruned heads zeroed, instead of accuracy, with the faithfulness of each point
-    (docs/pruning.md); the model loads as a language model. ``split`` (pairs only, MIB's
-    protocol): ``"held-out"`` (default) measures the curves only on the picked pairs that no table
-    of ``importance`` was averaged over (its recorded examples: indices into the same pairs file);
-    ``"none"`` on every picked pair (the same-pairs figures, labelled so in the result)."""
+    JSON document. Returns :class:`PruneResult`. On clean / counterfactual pairs of a causal
+    language model the curves are the mean ``metric`` of the pairs, measured with ``split``
+    ("held-out" or "none") on the pairs no table was averaged over (docs/api.md, "prune")."""
     from ..analysis import importance as imp
     from ..analysis import prune as pr
     from ..engine.heads import Batches
