@@ -1,13 +1,11 @@
 """attattr: self-attention attribution (Hao et al., AAAI 2021) for transformers models.
 
-The library is the product: ``import attattr_cli as aa`` gives every function, result and
-option group of the API (``aa.load_model``, ``aa.score``, ``aa.open_store``, ...: the names of
-``attattr_cli.exports``; docs/api.md), imported lazily, so that ``import attattr_cli`` stays
-cheap (no torch until a function is used). The command-line interface lives in
-``attattr_cli.cli`` and calls these functions. What they raise is importable from here too:
-``aa.AttattrError`` and its kinds ``aa.DataError``, ``aa.OptionError``, ``aa.ModelError``,
-``aa.StoreError``, ``aa.ResourceError``, ``aa.DistributedError`` (``except aa.AttattrError``
-catches every error attattr reports to a user).
+``import attattr_cli as aa`` gives every function, result and option group of the API (the names
+of ``attattr_cli.exports``; docs/api.md), imported lazily so that ``import attattr_cli`` loads no
+torch until a function is used; the CLI (``attattr_cli.cli``) calls these functions. What they
+raise is importable from here too: ``aa.AttattrError`` (which catches every error attattr reports
+to a user) and its kinds ``aa.DataError``, ``aa.OptionError``, ``aa.ModelError``,
+``aa.StoreError``, ``aa.ResourceError``, ``aa.DistributedError``.
 """
 
 import warnings

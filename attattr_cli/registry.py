@@ -1,16 +1,12 @@
-"""One registry class for every family of methods (head methods of ``attattr circuit``, head
-importance tables of ``attattr importance``, token importance methods of ``attattr
-faithfulness``, source methods of ``attattr sources-check``) and of what they run on (pair
-tasks, task presets, ablations): entries by name, in registration order, each a frozen
-dataclass with at least ``name`` and ``description``.
+"""One registry class for every family of methods (head methods, head importance tables, token
+importance methods, source methods) and of what they run on (pair tasks, task presets, ablations):
+entries by name, in registration order, each a frozen dataclass with at least ``name`` and
+``description`` (docs/extending.md lists the families and their commands).
 
 A family is ``Registry("head method", units="heads")``; a module adds an entry with
-``REGISTRY.register(...)``. Other packages add methods through the Python entry point group
-``attattr.methods`` (docs/extending.md): each entry point names a module (or a function) that
-registers its methods when loaded; they are loaded the first time any registry is read, so a
-plugin's method appears in every command that lists or accepts its family.
-
-NumPy-free and torch-free: importing it costs nothing.
+``REGISTRY.register(...)``. Plugins register through the entry point group ``attattr.methods``,
+loaded the first time any registry is read, so a plugin's method appears in every command that
+lists or accepts its family. NumPy-free and torch-free: importing it costs nothing.
 """
 
 from __future__ import annotations

@@ -1,16 +1,13 @@
-"""Per-architecture facts, kept as data: where the stack of transformer layers lives.
+"""Per-architecture facts, kept as data: where the stack of transformer layers lives
+(docs/models.md, "What attattr needs to know about an architecture").
 
-attattr takes over attention through transformers' attention interface (and, for attention
-computed outside it, through the adapters of :mod:`attattr_cli.models.adapters`), so what it
-must know about an architecture is the ModuleList of its layers (to run layers below the
-target once and to tell which layer an attention call belongs to). Known paths are listed
-here; any other model is searched for the one ModuleList whose length is the number of
-hidden layers (an adapter may give the list itself: ALBERT's shared layer, XLNet).
-
-Encoder-decoder models (BART) have several attention *families*: ``encoder`` (encoder
-self-attention), ``decoder`` (the decoder's causal self-attention) and ``cross`` (decoder
-queries attending to encoder keys). Each is a (layer list, attention submodule) pair,
-kept as data in :data:`FAMILY_PATHS`. Every other model has the one family ``self``.
+What attattr must know about an architecture is the ModuleList of its layers (to run the layers
+below the target once and to tell which layer an attention call belongs to): a known path, or
+the one ModuleList as long as the number of hidden layers (an adapter may give the list itself:
+ALBERT's shared layer, XLNet). Encoder-decoder models have several attention *families*,
+``encoder``, ``decoder`` (causal self-attention) and ``cross`` (decoder queries, encoder keys),
+each a (layer list, attention submodule) pair in :data:`FAMILY_PATHS`; every other model has the
+one family ``self``.
 """
 
 from __future__ import annotations

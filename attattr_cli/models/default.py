@@ -1,15 +1,10 @@
 """The built-in default model: a tiny BERT trained on the synthetic pair task.
 
-The trained folder is committed at :data:`DEFAULT_MODEL_DIR` (a standard
-``save_pretrained`` folder: ``config.json``, ``model.safetensors`` and the
-tokenizer files), so the tool has a model and data to run on with no download.
-:func:`train_default_model` is the recipe that produced it (see ``TRAINING.md``
-in that folder).  It loads with plain transformers::
-
-    AutoModelForSequenceClassification.from_pretrained(DEFAULT_MODEL_DIR)
-    AutoTokenizer.from_pretrained(DEFAULT_MODEL_DIR)
-
-The library never prints: pass ``progress`` to follow training.
+The trained folder is committed at :data:`DEFAULT_MODEL_DIR` (a standard ``save_pretrained``
+folder: ``config.json``, ``model.safetensors``, the tokenizer files; plain transformers loads it),
+so the tool has a model and data to run on with no download. :func:`train_default_model` is the
+recipe that produced it (``TRAINING.md`` in that folder). The library never prints: pass
+``progress`` to follow training.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""Mixture-of-experts models in float64.
-
-transformers runs the experts of Mixtral, Qwen2-MoE, Qwen3-MoE and the like with a grouped
-matrix product that takes float32 and half precision only; its ``eager`` experts (a loop over
-experts) run in any dtype and compute the same function. attattr switches a float64 model to
-them while it runs and puts the setting back afterwards.
-
-Expert routing makes F(alpha A) a piecewise-smooth function of alpha: where the router's
-top-k choice changes along the path, F jumps. The integration (engine) detects such paths."""
+"""Mixture-of-experts models in float64 (docs/models.md, "Mixture of experts"): transformers'
+grouped expert product takes float32 and half precision only, so a float64 model is switched to
+its ``eager`` experts (the same function, a loop over experts) while attattr runs it, and the
+setting is put back afterwards."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""A GGUF file (llama.cpp's format) written out as a plain transformers model folder.
-
-``--model FILE.gguf`` loads the file directly (:func:`~attattr_cli.models.loading.load_gguf`:
-every weight dequantized, the tokenizer rebuilt from the file's vocabulary), which costs the
-whole load on every run. :func:`convert` does it once and writes what ``save_pretrained``
-would, had transformers not refused to save a model loaded from GGUF: ``config.json`` without
-the quantization entry, the weights as ``model.safetensors`` (a tied weight, the LM head that
-is the embedding matrix, once; it is tied again on load), the tokenizer's files and the
-generation config. The folder then loads in seconds, with ``--model FOLDER --lm``.
+"""A GGUF file (llama.cpp's format) written out as a plain transformers model folder (docs/models.md,
+"GGUF files"): what ``save_pretrained`` would write, had transformers not refused to save a model
+loaded from GGUF, so that the dequantization is paid once instead of on every load: ``config.json``
+without the quantization entry, ``model.safetensors`` (a tied weight, the LM head that is the
+embedding matrix, once; it is tied again on load), the tokenizer's files and the generation config.
 """
 
 from __future__ import annotations

@@ -1,15 +1,11 @@
-"""Longformer: sliding-window local attention plus global attention, as the model computes it.
+"""Longformer: sliding-window local attention plus global attention, as the model computes it
+(docs/models.md, the adapters' table, says which key each query attends to).
 
-A token that is not global attends to the keys within ``attention_window / 2`` positions of it
-(global keys aside) and to every global key, with the layer's query, key and value
-projections; a global token (the first one, for classification) attends to every key with
-the separate global projections. The model computes this in a banded layout over an input
-padded to a multiple of the window; the adapter computes the same attention as one n x n
-matrix with the band as a mask (so it needs no padding, which it turns off while the model is
-taken over). Rows with different projections are one attention: the queries, keys and values
-are ``[q, 0], [k, k_global], [v, v_global]`` for a local row and ``[0, q_global]`` ... for a
-global one, and each row's output takes the half of its kind, so that A is one matrix and
-``A * (G V^T)`` is each row's own attribution."""
+The model computes it in a banded layout over an input padded to a multiple of the window; the
+adapter computes the same attention as one n x n matrix with the band as a mask (no padding: it is
+turned off while taken over). Rows of both kinds are one attention: queries ``[q, 0]`` (local) or
+``[0, q_global]`` (global), keys ``[k, k_global]``, values ``[v, v_global]``, each row's output
+taking the half of its kind, so that ``A * (G V^T)`` is each row's own attribution."""
 
 from __future__ import annotations
 

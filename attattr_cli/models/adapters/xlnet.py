@@ -1,13 +1,11 @@
-"""XLNet as a classifier: relative attention over the content stream, in the model's own code.
+"""XLNet as a classifier: relative attention over the content stream, in the model's own code
+(docs/models.md, the adapters' table).
 
-XLNet runs its layers sequence-first (``[token, batch, hidden]``). While the model is taken
-over, each layer goes through a :class:`BatchFirst` proxy (beside the model, not registered
-in it), so that what attattr replays and records between layers is batch-first as for every
-other model. The scores are ``scale * ((q + r_w) k^T + bd + ef)``: the position term ``bd``
-(relative encodings, shifted) and the segment term ``ef`` are fixed given the layer's input,
-so they are the bias (``position_bias``) of ``softmax(scale * (q + r_w) k^T + bias)``. The
-two-stream (query stream) attention of permutation language modelling and memories are
-refused in one line."""
+XLNet runs its layers sequence-first; while taken over, each layer goes through a :class:`BatchFirst`
+proxy (beside the model, not registered in it), so that what attattr replays and records between
+layers is batch-first. The scores are ``scale * ((q + r_w) k^T + bd + ef)``: the position term ``bd``
+(relative encodings, shifted) and the segment term ``ef`` are fixed given the layer's input, so they
+are the bias. The query stream of permutation language modelling and memories are refused."""
 
 from __future__ import annotations
 
