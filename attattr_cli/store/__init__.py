@@ -2,12 +2,12 @@
 writer (writer.py), reader (reader.py), merge (merging.py), fingerprint differences
 (fingerprint.py), token importance (token_importance.py)."""
 
-from .fingerprint import FingerprintDifference, fingerprint_difference
+from .fingerprint import FingerprintDifference, check_fingerprint, fingerprint_difference
 from .merging import ShardCheck, inspect_shards, merge
 from .reader import Store, StoredExample
 from .schema import SCHEMA_NAME, SCHEMA_VERSION
 from .token_importance import TokenImportanceStore, read_token_importance
-from .writer import StoreWriter, check_fingerprint
+from .writer import StoreWriter
 
 __all__ = ["SCHEMA_NAME", "SCHEMA_VERSION", "FingerprintDifference", "ShardCheck", "Store", "StoredExample",
            "StoreWriter", "check_fingerprint", "fingerprint_difference", "inspect_shards", "merge",

@@ -21,33 +21,17 @@ SHARD_EXAMPLES = "shard_examples"  # root dataset of a distributed shard: the in
 
 # dataset name -> axis labels
 AXES = {
-    "tokens": ("token",),
-    "input_ids": ("token",),
-    "segment_ids": ("token",),
-    "logits": ("label",),
-    "probs": ("label",),
-    "attribution": ("layer", "head", "query", "key"),
-    "attention": ("layer", "head", "query", "key"),
-    "head_max": ("layer", "head"),
-    "f_baseline": ("layer",),
-    "residual": ("layer",),
+    "tokens": ("token",), "input_ids": ("token",), "segment_ids": ("token",), "logits": ("label",), "probs": ("label",),
+    "attribution": ("layer", "head", "query", "key"), "attention": ("layer", "head", "query", "key"),
+    "head_max": ("layer", "head"), "f_baseline": ("layer",), "residual": ("layer",),
     # schema 1.1
-    "head_sum": ("layer", "query", "key"),
-    "attention_mean": ("layer", "query", "key"),
-    "topk_index": ("layer", "head", "rank", "query_key"),
-    "topk_value": ("layer", "head", "rank"),
-    "decoder_tokens": ("decoder_token",),
-    "decoder_input_ids": ("decoder_token",),
-    # schema 1.2
-    "nodes": ("layer",),
-    "error_estimate": ("layer",),
-    "node_cap_hit": ("layer",),
-    # schema 1.3
-    "convergence": ("layer",),
-    # schema 1.5
-    "key_sum": ("layer", "key"),
-    # schema 1.6
-    "read_sum": ("layer", "key"),
+    "head_sum": ("layer", "query", "key"), "attention_mean": ("layer", "query", "key"),
+    "topk_index": ("layer", "head", "rank", "query_key"), "topk_value": ("layer", "head", "rank"),
+    "decoder_tokens": ("decoder_token",), "decoder_input_ids": ("decoder_token",),
+    # schema 1.2 and 1.3 (convergence)
+    "nodes": ("layer",), "error_estimate": ("layer",), "node_cap_hit": ("layer",), "convergence": ("layer",),
+    # schema 1.5 and 1.6 (keep sources)
+    "key_sum": ("layer", "key"), "read_sum": ("layer", "key"),
 }
 
 STORE_DTYPES = ("float32", "float16")

@@ -26,7 +26,7 @@ from .. import __version__
 from ..errors import AttattrError, ResourceError, StoreError, first_line
 from .family import family_arrays, self_maps_info, write_family
 from .steps import write_steps
-from .fingerprint import check_fingerprint  # noqa: F401  (re-exported: store/__init__)
+from .fingerprint import check_fingerprint
 from .reader import already_done  # noqa: F401  (re-exported: engine/run)
 from .opening import (UTF8, OpenFile, check_schema, check_store_path, copy_root, hdf5_writing, open_file,
                       open_padded, read_attr, stored_below, utc_now)

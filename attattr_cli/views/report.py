@@ -67,15 +67,11 @@ def row_of(e, labels: Sequence[str]) -> dict:
     h = header_of(e, labels)
     resid = np.abs(np.asarray(e.residual, dtype=np.float64)).ravel()
     steps = getattr(e, "steps", None)
-    flags = []
-    if h.get("correct") is False and not steps:
-        flags.append("wrong")
-    if _large_residual(e) if not steps else any(_large_residual(st) for st in steps):
-        flags.append("residual")
-    if h.get("truncated"):
-        flags.append("truncated")
-    if h.get("unconverged") if not steps else any(st.unconverged_layers for st in steps):
-        flags.append("unconverged")
+    flags = [flag for flag, on in (("wrong", h.get("correct") is False and not steps),
+                                   ("residual", any(map(_large_residual, steps)) if steps else _large_residual(e)),
+                                   ("truncated", h.get("truncated")),
+                                   ("unconverged", any(st.unconverged_layers for st in steps) if steps
+                                    else h.get("unconverged"))) if on]
     prob = h.get("probability") if h.get("probability_of") == f"p({h['prediction']})" else None  # of the prediction
     row = {"index": int(e.index), "text": _text(e), "gold": h.get("gold"), "prediction": h["prediction"],
            "probability": None if prob is None else round(prob, 4),
