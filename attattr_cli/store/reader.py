@@ -18,7 +18,7 @@ from .. import convergence
 from ..errors import OptionError, StoreError, first_line
 from .opening import OpenFile, check_schema, open_file, open_padded, read_attr, stored_below
 from .schema import EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, example_name
-from .family import ARRAYS, checked, damaged, read_convergence, read_family, self_maps_info  # noqa: F401  (checked, damaged: re-exported)
+from .family import ARRAYS, checked, damaged, read_convergence, read_family, self_maps_info
 from .fingerprint import check_fingerprint
 from .steps import read_steps
 

@@ -77,8 +77,8 @@ def step_rows(example) -> list[dict]:
     ``token`` as a reader sees it (labels.py) and ``piece`` as the tokenizer wrote it,
     the step's largest |completeness residual| over layers, whether every layer converged and
     which did not (``"L0 (why), ..."``)."""
-    foil_probs = list((lm_meta(example) or {}).get("foil_probs") or [])
     f = facts(example)
+    foil_probs = list((lm_meta(example) or {}).get("foil_probs") or []) if f["foil"] is not None else []
     rows = []
     for t, st in enumerate(example.steps):
         s = st.meta["step"]
@@ -87,7 +87,7 @@ def step_rows(example) -> list[dict]:
         rows.append({"example": int(example.index), "step": t, "position": int(s["position"]),
                      "token": f["tokens"][t], "piece": str(s["target_token"]), "target_value": float(st.f_full),
                      "probability": float(s["prob"]), "foil": f["foil"],
-                     "foil_probability": float(foil_probs[t]) if f["foil"] is not None and t < len(foil_probs) else None,
+                     "foil_probability": float(foil_probs[t]) if t < len(foil_probs) else None,
                      "max_abs_residual": float(resid.max()) if resid.size else None, "converged": not bad,
                      "unconverged_layers": ", ".join(f"L{layer} ({why})" for layer, why in bad.items())})
     return rows
