@@ -1,30 +1,11 @@
 """Adversarial attention (Jain & Wallace 2019, section 4.2), and what attention attribution
-does under it.
-
-For one example and one layer (the last by default), the pooled token's attention row of
-every head, a_h = A_h[pool, :], is replaced by a'_h, searched to maximise the mean over
-heads of JSD(a_h, a'_h) while the output distribution stays within total variation
-distance epsilon of the clean one, TVD(p(a'), p(a)) <= epsilon. (In a BERT-style classifier
-only the pooled row of the last layer reaches the output, so the other rows are left as
-they are; in other layers every row matters but only the pooled row is searched, the
-experiment's one attention distribution per head.)
-
-The search: R restarts in one batch, each a point on the simplex per head; every
-iteration one forward and backward through the edited layer (layers below replay the
-clean forward), the step g = d/da' [JSD - relu(TVD - epsilon/2) / epsilon] (the output
-penalty starts half way to the bound), normalised by its largest
-entry, times a step size that decays, then projection of each row onto the simplex (sort-
-based, Duchi et al. 2008). A point whose TVD exceeds epsilon is replaced by the midpoint
-between it and the restart's last feasible point (the clean row to begin with). The
-result is the feasible point of largest mean JSD over all restarts and iterations.
-
-Then attention attribution of that layer is computed for the clean and for the
-adversarial attention with the same rule (``ATTR_STEPS`` midpoint steps of
-Attr_h(A) = A_h * integral_0^1 dF(alpha A)/dA_h d alpha, alpha scaling the whole layer's
-attention, F the store's target output), and the two maps are compared the same way as
-the two attentions: JSD between the head-summed maps of the pooled row (attention: mean
-over heads; attribution: |sum over heads| normalised to sum to one) and Kendall tau-b over
-the content tokens. JSD uses natural logarithms (at most ln 2 = 0.693).
+does under it. In one layer the pooled row of every head, a_h = A_h[pool, :], is replaced by
+a'_h searched (projected gradient ascent, restarts in one batch) to maximise the mean over
+heads of JSD(a_h, a'_h) subject to TVD(p(a'), p(a)) <= epsilon; then the layer's attention
+attribution (``ATTR_STEPS`` midpoint steps) under the clean and the adversarial attention
+are compared as the two attentions are (JSD of the pooled row's head-summed maps, Kendall
+tau-b over the content tokens). JSD in natural logarithms (at most ln 2). The search, its
+step and the comparison: docs/faithfulness.md, "Adversarial attention".
 """
 
 from __future__ import annotations

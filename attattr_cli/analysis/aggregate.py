@@ -1,25 +1,14 @@
 """Subword tokens merged into words (or user spans): the ``aggregate`` step.
 
 A merge is a list of groups, each a run of consecutive token positions. A map over tokens
-[..., query, key] becomes a map over groups by **summing** over the merged queries and the
-merged keys: Attr'(I, J) = sum_{i in I, j in J} Attr(i, j). Sums keep completeness (the
-total of each layer is unchanged, so it still equals F(A) - F(0)) and make a word's entry
-the attribution of the interaction between all its pieces. Token-importance vectors sum the
-same way. Attention probabilities are summed over merged keys (the probability mass a query
-gives the word) and averaged over merged queries, so that every row still sums to 1.
-
-Words come from the tokenizer's word ids (``word_ids``, what a fast tokenizer's
-``encoding.word_ids()`` returns: one word index per token, None for special tokens) or,
-where none are given (a store keeps token strings, not the tokenizer), from the tokens'
-word-boundary markers: WordPiece continues a word with ``##``, byte-level BPE (GPT-2,
-Llama 3, SmolLM) starts one with ``Ġ`` and SentencePiece (Llama 2, T5) with ``▁``; a token
-of punctuation alone and a special token (``[CLS]``, ``<s>``, ``<|im_start|>``) are words
-of their own. User spans are (start, end) position pairs, end exclusive; the tokens
-outside every span stay as they are.
-
-The analyses take the same groups (``aggregate="words"``): triggers are found on the merged
-maps, token tables sum a word's tokens, and faithfulness ranks words by the sum of their
-tokens' scores and erases a word by erasing all its tokens (:func:`token_keep`).
+[..., query, key] becomes a map over groups by **summing** over the merged queries and keys,
+Attr'(I, J) = sum_{i in I, j in J} Attr(i, j) (completeness kept); token-importance vectors
+sum the same way; attention is summed over merged keys and averaged over merged queries
+(rows still sum to 1). Words come from ``word_ids`` (a fast tokenizer's
+``encoding.word_ids()``: one word index per token, None for special tokens) or else from the
+tokens' markers (``##``, ``Ġ``, ``▁``); user spans are (start, end) pairs, end exclusive.
+docs/views.md, "Words and spans"; the analyses' use: docs/faithfulness.md, "Words" and
+docs/triggers.md, "Extraction".
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
-"""Inserting triggers into examples and measuring what they do (docs/method.md section 4.2).
-
-Each example is tokenised as the model sees it (special tokens and all); the tokens of
-a trigger are inserted into the segment they came from at their relative position
-there, as word pieces (the 2021 code inserts word pieces too), so the inserted ids are
-exactly the trigger's tokens. Where the result is longer than the model's maximum, the
-example's own tokens are cut, one at a time from the end of the longer segment, never
-a trigger token; such examples are counted. Then every variant is classified again and
-the accuracy per gold class is compared with the clean examples' (the paper's Table 2).
-
-Position rules (``position``):
-
-- ``relative`` (default): a token at relative position r in [0, 1] (0 the first token of
-  its segment, 1 the last) goes before token round(r * L) of a segment of L tokens
-  (r = 1 appends). Tokens of one trigger keep their order.
-- ``reference``: the 2021 code: with c tokens for the segment, the k-th goes to index
-  round((L + c) * ref_k), one further when it equals the previous one, where
-  ref = (offset + 1) / length of the source segment.
-- ``start``, ``end``: every trigger token at the start or the end of its segment.
-- a number in [0, 1]: every trigger token at that relative position.
-
-A *control* mirrors a trigger (same number of tokens, same segments and positions) with
-tokens drawn at random (seeded) from the tokens of the data, the trigger tokens left out;
-``CONTROLS`` (20) per *layout* (trigger size and segments) by default. They are the null
-distribution the triggers are judged against, per trigger (its accuracy drop on the examples
-it attacks, the gold class not its own, among its layout's controls' drops) and per gold
-class (the other classes' triggers against all controls, Holm-adjusted): see
-:func:`control_statistics` and the document's ``tests``.
+"""Inserting triggers into examples and measuring what they do (the paper's Table 2): each
+example tokenised as the model sees it, a trigger's tokens inserted as word pieces into the
+segment they came from (``position``: ``relative``, ``reference``, ``start``, ``end`` or a
+fraction), the example's own tokens cut from the end of its longer segment when too long,
+every variant classified again, and the triggers judged against seeded random-token
+*controls* of the same layout (``CONTROLS`` per layout; :func:`control_statistics`).
+docs/triggers.md, "Attack"; docs/method.md section 4.2.
 
 Nothing here prints or exits; the data file is only read.
 """

@@ -1,15 +1,11 @@
 """Counterfactual attention at one site: the probabilities of one layer replaced by any
 function of them (value zeroing, adversarial attention, attribution of an edited map).
 
-The engine's attention takeover (``engine.attention.taken_over``) routes every layer
-through attattr's attention function and keeps its plans (Record, Permute, Attribute,
-HeadScale). This module adds one more implementation of transformers' attention
-interface, ``attattr_edit``, that computes the target site's probabilities itself,
-hands them to ``Edit.fn`` ([batch, head, query, key] -> the same shape; the result may
-carry a graph) and multiplies the result with the values; every other site, and every
-call outside an :func:`edited` block, is passed on to the engine's function unchanged.
-It lives here so that the engine is not touched; it uses the engine's public takeover and
-two of its helpers (key/value head repetition, the causal mask fill).
+``attattr_edit``, one more implementation of transformers' attention interface, computes
+the target site's probabilities, hands them to ``Edit.fn`` ([batch, head, query, key] -> the
+same shape; the result may carry a graph) and multiplies the result with the values; every
+other site, and every call outside an :func:`edited` block, goes to the engine's function
+(``engine.attention.taken_over``) unchanged, so the engine is not touched.
 """
 
 from __future__ import annotations

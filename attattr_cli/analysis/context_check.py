@@ -1,25 +1,13 @@
-"""Is a context attribution right? Source removal for language models (docs/long-context.md).
+"""Is a context attribution right? Source removal for language models: F is the answer's joint
+log-probability, log p(answer | prompt) = sum_t log p(a_t | prompt, a_<t), one forward on token
+ids (float64 sums of log-softmax). Per method the top k sources (k = 1, 3, 5) are removed from
+the prompt together and the **drop** F(prompt) - F(prompt without them) is reported, with
+Kendall's tau-b between the method's source scores and leave-one-source-out's.
 
-The check ContextCite (Cohen-Wang et al. 2024) judges source scores by: F is the answer's
-joint log-probability, log p(answer | prompt) = sum_t log p(a_t | prompt, a_<t). For each
-method the sources are ranked by score (largest first) and the top k are removed from the
-prompt together (their tokens dropped; the rest, the question and the answer stay); the
-**drop** is F(prompt) - F(prompt without them), for k = 1, 3, 5. A method whose top sources
-are the ones the answer depends on drops F most. Beside it, **rank agreement**: Kendall's
-tau-b between the method's source scores and leave-one-source-out's.
-
-Methods, each a score per source (the sum over the source's tokens):
-
-* ``attattr``: the attention attribution of F (analysis/sources.py: its keys' attribution
-  summed over layers, heads and queries), as ``score(..., sources=..., keep="sources")`` gives;
-* ``attention``: the attention the answer's query rows (the positions whose next token is an
-  answer token) give the source's keys, averaged over layers, heads and those rows;
-* ``input_x_gradient``: (dF/de_j) . e_j summed over the hidden size for each token's input
-  embedding e_j (as inseq's ``input_x_gradient``);
-* ``loo``: leave-one-source-out, exact: F(prompt) - F(prompt without the source). Its top-k
-  removal is the reference the goals compare with (at k = 1 it is the best single removal).
-
-Every F here is one forward of the model on token ids (float64 sums of log-softmax).
+Methods, a score per source (summed over its tokens): ``attattr`` (analysis/sources.py),
+``attention`` (the answer's query rows, averaged over layers, heads and rows),
+``input_x_gradient`` ((dF/de_j) . e_j over the hidden size) and ``loo`` (exact
+leave-one-source-out). docs/long-context.md, "Is it right? Source removal".
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Import the outputs of the 2021 reference code (github.com/YRdddream/attattr) into a store.
-
-That code writes, per example, an attribution file ``attr_zero_base_exp{I}.json``
-(``examples/generate_attrscore.py --get_att_attr``): JSON lines, one line per layer, each a
-``[heads][n][n]`` list (query x key, cut to the real length n); with ``--get_att_score``
-an attention file ``att_score_zero_base_exp{I}.json`` in the same format; and, for the
-first N dev examples, a tokens file ``tokens_and_pred_{N}.json``
-(``examples/get_tokens_and_pred.py``): a JSON list of
-``{"index", "tokens", "pred", "golden", "pred_logits"}`` with label names for ``pred`` and
-``golden`` and the logits as ``[[...]]``.
-
-The store gets the same schema as ``attattr score`` writes. What the 2021 files do not
-hold is marked: ``input_ids`` -1, ``f_baseline`` and ``residual`` NaN, ``attention`` an
-empty ``[0, 0, n, n]`` array unless an attention file is given. Nothing here prints.
+"""Import the outputs of the 2021 reference code (github.com/YRdddream/attattr) into a store:
+its per-example attribution files ``attr_zero_base_exp{I}.json`` (JSON lines, one
+``[heads][n][n]`` list per layer), optional attention files ``att_score_zero_base_exp{I}.json``
+of the same layout, and a tokens file ``tokens_and_pred_{N}.json``. The store gets
+``attattr score``'s schema; what the files do not hold is marked (``input_ids`` -1,
+``f_baseline`` and ``residual`` NaN, ``attention`` an empty ``[0, 0, n, n]`` without an
+attention file). Formats and what the store gets: docs/tree.md, "Importing the 2021 code's
+outputs". Nothing here prints.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""Source scores: a scored example's attribution per source (docs/long-context.md).
-
-The sources themselves, passages only (the template and the question left out), are found in
-the prompt by data/sources.py and kept with the example (``meta.sources``). A source's
-**score** is the sum of its keys' attribution over every scored layer, every head and the
-query rows that read the passages, from the end of the last one on (the question, the
-template's tail, the answer's rows): sum_{l, h, i >= R} Attr_l,h(i, j) summed over the
-source's keys j. The rows inside the context (passages reading earlier passages, which gave
-the first passages more rows to be attended from) are left out (docs/long-context.md, "The
-first-passage bias"). For
-``continuation=...`` (F the answer's joint probability or log-probability) this is the share
-of F(A) - F(0) that flows through attention to the source's tokens, per layer, added over the
-layers, as ContextCite scores sources for the same F. For a generation the score is summed
-over the steps (F = sum_t F_t) and each step's own score is given beside it.
+"""Source scores: a scored example's attribution per source (passages found by
+data/sources.py, kept as ``meta.sources``). A source's **score** is
+sum_{l, h, i >= R} Attr_l,h(i, j) summed over its keys j: every scored layer and head, the
+query rows from the end of the last passage on (R); the rows inside the context are left out
+(docs/long-context.md, "The first-passage bias"). For a generation the score is summed over
+the steps (F = sum_t F_t), each step's own beside it. docs/long-context.md explains the
+share of F(A) - F(0) this measures.
 
 Torch-free: the readers ask :func:`source_rows` for the table.
 """

@@ -1,20 +1,11 @@
-"""Token importance: one score per input token from attention, gradients, attribution,
-leave-one-out or chance, so that they can be compared with the same faithfulness tests
-(docs/method.md section 5; docs/faithfulness.md).
+"""Token importance: runs the methods registered in :mod:`attattr_cli.analysis.methods`
+(:class:`ModelRunner`, :class:`Context`) and keeps the names exported before the registry.
 
 Every method returns a float vector of length n (all tokens, special ones included; the
 faithfulness metrics use only the content tokens). "pool" is the position the classifier
-reads: 0 ([CLS]) for encoders, n - 1 for decoders.
-
-The methods themselves are registered in :mod:`attattr_cli.analysis.methods` (one module
-per family: ``builtin`` for attention, rollout, attention x gradient, attribution,
-gradients, leave-one-out and random; ``ig``; ``decompose`` for ALTI and DecompX;
-``value_zeroing``); this module runs them (:class:`ModelRunner`, :class:`Context`) and
-keeps the names the first release exported.
-
-F is the store's target output (the predicted class's probability by default, or its
-logit with ``--logit``), the same F as the attribution; ``loo`` and the faithfulness
-metrics always measure the target class's probability.
+reads: 0 ([CLS]) for encoders, n - 1 for decoders. F is the store's target output, the same
+F as the attribution; ``loo`` and the faithfulness metrics always measure the target class's
+probability. docs/faithfulness.md, "Token importance"; docs/method.md section 5.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
-"""Attribution trees (Hao et al. 2021; docs/method.md section 3), as networkx graphs, JSON and DOT.
+"""Attribution trees (Hao et al. 2021), as networkx graphs, JSON and DOT.
 
-For one example, the heads of each layer are summed, a^l = sum_h Attr_h (n x n, query x
-key), and each layer is normalised by its largest entry outside the first query row
-([CLS]): s^l = a^l / |max_{i>=1, j} a^l_ij|. The top node is the query token with the
-largest row sum of the summed attribution over all layers (normalised; diagonal,
-negative entries and the first row dropped). A walk from the top layer down then adds
-edges i -> j (query i, key j) with s^l_ij > tau, where i is already in the tree and j is
-not, so that every token has one parent and the tree has no cycles.
-
-Two modes (docs/tree.md lists every difference):
-
-- ``paper`` (default): every selected layer is walked, from the top; within a layer the
-  parents are the tokens that were in the tree before that layer, each newly reached
-  token takes its best-scoring parent (ties: the lowest position). With ``lam`` (the
-  paper's lambda, a cost per edge in  sum scores - lambda |E|) an edge must also score
-  above lambda.
-- ``reference``: the 2021 code's ``examples/attribution_tree.py`` step for step: the top
-  node's children come from the second-to-last layer, the walk covers the layers below it
-  (the last layer is used only to pick the top node), queries and keys are scanned in
-  position order and the first passing entry wins, and a token added in a layer can take
-  children in the same layer.
+For one example: a^l = sum_h Attr_h (n x n, query x key), each layer normalised by its
+largest entry outside the first query row, s^l = a^l / |max_{i>=1, j} a^l_ij|; the top node
+is the query token with the largest row sum of the summed, normalised attribution; a walk
+from the top layer down adds edges i -> j (query i, key j) with s^l_ij > tau, i in the tree
+and j not. Modes ``paper`` (default) and ``reference`` (the 2021 code step for step) differ
+as docs/tree.md, "Differences, side by side" lists; docs/method.md section 3.
 
 Edges point from parent (query) to child (key): information flows from the child up to
 the parent. The graph holds only the tokens in the tree. Nothing here prints or exits.

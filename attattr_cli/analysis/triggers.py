@@ -1,28 +1,13 @@
-"""Adversarial triggers from attention attribution (Hao et al. 2021, docs/method.md section 4.1).
+"""Adversarial triggers from attention attribution (Hao et al. 2021): per example the top-2
+entries (i, j) of the head with the largest attribution entry are its two *patterns*, a
+pattern's *trigger* its distinct tokens in position order (with segment and relative
+position); the same trigger is aggregated across examples and ranked (:func:`aggregate`).
+By default only entries between two different real tokens count; ``special=True`` follows
+the 2021 code (:func:`example_patterns`). docs/triggers.md, "Extraction"; docs/method.md
+section 4.1.
 
-Extraction, per example (the 2021 code, ``examples/run_adver_connection.py``):
-
-1. in each scored layer, the head holding the largest attribution entry;
-2. across layers, the one head (of step 1) with the largest maximum;
-3. that head's top-2 entries (i, j) (query token i, key token j) are the example's two
-   *patterns*, each with its value (the strength);
-4. a pattern's *trigger*: the distinct tokens of (i, j) in position order, each with its
-   segment and its position relative to that segment.
-
-By default steps 1-3 see only entries between two different real tokens (special tokens
-cannot be inserted; the diagonal is no interaction); ``special=True`` follows the 2021 code
-(:func:`example_patterns`).
-
-The 2021 code keeps each pattern of a single example; here the same trigger (same tokens
-in the same segments and order) is aggregated across examples: how often it occurs, its
-mean and total strength, the classes of the examples it came from (the class the
-attribution was taken for: the prediction by default, i.e. the class the trigger pushes
-towards), and its mean relative positions. Triggers are ranked by total strength (count
-times mean), or by count or mean strength.
-
-Relative positions (both are kept): ``relative = offset / (length - 1)`` (0 for the first
-token of its segment, 1 for the last; 0 when the segment has one token) and the 2021
-code's ``reference = (offset + 1) / length``.
+Relative positions (both kept): ``relative = offset / (length - 1)`` (0 in a one-token
+segment) and the 2021 code's ``reference = (offset + 1) / length``.
 
 Nothing here prints, exits or reads files beyond what it is given.
 """

@@ -1,13 +1,7 @@
-"""MIB's faithfulness curve at node level (Mueller et al. 2025, circuit track).
-
-For a ranking of the N heads and each k in ``PERCENTAGES``, keep the top ``int(k N)`` heads,
-ablate every other head's output (patching: its output on the counterfactual prompt; mean;
-zero), and take ``f(k) = (m(C) - m(empty)) / (m(N) - m(empty))`` with m averaged over the
-pairs, m(N) the clean model and m(empty) every head ablated. CPR is the area under f
-(trapezoids over k on a linear scale; higher is better), CMD the area under |1 - f| (lower is
-better). As MIB does, CPR ranks heads by their signed score and CMD by its absolute value.
-
-Intervals: a percentile bootstrap over pairs (the pairs resampled, the ranking held fixed).
+"""MIB's faithfulness curve at node level (Mueller et al. 2025, circuit track): for each k in
+``PERCENTAGES`` the top ``int(k N)`` heads kept and every other head ablated,
+``f(k) = (m(C) - m(empty)) / (m(N) - m(empty))``; CPR the area under f, CMD under |1 - f|,
+with percentile bootstrap intervals over pairs. docs/circuits.md, "The evaluation".
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Head gates: every head's output written ``z' + g (z - z')`` between its ablated value z'
-(the counterfactual run's output under patching) and its live value z.
-
-The metric is a function F(g) of the gates; g = 1 everywhere is the clean model (m(N)),
-g = 0 everywhere every head patched (m(empty)): the two ends of MIB's faithfulness ratio,
-and a circuit is a 0/1 gate vector. Two methods read its gradient:
-
-* ``atp``: attribution patching, ``dF/dg_h`` at g = 1, which is ``<dm/dz_h, z_h - z'_h>``
-  (one clean forward and backward, one counterfactual forward).
-* ``attr-gates``: attattr's integrated gradients along the diagonal g = alpha 1, alpha from 0
-  to 1 (Gauss-Legendre nodes): ``IG_h = int_0^1 dF/dg_h(alpha 1) d alpha``. The scores add up
-  to ``m(N) - m(empty)`` (completeness), so a head's score is its share of the behaviour that
-  MIB's curve measures; pairs of the same length run their nodes as one batch.
+and its live value z; g = 1 everywhere is the clean model (m(N)), g = 0 every head ablated
+(m(empty)). ``atp`` reads ``dF/dg_h`` at g = 1 (``<dm/dz_h, z_h - z'_h>``); ``attr-gates``
+integrates it along g = alpha 1 (Gauss-Legendre nodes), ``IG_h = int_0^1 dF/dg_h(alpha 1) d
+alpha``, whose scores add up to ``m(N) - m(empty)``. docs/circuits.md, "The methods".
 """
 
 from __future__ import annotations

@@ -1,18 +1,15 @@
 """attattr's attention attribution as head rankings: one layer's attention pattern moved along
-a path while every other layer computes its own (docs/method.md).
+a path while every other layer computes its own.
 
-* ``attr``: the paper's path from zero attention, ``A(alpha) = alpha A``, head importance the
-  max over the map of ``Attr_h = A_h . int dF/dA_h``, F the pair's metric.
-* ``attr-cf``: the counterfactual path ``A(alpha) = A' + alpha (A - A')`` with A' the
-  counterfactual run's pattern of the same layer, ``Attr_h = (A_h - A'_h) . int dF/dA_h``;
-  a head's score is the sum over its map, and a layer's scores add up to
-  F(clean) - F(that layer's pattern taken from the counterfactual) (completeness). It
-  measures what the head's *pattern* change does; what changes in its values (the
-  counterfactual's names themselves) is left out, and that is where it differs from patching.
+* ``attr``: the paper's path ``A(alpha) = alpha A``; a head's score the max over the map of
+  ``Attr_h = A_h . int dF/dA_h``, F the pair's metric.
+* ``attr-cf``: the counterfactual path ``A(alpha) = A' + alpha (A - A')``, A' the counterfactual
+  run's pattern of the layer, ``Attr_h = (A_h - A'_h) . int dF/dA_h`` summed over the map; a
+  layer's scores add up to F(clean) - F(that layer's pattern from the counterfactual).
 
-Both integrate with a fixed Gauss-Legendre rule (``steps`` nodes, 4 by default); a pass holds
-the nodes of one layer for several pairs, and the layers below it are replayed from the
-clean run, not recomputed.
+Both integrate with a fixed Gauss-Legendre rule (``steps`` nodes); a pass holds one layer's
+nodes for several pairs, the layers below replayed from the clean run. docs/circuits.md, "The
+methods" and "Why an attention-only ranking cannot agree with patching here".
 """
 
 from __future__ import annotations

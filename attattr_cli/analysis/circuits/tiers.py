@@ -1,19 +1,11 @@
-"""``attr-tiers``: a ranking built for both of MIB's questions at once, the circuit's curve (CMD)
-and agreement with one-head-at-a-time patching (Spearman); docs/circuits.md has the derivation.
-
-* **which tier** ([0, 10 %), [10, 20 %), [20, 50 %), [50, 100 %]: the sets CMD's largest
-  trapezoids read) a head is in comes from ``attr-gates``;
-* **the order inside a tier** comes from verified AtP (:func:`verified_estimates`: AtP with
-  the exact patching effect of its ``VERIFIED`` heads of largest |AtP|, every head of the first
-  ``EXACT_LAYERS`` layers and up to ``DISAGREE`` heads whose gate integral and AtP disagree in
-  sign);
-* **the first tier** is the better of two candidates on the method's own pairs at ``CHECKED``
-  (``Context.choose``): the heads of largest *signed* gate integral by verified AtP, or those of
-  largest |gate integral| in the order that keeps the running sum of their shares nearest
-  m(N) - m(empty).
-
-The score is a signed rank (N for the first head, 1 for the last, signed as verified AtP), the
-same for every pair.
+"""``attr-tiers``: a ranking for both of MIB's questions at once, the circuit's curve (CMD) and
+agreement with one-head-at-a-time patching (Spearman). A head's tier ([0, 10 %), [10, 20 %),
+[20, 50 %), [50, 100 %]) comes from ``attr-gates``, the order inside a tier from verified AtP
+(:func:`verified_estimates`: ``VERIFIED`` heads of largest |AtP|, the first ``EXACT_LAYERS``
+layers and up to ``DISAGREE`` sign disagreements patched exactly), the first tier is the better
+of two candidates at ``CHECKED`` (``Context.choose``). The score is a signed rank (N for the
+first head, 1 for the last, signed as verified AtP), the same for every pair.
+docs/circuits.md, "How `attr-tiers` was built".
 """
 
 from __future__ import annotations

@@ -1,36 +1,17 @@
 """Vector decompositions of BERT-style (post-LayerNorm) encoders: ALTI (Ferrando et al.
-2022) and DecompX (Modarressi et al. 2023).
+2022) and DecompX (Modarressi et al. 2023), in float64 from one clean forward.
 
-Both read the layers as in BERT: ``layer.attention.self.{query,key,value}``,
-``layer.attention.output.{dense,LayerNorm}``, ``layer.intermediate.dense`` with its
-activation, ``layer.output.{dense,LayerNorm}``; DecompX also the classifier head of
-``BertForSequenceClassification`` (pooler dense + tanh on the first token, then the
-classifier). Other architectures are told apart by :func:`bert_style` and left out with
-a reason. Everything is computed in float64 from one clean forward (hidden states and
-attention probabilities of every layer).
+Both read BERT's layer layout (``layer.attention.self.{query,key,value}``,
+``layer.attention.output.{dense,LayerNorm}``, ``layer.intermediate.dense``,
+``layer.output.{dense,LayerNorm}``); DecompX also ``BertForSequenceClassification``'s pooler
+and classifier. :func:`bert_style` tells other architectures apart (left out with a reason).
 
-ALTI, per layer, for the attention block y_i = LN(sum_j T_i(x_j) + b_O) with
-T_i(x_j) = sum_h A^h_ij W_O^h (W_V^h x_j + b_V^h) + [i = j] x_i: LayerNorm is linear given
-the example's standard deviation s_i, so T~_i(x_j) = g * (T_i(x_j) - mean(T_i(x_j))) / s_i;
-d_ij = ||y_i - T~_i(x_j)||_1 and c_ij = max(0, ||y_i||_1 - d_ij) / sum_k max(0, ||y_i||_1 - d_ik)
-(a row where every max is 0, possible in small models, becomes c_ii = 1).
-The layers are combined by rollout R = C^L ... C^1; the score of token j is R[pool, j].
-
-DecompX, as the paper (Eq. 5) and its authors' code define it (their defaults: AbsDot bias
-decomposition, GeLU and tanh by the zero-origin slope, the classifier and pooler included),
-keeps, for every token i, its representation split into one vector per input token k,
-x_i = sum_k x_(i<-k), from the embeddings (x_(i<-k) = [i = k] e_i) through every layer and the
-classifier head: linear maps act on each part; a bias b is given to the parts with one weight
-per part, proportional to the absolute dot product of the part with the bias ("AbsDot"),
-b_(<-k) = |z_(<-k) . b| / (sum_k' |z_(<-k') . b| + 1e-12) * b; the attention block's biases are
-split once, after the residual is added: in the first layer the value bias travels with its
-key token's value (b_V belongs to token j there) and the output bias b_O is split; in later
-layers the values are decomposed without their bias and W_O b_V + b_O is split as one bias;
-LayerNorm uses each part's own mean and the whole vector's standard deviation, beta split like a
-bias; an activation f is the line through zero and (z, f(z)): f(z)_(<-k) = f(z) / (z + 1e-12) *
-z_(<-k) (GELU in the feed-forward, tanh in the pooler). The score of token k is its part of the
-target class's logit; the parts sum to the logit (unless every part of some bias has a zero dot
-product with it, where the authors' 1e-12 leaves that bias out, as here).
+ALTI: per layer c_ij = max(0, ||y_i||_1 - ||y_i - T~_i(x_j)||_1), rows normalised (an all-zero
+row becomes c_ii = 1), rollout R = C^L ... C^1, score R[pool, j]. DecompX: every vector kept as
+one part per input token, x_i = sum_k x_(i<-k), biases split by AbsDot weights
+|z_(<-k) . b| / (sum_k' |z_(<-k') . b| + 1e-12), activations by the line through zero; the score
+of token k is its part of the target logit. The full definitions: docs/faithfulness.md, the
+``alti`` and ``decompx`` rows of the methods table.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Integrated Gradients (Sundararajan et al. 2017) on the word embeddings, by captum.
-
-IG_j = sum_d (e_jd - e'_jd) * integral_0^1 dF(e' + a (e - e'))/de_jd da, with the baseline e'
-the zero vector for every content token (special tokens keep their embedding, so the path
-only moves the words; position and segment embeddings are added by the model as usual).
-The integral is captum's Gauss-Legendre rule; the score is the sum over the embedding
-dimensions (signed, like input x gradient). By completeness the scores sum to
-F(x) - F(baseline) up to the rule's error, and that error is what decides the number of
-points, as attattr's own integration does: the rule starts at ``IG_STEPS`` points and doubles
-(up to ``IG_MAX_STEPS``) until the completeness error |sum IG - (F(x) - F(baseline))| is at most
-``IG_TOL`` x max(|F(x) - F(baseline)|, max_j |IG_j|) (plus a float floor); an example that
-reaches the cap first is flagged. Every example's error, points and state are kept on the
-runner (``runner.notes["ig"]``) for the faithfulness report."""
+"""Integrated Gradients (Sundararajan et al. 2017) on the word embeddings, by captum:
+IG_j = sum_d (e_jd - e'_jd) * integral_0^1 dF(e' + a (e - e'))/de_jd da, baseline e' zero for
+the content tokens (special tokens keep their embedding). The Gauss-Legendre rule starts at
+``IG_STEPS`` points and doubles (up to ``IG_MAX_STEPS``) until |sum IG - (F(x) - F(baseline))|
+<= ``IG_TOL`` x max(|F(x) - F(baseline)|, max_j |IG_j|) (plus a float floor); an example at the
+cap is flagged, and every example's error, points and state go to ``runner.notes["ig"]``.
+docs/faithfulness.md, the ``ig`` row."""
 
 from __future__ import annotations
 

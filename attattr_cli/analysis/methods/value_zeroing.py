@@ -1,15 +1,9 @@
-"""Value zeroing (Mohebbi et al. 2023).
-
-In layer l, the value vector of token j is set to zero in every head (equivalently, column
-j of every head's attention is set to zero: A V with v_j = 0 is A' V with A'[:, j] = 0, no
-renormalisation) and the layer's output x~_i^(-j) is compared with the clean output x~_i
-by cosine distance: C^l_ij = 1 - cos(x~_i, x~_i^(-j)); rows are normalised to sum to one
-(C^l_ij / sum_k C^l_ik). The layers are combined by rollout, R = C^L ... C^1 (as the paper
-does for its multi-layer analysis), and the score of token j is R[pool, j].
-
-Each layer runs the n counterfactual inputs as one batch through the whole model
-(``analysis.attention_edit``), so it applies to every architecture attattr's takeover
-handles; only the layer's own output is read."""
+"""Value zeroing (Mohebbi et al. 2023): in layer l the value vector of token j is zeroed in every
+head (done as column j of the attention set to zero, no renormalisation), and
+C^l_ij = 1 - cos(x~_i, x~_i^(-j)) between the layer's clean and counterfactual outputs, rows
+normalised to sum to one; rollout R = C^L ... C^1, score R[pool, j]. A layer's n
+counterfactuals run as one batch through the whole model (``analysis.attention_edit``), only
+the layer's own output read. docs/faithfulness.md, the ``value_zeroing`` row."""
 
 from __future__ import annotations
 
