@@ -1,13 +1,9 @@
 """Keep the top heads, ablate the rest: the one evaluation of ``prune`` and ``circuit``.
-
 :func:`under_masks` runs every example under many head masks ([layer, head] of 1 kept and 0
-ablated, gates between; or one per example), several per pass: classifier logits in prune.py,
-pair metrics here (:func:`per_pair_metrics`, on a circuits ``Context``: the ablated heads'
-outputs moved to the ablation's source, zero, the mean over the pairs or the counterfactual
-run, by one ``HeadPatch`` plan). :func:`ratio`, :func:`curve_from` and :func:`curve` give the
-faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty)) of a curve's points (:func:`ends`:
-m(N) and m(empty)); :func:`keep_masks` the masks of MIB's k. Intervals are percentile
-bootstraps over the examples (``stats.bootstrap_ci``).
+ablated, gates between; or one per example), several per pass; :func:`per_pair_metrics` gives
+the pair metrics on a circuits ``Context`` (the ablated heads' outputs moved to the ablation's
+source by one ``HeadPatch`` plan); :func:`ratio`, :func:`curve_from` and :func:`curve` the
+faithfulness ratio (m(C) - m(empty)) / (m(N) - m(empty)) (:func:`ends`: m(N) and m(empty)).
 """
 
 from __future__ import annotations

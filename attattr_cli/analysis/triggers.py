@@ -152,15 +152,10 @@ def example_patterns(
     entries: int = ENTRIES_PER_EXAMPLE,
     special: bool = False,
 ) -> list[Pattern]:
-    """The example's patterns (docs/method.md 4.1): the top ``entries`` entries of its top head.
-
-    ``special=False`` (default): the top head and its top entries are taken among entries
-    between two different real tokens (a special token cannot be inserted, and a token
-    attending to itself is no interaction between tokens).
-    ``special=True``: the 2021 code: every entry counts, and an entry touching a special
-    token keeps only its other token (an entry of two special tokens keeps none; it is
-    returned all the same so that callers can count it).
-    """
+    """The example's patterns: the top ``entries`` entries of its top head, among entries
+    between two different real tokens, or with ``special`` (the 2021 code) among all entries,
+    an entry touching a special token keeping only its other token (an entry of two special
+    tokens keeps none and is returned all the same, so that callers can count it)."""
     a = np.asarray(attribution, dtype=np.float64)
     seg_arr = np.asarray(segment_ids).tolist()
     n = a.shape[-1] if a.ndim == 4 else 0
@@ -196,14 +191,11 @@ def patterns_from_store(store, progress=None, entries: int = ENTRIES_PER_EXAMPLE
                         min_tokens: int = 0, special: bool = False,
                         indices: Sequence[int] | None = None, counts: dict | None = None,
                         words: bool = False) -> list[Pattern]:
-    """The patterns of the store's examples (all, or those of ``indices`` that it holds);
-    examples with fewer than ``min_tokens`` tokens, special tokens included, are skipped,
-    as the 2021 code skips SST-2 inputs under 15; examples flagged ``nonfinite`` are skipped,
-    and their number put in ``counts["skipped_nonfinite"]`` when ``counts`` is given.
-    ``words``: each example's maps merged into words first (analysis/aggregate.py: an entry
-    between two words is the sum of the entries between their pieces), so that a pattern is
-    made of words ("cliche", not "cl ##iche") and its offsets and segment lengths count
-    words; ``min_tokens`` still counts tokens."""
+    """The patterns of the store's examples (all, or those of ``indices`` that it holds),
+    skipping examples with fewer than ``min_tokens`` tokens (special tokens included) and
+    those flagged ``nonfinite`` (counted in ``counts["skipped_nonfinite"]`` when given).
+    ``words``: patterns of words, the maps merged first (docs/triggers.md, "Words");
+    ``min_tokens`` still counts tokens."""
     from .aggregate import aggregate_example
 
     out: list[Pattern] = []

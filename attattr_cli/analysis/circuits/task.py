@@ -1,13 +1,9 @@
 """A circuit task: counterfactual pairs on a causal language model, run with heads as nodes.
-
-:class:`CircuitTask` encodes the pairs once, groups them into batches of equal token
-length (no padding ever reaches a head), and runs the model with a
-:class:`~attattr_cli.engine.attention.HeadPatch` plan: clean and counterfactual runs that
-record every head's output, runs with heads gated (kept, patched or interpolated), and the
-metric of each pair on the last position's logits.
-
-Shapes: a head output is ``[batch, head, query, d]`` (before the output projection); gates
-are ``[rows, layer, head]``; metrics are ``[rows]``.
+:class:`CircuitTask` encodes the pairs once in batches of equal token length (no padding
+reaches a head) and runs the model under a :class:`~attattr_cli.engine.attention.HeadPatch`
+plan: recording runs, runs with heads gated (kept, patched or interpolated), and each pair's
+metric on the last position's logits. Shapes: a head output ``[batch, head, query, d]``
+(before the output projection), gates ``[rows, layer, head]``, metrics ``[rows]``.
 """
 
 from __future__ import annotations
