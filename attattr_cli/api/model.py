@@ -298,11 +298,10 @@ def progress_for(progress, description: str):
 @checked(source=File(), out=Out(folder=True), dtype=Str(choices=("float32", "float64", "bfloat16", "float16")))
 def convert(source, out, *, dtype: str = "float32") -> dict:
     """Write a GGUF file (llama.cpp's format; or the folder holding one) as a plain transformers
-    model folder ``out`` (new or empty): every weight dequantized to ``dtype``, the tokenizer
-    the file describes, ``config.json``. ``load_model(out, lm=True)`` and ``--model out --lm``
-    then load it in seconds, where ``load_model("x.gguf", lm=True)`` dequantizes the file on
-    every load (docs/models.md, "GGUF files"). Returns {"out", "gguf", "model_type",
-    "parameters", "weights_sha256"}. `attattr convert` is this call."""
+    model folder ``out`` (new or empty; docs/models.md, "GGUF files"): every weight dequantized to
+    ``dtype``, the tokenizer the file describes, ``config.json``; ``load_model(out, lm=True)`` loads
+    it without dequantizing again. Returns {"out", "gguf", "model_type", "parameters",
+    "weights_sha256"}. `attattr convert` is this call."""
     from ..models.gguf import convert as write
 
     return write(source, out, dtype)

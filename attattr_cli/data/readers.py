@@ -191,10 +191,8 @@ def read_table(path: str | os.PathLike) -> Table:
 
 
 def read_rows(path: str | os.PathLike) -> tuple[list[str], list[dict]]:
-    """The column names and the rows (dicts column -> value) of a data file.
-
-    TSV and CSV values are strings; JSON-lines values are as decoded (the column
-    list is every key in order of first appearance, and a row may lack some).
-    """
+    """The column names and the rows (dicts column -> value) of a data file. TSV and CSV values are
+    strings; JSON-lines values are as decoded (the columns: every key in order of first appearance,
+    and a row may lack some)."""
     table = read_table(path)
     return table.columns, table.rows

@@ -143,11 +143,8 @@ def train_set(count: int) -> list[Example]:
 
 
 def write(path: str | Path, examples: list[Example]) -> None:
-    """Write ``examples`` as a TSV with a header row.
-
-    Columns: ``premise  hypothesis  label  pair  pair_word_index``; the label is
-    written by name, the two list columns as JSON.
-    """
+    """Write ``examples`` as a TSV with a header row of :data:`TSV_COLUMNS`; the label is written by
+    name, the two list columns as JSON."""
     path = Path(path)
     try:
         with replaced(path, make_parents=False) as tmp, tmp.open("w", encoding="utf-8", newline="") as fh:

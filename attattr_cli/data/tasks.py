@@ -391,17 +391,13 @@ def load_examples(
 ) -> tuple[list[Example], tuple[str, ...]]:
     """The examples of a data file (or of the task's built-in / hub data) and the label names.
 
-    path:        a .tsv, .csv, .jsonl or .json (JSON lines) file, or None for the
-                 task's own data (the synthetic held-out set for ``synthetic``, the
-                 hub dev split for the GLUE/SNLI presets, which needs ``datasets``)
-    task:        a preset from :func:`get_task`, or None for :data:`GENERIC`
-    label_names: the model's label names, if known; the gold labels returned then
-                 index these names (docs/cli.md, "Data files and labels")
-
-    Returns the examples (``index`` = 0-based data row) and the label names their
-    ``label`` indexes. Raises DataError for data problems, OptionError when there
-    is nothing to load or the model's labels do not fit the task.
-    """
+    ``path``: a .tsv, .csv, .jsonl or .json (JSON lines) file, or None for the task's own data (the
+    synthetic held-out set for ``synthetic``, the hub dev split of the GLUE/SNLI presets, which needs
+    ``datasets``); ``task``: a preset from :func:`get_task`, or None for :data:`GENERIC`;
+    ``label_names``: the model's label names, if known, which the gold labels returned then index.
+    Returns the examples (``index`` = 0-based data row) and the label names their ``label`` indexes.
+    Raises DataError for data problems, OptionError when there is nothing to load or the model's
+    labels do not fit the task."""
     task = task or GENERIC
     space = _LabelSpace(task, label_names)
     if path is None:

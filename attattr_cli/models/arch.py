@@ -199,17 +199,15 @@ def _family_paths(model: torch.nn.Module):
 
 def takes_logits_to_keep(model: torch.nn.Module) -> bool:
     """Whether the model's forward can run only the needed positions through its LM head
-    (``logits_to_keep``): a head over the whole vocabulary at every position is a quarter of a
-    small LM's forward (SmolLM2-135M on 15 tokens), wasted where one position is read."""
+    (``logits_to_keep``; docs/models.md, "Decoder LLMs as language models")."""
     return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def last_logits_only(length: int, device=None) -> dict:
     """Forward keywords that send only the last of ``length`` positions through the LM head of a
     model that :func:`takes_logits_to_keep` (checked once by the caller, not per pass). The
-    position is given as an index tensor, not as ``1``: ``1`` slices the hidden states without a
-    copy, and a non-contiguous batch of rows through a frozen head takes a slow path in
-    PyTorch's CPU linear (10x at 16 rows, 13x at 256; torch 2.13), where indexing copies them."""
+    position is an index tensor, not ``1``: ``1`` slices the hidden states without a copy, and
+    non-contiguous rows take a slow path in PyTorch's CPU linear, where indexing copies them."""
     return {"logits_to_keep": torch.tensor([length - 1], device=device)}
 
 

@@ -132,12 +132,9 @@ def check_vocabulary(model: torch.nn.Module, tokenizer, model_id: str) -> None:
 
 def prepare(model: torch.nn.Module, tokenizer, model_id: str, source: str = "memory",
             revision: str | None = None, lm: bool = False) -> LoadedModel:
-    """Freeze and switch a model to eval mode, and gather what attattr records about it.
-
-    ``lm``: the model is a language model (``*ForCausalLM``, or ``*ForConditionalGeneration`` of
-    an encoder-decoder) whose targets are
-    next tokens rather than classes.
-    """
+    """Freeze and switch a model to eval mode, and gather what attattr records about it. ``lm``: the
+    model is a language model (``*ForCausalLM``, or an encoder-decoder's ``*ForConditionalGeneration``)
+    whose targets are next tokens rather than classes."""
     check_vocabulary(model, tokenizer, model_id)
     model.eval()
     for p in model.parameters():
@@ -305,11 +302,9 @@ def load(model_id: str, device: str = "auto", dtype: str = "float32", lm: bool =
 
 
 def align_labels(task_labels: list[str] | tuple[str, ...] | None, loaded: LoadedModel) -> tuple[list[int], str]:
-    """Map task label index -> model output index.
-
-    By name where the model's id2label names cover the task's (case-insensitive), else
-    by position when the counts agree. Returns (mapping, how) with how "name" or "index".
-    """
+    """Map task label index -> model output index: by name where the model's id2label names cover
+    the task's (case-insensitive), else by position when the counts agree. Returns (mapping, how)
+    with how "name" or "index"."""
     model_names = [n.lower() for n in loaded.label_names]
     if task_labels is None:
         return list(range(len(model_names))), "index"
