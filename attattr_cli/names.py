@@ -1,12 +1,9 @@
 """The API's argument names and the CLI's flags, in one table, and each caller's words.
 
-An argument's flag is ``--`` and its name with ``-`` for ``_`` (``keep_heads`` is
-``--keep-heads``) unless :data:`FLAGS` says otherwise. Messages are written once, in either
-words: the library's checks name arguments (``count must be at least 1``), the option
-validators of the engine name flags (``--steps-per-pass must be at least 1``); a Python caller
-reads every message in the API's words (:func:`api_names`, which each public function runs
-inside) and a command's user in the flags (:func:`in_cli_words`, at the CLI's edge), both from
-this table. Imports nothing but the standard library.
+An argument's flag is ``--`` and its name with ``-`` for ``_`` (``keep_heads`` is ``--keep-heads``)
+unless :data:`FLAGS` says otherwise. A message is written once, naming arguments or flags; a Python
+caller reads it in the API's words (:func:`api_names`, which each public function runs inside), a
+command's user in the flags (:func:`in_cli_words`, at the CLI's edge). Standard library only.
 """
 
 from __future__ import annotations
