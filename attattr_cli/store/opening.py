@@ -181,10 +181,8 @@ def check_schema(f: h5py.File, path: Path) -> None:
     except ValueError:
         raise StoreError(f"{path} has an unreadable schema version {version!r}") from None
     if major > SCHEMA_MAJOR:
-        raise StoreError(
-            f"{path} has store schema {version}, newer than this attattr {__version__} reads "
-            f"({SCHEMA_MAJOR}.x): upgrade attattr"
-        )
+        raise StoreError(f"{path} has store schema {version}, newer than this attattr {__version__} reads"
+                         f" ({SCHEMA_MAJOR}.x): upgrade attattr")
     if EXAMPLES not in f or PROVENANCE not in f:
         raise StoreError(f"{path} is damaged: it lacks the '{EXAMPLES}' or '{PROVENANCE}' group")
 

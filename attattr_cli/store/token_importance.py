@@ -113,10 +113,9 @@ class TokenImportanceStore(Store):
         if there != params:
             diff = sorted(k for k in set(there) | set(params) if there.get(k) != params.get(k))
             key = diff[0] if diff else "params"
-            raise StoreError(
-                f"{self.path} holds '{method}' token importance made with other settings "
-                f"({key}={there.get(key)!r} there, {params.get(key)!r} here): use the same settings or a copy of the store"
-            )
+            raise StoreError(f"{self.path} holds '{method}' token importance made with other settings ({key}="
+                             f"{there.get(key)!r} there, {params.get(key)!r} here): use the same settings or a copy"
+                             " of the store")
         return ds[()]
 
     def write(self, index: int, method: str, values: np.ndarray, params: dict, description: str = "") -> None:

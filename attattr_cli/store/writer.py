@@ -30,17 +30,8 @@ from .fingerprint import check_fingerprint
 from .reader import already_done  # noqa: F401  (re-exported: engine/run)
 from .opening import (UTF8, OpenFile, check_schema, check_store_path, copy_root, hdf5_writing, open_file,
                       open_padded, read_attr, stored_below, utc_now)
-from .schema import (
-    EXAMPLES,
-    FAMILIES,
-    PARTIAL_PREFIX,
-    PROVENANCE,
-    SCHEMA_NAME,
-    SCHEMA_VERSION,
-    SHARD_EXAMPLES,
-    STORE_DTYPES,
-    example_name,
-)
+from .schema import (EXAMPLES, FAMILIES, PARTIAL_PREFIX, PROVENANCE, SCHEMA_NAME, SCHEMA_VERSION, SHARD_EXAMPLES,
+                     STORE_DTYPES, example_name)
 from ..fileio import FULL, dumps as strict_dumps, no_space, os_errno  # strict JSON: no NaN or Infinity
 
 

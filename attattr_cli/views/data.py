@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import convergence
 from ..errors import OptionError
-from ..labels import _class as class_name, attributed, format_number, ranges  # noqa: F401  (format_number: re-exported)
+from ..labels import class_name, attributed, format_number, ranges  # noqa: F401  (format_number: re-exported)
 
 SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
