@@ -1,14 +1,10 @@
 """Which heads carry a behaviour: head-ranking methods and MIB's faithfulness evaluation
-(docs/circuits.md).
-
-A head method is one registered :class:`HeadMethod`: a name, a one-line description, the
-paper, and how to compute each pair's score of every head (``[pairs, layer, head]``, larger
-= the head carries more of the clean behaviour, in units of the metric). Adding a method is
-one module under this package that calls :func:`register`; the CLI's ``--methods`` list and
-``all``, the JSON and the docs table read this registry.
-
-Modules import NumPy only at the top (torch inside the functions) so ``attattr --help`` stays
-quick.
+(docs/circuits.md). A head method is one registered :class:`HeadMethod` computing each pair's
+score of every head (``[pairs, layer, head]``, larger = the head carries more of the clean
+behaviour, in units of the metric). Adding a method is one module under this package that
+calls :func:`register`; the CLI's ``--methods`` list and ``all``, the JSON and the docs table
+read this registry. The modules import NumPy only at the top (torch inside the functions), so
+that ``attattr --help`` stays quick.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""The token importance methods, one registered :class:`Method` each (docs/faithfulness.md).
-
-A method is a name, a one-line description, what it needs (``gradients``: one forward and
-backward through attattr's attention; ``attribution``: the store's attention attribution;
-``model``: further runs of the model), how to compute one example's scores, what defines
-its numbers in the store (its parameters) and where it applies. Adding a method is one
-module under this package that calls :func:`register`; the CLI's ``--methods`` list and
-``all``, the JSON and the docs table read this registry.
-
-This module and the method modules import NumPy only at the top (torch inside the
-functions), so that ``attattr --help`` stays quick.
+"""The token importance methods, one registered :class:`Method` each (docs/faithfulness.md,
+"The registry"). Adding a method is one module under this package that calls
+:func:`register`; the CLI's ``--methods`` list and ``all``, the JSON and the docs table read
+this registry. The modules import NumPy only at the top (torch inside the functions), so that
+``attattr --help`` stays quick.
 """
 
 from __future__ import annotations
