@@ -184,7 +184,7 @@ def example_labels(example) -> tuple[list[str], list[str]]:
     return token_labels(q, style), token_labels(getattr(example, "key_tokens", None) or q, style)
 
 
-def _class(labels: Sequence[str] | None, i: int) -> str:
+def class_name(labels: Sequence[str] | None, i: int) -> str:
     if labels and 0 <= i < len(labels):
         return str(labels[i])
     return str(i)
@@ -279,8 +279,8 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
     else:
         output = getattr(example, "output", None)
         pred, target = int(example.pred), int(example.target)
-        out["prediction"] = _class(labels, pred)
-        out["target"] = _class(labels, target)
+        out["prediction"] = class_name(labels, pred)
+        out["target"] = class_name(labels, target)
         out["probability"] = float(probs[pred]) if 0 <= pred < probs.size else None
         out["probability_of"] = f"p({out['prediction']})"
         out["target_probability"] = float(probs[target]) if 0 <= target < probs.size else None
@@ -288,7 +288,7 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
         q = _quantity(output, out["target"])
         if isinstance(foil, dict):
             idx = int(foil.get("index", -1))
-            out["foil"] = _class(labels, idx) if labels else str(foil.get("label", idx))
+            out["foil"] = class_name(labels, idx) if labels else str(foil.get("label", idx))
             out["foil_probability"] = float(probs[idx]) if 0 <= idx < probs.size else None
             q += " − " + _quantity(output, out["foil"])
         out["quantity"] = q
