@@ -1,14 +1,9 @@
-"""The statistics every analysis reports its comparisons with: bootstrap intervals
-(:func:`bootstrap_ci`, :func:`mean_ci`), Wilson intervals of rates (:func:`proportion_ci`),
-permutation tests (:func:`rank_p_value`, :func:`permutation_test`, :func:`paired_test`; a
-Monte-Carlo p-value is (1 + k) / (R + 1)), the exact McNemar test (:func:`mcnemar`), Holm's
-adjustment (:func:`holm`) and how stable a ranking is (:func:`kendall_tau_b`,
-:func:`kendall_tau_halves`, :func:`rank_intervals`). Random draws come from a seeded numpy
-Generator: the same seed gives the same numbers.
-
-A rank p-value is at least 1 / (n + 1) with n controls, so a claim at level alpha needs at
-least 1 / alpha - 1 controls. Alternatives: ``"greater"`` (the first sample's mean is
-larger), ``"less"``, ``"two-sided"``. Nothing here prints.
+"""The statistics every analysis reports its comparisons with: bootstrap and Wilson intervals,
+permutation tests (a Monte-Carlo p-value is (1 + k) / (R + 1); a rank p-value is at least
+1 / (n + 1) with n controls), the exact McNemar test, Holm's adjustment and Kendall's tau-b.
+Random draws come from a seeded numpy Generator: the same seed gives the same numbers.
+Alternatives: ``"greater"`` (the first sample's mean is larger), ``"less"``, ``"two-sided"``.
+Nothing here prints.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``atp-verified`` (the recommended method; docs/circuits.md, "Which method to use"): AtP with
-its least trustworthy heads replaced by their exact patching effect.
-
-Spearman and CPR read the *signed* order of the scores, CMD the order of |score|. The signed
-order is verified AtP (tiers.verified_estimates); what it leaves free, how the heads working
-against the behaviour interleave by magnitude with the others, is chosen among ``SCALES`` (the
-negative scores multiplied by c) by the curve at ``CHECKED`` on the method's own pairs
-(``Context.choose``). The score is the mean over those pairs, the same for every pair.
+its least trustworthy heads replaced by their exact patching effect (tiers.verified_estimates),
+the negative scores scaled by the c of ``SCALES`` whose curve at ``CHECKED`` is best on the
+method's own pairs (``Context.choose``; CMD reads |score|, so c sets how the heads working
+against the behaviour interleave). The score is the mean over those pairs, the same for every pair.
 """
 
 from __future__ import annotations
