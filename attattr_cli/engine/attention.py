@@ -169,15 +169,13 @@ class Sweep:
 class HeadPatch:
     """Head outputs as nodes of a circuit: record them, gate them, patch them.
 
-    A head's output is ``z_h = A_h V_h`` ([batch, head, query, d], before the output
-    projection, which is linear: replacing z_h replaces exactly the head's contribution).
+    A head's output is ``z_h = A_h V_h`` ([batch, head, query, d], before the linear output
+    projection, so replacing z_h replaces exactly the head's contribution).
 
     - ``source`` (layer -> [1 or batch, head, query, d]) and ``gate`` ([batch, layer, head] or
-      [layer, head]): each head's output becomes ``source + gate * (z - source)`` with z the
-      head's live output: gate 1 keeps the head, 0 patches it (from the counterfactual run,
-      a mean, or zeros), values between interpolate. Without ``source`` the source is zero:
-      ``gate * z`` (head masking, :func:`HeadScale`); a ``source`` without a layer's key leaves
-      that layer as it is.
+      [layer, head]): each head's output becomes ``source + gate * (z - source)``: gate 1 keeps
+      the head, 0 patches it, values between interpolate. Without ``source`` the source is zero
+      (head masking, :func:`HeadScale`); a ``source`` without a layer's key leaves that layer as it is.
     - ``record``: filled with each layer's (gated) output, with its graph, so that gradients
       with respect to head outputs can be taken (``torch.autograd.grad``).
     - ``probs``: filled with each layer's attention probabilities when ``want_probs``.

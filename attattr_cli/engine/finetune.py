@@ -153,10 +153,8 @@ def finetune(
 ) -> FinetuneReport:
     """Fine-tune ``model_id`` on ``train`` (labels index ``label_names``) and save it to ``out``.
 
-    Plain cross-entropy, AdamW (no decay on biases and LayerNorm), linear warm-up
-    then linear decay to zero, gradient clipping at 1, dynamic padding per batch,
-    batch order seeded by ``options.seed``. Evaluates on ``eval_examples`` (their
-    labels must index the same names) after training.
+    Trained by engine/training.py's loop (batch order seeded by ``options.seed``); evaluated on
+    ``eval_examples`` (their labels must index the same names) after training.
     """
     opt = options or FinetuneOptions()
     if opt.epochs <= 0 or opt.batch_size < 1 or opt.lr <= 0 or opt.max_length < 2:

@@ -181,9 +181,8 @@ class StepScorer:
             at_one = sc.at_one(sites, clean, record, backward)
             del logits_g
             swept = self._swept(fam.name, clean, at_one, f_full, on_layer)
-            # keep sources: each step's kept table [layer, key] is judged as a whole, against the
-            # step's largest key sum of the layers done so far, the layers from the top down (as
-            # an example's own: engine/scorer.py)
+            # keep sources: each step's kept table [layer, key] is judged as a whole, the layers
+            # from the top down, as an example's own (engine/scorer.py)
             floors = [0.0] * count
             done = {}
             for site in (sites[::-1] if keep == "sources" and not swept else sites):

@@ -388,7 +388,7 @@ def map_measures(a: torch.Tensor, v: torch.Tensor, g: torch.Tensor, dims: tuple 
     (:func:`judged_dims`) of the map summed over those dimensions first. Several G at once
     ([k, head, n, d]; A and V shared, or one per G) are measured a chunk of about SPREAD_CHUNK
     map entries at a time: a refinement round measures every new leaf of every step, dozens of
-    n x n maps at a long input (9.7 GB peak at 1,063 tokens and five steps, made at once)."""
+    n x n maps at a long input (docs/long-context.md, "Peak memory")."""
     if g.dim() == 4 and len(g) > 1:
         def own(x):  # one per G (else one for all, [head, ...] or [1, head, ...])
             return x.dim() == 4 and len(x) == len(g)

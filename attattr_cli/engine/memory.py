@@ -43,9 +43,8 @@ def proc_bytes(path: str, name: str) -> int | None:
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
     """A CPU copy of ``t`` (``t`` itself on the CPU). From a CUDA device the copy goes through
-    page-locked memory: a plain ``.cpu()`` takes the driver's pageable path, measured at about
-    1.4 GB/s on an H100 (the maps of a 512-token BERT-base example, 151 MB, cost more than its
-    integration). The result is page-locked memory from PyTorch's caching host allocator:
+    page-locked memory, not the driver's slow pageable path (docs/benchmarks.md, "GPU, kernels and
+    the rest"). The result is page-locked memory from PyTorch's caching host allocator:
     callers stack or copy it into their results (``torch.stack``, ``.clone()``) and drop it, so
     the same blocks serve the next layer and example."""
     if t.device.type != "cuda":

@@ -20,8 +20,7 @@ KEEPS = ("auto", "maps", "sum", "none", "sources")
 AUTO_MAPS_UP_TO = 512  # --keep auto keeps per-head maps up to this many tokens
 MAX_NODES = 129  # default node cap of the error-controlled integration (Clenshaw-Curtis with 128 intervals)
 # `attattr score` and api.score() given none of --steps, --rule, --tol integrate to this tolerance
-# (faster and more accurate than the paper's right rule with m = 20 on both of bench/bench_integration.py's
-# benchmarks; docs/integration.md "Which to pick"); --steps or --rule alone: that fixed rule
+# (docs/integration.md "Which to pick"); --steps or --rule alone: that fixed rule
 DEFAULT_TOL = 1e-1
 PAPER_STEPS, PAPER_RULE = 20, "right"  # the paper's setting: a fixed rule's defaults
 # ... except with --sources (a long context ranked per passage): given none of them, the right rule with
@@ -97,9 +96,7 @@ class ScoreOptions:
     generate: int | None = None
     per_step: bool = False
     sample_seed: int | None = None
-    # error-controlled integration (engine/adaptive.py): per example and layer, adaptive subdivision
-    # of the path until the map's estimated error is below tol x max |Attr| of the layer and the
-    # completeness residual agrees, at most max_nodes nodes
+    # error-controlled integration to tol, at most max_nodes nodes per example and layer (engine/adaptive.py)
     tol: float | None = None
     max_nodes: int = MAX_NODES
     # pairs (data/pairs.py): each example's own answer and foil, F = this metric of them (METRICS);

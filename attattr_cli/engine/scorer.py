@@ -370,10 +370,8 @@ class Scorer(Integration, Assembly):
                         self.sweeps_work = False
                 if swept is not None:
                     per_layer += [self.layer_result(g, f0, f_full, keep, saved, conv) for g, f0, saved, conv in swept]
-                # keep sources: the kept table [layer, key] is judged as a whole (docs/integration.md),
-                # against the largest key sum of the layers done so far; the layers run from the top
-                # down, so that the first layers (where decoders put their attention sinks, whose
-                # integrals are the hardest) come last and are judged on the others' scale
+                # keep sources: the kept table [layer, key] is judged as a whole, the layers from the top
+                # down (docs/integration.md, "What is judged, and on which scale")
                 floor = 0.0
                 done = {}
                 order = (layers[::-1] if keep == "sources" else layers) if swept is None else []

@@ -63,9 +63,6 @@ class SiteScorer:
                 raise OptionError(f"unknown attention family '{w}' for this {self.arch.model_type} model; it has: {have}")
         return [f for f in self.families if f.name in wanted]
 
-    def layer_list(self, family: str) -> torch.nn.ModuleList:
-        return self._lists[family][1]
-
     # -- the clean forward ----------------------------------------------------------
     @contextlib.contextmanager
     def capture(self):
