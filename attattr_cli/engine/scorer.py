@@ -2,12 +2,9 @@
 
 Attr_h(A) = A_h * integral_0^1 dF(alpha A)/dA_h d alpha   (Hao et al. 2021, eq. 1)
 
-computed with the algebra of docs/method.md section 1.4: the clean forward runs once at batch 1
-and keeps every layer's input; for each target layer the steps run as a batch in which
-the layers below are replayed (not recomputed), the target layer's output for step k is
-alpha_k * (A V), and the gradient is taken only with respect to that output. Then
-Attr = A * (G V^T) with G = sum_k w_k dF/dO_k. No tensor of size steps x heads x n x n
-is ever built.
+computed as Attr = A * (G V^T) with G = sum_k w_k dF/dO_k, O_k = alpha_k * (A V) the target
+layer's output in its integration pass (docs/method.md section 1.4, "The fast algebra"): no
+tensor of size steps x heads x n x n is ever built.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Registers, spills and shared memory of the CUDA kernels, from ``nvcc -Xptxas -v``.
-
-No GPU and no CUDA build of PyTorch needed, only ``nvcc``.  :func:`compile_report` runs
-the compiler on ``attattr_attn.cu`` for the given architectures and returns its log;
-:func:`parse` turns the log into one :class:`KernelUsage` per compiled kernel;
-:func:`summary_rows` folds the three input dtypes into one row per (kernel, head dim,
-architecture) with the largest register count and spill.  The dynamic shared memory is
-not in ptxas's log (it is chosen at launch); :func:`dynamic_smem` gives the launchers'
-figure.
+"""Registers, spills and shared memory of the CUDA kernels, from ``nvcc -Xptxas -v`` (only
+``nvcc`` needed: no GPU, no CUDA build of PyTorch). The dynamic shared memory is not in ptxas's
+log (it is chosen at launch); :func:`dynamic_smem` gives the launchers' figure.
 """
 
 from __future__ import annotations
