@@ -253,12 +253,9 @@ class StepScorer:
                 yield part, grads, f
 
         def evaluate(owner, keys, alphas, row_layer, active):
-            """The round's (layer, step, node) pairs. Where one row per (layer, node) serving every
-            step costs less than a row per pair (a forward for all, a backward per step, against
-            a forward and backward per pair), it does, and each active step of the layer gets
-            every node of those rows (its backward covers them all at no extra cost; a leaf uses
-            a node only if its rule has it, so this changes no number, and later rounds want
-            fewer). Else one row per pair."""
+            """The round's (layer, step, node) pairs: one row per (layer, node) serving every step
+            where that costs less than a row per pair, each active step of the layer then handed
+            every node of those rows (docs/method.md 1.5, item 3); else one row per pair."""
             pairs = list(zip(row_layer.tolist(), keys))
             uniq = sorted(set(pairs))
             if count < 2 or len(uniq) * (1 + count) >= 2 * len(pairs):
@@ -420,9 +417,9 @@ def head_per_position(model, kept: int):
     """Inside, the LM head runs each of the ``kept`` positions as its own product and yields
     the list of their logits ([rows, 1, vocab] each; empty where the head is not the output
     embeddings' module or its input has another shape). The model's logits are the same
-    numbers; an F read from position i's own logits has a backward through that position's
-    product only (one step of a shared row, sweep.shared_pass), not through the head for every
-    position (the head is the largest matrix of a small LM: SmolLM2's 576 x 49152)."""
+    numbers; an F read from position i's own logits (one step of a shared row,
+    sweep.shared_pass) has a backward through that position's product only, not through the
+    whole head (a small LM's largest matrix: SmolLM2's 576 x 49152)."""
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     parts: list = []
     if head is None or kept < 2:
