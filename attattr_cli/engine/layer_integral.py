@@ -116,10 +116,12 @@ class Integration:
 
     def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict) -> float:
         """The fixed rule's error estimate from its embedded lower-order rule: max |Attr(G) -
-        Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule."""
+        Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule. Both
+        measures come to the host in one copy."""
         if g_low is None:
             return float("nan")
-        return adaptive.relative(self.measure(g - g_low, saved)[0], self.measure(g, saved)[0]) / self.low[1]
+        diff, full = torch.stack([self._measures(g - g_low, saved), self._measures(g, saved)]).tolist()
+        return adaptive.relative(diff[0], full[0]) / self.low[1]
 
     @property
     def check_tol(self) -> float:
@@ -128,10 +130,13 @@ class Integration:
 
     def measure(self, g: torch.Tensor, s: dict) -> tuple[float, float, float]:
         """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
-        projections ``s``; the map itself is not kept."""
+        projections ``s``; the map itself is not kept (one copy to the host)."""
+        return tuple(self._measures(g, s).tolist())
+
+    def _measures(self, g: torch.Tensor, s: dict) -> torch.Tensor:
+        """:meth:`measure` as a tensor [3] on ``g``'s device."""
         g = g.reshape(1, *g.shape[-3:])
-        return tuple(float(x) for x in map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g,
-                                                    self.judged)[0])
+        return map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g, self.judged)[0]
 
     @property
     def judged(self) -> tuple:
