@@ -1,25 +1,9 @@
-"""Writing results so that nothing already written is lost: a file is replaced whole or
-not at all, a model folder is swapped in only once complete. The one output rule of every
-command and API function that writes (docs/api.md, "Outputs"):
-
-- an output that is the same file as one of the inputs (by inode: through symbolic and hard
-  links) is refused before any work (``check_output``);
-- a regular file, a new path or a link is written under a private temporary name in its
-  own folder and renamed over it (below); a character device, a FIFO or a socket
-  (``/dev/null``, a named pipe, ``/dev/stdout``) is written in place, streamed, never
-  replaced (``is_stream``); an HDF5 store that is resumed where it lies (``score --out``,
-  ``merge --out``) cannot be streamed and such a path is refused (``check_store_output``);
-  a result file written whole after a long computation (``circuit --out``) is checked
-  before it starts: a file, not a device or a folder, and writable (``check_file_output``),
-  one process its one writer (``one_writer``);
-- a write that fails for lack of space (a full disk, a quota, ``ulimit -f``) is one
-  ``ResourceError`` line, exit status 5, the old output left whole (``write_failed``).
-
-A symbolic link at the output's name is replaced by the new file or folder (the rename
-replaces the link itself): a link is never written through and a dangling one never
-followed. The finished output gets the usual mode under the user's umask (files 0666 &
-~umask, folders 0777 & ~umask, as ``open`` and ``mkdir`` would give), while the temporary
-one keeps its private mode until the rename."""
+"""Writing results so that nothing already written is lost: a file is replaced whole or not
+at all (under a private temporary name beside it, renamed over it), a folder swapped in only
+once complete, a device or a FIFO streamed in place, an output that is an input refused, a
+write without room one ``ResourceError`` line. The one output rule of every command and API
+function that writes, stated for users in docs/cli.md, "Outputs, failures and exit statuses",
+and docs/store.md, "Other output files"; each function below says its part."""
 
 from __future__ import annotations
 

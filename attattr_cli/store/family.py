@@ -130,10 +130,8 @@ def write_family(g, arrays: dict, held: list, store_dtype: str = "float32") -> N
 def read_family(path, fg, where: str, arrays: bool = True) -> dict:
     """The datasets of the family group ``fg``, each checked against the schema first
     (:func:`checked`, :func:`read_convergence`: a damaged group is a StoreError naming
-    ``where``); the maps only with ``arrays`` (else None). Keys as StoredExample's fields:
-    layers, attribution, attention (or the head mean), head_max, f_baseline, residual,
-    head_sum, topk_index, topk_value, nodes, error_estimate, node_cap_hit, convergence,
-    convergence_tol, key_sum (schema 1.5: keep sources), read_sum (schema 1.6)."""
+    ``where``); the maps only with ``arrays`` (else None). Keys as StoredExample's fields
+    (``attention`` holds the head mean where only that is kept)."""
     n_layers = checked(path, fg, "layers", where).shape[0]
     for key in ARRAYS:
         if key in fg:

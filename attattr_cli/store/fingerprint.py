@@ -1,10 +1,7 @@
-"""How two run fingerprints differ, in words.
-
-A fingerprint (written into every store) holds what decides the numbers: ``weights_sha256``
-(the model), ``data`` and ``data_sha256`` (the input file), ``options`` (a dict of scoring
-options) and a few more fields (``store_dtype``, ...). Resuming a store, merging shards and
-checking the ranks of a torchrun launch all refuse fingerprints that differ, and all say how
-with :func:`fingerprint_difference`.
+"""How two run fingerprints differ, in words. A fingerprint (docs/store.md, "Root attributes")
+holds ``weights_sha256``, ``data``, ``data_sha256``, ``options`` (a dict) and a few more fields;
+resuming a store, merging shards and checking a torchrun launch's ranks refuse fingerprints that
+differ and say how with :func:`fingerprint_difference`.
 """
 
 from __future__ import annotations
@@ -61,8 +58,7 @@ class FingerprintDifference:
 def fingerprint_difference(first: dict, second: dict) -> FingerprintDifference | None:
     """How ``second`` differs from ``first``, or None if they are equal. One kind is reported, in
     this order: the model, the data, the options (all differing options), any other field.
-    An error-controlled run has no steps: stores written before this was so recorded an unused
-    ``steps`` beside ``tol``, which is not compared."""
+    ``steps`` beside ``tol`` (unused by an error-controlled run; some stores record it) is not compared."""
     first, second = _without_unused_steps(first), _without_unused_steps(second)
     if first == second:
         return None

@@ -142,15 +142,10 @@ def inspect_shards(shards: list[str | os.PathLike]) -> ShardCheck:
 
 
 def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool = True) -> dict:
-    """Join shards written with the same fingerprint into ``out`` (created, or extended).
-
-    Examples already in ``out`` are kept; an example present in two shards is taken once.
-    A new ``out`` is written under a temporary name and renamed when complete; an existing
-    one is extended example by example (each written whole or not at all). With
-    ``partial=False``, shards of a distributed run that lack examples they were given, or
-    missing ranks, are refused (see :func:`inspect_shards`). The merged store's provenance
-    keeps every shard's runs and a "merges" entry. Returns {"added": n, "skipped": n, "shards":
-    [{"file", "shard", "examples", "added"} per shard]}.
+    """Join shards written with the same fingerprint into ``out`` (created whole, or extended
+    example by example); examples already in ``out`` are kept, one in two shards is taken once.
+    With ``partial=False`` the problems of :func:`inspect_shards` are a StoreError. Returns
+    {"added": n, "skipped": n, "shards": [{"file", "shard", "examples", "added"} per shard]}.
     """
     check = inspect_shards(shards)
     if not partial and check.problems():

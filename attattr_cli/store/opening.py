@@ -1,9 +1,6 @@
 """Opening an attattr HDF5 store: h5py errors as StoreErrors, the schema check, shared helpers.
-
-Crash safety (see writer.py and merging.py): each example is written into a hidden group
-``examples/.partial-N``, marked complete, then renamed to ``examples/N`` and the file flushed.
-A reader lists only complete, renamed groups, and a writer deletes leftover partial groups when
-it opens the store, so an interrupted run never leaves a half-written example that reads as whole.
+The crash-safe writing rule they serve (partial group, ``complete``, rename, flush) is
+docs/store.md, "Writing rules".
 """
 
 from __future__ import annotations

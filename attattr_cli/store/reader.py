@@ -252,11 +252,10 @@ def _file_state(path: Path) -> tuple[int, int] | None:
     return st.st_size, st.st_mtime_ns
 
 
-def _changes(path: Path, state: tuple[int, int] | None, within: float | None = None) -> bool:
+def _changes(path: Path, state: tuple[int, int] | None) -> bool:
     """Whether the file's size or modification time moves away from ``state`` within
-    ``within`` seconds (default ``_SETTLE``): a writer at work (read again), or a file at rest
-    (the failure stands)."""
-    end = time.monotonic() + (_SETTLE if within is None else within)
+    ``_SETTLE`` seconds: a writer at work (read again), or a file at rest (the failure stands)."""
+    end = time.monotonic() + _SETTLE
     while True:
         if _file_state(path) != state:
             return True
@@ -266,9 +265,8 @@ def _changes(path: Path, state: tuple[int, int] | None, within: float | None = N
 
 
 def _retrying(method):
-    """Run a read again on a freshly opened file when it fails while the file changes: a
-    reader does not lock the file, so a writer may be changing it (see docs/store.md,
-    "Readers during a write"). A file at rest fails at once (after ``_SETTLE`` seconds)."""
+    """Run a read again on a freshly opened file when it fails while the file changes (a writer
+    at work; docs/store.md, "Readers during a write"); a file at rest fails after ``_SETTLE``."""
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
@@ -294,11 +292,9 @@ def _retrying(method):
 class Store(OpenFile):
     """Read-only view of a store. Use as a context manager or call ``close()``.
 
-    A reader opens the file without HDF5's lock, so that it can watch a store that a
-    ``score`` or ``faithfulness`` run is writing; it lists only complete examples and reads
-    again, on a freshly opened file, when a read fails because the writer was changing it.
-    A store cut short by a failed write (a full disk) is read as far as it goes: the
-    examples whose data lie wholly within the file (``cut_short`` is then True)."""
+    Opened without HDF5's lock, so it can watch a store being written (docs/store.md, "Readers
+    during a write"); a store cut short by a failed write is read as far as it goes
+    (``cut_short`` is then True). A read that fails raises StoreError."""
 
     def __init__(self, path: str | os.PathLike, _mode: str = "r"):
         self.path = Path(path)

@@ -5,11 +5,7 @@ for anything an old reader would misread; readers refuse a newer major version.
 """
 
 SCHEMA_NAME = "attattr.store"
-SCHEMA_VERSION = "1.6"  # 1.1: attention families, keep maps/sum/none, top-k, LM targets; 1.2: convergence;
-# 1.3: a convergence state per layer (attattr_cli/convergence.py), judged at the tolerance its `tol` attribute holds;
-# 1.4: a generation's per-step results (examples/N/steps/TTTTT, store/steps.py);
-# 1.5: keep sources: key_sum [layer, key] per family and step, and the prompt's sources in meta;
-# 1.6: keep sources: read_sum [layer, key], the attribution of the query rows after the last passage
+SCHEMA_VERSION = "1.6"  # what each minor version added: docs/store.md, "Root attributes"
 SCHEMA_MAJOR = 1
 
 EXAMPLES = "examples"

@@ -1,11 +1,6 @@
-"""A generation's per-step results in a store (schema 1.4; docs/store.md).
-
-An example scored step by step (``--generate``, ``--continuation --per-step``) holds one group
-``steps/TTTTT`` per generated token: the datasets of its family (cropped to its prefix, the
-position + 1 tokens it was scored on; no ``attention``, the example's holds it) and the
-attributes ``step``, ``position``, ``target``, ``target_token``, ``pred``, ``f_full``,
-``logit``, ``prob``, ``foil`` (-1: none), ``keep`` and ``n_tokens``. The reader gives each step as a
-:class:`~attattr_cli.store.reader.StoredExample` of its prefix (``StoredExample.steps``).
+"""A generation's per-step results in a store: one group ``steps/TTTTT`` per generated token,
+its family's datasets cropped to its prefix (schema 1.4; the layout is docs/store.md, "Schema
+1.4"). The reader gives each step as a StoredExample of its prefix (``StoredExample.steps``).
 """
 
 from __future__ import annotations

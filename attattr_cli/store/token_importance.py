@@ -1,13 +1,7 @@
-"""Token importance in the store: one schema for every method (docs/store.md).
-
-    /examples/NNNNNNNN/token_importance/<method>    [n] float32, axis "token"
-        attrs: method, description, params (JSON: what defines the numbers), written
-
-An addition under schema 1.x that old readers ignore (they never look inside
-``token_importance``); ``merge`` copies it with its example. A vector is written as
-``.partial-<method>`` and renamed when complete, so a crash never leaves a half-written
-vector that reads as whole. A vector already there with other params is refused, never
-overwritten.
+"""Token importance in the store, one schema for every method (docs/store.md, "Token
+importance"): ``/examples/NNNNNNNN/token_importance/<method>``, [n] float32, written as
+``.partial-<method>`` and renamed when complete; one already there with other params is
+refused, never overwritten.
 """
 
 from __future__ import annotations

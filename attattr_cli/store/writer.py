@@ -1,7 +1,5 @@
-"""Writing examples into a store, creating it or resuming it (crash-safe: see opening.py).
-
-Several processes can each write their own shard (same fingerprint, disjoint examples);
-``merging.merge`` joins them.
+"""Writing examples into a store, creating it or resuming it (docs/store.md, "Writing rules" and
+"Guarantees"); each process of a distributed run writes its own shard, ``merging.merge`` joins them.
 """
 
 from __future__ import annotations
@@ -62,17 +60,11 @@ def _mb(n: int) -> str:
 
 
 class StoreWriter(OpenFile):
-    """Appends examples to a store, creating it or resuming it.
-
-    A new store is created under a temporary name in the same folder and linked into place
-    (a dangling symlink or an empty file at ``path`` is replaced, never written through), with
-    the usual mode for a new file under the umask. A store HDF5 cannot repair in place (a
-    leftover partial example it cannot delete) is recovered: its complete examples are copied
-    into a fresh file that replaces it, and ``notes`` says so. Before each example the free
-    space is checked against its uncompressed size; a write that fails all the same (a full
-    disk, a quota) raises a StoreError with ``end_process`` set: HDF5's state in this process
-    can no longer be trusted, so the CLI ends the process at once, leaving the file as its
-    last flush wrote it (every complete example readable; the next run resumes).
+    """Appends examples to a store, creating it or resuming it (docs/store.md, "Guarantees":
+    creating, a full disk, resuming). ``notes`` says when a store HDF5 could not repair in place
+    was copied into a fresh file. A write that fails raises a StoreError (ResourceError for lack
+    of space) with ``end_process`` set: HDF5's state in this process can no longer be trusted,
+    so the CLI ends the process at once; after that ``close`` does nothing.
     """
 
     def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,

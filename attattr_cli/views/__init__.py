@@ -1,17 +1,8 @@
-"""Views: pictures of one stored example and a browsable report of a store.
+"""Views: pictures of one stored example and a browsable report of a store (docs/views.md).
 
 Functions here read an example by duck typing (the attributes of
 ``attattr_cli.store.StoredExample``), take label names separately, never print, and
-import neither torch nor (until a figure is drawn) matplotlib.
-
-- :func:`example_html` the interactive view as an HTML fragment (a notebook's ``_repr_html_``)
-- :func:`show` display it in a notebook (once; returns None)
-- :func:`view_figure_of` the view as a matplotlib Figure
-- :func:`save` write PNG, SVG, PDF (matplotlib) or a standalone HTML page, by the suffix
-- :func:`highlight_html` the tokens coloured green (positive) / red (negative) by a score
-- :func:`build_view` the numbers every renderer shares (:class:`View`)
-- :func:`from_store` an example with its labels, stored token importance and layer count
-"""
+import neither torch nor (until a figure is drawn) matplotlib."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""The colour scales of every view, in one place (view.js and report.js write the same in JavaScript).
-
-- token colours (highlighted text, the figure's token strip): green for positive, red for
-  negative, strength |v| / top
-- map cells (the still picture's heatmaps, the step matrix): attribution blue-white-red in
-  ``LEVELS`` steps per sign, attention white-black
-"""
+"""The colour scales of every view, in one place (view.js and report.js write the same in
+JavaScript): tokens green/red by |v| / top, map cells blue-white-red (attribution) or
+white-black (attention) in ``LEVELS`` steps per sign."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
 """What a view of one example shows, as plain numbers: the part every renderer shares.
 
-:func:`build_view` reads an example by duck typing (the attributes of
-``attattr_cli.store.StoredExample``: tokens, key_tokens, layers, attribution [layer, head,
-query, key] or None, attention, head_sum, residual, gold, pred, target, probs, text_a,
-text_b, family, keep, topk_index, topk_value, index, meta) and returns a :class:`View`:
-the chosen layers and heads, the [query, key] maps cut to what is readable, the causal
-mask, the shared colour scales, a token importance, the top-k interactions and a header.
-numpy only: no torch, no matplotlib, no printing.
-"""
+:func:`build_view` reads an example by duck typing (the attributes docs/views.md, "In Python
+and notebooks", lists) and returns a :class:`View`: the chosen layers and heads, the [query,
+key] maps cut to what is readable, the causal mask, the shared colour scales, a token
+importance, the top-k interactions and a header. numpy only: no torch, no matplotlib."""
 
 from __future__ import annotations
 
@@ -443,9 +439,8 @@ def _importance(example, spec: ViewSpec, stored: dict | None, summed, topk, rows
 # -- the maps' compact form in the HTML page's JSON --------------------------------------------
 def pack(values) -> dict:
     """[layer, head, query, key] values as little-endian float16 in base64, scaled by a power of
-    two (exact) so the largest |value| sits near 2**14: 3 significant digits (what every view
-    shows) in 2.7 characters a value, against about 9 as JSON numbers. NaN and infinities stay
-    non-finite (the script reads them as null, as JSON's null was)."""
+    two (exact) so the largest |value| sits near 2**14: 3 significant digits (docs/views.md).
+    NaN and infinities stay non-finite (the script reads them as null)."""
     a = np.asarray(values, dtype=np.float64)
     finite = np.abs(a[np.isfinite(a)])
     top = float(finite.max()) if finite.size else 0.0

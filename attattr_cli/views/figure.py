@@ -1,10 +1,6 @@
-"""The view of one example as a matplotlib figure (PNG, SVG or PDF).
-
-Columns are layers; rows are attribution (diverging colours centred at zero) and raw
-attention (sequential colours) for the head sum or each chosen head, so that attribution
-and attention of a layer sit above one another. Each kind shares one colour scale, stated
-on its colour bar. Below: the text coloured by token importance, and the top-k table.
-matplotlib is imported here only (never at package import).
+"""The view of one example as a matplotlib figure (PNG, SVG or PDF): columns are layers, rows
+attribution above attention per head choice, then the coloured tokens, the top-k table and the
+tree (docs/views.md, "attattr view"). matplotlib is imported here only (never at package import).
 """
 
 from __future__ import annotations

@@ -107,11 +107,9 @@ def page_html(data: dict, title: str = "attattr view") -> str:
 
 
 def fragment_html(data: dict) -> str:
-    """An HTML fragment for a notebook cell output: the same view (still picture first, replaced
-    by the script where scripts run) under element ids made fresh on every call, so two
-    displays of one view never collide. Even one fragment shown twice (the same text, the same
-    ids) draws each copy: its script finds the view beside itself (``document.currentScript``'s
-    parent, each output's own box in a notebook) before looking the id up in the document."""
+    """An HTML fragment for a notebook cell output: the page's view under element ids made fresh
+    on every call; its script finds the view beside itself first (docs/views.md, on notebook
+    fragments), so even one fragment shown twice draws each copy."""
     uid = "aa-" + uuid.uuid4().hex[:12]
     still, tree, payload = _parts(data, uid)
     return (f'<div id="{uid}">{still}</div>{tree}<style>{static("view.css")}</style>'

@@ -1,13 +1,6 @@
-"""What results need to show themselves in a notebook, without a GUI or global state.
-
-- :class:`Html` a string of HTML that a notebook renders (``_repr_html_``) and prints short
-- :class:`Summary` a dict (a command's JSON) that prints short and shows as a table
-- :func:`new_figure` a matplotlib ``Figure`` made directly (no pyplot: no GUI backend, no
-  figure left open) that a notebook shows and ``save(path)`` writes
-- :func:`table_html` a small HTML table (inline styles only) of rows, the first ``limit``
-- :func:`data_frame` rows as a pandas DataFrame, or one line naming the install command
-- :func:`display` hand an object to IPython's display (once), or say IPython is missing
-"""
+"""What results need to show themselves in a notebook, without a GUI or global state: HTML
+and dicts that print short, tables, DataFrames, figures made without pyplot (docs/api.md,
+"Notebooks")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""A browsable, offline HTML report of a store.
-
-One file (``report.html``: CSS, JavaScript and every example's view inline) or, for large
-stores, a folder (``DIR/index.html`` plus ``DIR/examples/NNNNNNNN.js``, one script per
-example loaded when its row is clicked). The table of examples is paged, sorted and
-filtered in the browser, so the page keeps a few dozen rows in its DOM at 10,000 examples.
-Nothing is fetched from the network. No printing; progress goes to a callback.
+"""A browsable, offline HTML report of a store (docs/views.md, "attattr report"): one file
+(``report.html``, every example inline) or a folder (``DIR/index.html`` plus
+``DIR/examples/NNNNNNNN.js``, each loaded when its row is clicked). No printing; progress goes
+to a callback.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""The step x source view of a generation (docs/views.md): rows the generated tokens (or
-words), columns the prompt and the earlier generated tokens (or words), each cell the step's
-token importance of the column (its attribution summed over layers, heads and queries;
-analysis/aggregate.py ``step_source``). PNG, SVG, PDF (matplotlib) or HTML (the SVG and a
-table of the steps, offline). With ``per_layer`` one panel per layer follows the total.
+"""The step x source view of a generation (docs/views.md, "A generation: the step × source
+matrix"; the matrix is analysis/aggregate.py ``step_source``): PNG, SVG, PDF (matplotlib), an
+HTML page, and the still picture a notebook and the report show.
 """
 
 from __future__ import annotations
@@ -71,12 +69,10 @@ STEP_COLUMNS = ["example", "step", "position", "token", "piece", "target_value",
 
 
 def step_rows(example) -> list[dict]:
-    """One row per step of a generation: the step, the position it was scored at, the token,
-    the target value F (what was attributed: p, log p or logit of the token, minus the foil's
-    with a foil), the token's probability, the foil and its probability (None without one),
-    ``token`` as a reader sees it (labels.py) and ``piece`` as the tokenizer wrote it,
-    the step's largest |completeness residual| over layers, whether every layer converged and
-    which did not (``"L0 (why), ..."``)."""
+    """One row per step of a generation, keyed by ``STEP_COLUMNS``: ``token`` as a reader sees it
+    (labels.py), ``piece`` as the tokenizer wrote it, ``target_value`` the attributed F (minus
+    the foil's with a foil), ``foil``/``foil_probability`` None without one, ``unconverged_layers``
+    as ``"L0 (why), ..."``."""
     f = facts(example)
     foil_probs = list((lm_meta(example) or {}).get("foil_probs") or []) if f["foil"] is not None else []
     rows = []

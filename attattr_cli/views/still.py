@@ -1,12 +1,7 @@
-"""The still picture inside every HTML view: what a page shows before (or without) its script.
-
-An HTML view is drawn by ``static/view.js``; where scripts never run (an untrusted notebook,
-GitHub's notebook preview, nbconvert output opened with scripts blocked) the page would be
-blank. So the element the script draws into already holds a static rendering of the same
-data: the header, the heatmaps of the layer and head the view opens on (inline SVG, one
-``<path>`` per colour, so a 20 x 20 map costs a few KB), the coloured tokens, the notes. The
-script replaces it when it runs. Inline styles and SVG attributes only: a stylesheet can be
-stripped (GitHub does), these cannot. numpy only, no printing.
+"""The still picture inside every HTML view: what a page shows before (or without) its script
+``static/view.js`` (docs/views.md, "Every HTML view also works without JavaScript"). Inline
+styles and SVG attributes only: a stylesheet can be stripped (GitHub does), these cannot.
+numpy only, no printing.
 """
 
 from __future__ import annotations
