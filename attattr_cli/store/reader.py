@@ -57,25 +57,21 @@ class StoredExample:
     topk_value: np.ndarray | None = None  # [layer, head, k]
     key_tokens: list | None = None  # tokens of the key axis (= tokens unless family is cross)
     decoder_tokens: list | None = None
-    # schema 1.2: per layer, the integration nodes used, the estimated max |error of Attr| / max |Attr|,
-    # and (tol) whether the node cap was hit before the tolerance
+    # schema 1.2, per layer: nodes used, estimated max |error of Attr| / max |Attr|, node cap hit (docs/store.md)
     nodes: np.ndarray | None = None
     error_estimate: np.ndarray | None = None
     node_cap_hit: np.ndarray | None = None
-    # schema 1.3: per layer, the convergence state (attattr_cli/convergence.py; UNCHECKED for older stores)
-    # and the tolerance it was judged at
+    # schema 1.3: per layer, the convergence state (convergence.py; UNCHECKED for older stores), judged at the tol
     convergence: np.ndarray | None = None
     convergence_tol: float | None = None
     nonfinite: list = None  # parts holding NaN or inf ("logits", "attribution", ...); [] when none
     label_names: list | None = None  # the class names (Store.get gives the store's), for the names below
-    # schema 1.4: a generation attributed step by step: one StoredExample per generated token, of
-    # its prefix (store/steps.py); None otherwise
+    # schema 1.4: a generation's steps, one StoredExample per token, of its prefix (store/steps.py); None otherwise
     steps: list | None = None
     output: str | None = None  # what F is of the target: prob, logprob or logit (the store's option)
     # schema 1.5: keep sources: [layer, key], the attribution summed over heads and queries
     key_sum: np.ndarray | None = None
-    # schema 1.6: keep sources: [layer, key], summed over heads and the query rows that read the
-    # passages (from the end of the last one on); the source scores (analysis/sources.py)
+    # schema 1.6: keep sources: [layer, key], summed over heads and the query rows after the last passage
     read_sum: np.ndarray | None = None
 
     # one set of names for every reader (Store.get, open_store()[i], score()): the fields above

@@ -6,6 +6,7 @@ import neither torch nor (until a figure is drawn) matplotlib."""
 
 from __future__ import annotations
 
+import copy
 import shutil
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,9 +77,11 @@ def tree_dot(example, num_layers: int | None = None, title: str | None = None,
     if shutil.which("dot") is None or getattr(example, "family", "self") == "cross":
         return None
     from ..analysis.tree import node_label, tree_for_example, tree_to_dot
-    from .html import with_attribution_from_sums
 
-    e = with_attribution_from_sums(example)
+    e = example
+    if e.attribution is None and getattr(e, "head_sum", None) is not None:  # only sums kept: the tree sums heads
+        e = copy.copy(example)
+        e.attribution = example.head_sum
     if e.attribution is None:
         return None
     g = tree_for_example(e, num_layers=num_layers)

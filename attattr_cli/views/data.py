@@ -32,9 +32,8 @@ class ViewSpec:
     attention), ``queries`` (query positions to centre a window on; None: the whole map
     when it has at most ``max_full`` tokens), ``window`` (query positions shown around each),
     ``top_k`` (rows of the interaction table), ``importance`` (a stored token importance
-    method, or the attribution column sums), ``max_layers`` (without ``layers``, an example
-    of more scored layers shows the ``max_layers`` with the largest total |attribution| (a
-    language model's: in the rows that predict the target), every other one named in a note; ``layers="all"`` or None: every layer)."""
+    method, or the attribution column sums), ``max_layers`` (without ``layers``, at most this
+    many layers are drawn: those of largest total |attribution|, docs/views.md; None: every one)."""
 
     layers: Sequence[int] | None = None
     heads: str | int = "sum"

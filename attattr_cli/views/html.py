@@ -4,7 +4,6 @@ every page: nothing is fetched from the network."""
 
 from __future__ import annotations
 
-import copy
 import html
 import re
 import uuid
@@ -117,12 +116,3 @@ def fragment_html(data: dict) -> str:
             f'<script>{static("view.js")}\n(function (s) {{ var box = s && s.parentNode;'
             f' function find(id) {{ return (box && box.querySelector("#" + id)) || document.getElementById(id); }}'
             f' AttattrView.render(find("{uid}"), JSON.parse(find("{uid}-data").textContent)); }})(document.currentScript);</script>')
-
-
-def with_attribution_from_sums(example):
-    """A shallow copy whose ``attribution`` is the head sum when only sums are kept (the tree sums heads anyway)."""
-    if example.attribution is not None or getattr(example, "head_sum", None) is None:
-        return example
-    e = copy.copy(example)
-    e.attribution = example.head_sum
-    return e

@@ -21,8 +21,7 @@ from ..fileio import dumps as strict_dumps, is_stream, swap_dir_in, temp_dir_for
 from .still import report_still
 
 MAX_SINGLE_FILE = 1000  # examples; above this a report is a folder
-RESIDUAL_FLAG = 0.1  # flag an example whose |residual| in a layer exceeds this share of its largest |f(x) - f(baseline)|
-# (and 1% of |f(x)|)
+RESIDUAL_FLAG = 0.1  # a layer's |residual| above this share of the largest |f(x) - f(baseline)| is flagged
 EXAMPLE_DIGITS = 3
 PROVENANCE_KEYS = ("model", "model_class", "model_type", "weights_sha256", "task", "data", "data_sha256",
                    "label_names", "options", "kernel", "device", "dtype", "store_dtype", "libraries", "command")

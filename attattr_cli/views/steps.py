@@ -259,12 +259,9 @@ def _matrices(example, view: StepView, by_layer, words: bool, per_layer: bool) -
 
 
 def step_still(example, words: bool = True, per_layer: bool = True, details: bool = True) -> str:
-    """A generation as HTML without script (inline styles and SVG only): what it is, the prompt
-    and the generated text, the step x source matrix (words by default; the other grouping and,
-    with ``per_layer``, one matrix per layer behind a click), and a table of the steps (token,
-    target value F, probability, foil, largest |residual|, convergence; with ``details`` each
-    step's strongest interactions behind a click). The notebook's display and the report's
-    view of a generation."""
+    """A generation as HTML without script (inline styles and SVG only; docs/views.md, "A
+    generation"): the notebook's display and the report's view of it. ``per_layer``: one matrix
+    per layer behind a click; ``details``: each step's strongest interactions behind a click."""
     e = html_mod.escape
     f = facts(example)
     try:
