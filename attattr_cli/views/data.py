@@ -16,6 +16,7 @@ import numpy as np
 from .. import convergence
 from ..errors import OptionError
 from ..labels import class_name, attributed, format_number, ranges  # noqa: F401  (format_number: re-exported)
+from ..labels import example_labels
 
 SHOWS = ("attr", "attention")
 MAX_FULL = 64  # above this many tokens a view shows a window, never the n x n map
@@ -308,32 +309,30 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
         if s not in SHOWS:
             raise OptionError(f"unknown --show '{s}'; available: {', '.join(SHOWS)}")
     scored = [int(x) for x in example.layers]
-    attr4 = example.attribution if example.attribution is not None and np.ndim(example.attribution) == 4 else None
-    summed = example.head_sum if getattr(example, "head_sum", None) is not None else None
-    if summed is None and attr4 is not None:
+    ndim = np.ndim(example.attribution) if example.attribution is not None else None
+    attr4 = example.attribution if ndim == 4 else None
+    summed = getattr(example, "head_sum", None)
+    if summed is None and ndim == 4:
         summed = np.asarray(attr4).sum(axis=1)
-    elif summed is None and example.attribution is not None and np.ndim(example.attribution) == 3:
+    elif summed is None and ndim == 3:
         summed = np.asarray(example.attribution)
     layers, layer_note = _choose_layers(example, spec.layers, spec.num_layers, summed, spec.max_layers)
     rows = [scored.index(l) for l in layers]
     compact = layer_note is not None
     attention = getattr(example, "attention", None)
-    from ..labels import example_labels
-
     q_pieces = [str(t) for t in example.tokens]
     k_pieces = [str(t) for t in (getattr(example, "key_tokens", None) or example.tokens)]
     qt, kt = example_labels(example)  # decoded, spaces and line breaks marked (labels.py)
     nq, nk = len(qt), len(kt)
-    n_heads = int(np.shape(attr4)[1]) if attr4 is not None else None
     notes: list[str] = []
     keep = str(getattr(example, "keep", "maps"))
-    ti = getattr(example, "topk_index", None)
-    if summed is None and ti is None:
+    if summed is None and getattr(example, "topk_index", None) is None:
         raise OptionError(
             f"example {example.index} keeps no attribution maps, head sums or top-k entries (scored with --keep {keep}"
             + (": its source scores are in to_pandas('sources'), drawn by plot_sources()" if keep == "sources"
                else " and no --top-k")
             + "): score it again with --keep sum or --keep maps to view it")
+    n_heads = int(np.shape(attr4)[1]) if attr4 is not None else None
     heads = _heads(example, spec.heads, n_heads) if summed is not None else ["sum"]
 
     maps: dict[str, np.ndarray] = {}
@@ -372,10 +371,7 @@ def build_view(example, labels: Sequence[str] | None = None, spec: ViewSpec | No
             f"the {len(k_idx)} keys they read most or sit beside; choose others with --queries")
     else:
         mode, q_idx, k_idx = "full", list(range(nq)), list(range(nk))
-    if maps and q_idx:
-        maps = {k: np.asarray(v, dtype=np.float64)[:, :, q_idx][:, :, :, k_idx] for k, v in maps.items()}
-    else:
-        maps = {}
+    maps = {k: np.asarray(v, dtype=np.float64)[:, :, q_idx][:, :, :, k_idx] for k, v in maps.items()} if q_idx else {}
     masked = None
     if causal and q_idx:
         masked = np.asarray(k_idx)[None, :] > np.asarray(q_idx)[:, None]

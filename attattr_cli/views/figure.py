@@ -49,6 +49,7 @@ def view_figure(view: View, tree_png: bytes | None = None):
     """A matplotlib Figure of the view (the caller saves or shows it); ``tree_png``, the
     attribution tree rendered by Graphviz, goes at the foot."""
     import matplotlib
+    import matplotlib.image as mpimg
     from matplotlib.colors import Normalize, TwoSlopeNorm
 
     from .notebook import new_figure
@@ -56,44 +57,37 @@ def view_figure(view: View, tree_png: bytes | None = None):
     kinds = [k for k in ("attr", "attention") if k in view.maps]
     nq, nk = len(view.q_idx), len(view.k_idx)
     n_layers = max(len(view.layers), 1)
-    cell = 0.17 if max(nq, nk) > 24 else 0.2
+    big = max(nq, nk) > 24
+    cell = 0.17 if big else 0.2
     panel_w = max(1.9, nk * cell)
     panel_h = max(1.9, nq * cell)
     label_w = 0.75 if max(map(len, view.key_tokens + view.query_tokens), default=4) > 6 else 0.55
     # panels per row: at most 8, and no more than fit MAX_WIDTH inches (wider figures wrap their layers into blocks)
-    room = max(1, min(6 if max(nq, nk) > 24 else 8, int((MAX_WIDTH - 1.6) // (panel_w + label_w))))
+    room = max(1, min(6 if big else 8, int((MAX_WIDTH - 1.6) // (panel_w + label_w))))
     per_row = min(n_layers, room)
-    blocks = -(-n_layers // per_row)
-    # each row of panels: (kind, [(layer position, head position), ...]); layers run across a row,
-    # and where they leave room (one layer, all heads, say) several heads share a row: a grid
-    heads_per_row = max(1, room // n_layers) if n_layers < room else 1
-    if heads_per_row > 1 and len(view.heads) > 1:
-        groups = [list(range(i, min(i + heads_per_row, len(view.heads))))
-                  for i in range(0, len(view.heads), heads_per_row)]
-        order = [(kind, [(lp, hi) for hi in group for lp in range(n_layers)]) for group in groups for kind in kinds]
-    else:
-        order = [(kind, [(b * per_row + c, hi) for c in range(len(view.layers[b * per_row:(b + 1) * per_row]))])
-                 for b in range(blocks) for hi in range(len(view.heads)) for kind in kinds]  # attention under attribution
+    # each row of panels: (kind, [(layer position, head position), ...]), attention under attribution; layers
+    # run across a row, and where they leave room (one layer, all heads, say) several heads share a row: a grid
+    heads_per_row = max(1, room // n_layers)
+    n_heads = len(view.heads)
+    order = [(kind, [(lp, hi) for hi in range(g, min(g + heads_per_row, n_heads))
+                     for lp in range(b, min(b + per_row, len(view.layers)))])
+             for b in range(0, n_layers, per_row) for g in range(0, n_heads, heads_per_row) for kind in kinds]
     cols = max((len(panels) for _, panels in order), default=0)
-    rows = len(order)
     width = max(9.0, cols * (panel_w + label_w) + 1.6)
-    head_lines = header_lines(view) + view.notes
-    wrapped = [w for line in head_lines for w in textwrap.wrap(line, int(width * 13))]
+    wrapped = [w for line in header_lines(view) + view.notes for w in textwrap.wrap(line, int(width * 13))]
     header_h = 0.2 * len(wrapped) + 0.25
-    map_h = rows * (panel_h + label_w + 0.35)
+    step = panel_h + label_w + 0.35
+    map_h = len(order) * step
     tokens = view.importance["tokens"]
     strip_lines = _strip_layout(tokens, width - 0.6)
     strip_title = textwrap.wrap(_strip_title(view), int(width * 12)) if tokens else []
     strip_h = 0.4 + 0.17 * len(strip_title) + 0.26 * (max(strip_lines[-1][1], 0) + 1) if tokens else 0
     table_h = 0.45 + 0.17 * len(view.topk) if view.topk else 0
-    tree_img, tree_h, tree_w = None, 0.0, 0.0
     if tree_png:
-        import matplotlib.image as mpimg
-
         tree_img = mpimg.imread(io.BytesIO(tree_png), format="png")
         tree_w = min(tree_img.shape[1] / 96.0, width - 0.5)  # Graphviz renders at 96 dpi
         tree_h = tree_w * tree_img.shape[0] / tree_img.shape[1]
-    height = header_h + map_h + strip_h + table_h + (tree_h + 0.3 if tree_img is not None else 0) + 0.2
+    height = header_h + map_h + strip_h + table_h + (tree_h + 0.3 if tree_png else 0) + 0.2
     fig = new_figure(width, height)
 
     y = height - 0.15
@@ -103,27 +97,28 @@ def view_figure(view: View, tree_png: bytes | None = None):
     y -= header_h
     norms = {"attr": TwoSlopeNorm(vcenter=0.0, vmin=-view.scale.get("attr", 1.0), vmax=view.scale.get("attr", 1.0)),
              "attention": Normalize(vmin=0.0, vmax=view.scale.get("attention", 1.0))}
-    step = panel_h + label_w + 0.35
+    cmaps = {kind: matplotlib.colormaps.get_cmap(name).with_extremes(bad=MASKED)
+             for kind, name in (("attr", ATTR_CMAP), ("attention", ATTENTION_CMAP))}
+    fs = 6 if big else 7
+    x_ticks = [_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx]
+    y_ticks = [_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx]
     for r, (kind, panels) in enumerate(order):
         top = y - r * step - 0.3
         im = None
         for c, (lp, hi) in enumerate(panels):
-            layer, head = view.layers[lp], view.heads[hi]
+            head = view.heads[hi]
             left = 0.3 + label_w + c * (panel_w + label_w)
             ax = fig.add_axes((left / width, (top - panel_h) / height, panel_w / width, panel_h / height))
             data = np.asarray(view.maps[kind][lp, hi])
             if view.masked is not None:
                 data = np.ma.masked_array(data, mask=view.masked)
-            cmap = matplotlib.colormaps.get_cmap(ATTR_CMAP if kind == "attr" else ATTENTION_CMAP).with_extremes(bad=MASKED)
-            im = ax.imshow(data, cmap=cmap, norm=norms[kind], aspect="auto", interpolation="nearest")
-            head_name = "sum of heads" if head == "sum" and kind == "attr" else (
-                "mean of heads" if head == "sum" else f"head {head}")
-            ax.set_title(f"{KIND_NAMES[kind]} · layer {layer} · {head_name}", fontsize=8)
-            fs = 6 if max(nq, nk) > 24 else 7
+            im = ax.imshow(data, cmap=cmaps[kind], norm=norms[kind], aspect="auto", interpolation="nearest")
+            head_name = f"head {head}" if head != "sum" else ("sum of heads" if kind == "attr" else "mean of heads")
+            ax.set_title(f"{KIND_NAMES[kind]} · layer {view.layers[lp]} · {head_name}", fontsize=8)
             ax.set_xticks(range(nk))
-            ax.set_xticklabels([_tick(view.key_tokens[j], j, view.mode) for j in view.k_idx], rotation=90, fontsize=fs)
+            ax.set_xticklabels(x_ticks, rotation=90, fontsize=fs)
             ax.set_yticks(range(nq))
-            ax.set_yticklabels([_tick(view.query_tokens[i], i, view.mode) for i in view.q_idx], fontsize=fs)
+            ax.set_yticklabels(y_ticks, fontsize=fs)
             ax.tick_params(length=1.5, pad=1)
         left = 0.3 + label_w + cols * (panel_w + label_w) - label_w + 0.15
         cax = fig.add_axes((left / width, (top - panel_h) / height, 0.12 / width, panel_h / height))
@@ -149,7 +144,7 @@ def view_figure(view: View, tree_png: bytes | None = None):
             fig.text(0.25 / width, (y - 0.2 - 0.17 * k) / height, line, fontsize=8, family="DejaVu Sans Mono",
                      va="top", fontweight="bold" if k == 0 else "normal")
         y -= table_h
-    if tree_img is not None:
+    if tree_png:
         ax = fig.add_axes((0.25 / width, (y - 0.3 - tree_h) / height, tree_w / width, tree_h / height))
         ax.imshow(tree_img, interpolation="antialiased")
         ax.set_axis_off()
