@@ -14,7 +14,7 @@ the parent. The graph holds only the tokens in the tree. Nothing here prints or 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -110,11 +110,10 @@ def build_tree(
         raise OptionError(f"unknown --compat '{compat}'; available: {', '.join(MODES)}")
     if not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau < 0:
         raise OptionError(f"--tau must be a number >= 0, got {tau}")
-    if lam is not None:
-        if compat == "reference":
-            raise OptionError("--lambda is not part of the 2021 procedure: drop it or use --compat paper")
-        if not math.isfinite(lam):
-            raise OptionError(f"--lambda must be a finite number, got {lam}")
+    if lam is not None and compat == "reference":
+        raise OptionError("--lambda is not part of the 2021 procedure: drop it or use --compat paper")
+    if lam is not None and not math.isfinite(lam):
+        raise OptionError(f"--lambda must be a finite number, got {lam}")
     summed = head_sum(attribution)
     n_layers, n = summed.shape[0], summed.shape[1]
     tokens = [str(t) for t in tokens]
@@ -152,39 +151,38 @@ def build_tree(
     if compat == "paper":
         if not chosen:
             top = 1 + int(np.argmax(row[1:]))  # ties: the lowest position
-        edges, entry, height = _walk_paper(scores, labels, top, tau if lam is None else max(tau, lam))
+        edges, height = _walk_paper(scores, top, tau if lam is None else max(tau, lam))
     else:
         if not chosen:
             ranked = np.argsort(row, kind="stable")[::-1]  # ties: the highest position, as a stable sort gives
             top = int(ranked[0]) if ranked[0] != 0 else int(ranked[1])
-        edges, entry, height = _walk_reference(scores, labels, top, tau)
+        edges, height = _walk_reference(scores, top, tau)
 
     import networkx as nx
 
     g = nx.DiGraph(top=top, tau=float(tau), lam=None if lam is None else float(lam), mode=compat,
                    layers=labels, tokens=tokens, top_chosen=chosen)
-    in_tree = [top] + [j for (_, j, _) in edges]
-    depth = {top: 0}
-    for i, j, _ in edges:
+    depth = {top: 0}  # the tokens in the tree
+    layer = {top: labels[-1]}  # the layer of the edge that brought a token in
+    for i, j, li in edges:
         depth[j] = depth[i] + 1
-    for p in sorted(in_tree):
-        attrs: dict[str, Any] = dict(token=tokens[p], position=p, layer=labels[-1] if p == top else entry[p],
-                                     depth=depth[p], top=p == top, segment=None if seg is None else seg[p])
-        if height is not None:
-            attrs["ref_height"] = height[p]
-        g.add_node(p, **attrs)
+        layer[j] = labels[li]
+    for p in sorted(depth):
+        g.add_node(p, token=tokens[p], position=p, layer=layer[p], depth=depth[p],
+                   top=p == top, segment=None if seg is None else seg[p],
+                   **({} if height is None else {"ref_height": height[p]}))
     for k, (i, j, li) in enumerate(edges):
         g.add_edge(i, j, layer=labels[li], score=float(scores[li, i, j]), raw=float(summed[li, i, j]), order=k)
     return g
 
 
-def _walk_paper(scores, labels, top, threshold):
-    """Layer-synchronous greedy walk from the top layer down (see module docstring)."""
+def _walk_paper(scores, top, threshold):
+    """Layer-synchronous greedy walk from the top layer down (see module docstring): the
+    edges (parent, child, layer row), and no heights."""
     n = scores.shape[1]
     in_tree = {top}
     edges: list[tuple[int, int, int]] = []
-    entry: dict[int, int] = {}
-    for li in range(len(labels) - 1, -1, -1):
+    for li in range(len(scores) - 1, -1, -1):
         parents = sorted(p for p in in_tree if p != 0)
         if not parents:
             continue
@@ -199,20 +197,19 @@ def _walk_paper(scores, labels, top, threshold):
                 added.append((parents[k], j))
         for i, j in added:
             edges.append((i, j, li))
-            entry[j] = labels[li]
             in_tree.add(j)
-    return edges, entry, None
+    return edges, None
 
 
-def _walk_reference(scores, labels, top, tau):
+def _walk_reference(scores, top, tau):
     """examples/attribution_tree.py of the 2021 code, generalised from 12 layers to L:
-    its layer 10 is L-2, its walk over 9..0 is L-3..0, its 11/12 and 1/12 are (L-1)/L, 1/L."""
+    its layer 10 is L-2, its walk over 9..0 is L-3..0, its 11/12 and 1/12 are (L-1)/L, 1/L.
+    The edges (parent, child, layer row) and the drawing's heights."""
     n_layers, n = scores.shape[0], scores.shape[1]
     prop = scores * (scores > tau)  # entries not above tau become 0
     height = [0.0] * n
     fixed = [-1] * n  # -1: not in the tree; 0: in it, no child yet; 1: has had a child
     edges: list[tuple[int, int, int]] = []
-    entry: dict[int, int] = {}
     height[top] = (n_layers - 1) / n_layers
     fixed[top] = 0
     first = n_layers - 2
@@ -221,7 +218,6 @@ def _walk_reference(scores, labels, top, tau):
             fixed[i] = 0
             fixed[top] = 1
             edges.append((top, i, first))
-            entry[i] = labels[first]
     # the 2021 code's cases of (fixed[i], fixed[j]), and its set of edges seen, come to this: an
     # edge needs i in the tree and j not (every edge seen has its j in the tree already)
     for li in range(n_layers - 3, -1, -1):
@@ -236,8 +232,7 @@ def _walk_reference(scores, labels, top, tau):
                     height[j] = min(height)
                 fixed[j] = 0
                 edges.append((i, j, li))
-                entry[j] = labels[li]
-    return edges, entry, height
+    return edges, height
 
 
 def tree_for_example(example, layers: Sequence[int] | None = None, tau: float = DEFAULT_TAU,
@@ -389,22 +384,17 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
     ]
     # the ladder of layer names: top, then the walked layers from the highest down
     # layers without an edge get no row: the title names them
-    walk = sorted(gr["layers"], reverse=True)
-    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walk if layer in used]
-    lines.append('  node [shape=plaintext, style="", fontcolor="#777777", fontsize=11];')
-    lines.append('  "rank_top" [label="top node"];')
-    for layer in walk:
-        if layer in used:
-            lines.append(f'  "rank_L{layer}" [label="layer {layer}"];')
-    lines.append("  " + " -> ".join(f'"{r}"' for r in rungs) + " [style=invis];")
-    lines.append('  node [shape=box, style="rounded,filled", fontcolor="#000000", fontsize=12];')
-    # one row per layer, the top node alone on the first
-    rows: dict[str, list[int]] = {"rank_top": [top]}
-    for p, d in g.nodes(data=True):
-        if p != top:
-            rows.setdefault(f"rank_L{d['layer']}", []).append(p)
-    for rung in rungs:
-        members = sorted(rows.get(rung, []))
+    walked = [layer for layer in sorted(gr["layers"], reverse=True) if layer in used]
+    rungs = ["rank_top"] + [f"rank_L{layer}" for layer in walked]
+    lines += ['  node [shape=plaintext, style="", fontcolor="#777777", fontsize=11];',
+              '  "rank_top" [label="top node"];',
+              *(f'  "rank_L{layer}" [label="layer {layer}"];' for layer in walked),
+              "  " + " -> ".join(f'"{r}"' for r in rungs) + " [style=invis];",
+              '  node [shape=box, style="rounded,filled", fontcolor="#000000", fontsize=12];']
+    # one row per layer (the tokens its edges brought in), the top node alone on the first
+    for rung, layer in zip(rungs, [None, *walked]):
+        members = [top] if layer is None else sorted(
+            p for p, d in g.nodes(data=True) if p != top and d["layer"] == layer)
         lines.append("  { rank=same; " + " ".join(f'"{r}";' for r in [rung] + [f"t{p}" for p in members]) + " }")
     for p, d in sorted(g.nodes(data=True)):
         extra = ', penwidth=2.5, peripheries=2, color="#b30000"' if p == top else ""
@@ -415,17 +405,15 @@ def tree_to_dot(g: nx.DiGraph, title: str | None = None, show_input: bool = True
             f"  \"t{i}\" -> \"t{j}\" [label=\"   L{d['layer']} {d['score']:.2f}\", penwidth={1 + 4 * f:.2f}, "
             f"color=\"{_colour(f)}\"];"
         )
-    foot = rungs[-1]
+    feet = []  # under the ladder, each below the one before: the input, the legend; the last sinks to the foot
     if show_input:
-        lines.append(f'  "input" [shape=plaintext, style="", fontsize=10, fontcolor="#444444", '
-                     f'label={_q(_wrap_tokens(gr["tokens"]))}];')
-        lines.append(f'  "{foot}" -> "input" [style=invis];')
-        foot = "input"
+        feet.append(("input", f'fontsize=10, fontcolor="#444444", label={_q(_wrap_tokens(gr["tokens"]))}'))
     if legend:
-        lines.append(f'  "legend" [shape=plaintext, style="", fontsize=9, label={_legend(g, threshold)}];')
-        lines.append(f'  "{foot}" -> "legend" [style=invis];')
-    if show_input or legend:
-        lines.append(f'  {{ rank=sink; "{foot if not legend else "legend"}"; }}')
+        feet.append(("legend", f"fontsize=9, label={_legend(g, threshold)}"))
+    for above, (name, attrs) in zip([rungs[-1]] + [name for name, _ in feet], feet):
+        lines += [f'  "{name}" [shape=plaintext, style="", {attrs}];', f'  "{above}" -> "{name}" [style=invis];']
+    if feet:
+        lines.append(f'  {{ rank=sink; "{feet[-1][0]}"; }}')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
