@@ -260,7 +260,6 @@ def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path,
         int(np.argmax(logits)) if known else -1)
     gold = names.index(str(entry["golden"])) if entry.get("golden") is not None else -1
     seg = segment_ids_of(tokens)
-    has_b = bool((seg == 1).any())
     attr_sha = sha256_file(attr_path)
     meta = {
         "source": SOURCE,
@@ -292,14 +291,14 @@ def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path,
         f_baseline=np.full(n_layers, np.nan),
         residual=np.full(n_layers, np.nan),
         kernel=SOURCE,
-        truncated=False,
         meta=meta,
         text_a=_text(tokens, seg, 0),
-        text_b=_text(tokens, seg, 1) if has_b else None,
+        text_b=_text(tokens, seg, 1) if (seg == 1).any() else None,
     )
     tokens_sha = sha256_file(tokens_path)
-    options = {"format": "attattr-2021 JSON lines", "model": model or "unknown", "layers": n_layers,
-               "heads": n_heads, "labels": names}
+    model = model or "unknown"
+    options = {"format": "attattr-2021 JSON lines", "model": model, "layers": n_layers, "heads": n_heads,
+               "labels": names}
     fingerprint = {
         "weights_sha256": "",
         "options": options,
@@ -308,13 +307,10 @@ def import_2021(attr_path: str | Path, tokens_path: str | Path, out: str | Path,
     }
     command = list(command) if command is not None else []
     provenance = {
-        "model": model or "unknown",
+        "model": model,
         "model_path": "",
         "model_source": SOURCE,
-        "model_revision": "",
-        "weights_sha256": "",
-        "model_type": "",
-        "model_class": "",
+        **dict.fromkeys(("model_revision", "weights_sha256", "model_type", "model_class"), ""),  # not in the files
         "num_layers": n_layers,
         "num_heads": n_heads,
         "label_names": names,
