@@ -369,8 +369,7 @@ def run_attack(
     all_ids = trig_ids + [_token_ids(tok, c) for c in ctrl]
 
     gold = np.asarray([label_map[e.label] if e.label is not None else -1 for e in examples])
-    total = len(examples) * (1 + len(inserts))
-    tick = counting(progress, total, "")
+    tick = counting(progress, len(examples) * (1 + len(inserts)), "")
     tick(0)
     clean = [clean_variant(f, max_length) for f in framed]
     before = predict(loaded, clean, batch_size, tick)
@@ -384,17 +383,16 @@ def run_attack(
 
     before_cls, before_all = per_class(before)
     results = []
-    preds: list[np.ndarray] = []
     texts: list[dict] = []
     # every insertion's variants in one run: padded batches of similar length across them
     every = [[attack_example(f, ids, ins.segments, ins.relative, ins.reference, position, max_length)
               for f in framed] for ins, ids in zip(inserts, all_ids)]
     flat = predict(loaded, [v for variants in every for v in variants], batch_size, tick)
-    for j, (ins, variants) in enumerate(zip(inserts, every)):
-        pred = flat[j * len(framed):(j + 1) * len(framed)]
+    preds = list(flat.reshape(len(inserts), len(framed)))  # [insertion][example]
+    for ins, variants, pred in zip(inserts, every, preds):
         cls, overall = per_class(pred)
         target = _class_index(ins.label, loaded)
-        row = {
+        results.append({
             "name": ins.name, "kind": ins.kind, "tokens": ins.tokens, "segments": ins.segments,
             "relative": ins.relative, "class": ins.label, "rank": ins.rank, "class_rank": ins.class_rank,
             "mirrors": ins.mirrors, "accuracy": {c: v["accuracy"] for c, v in cls.items()},
@@ -403,9 +401,7 @@ def run_attack(
             "to_class": (float((pred == target).mean()) if target is not None else None),
             "truncated": sum(v.truncated for v in variants),
             "skipped_tokens": sum(v.skipped for v in variants),
-        }
-        results.append(row)
-        preds.append(pred)
+        })
         if keep_texts:
             for e, v, p in zip(examples, variants, pred):
                 a, b = variant_texts(tok, v)
@@ -481,24 +477,20 @@ def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before:
     by_name = {r["name"]: r for r in results}
 
     def drop(pred: np.ndarray, sel: np.ndarray) -> float | None:
-        if not sel.any():
-            return None
-        return float(right_before[sel].mean() - (pred[sel] == gold[sel]).mean())
+        return float(right_before[sel].mean() - (pred[sel] == gold[sel]).mean()) if sel.any() else None
 
-    def attacked(row: dict) -> np.ndarray:
-        target = _class_index(row["class"], loaded)
+    def attacked(row: dict | None) -> np.ndarray:  # known labels but the trigger's class (all without one)
+        target = None if row is None else _class_index(row["class"], loaded)
         return known & (gold != target) if target is not None else known
 
     controls = [(r, p) for r, p in zip(results, preds) if r["kind"] == "control"]
     for row, pred in zip(results, preds):
-        if row["kind"] == "control":
-            mirrored = by_name.get(row["mirrors"])
-            row["layout"] = layout_name(layout_of(row["tokens"], row["segments"]))
-            row["drop"] = drop(pred, attacked(mirrored) if mirrored is not None else known)
-            continue
-        sel = attacked(row)
         lay = layout_of(row["tokens"], row["segments"])
         row["layout"] = layout_name(lay)
+        if row["kind"] == "control":
+            row["drop"] = drop(pred, attacked(by_name.get(row["mirrors"])))
+            continue
+        sel = attacked(row)
         row["drop"] = d = drop(pred, sel)
         null = [x for r, p in controls if layout_of(r["tokens"], r["segments"]) == lay
                 and (x := drop(p, sel)) is not None]
@@ -510,27 +502,21 @@ def control_statistics(results: list[dict], preds: Sequence[np.ndarray], before:
         }
         row["percentile"] = stats.percentile(d, null) if d is not None else None
         row["p"] = stats.rank_p_value(d, null) if d is not None else None
-    ps = []
     for k, (c, trow) in enumerate(zip(class_names, table)):
         sel = known & (gold == label_map[k])
-        against = [(r, p) for r, p in zip(results, preds)
-                   if r["kind"] == "trigger" and _class_index(r["class"], loaded) != label_map[k]]
-        t_drops = [x for _r, p in against if (x := drop(p, sel)) is not None]
+        t_drops = [x for r, p in zip(results, preds) if r["kind"] == "trigger"
+                   and _class_index(r["class"], loaded) != label_map[k] and (x := drop(p, sel)) is not None]
         c_named = [(r, x) for r, p in controls if (x := drop(p, sel)) is not None]
         c_drops = [x for _r, x in c_named]
         trow["trigger_drop"] = float(np.mean(t_drops)) if t_drops else None
         trow["control_drop"] = float(np.mean(c_drops)) if c_drops else None
         trow["control_sd"] = float(np.std([trow["before"] - x for x in c_drops], ddof=1)) if len(c_drops) > 1 else None
-        if c_named:
-            worst, wd = max(c_named, key=lambda rx: rx[1])
-            trow["worst_control"] = {"name": worst["name"], "tokens": worst["tokens"], "accuracy": worst["accuracy"][c],
-                                     "drop": wd}
-        else:
-            trow["worst_control"] = None
-        test = stats.permutation_test(t_drops, c_drops, "greater", seed=seed + k) if t_drops and c_drops else None
-        trow["p"] = test["p"] if test else None
-        trow["p_exact"] = test["exact"] if test else None
-        ps.append(trow["p"])
-    for trow, adj in zip(table, stats.holm(ps)):
+        worst, wd = max(c_named, key=lambda rx: rx[1]) if c_named else (None, None)
+        trow["worst_control"] = {"name": worst["name"], "tokens": worst["tokens"], "accuracy": worst["accuracy"][c],
+                                 "drop": wd} if c_named else None
+        test = stats.permutation_test(t_drops, c_drops, "greater", seed=seed + k) if t_drops and c_drops else {}
+        trow["p"] = test.get("p")
+        trow["p_exact"] = test.get("exact")
+    for trow, adj in zip(table, stats.holm([trow["p"] for trow in table])):
         trow["p_holm"] = adj
         trow["beats_controls"] = None if adj is None else bool(adj <= alpha)
