@@ -381,6 +381,9 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
     rounding of batches of other sizes (tests/test_faithfulness.py)."""
     from ..data import parse_examples
     from ..store import TokenImportanceStore
+    from .adversarial import adversarial_example, summarise
+    from .aggregate import words_asked
+    from .methods.ig import summary
 
     options.validate()
     with TokenImportanceStore(path, writable=keep) as store:
@@ -396,10 +399,9 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             loaded = load_for_store(store, model, device)
         runner = ModelRunner(loaded, output=output, erase=options.erase, max_tokens=max_tokens)
         options.methods, left_out = expand_methods(options.methods, loaded)
-        masking = bool(options.mask_fractions)
-        if masking and runner.mask_id is None:
+        masking = bool(options.mask_fractions) and runner.mask_id is not None
+        if options.mask_fractions and not masking:
             left_out.append("masking protocol left out: the tokenizer has no mask token")
-            masking = False
         have = store.indices()
         if not have:
             raise StoreError(f"{store.path} holds no examples")
@@ -414,39 +416,29 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
             raise StoreError(f"every example asked for in {store.path} holds NaN or inf (flagged 'nonfinite')")
         unconverged = len(store.unconverged(chosen))
         num_layers = loaded.arch.num_layers
-        perm_layers = list(range(num_layers)) if options.perm_layers is None else sorted(
-            {x % num_layers for x in options.perm_layers})
         for x in options.perm_layers or []:
             if not -num_layers <= x < num_layers:
                 raise OptionError(f"layer {x} does not exist: the model has {num_layers} layers (0..{num_layers - 1})")
-        needed = list(dict.fromkeys([*options.methods, "loo", "grad"]))
-        from .aggregate import words_asked
-
+        perm_layers = list(range(num_layers)) if options.perm_layers is None else sorted(
+            {x % num_layers for x in options.perm_layers})
+        params = {m: params_for(m, output, options.erase, options.seed, score_opts)
+                  for m in dict.fromkeys([*options.methods, "loo", "grad"])}
         words = words_asked(options.aggregate)
         per_example = []
         adversarial_rows = []
-        tvd_medians = []
         total = len(chosen)
         if progress:
             progress(0, total, "")
         group = max(1, int(batch_examples))
-        done = 0
         with runner.caching() if batch_examples else contextlib.nullcontext():
             for start in range(0, total, group):
                 items = []
                 for index in chosen[start:start + group]:
                     stored = store.get(index)
                     ex = _prepare(loaded, stored, loaded.arch.is_decoder)
-                    scores: dict[str, np.ndarray] = {}
-                    todo = []
-                    for m in needed:
-                        params = params_for(m, output, options.erase, options.seed, score_opts)
-                        have_m = store.stored(index, m, params)
-                        if have_m is None:
-                            todo.append(m)
-                        else:
-                            scores[m] = np.asarray(have_m, dtype=np.float64)
-                    items.append((index, stored, ex, scores, todo))
+                    held = {m: store.stored(index, m, p) for m, p in params.items()}
+                    scores = {m: np.asarray(v, dtype=np.float64) for m, v in held.items() if v is not None}
+                    items.append((index, stored, ex, scores, [m for m in params if m not in scores]))
                 if batch_examples:  # the leave-one-out inputs and the gradients of the group's examples together
                     runner.prefetch((ex, runner.loo_keeps(ex), None) for _, _, ex, _, todo in items if "loo" in todo)
                     runner.prefetch_gradients([ex for _, _, ex, _, todo in items
@@ -455,8 +447,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                     if todo:
                         fresh = runner.compute(ex, todo, attribution=stored.attribution, seed=options.seed)
                         for m, v in fresh.items():
-                            store.write(index, m, v, params_for(m, output, options.erase, options.seed, score_opts),
-                                        ALL_METHODS[m])
+                            store.write(index, m, v, params[m], ALL_METHODS[m])
                             scores[m] = np.asarray(v, dtype=np.float32).astype(np.float64)
                 runner.clear()  # the metrics' passes the same whether or not LOO ran
                 units = [Units.of(stored, ex, words) for _, stored, ex, _, _ in items]
@@ -470,61 +461,48 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
                             wanted.append((ex, u.keeps(mask_keeps(u.n, u.content, ranked, u.scores(scores)["loo"],
                                                                   options.mask_fractions)[0]), "mask"))
                     runner.prefetch(wanted)
-                tvds = None
-                if batch_examples and options.permutations and perm_layers:
+                if options.permutations and perm_layers:  # batch_examples 0: a group of one, as alone
                     tvds = permutation_tvds(runner, [it[2] for it in items], perm_layers, options.permutations,
                                             options.seed)
-                for k, (index, stored, ex, scores, _) in enumerate(items):
-                    done += 1
-                    u = units[k]
+                for k, ((index, stored, ex, scores, _), u) in enumerate(zip(items, units)):
                     content = u.content
+                    scores = u.scores(scores)
+                    ranked = {m: scores[m] for m in options.methods}
+                    c = {m: v[content] for m, v in scores.items()}
                     row: dict = {"index": int(index), "n_tokens": int(ex.n), "n_content": int(len(content)),
-                                 "target": int(ex.target), "tau_loo": {}, "tau_loo_abs": {}, "tau_grad": {}}
+                                 "target": int(ex.target),
+                                 "tau_loo": {m: kendall_tau_b(c[m], c["loo"]) for m in options.methods},
+                                 "tau_loo_abs": {m: kendall_tau_b(np.abs(c[m]), np.abs(c["loo"]))
+                                                 for m in options.methods},
+                                 "tau_grad": {m: kendall_tau_b(c[m], c["grad"]) for m in options.methods}}
                     if words:  # n_content counts content words
                         row["n_words"] = int(u.n)
-                    scores = u.scores(scores)
-                    for m in options.methods:
-                        row["tau_loo"][m] = kendall_tau_b(scores[m][content], scores["loo"][content])
-                        row["tau_loo_abs"][m] = kendall_tau_b(np.abs(scores[m][content]),
-                                                              np.abs(scores["loo"][content]))
-                        row["tau_grad"][m] = kendall_tau_b(scores[m][content], scores["grad"][content])
                     row["erasure"] = erasure_metrics(lambda keeps: runner.target_probability(ex, u.keeps(keeps)), u.n,
-                                                     content, {m: scores[m] for m in options.methods}, options.bins,
-                                                     options.fractions)
+                                                     content, ranked, options.bins, options.fractions)
                     if masking:
                         label = int(stored.gold) if int(stored.gold) >= 0 else int(ex.target)
                         row["label"], row["label_is_gold"] = label, int(stored.gold) >= 0
                         row["masking"] = mask_metrics(lambda keeps: runner.probabilities(ex, u.keeps(keeps), erase="mask"),
-                                                      u.n, content, {m: scores[m] for m in options.methods}, int(ex.target),
-                                                      label, bounds=scores["loo"], fractions=options.mask_fractions)
+                                                      u.n, content, ranked, int(ex.target), label, bounds=scores["loo"],
+                                                      fractions=options.mask_fractions)
                     if options.adversarial is not None:
-                        from .adversarial import adversarial_example
-
                         adversarial_rows.append(adversarial_example(runner, ex, options.adversarial))
                     if options.permutations and perm_layers:
-                        tv = tvds[k] if tvds is not None else \
-                            permutation_tvd(runner, ex, perm_layers, options.permutations, options.seed)
-                        med = np.median(tv, axis=1)
-                        row["permutation_median_tvd"] = [float(v) for v in med]
-                        tvd_medians.append(med)
+                        row["permutation_median_tvd"] = [float(v) for v in np.median(tvds[k], axis=1)]
                     per_example.append(row)
                     if progress:
-                        progress(done, total, f"example {index}")
+                        progress(start + k + 1, total, f"example {index}")
                 runner.clear()
-    report = _report(str(path), prov, loaded, options, perm_layers, per_example, tvd_medians, runner.forwards, skipped)
+    report = _report(str(path), prov, options, perm_layers, per_example, runner.forwards, skipped)
     report["unconverged"] = int(unconverged)  # examples used with a layer whose integral did not converge
     report["left_out"] = left_out
     if "ig" in runner.notes:
-        from .methods.ig import summary
-
         report["completeness"] = {"ig": summary(runner.notes["ig"])}  # examples whose IG ran now (not from the store)
     if options.adversarial is not None:
-        from .adversarial import summarise
-
         a = options.adversarial
         report["adversarial"] = strict_json({
             "layer": adversarial_rows[0]["layer"] if adversarial_rows else None,
-            "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(a).items()},
+            "settings": _settings(a),
             "summary": summarise(adversarial_rows, a.epsilons, options.seed),
             "per_example": adversarial_rows,
         })
@@ -532,7 +510,7 @@ def evaluate_store(path: str | Path, options: FaithfulnessOptions, model: str | 
     return report
 
 
-def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forwards, skipped: int = 0) -> dict:
+def _report(path, prov, options, perm_layers, rows, forwards, skipped: int = 0) -> dict:
     methods = {}
     masked = [r for r in rows if "masking" in r]
     for m in options.methods:
@@ -549,27 +527,25 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
             for key in ("aopc_bins", "accuracy_bins"):
                 entry[f"mask_{key}"] = np.mean([r["masking"][m][key] for r in masked], 0).tolist()
     _intervals(methods, rows, options.seed)
-    perm = None
-    if tvd_medians:
-        t = np.asarray(tvd_medians)  # [examples, layers]
-        perm = {
-            "layers": list(perm_layers),
-            "permutations": options.permutations,
-            "median_tvd_mean": t.mean(0).tolist(),
-            "median_tvd_median": np.median(t, 0).tolist(),
-            "share_below_0.05": (t < 0.05).mean(0).tolist(),
-        }
+    t = np.asarray([r["permutation_median_tvd"] for r in rows if "permutation_median_tvd" in r])  # [examples, layers]
+    perm = {
+        "layers": list(perm_layers),
+        "permutations": options.permutations,
+        "median_tvd_mean": t.mean(0).tolist(),
+        "median_tvd_median": np.median(t, 0).tolist(),
+        "share_below_0.05": (t < 0.05).mean(0).tolist(),
+    } if len(t) else None
+    score_opts = prov.get("options") or {}
     return strict_json({
         "store": path,
         "model": prov.get("model"),
         "task": prov.get("task"),
-        "target": (prov.get("options") or {}).get("target"),
-        "output": (prov.get("options") or {}).get("output"),
-        "attribution_steps": (prov.get("options") or {}).get("steps"),
+        "target": score_opts.get("target"),
+        "output": score_opts.get("output"),
+        "attribution_steps": score_opts.get("steps"),
         "examples": len(rows),
         "skipped_nonfinite": int(skipped),
-        "settings": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items()
-                     if k != "adversarial"},
+        "settings": _settings(options),
         "accuracy": _accuracy(rows),
         "forwards": int(forwards),
         "methods": methods,
@@ -577,6 +553,11 @@ def _report(path, prov, loaded, options, perm_layers, rows, tvd_medians, forward
         "paired_tests": paired_tests(rows, options.methods, options.seed),
         "per_example": rows,
     })
+
+
+def _settings(options) -> dict:
+    """The fields of an options dataclass as JSON values (tuples as lists), the adversarial options left out."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(options).items() if k != "adversarial"}
 
 
 def _accuracy(rows) -> dict | None:
@@ -693,17 +674,14 @@ def report_figure(report: dict):
     import matplotlib
 
     from .plots import new_figure
+    from .stats import LEVEL  # the level of the intervals _intervals computed
 
     adv = report.get("adversarial")
-    if adv:
-        fig = new_figure(16, 4.4)
-        a1, a2, a3 = fig.subplots(1, 3)
-    else:
-        fig = new_figure(11, 4.2)
-        a1, a2 = fig.subplots(1, 2)
+    fig = new_figure(16, 4.4) if adv else new_figure(11, 4.2)
+    axes = fig.subplots(1, 3 if adv else 2)
+    a1, a2 = axes[:2]
     fr = report["settings"]["fractions"]
-    cmap = matplotlib.colormaps.get_cmap
-    colours = cmap("tab20").colors if len(report["methods"]) > 10 else cmap("tab10").colors
+    colours = matplotlib.colormaps["tab20" if len(report["methods"]) > 10 else "tab10"].colors
     for i, (m, r) in enumerate(report["methods"].items()):
         a1.plot(fr, r["deletion_curve"], marker=".", label=m, color=colours[i % len(colours)],
                 linestyle="--" if m == "random" else "-")
@@ -716,30 +694,25 @@ def report_figure(report: dict):
     x = np.arange(len(names))
     for off, key, label in ((-0.27, "tau_loo", "tau with LOO"), (0.0, "tau_loo_abs", "tau of |score| with |LOO|"),
                             (0.27, "tau_grad", "tau with grad")):
-        values = np.asarray([report["methods"][m].get(key) or 0.0 for m in names], dtype=float)
-        lows = [report["methods"][m].get(f"{key}_low") for m in names]
-        highs = [report["methods"][m].get(f"{key}_high") for m in names]
-        err = None
-        if all(v is not None for v in (*lows, *highs)):  # the bootstrap interval of each mean
-            err = [values - np.asarray(lows, dtype=float), np.asarray(highs, dtype=float) - values]
+        values = np.asarray([r.get(key) or 0.0 for r in report["methods"].values()], dtype=float)
+        lows, highs = ([r.get(f"{key}_{end}") for r in report["methods"].values()] for end in ("low", "high"))
+        err = [values - np.asarray(lows, dtype=float), np.asarray(highs, dtype=float) - values] \
+            if None not in lows + highs else None  # the bootstrap interval of each mean
         a2.bar(x + off, values, 0.27, label=label, yerr=err, capsize=1.5,
                error_kw={"elinewidth": 0.8, "ecolor": "0.25"})
     a2.set_xticks(x, names, rotation=45, ha="right", fontsize=8)
     a2.axhline(0, color="k", lw=0.5)
-    from .stats import LEVEL  # the level of the intervals _intervals computed
-
     a2.set_title(f"Kendall tau-b (mean over examples)\nbars: {LEVEL:.0%} bootstrap interval", fontsize=10)
     a2.legend(fontsize=7)
     if adv:
-        for eps in adv["summary"]:
-            pts = [(r["epsilons"][eps]["jsd_attention_tokens"], r["epsilons"][eps]["jsd_attribution_tokens"])
-                   for r in adv["per_example"]]
-            pts = [p for p in pts if p[0] is not None and p[1] is not None]
+        a3 = axes[2]
+        jsd = {e: [(r["epsilons"][e]["jsd_attention_tokens"], r["epsilons"][e]["jsd_attribution_tokens"])
+                   for r in adv["per_example"]] for e in adv["summary"]}
+        for eps, pts in jsd.items():
+            pts = [p for p in pts if None not in p]
             if pts:
-                x, y = zip(*pts)
-                a3.scatter(x, y, s=9, alpha=0.6, label=f"ε = {eps}")
-        top = max(0.05, *(max(r["epsilons"][e]["jsd_attention_tokens"] or 0, r["epsilons"][e]["jsd_attribution_tokens"] or 0)
-                          for r in adv["per_example"] for e in adv["summary"]))
+                a3.scatter(*zip(*pts), s=9, alpha=0.6, label=f"ε = {eps}")
+        top = max(0.05, *(v or 0 for pts in jsd.values() for p in pts for v in p))
         a3.plot([0, top], [0, top], color="k", lw=0.6, ls=":")
         a3.set_xlabel("JSD of attention, clean vs adversarial (pooled row, head mean)")
         a3.set_ylabel("JSD of |attention attribution| (pooled row, head sum)")
