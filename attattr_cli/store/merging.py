@@ -160,26 +160,21 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
     tmp_path: Path | None = None
     try:
         base = readers[0]
-        if out.exists() and out.stat().st_size > 0:
-            target = open_file(out, "r+")
-            try:
+        if not (out.exists() and out.stat().st_size > 0):
+            tmp_path = out.with_name(f".{out.name}.merging-{os.getpid()}")
+        target = open_file(out, "r+") if tmp_path is None else open_file(tmp_path, "w")
+        try:
+            if tmp_path is None:
                 check_schema(target, out)
                 _check_mergeable(out, base.path, json.loads(read_attr(target, "fingerprint", "{}")),
                                  base.fingerprint, verb="into")
-            except BaseException:
-                target.close()
-                raise
-        else:
-            tmp_path = out.with_name(f".{out.name}.merging-{os.getpid()}")
-            target = open_file(tmp_path, "w")
-            target.attrs.update(dict(base.f.attrs))
-            target.attrs["shard"] = ""
-            target.attrs["created"] = utc_now()
-            target.create_group(EXAMPLES)
-            base.f.copy(base.f[PROVENANCE], target, PROVENANCE)
-            target[PROVENANCE].attrs["runs"] = "[]"
-        added = skipped = 0
-        try:
+            else:
+                target.attrs.update(dict(base.f.attrs))
+                target.attrs["shard"] = ""
+                target.attrs["created"] = utc_now()
+                target.create_group(EXAMPLES)
+                base.f.copy(base.f[PROVENANCE], target, PROVENANCE)
+                target[PROVENANCE].attrs["runs"] = "[]"
             dest = target[EXAMPLES]
             for name in list(dest):
                 if name.startswith(PARTIAL_PREFIX):
@@ -188,25 +183,21 @@ def merge(shards: list[str | os.PathLike], out: str | os.PathLike, partial: bool
             runs = json.loads(read_attr(prov, "runs", "[]"))
             entry = {"time": utc_now(), "shards": []}
             for r in readers:
-                shard_added = 0
-                for i in r.indices():
-                    name = example_name(i)
-                    if name in dest:
-                        skipped += 1
-                        continue
-                    tmp = PARTIAL_PREFIX + name
-                    r.f.copy(r.f[EXAMPLES][name], dest, tmp)
+                indices = r.indices()
+                fresh = [name for name in map(example_name, indices) if name not in dest]
+                for name in fresh:  # copied under a partial name, then renamed: a killed merge leaves no half example
+                    r.f.copy(r.f[EXAMPLES][name], dest, PARTIAL_PREFIX + name)
                     target.flush()
-                    dest.move(tmp, name)
-                    added += 1
-                    shard_added += 1
+                    dest.move(PARTIAL_PREFIX + name, name)
                 shard = str(read_attr(r.f, "shard", "") or "")
                 for run in json.loads(read_attr(r.f[PROVENANCE], "runs", "[]")):
                     run = dict(run, shard=shard or r.path.name)
                     if run not in runs:
                         runs.append(run)
-                entry["shards"].append({"file": r.path.name, "shard": shard, "examples": len(r.indices()),
-                                        "added": shard_added})
+                entry["shards"].append({"file": r.path.name, "shard": shard, "examples": len(indices),
+                                        "added": len(fresh)})
+            added = sum(d["added"] for d in entry["shards"])
+            skipped = sum(d["examples"] for d in entry["shards"]) - added
             entry.update(added=added, skipped=skipped)
             merges = json.loads(read_attr(prov, "merges", "[]"))
             merges.append(entry)
