@@ -267,15 +267,12 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
     sys.unraisablehook = collect
     failed = False
     try:
-        if stream:
-            folder = tempfile.mkdtemp(prefix="attattr-out-")
-            tmp = os.path.join(folder, f"out{suffix}")
-        else:
-            if make_parents:
-                path.parent.mkdir(parents=True, exist_ok=True)
-            folder = None
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
-            os.close(fd)
+        if make_parents and not stream:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # a stream's bytes gather in the system's temporary folder, a file's beside it (to be renamed over it)
+        fd, tmp = tempfile.mkstemp(prefix="attattr-out-" if stream else f".{path.name}.", suffix=suffix,
+                                   dir=None if stream else path.parent)
+        os.close(fd)
         try:
             # h5py prints the failures of the objects it frees after a failed write itself:
             # what the block prints is held and passed on only when nothing failed
@@ -294,8 +291,6 @@ def replaced(path: str | os.PathLike, suffix: str = ".tmp", make_parents: bool =
         finally:
             if os.path.exists(tmp):
                 os.unlink(tmp)
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
     except (OSError, RuntimeError) as exc:
         if not isinstance(exc, OSError) and os_errno(exc) is None and not caught:
             raise  # the writer's own error, not a failed write: theirs to say
