@@ -235,8 +235,9 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
     ``repr``): ``quantity`` ("p(␣Paris) − p(␣London)"), ``value`` (F at the input, the stored
     ``f_full``), the ``target`` and ``foil`` labels, their probabilities, the ``prediction``
     and, for a generation's step, ``step`` and ``steps``; ``line`` says it all in one line."""
-    meta = getattr(example, "meta", None) or {}
-    lm = meta.get("lm") if isinstance(meta, dict) else None
+    meta = getattr(example, "meta", None)
+    meta = meta if isinstance(meta, dict) else {}
+    lm = meta.get("lm")
     probs = np.asarray(getattr(example, "probs", []), dtype=np.float64).ravel()
     value = float(getattr(example, "f_full", float("nan")))
     out: dict[str, Any] = {"value": value, "foil": None, "foil_probability": None, "step": None, "steps": None}
@@ -247,25 +248,21 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
         names = [str(t) for t in lm.get("target_tokens") or []]
         target = visible(text_of(names, style)) if names else str(int(example.target))
         pred = lm.get("predicted_token")
-        out["prediction"] = token_label(str(pred), style) if pred is not None else str(int(example.pred))
-        out["target"] = target
-        out["probability"] = float(np.prod(probs)) if probs.size else None
-        out["probability_of"] = f"p({target})"
-        out["target_probability"] = out["probability"]
+        p = float(np.prod(probs)) if probs.size else None
+        out.update(prediction=token_label(str(pred), style) if pred is not None else str(int(example.pred)),
+                   target=target, probability=p, probability_of=f"p({target})", target_probability=p)
         foil = lm.get("foil_token")
-        n_pos = max(len(names), 1)
         if foil is not None:
             out["foil"] = token_label(str(foil), style)
             fp = [float(x) for x in lm.get("foil_probs") or []]
             out["foil_probability"] = float(np.prod(fp)) if fp else None
-        step = meta.get("step") if isinstance(meta.get("step"), dict) else None
         if getattr(example, "steps", None):  # a whole generation: the sum of its steps' F
             n = len(example.steps)
             each = _quantity(output, "token") + ("" if foil is None else " − " + _quantity(output, out["foil"]))
-            out["quantity"] = f"Σ over the {n} steps of {each} (given the tokens before it)"
-            out["steps"] = n
-            out["probability"], out["probability_of"], out["target_probability"] = None, None, None
+            out.update(quantity=f"Σ over the {n} steps of {each} (given the tokens before it)", steps=n,
+                       probability=None, probability_of=None, target_probability=None)
         else:
+            n_pos = max(len(names), 1)
             summed = output == "logit" and n_pos > 1  # the logits of several positions, summed
             q = ("Σ logit(" + ", ".join(token_label(t, style) for t in names) + ")" if summed
                  else _quantity(output, target))
@@ -273,7 +270,8 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
                 f = out["foil"] + ("" if n_pos == 1 else f" at each of the {n_pos} positions")
                 q += " − " + ("Σ logit(" + f + ")" if summed else _quantity(output, f))
             out["quantity"] = q
-            if step is not None:
+            step = meta.get("step")
+            if isinstance(step, dict):
                 out["step"] = int(step.get("step", 0))
                 out["steps"] = int(step.get("of", 0)) or None
     else:
@@ -284,7 +282,7 @@ def attributed(example, labels: Sequence[str] | None = None) -> dict:
         out["probability"] = float(probs[pred]) if 0 <= pred < probs.size else None
         out["probability_of"] = f"p({out['prediction']})"
         out["target_probability"] = float(probs[target]) if 0 <= target < probs.size else None
-        foil = meta.get("foil") if isinstance(meta, dict) else None
+        foil = meta.get("foil")
         q = _quantity(output, out["target"])
         if isinstance(foil, dict):
             idx = int(foil.get("index", -1))
