@@ -141,9 +141,8 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
 
     folder = is_folder_target(out)
     out = Path(out)
-    parent = out.parent
-    if not parent.exists():
-        raise OptionError(f"-o {out}: the folder {parent} does not exist")
+    if not out.parent.exists():
+        raise OptionError(f"-o {out}: the folder {out.parent} does not exist")
     if not folder and out.suffix.lower() not in (".html", ".htm") and not is_stream(out):
         raise OptionError(f"-o {out}: give a .html file or a folder (DIR/)")
     if folder and out.exists():
@@ -167,7 +166,6 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
     prov = store.provenance
     rows, flagged = [], {"wrong": 0, "residual": 0, "truncated": 0, "unconverged": 0}
     generations: dict = {}  # what a store of generations says once: the target per step, the steps
-    labels: list = []
     tmp = temp_dir_for(out) if folder else None
     inline: list[str] = []
     try:
@@ -197,13 +195,13 @@ def build_report(store, out: str | Path, importance: str | Path | None = None, f
                 inline.append(f'<script type="application/json" id="aa-ex-{i}">{text}</script>')
             if progress:
                 progress(k + 1, len(indices), f"example {i}")
-        columns = COLUMNS
-        if generations:
-            columns = [c for c in GENERATION_COLUMNS if c != "foil" or any(r["foil"] is not None for r in rows)]
+        columns = ([c for c in GENERATION_COLUMNS if c != "foil" or any(r["foil"] is not None for r in rows)]
+                   if generations else COLUMNS)
         data = {"title": Path(store.path).name, "provenance": _provenance(store), "labels": labels,
                 "columns": columns, "rows": [[r[c] for c in columns] for r in rows],
-                "generations": generations or None, "mode": "folder" if folder else "inline", "family": family or (fams[0] if fams else "self"),
-                "families": fams, "importance": imp, "flagged": flagged, "residual_flag": RESIDUAL_FLAG}
+                "generations": generations or None, "mode": "folder" if folder else "inline",
+                "family": family or (fams[0] if fams else "self"), "families": fams, "importance": imp,
+                "flagged": flagged, "residual_flag": RESIDUAL_FLAG}
         title = f"attattr report: {Path(store.path).name}"
         if tmp is not None:
             (tmp / "index.html").write_text(page(data, title), encoding="utf-8")
