@@ -131,13 +131,11 @@ def faithfulness(store=None, *, model=None, data=None, task=None, examples=None,
     _only_own(g["target"], "target", "faithfulness attributes the target class and its output")
     if store is not None:
         _only_own(g["compute"], "compute", "with a store nothing is scored")
-    c = g["compute"]
     return _faithfulness(store, model=model, data=data, task=task, examples=examples, methods=methods,
                          score_store=score_store, importance_store=importance_store, erase=erase,
                          permutations=permutations, perm_layers=perm_layers, seed=seed, aggregate=aggregate,
-                         adversarial=adversarial is not False, epsilons=g["adversarial"].epsilons,
-                         adversarial_layer=g["adversarial"].layer, target=g["target"], integration=g["integration"],
-                         compute=c, device=c.device, truncate=c.truncate, threads=c.threads, out=out,
+                         adversarial=None if adversarial is False else g["adversarial"], target=g["target"],
+                         integration=g["integration"], compute=g["compute"], threads=g["compute"].threads, out=out,
                          progress=progress, command=command)
 
 
@@ -153,17 +151,20 @@ def _only_own(group, arg: str, why: str) -> None:
 
 @on_threads
 def _faithfulness(store, *, model, data, task, examples, methods, score_store, importance_store, erase, permutations,
-                  perm_layers, seed, aggregate, adversarial, epsilons, adversarial_layer, target, integration, compute,
-                  device, truncate, threads, out, progress, command) -> FaithfulnessResult:
-    """faithfulness's run, its options checked and its groups resolved."""
+                  perm_layers, seed, aggregate, adversarial, target, integration, compute, threads, out, progress,
+                  command) -> FaithfulnessResult:
+    """faithfulness's run, its options checked and its groups resolved (``adversarial`` an
+    :class:`Adversarial` or None; ``threads`` is ``compute.threads``, for :func:`on_threads`)."""
     import time
+    from contextlib import nullcontext
 
     started = time.perf_counter()
+    from ..analysis.aggregate import words_asked
     from ..analysis.faithfulness import FaithfulnessOptions, evaluate_store
     from ..analysis.token_importance import ATTRIBUTION_METHODS, ERASE_MODES, METHODS, check_methods
 
     check_methods_given(methods)
-    if integration.tol is not None or integration.steps is not None or integration.rule is not None:  # before anything loads
+    if any(v is not None for v in (integration.steps, integration.rule, integration.tol)):  # before anything loads
         from ..engine.options import api_names
         from ..engine.options import integration as resolve_integration
 
@@ -171,11 +172,9 @@ def _faithfulness(store, *, model, data, task, examples, methods, score_store, i
             resolve_integration(integration.steps, integration.rule, integration.tol)
     if isinstance(methods, str):
         methods = methods.split(",")
-    chosen = check_methods(list(methods) if methods else list(METHODS))
+    chosen = check_methods(list(methods or METHODS))
     if erase not in ERASE_MODES:
         raise OptionError(f"unknown erase '{erase}'; available: {', '.join(ERASE_MODES)}")
-    from ..analysis.aggregate import words_asked
-
     words_asked(aggregate)
     if store is not None and (data is not None or task is not None):
         raise OptionError("give either a store or model/data/task, not both")
@@ -185,48 +184,40 @@ def _faithfulness(store, *, model, data, task, examples, methods, score_store, i
     scored_into = Path(score_store) if score_store is not None else out and Path(out).with_suffix(".h5")
     if store is None and out is not None and scored_into.resolve() == Path(out).resolve():
         raise OptionError(f"score_store and out are the same file ({out}): give the report a .json name")
-    tmp = None
-    keep_in = None  # a store this call scored into, or the importance_store asked for
+    tmp = TemporaryStore("attattr-faithfulness-") if store is None and scored_into is None else None
     try:
         loaded_model = None if model is None or isinstance(model, (str, Path)) else as_model(model)
         if store is None:
-            if scored_into is None:
-                tmp = TemporaryStore("attattr-faithfulness-")
             store = scored_into or tmp.path
             need_attr = any(m in ATTRIBUTION_METHODS or m == "all" for m in chosen)
-            m = loaded_model or as_model(model, device=device)
-            score(m, data=data, task=task, examples=examples, out=store, target=target, integration=integration,
-                  compute=replace(compute, threads=None), layers=None if need_attr else [], progress=progress,
-                  command=command)  # threads: this call's own (on_threads), every scoring inside given it
+            loaded_model = loaded_model or as_model(model, device=compute.device)
+            score(loaded_model, data=data, task=task, examples=examples, out=store, target=target,
+                  integration=integration, compute=replace(compute, threads=None), layers=None if need_attr else [],
+                  progress=progress, command=command)  # threads: on_threads gives this call's to every scoring
             from ..data import parse_examples
             from ..engine.run import resolve_inputs
 
-            mid, names = model_arg(m)
+            mid, names = model_arg(loaded_model)
             _, _, rows, _ = resolve_inputs(mid, data, default_task(mid, data, task, None), names)
             select = [rows[i].index for i in parse_examples(selection(examples), len(rows))]
-            loaded_model = m
-            keep_in = store
+            keep_in = store  # where the token importance computed is kept: the store scored into
         else:
             select = examples
-            keep_in = _importance_store(store, importance_store)
+            keep_in = _importance_store(store, importance_store)  # or the importance_store asked for (None: nowhere)
             store = keep_in or store
         fopts = FaithfulnessOptions(methods=chosen, examples=select, permutations=permutations,
                                     perm_layers=None if perm_layers is None else list(perm_layers), erase=erase,
                                     seed=seed, aggregate=None if aggregate == "tokens" else aggregate)
-        if adversarial:
+        if adversarial is not None:
             from ..analysis.adversarial import EPSILONS, AdversarialOptions
 
-            fopts.adversarial = AdversarialOptions(epsilons=tuple(float(e) for e in (epsilons or EPSILONS)),
-                                                   layer=int(adversarial_layer), seed=seed)
-        model_id = str(model) if isinstance(model, (str, Path)) else None
-        if loaded_model is not None:
-            with using(loaded_model) as mm, progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, device=device, loaded=mm.loaded, progress=bar,
-                                        keep=keep_in is not None)
-        else:
-            with progress_for(progress, "faithfulness") as bar:
-                report = evaluate_store(store, fopts, model=model_id, device=device, progress=bar,
-                                        keep=keep_in is not None)
+            fopts.adversarial = AdversarialOptions(epsilons=tuple(float(e) for e in (adversarial.epsilons or EPSILONS)),
+                                                   layer=int(adversarial.layer), seed=seed)
+        with (nullcontext() if loaded_model is None else using(loaded_model) as used,
+              progress_for(progress, "faithfulness") as bar):
+            report = evaluate_store(store, fopts, model=str(model) if isinstance(model, (str, Path)) else None,
+                                    device=compute.device, loaded=None if used is None else used.loaded, progress=bar,
+                                    keep=keep_in is not None)
         report["command"] = command_of(command)
         res = FaithfulnessResult(report, None if tmp is not None or keep_in is None else str(keep_in))
     finally:
