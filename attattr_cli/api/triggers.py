@@ -93,9 +93,7 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
     if rank_by not in RANKINGS:
         raise OptionError(f"unknown rank_by '{rank_by}'; available: {', '.join(RANKINGS)}")
     words = words_asked(aggregate)
-    on_the_fly = source is None
-    if not on_the_fly and (model is not None or data is not None or task is not None or examples is not None
-                           or inputs is not None or store is not None or limit is not None):
+    if source is not None and any(x is not None for x in (model, data, task, examples, inputs, store, limit)):
         raise OptionError("give either a store or model/data/task/examples to score on the fly, not both")
     check_outputs({"out": out}, [source, model, data, store])
     if tol is not None:  # before anything loads
@@ -103,45 +101,39 @@ def triggers(source=None, *, model=None, data=None, task=None, examples=None, in
 
         with api_names():
             integration(steps, None, tol)
-    tmp = None
+    tmp = TemporaryStore("attattr-triggers-") if source is None and store is None else None
     wanted = None
     try:
-        if on_the_fly:
+        if source is None:  # scored on the fly
             m, _task, picked, _map, rows, _ = model_and_data(model, data, task, examples, inputs, device=device,
                                                              check_words=False)  # score says it
             positions = {id(e): k for k, e in enumerate(rows)}
             chosen = select_by_length(m.tokenizer, rows, [positions[id(e)] for e in picked], min_tokens, limit)
             wanted = [rows[i].index for i in chosen]
-            if store is None:
-                tmp = TemporaryStore("attattr-triggers-")
-            path = tmp.path if tmp is not None else Path(store)
-            score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=path,
+            source = tmp.path if tmp is not None else Path(store)
+            score(m, inputs if inputs is None else rows, data=data, task=task, examples=chosen, out=source,
                   steps=steps, tol=tol, device=device, progress=progress, command=command)
-            source = path
         st, close = open_source(source)
-        counts = {"skipped_nonfinite": 0}
+        counts = {}  # patterns_from_store's: skipped_nonfinite, unconverged, used
         try:
             prov = st.provenance
-            labels = prov.get("label_names") or []
             with progress_for(progress, "triggers") as bar:
                 patterns = patterns_from_store(st, progress=bar, min_tokens=min_tokens, special=special, indices=wanted,
                                                counts=counts, words=words)
         finally:
             close()
-        ranked = rank_triggers(patterns, labels, rank_by=rank_by)
-        chosen_t = select(ranked, top_k, per_class, labels)
-        src = {
-            "store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
-            "model": prov.get("model"), "weights_sha256": prov.get("weights_sha256"),
-            "task": prov.get("task"), "data": prov.get("data"),
-            "options": prov.get("options"), "skipped_nonfinite": counts["skipped_nonfinite"],
-            "unconverged": counts.get("unconverged", 0), "used": counts.get("used", 0), "min_tokens": min_tokens, "special": special, "aggregate": "words" if words else "tokens", "command": command_of(command),
-        }
-        doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
-                                source=src, patterns=patterns)
     finally:
         if tmp is not None:
             tmp.remove()
+    labels = prov.get("label_names") or []
+    ranked = rank_triggers(patterns, labels, rank_by=rank_by)
+    chosen_t = select(ranked, top_k, per_class, labels)
+    src = {"store": None if (tmp is not None or not isinstance(source, (str, Path))) else str(source),
+           **{k: prov.get(k) for k in ("model", "weights_sha256", "task", "data", "options")}, **counts,
+           "min_tokens": min_tokens, "special": special, "aggregate": "words" if words else "tokens",
+           "command": command_of(command)}
+    doc = triggers_document(chosen_t, label_names=labels, per_class=per_class, top=top_k, rank_by=rank_by,
+                            source=src, patterns=patterns)
     res = TriggersResult(chosen_t, patterns, doc, len(ranked))
     if out is not None:
         p = Path(out)
