@@ -95,53 +95,46 @@ def view(store, example: int, out=None, *, fmt: str | None = None, layers: Seque
     drawn as its step x source matrix (views/steps.py; words unless ``aggregate="tokens"``,
     one panel per layer more with ``per_layer``); ``steps=False`` draws its summed maps as for
     any example."""
-    from ..fileio import write_atomic
+    from ..fileio import check_output, write_atomic
     from ..views import format_of, from_store, render_bytes, spec_of
 
     as_figure = isinstance(fmt, str) and fmt.lower() == "figure"
     if as_figure and out is not None:
         raise OptionError("fmt figure returns a matplotlib Figure: leave out out (fig.savefig writes it)")
-    inline = out is None and fmt is None
-    if inline:
-        fmt = "png"  # something a notebook shows inline, at a screen's resolution (a small notebook)
-    fmt = "png" if as_figure else format_of(None if out is None else str(out), fmt)
+    inline = out is None and fmt is None  # for a notebook: a small PNG, at a screen's resolution
+    fmt = "png" if as_figure or inline else format_of(None if out is None else str(out), fmt)
     if out is not None:
-        from ..fileio import check_output
-
         check_output(out, [store, importance], "out")  # a folder or a missing folder: refused by Out()
-    spec = spec_of(layers=None if layers is None else layers if isinstance(layers, str) else list(layers), heads=heads, show=_shows(show),
-                   queries=None if queries is None else list(queries), window=window, top_k=top_k,
+    spec = spec_of(layers=layers if layers is None or isinstance(layers, str) else list(layers), heads=heads,
+                   show=_shows(show), queries=None if queries is None else list(queries), window=window, top_k=top_k,
                    importance=importance)
     if aggregate not in (None, "words", "tokens"):
         raise OptionError(f"unknown aggregation '{aggregate}'; use words or tokens")
     with open_store(store) as s:
         loaded = from_store(s.store, int(example), family=family)
+    title = f"attattr view: {Path(store).name}, example {example}"
     if steps and getattr(loaded.example, "steps", None):  # a generation: the step x source matrix
         from ..views.steps import step_bytes
 
-        data, sv = step_bytes(loaded.example, fmt, words=aggregate != "tokens", per_layer=per_layer,
-                              title=f"attattr view: {Path(store).name}, example {example}")
-        if out is not None:
-            write_atomic(out, data)
-        return Picture(data, fmt, None if out is None else str(out), sv)
-    if aggregate == "words":
-        loaded = _words(loaded)
-    spec.num_layers = loaded.num_layers
-    if as_figure:
-        from ..views import view_figure_of
+        data, drawn = step_bytes(loaded.example, fmt, words=aggregate != "tokens", per_layer=per_layer, title=title)
+    else:
+        if aggregate == "words":
+            loaded = _words(loaded)
+        spec.num_layers = loaded.num_layers
+        if as_figure:
+            from ..views import view_figure_of
 
-        return view_figure_of(loaded.example, loaded.labels, spec, loaded.token_importance, tree=tree,
-                              num_layers=loaded.num_layers)
-    data, v = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
-                           num_layers=loaded.num_layers, title=f"attattr view: {Path(store).name}, example {example}",
-                           dpi=INLINE_DPI if inline else 150)
-    if inline:  # shown in a notebook, not written: the same picture on a 256-colour palette
-        from ..analysis.plots import compact_png
+            return view_figure_of(loaded.example, loaded.labels, spec, loaded.token_importance, tree=tree,
+                                  num_layers=loaded.num_layers)
+        data, drawn = render_bytes(loaded.example, fmt, loaded.labels, spec, loaded.token_importance, tree=tree,
+                                   num_layers=loaded.num_layers, title=title, dpi=INLINE_DPI if inline else 150)
+        if inline:  # shown in a notebook, not written: the same picture on a 256-colour palette
+            from ..analysis.plots import compact_png
 
-        data = compact_png(data)
+            data = compact_png(data)
     if out is not None:
         write_atomic(out, data)
-    return Picture(data, fmt, None if out is None else str(out), v)
+    return Picture(data, fmt, None if out is None else str(out), drawn)
 
 
 def _words(loaded):
