@@ -138,7 +138,6 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
     check_methods_given(methods)
     if isinstance(methods, (list, tuple)):
         methods = ",".join(methods)
-    seed_list = list(seeds) or [0]
     check_outputs({"out": out}, [source, model, data])
     tables = []
     if source is not None:
@@ -176,14 +175,13 @@ def importance(source=None, *, model=None, data=None, task=None, examples=None, 
                     t.source = f"{data or ('memory' if inputs is not None else 'builtin')}"
                     tables.append(t)
     if "random" in wanted:
-        tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in seed_list)
-    skipped = max((t.skipped_nonfinite for t in tables), default=0)
-    unconverged = max((t.unconverged for t in tables), default=0)
-    used = max((len(t.examples) for t in tables if t.method == "attr"), default=0)
-    if out is not None:
-        written = imp.write(out, ident, tables, command_of(command))
-        return Importance(written.identity, written.tables, str(out), skipped, unconverged, used)
-    return Importance(ident, {t.name: t for t in tables}, None, skipped, unconverged, used)
+        tables.extend(imp.random_table(ident.num_layers, ident.num_heads, s) for s in list(seeds) or [0])
+    counts = (max((t.skipped_nonfinite for t in tables), default=0), max((t.unconverged for t in tables), default=0),
+              max((len(t.examples) for t in tables if t.method == "attr"), default=0))  # skipped, unconverged, used
+    if out is None:
+        return Importance(ident, {t.name: t for t in tables}, None, *counts)
+    written = imp.write(out, ident, tables, command_of(command))
+    return Importance(written.identity, written.tables, str(out), *counts)
 
 
 # ----------------------------------------------------------------------------- predict with masked heads
@@ -391,13 +389,11 @@ def prune(model=None, importance=None, *, data=None, task=None, examples=None, i
         raise OptionError("keep_heads needs importance to rank the heads")
     check_outputs({"out": out, "save_model": save_model}, [model, data, effectiveness,
                                                              None if isinstance(importance, Importance) else importance])
-    rate_list = pr.parse_rates(rates) if isinstance(rates, str) else pr.parse_rates(",".join(str(float(r)) for r in rates))
-    if importance is None:
-        imp_file = None
-    elif isinstance(importance, Importance):
+    rate_list = pr.parse_rates(rates if isinstance(rates, str) else ",".join(str(float(r)) for r in rates))
+    if isinstance(importance, Importance):
         imp_file = importance.as_file()
     else:
-        imp_file = imp.read(importance)
+        imp_file = None if importance is None else imp.read(importance)
     if isinstance(methods, str):
         methods = [x.strip() for x in methods.split(",") if x.strip()]
     if pairs_given(data, inputs) or metric is not None:
