@@ -174,10 +174,10 @@ def faithfulness(
             raise OptionError("give --out (the report to write), or --json or --csv to print the table instead")
         if plot is not None and plot.suffix.lower() not in (".png", ".svg", ".pdf"):
             raise OptionError(f"cannot tell the format of {plot}: use one of .png, .svg, .pdf")
-        for p in (out_path, plot):  # before any work, not after it
-            if p is not None and p.is_dir():
+        for p in filter(None, (out_path, plot)):  # before any work, not after it
+            if p.is_dir():
                 raise OptionError(f"{p} is a directory")
-            if p is not None and not p.parent.exists():
+            if not p.parent.exists():
                 raise OptionError(f"cannot write {p}: the folder {p.parent} does not exist")
         names = (*FLAGS, "methods", "erase", "epsilons", "perm_layers", "score_store", "importance_store", "aggregate")
         with progress_bar("faithfulness", quiet) as bar, renamed_options(*names):
@@ -192,7 +192,6 @@ def faithfulness(
                       compute=Compute(device=device, truncate=truncate, threads=threads),
                       out=out_path, progress=bar, command=command_line())
         report = res.report
-        store = res.store
         for note in report.get("left_out") or []:
             err.print(note, markup=False)
         store_notes(report.get("skipped_nonfinite"), report.get("unconverged"), report["examples"])
@@ -206,9 +205,11 @@ def faithfulness(
             res.plot(plot)
         if as_json:
             options.print_rows(res.rows, "json")
-        elif as_csv:
+            return
+        if as_csv:
             out.file.write(res.to_csv())
-        if not quiet and not (as_json or as_csv):
+            return
+        if not quiet:
             tables = wide_err()
             for make, section in ((_table, None), (_mask_table, None), (_perm_table, "permutation"),
                                   (_adversarial_table, "adversarial"), (_paired_table, "paired_tests")):
@@ -216,6 +217,5 @@ def faithfulness(
                 if t is not None:
                     tables.print(t)
             err.print(f"{report['examples']} examples, {report['forwards']} forward passes, {report['seconds']:.1f} s"
-                      + (f"; token importance kept in {store}" if store else ""), markup=False)
-        if not (as_json or as_csv):
-            out.print(str(out_path), markup=False)
+                      + (f"; token importance kept in {res.store}" if res.store else ""), markup=False)
+        out.print(str(out_path), markup=False)

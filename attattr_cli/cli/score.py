@@ -108,20 +108,15 @@ def score(
         for note in report.notes:
             err.print(note, markup=False)
         if report.nonfinite:
-            n = report.nonfinite
-            _warn(f"{n} example{'s' if n != 1 else ''} gave NaN or infinite values (with --dtype float16, an overflow?):"
-                  f" {'they are' if n != 1 else 'it is'} flagged 'nonfinite' in the store, and every analysis skips"
-                  f" {'them' if n != 1 else 'it'}")
-        if quiet:
-            out.print(report.out, markup=False)
-            return
-        resid = "" if report.mean_abs_residual is None else f"; mean |completeness residual| {report.mean_abs_residual:.2e}"
-        acc = "" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}"
-        err.print(
-            f"scored {_count(report.scored, 'example')} ({report.skipped} already in the store) in {secs:.1f} s "
-            f"with kernel '{report.kernel}'{acc}{resid}",
-            markup=False,
-        )
+            they_are, them = ("they are", "them") if report.nonfinite != 1 else ("it is", "it")
+            _warn(f"{_count(report.nonfinite, 'example')} gave NaN or infinite values (with --dtype float16, an"
+                  f" overflow?): {they_are} flagged 'nonfinite' in the store, and every analysis skips {them}")
+        if not quiet:
+            residual = report.mean_abs_residual
+            err.print(f"scored {_count(report.scored, 'example')} ({report.skipped} already in the store) in {secs:.1f}"
+                      f" s with kernel '{report.kernel}'"
+                      + ("" if report.accuracy is None else f"; accuracy {report.accuracy:.3f}")
+                      + ("" if residual is None else f"; mean |completeness residual| {residual:.2e}"), markup=False)
         out.print(report.out, markup=False)
 
 

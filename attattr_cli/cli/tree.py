@@ -75,7 +75,6 @@ def tree(
             t = build_tree(e, tau=tau, lam=lam, layers=layers, root=root, compat=compat,
                            num_layers=s.store.num_layers(e.family),
                            title=f"{Path(store).name}, example {example}" + ("" if step is None else f", step {step}"))
-        g = t.graph
         if to_stdout:
             sys.stdout.flush()
             sys.stdout.buffer.write(t.to_bytes(fmt))
@@ -83,10 +82,8 @@ def tree(
         else:
             t.save(out_path, fmt)
         if not quiet:
-            where = "stdout" if to_stdout else out_path
-            err.print(
-                f"example {example}: {g.number_of_nodes()} of {len(g.graph['tokens'])} tokens in the tree, "
-                f"top node {t.title.rsplit('top node ', 1)[-1]}, {g.number_of_edges()} edge{'' if g.number_of_edges() == 1 else 's'} "
-                f"({compat} mode, tau {tau:g}); {fmt} to {where}",
-                markup=False,
-            )
+            g = t.graph
+            edges = g.number_of_edges()
+            err.print(f"example {example}: {g.number_of_nodes()} of {len(g.graph['tokens'])} tokens in the tree,"
+                      f" top node {t.title.rsplit('top node ', 1)[-1]}, {edges} edge{'' if edges == 1 else 's'}"
+                      f" ({compat} mode, tau {tau:g}); {fmt} to {'stdout' if to_stdout else out_path}", markup=False)
