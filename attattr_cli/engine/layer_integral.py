@@ -294,8 +294,8 @@ def f_at_zero(run, count: int) -> list:
     f0 = [float("nan")] * count
     owner = torch.arange(count)
     for part, _g, f in run(owner, torch.zeros(count, dtype=torch.float64), None):
-        for r, i in enumerate(owner[part].tolist()):
-            f0[i] = float(f[r])
+        for i, value in zip(owner[part].tolist(), f.tolist()):  # one copy to the host per pass
+            f0[i] = value
     return f0
 
 

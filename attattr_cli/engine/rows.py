@@ -16,15 +16,17 @@ def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row
     own = owner[part].to(g.device)
     ratio = None if row_ratio is None else g * row_ratio[part].view(-1, *[1] * (g.dim() - 1))
     if summed:
-        owners = torch.unique_consecutive(own)
+        owners = to_device(torch.unique_consecutive(owner[part]), g.device)  # on the host: no wait for the device
         total = _add(total, count, owners, _per_owner(g, len(owners)))
         low = low if ratio is None else _add(low, count, owners, _per_owner(ratio, len(owners)))
     else:
         total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add_(0, own, g)
         if ratio is not None:
             low = (torch.zeros_like(total) if low is None else low).index_add_(0, own, ratio)
-    for r in torch.nonzero(row_alpha[part] == 0).flatten().tolist():
-        f0[int(owner[part][r])] = float(f[r])
+    zero = torch.nonzero(row_alpha[part] == 0).flatten().tolist()  # the host's alphas
+    if zero:  # their F in one copy to the host
+        for r, value in zip(zero, f[zero].tolist()):
+            f0[int(owner[part][r])] = value
     return total, low
 
 
