@@ -25,15 +25,40 @@ class Assembly:
         (maps, sum), the top-k entries, the per-head max, F(0), the completeness residual
         and (nodes, error estimate, cap hit, convergence state) of the integral (a fixed
         rule's state is judged here, from its embedded estimate and its residual)."""
+        return self.layer_results([(g, f0, f_full, saved, conv)], keep)[0]
+
+    def layer_results(self, items: list, keep: str) -> list[dict]:
+        """:meth:`layer_result` of each ``(g, f0, f_full, saved, conv)``; what comes to the host
+        as numbers (the completeness sums, the judged scales, the per-head maxima) comes in one
+        copy for all of them."""
+        parts = [self._layer_part(g, keep, saved, len(conv) == 3) for g, _, _, saved, conv in items]
+        scalars = [t.double() for _, total, big in parts for t in (total, big) if t is not None]
+        host = iter(torch.stack(scalars).tolist())
+        maxima = torch.stack([out["head_max"] for out, _, _ in parts]).cpu()  # [layer, head]: a few bytes
+        results = []
+        for (out, _, big), (g, f0, f_full, _, conv), head_max in zip(parts, items, maxima):
+            resid = next(host) - (f_full - f0)
+            out.update(head_max=head_max, f0=f0, resid=resid)
+            out["conv"] = conv if big is None else self._judged(conv, resid, next(host), g.dtype, f0, f_full)
+            results.append(out)
+        return results
+
+    def _layer_part(self, g: torch.Tensor, keep: str, saved: dict, judged: bool) -> tuple:
+        """One layer's arrays (the per-head max still on the device), its attribution's sum and,
+        for a fixed rule (``judged``), max |Attr| (the residual's scale), both on the device."""
+        big = self.measure(g, saved)[0] if judged else None
         sink = bool(saved.get("sink"))
         if keep == "sources" and not sink and self.options.top_k is None and self.backend.name == "cuda":
-            return self._key_sums_result(g, f0, f_full, saved, conv)
+            ks = self.key_sums(g, saved)  # the per-key sums as the kernel's epilogue: no n x n head sum made
+            read = ks.get("read_sum")
+            return ({"map": None, "sum": None, "topk": None, "key_sum": ks["key_sum"][0].float().cpu(),
+                     "read_sum": None if self.read_from is None or read is None else read[0].float().cpu(),
+                     "head_max": ks["head_max"][0]}, ks["total"][0], big)
         res = self.attribute(g, saved, want_maps=(keep == "maps" or self.options.top_k is not None or sink))
         if sink:  # the sink key's column (value 0, so attribution 0) is not a token: dropped
             maps = res["maps"][..., :-1]
             res = {"maps": maps, "head_sum": maps.sum(1), "head_max": maps.amax(dim=(-2, -1))}
         hs = res["head_sum"][0]
-        resid = float(hs.double().sum()) - (f_full - f0)
         return {
             "map": to_host(res["maps"][0]) if keep == "maps" else None,
             "sum": to_host(hs) if keep in ("maps", "sum") else None,
@@ -45,29 +70,15 @@ class Assembly:
             # (the source scores: docs/long-context.md, "The first-passage bias")
             "read_sum": hs[self.read_from:].sum(0, dtype=torch.float64).float().cpu()
             if keep == "sources" and self.read_from is not None else None,
-            "head_max": res["head_max"][0].cpu(),  # [head]: a few bytes, the plain copy
-            "f0": f0, "resid": resid, "conv": self._judged(conv, resid, g, saved, f0, f_full),
-        }
+            "head_max": res["head_max"][0],
+        }, hs.double().sum(), big
 
-    def _key_sums_result(self, g, f0: float, f_full: float, saved: dict, conv) -> dict:
-        """keep sources on the CUDA kernel: the per-key sums as the kernel's epilogue, no n x n
-        head sum made (the memory of a long context's layer: ops ``attribution_key_sums``)."""
-        ks = self.key_sums(g, saved)
-        resid = float(ks["total"][0]) - (f_full - f0)
-        read = ks.get("read_sum")
-        return {"map": None, "sum": None, "topk": None, "key_sum": ks["key_sum"][0].float().cpu(),
-                "read_sum": None if self.read_from is None or read is None else read[0].float().cpu(),
-                "head_max": ks["head_max"][0].cpu(), "f0": f0, "resid": resid,
-                "conv": self._judged(conv, resid, g, saved, f0, f_full)}
-
-    def _judged(self, conv, resid: float, g, saved: dict, f0: float, f_full: float):
+    def _judged(self, conv, resid: float, big: float, g_dtype: torch.dtype, f0: float, f_full: float):
         """A fixed rule's (nodes, estimate, cap hit) with its state, judged at the tolerance
-        --tol would use by default; an error-controlled integral's conv as it is."""
-        if len(conv) != 3:
-            return conv
-        scale = adaptive.residual_scale(f_full - f0, self.measure(g, saved)[0])
+        --tol would use by default (``big``: max |Attr|, the residual's scale)."""
+        scale = adaptive.residual_scale(f_full - f0, big)
         state = adaptive.judge(conv[1], resid, scale, abs(f_full) + abs(f0), self.check_tol,
-                               float(torch.finfo(self.dtype).eps), float(torch.finfo(g.dtype).eps))
+                               float(torch.finfo(self.dtype).eps), float(torch.finfo(g_dtype).eps))
         return (*conv, state)
 
     def example_score(self, example: Example, enc: Encoded, logits: torch.Tensor, pred: int, gold: int, target,

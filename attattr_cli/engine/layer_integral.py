@@ -114,27 +114,21 @@ class Integration:
             alphas, weights = alphas[~one], weights[~one]
         return alphas, weights, ratio, g, g_low
 
-    def embedded_error(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict) -> float:
-        """The fixed rule's error estimate from its embedded lower-order rule: max |Attr(G) -
-        Attr(G_low)| / max |Attr(G)| / d (``self.low``); nan without an embedded rule. Both
-        measures come to the host in one copy."""
+    def embedded_measures(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict) -> torch.Tensor | None:
+        """max |Attr(G - G_low)| and max |Attr(G)| ([2], on the device) of the fixed rule's
+        embedded estimate (:func:`embedded_errors`); None without an embedded rule."""
         if g_low is None:
-            return float("nan")
-        diff, full = torch.stack([self._measures(g - g_low, saved), self._measures(g, saved)]).tolist()
-        return adaptive.relative(diff[0], full[0]) / self.low[1]
+            return None
+        return torch.stack([self.measure(g - g_low, saved)[0], self.measure(g, saved)[0]])
 
     @property
     def check_tol(self) -> float:
         """The tolerance convergence is judged at: --tol, or for a fixed rule the default's."""
         return self.options.tol if self.options.tol is not None else DEFAULT_TOL
 
-    def measure(self, g: torch.Tensor, s: dict) -> tuple[float, float, float]:
+    def measure(self, g: torch.Tensor, s: dict) -> torch.Tensor:
         """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
-        projections ``s``; the map itself is not kept (one copy to the host)."""
-        return tuple(self._measures(g, s).tolist())
-
-    def _measures(self, g: torch.Tensor, s: dict) -> torch.Tensor:
-        """:meth:`measure` as a tensor [3] on ``g``'s device."""
+        projections ``s`` ([3], on ``g``'s device; the map itself is not kept)."""
         g = g.reshape(1, *g.shape[-3:])
         return map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g, self.judged)[0]
 
@@ -324,12 +318,21 @@ def fixed(sc, count: int, run, grad_at_one, acc, own, zero=None, summed: bool = 
     total, low, f0 = node_sum(run, count, alphas, weights, acc, sc.device, ratio, total, low, summed)
     if not bool((alphas == 0).any()):
         f0 = zero() if zero is not None else f_at_zero(run, count)
-    convs = []
+    measured = []
     for i in range(count):
         n, saved = own(i)
-        err = sc.embedded_error(total[i:i + 1, :, :n], None if low is None else low[i:i + 1, :, :n], saved)
-        convs.append((len(sc.alphas), err, False))
-    return total, f0, convs
+        g_low = None if low is None else low[i:i + 1, :, :n]
+        measured.append(sc.embedded_measures(total[i:i + 1, :, :n], g_low, saved))
+    return total, f0, [(len(sc.alphas), err, False) for err in embedded_errors(measured, sc.low)]
+
+
+def embedded_errors(measured: list, low) -> list[float]:
+    """The embedded error estimate of each integral, max |Attr(G) - Attr(G_low)| / max |Attr(G)|
+    / d (``low`` = (weights, d)), from :meth:`Integration.embedded_measures` (all brought to the
+    host in one copy); nan without an embedded rule."""
+    given = [m for m in measured if m is not None]
+    host = iter(torch.stack(given).tolist() if given else [])
+    return [float("nan") if m is None else adaptive.relative(*next(host)) / low[1] for m in measured]
 
 
 def to_tol(sc, count: int, run, grad_at_one, f_full, acc, maps: Maps, floors=None, shared: bool = False,

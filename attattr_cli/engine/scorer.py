@@ -366,7 +366,7 @@ class Scorer(Integration, Assembly):
                         # one pass per target layer, for this model from now on
                         self.sweeps_work = False
                 if swept is not None:
-                    per_layer += [self.layer_result(g, f0, f_full, keep, saved, conv) for g, f0, saved, conv in swept]
+                    per_layer += self.layer_results([(g, f0, f_full, saved, conv) for g, f0, saved, conv in swept], keep)
                 # keep sources: the kept table [layer, key] is judged as a whole, the layers from the top
                 # down (docs/integration.md, "What is judged, and on which scale")
                 floor = 0.0
