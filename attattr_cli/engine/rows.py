@@ -13,13 +13,13 @@ def add_rows(total, low, f0: list, count: int, owner, part, g, f, row_alpha, row
     ``total`` (and, times the embedded rule's ratio, to ``low``), the F of their alpha = 0
     rows to ``f0``. ``summed``: each owner's rows (as many for each, owner-major) are summed
     first (a reduction), then added. Returns (total, low), made on first use."""
-    own = owner[part].to(g.device)
     ratio = None if row_ratio is None else g * row_ratio[part].view(-1, *[1] * (g.dim() - 1))
     if summed:
         owners = to_device(torch.unique_consecutive(owner[part]), g.device)  # on the host: no wait for the device
         total = _add(total, count, owners, _per_owner(g, len(owners)))
         low = low if ratio is None else _add(low, count, owners, _per_owner(ratio, len(owners)))
     else:
+        own = to_device(owner[part], g.device)
         total = (g.new_zeros((count, *g.shape[1:])) if total is None else total).index_add_(0, own, g)
         if ratio is not None:
             low = (torch.zeros_like(total) if low is None else low).index_add_(0, own, ratio)
