@@ -117,10 +117,10 @@ class _Group:
             per_example: list[list[dict]] = [[] for _ in range(count)]
             for site in sites:
                 gs, f0s, convs, saved = self.integrate(site, clean, at_one.get(site), f_full)
-                for e in range(count):
-                    n = self.lengths[e]
-                    per_example[e].append(sc.layer_result(gs[e:e + 1, :, :n], f0s[e], float(f_full[e]), keep,
-                                                           saved[e], convs[e]))
+                fulls = f_full.tolist()
+                items = [(gs[e:e + 1, :, :self.lengths[e]], f0s[e], fulls[e], saved[e], convs[e]) for e in range(count)]
+                for e, result in enumerate(sc.layer_results(items, keep)):  # the examples' numbers in one copy
+                    per_example[e].append(result)
                     if on_layer is not None:
                         on_layer(e, site[1])
                 del gs
