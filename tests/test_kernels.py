@@ -1345,6 +1345,55 @@ def test_captured_pass_falls_back_to_eager_on_cpu(monkeypatch):
     assert aux == {"saved": 1} and torch.equal(tensors[0], want[0])
 
 
+def test_emulated_graph_replays_new_inputs_and_bakes_in_what_it_read(monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=emulate on the CPU: a pass (forward and backward) is captured once
+    and replayed; the replay of new inputs equals the eager call bit for bit, and like a CUDA
+    graph it reads the tensors it read at capture: a closure's tensor swapped for another is
+    not seen (the same tensor changed in place is), and an op that waits for the device
+    refuses the capture (the pass then runs eagerly, with the reason)."""
+    from attattr_cli.ops import graphs
+
+    net, fn = _tiny_pass()
+    monkeypatch.setenv(graphs.ENV_VAR, "emulate")
+    captured = graphs.CapturedPass(warmup=1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x, w = torch.randn(6, 8, generator=gen), torch.rand(6, generator=gen)
+        got, want = captured.run("pass", fn, x, w), fn(x, w)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    assert (captured.captures, captured.replays, captured.eager_calls) == (1, 4, 0), captured.stats()
+
+    held = {"bias": torch.ones(3)}
+    stale = graphs.CapturedPass(enabled=True, emulate=True, warmup=0)
+    add = lambda x: x + held["bias"]  # noqa: E731
+    x = torch.zeros(3)
+    assert torch.equal(stale.run("k", add, x)[0], torch.ones(3))
+    held["bias"] = torch.full((3,), 5.0)  # another tensor: the graph still reads the first
+    assert torch.equal(stale.run("k", add, x)[0], torch.ones(3))
+    first = held["bias"] = torch.ones(3)
+    fresh = graphs.CapturedPass(enabled=True, emulate=True, warmup=0)
+    fresh.run("k", add, x)
+    first.fill_(7.0)  # the same tensor changed in place: read by the replay
+    assert torch.equal(fresh.run("k", add, x)[0], torch.full((3,), 7.0))
+
+    syncing = graphs.CapturedPass(enabled=True, emulate=True, warmup=0)
+    (out,) = syncing.run("k", lambda x: x * float(x.sum()), torch.ones(2))
+    assert torch.equal(out, torch.full((2,), 2.0)) and syncing.captures == 0
+    assert "waits for the device" in syncing.stats()["fallbacks"][0]
+
+
+def test_captured_pass_lets_the_least_recent_graph_go():
+    """Past max_graphs the least recently replayed graph is dropped (not every later pass eager)."""
+    from attattr_cli.ops import graphs
+
+    captured = graphs.CapturedPass(enabled=True, emulate=True, warmup=0, max_graphs=2)
+    x = torch.ones(2)
+    for key in ("a", "b", "a", "c"):
+        captured.run(key, lambda t: t * 2, x)
+    assert [k[0] for k in captured.graphs] == ["a", "c"] and captured.eager_calls == 0
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device")
 def test_gpu_captured_pass_replays_and_matches_eager():
@@ -1677,6 +1726,45 @@ def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
         assert abs(got.attribution - ref.attribution).max() <= 1e-4 * scale, n
         assert abs(got.attention - ref.attention).max() <= 1e-5, n
         assert abs(got.f_full - ref.f_full) <= 1e-5 and not got.nonfinite
+
+
+@gpu
+@pytest.mark.parametrize("swept", [True, False], ids=["sweeps", "per-layer"])
+def test_gpu_cuda_graphs_replay_later_examples_with_the_eager_numbers(cuda_kernel, swept, tmp_path, monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=1 on a GPU: the first example of a length captures its passes, the
+    later ones replay them (their ids and clean forward copied into the static slots), and every
+    map, residual and estimate equals the eager scoring's to float rounding."""
+    import numpy as np
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.models.loading import prepare
+    from attattr_cli.ops import graphs
+
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(50)]))
+    tok = BertTokenizerFast(str(vocab), model_max_length=512)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=55, hidden_size=128, num_hidden_layers=3, num_attention_heads=2,
+                     intermediate_size=200, max_position_embeddings=512, num_labels=3)
+    model = BertForSequenceClassification(cfg).eval().cuda()
+    examples = [Example(i, " ".join(f"w{(7 * i + j) % 50}" for j in range(38))) for i in range(4)]
+    for options in (dict(steps=8), dict(tol=0.01)):
+        results = {}
+        for mode in ("0", "1"):
+            monkeypatch.setenv(graphs.ENV_VAR, mode)
+            scorer = Scorer(prepare(model, tok, "gpu"), ScoreOptions(keep="maps", kernel="cuda", **options))
+            scorer.sweep = swept
+            results[mode] = [scorer.score(e) for e in examples]
+        shared = scorer.__dict__["_graphs"]
+        assert not shared.fallback_reasons and shared.replays > shared.captures > 0, shared.stats()
+        for eager, replayed in zip(results["0"], results["1"]):
+            scale = abs(eager.attribution).max()
+            assert abs(replayed.attribution - eager.attribution).max() <= 1e-5 * scale
+            assert abs(replayed.residual - eager.residual).max() <= 1e-5 * max(abs(eager.f_full), 1)
+            assert np.array_equal(replayed.families["self"].nodes, eager.families["self"].nodes)
 
 
 @gpu

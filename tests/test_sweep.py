@@ -245,33 +245,94 @@ def test_swept_layer_from_host_indices_equals_the_device_path(with_mask):
 
 
 @pytest.mark.parametrize("model_type", ["bert", "llama"])
-def test_cuda_graphs_switch_on_the_cpu_falls_back_with_the_same_numbers(model_type, tokenizer, monkeypatch):
-    """ATTATTR_CUDA_GRAPHS=1 routes each per-layer pass through CapturedPass: on the CPU it
-    runs eagerly (the reason recorded, nothing captured) and every number is the same bit for
-    bit; off (the default) no CapturedPass is made."""
+@pytest.mark.parametrize("swept", [False, True], ids=["per-layer", "sweeps"])
+def test_emulated_graphs_serve_every_example_of_a_shape_with_the_same_numbers(model_type, swept, tokenizer,
+                                                                              monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=emulate (ops/graphs.py: a CUDA graph's capture and replay on the
+    CPU): the passes of the first example of a length are captured, those of every later one
+    of that length replay them, reading its ids and clean forward through the static slots;
+    every stored number equals the eager scoring's bit for bit (a graph that read the first
+    example's tensors, or a layer's attention cached from it, would not)."""
+    from attattr_cli.ops import graphs
+
+    model, lm = build(model_type, torch.float64)
+    texts = ["w1 w2 w3 w4 w5", "w7 w9 w11 w2 w13", "w3 w3 w3", "w5 w6 w7", "w8 w1 w4 w4 w2"]
+    for options in (dict(steps=4, rule="gauss"), dict(tol=0.05)):
+        results = {}
+        for mode in ("", "emulate"):
+            monkeypatch.setenv(graphs.ENV_VAR, mode)
+            scorer = Scorer(prepare(model, tokenizer, "tiny", lm=lm),
+                            ScoreOptions(dtype="float64", lm=lm, group=1, **options))
+            scorer.sweep = swept
+            results[mode] = [scorer.score(Example(i, t)) for i, t in enumerate(texts)]
+        shared = scorer.__dict__["_graphs"]
+        assert shared.eager_calls == 0 and not shared.fallback_reasons, shared.stats()
+        assert shared.replays > shared.captures > 0, shared.stats()  # later examples replay the first's graphs
+        for eager, replayed in zip(results[""], results["emulate"]):
+            for fam in eager.families:
+                a, b = eager.families[fam], replayed.families[fam]
+                for name in ("attribution", "head_sum", "head_max", "residual", "f_baseline", "error", "nodes",
+                             "status"):
+                    x, y = getattr(a, name), getattr(b, name)
+                    assert (x is None) == (y is None) and (x is None or np.array_equal(x, y, equal_nan=True)), name
+            assert eager.f_full == replayed.f_full
+
+
+def test_emulated_graphs_catch_a_pass_that_reads_the_first_example(tokenizer, monkeypatch):
+    """The check above has teeth: graphs keyed by shape over a clean forward that is not copied
+    into the static slots replay the first example's numbers for the second."""
+    from attattr_cli.engine.layer_integral import Integration
+    from attattr_cli.ops import graphs
+
+    def unbound(self, enc, clean):
+        clean.static = True  # keyed by shape, but the passes read this example's own tensors
+        return clean
+
+    model, lm = build("bert", torch.float64)
+    texts = ["w1 w2 w3 w4 w5", "w7 w9 w11 w2 w13"]
+    results = {}
+    for mode in ("", "emulate"):
+        monkeypatch.setenv(graphs.ENV_VAR, mode)
+        monkeypatch.setattr(Integration, "bind_static", unbound)
+        scorer = Scorer(prepare(model, tokenizer, "tiny", lm=lm), ScoreOptions(dtype="float64", steps=4))
+        results[mode] = [scorer.score(Example(i, t)) for i, t in enumerate(texts)]
+    assert np.array_equal(results[""][0].attribution, results["emulate"][0].attribution)
+    assert not np.array_equal(results[""][1].attribution, results["emulate"][1].attribution)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "llama"])
+@pytest.mark.parametrize("swept", [False, True], ids=["per-layer", "sweeps"])
+def test_cuda_graphs_switch_on_the_cpu_falls_back_with_the_same_numbers(model_type, swept, tokenizer, monkeypatch):
+    """ATTATTR_CUDA_GRAPHS=1 routes each pass (one layer's, or a sweep's) through CapturedPass:
+    on the CPU it runs eagerly (the reason recorded, nothing captured) and every number is the
+    same bit for bit; off (the default) no CapturedPass is made."""
     from attattr_cli.ops import graphs
 
     model, lm = build(model_type, torch.float64)
     for options in (dict(steps=4, rule="gauss"), dict(tol=0.05)):
         monkeypatch.delenv(graphs.ENV_VAR, raising=False)
-        off, _ = _score(model, tokenizer, lm, False, **options)
+        off, _ = _score(model, tokenizer, lm, swept, **options)
         monkeypatch.setenv(graphs.ENV_VAR, "1")
         loaded = prepare(model, tokenizer, "tiny", lm=lm)
         scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, **options))
-        scorer.sweep = False
+        scorer.sweep = swept
         on = scorer.score(Example(0, TEXT))
-        captured = scorer.captured_passes(scorer.__dict__["_captured"][0])
+        captured = scorer.__dict__["_graphs"]
         assert captured.eager_calls > 0 and captured.captures == captured.replays == 0
         assert captured.stats()["fallbacks"] == ["inputs not on a CUDA device"]
+        # a sweep's plan is made once per key, outside the pass, and kept with it
+        assert bool(captured.held) == swept
         for fam in on.families:
             a, b = on.families[fam], off.families[fam]
             for x, y in zip(a.attribution, b.attribution):
                 assert np.array_equal(x, y)
             assert np.array_equal(a.nodes, b.nodes)
+            assert np.array_equal(a.error, b.error, equal_nan=True)
+            assert np.array_equal(a.status, b.status)
         np.testing.assert_array_equal(on.residual, off.residual)
     monkeypatch.delenv(graphs.ENV_VAR)
     loaded = prepare(model, tokenizer, "tiny", lm=lm)
     scorer = Scorer(loaded, ScoreOptions(dtype="float64", lm=lm, group=1, steps=2))
     scorer.sweep = False
     scorer.score(Example(0, TEXT))
-    assert "_captured" not in scorer.__dict__
+    assert "_captured" not in scorer.__dict__ and "_graphs" not in scorer.__dict__ and "_slots" not in scorer.__dict__

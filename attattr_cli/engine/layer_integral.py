@@ -152,9 +152,8 @@ class Integration:
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor | None):
         """One micro-batch of steps: (w_k dF/dO_k per step, or None without ``w``, F at its
         alphas, saved Q/K/V). With ``ATTATTR_CUDA_GRAPHS=1`` the pass goes through
-        ops/graphs.py's CapturedPass (captured once per example, site, target and shape on a
-        CUDA device, replayed after; eager elsewhere, with the same numbers): off by default,
-        not yet validated on a GPU."""
+        ops/graphs.py's CapturedPass (:meth:`captured_passes`; eager elsewhere, with the same
+        numbers): off by default, not yet validated on a GPU."""
         family, layer = site
 
         def one_pass(a: torch.Tensor, w: torch.Tensor | None = None):
@@ -172,21 +171,65 @@ class Integration:
         from ..ops import graphs  # (not at import: the dispatch-mode machinery stays unloaded)
 
         if graphs.enabled():
-            key = (tuple(enc.input_ids), tuple(enc.decoder_input_ids or ()), site, repr(target), w is None)
+            key = (self.pass_key(enc, clean), site, repr(target), w is None)
             out, saved = self.captured_passes(clean).run(key, one_pass, *((a,) if w is None else (a, w)))
+            saved = graphs.owned(saved)
         else:
             out, saved = one_pass(a, w)
         return (None if w is None else out[0]), out[-1], saved
 
     def captured_passes(self, clean):
-        """The CapturedPass of the example whose clean forward is ``clean`` (a new one for each
-        example: a captured graph reads that forward's tensors, kept alive with it)."""
+        """The CapturedPass the passes over ``clean`` go through. A clean forward bound to the
+        scorer's static slots (:meth:`bind_static`) shares the scorer's: its graphs are keyed by
+        shapes (:meth:`pass_key`) and replay for every later example of those shapes. Any other
+        (a generation's) has its own, keyed by the example, kept while it is the latest."""
         from ..ops import graphs
 
+        if getattr(clean, "static", False):
+            shared = self.__dict__.get("_graphs")
+            if shared is None:
+                shared = self.__dict__["_graphs"] = graphs.CapturedPass(aux=True)
+            return shared
         held = self.__dict__.get("_captured")
         if held is None or held[0] is not clean:
             held = self.__dict__["_captured"] = (clean, graphs.CapturedPass(aux=True))
         return held[1]
+
+    def pass_key(self, enc: Encoded, clean) -> tuple:
+        """What a captured pass over ``clean`` depends on besides its inputs and the target: the
+        example's shapes (and its kept positions) where the clean forward is bound to the static
+        slots, else the example itself."""
+        if getattr(clean, "static", False):
+            return ("shapes", len(enc.input_ids), len(enc.decoder_input_ids or ()), enc.token_type_ids is not None,
+                    None if enc.lm_positions is None else tuple(enc.lm_positions))
+        return (tuple(enc.input_ids), tuple(enc.decoder_input_ids or ()))
+
+    def bind_static(self, enc: Encoded, clean):
+        """With ``ATTATTR_CUDA_GRAPHS`` on: the example's token ids and the clean forward's layer
+        outputs copied into the scorer's static slots (ops/graphs.py's StaticSlots), which the
+        passes then read, so that one graph per shape serves every example (one copy each per
+        example, before its passes). ``clean`` is marked ``static``; off, nothing happens."""
+        from ..ops import graphs
+
+        if not graphs.enabled():
+            return clean
+        slots = self.__dict__.get("_slots")
+        if slots is None:
+            slots = self.__dict__["_slots"] = graphs.StaticSlots()
+        bound = {}
+        for role in ("input_ids", "decoder_input_ids", "token_type_ids"):
+            values = getattr(enc, role, None)
+            if values is not None:
+                bound[role] = slots.bind(role, self._on_device([values]))
+        if enc.lm_positions is not None:
+            bound["positions"] = slots.bind("positions", self._on_device(enc.lm_positions))
+        self.__dict__["_bound"] = (enc, bound)
+        clean.outputs = {path: {i: slots.bind_tree(("clean", path, i), o) for i, o in per.items()}
+                         for path, per in clean.outputs.items()}
+        if clean.encoder_out is not None:
+            clean.encoder_out = slots.bind("encoder_out", clean.encoder_out)
+        clean.static = True
+        return clean
 
     def attribute(self, g: torch.Tensor, s: dict, want_maps: bool = True) -> dict:
         """The maps (``want_maps``), head sums and head maxima from ``g`` and the saved projections ``s``."""

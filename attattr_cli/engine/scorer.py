@@ -278,17 +278,26 @@ class Scorer(Integration, Assembly):
             cache[key] = to_device(torch.tensor(values), device)
         return cache[key]
 
+    def _example_tensor(self, enc: Encoded, role: str, values) -> torch.Tensor:
+        """The example's ``role`` (token ids, kept positions) on the device: its static slot where
+        the example is bound (Integration.bind_static), else :meth:`_on_device`'s copy."""
+        bound = self.__dict__.get("_bound")
+        if bound is not None and bound[0] is enc and role in bound[1]:
+            return bound[1][role]
+        return self._on_device(values if role == "positions" else [values])
+
     def _inputs(self, enc: Encoded, batch: int) -> dict:
-        ids = self._on_device([enc.input_ids])
+        ids = self._example_tensor(enc, "input_ids", enc.input_ids)
         inputs = {"input_ids": ids.expand(batch, -1)}
         if self.options.lm and enc.decoder_input_ids is not None:  # an encoder-decoder LM's target side
-            inputs["decoder_input_ids"] = self._on_device([enc.decoder_input_ids]).expand(batch, -1)
+            inputs["decoder_input_ids"] = self._example_tensor(enc, "decoder_input_ids",
+                                                               enc.decoder_input_ids).expand(batch, -1)
         if enc.token_type_ids is not None:
-            inputs["token_type_ids"] = self._on_device([enc.token_type_ids]).expand(batch, -1)
+            inputs["token_type_ids"] = self._example_tensor(enc, "token_type_ids", enc.token_type_ids).expand(batch, -1)
         if self.arch.is_decoder or self.arch.is_encoder_decoder:
             inputs["use_cache"] = False  # no key/value cache at batch m
         if enc.lm_positions is not None and self.takes_logits_to_keep:
-            inputs["logits_to_keep"] = self._on_device(enc.lm_positions)
+            inputs["logits_to_keep"] = self._example_tensor(enc, "positions", enc.lm_positions)
         return inputs
 
     def logits(self, enc: Encoded, batch: int, extra: dict | None = None) -> torch.Tensor:
@@ -297,7 +306,7 @@ class Scorer(Integration, Assembly):
         inputs = self._inputs(enc, batch)
         logits = self.model(**inputs, **(extra or {})).logits
         if enc.lm_positions is not None and "logits_to_keep" not in inputs:
-            logits = logits[:, self._on_device(enc.lm_positions, logits.device)]
+            logits = logits[:, self._example_tensor(enc, "positions", enc.lm_positions).to(logits.device)]
         return logits
 
     def keep_for(self, enc: Encoded) -> str:
@@ -351,6 +360,7 @@ class Scorer(Integration, Assembly):
             at_one = self.at_one(targets, clean, record,
                                  lambda leaves: torch.autograd.grad(self.target_value(logits_g, target).sum(), leaves))
             del logits_g
+            clean = self.bind_static(enc, clean)  # (graphs on: the passes read the static slots)
 
             fams = {}
             for fam in self.families:

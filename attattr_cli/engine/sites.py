@@ -33,6 +33,9 @@ class Clean:
     # layer-list path -> {layer index: (shapes of its positional arguments, of its keyword
     # arguments)}: a sweep (engine/sweep.py) tells the batch axis of an argument by them
     arg_shapes: dict | None = None
+    # its tensors are the scorer's static slots: captured passes over it are keyed by shapes
+    # (engine/layer_integral.py, Integration.bind_static)
+    static: bool = False
 
 
 class SiteScorer:

@@ -40,10 +40,38 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
           weights: torch.Tensor | None, saved: dict, used: bool = True):
     """One sweep over rows (target layer ``row_layer[r]`` at ``alphas[r]``, ascending by layer):
     (w_r dF/dO_r per row, or None without weights (or, ``used`` False, with weights all zero);
-    F per row). Fills ``saved`` per layer."""
-    grads, f = shared_pass(sc, enc, family, lambda logits: sc.target_value(logits, target)[:, None], clean, row_layer,
-                           alphas, None if weights is None else weights[None], saved, used=[0] if used else [])
-    return grads[0], f[:, 0]
+    F per row). Fills ``saved`` per layer. With ``ATTATTR_CUDA_GRAPHS=1`` the sweep goes through
+    ops/graphs.py's CapturedPass as a per-layer pass does (captured once per shapes, rows' layers
+    and target, replayed for every later example like them; its plan made outside the capture
+    and kept with the graph; eager elsewhere, with the same numbers)."""
+    from ..ops import graphs  # (not at import: the dispatch-mode machinery stays unloaded)
+
+    def values(logits):
+        return sc.target_value(logits, target)[:, None]
+
+    def one_pass(a: torch.Tensor, w: torch.Tensor | None = None, plan=None, into: dict = saved):
+        grads, f = shared_pass(sc, enc, family, values, clean, row_layer, a, None if w is None else w[None], into,
+                               used=[0] if used else [], plan=plan)
+        return grads[0], f[:, 0]
+
+    if not graphs.enabled():
+        return one_pass(alphas, weights)
+    key = ("sweep", sc.pass_key(enc, clean), family, tuple(row_layer.tolist()), repr(target), weights is None, used)
+    captured = sc.captured_passes(clean)
+    plan = captured.held.get(key)
+    if plan is None:  # its index tensors are read by every replay: made once, before any capture
+        plan = captured.held[key] = attention.Sweep(family, row_layer, alphas, sc.backend)
+
+    def graphed(a: torch.Tensor, w: torch.Tensor | None = None):
+        own: dict = {}
+        g, f = one_pass(a, w, plan, own)
+        return ((f,) if g is None else (g, f)), own
+
+    out, own = captured.run(key, graphed, *((alphas,) if weights is None else (alphas, weights)))
+    for layer, projections in own.items():
+        if layer not in saved:
+            saved[layer] = graphs.owned(projections)
+    return (None if len(out) == 1 else out[0]), out[-1]
 
 
 def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
@@ -60,15 +88,19 @@ def _leaves(plan, wanted: list[int], same_shape: bool) -> list[torch.Tensor]:
 
 
 def shared_pass(sc, enc, family: str, values, clean, row_layer: torch.Tensor, alphas: torch.Tensor,
-                weights: torch.Tensor | None, saved: dict, used: list | None = None):
+                weights: torch.Tensor | None, saved: dict, used: list | None = None, plan=None):
     """One sweep whose rows serve several targets at once (a generation's steps: the pass at
     (layer, alpha) is the same forward for every step, only F differs): ``values(logits)`` ->
     F [rows, targets]; ``weights`` [targets, rows] the rows each target wants (None: F alone).
     One forward, then one backward per target with rows (without weight gradients a backward
     costs about a forward). ``used``: the targets whose weights are not all zero, where the
-    caller knows them on the host (None: asked of ``weights``). Returns ([per target: dF/dO of
+    caller knows them on the host (None: asked of ``weights``); ``plan``: the attention.Sweep of
+    these rows made before (a captured pass's), run at ``alphas``. Returns ([per target: dF/dO of
     every row, or None], F [rows, targets])."""
-    plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
+    if plan is None:
+        plan = attention.Sweep(family, row_layer, alphas.to(sc.device), sc.backend)
+    else:
+        plan.alphas = alphas
     wanted = sorted(set(row_layer.tolist()))
     with sc.sites.sweep_pass(family, clean, plan), torch.set_grad_enabled(weights is not None):
         f = values(sc.logits(enc, len(alphas)))

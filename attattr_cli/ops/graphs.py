@@ -10,20 +10,25 @@ kernels and the rest": a short input's pass is thousands of small kernels, each 
   function eagerly and says why, so results never depend on it. The function's Python side
   effects happen at capture only; tensors it created (``aux``) live in the graph's memory pool
   and are rewritten by every replay.
+* ``ATTATTR_CUDA_GRAPHS=emulate``: the same capture and replay on any device, the graph
+  emulated by :class:`_Recorded` (the aten ops of one call recorded with the very tensors they
+  read and wrote, replayed on those tensors): what a CUDA graph bakes in (Python control flow,
+  which tensors are read, any tensor a closure held at capture) is baked in the same way, so a
+  pass that would replay wrong numbers on a GPU replays them on the CPU too (tests/test_sweep.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["ENV_VAR", "CapturedPass", "OpCounter", "enabled"]
+__all__ = ["ENV_VAR", "CapturedPass", "OpCounter", "StaticSlots", "emulated", "enabled", "owned"]
 
 ENV_VAR = "ATTATTR_CUDA_GRAPHS"
 
@@ -82,8 +87,20 @@ def is_sync(func, args=(), kwargs=None) -> bool:
 
 
 def enabled() -> bool:
-    """``ATTATTR_CUDA_GRAPHS=1`` in the environment (read at every call)."""
-    return os.environ.get(ENV_VAR, "").strip() == "1"
+    """``ATTATTR_CUDA_GRAPHS=1`` (or ``emulate``) in the environment (read at every call)."""
+    return os.environ.get(ENV_VAR, "").strip() in ("1", "emulate")
+
+
+def owned(mapping: dict) -> dict:
+    """A new dict of ``mapping`` whose tensors are copies: a graph's aux lives in its memory pool,
+    which other graphs' replays may write, and a dict handed back by every replay would carry
+    what a caller cached in it (a layer's attention) from one example to the next."""
+    return {k: x.clone() if isinstance(x, torch.Tensor) else x for k, x in mapping.items()}
+
+
+def emulated() -> bool:
+    """``ATTATTR_CUDA_GRAPHS=emulate``: graphs captured and replayed by :class:`_Recorded`."""
+    return os.environ.get(ENV_VAR, "").strip() == "emulate"
 
 
 @dataclass
@@ -187,6 +204,41 @@ class _Captured:
     aux: Any
 
 
+def _flat(out) -> list:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+class _Recorded(TorchDispatchMode):
+    """A CUDA graph's semantics on any device: ``with _Recorded() as graph: fn(*static)`` keeps
+    every aten op of the call (the backward's too) with the tensors it read and wrote;
+    ``graph.replay()`` runs those ops again on those same tensors, writing each result into the
+    tensor the capture made (views and in-place results alias their inputs and follow them).
+    Like a capture on a GPU it refuses an op that waits for the device (an ``item()``, a
+    ``nonzero``, indexing by a mask): a pass that syncs fails here as it would there."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func._schema.name in _SYNC or (func._schema.name in _INDEX and is_sync(func, args, kwargs)):
+            raise RuntimeError(f"{func._schema.name} waits for the device: not permitted while a graph is captured")
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+    def replay(self) -> None:
+        with torch.no_grad():
+            for func, args, kwargs, out in self.ops:
+                made = func(*args, **kwargs)
+                read = {t.untyped_storage().data_ptr() for t in _tensors(list(args) + list(kwargs.values()))}
+                for old, new in zip(_flat(out), _flat(made)):
+                    if isinstance(old, torch.Tensor) and old is not new \
+                            and old.untyped_storage().data_ptr() not in read:
+                        old.copy_(new)
+
+
 class CapturedPass:
     """Capture once, replay after: ``run(key, fn, *inputs)``.
 
@@ -199,17 +251,21 @@ class CapturedPass:
     the graph's memory, so a later replay does not change them.
 
     Eager (and counted in ``eager_calls``) when: not enabled (``enabled=None`` reads
-    ``ATTATTR_CUDA_GRAPHS``), any input not on a CUDA device, a capture already running, more
-    than ``max_graphs`` graphs, or the capture of that key failed (``fallback_reasons[key]``).
+    ``ATTATTR_CUDA_GRAPHS``), any input not on a CUDA device (unless ``emulate``), a capture
+    already running, or the capture of that key failed (``fallback_reasons[key]``). Past
+    ``max_graphs`` graphs the least recently replayed one is let go. ``emulate`` (None: reads
+    ``ATTATTR_CUDA_GRAPHS=emulate``): graphs are :class:`_Recorded` on any device.
     """
 
-    def __init__(self, enabled: bool | None = None, warmup: int = 2, max_graphs: int = 64,
-                 aux: bool = False) -> None:
+    def __init__(self, enabled: bool | None = None, warmup: int = 2, max_graphs: int = 256,
+                 aux: bool = False, emulate: bool | None = None) -> None:
         self._enabled = enabled
+        self.emulate = emulated() if emulate is None else emulate
         self.warmup = warmup
         self.max_graphs = max_graphs
         self.with_aux = aux
-        self.graphs: dict[Any, _Captured] = {}
+        self.graphs: OrderedDict[Any, _Captured] = OrderedDict()
+        self.held: dict = {}  # what a caller's graphs read besides their inputs (a sweep's plan), kept with them
         self.fallback_reasons: dict[Any, str] = {}
         self.captures = self.replays = self.eager_calls = 0
         self._pool = None
@@ -230,15 +286,11 @@ class CapturedPass:
     def _why_eager(self, full_key, inputs) -> str:
         if not self.enabled:
             return ""  # not a fallback: simply off
-        if not inputs or any(t.device.type != "cuda" for t in inputs):
+        if not inputs or (not self.emulate and any(t.device.type != "cuda" for t in inputs)):
             return "inputs not on a CUDA device"
-        if torch.cuda.is_current_stream_capturing():
+        if not self.emulate and torch.cuda.is_current_stream_capturing():
             return "inside another capture"
-        if full_key in self.fallback_reasons:
-            return self.fallback_reasons[full_key]
-        if full_key not in self.graphs and len(self.graphs) >= self.max_graphs:
-            return f"more than {self.max_graphs} graphs"
-        return ""
+        return self.fallback_reasons.get(full_key, "")
 
     def eager(self, fn: Callable, inputs):
         self.eager_calls += 1
@@ -263,8 +315,11 @@ class CapturedPass:
                 except Exception:  # noqa: BLE001
                     pass
                 return self.eager(fn, inputs)
+            if len(self.graphs) >= self.max_graphs:
+                self.graphs.popitem(last=False)  # the least recently replayed
             self.graphs[full_key] = entry
             self.captures += 1
+        self.graphs.move_to_end(full_key)
         for static, new in zip(entry.inputs, inputs):
             if static.data_ptr() != new.data_ptr():
                 static.copy_(new)
@@ -274,6 +329,12 @@ class CapturedPass:
 
     def _capture(self, fn: Callable, inputs) -> _Captured:
         static = tuple(t.detach().clone() for t in inputs)
+        if self.emulate:
+            for _ in range(self.warmup):
+                self._split(fn(*static))
+            with _Recorded() as graph:
+                outputs, aux = self._split(fn(*static))
+            return _Captured(graph, static, outputs, aux)
         side = torch.cuda.Stream(device=static[0].device)
         side.wait_stream(torch.cuda.current_stream(static[0].device))
         with torch.cuda.stream(side):
@@ -292,3 +353,31 @@ class CapturedPass:
         return {"captures": self.captures, "replays": self.replays, "eager_calls": self.eager_calls,
                 "graphs": len(self.graphs),
                 "fallbacks": sorted({reason for reason in self.fallback_reasons.values()})}
+
+
+class StaticSlots:
+    """Fixed buffers a graph reads in place of one example's tensors, so that a graph captured
+    for one example replays for every later one of the same shapes: ``bind(name, t)`` copies
+    ``t`` into the buffer kept for (name, shape, dtype, device) and returns that buffer (one
+    copy per example, before its passes: never inside a capture). Buffers live as long as the
+    slots (a graph holds their addresses), one per name and shape."""
+
+    def __init__(self) -> None:
+        self.buffers: dict = {}
+
+    def bind(self, name, tensor: torch.Tensor) -> torch.Tensor:
+        key = (name, tuple(tensor.shape), tensor.dtype, str(tensor.device))
+        slot = self.buffers.get(key)
+        if slot is None:
+            slot = self.buffers[key] = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        if slot is not tensor:
+            slot.copy_(tensor)
+        return slot
+
+    def bind_tree(self, name, obj):
+        """``bind`` every tensor of a tensor, tuple or list (named by its place); anything else as it is."""
+        if isinstance(obj, torch.Tensor):
+            return self.bind(name, obj)
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(self.bind_tree((name, i), x) for i, x in enumerate(obj))
+        return obj
