@@ -2,6 +2,10 @@
 
 For n = 128 and 512 tokens, m = 20, all 12 layers, bf16 by default: seconds per example for
   attattr --kernel cuda    the fused kernel for the target layer
+  attattr --kernel cuda, CUDA graphs
+                           the same with ATTATTR_CUDA_GRAPHS=1: the first example of the length
+                           captures its passes (the warm-up), the timed ones (other words, the
+                           same length) replay them
   attattr --kernel torch   the pure-PyTorch reference path
   2021 procedure           every layer at batch m with full probabilities (tests/slow_reference.py)
 and the ratios, beside bench/cost_model.py's time at peak when the GPU is one it knows;
@@ -15,6 +19,7 @@ Run on a GPU machine: `just gpu-bench` (also runs bench/bench_kernel.py). With
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -77,6 +82,27 @@ def known_gpu(device):
     return None
 
 
+def graphed(loaded, args, kind: str, n: int, device) -> float:
+    """Seconds per example with ATTATTR_CUDA_GRAPHS=1: the warm-up example captures the passes of
+    its length, the timed ones (other words, the same length) replay them (on the CPU:
+    ATTATTR_CUDA_GRAPHS=emulate, which checks the path, not the time)."""
+    examples = [Example(i, " ".join(f"w{(i * 37 + j) % 1000}" for j in range(n - 2))) for i in range(4)]
+    before = os.environ.get("ATTATTR_CUDA_GRAPHS")
+    os.environ["ATTATTR_CUDA_GRAPHS"] = "1" if device.type == "cuda" else "emulate"
+    try:
+        scorer = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel=kind))
+        turn = iter(range(10**6))
+        secs = timed(lambda: scorer.score(examples[next(turn) % len(examples)]), device)
+        shared = scorer.__dict__.get("_graphs")
+        print(f"  (graphs at n = {n}: {shared.stats() if shared is not None else 'none made'})")
+        return secs
+    finally:
+        if before is None:
+            os.environ.pop("ATTATTR_CUDA_GRAPHS", None)
+        else:
+            os.environ["ATTATTR_CUDA_GRAPHS"] = before
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -103,6 +129,9 @@ def main() -> None:
         for kind in kinds:
             scorer = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel=kind))
             rows[f"attattr --kernel {kind}"] = timed(lambda s=scorer: s.score(example), device)
+            if kind == kinds[0]:  # (on the CPU the graphs are emulated: a check of the code, not a time)
+                label = "CUDA graphs" if device.type == "cuda" else "graphs emulated"
+                rows[f"attattr --kernel {kind}, {label}"] = graphed(loaded, args, kind, n, device)
         enc = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel="torch")).encode(example)
         inputs = {"input_ids": torch.tensor([enc.input_ids], device=device),
                   "token_type_ids": torch.tensor([enc.token_type_ids], device=device)}
@@ -119,11 +148,11 @@ def main() -> None:
             elt = 2 if dtype in (torch.bfloat16, torch.float16) else 4
             parts = cost_model.costs(h, f, args.layers, heads, n, args.steps, "right", True, elt)
             t = cost_model.gpu_times(parts, gpu, elt == 2, n, heads, args.layers)
-            print(f"  {'cost model at peak':<24} {t['linear'] + t['attention'] + t['kernel']:9.4f} s/example"
+            print(f"  {'cost model at peak':<36} {t['linear'] + t['attention'] + t['kernel']:9.4f} s/example"
                   f"   ({gpu.name}: linear {1e3 * t['linear']:.2f} ms, attention {1e3 * t['attention']:.2f} ms,"
                   f" kernel {1e3 * t['kernel']:.3f} ms)")
         for name, secs in rows.items():
-            print(f"  {name:<24} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
+            print(f"  {name:<36} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
     # memory of one target layer's attribution op
     print("peak memory of one target layer's attribution (12 heads, d = 64):")
     for n in args.mem_ns:

@@ -82,6 +82,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="count the aten ops (kernel launches) of one scored example at these lengths; any device")
     parser.add_argument("--count-per-layer", action="store_true",
                         help="--count-ops also with one pass per target layer (no sweeps)")
+    parser.add_argument("--count-graphs", action="store_true",
+                        help="--count-ops also with the passes captured by a first example and replayed for the "
+                             "counted one (ATTATTR_CUDA_GRAPHS=emulate on the CPU): a replay counts one launch")
     parser.add_argument("--count-steps", type=int, default=20, help="m for --count-ops / --launches")
     parser.add_argument("--graph-pass", type=int, nargs="*", default=[],
                         help="time one integration-like pass of BERT-base (forward + backward, batch m) at "
@@ -305,7 +308,7 @@ def narrow_bert(device, head_dim: int, max_n: int):
 
 
 def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, step_batch: int | None = None,
-              sweeps: bool = True) -> list[dict]:
+              sweeps: bool = True, graphs: bool = False) -> list[dict]:
     """Aten ops of one scored example (see the module docstring), by OpCounter: all, those that
     launch a kernel on a GPU, the host synchronisations, those inside the integration passes
     (Scorer._step_chunk) and the attribution (Scorer.attribute), and the launches left with
@@ -313,11 +316,16 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
     ``step_batch`` (default: every row of a pass at once, as on a large GPU) fixes the micro-batches,
     which otherwise follow the free memory and the model's width. ``sweeps=False``: one pass per
     target layer (the CPU's choice above 256 tokens). Host syncs are counted inside the passes
-    and in all, with the places in attattr's code they come from (``sync_sites``)."""
+    and in all, with the places in attattr's code they come from (``sync_sites``). ``graphs``:
+    with the passes captured (ATTATTR_CUDA_GRAPHS=emulate on the CPU, =1 on a GPU) by the
+    warm-up example and replayed for the counted one (other words, the same length): each
+    replay counts one launch (``launches_replayed``; the inputs' and outputs' copies and the
+    static slots' count as the ops they are)."""
     from attattr_cli.data.types import Example
     from attattr_cli.engine import sweep
     from attattr_cli.engine.options import ScoreOptions
     from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.ops import graphs as graph_ops
     from attattr_cli.ops.graphs import OpCounter
 
     device = device or torch.device("cpu")
@@ -328,10 +336,21 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
         for head_dim in head_dims:
             loaded = narrow_bert(device, head_dim, n)
             example = Example(0, " ".join(f"w{i % 1000}" for i in range(n - 2)))
+            other = Example(1, " ".join(f"w{(i * 37 + 11) % 1000}" for i in range(n - 2)))
+            mode = os.environ.get(graph_ops.ENV_VAR)
+            if graphs:
+                os.environ[graph_ops.ENV_VAR] = "1" if device.type == "cuda" else "emulate"
             scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=step_batch))
             scorer.sweep = sweeps
-            scorer.score(example)  # warm-up (lazy set-up, caches)
+            scorer.score(other if graphs else example)  # warm-up (lazy set-up, caches; with graphs: the capture)
             counter = OpCounter(where=True)
+            replay = graph_ops._Recorded.replay
+
+            def replayed(recorded, _replay=replay):
+                with counter.region("replay"):
+                    return _replay(recorded)
+
+            graph_ops._Recorded.replay = replayed
 
             # the regions, where the engine has them: a pass of one layer, a sweep over all layers
             # (engine/sweep.py), the attribution from G
@@ -356,6 +375,11 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
                 with counter:
                     scorer.score(example)
             finally:
+                graph_ops._Recorded.replay = replay
+                if mode is None:
+                    os.environ.pop(graph_ops.ENV_VAR, None)
+                else:
+                    os.environ[graph_ops.ENV_VAR] = mode
                 sweep.MAX_TOKENS = cpu_max
                 for owner, name, method in restore:
                     if owner is scorer:
@@ -374,6 +398,10 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
                 "pass_sync_sites": dict(in_passes.sync_sites.most_common()) if in_passes else {},
                 "attribution_launching_ops": counter.regions["attribute"].launching if "attribute" in counter.regions else None,
                 "launches_with_graphs": (launching - in_passes.launching + passes) if in_passes else None,
+                "graphs": graphs,
+                "replays": counter.entries["replay"],
+                "launches_replayed": (launching - counter.regions["replay"].launching + counter.entries["replay"])
+                if "replay" in counter.regions else None,
                 "top_ops": counter.all.as_dict(8)["top"], "seconds": time.perf_counter() - t0,
             }
             per_dim[head_dim] = row
@@ -385,7 +413,8 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
               f"kernel-launching ops of {first['ops']:,} ({first['syncs']} host syncs, {first['pass_syncs']} inside "
               f"passes), {first['passes']} integration passes holding "
               f"{first['pass_launching_ops']}; with one graph replay per pass: {first['launches_with_graphs']} "
-              f"launches; launching ops at head dims {first['launching_ops_at_head_dims']} "
+              f"launches{'' if first['launches_replayed'] is None else ' (counted with graphs replayed: ' + format(first['launches_replayed'], ',') + ' launching ops, ' + str(first['replays']) + ' replays)'}; "
+              f"launching ops at head dims {first['launching_ops_at_head_dims']} "
               f"({first['seconds']:.1f} s)", flush=True)
     return rows
 
@@ -532,6 +561,10 @@ def main(argv=None) -> int:
     ops = count_ops(args.count_ops, args.count_steps) if args.count_ops else []
     if args.count_ops and args.count_per_layer:
         ops += count_ops(args.count_ops, args.count_steps, sweeps=False)
+    if args.count_ops and args.count_graphs:
+        ops += count_ops(args.count_ops, args.count_steps, graphs=True)
+        if args.count_per_layer:
+            ops += count_ops(args.count_ops, args.count_steps, sweeps=False, graphs=True)
     passes = []
     if args.graph_pass:
         if device.type != "cuda":
