@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ..data.types import Example
-from . import adaptive
+from . import adaptive, layer_integral
 from .encoding import Encoded
 from .memory import to_host
 from .results import ExampleScore, FamilyScore
@@ -31,7 +31,9 @@ class Assembly:
         """:meth:`layer_result` of each ``(g, f0, f_full, saved, conv)``; what comes to the host
         as numbers (the completeness sums, the judged scales, the per-head maxima) comes in one
         copy for all of them."""
-        parts = [self._layer_part(g, keep, saved, len(conv) == 3) for g, _, _, saved, conv in items]
+        judged = [i for i, item in enumerate(items) if len(item[4]) == 3]  # a fixed rule's, judged here
+        bigs = dict(zip(judged, self.measures([(items[i][0], items[i][3]) for i in judged])[:, 0])) if judged else {}
+        parts = self._layer_parts(items, keep, bigs)
         scalars = [t.double() for _, total, big in parts for t in (total, big) if t is not None]
         host = iter(torch.stack(scalars).tolist())
         maxima = torch.stack([out["head_max"] for out, _, _ in parts]).cpu()  # [layer, head]: a few bytes
@@ -43,12 +45,52 @@ class Assembly:
             results.append(out)
         return results
 
-    def _layer_part(self, g: torch.Tensor, keep: str, saved: dict, judged: bool) -> tuple:
-        """One layer's arrays (the per-head max still on the device), its attribution's sum and,
-        for a fixed rule (``judged``), max |Attr| (the residual's scale), both on the device."""
-        big = self.measure(g, saved)[0] if judged else None
+    def _layer_parts(self, items: list, keep: str, bigs: dict) -> list:
+        """:meth:`_layer_part` of each item; the attributions of layers whose shapes and masks
+        agree are made in one call of the backend (a chunk of about SPREAD_CHUNK map entries at
+        a time), each layer's arrays then taken from it: an example's layers cost a few
+        launches, not a handful each (issue 53)."""
+        want_maps = keep == "maps" or self.options.top_k is not None
+        parts: list = [None] * len(items)
+        groups: dict = {}
+        for i, (g, _, _, saved, _) in enumerate(items):
+            mask = saved["mask"]
+            alone = (saved.get("sink") or self._key_sums_on_kernel(keep, saved)
+                     or (mask is not None and (mask.dim() != 2 or len(mask) != 1)) or len(saved["q"]) != 1)
+            key = ("alone", i) if alone else self.batch_key(saved, g.dtype) + (tuple(g.shape),)
+            groups.setdefault(key, []).append(i)
+        for key, idx in groups.items():
+            if key[0] == "alone":
+                g, _, _, saved, _ = items[idx[0]]
+                parts[idx[0]] = self._layer_part(g, keep, saved, bigs.get(idx[0]))
+                continue
+            first = items[idx[0]][3]
+            step = max(1, layer_integral.SPREAD_CHUNK // max(first["q"].shape[1] * first["q"].shape[2]
+                                                             * first["k"].shape[2], 1))
+            for start in range(0, len(idx), step):
+                part = idx[start:start + step]
+                if len(part) == 1:
+                    g, _, _, saved, _ = items[part[0]]
+                    parts[part[0]] = self._layer_part(g, keep, saved, bigs.get(part[0]))
+                    continue
+                mask = first["mask"]
+                together = dict(first, mask=None if mask is None else mask.expand(len(part), -1).contiguous(),
+                                **{name: torch.cat([items[i][3][name] for i in part]) for name in ("q", "k", "v")})
+                res = self.attribute(torch.cat([items[i][0] for i in part]), together, want_maps=want_maps)
+                for j, i in enumerate(part):
+                    parts[i] = self._layer_from(res, j, keep, bigs.get(i))
+        return parts
+
+    def _key_sums_on_kernel(self, keep: str, saved: dict) -> bool:
+        """Whether ``keep sources`` takes this layer's per-key sums from the CUDA kernel's epilogue."""
+        return (keep == "sources" and not saved.get("sink") and self.options.top_k is None
+                and self.backend.name == "cuda")
+
+    def _layer_part(self, g: torch.Tensor, keep: str, saved: dict, big: torch.Tensor | None) -> tuple:
+        """One layer's arrays (the per-head max still on the device), its attribution's sum and
+        ``big`` (for a fixed rule, max |Attr|: the residual's scale; else None), on the device."""
         sink = bool(saved.get("sink"))
-        if keep == "sources" and not sink and self.options.top_k is None and self.backend.name == "cuda":
+        if self._key_sums_on_kernel(keep, saved):
             ks = self.key_sums(g, saved)  # the per-key sums as the kernel's epilogue: no n x n head sum made
             read = ks.get("read_sum")
             return ({"map": None, "sum": None, "topk": None, "key_sum": ks["key_sum"][0].float().cpu(),
@@ -58,11 +100,15 @@ class Assembly:
         if sink:  # the sink key's column (value 0, so attribution 0) is not a token: dropped
             maps = res["maps"][..., :-1]
             res = {"maps": maps, "head_sum": maps.sum(1), "head_max": maps.amax(dim=(-2, -1))}
-        hs = res["head_sum"][0]
+        return self._layer_from(res, 0, keep, big)
+
+    def _layer_from(self, res: dict, j: int, keep: str, big: torch.Tensor | None) -> tuple:
+        """Layer ``j`` of the backend's attribution ``res``: as :meth:`_layer_part` returns it."""
+        hs = res["head_sum"][j]
         return {
-            "map": to_host(res["maps"][0]) if keep == "maps" else None,
+            "map": to_host(res["maps"][j]) if keep == "maps" else None,
             "sum": to_host(hs) if keep in ("maps", "sum") else None,
-            "topk": None if self.options.top_k is None else _top_k(res["maps"][0], self.options.top_k),
+            "topk": None if self.options.top_k is None else _top_k(res["maps"][j], self.options.top_k),
             # keep sources: per key, the layer's attribution summed over heads and queries (the
             # head sum [q, k] above is made for this layer only and dropped here)
             "key_sum": hs.sum(0, dtype=torch.float64).float().cpu() if keep == "sources" else None,
@@ -70,7 +116,7 @@ class Assembly:
             # (the source scores: docs/long-context.md, "The first-passage bias")
             "read_sum": hs[self.read_from:].sum(0, dtype=torch.float64).float().cpu()
             if keep == "sources" and self.read_from is not None else None,
-            "head_max": res["head_max"][0],
+            "head_max": res["head_max"][j],
         }, hs.double().sum(), big
 
     def _judged(self, conv, resid: float, big: float, g_dtype: torch.dtype, f0: float, f_full: float):

@@ -114,12 +114,13 @@ class Integration:
             alphas, weights = alphas[~one], weights[~one]
         return alphas, weights, ratio, g, g_low
 
-    def embedded_measures(self, g: torch.Tensor, g_low: torch.Tensor | None, saved: dict) -> torch.Tensor | None:
-        """max |Attr(G - G_low)| and max |Attr(G)| ([2], on the device) of the fixed rule's
-        embedded estimate (:func:`embedded_errors`); None without an embedded rule."""
-        if g_low is None:
-            return None
-        return torch.stack([self.measure(g - g_low, saved)[0], self.measure(g, saved)[0]])
+    def embedded_measures(self, items: list) -> list:
+        """max |Attr(G - G_low)| and max |Attr(G)| ([2], on the device) of each ``(G, G_low,
+        saved)``'s fixed-rule embedded estimate (:func:`embedded_errors`), all made in one batch
+        (:meth:`measures`); None where G_low is None (no embedded rule)."""
+        pairs = [(g2, saved) for g, g_low, saved in items if g_low is not None for g2 in (g - g_low, g)]
+        made = iter(self.measures(pairs)[:, 0].reshape(-1, 2) if pairs else [])
+        return [None if g_low is None else next(made) for _g, g_low, _s in items]
 
     @property
     def check_tol(self) -> float:
@@ -129,8 +130,58 @@ class Integration:
     def measure(self, g: torch.Tensor, s: dict) -> torch.Tensor:
         """(max |Attr|, sum |Attr|, sum Attr) of the map made from ``g`` with the saved
         projections ``s`` ([3], on ``g``'s device; the map itself is not kept)."""
-        g = g.reshape(1, *g.shape[-3:])
-        return map_measures(self.layer_probs(s, g.dtype), s["v"].to(g.dtype), g, self.judged)[0]
+        return self.measures([(g, s)])[0]
+
+    def measures(self, pairs: list) -> torch.Tensor:
+        """:meth:`measure` of each ``(g, saved)``: [len, 3] on the device. The maps of layers
+        whose shapes and masks agree are made in one batch (their attention too,
+        :meth:`layers_probs`), a chunk of about SPREAD_CHUNK map entries at a time: an example's
+        layers cost a few launches, not a dozen each (issue 53)."""
+        out: list = [None] * len(pairs)
+        groups: dict = {}
+        for i, (g, s) in enumerate(pairs):
+            groups.setdefault(self.batch_key(s, g.dtype) + (tuple(g.shape[-3:]),), []).append(i)
+        for idx in groups.values():
+            dtype = pairs[idx[0]][0].dtype
+            self.layers_probs([pairs[i][1] for i in idx], dtype)
+            step = max(1, SPREAD_CHUNK // max(pairs[idx[0]][1]["probs"].numel(), 1))
+            for start in range(0, len(idx), step):
+                part = idx[start:start + step]
+                parts = [(pairs[i][0].reshape(1, *pairs[i][0].shape[-3:]), pairs[i][1]) for i in part]
+                a, v, g = (torch.cat(x) if len(x) > 1 else x[0] for x in zip(
+                    *[(s["probs"], s["v"].to(dtype), g) for g, s in parts]))
+                made = map_measures(a, v, g, self.judged)
+                for j, i in enumerate(part):
+                    out[i] = made[j]
+        return torch.stack(out)
+
+    @staticmethod
+    def batch_key(saved: dict, dtype: torch.dtype) -> tuple:
+        """What layers must share for their attention and maps to be made in one batch."""
+        mask = saved["mask"]
+        return (tuple(saved["q"].shape), tuple(saved["k"].shape), dtype, None if mask is None else id(mask),
+                saved["scale"], saved["softcap"], bool(saved["causal"]))
+
+    @staticmethod
+    def layers_probs(saved: list, dtype: torch.dtype) -> None:
+        """:meth:`layer_probs` of each saved projections not yet holding them, those of layers
+        that share a :meth:`batch_key` made in one batch (each keeps its slice)."""
+        groups: dict = {}
+        for s in saved:
+            if "probs" not in s and all(s is not t for t in groups.get(Integration.batch_key(s, dtype), [])):
+                groups.setdefault(Integration.batch_key(s, dtype), []).append(s)
+        for group in groups.values():
+            if len(group) == 1:
+                Integration.layer_probs(group[0], dtype)
+                continue
+            first = group[0]
+            q, k = torch.cat([s["q"] for s in group]), torch.cat([s["k"] for s in group])
+            mask = reference_mask(first["mask"])
+            mask = with_causal(mask, q, k) if first["causal"] else mask
+            probs = reference.attention_probs(q, k, mask, first["scale"], first["softcap"]).to(dtype)
+            per = len(first["q"])
+            for j, s in enumerate(group):
+                s["probs"] = probs[j * per:(j + 1) * per]
 
     @property
     def judged(self) -> tuple:
@@ -220,9 +271,9 @@ class Integration:
         for role in ("input_ids", "decoder_input_ids", "token_type_ids"):
             values = getattr(enc, role, None)
             if values is not None:
-                bound[role] = slots.bind(role, self._on_device([values]))
+                bound[role] = slots.bind(role, self.on_device([values]))
         if enc.lm_positions is not None:
-            bound["positions"] = slots.bind("positions", self._on_device(enc.lm_positions))
+            bound["positions"] = slots.bind("positions", self.on_device(enc.lm_positions))
         self.__dict__["_bound"] = (enc, bound)
         clean.outputs = {path: {i: slots.bind_tree(("clean", path, i), o) for i, o in per.items()}
                          for path, per in clean.outputs.items()}
@@ -361,11 +412,11 @@ def fixed(sc, count: int, run, grad_at_one, acc, own, zero=None, summed: bool = 
     total, low, f0 = node_sum(run, count, alphas, weights, acc, sc.device, ratio, total, low, summed)
     if not bool((alphas == 0).any()):
         f0 = zero() if zero is not None else f_at_zero(run, count)
-    measured = []
+    items = []
     for i in range(count):
         n, saved = own(i)
-        g_low = None if low is None else low[i:i + 1, :, :n]
-        measured.append(sc.embedded_measures(total[i:i + 1, :, :n], g_low, saved))
+        items.append((total[i:i + 1, :, :n], None if low is None else low[i:i + 1, :, :n], saved))
+    measured = sc.embedded_measures(items)
     return total, f0, [(len(sc.alphas), err, False) for err in embedded_errors(measured, sc.low)]
 
 

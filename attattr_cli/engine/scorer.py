@@ -265,7 +265,7 @@ class Scorer(Integration, Assembly):
                        decoder_tokens=tok.convert_ids_to_tokens(dec))
 
     # -- scoring ---------------------------------------------------------------
-    def _on_device(self, values, device=None) -> torch.Tensor:
+    def on_device(self, values, device=None) -> torch.Tensor:
         """``torch.tensor(values)`` on the device, made once per value list: the clean forward
         copies an example's ids to the device, its integration passes reuse them (a plain copy
         from the host waits for the device's queue; issue 53)."""
@@ -280,11 +280,11 @@ class Scorer(Integration, Assembly):
 
     def _example_tensor(self, enc: Encoded, role: str, values) -> torch.Tensor:
         """The example's ``role`` (token ids, kept positions) on the device: its static slot where
-        the example is bound (Integration.bind_static), else :meth:`_on_device`'s copy."""
+        the example is bound (Integration.bind_static), else :meth:`on_device`'s copy."""
         bound = self.__dict__.get("_bound")
         if bound is not None and bound[0] is enc and role in bound[1]:
             return bound[1][role]
-        return self._on_device(values if role == "positions" else [values])
+        return self.on_device(values if role == "positions" else [values])
 
     def _inputs(self, enc: Encoded, batch: int) -> dict:
         ids = self._example_tensor(enc, "input_ids", enc.input_ids)
