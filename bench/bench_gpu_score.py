@@ -6,6 +6,9 @@ For n = 128 and 512 tokens, m = 20, all 12 layers, bf16 by default: seconds per 
                            the same with ATTATTR_CUDA_GRAPHS=1: the first example of the length
                            captures its passes (the warm-up), the timed ones (other words, the
                            same length) replay them
+  attattr --kernel cuda, groups of 32
+                           what `attattr score` does by default for an encoder classifier: 32
+                           examples (other words, the same length) per pass, time / 32
   attattr --kernel torch   the pure-PyTorch reference path
   2021 procedure           every layer at batch m with full probabilities (tests/slow_reference.py)
 and the ratios, beside bench/cost_model.py's time at peak when the GPU is one it knows;
@@ -103,6 +106,17 @@ def graphed(loaded, args, kind: str, n: int, device) -> float:
             os.environ["ATTATTR_CUDA_GRAPHS"] = before
 
 
+def in_groups(loaded, args, kind: str, n: int, device) -> float:
+    """Seconds per example when ``args.group`` examples of length ``n`` share each pass (the
+    default of `attattr score` for encoder classifiers, engine/grouped.py)."""
+    from attattr_cli.engine import grouped
+
+    scorer = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel=kind, group=args.group))
+    examples = [Example(i, " ".join(f"w{(i * 37 + j) % 1000}" for j in range(n - 2))) for i in range(args.group)]
+    encs = [scorer.encode(e) for e in examples]
+    return timed(lambda: grouped.score_group(scorer, examples, encs), device, repeat=1) / len(examples)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
@@ -111,6 +125,7 @@ def main() -> None:
     ap.add_argument("--ns", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--mem-ns", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--group", type=int, default=32, help="examples per pass for the grouped row")
     args = ap.parse_args()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -132,6 +147,7 @@ def main() -> None:
             if kind == kinds[0]:  # (on the CPU the graphs are emulated: a check of the code, not a time)
                 label = "CUDA graphs" if device.type == "cuda" else "graphs emulated"
                 rows[f"attattr --kernel {kind}, {label}"] = graphed(loaded, args, kind, n, device)
+                rows[f"attattr --kernel {kind}, groups of {args.group}"] = in_groups(loaded, args, kind, n, device)
         enc = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel="torch")).encode(example)
         inputs = {"input_ids": torch.tensor([enc.input_ids], device=device),
                   "token_type_ids": torch.tensor([enc.token_type_ids], device=device)}
@@ -148,11 +164,11 @@ def main() -> None:
             elt = 2 if dtype in (torch.bfloat16, torch.float16) else 4
             parts = cost_model.costs(h, f, args.layers, heads, n, args.steps, "right", True, elt)
             t = cost_model.gpu_times(parts, gpu, elt == 2, n, heads, args.layers)
-            print(f"  {'cost model at peak':<36} {t['linear'] + t['attention'] + t['kernel']:9.4f} s/example"
+            print(f"  {'cost model at peak':<40} {t['linear'] + t['attention'] + t['kernel']:9.4f} s/example"
                   f"   ({gpu.name}: linear {1e3 * t['linear']:.2f} ms, attention {1e3 * t['attention']:.2f} ms,"
                   f" kernel {1e3 * t['kernel']:.3f} ms)")
         for name, secs in rows.items():
-            print(f"  {name:<36} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
+            print(f"  {name:<40} {secs:9.4f} s/example   {secs / base:6.2f}x of attattr --kernel {kinds[0]}")
     # memory of one target layer's attribution op
     print("peak memory of one target layer's attribution (12 heads, d = 64):")
     for n in args.mem_ns:

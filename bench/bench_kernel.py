@@ -85,6 +85,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--count-graphs", action="store_true",
                         help="--count-ops also with the passes captured by a first example and replayed for the "
                              "counted one (ATTATTR_CUDA_GRAPHS=emulate on the CPU): a replay counts one launch")
+    parser.add_argument("--count-group", type=int, default=0, metavar="G",
+                        help="--count-ops also per example with G examples of the length sharing each pass "
+                             "(score's default for encoder classifiers is 32)")
     parser.add_argument("--count-steps", type=int, default=20, help="m for --count-ops / --launches")
     parser.add_argument("--graph-pass", type=int, nargs="*", default=[],
                         help="time one integration-like pass of BERT-base (forward + backward, batch m) at "
@@ -342,7 +345,12 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
                 os.environ[graph_ops.ENV_VAR] = "1" if device.type == "cuda" else "emulate"
             scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=step_batch))
             scorer.sweep = sweeps
-            scorer.score(other if graphs else example)  # warm-up (lazy set-up, caches; with graphs: the capture)
+            cpu_max = sweep.MAX_TOKENS
+            sweep.MAX_TOKENS = getattr(sweep, "CUDA_MAX_TOKENS", cpu_max)  # the passes a CUDA device runs
+            try:
+                scorer.score(other if graphs else example)  # warm-up (lazy set-up, caches; with graphs: the capture)
+            finally:
+                sweep.MAX_TOKENS = cpu_max
             counter = OpCounter(where=True)
             replay = graph_ops._Recorded.replay
 
@@ -369,7 +377,6 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
                 restore.append((owner, name, method))
                 setattr(owner, name, wrapped)
             t0 = time.perf_counter()
-            cpu_max = sweep.MAX_TOKENS
             sweep.MAX_TOKENS = getattr(sweep, "CUDA_MAX_TOKENS", cpu_max)  # the passes a CUDA device runs
             try:
                 with counter:
@@ -416,6 +423,35 @@ def count_ops(ns: list[int], steps: int = 20, head_dims=(4, 8), device=None, ste
               f"launches{'' if first['launches_replayed'] is None else ' (counted with graphs replayed: ' + format(first['launches_replayed'], ',') + ' launching ops, ' + str(first['replays']) + ' replays)'}; "
               f"launching ops at head dims {first['launching_ops_at_head_dims']} "
               f"({first['seconds']:.1f} s)", flush=True)
+    return rows
+
+
+def count_group_ops(ns: list[int], group: int, steps: int = 20, head_dim: int = 4) -> list[dict]:
+    """Aten ops per example when ``group`` examples of one length share each pass (what `attattr
+    score` does by default for an encoder classifier, engine/grouped.py), the same narrowed
+    BERT-base graph as :func:`count_ops`: the group's counts divided by its size."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import grouped
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.ops.graphs import OpCounter
+
+    rows = []
+    for n in ns:
+        loaded = narrow_bert(torch.device("cpu"), head_dim, n)
+        scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", group=group))
+        examples = [Example(i, " ".join(f"w{(i * 37 + j) % 1000}" for j in range(n - 2))) for i in range(group)]
+        encs = [scorer.encode(e) for e in examples]
+        grouped.score_group(scorer, examples, encs)  # warm-up
+        counter = OpCounter()
+        t0 = time.perf_counter()
+        with counter:
+            grouped.score_group(scorer, examples, encs)
+        row = {"n": n, "steps": steps, "group": group, "launching_ops_per_example": counter.all.launching / group,
+               "syncs_per_example": counter.all.syncs / group, "seconds": time.perf_counter() - t0}
+        rows.append(row)
+        print(f"# ops: n = {n}, m = {steps}, groups of {group}: {row['launching_ops_per_example']:,.0f} kernel-launching "
+              f"ops and {row['syncs_per_example']:.1f} host syncs per example ({row['seconds']:.1f} s)", flush=True)
     return rows
 
 
@@ -492,11 +528,18 @@ def table(rows: list[dict], launches: list[dict], skipped: list[str], ops: list[
         lines.append(f"  not run (budget): {item}")
     for r in ops or []:
         lines.append("")
+        if "group" in r:
+            lines.append(f"aten ops per scored example (BERT-base graph, m = {r['steps']}, all layers; any device): "
+                         f"n = {r['n']}, groups of {r['group']}: {r['launching_ops_per_example']:,.0f} that launch "
+                         f"kernels, {r['syncs_per_example']:.1f} host syncs")
+            continue
+        replayed = "" if r.get("launches_replayed") is None else (
+            f"; counted with the passes replayed (graphs emulated): {r['launches_replayed']:,}")
         lines.append(f"aten ops per scored example (BERT-base graph, m = {r['steps']}, all layers; any device): "
                      f"n = {r['n']}{'' if r.get('sweeps', True) else ' (one pass per layer)'}: {r['launching_ops']:,} "
                      f"that launch kernels ({r['ops']:,} in all, {r['syncs']} host syncs, "
                      f"{r.get('pass_syncs')} inside passes), {r['passes']} passes holding {r['pass_launching_ops']}; "
-                     f"one graph replay per pass would leave {r['launches_with_graphs']}")
+                     f"one graph replay per pass would leave {r['launches_with_graphs']}{replayed}")
     if launches:
         lines.append("")
         lines.append("CUDA kernels launched per scored example (BERT-base, m = 20, all layers):")
@@ -561,10 +604,15 @@ def main(argv=None) -> int:
     ops = count_ops(args.count_ops, args.count_steps) if args.count_ops else []
     if args.count_ops and args.count_per_layer:
         ops += count_ops(args.count_ops, args.count_steps, sweeps=False)
+    if args.count_ops and args.count_group:
+        ops += count_group_ops(args.count_ops, args.count_group, args.count_steps)
     if args.count_ops and args.count_graphs:
-        ops += count_ops(args.count_ops, args.count_steps, graphs=True)
+        # at the shortest length only on the CPU: an emulated graph keeps every intermediate of its
+        # capture (14 GB at 512 tokens), and the counts follow the passes, not the length
+        graph_ns = args.count_ops if device.type == "cuda" else [min(args.count_ops)]
+        ops += count_ops(graph_ns, args.count_steps, graphs=True)
         if args.count_per_layer:
-            ops += count_ops(args.count_ops, args.count_steps, sweeps=False, graphs=True)
+            ops += count_ops(graph_ns, args.count_steps, sweeps=False, graphs=True)
     passes = []
     if args.graph_pass:
         if device.type != "cuda":

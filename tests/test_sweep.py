@@ -5,6 +5,8 @@ cannot sweep falls back to per-layer passes with the same numbers."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -276,6 +278,23 @@ def test_emulated_graphs_serve_every_example_of_a_shape_with_the_same_numbers(mo
                     x, y = getattr(a, name), getattr(b, name)
                     assert (x is None) == (y is None) and (x is None or np.array_equal(x, y, equal_nan=True)), name
             assert eager.f_full == replayed.f_full
+
+
+def test_a_run_with_graphs_says_what_they_did(tmp_path, monkeypatch):
+    """score with ATTATTR_CUDA_GRAPHS on notes how many passes were captured, replayed for a
+    later example and run eagerly; off, it notes nothing of graphs."""
+    import attattr_cli as aa
+    from attattr_cli.ops import graphs
+
+    notes = {}
+    for mode in ("emulate", ""):
+        monkeypatch.setenv(graphs.ENV_VAR, mode)
+        report = aa.score(out=str(tmp_path / f"s{mode}.h5"), examples="0:12", compute=aa.Compute(group=1))
+        notes[mode] = [n for n in report.notes if "graphs" in n]
+    (line,) = notes["emulate"]
+    captured, replayed = (int(x) for x in re.findall(r"(\d+) passes captured, (\d+) replayed", line)[0])
+    assert line.startswith("emulated graphs:") and captured > 0 and replayed > 0 and "0 run eagerly" in line
+    assert notes[""] == []
 
 
 def test_emulated_graphs_catch_a_pass_that_reads_the_first_example(tokenizer, monkeypatch):

@@ -246,6 +246,20 @@ class Integration:
             held = self.__dict__["_captured"] = (clean, graphs.CapturedPass(aux=True))
         return held[1]
 
+    def graph_notes(self) -> list[str]:
+        """With ``ATTATTR_CUDA_GRAPHS`` on: one line of what the scorer's graphs did (captures,
+        replays, passes run eagerly and why), for the run's notes; else none."""
+        from ..ops import graphs
+
+        shared = self.__dict__.get("_graphs")
+        if not graphs.enabled() or shared is None:
+            return []
+        st = shared.stats()
+        why = f" ({'; '.join(st['fallbacks'])})" if st["fallbacks"] else ""
+        kind = "emulated graphs" if shared.emulate else "CUDA graphs"
+        return [f"{kind}: {st['captures']} passes captured, {st['replays'] - st['captures']} replayed for a later"
+                f" example of their length, {st['eager_calls']} run eagerly{why}"]
+
     def pass_key(self, enc: Encoded, clean) -> tuple:
         """What a captured pass over ``clean`` depends on besides its inputs and the target: the
         example's shapes (and its kept positions) where the clean forward is bound to the static

@@ -303,7 +303,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
                     golds += 1
                     right += int(result.gold == result.pred)
         created = writer.created
-        notes = list(prep.notes) + list(writer.notes)
+        notes = list(prep.notes) + list(writer.notes) + scorer.graph_notes()
     return ScoreReport(str(Path(out)), len(todo), len(picked) - len(todo), len(picked), created, scorer.backend.name,
                        prep.loaded.model_id, mean_abs_residual=(sum(resid) / len(resid)) if resid else None,
                        accuracy=(right / golds) if golds else None, notes=notes, nonfinite=flagged)
