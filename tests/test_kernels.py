@@ -1695,19 +1695,9 @@ def test_gpu_results_copied_through_page_locked_memory():
     assert torch.equal(host, t.cpu())
 
 
-@gpu
-@pytest.mark.parametrize("kind", ["torch", "cuda"])
-def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
-    """The whole scoring path on the GPU (sweeps past 256 tokens there, the kernel or the
-    reference, the results copied through page-locked memory) against the CPU path (one pass
-    per layer past 256 tokens): maps, attention and F, float32."""
+def _small_bert(tmp_path):
+    """A 3-layer, 2-head BERT classifier (random init, seed 0) and its 55-word tokenizer."""
     from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
-
-    from attattr_cli.data.types import Example
-    from attattr_cli.engine import sweep
-    from attattr_cli.engine.options import ScoreOptions
-    from attattr_cli.engine.scorer import Scorer
-    from attattr_cli.models.loading import prepare
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(50)]))
@@ -1715,7 +1705,22 @@ def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
     torch.manual_seed(0)
     cfg = BertConfig(vocab_size=55, hidden_size=128, num_hidden_layers=3, num_attention_heads=2,
                      intermediate_size=200, max_position_embeddings=512, num_labels=3)
-    model = BertForSequenceClassification(cfg).eval()
+    return BertForSequenceClassification(cfg).eval(), tok
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["torch", "cuda"])
+def test_gpu_scoring_agrees_with_cpu(cuda_kernel, kind, tmp_path):
+    """The whole scoring path on the GPU (sweeps past 256 tokens there, the kernel or the
+    reference, the results copied through page-locked memory) against the CPU path (one pass
+    per layer past 256 tokens): maps, attention and F, float32."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import sweep
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+    from attattr_cli.models.loading import prepare
+
+    model, tok = _small_bert(tmp_path)
     for n in (40, 300):
         assert sweep.MAX_TOKENS < 300 <= sweep.CUDA_MAX_TOKENS
         example = Example(0, " ".join(f"w{i % 50}" for i in range(n - 2)))
@@ -1735,7 +1740,6 @@ def test_gpu_cuda_graphs_replay_later_examples_with_the_eager_numbers(cuda_kerne
     later ones replay them (their ids and clean forward copied into the static slots), and every
     map, residual and estimate equals the eager scoring's to float rounding."""
     import numpy as np
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
 
     from attattr_cli.data.types import Example
     from attattr_cli.engine.options import ScoreOptions
@@ -1743,13 +1747,8 @@ def test_gpu_cuda_graphs_replay_later_examples_with_the_eager_numbers(cuda_kerne
     from attattr_cli.models.loading import prepare
     from attattr_cli.ops import graphs
 
-    vocab = tmp_path / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(50)]))
-    tok = BertTokenizerFast(str(vocab), model_max_length=512)
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=55, hidden_size=128, num_hidden_layers=3, num_attention_heads=2,
-                     intermediate_size=200, max_position_embeddings=512, num_labels=3)
-    model = BertForSequenceClassification(cfg).eval().cuda()
+    model, tok = _small_bert(tmp_path)
+    model.cuda()
     examples = [Example(i, " ".join(f"w{(7 * i + j) % 50}" for j in range(38))) for i in range(4)]
     for options in (dict(steps=8), dict(tol=0.01)):
         results = {}
