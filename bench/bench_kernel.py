@@ -88,6 +88,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--count-group", type=int, default=0, metavar="G",
                         help="--count-ops also per example with G examples of the length sharing each pass "
                              "(score's default for encoder classifiers is 32)")
+    parser.add_argument("--host-time", action="store_true",
+                        help="time the host's work per scored example where the device's is negligible (6 tokens, "
+                             "widths narrowed): inside the sweeps (what graphs replace) and outside them; any device")
     parser.add_argument("--count-steps", type=int, default=20, help="m for --count-ops / --launches")
     parser.add_argument("--graph-pass", type=int, nargs="*", default=[],
                         help="time one integration-like pass of BERT-base (forward + backward, batch m) at "
@@ -455,6 +458,50 @@ def count_group_ops(ns: list[int], group: int, steps: int = 20, head_dim: int = 
     return rows
 
 
+def host_time(n: int = 6, steps: int = 20, repeat: int = 5) -> dict:
+    """The host's time per scored example where the device's work is negligible (BERT-base's
+    graph narrowed to head dim 4, ``n`` tokens, m = ``steps``, all layers swept as on a CUDA
+    device, one thread): in all, inside the sweeps (what CUDA graphs replace by one launch
+    each) and outside them (what is left with graphs: the clean forward and backward, the
+    layers' bookkeeping)."""
+    from attattr_cli.data.types import Example
+    from attattr_cli.engine import sweep
+    from attattr_cli.engine.options import ScoreOptions
+    from attattr_cli.engine.scorer import Scorer
+
+    loaded = narrow_bert(torch.device("cpu"), 4, n)
+    scorer = Scorer(loaded, ScoreOptions(steps=steps, kernel="torch", step_batch=12 * steps))
+    examples = [Example(i, " ".join(f"w{(i * 37 + j) % 1000}" for j in range(n - 2))) for i in range(repeat + 1)]
+    inside = [0.0]
+    original, cpu_max = sweep._pass, sweep.MAX_TOKENS
+
+    def timed_pass(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            inside[0] += time.perf_counter() - t0
+
+    sweep._pass, sweep.MAX_TOKENS = timed_pass, sweep.CUDA_MAX_TOKENS
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        scorer.score(examples[-1])  # warm-up
+        inside[0] = 0.0
+        t0 = time.perf_counter()
+        for example in examples[:repeat]:
+            scorer.score(example)
+        total = (time.perf_counter() - t0) / repeat
+    finally:
+        sweep._pass, sweep.MAX_TOKENS = original, cpu_max
+        torch.set_num_threads(threads)
+    row = {"n": n, "steps": steps, "ms_per_example": 1e3 * total, "ms_in_sweeps": 1e3 * inside[0] / repeat,
+           "ms_outside_sweeps": 1e3 * (total - inside[0] / repeat)}
+    print(f"# host time per example (n = {n}, head dim 4, m = {steps}, one thread): {row['ms_per_example']:.1f} ms, "
+          f"{row['ms_in_sweeps']:.1f} in the two sweeps, {row['ms_outside_sweeps']:.1f} outside them", flush=True)
+    return row
+
+
 def graph_pass(ns: list[int], steps: int = 20, dtype=torch.bfloat16, min_time: float = 0.3) -> list[dict]:
     """One integration-like pass of BERT-base (random init): the forward of m scaled copies of
     the embeddings and the backward to them, eager and captured once / replayed with
@@ -567,7 +614,7 @@ def machine(device: torch.device) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    if args.smoke or (args.count_ops and not torch.cuda.is_available()):
+    if args.smoke or ((args.count_ops or args.host_time) and not torch.cuda.is_available()):
         device = torch.device("cpu")
         # --count-ops on a machine without a GPU (and no --smoke): only the counts
         ns = (args.ns or [32, 64]) if args.smoke else []
@@ -613,6 +660,7 @@ def main(argv=None) -> int:
         ops += count_ops(graph_ns, args.count_steps, graphs=True)
         if args.count_per_layer:
             ops += count_ops(graph_ns, args.count_steps, sweeps=False, graphs=True)
+    host = host_time(steps=args.count_steps) if args.host_time else None
     passes = []
     if args.graph_pass:
         if device.type != "cuda":
@@ -634,7 +682,8 @@ def main(argv=None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         payload = {"machine": info, "config": {k: (str(v) if isinstance(v, Path) else v)
                                                for k, v in vars(args).items()},
-                   "rows": rows, "launches": launches, "ops": ops, "graph_pass": passes, "skipped": skipped,
+                   "rows": rows, "launches": launches, "ops": ops, "graph_pass": passes, "host_time": host,
+                   "skipped": skipped,
                    "seconds": time.perf_counter() - start, "table": text}
         args.json.write_text(json.dumps(payload, indent=1))
         print(f"\n# wrote {args.json}")

@@ -60,7 +60,7 @@ step() {  # step NAME CAP_SECONDS COMMAND...
 
 # The benchmark runs right after the build: it is what the deadline must not cut.
 step build 200 "$PY" -c "from attattr_cli.ops import kernel; print(kernel.build())"
-step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 90 --launches 128 512 --graph-pass 128 512 \
+step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 90 --launches 128 512 --graph-pass 128 512 --host-time \
   --json "$LOG/bench-kernel.json"
 step sources-8k 110 "$PY" bench/bench_long_sources.py --n 8192 --timeout 100 --json "$LOG/sources-8k.json"
 step gpu-test 120 "$PY" -m pytest -q -m gpu tests/test_kernels.py -rs --durations=8 -p no:cacheprovider
