@@ -202,9 +202,9 @@ class Integration:
 
     def _step_chunk(self, enc: Encoded, site, target, clean, a: torch.Tensor, w: torch.Tensor | None):
         """One micro-batch of steps: (w_k dF/dO_k per step, or None without ``w``, F at its
-        alphas, saved Q/K/V). With ``ATTATTR_CUDA_GRAPHS=1`` the pass goes through
-        ops/graphs.py's CapturedPass (:meth:`captured_passes`; eager elsewhere, with the same
-        numbers): off by default, not yet validated on a GPU."""
+        alphas, saved Q/K/V). With ``ATTATTR_CUDA_GRAPHS=1`` and a clean forward bound to the
+        static slots the pass goes through ops/graphs.py's CapturedPass (:meth:`captured_passes`;
+        eager elsewhere, with the same numbers): off by default, not yet validated on a GPU."""
         family, layer = site
 
         def one_pass(a: torch.Tensor, w: torch.Tensor | None = None):
@@ -221,30 +221,24 @@ class Integration:
 
         from ..ops import graphs  # (not at import: the dispatch-mode machinery stays unloaded)
 
-        if graphs.enabled():
-            key = (self.pass_key(enc, clean), site, repr(target), w is None)
-            out, saved = self.captured_passes(clean).run(key, one_pass, *((a,) if w is None else (a, w)))
+        if graphs.enabled() and getattr(clean, "static", False):
+            key = (self.pass_key(enc), site, repr(target), w is None)
+            out, saved = self.captured_passes().run(key, one_pass, *((a,) if w is None else (a, w)))
             saved = graphs.owned(saved)
         else:
             out, saved = one_pass(a, w)
         return (None if w is None else out[0]), out[-1], saved
 
-    def captured_passes(self, clean):
-        """The CapturedPass the passes over ``clean`` go through. A clean forward bound to the
-        scorer's static slots (:meth:`bind_static`) shares the scorer's: its graphs are keyed by
-        shapes (:meth:`pass_key`) and replay for every later example of those shapes. Any other
-        (a generation's) has its own, keyed by the example, kept while it is the latest."""
+    def captured_passes(self):
+        """The scorer's CapturedPass: the passes over a clean forward bound to the static slots
+        (:meth:`bind_static`; a generation's are not, and run eagerly), keyed by shapes
+        (:meth:`pass_key`), replayed for every later example of those shapes."""
         from ..ops import graphs
 
-        if getattr(clean, "static", False):
-            shared = self.__dict__.get("_graphs")
-            if shared is None:
-                shared = self.__dict__["_graphs"] = graphs.CapturedPass(aux=True)
-            return shared
-        held = self.__dict__.get("_captured")
-        if held is None or held[0] is not clean:
-            held = self.__dict__["_captured"] = (clean, graphs.CapturedPass(aux=True))
-        return held[1]
+        shared = self.__dict__.get("_graphs")
+        if shared is None:
+            shared = self.__dict__["_graphs"] = graphs.CapturedPass(aux=True)
+        return shared
 
     def graph_notes(self) -> list[str]:
         """With ``ATTATTR_CUDA_GRAPHS`` on: one line of what the scorer's graphs did (captures,
@@ -260,14 +254,12 @@ class Integration:
         return [f"{kind}: {st['captures']} passes captured, {st['replays'] - st['captures']} replayed for a later"
                 f" example of their length, {st['eager_calls']} run eagerly{why}"]
 
-    def pass_key(self, enc: Encoded, clean) -> tuple:
-        """What a captured pass over ``clean`` depends on besides its inputs and the target: the
-        example's shapes (and its kept positions) where the clean forward is bound to the static
-        slots, else the example itself."""
-        if getattr(clean, "static", False):
-            return ("shapes", len(enc.input_ids), len(enc.decoder_input_ids or ()), enc.token_type_ids is not None,
-                    None if enc.lm_positions is None else tuple(enc.lm_positions))
-        return (tuple(enc.input_ids), tuple(enc.decoder_input_ids or ()))
+    @staticmethod
+    def pass_key(enc: Encoded) -> tuple:
+        """What a captured pass depends on besides its inputs, the target and the static slots'
+        contents: the example's shapes and its kept positions."""
+        return ("shapes", len(enc.input_ids), len(enc.decoder_input_ids or ()), enc.token_type_ids is not None,
+                None if enc.lm_positions is None else tuple(enc.lm_positions))
 
     def bind_static(self, enc: Encoded, clean):
         """With ``ATTATTR_CUDA_GRAPHS`` on: the example's token ids and the clean forward's layer

@@ -54,10 +54,10 @@ def _pass(sc, enc, family: str, target, clean, row_layer: torch.Tensor, alphas: 
                                used=[0] if used else [], plan=plan)
         return grads[0], f[:, 0]
 
-    if not graphs.enabled():
+    if not (graphs.enabled() and getattr(clean, "static", False)):
         return one_pass(alphas, weights)
-    key = ("sweep", sc.pass_key(enc, clean), family, tuple(row_layer.tolist()), repr(target), weights is None, used)
-    captured = sc.captured_passes(clean)
+    key = ("sweep", sc.pass_key(enc), family, tuple(row_layer.tolist()), repr(target), weights is None, used)
+    captured = sc.captured_passes()
     plan = captured.held.get(key)
     if plan is None:  # its index tensors are read by every replay: made once, before any capture
         plan = captured.held[key] = attention.Sweep(family, row_layer, alphas, sc.backend)
