@@ -1383,6 +1383,25 @@ def test_emulated_graph_replays_new_inputs_and_bakes_in_what_it_read(monkeypatch
     assert "waits for the device" in syncing.stats()["fallbacks"][0]
 
 
+def test_captured_pass_stops_trying_after_failed_captures():
+    """A pass that waits for the device fails every capture: after GIVE_UP failures no other key
+    is tried (each try costs the warm-up runs), and the reason says so."""
+    from attattr_cli.ops import graphs
+
+    captured = graphs.CapturedPass(enabled=True, emulate=True, warmup=1)
+    calls = []
+
+    def syncing(x):
+        calls.append(1)
+        return x * float(x.sum())
+
+    for size in range(2, 7):
+        captured.run("k", syncing, torch.ones(size))
+    tried = graphs.GIVE_UP * 2  # a warm-up and the failed recording per try
+    assert len(calls) == tried + 5 and captured.captures == 0 and captured.eager_calls == 5
+    assert any("no more captures tried" in r for r in captured.stats()["fallbacks"])
+
+
 def test_captured_pass_lets_the_least_recent_graph_go():
     """Past max_graphs the least recently replayed graph is dropped (not every later pass eager)."""
     from attattr_cli.ops import graphs

@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = ["ENV_VAR", "CapturedPass", "OpCounter", "StaticSlots", "emulated", "enabled", "owned"]
 
 ENV_VAR = "ATTATTR_CUDA_GRAPHS"
+GIVE_UP = 2  # failed captures (a pass that waits for the device inside, memory) after which none is tried
 
 # ops that never launch a kernel on a CUDA device: allocations without a fill, and
 # metadata / view ops (besides every op whose schema says it is a view)
@@ -223,7 +224,8 @@ class _Recorded(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func._schema.name in _SYNC or (func._schema.name in _INDEX and is_sync(func, args, kwargs)):
-            raise RuntimeError(f"{func._schema.name} waits for the device: not permitted while a graph is captured")
+            raise RuntimeError(f"{func._schema.name} waits for the device ({OpCounter._site()}): not permitted "
+                               "while a graph is captured")
         out = func(*args, **kwargs)
         self.ops.append((func, args, kwargs, out))
         return out
@@ -252,7 +254,8 @@ class CapturedPass:
 
     Eager (and counted in ``eager_calls``) when: not enabled (``enabled=None`` reads
     ``ATTATTR_CUDA_GRAPHS``), any input not on a CUDA device (unless ``emulate``), a capture
-    already running, or the capture of that key failed (``fallback_reasons[key]``). Past
+    already running, the capture of that key failed (``fallback_reasons[key]``), or GIVE_UP
+    captures failed already (a model whose passes wait for the device fails them all). Past
     ``max_graphs`` graphs the least recently replayed one is let go. ``emulate`` (None: reads
     ``ATTATTR_CUDA_GRAPHS=emulate``): graphs are :class:`_Recorded` on any device.
     """
@@ -268,6 +271,7 @@ class CapturedPass:
         self.held: dict = {}  # what a caller's graphs read besides their inputs (a sweep's plan), kept with them
         self.fallback_reasons: dict[Any, str] = {}
         self.captures = self.replays = self.eager_calls = 0
+        self.failed: list[str] = []  # the reasons of failed captures: after GIVE_UP of them none is tried
         self._pool = None
 
     @property
@@ -290,6 +294,8 @@ class CapturedPass:
             return "inputs not on a CUDA device"
         if not self.emulate and torch.cuda.is_current_stream_capturing():
             return "inside another capture"
+        if full_key not in self.fallback_reasons and len(self.failed) >= GIVE_UP:
+            return f"{self.failed[-1]} (no more captures tried after {GIVE_UP} failed)"
         return self.fallback_reasons.get(full_key, "")
 
     def eager(self, fn: Callable, inputs):
@@ -310,6 +316,7 @@ class CapturedPass:
                 entry = self._capture(fn, inputs)
             except Exception as error:  # noqa: BLE001 - any capture failure means eager, with the reason
                 self.fallback_reasons[full_key] = f"capture failed: {type(error).__name__}: {str(error)[:200]}"
+                self.failed.append(self.fallback_reasons[full_key])
                 try:  # a failed capture may leave an error on the stream: cleared here, not in fn's run
                     torch.cuda.synchronize()
                 except Exception:  # noqa: BLE001
