@@ -169,7 +169,7 @@ def _counted_score(model, tokenizer, lm, swept: bool, **options):
     return result, counter
 
 
-@pytest.mark.parametrize("model_type", ["bert", "llama", "gpt2"])
+@pytest.mark.parametrize("model_type", ["bert", "llama", "gpt2", "deberta-v2"])
 @pytest.mark.parametrize("options", [dict(steps=6, rule="right"), dict(steps=5, rule="gauss"), dict(tol=0.05)],
                          ids=["right", "gauss", "tol"])
 def test_passes_hold_no_host_synchronisation(model_type, options, tokenizer):

@@ -21,12 +21,20 @@ def _one_row(hidden, query_states):
     return hidden, query_states, None
 
 
+_SCALES: dict = {}  # (helper, head width, scale factor) -> the model's divisor
+
+
 def _scale(module, query, scale_factor) -> float:
-    """The model's own divisor (its module's ``scaled_size_sqrt``: float32), as a float."""
+    """The model's own divisor (its module's ``scaled_size_sqrt``: float32), as a float. It
+    depends on the head width and the factor only, so it is asked of the model once per pair
+    (a host copy, in the clean forward) and not inside every pass (issue 53)."""
     helper = getattr(sys.modules[type(module).__module__], "scaled_size_sqrt", None)
     if helper is None:
         return math.sqrt(query.shape[-1] * scale_factor)
-    return float(helper(query, scale_factor))
+    key = (helper, query.shape[-1], scale_factor)
+    if key not in _SCALES:
+        _SCALES[key] = float(helper(query, scale_factor))
+    return _SCALES[key]
 
 
 def _heads(x, b, h):
