@@ -52,33 +52,24 @@ class Assembly:
         launches, not a handful each (issue 53)."""
         want_maps = keep == "maps" or self.options.top_k is not None
         parts: list = [None] * len(items)
-        groups: dict = {}
-        for i, (g, _, _, saved, _) in enumerate(items):
+        keys = []
+        for g, _, _, saved, _ in items:
             mask = saved["mask"]
             alone = (saved.get("sink") or self._key_sums_on_kernel(keep, saved)
                      or (mask is not None and (mask.dim() != 2 or len(mask) != 1)) or len(saved["q"]) != 1)
-            key = ("alone", i) if alone else self.batch_key(saved, g.dtype) + (tuple(g.shape),)
-            groups.setdefault(key, []).append(i)
-        for key, idx in groups.items():
-            if key[0] == "alone":
-                g, _, _, saved, _ = items[idx[0]]
-                parts[idx[0]] = self._layer_part(g, keep, saved, bigs.get(idx[0]))
+            keys.append(None if alone else self.batch_key(saved, g.dtype) + (tuple(g.shape),))
+        for part in layer_integral.layer_batches(keys, [item[3] for item in items]):
+            if len(part) == 1:
+                g, _, _, saved, _ = items[part[0]]
+                parts[part[0]] = self._layer_part(g, keep, saved, bigs.get(part[0]))
                 continue
-            first = items[idx[0]][3]
-            step = max(1, layer_integral.SPREAD_CHUNK // max(first["q"].shape[1] * first["q"].shape[2]
-                                                             * first["k"].shape[2], 1))
-            for start in range(0, len(idx), step):
-                part = idx[start:start + step]
-                if len(part) == 1:
-                    g, _, _, saved, _ = items[part[0]]
-                    parts[part[0]] = self._layer_part(g, keep, saved, bigs.get(part[0]))
-                    continue
-                mask = first["mask"]
-                together = dict(first, mask=None if mask is None else mask.expand(len(part), -1).contiguous(),
-                                **{name: torch.cat([items[i][3][name] for i in part]) for name in ("q", "k", "v")})
-                res = self.attribute(torch.cat([items[i][0] for i in part]), together, want_maps=want_maps)
-                for j, i in enumerate(part):
-                    parts[i] = self._layer_from(res, j, keep, bigs.get(i))
+            first = items[part[0]][3]
+            mask = first["mask"]
+            together = dict(first, mask=None if mask is None else mask.expand(len(part), -1).contiguous(),
+                            **{name: torch.cat([items[i][3][name] for i in part]) for name in ("q", "k", "v")})
+            res = self.attribute(torch.cat([items[i][0] for i in part]), together, want_maps=want_maps)
+            for j, i in enumerate(part):
+                parts[i] = self._layer_from(res, j, keep, bigs.get(i))
         return parts
 
     def _key_sums_on_kernel(self, keep: str, saved: dict) -> bool:

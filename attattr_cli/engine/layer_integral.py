@@ -135,24 +135,20 @@ class Integration:
     def measures(self, pairs: list) -> torch.Tensor:
         """:meth:`measure` of each ``(g, saved)``: [len, 3] on the device. The maps of layers
         whose shapes and masks agree are made in one batch (their attention too,
-        :meth:`layers_probs`), a chunk of about SPREAD_CHUNK map entries at a time: an example's
-        layers cost a few launches, not a dozen each (issue 53)."""
+        :meth:`layers_probs`), a chunk of about SPREAD_CHUNK map entries at a time
+        (:func:`layer_batches`): an example's layers cost a few launches, not a dozen each
+        (issue 53)."""
         out: list = [None] * len(pairs)
-        groups: dict = {}
-        for i, (g, s) in enumerate(pairs):
-            groups.setdefault(self.batch_key(s, g.dtype) + (tuple(g.shape[-3:]),), []).append(i)
-        for idx in groups.values():
-            dtype = pairs[idx[0]][0].dtype
-            self.layers_probs([pairs[i][1] for i in idx], dtype)
-            step = max(1, SPREAD_CHUNK // max(pairs[idx[0]][1]["probs"].numel(), 1))
-            for start in range(0, len(idx), step):
-                part = idx[start:start + step]
-                parts = [(pairs[i][0].reshape(1, *pairs[i][0].shape[-3:]), pairs[i][1]) for i in part]
-                a, v, g = (torch.cat(x) if len(x) > 1 else x[0] for x in zip(
-                    *[(s["probs"], s["v"].to(dtype), g) for g, s in parts]))
-                made = map_measures(a, v, g, self.judged)
-                for j, i in enumerate(part):
-                    out[i] = made[j]
+        for part in layer_batches([self.batch_key(s, g.dtype) + (tuple(g.shape[-3:]),) for g, s in pairs],
+                                  [s for _, s in pairs]):
+            dtype = pairs[part[0]][0].dtype
+            self.layers_probs([pairs[i][1] for i in part], dtype)
+            parts = [(pairs[i][0].reshape(1, *pairs[i][0].shape[-3:]), pairs[i][1]) for i in part]
+            a, v, g = (torch.cat(x) if len(x) > 1 else x[0] for x in zip(
+                *[(s["probs"], s["v"].to(dtype), g) for g, s in parts]))
+            made = map_measures(a, v, g, self.judged)
+            for j, i in enumerate(part):
+                out[i] = made[j]
         return torch.stack(out)
 
     @staticmethod
@@ -167,8 +163,10 @@ class Integration:
         """:meth:`layer_probs` of each saved projections not yet holding them, those of layers
         that share a :meth:`batch_key` made in one batch (each keeps its slice)."""
         groups: dict = {}
+        seen: set = set()
         for s in saved:
-            if "probs" not in s and all(s is not t for t in groups.get(Integration.batch_key(s, dtype), [])):
+            if "probs" not in s and id(s) not in seen:
+                seen.add(id(s))
                 groups.setdefault(Integration.batch_key(s, dtype), []).append(s)
         for group in groups.values():
             if len(group) == 1:
@@ -381,6 +379,20 @@ class Maps:
         a, v, _ = self.stack(None if self.key is None else int(self.key(rows[:1])[0]), g.dtype)
         a, v = (a[r], v[r]) if self.key is None else (a, v)
         return map_spread(a, v, g.reshape(len(g), *g.shape[-3:]), self.judged).cpu()
+
+
+def layer_batches(keys: list, saved: list):
+    """The indices of layers that can be made in one batch: grouped by ``keys`` (None: alone),
+    each group in chunks of about SPREAD_CHUNK map entries (those of one layer's attention from
+    its ``saved`` projections)."""
+    groups: dict = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(("alone", i) if key is None else key, []).append(i)
+    for idx in groups.values():
+        first = saved[idx[0]]
+        step = max(1, SPREAD_CHUNK // max(first["q"][..., 0].numel() * first["k"].shape[-2], 1))
+        for start in range(0, len(idx), step):
+            yield idx[start:start + step]
 
 
 def f_at_zero(run, count: int) -> list:
