@@ -18,6 +18,7 @@ from attattr_cli.engine.run import scorer_for
 from attattr_cli.engine.scorer import Scorer
 from attattr_cli.models.loading import prepare
 from arch_matrix import build
+from conftest import build_model
 
 TEXT = "w1 w2 w3 w4 w5 w6"
 
@@ -297,26 +298,38 @@ def test_a_run_with_graphs_says_what_they_did(tmp_path, monkeypatch):
     assert notes[""] == []
 
 
-def test_emulated_graphs_catch_a_pass_that_reads_the_first_example(tokenizer, monkeypatch):
-    """The check above has teeth: graphs keyed by shape over a clean forward that is not copied
-    into the static slots replay the first example's numbers for the second."""
+def _unbound(self, enc, clean):
+    """bind_static without the static slots: the passes read a copy of this example's clean forward."""
+    clean.outputs = {path: {i: o.clone() for i, o in per.items()} for path, per in clean.outputs.items()}
+    clean.static = True  # keyed by shape all the same
+    return clean
+
+
+def _unbound_inputs(self, enc):
+    """bind_inputs without the static slots: the clean forward reads this example's own ids."""
+    self.__dict__["_bound"] = (enc, {"input_ids": torch.tensor([enc.input_ids])})
+
+
+@pytest.mark.parametrize("broken", ["bind_static", "bind_inputs"])
+def test_emulated_graphs_catch_a_pass_that_reads_the_first_example(broken, tokenizer, monkeypatch):
+    """The check above has teeth: graphs keyed by shape over tensors that are not the static
+    slots (the clean forward's layer outputs that the passes read, or the token ids that the
+    captured clean forward reads) replay the first example's numbers for the second."""
     from attattr_cli.engine.layer_integral import Integration
     from attattr_cli.ops import graphs
-
-    def unbound(self, enc, clean):
-        clean.static = True  # keyed by shape, but the passes read this example's own tensors
-        return clean
 
     model, lm = build("bert", torch.float64)
     texts = ["w1 w2 w3 w4 w5", "w7 w9 w11 w2 w13"]
     results = {}
     for mode in ("", "emulate"):
         monkeypatch.setenv(graphs.ENV_VAR, mode)
-        monkeypatch.setattr(Integration, "bind_static", unbound)
+        monkeypatch.setattr(Integration, broken, _unbound if broken == "bind_static" else _unbound_inputs)
         scorer = Scorer(prepare(model, tokenizer, "tiny", lm=lm), ScoreOptions(dtype="float64", steps=4))
         results[mode] = [scorer.score(Example(i, t)) for i, t in enumerate(texts)]
     assert np.array_equal(results[""][0].attribution, results["emulate"][0].attribution)
     assert not np.array_equal(results[""][1].attribution, results["emulate"][1].attribution)
+    if broken == "bind_inputs":  # the clean forward itself replayed the first example's
+        np.testing.assert_array_equal(results["emulate"][1].logits, results["emulate"][0].logits)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "llama"])
@@ -355,3 +368,67 @@ def test_cuda_graphs_switch_on_the_cpu_falls_back_with_the_same_numbers(model_ty
     scorer.sweep = False
     scorer.score(Example(0, TEXT))
     assert "_graphs" not in scorer.__dict__ and "_slots" not in scorer.__dict__
+
+
+@pytest.mark.parametrize("case", ["gold", "predicted", "continuation"])
+def test_a_replayed_clean_forward_takes_each_examples_target(case, tokenizer, monkeypatch):
+    """The captured clean forward computes its target on the device (the prediction's argmax, or
+    the ids given before the forward: a gold label, a continuation), so examples of one length
+    with different targets share its graph and each gets its own alpha = 1 gradient: every
+    stored number equals the eager scoring's."""
+    from attattr_cli.ops import graphs
+
+    texts = ["w1 w2 w3 w4 w5", "w7 w9 w11 w2 w13", "w5 w5 w8 w1 w3", "w2 w4 w6 w8 w10", "w9 w3 w1 w7 w7"]
+    if case == "continuation":
+        model, lm = build_model("llama", torch.float64, lm=True), True
+    else:
+        model, lm = build("bert", torch.float64)
+        with torch.no_grad():  # the class bias moved to the middle of these examples' margins: both classes predicted
+            logits = torch.cat([model(**tokenizer(t, return_tensors="pt")).logits for t in texts])
+            model.classifier.bias[1] -= (logits[:, 1] - logits[:, 0]).median()
+    options = dict(steps=3, rule="right")  # alpha = 1 a node: the clean backward gives it
+    if case == "gold":
+        options["target"] = "gold"
+    if case == "continuation":
+        options["continuation"] = "w4 w6"
+    results = {}
+    for mode in ("", "emulate"):
+        monkeypatch.setenv(graphs.ENV_VAR, mode)
+        scorer = Scorer(prepare(model, tokenizer, "tiny", lm=lm), ScoreOptions(dtype="float64", lm=lm, group=1, **options))
+        results[mode] = [scorer.score(Example(i, t, label=i % 2 if case == "gold" else None))
+                         for i, t in enumerate(texts)]
+    shared = scorer.__dict__["_graphs"]
+    clean = [key for key in shared.graphs if key[0][0] == "clean"]
+    assert len(clean) == 1 and shared.eager_calls == 0, shared.stats()  # one graph for the five examples
+    if case != "continuation":  # the examples' targets differ: the one graph took each one's
+        assert len({r.target for r in results["emulate"]}) > 1
+    for eager, replayed in zip(results[""], results["emulate"]):
+        assert eager.target == replayed.target and eager.f_full == replayed.f_full
+        a, b = eager.families["self"], replayed.families["self"]
+        for name in ("attribution", "residual", "error", "nodes"):
+            assert np.array_equal(getattr(a, name), getattr(b, name)), name
+
+
+def test_a_captured_clean_forward_checks_the_ids_for_padding_on_the_host(monkeypatch):
+    """transformers' padding check (a read of the ids on the device in every GPT-2 forward) runs
+    once on the host's copy of the ids around a captured clean forward, and not in the forwards
+    inside it; outside, a clean forward runs it as transformers does."""
+    import transformers
+
+    model, _ = build("gpt2", torch.float64)
+    calls = []
+
+    def check(self, input_ids, attention_mask=None):
+        calls.append(input_ids.tolist())
+
+    monkeypatch.setattr(transformers.PreTrainedModel, "warn_if_padding_and_no_attention_mask", check)
+    ids = [5, 6, 7, 8]
+    with attention.taken_over(model), torch.no_grad():
+        with attention.active(attention.Record()):
+            model(input_ids=torch.tensor([ids]))
+        assert calls == [[ids]]  # the forward's own check
+        with attention.checked_on_host(model, ids):
+            for _ in range(2):
+                with attention.active(attention.Record()):
+                    model(input_ids=torch.tensor([ids]))
+        assert calls == [[ids], [ids]]  # once, before the two forwards

@@ -675,22 +675,38 @@ _packed: contextvars.ContextVar[dict | None] = contextvars.ContextVar("attattr_p
 
 def _packed_sequences(original):
     """transformers' packed-sequence check of the position ids (a host synchronisation in every
-    forward without a mask), asked once per width outside the passes: an integration pass's rows
-    are copies of the clean forward's input, so where that forward found no packed sequences
-    at this width, a pass does not ask the device again (issue 53). Any other forward (and
-    any width not seen) runs the check."""
+    forward without a mask), asked once per width and example: an integration pass's rows are
+    copies of the clean forward's input, and a clean forward run again (a captured one's
+    warm-up, then its capture) has the same input, so where the first clean forward found no
+    packed sequences at this width, these do not ask the device again (issue 53). Any other
+    forward (and any width not seen) runs the check."""
     def find(position_ids, *args, **kwargs):
         seen = _packed.get()
         plan = _plan.get()
         key = tuple(position_ids.shape[1:]) if torch.is_tensor(position_ids) else None
-        if seen is not None and key is not None and isinstance(plan, (Attribute, Sweep)) and seen.get(key) is None \
-                and key in seen:
+        if seen is not None and key is not None and isinstance(plan, (Attribute, Sweep, Record)) \
+                and seen.get(key) is None and key in seen:
             return None
         out = original(position_ids, *args, **kwargs)
         if seen is not None and key is not None and isinstance(plan, Record):
             seen[key] = None if out is None else "packed"
         return out
     return find
+
+
+def packed_answers() -> dict:
+    """What this example's forwards found of packed sequences so far (width -> None or
+    "packed"; :func:`_packed_sequences`): a captured clean forward keeps it with its graph."""
+    return dict(_packed.get() or {})
+
+
+def learn_packed(answers: dict) -> None:
+    """Take ``answers`` (:func:`packed_answers` of a captured clean forward of this width) as this
+    example's own: a replayed clean forward runs no Python, and its passes would ask again."""
+    seen = _packed.get()
+    if seen is not None:
+        for key, value in answers.items():
+            seen.setdefault(key, value)
 
 
 _PADDING_CHECK = "warn_if_padding_and_no_attention_mask"
@@ -708,13 +724,31 @@ def _quiet_padding_checks(model) -> list:
             continue
 
         def check(*args, _original=original, **kwargs):
-            if isinstance(_plan.get(), (Attribute, Sweep)):
+            if isinstance(_plan.get(), (Attribute, Sweep)) or _checked.get():
                 return None
             return _original(*args, **kwargs)
 
         module.__dict__[_PADDING_CHECK] = check
         wrapped.append(module)
     return wrapped
+
+
+_checked: contextvars.ContextVar[bool] = contextvars.ContextVar("attattr_checked", default=False)
+
+
+@contextlib.contextmanager
+def checked_on_host(model, input_ids: list):
+    """transformers' padding check (:func:`_quiet_padding_checks`) run once on the host's copy of
+    the example's ids, and skipped in the forwards inside: a captured clean forward (its warm-up
+    and capture) reads nothing back from the device."""
+    check = getattr(model, _PADDING_CHECK, None)
+    if callable(check):
+        check(torch.tensor([input_ids]), None)
+    token = _checked.set(True)
+    try:
+        yield
+    finally:
+        _checked.reset(token)
 
 
 def is_taken_over() -> bool:

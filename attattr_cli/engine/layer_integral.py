@@ -13,6 +13,7 @@ one example); the map measures the estimates read are at the end."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import numpy as np
 import torch
@@ -259,19 +260,21 @@ class Integration:
         return ("shapes", len(enc.input_ids), len(enc.decoder_input_ids or ()), enc.token_type_ids is not None,
                 None if enc.lm_positions is None else tuple(enc.lm_positions))
 
-    def bind_static(self, enc: Encoded, clean):
-        """With ``ATTATTR_CUDA_GRAPHS`` on: the example's token ids and the clean forward's layer
-        outputs copied into the scorer's static slots (ops/graphs.py's StaticSlots), which the
-        passes then read, so that one graph per shape serves every example (one copy each per
-        example, before its passes). ``clean`` is marked ``static``; off, nothing happens."""
+    def static_slots(self):
         from ..ops import graphs
 
-        if not graphs.enabled():
-            return clean
         slots = self.__dict__.get("_slots")
         if slots is None:
             slots = self.__dict__["_slots"] = graphs.StaticSlots()
-        bound = {}
+        return slots
+
+    def bind_inputs(self, enc: Encoded) -> None:
+        """The example's token ids (and kept positions) copied into the scorer's static slots,
+        which its clean forward and passes then read (:meth:`_example_tensor`); once per example."""
+        bound = self.__dict__.get("_bound")
+        if bound is not None and bound[0] is enc:
+            return
+        slots, bound = self.static_slots(), {}
         for role in ("input_ids", "decoder_input_ids", "token_type_ids"):
             values = getattr(enc, role, None)
             if values is not None:
@@ -279,6 +282,57 @@ class Integration:
         if enc.lm_positions is not None:
             bound["positions"] = slots.bind("positions", self.on_device(enc.lm_positions))
         self.__dict__["_bound"] = (enc, bound)
+
+    def graphed_clean(self, enc: Encoded, sites: list, keep: str, ahead: tuple | None):
+        """With ``ATTATTR_CUDA_GRAPHS`` on: the clean forward and its backward at alpha = 1 as one
+        captured pass over the static slots, keyed by shapes like the integration passes, the
+        target computed on the device (``ahead``: Scorer._target_ahead; the prediction's argmax
+        or the given ids): (clean, record, logits, site -> dF/dO at alpha = 1), the numbers of
+        the eager clean forward bit for bit. None (the eager clean forward runs): graphs off, or
+        a target the host must choose from the logits (``ahead`` None)."""
+        from ..ops import graphs
+
+        if ahead is None or not graphs.enabled():
+            return None
+        mode, given = ahead
+        self.bind_inputs(enc)
+        lm = self.options.lm
+
+        def clean_pass(given_t: torch.Tensor):
+            clean, record, logits_g = self.clean_forward(sites, keep, lambda: self.logits(enc, 1))
+            logits = logits_g.detach()
+            if mode == "predicted":
+                target = logits[0, :1].argmax(-1) if lm else logits[0].argmax()
+            else:
+                target = given_t if lm else given_t[0]
+            at_one = self.at_one(sites, clean, record, lambda leaves: torch.autograd.grad(
+                self.target_value(logits_g, target).sum(), leaves))
+            return (logits, *at_one.values()), (clean, record, list(at_one), attention.packed_answers())
+
+        captured = self.captured_passes()
+        replays = captured.replays
+        key = ("clean", self.pass_key(enc), tuple(sites), keep, mode, len(given or ()))
+        with attention.checked_on_host(self.model, enc.input_ids):
+            out, (clean, record, wanted, packed) = captured.run(key, clean_pass, self.on_device(given or [0]))
+        attention.learn_packed(packed)
+        self.last_step_batch = 0  # (clean_forward's, which a replay does not run)
+        if captured.replays > replays:  # the graph's own: new objects, the attention copied out
+            clean = dataclasses.replace(clean, outputs={p: dict(per) for p, per in clean.outputs.items()})
+            record = attention.Record(keep=record.keep, probs=graphs.owned(record.probs))
+        return clean, record, out[0], dict(zip(wanted, out[1:]))
+
+    def bind_static(self, enc: Encoded, clean):
+        """With ``ATTATTR_CUDA_GRAPHS`` on: the example's token ids (:meth:`bind_inputs`) and the
+        clean forward's layer outputs copied into the scorer's static slots (ops/graphs.py's
+        StaticSlots), which the passes then read, so that one graph per shape serves every
+        example (one copy each per example, before its passes). ``clean`` is marked ``static``;
+        off, nothing happens."""
+        from ..ops import graphs
+
+        if not graphs.enabled():
+            return clean
+        self.bind_inputs(enc)
+        slots = self.static_slots()
         clean.outputs = {path: {i: slots.bind_tree(("clean", path, i), o) for i, o in per.items()}
                          for path, per in clean.outputs.items()}
         if clean.encoder_out is not None:

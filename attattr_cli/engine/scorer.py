@@ -90,6 +90,7 @@ class Scorer(Integration, Assembly):
                                       " is 0 everywhere and every map would be zero; give another --foil")
         self.alphas, self.weights = nodes(options.rule, options.steps if options.tol is None else 2)
         self.low = embedded(options.rule, options.steps) if options.tol is None else None
+        self.has_one = bool((self.alphas == 1).any())  # alpha = 1 is a node: the clean forward's backward gives it
         # LMs that can run only the needed positions through their head (checked once, not per pass)
         self.takes_logits_to_keep = takes_logits_to_keep(self.model)
         self.last_step_batch = 0
@@ -341,25 +342,18 @@ class Scorer(Integration, Assembly):
         keep = self.keep_for(enc)
         targets = [(f.name, layer) for f in self.families for layer in self.layers_of[f.name]]
         with attention.taken_over(model):
-            clean, record, logits_g = self.clean_forward(targets, keep, lambda: self.logits(enc, 1))
-            logits = logits_g.detach()
-            if self.options.lm:
-                pred = int(logits[0, 0].argmax())
-                gold = -1
-                target = list(enc.lm_targets) if enc.lm_targets is not None else [pred]
-                if enc.lm_foils is not None:  # a pair: F is the metric of its own answer and foil
-                    from .metrics import PairTarget
-                    target = PairTarget(enc.lm_targets, enc.lm_foils, self.options.metric)
-                if self.foil is not None and enc.lm_targets is None and pred == self.foil:
-                    self.foil_is_target(example.index, "its predicted next token")
-            else:
-                pred = int(logits[0].argmax())
-                gold = -1 if example.label is None else self.label_map[example.label]
-                target = self.choose_target(pred, gold, example)
+            graphed = self.graphed_clean(enc, targets, keep, self._target_ahead(example, enc))
+            if graphed is None:
+                clean, record, logits_g = self.clean_forward(targets, keep, lambda: self.logits(enc, 1))
+                logits = logits_g.detach()
+            else:  # the clean forward and its backward replayed (graphs on; Integration.graphed_clean)
+                clean, record, logits, at_one = graphed
+            pred, gold, target = self._targets_of(example, enc, logits)
             f_full = float(self.target_value(logits, target)[0])
-            at_one = self.at_one(targets, clean, record,
-                                 lambda leaves: torch.autograd.grad(self.target_value(logits_g, target).sum(), leaves))
-            del logits_g
+            if graphed is None:
+                at_one = self.at_one(targets, clean, record, lambda leaves: torch.autograd.grad(
+                    self.target_value(logits_g, target).sum(), leaves))
+                del logits_g
             clean = self.bind_static(enc, clean)  # (graphs on: the passes read the static slots)
 
             fams = {}
@@ -396,13 +390,42 @@ class Scorer(Integration, Assembly):
                                                     len(enc.input_ids))
         return self.example_score(example, enc, logits, pred, gold, target, f_full, fams)
 
+    def _targets_of(self, example: Example, enc: Encoded, logits: torch.Tensor) -> tuple:
+        """(prediction, gold label or -1, target) of an example from its clean logits."""
+        if self.options.lm:
+            pred = int(logits[0, 0].argmax())
+            target = list(enc.lm_targets) if enc.lm_targets is not None else [pred]
+            if enc.lm_foils is not None:  # a pair: F is the metric of its own answer and foil
+                from .metrics import PairTarget
+                target = PairTarget(enc.lm_targets, enc.lm_foils, self.options.metric)
+            if self.foil is not None and enc.lm_targets is None and pred == self.foil:
+                self.foil_is_target(example.index, "its predicted next token")
+            return pred, -1, target
+        pred = int(logits[0].argmax())
+        gold = -1 if example.label is None else self.label_map[example.label]
+        return pred, gold, self.choose_target(pred, gold, example)
+
+    def _target_ahead(self, example: Example, enc: Encoded) -> tuple | None:
+        """The target as a captured clean forward computes it on the device: ("predicted", None)
+        (the argmax of the logits), ("given", ids) where it is known before the forward, or None
+        where the host must see the logits first (a pair's metric, a missing gold label)."""
+        if self.options.lm:
+            if enc.lm_foils is not None:
+                return None
+            return ("predicted", None) if enc.lm_targets is None else ("given", list(enc.lm_targets))
+        if self._fixed_target is not None:
+            return ("given", [self._fixed_target])
+        if self.options.target == "gold":
+            return None if example.label is None else ("given", [self.label_map[example.label]])
+        return ("predicted", None)
+
     def clean_forward(self, sites: list, keep: str, forward: Callable[[], torch.Tensor]):
         """The clean forward (``forward()`` -> logits) that captures every target site's input and
         keeps the attention ``keep`` asks for: (the captured run, the attention record, the logits,
         with their graph where the rule has alpha = 1: that node is the clean forward for every
         target site, and one backward gives it for all of them, :meth:`at_one`)."""
         self.last_step_batch = 0  # (the example's most steps in one pass, for its store)
-        share_one = bool((self.alphas == 1).any()) and bool(sites)
+        share_one = self.has_one and bool(sites)
         record = attention.Record(grad_layers=frozenset(sites) if share_one else frozenset(),
                                   keep={"maps": "maps", "sum": "mean"}.get(keep))
         with self.sites.capture() as clean, torch.set_grad_enabled(share_one), attention.active(record):
