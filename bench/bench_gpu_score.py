@@ -11,7 +11,9 @@ For n = 128 and 512 tokens, m = 20, all 12 layers, bf16 by default: seconds per 
                            examples (other words, the same length) per pass, time / 32
   attattr --kernel torch   the pure-PyTorch reference path
   2021 procedure           every layer at batch m with full probabilities (tests/slow_reference.py)
-and the ratios, beside bench/cost_model.py's time at peak when the GPU is one it knows;
+and the ratios, beside bench/cost_model.py's time at peak when the GPU is one it knows, and
+where one example's time goes (the clean forward and backward, the integration passes, the
+maps and sums, the results' way to the host; the device synchronised around each);
 then the peak GPU memory of one target layer's attribution (kernel vs reference) at
 n = 2048 and 4096.
 
@@ -106,6 +108,69 @@ def graphed(loaded, args, kind: str, n: int, device) -> float:
             os.environ["ATTATTR_CUDA_GRAPHS"] = before
 
 
+PHASES = {  # (owner, attribute) of the calls each phase times (the outermost call where they nest)
+    "clean forward and backward": [("Scorer", "clean_forward"), ("Scorer", "at_one"), ("Scorer", "graphed_clean")],
+    "integration passes": [("sweep", "integrate"), ("Scorer", "integrate")],
+    "maps and sums": [("Scorer", "layer_results"), ("Scorer", "layer_result")],
+    "results to the host": [("Scorer", "family_score"), ("Scorer", "example_score")],
+}
+
+
+def phases(loaded, args, kind: str, n: int, device) -> dict:
+    """Milliseconds per example in each of :data:`PHASES` and the rest, one example scored eagerly
+    with the device synchronised around every timed call (so the parts add up to a little more
+    than the plain time): where an example's time goes."""
+    from attattr_cli.engine import sweep
+
+    scorer = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel=kind))
+    example = Example(0, " ".join(f"w{(j * 7) % 1000}" for j in range(n - 2)))
+    spent = dict.fromkeys(PHASES, 0.0)
+    depth = [0]
+    restore = []
+
+    def wrap(phase, fn):
+        def timed_call(*a, **k):
+            if depth[0]:
+                return fn(*a, **k)
+            sync(device)
+            t0 = time.perf_counter()
+            depth[0] += 1
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                sync(device)
+                spent[phase] += time.perf_counter() - t0
+        return timed_call
+
+    owners = {"Scorer": Scorer, "sweep": sweep}
+    scorer.score(example)  # warm-up
+    for phase, calls in PHASES.items():
+        for owner_name, name in calls:
+            owner = owners[owner_name]
+            original = getattr(owner, name)
+            restore.append((owner, name, owner.__dict__.get(name)))
+            setattr(owner, name, wrap(phase, original))
+    try:
+        spent = dict.fromkeys(PHASES, 0.0)
+        sync(device)
+        t0 = time.perf_counter()
+        scorer.score(example)
+        sync(device)
+        total = time.perf_counter() - t0
+    finally:
+        for owner, name, before in reversed(restore):
+            if before is None:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, before)
+    out = {phase: 1e3 * secs for phase, secs in spent.items()}
+    out["rest"] = 1e3 * total - sum(out.values())
+    out["total"] = 1e3 * total
+    print(f"  (phases at n = {n}, {kind}, ms: " + ", ".join(f"{k} {v:.1f}" for k, v in out.items()) + ")")
+    return out
+
+
 def in_groups(loaded, args, kind: str, n: int, device) -> float:
     """Seconds per example when ``args.group`` examples of length ``n`` share each pass (the
     default of `attattr score` for encoder classifiers, engine/grouped.py)."""
@@ -148,6 +213,7 @@ def main() -> None:
                 label = "CUDA graphs" if device.type == "cuda" else "graphs emulated"
                 rows[f"attattr --kernel {kind}, {label}"] = graphed(loaded, args, kind, n, device)
                 rows[f"attattr --kernel {kind}, groups of {args.group}"] = in_groups(loaded, args, kind, n, device)
+                phases(loaded, args, kind, n, device)
         enc = Scorer(loaded, ScoreOptions(steps=args.steps, dtype=args.dtype, kernel="torch")).encode(example)
         inputs = {"input_ids": torch.tensor([enc.input_ids], device=device),
                   "token_type_ids": torch.tensor([enc.token_type_ids], device=device)}
