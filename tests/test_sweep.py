@@ -432,3 +432,35 @@ def test_a_captured_clean_forward_checks_the_ids_for_padding_on_the_host(monkeyp
                 with attention.active(attention.Record()):
                     model(input_ids=torch.tensor([ids]))
         assert calls == [[ids], [ids]]  # once, before the two forwards
+
+
+@pytest.mark.parametrize("swept", [False, True], ids=["per-layer", "sweeps"])
+def test_max_attribution_is_measured_once_for_the_estimate_and_the_residual(swept, tokenizer, monkeypatch):
+    """A fixed rule's embedded estimate measures max |Attr(G)|, which is also the residual's scale:
+    the assembly takes it from there (one map measure per layer less), unless G changed since."""
+    from attattr_cli.engine import layer_integral
+
+    model, lm = build("bert", torch.float64)
+    calls = []
+    real = layer_integral.map_measures
+
+    def counted(a, v, g, dims=()):
+        calls.append(len(g))
+        return real(a, v, g, dims)
+
+    monkeypatch.setattr(layer_integral, "map_measures", counted)
+    scorer = Scorer(prepare(model, tokenizer, "tiny", lm=lm), ScoreOptions(dtype="float64", steps=4, rule="gauss", group=1))
+    scorer.sweep = swept
+    result = scorer.score(Example(0, TEXT))
+    layers = len(result.layers)
+    assert sum(calls) == 2 * layers  # G - G_low and G of each layer, for the estimate; none for the residual
+    # the same pairs again: taken from what was measured; G changed in place: measured anew
+    g = torch.randn(1, 2, 8, 4, dtype=torch.float64)
+    saved = {"q": torch.randn(1, 2, 8, 4, dtype=torch.float64), "k": torch.randn(1, 2, 8, 4, dtype=torch.float64),
+             "v": torch.randn(1, 2, 8, 4, dtype=torch.float64), "mask": None, "scale": 0.5, "softcap": None,
+             "causal": False}
+    first = scorer.embedded_measures([(g, g * 0.5, saved)])
+    calls.clear()
+    assert torch.equal(scorer.measures([(g, saved)])[0, 0], first[0][1]) and calls == []
+    g.mul_(2)
+    assert torch.equal(scorer.measures([(g, saved)])[0, 0], 2 * first[0][1]) and sum(calls) == 1
