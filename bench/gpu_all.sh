@@ -3,7 +3,8 @@
 # the kernel build, the kernel benchmark (one table: kernel vs reference vs SDPA flash backward,
 # n = 128 .. 16,384, time and TFLOP/s, launches per scored example, one integration-like pass
 # eager and as a CUDA-graph replay), long-context sources (`--keep sources`, Qwen2-0.5B's config,
-# random weights) at 8,192 and 32,768 tokens, `just gpu-test`, bench_gpu_score.py and
+# random weights) at 8,192 and 32,768 tokens, `just gpu-test`, the store's map writes on the machine's
+# cores (bench_store_write.py), bench_gpu_score.py and
 # `just bench-long-gpu`, each under its own time limit inside one overall deadline (8 minutes by
 # default), so one that hangs or runs long leaves the rest their turn.
 #
@@ -64,6 +65,7 @@ step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 90 --launches 128 512
   --json "$LOG/bench-kernel.json"
 step sources-8k 110 "$PY" bench/bench_long_sources.py --n 8192 --timeout 100 --json "$LOG/sources-8k.json"
 step gpu-test 120 "$PY" -m pytest -q -m gpu tests/test_kernels.py -rs --durations=8 -p no:cacheprovider
+step bench-store 30 "$PY" bench/bench_store_write.py --ns 128 512 --repeat 1 --json "$LOG/bench-store.json"
 step sources-32k 150 "$PY" bench/bench_long_sources.py --n 32768 --timeout 140 --json "$LOG/sources-32k.json"
 step bench-gpu-score 90 "$PY" bench/bench_gpu_score.py
 step bench-long-gpu 120 "$PY" bench/bench_long_decoder.py --gpu --json "$LOG/bench-long-gpu.json"
@@ -96,7 +98,8 @@ def load(name):
 
 payload = {"summary": (log / "summary.txt").read_text(), "steps": steps,
            "bench_kernel": load("bench-kernel.json"), "sources_8k": load("sources-8k.json"),
-           "sources_32k": load("sources-32k.json"), "bench_long_gpu": load("bench-long-gpu.json")}
+           "sources_32k": load("sources-32k.json"), "bench_long_gpu": load("bench-long-gpu.json"),
+           "bench_store": load("bench-store.json")}
 (log / "gpu-all.json").write_text(json.dumps(payload, indent=1))
 print()
 print(payload["bench_kernel"].get("table", "(no table)") if payload["bench_kernel"] else "(no bench-kernel figures)")
@@ -104,5 +107,8 @@ for key in ("sources_8k", "sources_32k"):
     for row in (payload[key] or {}).get("rows", []):
         print(f"{key}: n = {row.get('n')}: {row.get('status')}, {row.get('seconds')} s, peak {row.get('peak_gib')} GiB, "
               f"op alone {row.get('op')}")
+for row in (payload["bench_store"] or {}).get("rows", []):
+    print(f"store write: n = {row.get('n')}: hdf5 filters {row.get('hdf5_filters_s')} s, attattr {row.get('attattr_s')} s"
+          f" ({row.get('workers')} threads)")
 print(f"\n# wrote {log / 'gpu-all.json'}")
 EOF

@@ -9,6 +9,7 @@ import numpy as np
 
 from .. import convergence
 from ..errors import StoreError
+from .compress import FILTERS, start, write_maps
 from .schema import AXES
 
 
@@ -19,6 +20,7 @@ ARRAYS = {"input_ids": ("iu", 1), "segment_ids": ("iu", 1), "logits": ("f", 1), 
            "topk_index": ("iu", 4), "topk_value": ("f", 3), "nodes": ("iu", 1), "error_estimate": ("f", 1),
            "node_cap_hit": ("biu", 1), "convergence": ("iu", 1), "key_sum": ("f", 2),
           "read_sum": ("f", 2)}
+MAPS = ("attribution", "attention", "head_sum", "attention_mean")  # chunked one layer per chunk, compressed
 # the datasets that hold one value per layer
 PER_LAYER = ("f_baseline", "residual", "nodes", "error_estimate", "node_cap_hit", "convergence")
 
@@ -104,18 +106,18 @@ def write_family(g, arrays: dict, held: list, store_dtype: str = "float32") -> N
         held.append(ds)
         return ds
 
-    big = dict(compression="gzip", compression_opts=4, shuffle=True)
+    maps = {name: np.ascontiguousarray(arrays[name], dtype=store_dtype) for name in MAPS if arrays.get(name) is not None}
+    started = {name: start(arr) for name, arr in maps.items()}  # every map's chunks share the cores
     for name, value in arrays.items():
         if value is None or name == "convergence_tol":  # an attribute of convergence, not a dataset
             continue
         arr = np.asarray(value)
         if name == "layers":
             ds = dataset(name, data=arr.astype(np.int32))
-        elif name in ("attribution", "attention", "head_sum", "attention_mean"):
-            chunks = (1, *arr.shape[1:]) if arr.size else None
-            ds = dataset(name, data=arr.astype(store_dtype), chunks=chunks, **(big if arr.size else {}))
+        elif name in maps:  # a chunk per layer, filtered on every core (store/compress.py)
+            ds = write_maps(dataset, name, maps[name], started[name])
         elif name == "topk_index":
-            ds = dataset(name, data=arr.astype(np.int32), **(big if arr.size else {}))
+            ds = dataset(name, data=arr.astype(np.int32), **(FILTERS if arr.size else {}))
         elif name in ("head_max", "topk_value", "key_sum", "read_sum"):
             ds = dataset(name, data=arr.astype(np.float32))
         else:
