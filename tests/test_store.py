@@ -349,3 +349,43 @@ def test_maps_compressed_on_every_core_are_the_bytes_hdf5_writes(tmp_path, dtype
             assert len(offsets) == shape[0]
             for off in offsets:
                 assert ours.id.read_direct_chunk(off) == theirs.id.read_direct_chunk(off)
+
+
+def test_examples_written_behind_are_those_written_in_line_and_a_failure_stops_them(tmp_path, tiny_model_dir,
+                                                                                    sst2_small, monkeypatch):
+    """StoreWriter(behind=True) writes on its own thread, in order: the store holds what the
+    in-line writer writes. A write failing there raises at the next write or at close (the
+    block's own error first), the examples before it stay, none after it is written."""
+    from attattr_cli.engine.run import prepare_run
+    from attattr_cli.store import writer as writer_mod
+
+    prep = prepare_run(_req(tmp_path / "x.h5", tiny_model_dir, sst2_small, examples="0:6"))
+    results = [prep.scorer.score(e, prep.encoded[e.index]) for e in prep.picked]
+    for behind in (False, True):
+        with StoreWriter(tmp_path / f"{behind}.h5", prep.fingerprint, prep.provenance, behind=behind) as w:
+            for r in results:
+                w.write(r)
+            w.write(results[0])  # already handed over: nothing more
+    with Store(tmp_path / "False.h5") as a, Store(tmp_path / "True.h5") as b:
+        assert a.indices() == b.indices() == [e.index for e in prep.picked]
+        for i in a.indices():
+            np.testing.assert_array_equal(a.get(i).attribution, b.get(i).attribution)
+
+    real = writer_mod.StoreWriter._write
+
+    def failing(self, examples, final, score):
+        if score.index == results[2].index:
+            raise OSError("simulated failure of the third example's write")
+        return real(self, examples, final, score)
+
+    monkeypatch.setattr(writer_mod.StoreWriter, "_write", failing)
+    out = tmp_path / "failing.h5"
+    with pytest.raises(StoreError, match="writing example .* failed .*simulated failure"):
+        with StoreWriter(out, prep.fingerprint, prep.provenance, behind=True) as w:
+            for r in results:
+                w.write(r)
+    assert w.poisoned and sorted(w.done) == [r.index for r in results[:2]]
+    w.f.close()  # (the test's own: the CLI ends the process after a failed write)
+    monkeypatch.undo()
+    with Store(out) as s:
+        assert s.indices() == [r.index for r in results[:2]]

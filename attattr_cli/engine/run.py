@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -252,6 +253,14 @@ def prepare_run(req: ScoreRequest, loaded: LoadedModel | None = None) -> Prepare
     return PreparedRun(req, loaded, scorer, picked, encoded, fingerprint, provenance, notes)
 
 
+def writes_behind(device: torch.device) -> bool:
+    """Whether the store writes each example on a thread of its own while the next is scored
+    (store/writer.py, ``behind``): on a CUDA device, where compressing and writing the maps
+    takes as long as scoring them; ``ATTATTR_WRITE_BEHIND=1`` / ``0`` decides anywhere."""
+    chosen = os.environ.get("ATTATTR_WRITE_BEHIND", "").strip()
+    return chosen == "1" if chosen in ("0", "1") else device.type == "cuda"
+
+
 def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | None = None,
                progress: Progress | None = None, shard: str = "", run_info: dict | None = None) -> ScoreReport:
     """Score the prepared examples (or those of ``indices`` among them) into ``out``
@@ -272,7 +281,7 @@ def score_into(prep: PreparedRun, out: str | None = None, indices: list[int] | N
             return ScoreReport(str(Path(out)), 0, len(picked), len(picked), False, scorer.backend.name,
                                prep.loaded.model_id, mean_abs_residual=None, accuracy=None, notes=list(prep.notes))
     with StoreWriter(out, prep.fingerprint, prep.provenance, store_dtype=req.store_dtype,
-                     shard=shard, assigned=assigned) as writer:
+                     shard=shard, assigned=assigned, behind=writes_behind(scorer.device)) as writer:
         todo = [e for e in picked if e.index not in writer.done]
         writer.log_run({
             "command": req.command, "kernel": scorer.backend.name, "device": str(scorer.device),

@@ -10,6 +10,7 @@ import os
 import secrets
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor, wait as futures_wait
 from pathlib import Path
 
 try:
@@ -37,6 +38,8 @@ from ..fileio import FULL, dumps as strict_dumps, no_space, os_errno  # strict J
 _OVERHEAD = 64 * 1024
 # space a new store's skeleton needs
 _SKELETON = 64 * 1024
+# the most bytes of examples (their arrays, uncompressed) waiting to be written behind
+BEHIND_BYTES = 2 * 1024**3
 
 
 def free_bytes(folder: Path) -> int:
@@ -68,10 +71,14 @@ class StoreWriter(OpenFile):
     """
 
     def __init__(self, path: str | os.PathLike, fingerprint: dict, provenance: dict,
-                 store_dtype: str = "float32", shard: str = "", assigned: list[int] | None = None):
+                 store_dtype: str = "float32", shard: str = "", assigned: list[int] | None = None,
+                 behind: bool = False):
         """``shard`` ("k/n") and ``assigned`` (the indices that process k of n was given) mark a
         shard of a distributed run; the assignment lets a merge tell a finished shard from an
-        interrupted one."""
+        interrupted one. ``behind``: :meth:`write` hands the example to a thread of its own and
+        returns (see there)."""
+        self._behind = ThreadPoolExecutor(1, thread_name_prefix="attattr-store") if behind else None
+        self._pending: list = []  # (future, bytes) of the examples handed to that thread, oldest first
         if store_dtype not in STORE_DTYPES:
             raise StoreError(f"unknown store dtype '{store_dtype}'; available: {', '.join(STORE_DTYPES)}")
         self.path = Path(path)
@@ -261,9 +268,25 @@ class StoreWriter(OpenFile):
                              " the same command again to resume")
 
     def close(self) -> None:
-        if self.poisoned:  # any HDF5 call on this file could crash the process now
-            return
-        super().close()
+        """Wait for the examples written behind (raising the first failure, unless the block
+        is left by another error), then close the file."""
+        failed = None
+        if self._behind is not None:
+            pending, self._pending = self._pending, []
+            self._behind.shutdown(wait=True)
+            self._behind = None
+            failed = next((f.exception() for f, _ in pending if f.exception() is not None), None)
+        if not self.poisoned:  # (poisoned: any HDF5 call on this file could crash the process now)
+            super().close()
+        if failed is not None:
+            raise failed
+
+    def __exit__(self, kind, error, trace):
+        try:
+            self.close()
+        except AttattrError:
+            if error is None:  # a failed write behind is the error, unless the block raised one
+                raise
 
     def log_run(self, info: dict) -> None:
         prov = self.f[PROVENANCE]
@@ -304,12 +327,51 @@ class StoreWriter(OpenFile):
 
     def write(self, score) -> None:
         """Write one ``ExampleScore`` atomically (see module docstring), after checking that
-        the disk has room for it."""
+        the disk has room for it (and for the examples still being written).
+
+        Written behind (``behind``): the example goes to the writer's thread, which writes the
+        examples in the order given, and this returns, so that the next example is scored while
+        this one is compressed and written (issue 53). A failed write there raises here, at the
+        next call, or at :meth:`close`, which waits for every example handed over; nothing is
+        written after it. At most BEHIND_BYTES of examples wait."""
+        if self._behind is None:
+            self._write_now(score)
+            return
+        self._settle(wait="all" if self.poisoned else None)  # (poisoned: a write failing on the thread now)
+        need = self._estimate(score)
+        while self._pending and sum(b for _, b in self._pending) + need > BEHIND_BYTES:
+            self._settle(wait="oldest")
+        # (no HDF5 call here while the thread writes: the examples in the file are those of ``done``)
+        if score.index in self.done or score.index in self._handed:
+            return
+        self.check_space(score.index, need + sum(b for _, b in self._pending))
+        self._handed.add(score.index)
+        self._pending.append((self._behind.submit(self._write_behind, score), need))
+
+    @property
+    def _handed(self) -> set:
+        return self.__dict__.setdefault("_handed_over", set())
+
+    def _write_behind(self, score) -> None:
+        if not self.poisoned:  # after a failed write HDF5's state is not to be trusted: nothing more
+            self._write_now(score, checked=True)
+
+    def _settle(self, wait: str | None = None) -> None:
+        """Raise the failure of the oldest example the writer's thread is done with, dropping
+        those written; ``wait``: "oldest" or "all" of them first."""
+        if wait and self._pending:
+            futures_wait([f for f, _ in (self._pending[:1] if wait == "oldest" else self._pending)])
+        while self._pending and self._pending[0][0].done():
+            future, _ = self._pending.pop(0)
+            future.result()  # the StoreError or ResourceError of a failed write
+
+    def _write_now(self, score, checked: bool = False) -> None:
         examples = self.f[EXAMPLES]
         final = example_name(score.index)
         if final in examples:
             return
-        self.check_space(score.index, self._estimate(score))
+        if not checked:
+            self.check_space(score.index, self._estimate(score))
         try:
             with hdf5_writing(self._held) as caught:
                 self._write(examples, final, score)
