@@ -9,9 +9,15 @@ writes them (one chunk per layer, byte shuffle + deflate level 4) by
   attattr        store/family.py's write_family: every map's chunks filtered on a thread pool
                  (store/compress.py, one thread per core), written with write_direct_chunk
                  (the same bytes in the file)
-Prints seconds per example, MB/s of map data and the ratio; --json writes the figures.
+Prints seconds per example, MB/s of map data and the ratio.
 
-    python bench/bench_store_write.py [--ns 128 512] [--repeat 3]
+Then a run of --run-examples such examples at the first n through the store's writer
+(StoreWriter), the scoring of each stood in for by a wait of --score-ms (a GPU's time: the host's
+cores are free meanwhile), written in line (the CPU's default) and behind, on the writer's own
+thread while the next example is scored (a CUDA device's default): seconds per example and the
+ratio. --json writes every figure.
+
+    python bench/bench_store_write.py [--ns 128 512] [--repeat 3] [--score-ms 20 200]
 """
 
 from __future__ import annotations
@@ -57,10 +63,39 @@ def write(maps: dict, ours: bool) -> float:
         return time.perf_counter() - t0
 
 
+def example_score(index: int, maps: dict):
+    """A scored example holding ``maps`` (an ExampleScore in the store's 1.0 shape)."""
+    from attattr_cli.engine.results import ExampleScore
+
+    layers, heads, n, _ = maps["attribution"].shape
+    return ExampleScore(
+        index=index, tokens=[f"w{i}" for i in range(n)], input_ids=np.arange(n), segment_ids=np.zeros(n, np.int64),
+        gold=0, pred=0, target=0, logits=np.zeros(2, np.float32), probs=np.full(2, 0.5, np.float32),
+        layers=list(range(layers)), attribution=maps["attribution"], attention=maps["attention"],
+        head_max=np.abs(maps["attribution"]).max(axis=(2, 3)), f_full=0.5, f_baseline=np.zeros(layers),
+        residual=np.zeros(layers), kernel="bench")
+
+
+def run(maps: dict, count: int, score_s: float, behind: bool) -> float:
+    """Seconds per example of ``count`` examples through StoreWriter, each 'scored' by a wait."""
+    from attattr_cli.store import StoreWriter
+
+    with tempfile.TemporaryDirectory() as folder:
+        t0 = time.perf_counter()
+        with StoreWriter(Path(folder) / "run.h5", {"bench": "store"}, {}, behind=behind) as writer:
+            for i in range(count):
+                time.sleep(score_s)
+                writer.write(example_score(i, maps))
+        return (time.perf_counter() - t0) / count
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ns", type=int, nargs="+", default=[128, 512])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--score-ms", type=float, nargs="*", default=[20.0, 200.0],
+                    help="the scoring time stood in for in the run of examples (none: no run)")
+    ap.add_argument("--run-examples", type=int, default=8)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     print(f"# one example's maps (12 layers x 12 heads, keep maps, float32), h5py {h5py.__version__}, "
@@ -78,8 +113,16 @@ def main() -> None:
         rows.append(row)
         print(f"n = {n:<5} {mb:7.1f} MB of maps: hdf5 filters {times[False]:.3f} s ({mb / times[False]:.0f} MB/s), "
               f"attattr {times[True]:.3f} s ({mb / times[True]:.0f} MB/s): {row['ratio']:.2f}x", flush=True)
+    runs = []
+    maps = example_maps(args.ns[0])
+    for score_ms in args.score_ms:
+        per = {behind: run(maps, args.run_examples, score_ms / 1e3, behind) for behind in (False, True)}
+        runs.append({"n": args.ns[0], "score_ms": score_ms, "examples": args.run_examples,
+                     "in_line_s": per[False], "behind_s": per[True], "ratio": per[False] / per[True]})
+        print(f"a run of {args.run_examples} examples at n = {args.ns[0]}, each scored in {score_ms:g} ms: written in line "
+              f"{per[False]:.3f} s/example, behind {per[True]:.3f} s/example: {per[False] / per[True]:.2f}x", flush=True)
     if args.json is not None:
-        args.json.write_text(json.dumps({"rows": rows, "cores": os.cpu_count()}, indent=1))
+        args.json.write_text(json.dumps({"rows": rows, "runs": runs, "cores": os.cpu_count()}, indent=1))
 
 
 if __name__ == "__main__":

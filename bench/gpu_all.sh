@@ -65,7 +65,7 @@ step bench-kernel 150 "$PY" bench/bench_kernel.py --budget 90 --launches 128 512
   --json "$LOG/bench-kernel.json"
 step sources-8k 110 "$PY" bench/bench_long_sources.py --n 8192 --timeout 100 --json "$LOG/sources-8k.json"
 step gpu-test 120 "$PY" -m pytest -q -m gpu tests/test_kernels.py -rs --durations=8 -p no:cacheprovider
-step bench-store 30 "$PY" bench/bench_store_write.py --ns 128 512 --repeat 1 --json "$LOG/bench-store.json"
+step bench-store 45 "$PY" bench/bench_store_write.py --ns 128 512 --repeat 1 --json "$LOG/bench-store.json"
 step sources-32k 150 "$PY" bench/bench_long_sources.py --n 32768 --timeout 140 --json "$LOG/sources-32k.json"
 step bench-gpu-score 90 "$PY" bench/bench_gpu_score.py
 step bench-long-gpu 120 "$PY" bench/bench_long_decoder.py --gpu --json "$LOG/bench-long-gpu.json"
