@@ -272,6 +272,7 @@ class Integration:
                 None if enc.lm_positions is None else tuple(enc.lm_positions))
 
     def static_slots(self):
+        """The scorer's static slots (ops/graphs.py's StaticSlots), made once."""
         from ..ops import graphs
 
         slots = self.__dict__.get("_slots")

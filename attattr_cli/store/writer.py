@@ -79,6 +79,7 @@ class StoreWriter(OpenFile):
         returns (see there)."""
         self._behind = ThreadPoolExecutor(1, thread_name_prefix="attattr-store") if behind else None
         self._pending: list = []  # (future, bytes) of the examples handed to that thread, oldest first
+        self._handed: set = set()  # the indices handed to it
         if store_dtype not in STORE_DTYPES:
             raise StoreError(f"unknown store dtype '{store_dtype}'; available: {', '.join(STORE_DTYPES)}")
         self.path = Path(path)
@@ -347,10 +348,6 @@ class StoreWriter(OpenFile):
         self.check_space(score.index, need + sum(b for _, b in self._pending))
         self._handed.add(score.index)
         self._pending.append((self._behind.submit(self._write_behind, score), need))
-
-    @property
-    def _handed(self) -> set:
-        return self.__dict__.setdefault("_handed_over", set())
 
     def _write_behind(self, score) -> None:
         if not self.poisoned:  # after a failed write HDF5's state is not to be trusted: nothing more
