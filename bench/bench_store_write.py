@@ -7,11 +7,12 @@ One example of BERT-base's shape (12 layers x 12 heads, n tokens, --keep maps): 
 writes them (one chunk per layer, byte shuffle + deflate level 4) by
   hdf5 filters   h5py's create_dataset(data=...): HDF5 filters every chunk on the calling thread
   attattr        store/family.py's write_family: every map's chunks filtered on a thread pool
-                 (store/compress.py, one thread per core), written with write_direct_chunk
-                 (the same bytes in the file)
+                 (store/compress.py, one thread per core; ISA-L's deflate where the isal package
+                 is installed, else zlib's, the same bytes as HDF5's), written with
+                 write_direct_chunk
 Prints seconds per example, MB/s of map data and the ratio.
 
-Then a run of --run-examples such examples at the first n through the store's writer
+Then a run of --run-examples (16) such examples at the first n through the store's writer
 (StoreWriter), the scoring of each stood in for by a wait of --score-ms (a GPU's time: the host's
 cores are free meanwhile), written in line (the CPU's default) and behind, on the writer's own
 thread while the next example is scored (a CUDA device's default): seconds per example and the
@@ -95,11 +96,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--score-ms", type=float, nargs="*", default=[20.0, 200.0],
                     help="the scoring time stood in for in the run of examples (none: no run)")
-    ap.add_argument("--run-examples", type=int, default=8)
+    ap.add_argument("--run-examples", type=int, default=16)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
     print(f"# one example's maps (12 layers x 12 heads, keep maps, float32), h5py {h5py.__version__}, "
-          f"HDF5 {h5py.version.hdf5_version}, {compress.workers()} compressing threads")
+          f"HDF5 {h5py.version.hdf5_version}, {compress.workers()} compressing threads, deflate by {compress.ENCODER}")
     rows = []
     for n in args.ns:
         maps = example_maps(n)
@@ -109,7 +110,7 @@ def main() -> None:
             write(maps, ours)  # warm-up (the pool's threads, the page cache)
             times[ours] = min(write(maps, ours) for _ in range(args.repeat))
         row = {"n": n, "map_mb": mb, "hdf5_filters_s": times[False], "attattr_s": times[True],
-               "ratio": times[False] / times[True], "workers": compress.workers()}
+               "ratio": times[False] / times[True], "workers": compress.workers(), "encoder": compress.ENCODER}
         rows.append(row)
         print(f"n = {n:<5} {mb:7.1f} MB of maps: hdf5 filters {times[False]:.3f} s ({mb / times[False]:.0f} MB/s), "
               f"attattr {times[True]:.3f} s ({mb / times[True]:.0f} MB/s): {row['ratio']:.2f}x", flush=True)
