@@ -276,7 +276,7 @@ class StoreWriter(OpenFile):
             pending, self._pending = self._pending, []
             self._behind.shutdown(wait=True)
             self._behind = None
-            failed = next((f.exception() for f, _ in pending if f.exception() is not None), None)
+            failed = next(filter(None, (f.exception() for f, _ in pending)), None)  # the first failure
         if not self.poisoned:  # (poisoned: any HDF5 call on this file could crash the process now)
             super().close()
         if failed is not None:
